@@ -1,0 +1,166 @@
+"""The ``crossview`` command.
+
+With no arguments it opens the desktop app on the built-in demo data. Sub-commands work without a
+display. Errors caused by input (a missing file, a malformed dataset) print one line and exit with 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from crossview import __version__
+from crossview.errors import CrossViewError
+
+EXIT_USAGE = 2
+
+
+class ProgressPrinter:
+    """A one-line progress bar on stderr (only on a terminal; silent otherwise but for the final line)."""
+
+    def __init__(self, label: str, stream=None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.start = time.monotonic()
+        self._last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = int(100 * done / total) if total else 100
+        if pct == self._last:
+            return
+        self._last = pct
+        if self.tty:
+            bar = "#" * (pct // 4)
+            self.stream.write(f"\r{self.label} [{bar:<25}] {pct:3d}% ({done}/{total})")
+            if done >= total:
+                self.stream.write(f"  {time.monotonic() - self.start:.1f}s\n")
+            self.stream.flush()
+
+
+def _add_dataset_args(p: argparse.ArgumentParser) -> None:
+    from crossview.data import known_formats
+    p.add_argument("--format", choices=known_formats(), help="dataset format (default: detected from the path)")
+    p.add_argument("--image-root", metavar="DIR", help="folder the dataset's image paths are relative to "
+                   "(default: guessed next to the dataset file)")
+
+
+# ---------------------------------------------------------------------------- data
+def cmd_data_info(args: argparse.Namespace) -> int:
+    from crossview.data import load_dataset
+    from crossview.data.dataset import PairedDataset
+    from crossview.data.stats import dataset_info, format_info
+
+    ds = load_dataset(args.dataset, format=args.format, image_root=args.image_root)
+    info = dataset_info(ds)
+    if args.check_images and isinstance(ds, PairedDataset) and ds.image_paths is not None:
+        from crossview.data.images import verify_images
+        bad = verify_images(ds.image_paths, progress=ProgressPrinter("checking images"))
+        info["unreadable_images"] = [msg for _, msg in bad]
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_info(info))
+        if "unreadable_images" in info:
+            bad = info["unreadable_images"]
+            print(f"image check: {len(bad)} of {info['images']:,} images unreadable" if bad
+                  else f"image check: all {info['images']:,} images decode")
+            for msg in bad[:10]:
+                print(f"  {msg}")
+    return 1 if info.get("unreadable_images") else 0
+
+
+def cmd_data_demo(args: argparse.Namespace) -> int:
+    from crossview.data.demo import write_demo
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise CrossViewError(f"{out}: the folder exists and is not empty; give a new or empty folder with --out")
+    path = write_demo(out, n_scenes=args.n_scenes, n_web=args.n_web, seed=args.seed,
+                      progress=ProgressPrinter("rendering demo"))
+    print(f"wrote the demo dataset ({args.n_scenes} scenes, {args.n_web} web images) to {path}")
+    print(f"read it with: crossview data info {path}")
+    return 0
+
+
+def cmd_data_formats(args: argparse.Namespace) -> int:
+    from crossview.data import READERS
+    print(f"{'demo':<12} the built-in synthetic demo (rendered on first use, then cached)")
+    for name, info in READERS.items():
+        print(f"{name:<12} {info.description}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- gui
+def cmd_gui(args: argparse.Namespace) -> int:
+    from crossview.gui.launch import launch
+    return launch(dataset=args.data)
+
+
+# ---------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crossview",
+        description="Cross-modal image <-> text retrieval. With no command, opens the desktop app on the "
+                    "built-in demo data.",
+        epilog="Datasets are named by a path or 'demo'. Run 'crossview COMMAND --help' for each command.")
+    parser.add_argument("--version", action="version", version=f"crossview {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("gui", help="open the desktop app", description="Open the desktop app.")
+    p.add_argument("--data", default="demo", help="dataset to open (a path or 'demo'; default: demo)")
+    p.set_defaults(func=cmd_gui)
+
+    data = sub.add_parser("data", help="inspect datasets, write the demo",
+                          description="Inspect datasets and write the built-in demo.")
+    dsub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+
+    p = dsub.add_parser("info", help="print a dataset's counts and statistics",
+                        description="Print counts (images, captions, captions per image, splits, labels, tags), "
+                                    "vocabulary size and caption-length statistics.")
+    p.add_argument("dataset", metavar="PATH|demo", help="dataset file or folder, or 'demo'")
+    _add_dataset_args(p)
+    p.add_argument("--check-images", action="store_true", help="decode every image and report unreadable ones")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_data_info)
+
+    p = dsub.add_parser("demo", help="write the built-in demo as a Karpathy-JSON folder",
+                        description="Render the built-in synthetic demo (deterministic from --seed) into a "
+                                    "folder: dataset_demo.json, images/, scenes.json and the noisy web set "
+                                    "in web/.")
+    p.add_argument("--out", required=True, metavar="DIR", help="new or empty output folder")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--n-scenes", type=int, default=2400, help="image-caption scenes (default 2400)")
+    p.add_argument("--n-web", type=int, default=800, help="noisy web image-tag scenes (default 800)")
+    p.set_defaults(func=cmd_data_demo)
+
+    p = dsub.add_parser("formats", help="list the dataset formats CrossView reads",
+                        description="List the dataset formats and what each expects.")
+    p.set_defaults(func=cmd_data_formats)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:  # bare `crossview`: the app on the demo
+        args = parser.parse_args(["gui", *(argv or [])])
+        func = args.func
+    try:
+        return int(func(args) or 0)
+    except CrossViewError as e:
+        print(f"crossview: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("crossview: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""One reader per dataset format, behind one entry point: :func:`load_dataset`.
+
+Each reader is a small module with ``detect(path) -> bool`` (cheap: looks at names and the first bytes)
+and ``read(path, image_root=None) -> PairedDataset | TextCorpus``. A format is detected from the path
+where that is unambiguous, or named explicitly (``format=`` / ``--format``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossview.data.dataset import PairedDataset, TextCorpus
+from crossview.errors import DatasetError
+
+
+@dataclass(frozen=True)
+class ReaderInfo:
+    name: str
+    module: str
+    description: str
+
+
+#: In detection order: the more specific layouts first.
+READERS: dict[str, ReaderInfo] = {r.name: r for r in (
+    ReaderInfo("karpathy", "karpathy", "Karpathy split JSON (Flickr8k, Flickr30K, MS-COCO) with an image root"),
+    ReaderInfo("cuhk-pedes", "cuhk_pedes", "CUHK-PEDES reid_raw.json (identity ids, 2 captions per image)"),
+    ReaderInfo("reed", "reed", "CUB-200 / Oxford-102 Flowers in the Reed et al. layout (images/, text_c10/, class splits)"),
+    ReaderInfo("precomp", "precomp", "VSE++ *_precomp folder ({split}_ims.npy + {split}_caps.txt)"),
+    ReaderInfo("folder", "folder", "a folder (or file) with captions.jsonl or captions.csv: image, caption[, label, tags, split]"),
+    ReaderInfo("webtags", "webtags", "a web image-tag collection: tags.jsonl / tags.csv / tags.txt (image + tags)"),
+    ReaderInfo("labels", "labels", "label / phrase annotations: labels.jsonl / labels.csv / labels.txt (image -> labels)"),
+    ReaderInfo("corpus", "corpus", "a text-only caption corpus, one caption a line (.txt)"),
+)}
+
+
+def _module(info: ReaderInfo):
+    return importlib.import_module(f"crossview.data.readers.{info.module}")
+
+
+def known_formats() -> list[str]:
+    return ["demo", *READERS]
+
+
+def detect_format(path: Path) -> str:
+    """The reader name for ``path``; an error listing the formats when none (or several) match."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DatasetError("no such file or folder", path,
+                           hint="Give a dataset file or folder, or 'demo' for the built-in demo")
+    for name, info in READERS.items():
+        if _module(info).detect(path):
+            return name
+    raise DatasetError("cannot tell the dataset format from this path", path,
+                       hint=f"Name it with --format ({', '.join(READERS)})")
+
+
+def load_dataset(source: str | Path, format: str | None = None,
+                 image_root: str | Path | None = None) -> PairedDataset | TextCorpus:
+    """Reads a dataset: ``"demo"`` for the built-in demo, or a file/folder in any supported format.
+
+    Raises :class:`~crossview.errors.DatasetError` (one clear line) on missing or malformed input;
+    recoverable problems (a missing image, an empty caption) are skipped and listed in ``.warnings``.
+    """
+    if str(source) == "demo" or format == "demo":
+        from crossview.data.demo import load_demo
+        return load_demo()
+    path = Path(source).expanduser().resolve()
+    if format is None:
+        format = detect_format(path)
+    elif format not in READERS:
+        raise DatasetError(f"unknown dataset format {format!r}", hint=f"Known formats: {', '.join(known_formats())}")
+    elif not path.exists():
+        raise DatasetError("no such file or folder", path)
+    reader = _module(READERS[format])
+    return reader.read(path, image_root=None if image_root is None else Path(image_root).expanduser())

@@ -1,0 +1,154 @@
+"""Karpathy split JSON (Flickr8k, Flickr30K, MS-COCO).
+
+``{"dataset": name, "images": [{"filename", "filepath"?, "imgid"?, "split", "sentences": [{"raw", "tokens"}]}]}``.
+COCO entries carry a ``filepath`` (``train2014``/``val2014``) under the image root. CrossView's own
+demo adds optional ``label`` (class), ``tags`` and ``labels`` (label set) keys per image, read when present.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from crossview.data.dataset import PairedDataset
+from crossview.data.readers._common import check_images_exist, guess_image_root, read_json
+from crossview.data.readers._common import clean_caption, split_tags
+from crossview.errors import DatasetError
+
+#: Folders next to the JSON where the images usually are, tried in order.
+ROOT_CANDIDATES = ("images", "Images", "Flicker8k_Dataset", "Flickr8k_Dataset", "flickr30k-images", "")
+
+
+def detect(path: Path) -> bool:
+    if path.is_dir():
+        return len(list(path.glob("dataset_*.json"))) == 1
+    if path.suffix.lower() != ".json":
+        return False
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(b"{") and b'"images"' in head
+
+
+def _json_path(path: Path) -> Path:
+    if path.is_dir():
+        found = sorted(path.glob("dataset_*.json"))
+        if len(found) != 1:
+            raise DatasetError(f"expected one dataset_*.json split file in the folder, found {len(found)}", path)
+        return found[0]
+    return path
+
+
+def read(path: Path, image_root: Path | None = None) -> PairedDataset:
+    """Reads a Karpathy split file (or a folder holding exactly one ``dataset_*.json``)."""
+    path = _json_path(Path(path))
+    doc = read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        raise DatasetError("expected a JSON object with an 'images' list (Karpathy split format)", path)
+    entries = doc["images"]
+    if not entries:
+        raise DatasetError("the 'images' list is empty", path)
+
+    warnings: list[str] = []
+    rel_names: list[str] = []
+    entry_names: list[str] = []
+    seen_ids: dict[object, int] = {}
+    seen_files: dict[str, int] = {}
+    for k, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise DatasetError(f"expected an object, got {type(e).__name__}", path, f"images[{k}]")
+        fname = e.get("filename")
+        if not isinstance(fname, str) or not fname.strip():
+            raise DatasetError("missing or empty 'filename'", path, f"images[{k}]")
+        rel = str(Path(e["filepath"]) / fname) if isinstance(e.get("filepath"), str) else fname
+        name = f"images[{k}] {fname!r}"
+        if rel in seen_files:
+            raise DatasetError(f"duplicate image: the same file as images[{seen_files[rel]}]", path, name,
+                               hint="Each image must appear once; merge their sentences")
+        seen_files[rel] = k
+        imgid = e.get("imgid", k)
+        if imgid in seen_ids:
+            raise DatasetError(f"duplicate imgid {imgid!r} (also images[{seen_ids[imgid]}])", path, name)
+        seen_ids[imgid] = k
+        if not isinstance(e.get("sentences"), list):
+            raise DatasetError("missing 'sentences' list", path, name)
+        rel_names.append(rel)
+        entry_names.append(name)
+
+    if image_root is None:
+        image_root = guess_image_root(path.parent, rel_names, ROOT_CANDIDATES)
+    image_root = Path(image_root).expanduser().resolve()
+    if not image_root.is_dir():
+        raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
+    abs_paths = [str(image_root / r) for r in rel_names]
+    exists = check_images_exist(abs_paths, path, image_root, entry_names, warnings)
+
+    paths: list[str] = []
+    captions: list[str] = []
+    cap_img: list[int] = []
+    split_of: list[str] = []
+    label_raw: list[object] = []
+    tags: list[list[str]] = []
+    label_sets: list[list[str]] = []
+    has_tags = has_sets = has_label = False
+    n_empty = n_nocap = 0
+    for k, e in enumerate(entries):
+        if not exists[k]:
+            continue
+        caps = []
+        for s in e["sentences"]:
+            raw = s.get("raw") if isinstance(s, dict) else s
+            if raw is None and isinstance(s, dict) and isinstance(s.get("tokens"), list):
+                raw = " ".join(map(str, s["tokens"]))
+            c = clean_caption(raw)
+            if c is None:
+                n_empty += 1
+            else:
+                caps.append(c)
+        if not caps:
+            n_nocap += 1
+            continue
+        i = len(paths)
+        paths.append(abs_paths[k])
+        captions.extend(caps)
+        cap_img.extend([i] * len(caps))
+        split = e.get("split", "train")
+        split_of.append(str(split).strip().lower() or "train")
+        has_label |= "label" in e
+        label_raw.append(e.get("label"))
+        has_tags |= "tags" in e
+        tags.append(split_tags(e.get("tags")))
+        has_sets |= "labels" in e
+        label_sets.append(split_tags(e.get("labels")))
+    if n_empty:
+        warnings.append(f"skipped {n_empty} empty caption(s)")
+    if n_nocap:
+        warnings.append(f"skipped {n_nocap} image(s) with no non-empty caption")
+    if not paths:
+        raise DatasetError("no image with both a file and a caption remains", path)
+
+    splits: dict[str, np.ndarray] = {}
+    for i, s in enumerate(split_of):
+        splits.setdefault({"dev": "val"}.get(s, s), []).append(i)  # type: ignore[arg-type]
+    labels = label_names = None
+    if has_label:
+        label_names = sorted({str(v) for v in label_raw if v is not None})
+        if any(v is None for v in label_raw):
+            raise DatasetError("some images have a 'label' and others do not", path)
+        lookup = {n: j for j, n in enumerate(label_names)}
+        labels = np.array([lookup[str(v)] for v in label_raw], dtype=np.int64)
+    return PairedDataset(
+        name=str(doc.get("dataset") or path.stem.removeprefix("dataset_")),
+        captions=captions,
+        caption_image=np.asarray(cap_img, dtype=np.int64),
+        image_paths=paths,
+        labels=labels,
+        label_names=label_names,
+        tags=tags if has_tags else None,
+        label_sets=label_sets if has_sets else None,
+        splits={k: np.asarray(v, dtype=np.int64) for k, v in splits.items()},
+        source=str(path),
+        format="karpathy",
+        warnings=warnings,
+        meta={"image_root": str(image_root)},
+    )

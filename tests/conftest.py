@@ -1,0 +1,26 @@
+"""Shared test set-up: Qt off screen, user folders in a temporary place, the shared Flickr8k sample."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before anything imports Qt: render off screen, and keep the user's real folders untouched.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="crossview-tests-"))
+os.environ["CROSSVIEW_HOME"] = str(_SESSION_DIR / "home")
+os.environ.setdefault("CROSSVIEW_CACHE_DIR", str(_SESSION_DIR / "cache"))
+
+REPO = Path(__file__).resolve().parent.parent
+FLICKR8K_SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample"
+
+
+@pytest.fixture(scope="session")
+def flickr8k_sample() -> Path:
+    """The shared Flickr8k sample folder (700 images, 3,500 captions); skips when it is absent."""
+    if not (FLICKR8K_SAMPLE / "dataset_flickr8k_sample.json").is_file():
+        pytest.skip("../shared/data/flickr8k-sample is not present")
+    return FLICKR8K_SAMPLE

@@ -1,0 +1,76 @@
+"""The command line: help texts, data info, one-line errors, the no-display message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crossview.cli import build_parser, main
+
+
+def _subcommands(parser, prefix=()):
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_every_command_has_help(capsys) -> None:
+    commands = list(_subcommands(build_parser()))
+    assert ("data", "info") in [c for c, _ in commands]
+    for cmd, _ in [((), None), *commands]:
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--help"])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: crossview") and len(out) > 80, cmd
+
+
+def test_data_info_flickr8k(flickr8k_sample: Path, capsys) -> None:
+    assert main(["data", "info", str(flickr8k_sample / "dataset_flickr8k_sample.json")]) == 0
+    out = capsys.readouterr().out
+    assert "images              700" in out
+    assert "captions            3,500" in out
+    assert "train 600 images / 3,000 captions; val 100 images / 500 captions" in out
+    assert main(["data", "info", str(flickr8k_sample / "dataset_flickr8k_sample.json"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["images"] == 700 and info["captions"] == 3500
+
+
+def test_malformed_dataset_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "dataset_bad.json"
+    bad.write_text('{"images": 3}')
+    assert main(["data", "info", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith("crossview: error: ") and "dataset_bad.json" in err and "'images' list" in err
+    assert main(["data", "info", str(tmp_path / "missing")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_data_info_check_images_reports_unreadable(tmp_path: Path, capsys) -> None:
+    from PIL import Image
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "a.jpg")
+    (tmp_path / "images" / "b.jpg").write_bytes(b"garbage")
+    doc = {"images": [{"filename": f, "split": "train", "sentences": [{"raw": "x"}]} for f in ("a.jpg", "b.jpg")]}
+    (tmp_path / "dataset_t.json").write_text(json.dumps(doc))
+    assert main(["data", "info", str(tmp_path / "dataset_t.json"), "--check-images"]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 2 images unreadable" in out and "b.jpg" in out
+
+
+def test_bare_command_without_display_explains_instead_of_crashing() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    out = subprocess.run([sys.executable, "-m", "crossview.cli"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "no display found" in out.stderr and "QT_QPA_PLATFORM=offscreen" in out.stderr
+    assert "crossview data info demo" in out.stderr
+    assert "Traceback" not in out.stderr
