@@ -1,0 +1,143 @@
+"""CUHK-PEDES person descriptions (Li et al., CVPR 2017): ``reid_raw.json``.
+
+A JSON list, one object per image::
+
+    [{"split": "train", "captions": ["A woman in a red coat ...", "..."], "file_path": "CUHK01/0107002.png",
+      "id": 13, "processed_tokens": [[...], [...]]}, ...]
+
+``split`` is ``train``, ``val`` (or ``dev``) or ``test``; ``processed_tokens`` is ignored. Usually 2
+captions per image. Images are under ``imgs/`` beside the JSON (``imgs/CUHK01/0107002.png``) unless
+``image_root`` is given. ``labels`` are the identity ids mapped to ``0..n_ids-1`` in increasing id order,
+``label_names`` the original ids as strings. The path may also be the folder holding ``reid_raw.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from crossview.data.dataset import PairedDataset
+from crossview.data.readers._common import check_images_exist, clean_caption, guess_image_root, read_json
+from crossview.errors import DatasetError
+
+JSON_NAME = "reid_raw.json"
+ROOT_CANDIDATES = ("imgs", "")
+SPLIT_NAMES = {"train": "train", "val": "val", "dev": "val", "test": "test"}
+
+
+def detect(path: Path) -> bool:
+    if path.is_dir():
+        return (path / JSON_NAME).is_file()
+    if path.suffix.lower() != ".json":
+        return False
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(b"[") and b'"file_path"' in head
+
+
+def _identity(value: object, path: Path, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise DatasetError(f"'id' must be an integer, got {value!r}", path, where)
+
+
+def read(path: Path, image_root: Path | None = None) -> PairedDataset:
+    """Reads ``reid_raw.json`` (or the folder holding it)."""
+    path = Path(path).expanduser().resolve()
+    if path.is_dir():
+        path = path / JSON_NAME
+    doc = read_json(path)
+    if not isinstance(doc, list):
+        raise DatasetError(f"expected a JSON list of images, got {type(doc).__name__}", path,
+                           hint="CUHK-PEDES reid_raw.json is a list of {split, captions, file_path, id} objects")
+    if not doc:
+        raise DatasetError("the list is empty", path)
+
+    rel_names: list[str] = []
+    entry_names: list[str] = []
+    ids: list[int] = []
+    split_of: list[str] = []
+    seen: dict[str, int] = {}
+    for k, e in enumerate(doc):
+        if not isinstance(e, dict):
+            raise DatasetError(f"expected an object, got {type(e).__name__}", path, f"entry {k}")
+        fp = e.get("file_path")
+        if not isinstance(fp, str) or not fp.strip():
+            raise DatasetError("missing or empty 'file_path'", path, f"entry {k}",
+                               hint="Each entry needs file_path, id, captions and split")
+        fp = fp.strip()
+        where = f"entry {k} {fp!r}"
+        if fp in seen:
+            raise DatasetError(f"duplicate file_path: the same image as entry {seen[fp]}", path, where,
+                               hint="Each image must appear once; merge their captions")
+        seen[fp] = k
+        if "id" not in e:
+            raise DatasetError("missing 'id'", path, where)
+        if not isinstance(e.get("captions"), list):
+            raise DatasetError("missing 'captions' list", path, where)
+        split = e.get("split")
+        if not isinstance(split, str) or split.strip().lower() not in SPLIT_NAMES:
+            raise DatasetError(f"'split' must be train, val or test, got {split!r}", path, where)
+        rel_names.append(fp)
+        entry_names.append(where)
+        ids.append(_identity(e["id"], path, where))
+        split_of.append(SPLIT_NAMES[split.strip().lower()])
+
+    if image_root is None:
+        image_root = guess_image_root(path.parent, rel_names, ROOT_CANDIDATES)
+    image_root = Path(image_root).expanduser().resolve()
+    if not image_root.is_dir():
+        raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
+    abs_paths = [str(image_root / r) for r in rel_names]
+    warnings: list[str] = []
+    exists = check_images_exist(abs_paths, path, image_root, entry_names, warnings)
+
+    paths: list[str] = []
+    captions: list[str] = []
+    cap_img: list[int] = []
+    kept_ids: list[int] = []
+    splits: dict[str, list[int]] = {}
+    n_empty = n_nocap = 0
+    for k, e in enumerate(doc):
+        if not exists[k]:
+            continue
+        caps = []
+        for raw in e["captions"]:
+            c = clean_caption(raw)
+            if c is None:
+                n_empty += 1
+            else:
+                caps.append(c)
+        if not caps:
+            n_nocap += 1
+            continue
+        i = len(paths)
+        paths.append(abs_paths[k])
+        captions.extend(caps)
+        cap_img.extend([i] * len(caps))
+        kept_ids.append(ids[k])
+        splits.setdefault(split_of[k], []).append(i)
+    if n_empty:
+        warnings.append(f"skipped {n_empty} empty caption(s)")
+    if n_nocap:
+        warnings.append(f"skipped {n_nocap} image(s) with no non-empty caption")
+    if not paths:
+        raise DatasetError("no image with both a file and a caption remains", path)
+
+    unique_ids, labels = np.unique(np.asarray(kept_ids, dtype=np.int64), return_inverse=True)
+    return PairedDataset(
+        name="cuhk-pedes",
+        captions=captions,
+        caption_image=np.asarray(cap_img, dtype=np.int64),
+        image_paths=paths,
+        labels=labels.astype(np.int64),
+        label_names=[str(i) for i in unique_ids.tolist()],
+        splits={k: np.asarray(v, dtype=np.int64) for k, v in splits.items()},
+        source=str(path),
+        format="cuhk-pedes",
+        warnings=warnings,
+        meta={"image_root": str(image_root)},
+    )

@@ -1,0 +1,203 @@
+"""A generic folder of images with a captions file.
+
+Reads a folder that holds ``captions.jsonl`` or ``captions.csv`` (or ``captions.tsv``), or that file
+itself. Any other ``.jsonl`` / ``.csv`` / ``.tsv`` file whose first line names an ``image`` and a
+``caption`` field is read the same way when given directly.
+
+- JSONL, one object a line::
+
+      {"image": "dogs/1.jpg", "caption": "a dog runs on grass", "label": "dog", "tags": ["dog", "grass"], "split": "train"}
+
+  ``image`` and ``caption`` are required; ``label`` (string or int), ``tags`` (a list or ``"a,b"``) and
+  ``split`` are optional.
+- CSV (or TSV) with a header line: ``image,caption[,label][,tags][,split]``, columns in any order.
+
+Several lines for one image are several captions of that image: images are numbered in order of first
+appearance, captions in file order. Image paths are relative to the file's folder unless ``image_root``
+is given; absolute paths are kept. Splits: ``train`` / ``val`` (also ``dev``, ``validation``) / ``test``;
+an image without one goes to ``train``; with no split key or column at all, a reproducible 80/10/10
+split is generated (``meta["generated_splits"] = True``). A label gives ``labels`` (indices into
+``label_names``, the sorted unique label strings), and then every image needs one. Tags give per-image
+``tags``, the union over that image's lines.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from crossview.data.dataset import PairedDataset
+from crossview.data.readers._common import check_images_exist, clean_caption, generated_splits, iter_csv
+from crossview.data.readers._common import iter_jsonl, relative_to_root, require_file, split_tags
+from crossview.errors import DatasetError
+
+#: The file names looked for in a folder, in this order.
+CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.tsv")
+SUFFIXES = (".jsonl", ".csv", ".tsv")
+SPLIT_ALIASES = {"dev": "val", "validation": "val", "valid": "val"}
+
+
+def detect(path: Path) -> bool:
+    if path.is_dir():
+        return any((path / n).is_file() for n in CAPTION_FILES)
+    if path.name.lower() in CAPTION_FILES:
+        return True
+    if path.suffix.lower() not in SUFFIXES:
+        return False
+    with open(path, "rb") as f:
+        head = f.readline(4096).lower()
+    return b"image" in head and b"caption" in head
+
+
+def _caption_file(path: Path) -> Path:
+    if not path.is_dir():
+        return require_file(path, "captions file")
+    found = [path / n for n in CAPTION_FILES if (path / n).is_file()]
+    if not found:
+        raise DatasetError(f"no {' or '.join(CAPTION_FILES[:2])} in the folder", path,
+                           hint="Add a captions file (image, caption per line) or name the format with --format")
+    if len(found) > 1:
+        raise DatasetError(f"both {found[0].name} and {found[1].name} are in the folder", path,
+                           hint="Pass the captions file you mean instead of the folder")
+    return found[0]
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict]]:
+    if path.suffix.lower() == ".jsonl":
+        yield from iter_jsonl(path)
+    else:
+        yield from iter_csv(path, ("image", "caption"))
+
+
+def _optional(value: object) -> str | None:
+    """A label / split value as a string, or None when absent or blank (CSV gives '' for absent)."""
+    if value is None:
+        return None
+    s = str(value).strip()
+    return s or None
+
+
+def read(path: Path, image_root: Path | None = None) -> PairedDataset:
+    """Reads a captions file (or the folder holding it) into a :class:`PairedDataset`."""
+    path = _caption_file(Path(path).expanduser().resolve())
+    root = Path(image_root if image_root is not None else path.parent).expanduser().resolve()
+    if not root.is_dir():
+        raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
+
+    index: dict[str, int] = {}          # absolute image path -> image number
+    abs_paths: list[str] = []
+    entry_names: list[str] = []
+    img_label: list[tuple[str, int] | None] = []   # (label, line it came from)
+    img_split: list[tuple[str, int] | None] = []
+    img_tags: list[list[str]] = []
+    raw_caps: list[tuple[int, str | None]] = []      # (image number, cleaned caption or None)
+    has_label = has_tags = has_split = False
+    for lineno, row in _rows(path):
+        image = row.get("image")
+        if not isinstance(image, str) or not image.strip():
+            raise DatasetError("missing or empty 'image'", path, f"line {lineno}",
+                               hint="Each line needs an image path and a caption")
+        image = image.strip()
+        where = f"line {lineno} {image!r}"
+        if "caption" not in row:
+            raise DatasetError(f"no 'caption' key (found: {', '.join(row)})", path, where)
+        caption = row["caption"]
+        if caption is not None and not isinstance(caption, str):
+            raise DatasetError(f"'caption' must be a string, got {type(caption).__name__}", path, where)
+        abs_path = os.path.normpath(relative_to_root(root, image))
+        i = index.get(abs_path)
+        if i is None:
+            i = index[abs_path] = len(abs_paths)
+            abs_paths.append(abs_path)
+            entry_names.append(where)
+            img_label.append(None)
+            img_split.append(None)
+            img_tags.append([])
+        has_label |= "label" in row
+        has_split |= "split" in row
+        has_tags |= "tags" in row
+        for key, store in (("label", img_label), ("split", img_split)):
+            value = _optional(row.get(key))
+            if key == "split" and value is not None:
+                value = SPLIT_ALIASES.get(value.lower(), value.lower())
+            if value is None:
+                continue
+            if store[i] is not None and store[i][0] != value:
+                raise DatasetError(f"{key} {value!r} differs from {store[i][0]!r} given for the same image "
+                                   f"on line {store[i][1]}", path, where,
+                                   hint=f"Give one {key} per image")
+            store[i] = (value, lineno)
+        for t in split_tags(row.get("tags")):
+            if t not in img_tags[i]:
+                img_tags[i].append(t)
+        raw_caps.append((i, clean_caption(caption)))
+    if not abs_paths:
+        raise DatasetError("no captions in the file", path, hint="Each line needs an image path and a caption")
+
+    warnings: list[str] = []
+    exists = check_images_exist(abs_paths, path, root, entry_names, warnings)
+    n_caps_of = np.zeros(len(abs_paths), dtype=np.int64)
+    n_empty = 0
+    for i, c in raw_caps:
+        if exists[i]:
+            if c is None:
+                n_empty += 1
+            else:
+                n_caps_of[i] += 1
+    keep = exists & (n_caps_of > 0)
+    n_nocap = int((exists & (n_caps_of == 0)).sum())
+    if n_empty:
+        warnings.append(f"skipped {n_empty} empty caption(s)")
+    if n_nocap:
+        warnings.append(f"skipped {n_nocap} image(s) with no non-empty caption")
+    if not keep.any():
+        raise DatasetError("no image with both a file and a caption remains", path)
+    new_index = np.cumsum(keep) - 1
+    kept = np.flatnonzero(keep)
+    captions = [c for i, c in raw_caps if keep[i] and c is not None]
+    cap_img = np.array([new_index[i] for i, c in raw_caps if keep[i] and c is not None], dtype=np.int64)
+
+    meta: dict = {"image_root": str(root)}
+    if has_split:
+        splits: dict[str, list[int]] = {}
+        n_nosplit = 0
+        for j, i in enumerate(kept):
+            s = img_split[i]
+            n_nosplit += s is None
+            splits.setdefault("train" if s is None else s[0], []).append(j)
+        if n_nosplit:
+            warnings.append(f"{n_nosplit} image(s) have no split and were put in 'train'")
+        split_arrays = {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}
+    else:
+        split_arrays = generated_splits(len(kept))
+        meta["generated_splits"] = True
+
+    labels = label_names = None
+    if has_label:
+        unlabelled = [i for i in kept if img_label[i] is None]
+        if unlabelled:
+            raise DatasetError(f"no label for this image, while other lines have one ({len(unlabelled)} "
+                               f"image(s) without a label)", path, entry_names[unlabelled[0]],
+                               hint="Give every image a label, or remove the label column")
+        names = [img_label[i][0] for i in kept]  # type: ignore[index]
+        label_names = sorted(set(names))
+        lookup = {n: j for j, n in enumerate(label_names)}
+        labels = np.array([lookup[n] for n in names], dtype=np.int64)
+
+    return PairedDataset(
+        name=path.parent.name or path.stem,
+        captions=captions,
+        caption_image=cap_img,
+        image_paths=[abs_paths[i] for i in kept],
+        labels=labels,
+        label_names=label_names,
+        tags=[img_tags[i] for i in kept] if has_tags else None,
+        splits=split_arrays,
+        source=str(path),
+        format="folder",
+        warnings=warnings,
+        meta=meta,
+    )

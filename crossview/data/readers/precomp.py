@@ -1,0 +1,181 @@
+"""VSE++ / SCAN precomputed features: a ``*_precomp`` folder (``f30k_precomp``, ``coco_precomp``).
+
+For each split present, ``{split}_ims.npy`` (an ``(n_ims, d)`` feature array) and ``{split}_caps.txt``
+(one caption a line) sit side by side, for split in ``train``, ``dev`` (read as ``val``), ``val``,
+``test`` and ``testall``. Captions map to images as in VSE++:
+
+- fewer feature rows than captions: each image has ``n_caps // n_ims`` consecutive captions (the
+  counts must divide exactly);
+- as many rows as captions: when every 5 consecutive rows are identical (images repeated once per
+  caption), they collapse to one image per 5 captions; otherwise one image per caption.
+
+All splits are concatenated into one :class:`PairedDataset` with ``image_features`` and no image
+files; ``splits`` maps each split to its image indices. Arrays are memory-mapped; a single float32 split
+stays memory-mapped, several are concatenated in memory. Empty caption lines are skipped and counted
+(the caption -> image map still follows line positions).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from crossview.data.dataset import PairedDataset
+from crossview.data.readers._common import clean_caption, read_text
+from crossview.errors import DatasetError
+
+#: (file prefix, split name), in concatenation order.
+SPLITS = (("train", "train"), ("dev", "val"), ("val", "val"), ("test", "test"), ("testall", "testall"))
+#: VSE++ repeats each image once per caption, 5 captions an image.
+REPEAT = 5
+
+
+def detect(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    return any((path / f"{p}_ims.npy").is_file() or (path / f"{p}_caps.txt").is_file() for p, _ in SPLITS)
+
+
+def _load_features(path: Path) -> np.ndarray:
+    try:
+        arr = np.load(path, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as e:
+        # A file that is not .npy makes numpy fall back to unpickling, which it refuses.
+        why = "not a .npy file of numbers" if "pickle" in str(e) else f"cannot read as a .npy array ({e})"
+        raise DatasetError(why, path,
+                           hint="Save the features with numpy.save as an (n_images, d) array") from None
+    if not isinstance(arr, np.ndarray):
+        raise DatasetError("expected a .npy array, found an .npz archive", path,
+                           hint="Save the features with numpy.save as an (n_images, d) array")
+    if arr.ndim != 2:
+        hint = "Average region features over the regions to get (n_images, d)" if arr.ndim == 3 else None
+        raise DatasetError(f"expected a 2-d array (images x feature dims), got shape {arr.shape}", path, hint=hint)
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+        raise DatasetError(f"expected numeric features, got dtype {arr.dtype}", path)
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise DatasetError(f"the feature array is empty (shape {arr.shape})", path)
+    return arr
+
+
+def _rows_repeated(ims: np.ndarray, k: int) -> bool:
+    """Whether every group of ``k`` consecutive rows is made of identical rows (read in ~16 MB blocks)."""
+    n, d = ims.shape
+    groups = n // k
+    per_block = max(1, (1 << 24) // max(1, k * d * ims.dtype.itemsize))
+    start = 0
+    step = 1  # the first block is one group: unrepeated features are rejected at once
+    while start < groups:
+        stop = min(groups, start + step)
+        block = np.asarray(ims[start * k:stop * k]).reshape(stop - start, k, d)
+        if not (block == block[:, :1]).all():
+            return False
+        start, step = stop, per_block
+    return True
+
+
+def _read_split(prefix: str, ims_path: Path, caps_path: Path, warnings: list[str]
+                ) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Features ``(n, d)``, captions and their image indices for one split."""
+    ims = _load_features(ims_path)
+    lines = read_text(caps_path).splitlines()
+    while lines and not lines[-1].strip():  # a trailing blank line is not a caption
+        lines.pop()
+    if not lines:
+        raise DatasetError("no captions in the file (it is empty or blank)", caps_path,
+                           hint=f"It needs one caption a line for the images of {ims_path.name}")
+    n_ims, n_caps = int(ims.shape[0]), len(lines)
+    if n_ims > n_caps:
+        raise DatasetError(f"{n_ims} feature rows but only {n_caps} captions in {caps_path.name}", ims_path,
+                           hint="Each image needs at least one caption line; check that the two files match")
+    if n_ims < n_caps:
+        if n_caps % n_ims:
+            raise DatasetError(f"{n_caps} captions do not divide evenly over the {n_ims} images of "
+                               f"{ims_path.name} ({n_caps / n_ims:.2f} per image)", caps_path,
+                               hint="Each image needs the same number of consecutive captions")
+        per = n_caps // n_ims
+    elif n_ims % REPEAT == 0 and _rows_repeated(ims, REPEAT):
+        ims, per = ims[::REPEAT], REPEAT
+    else:
+        per = 1
+    captions: list[str] = []
+    cap_img: list[int] = []
+    n_empty = 0
+    for j, line in enumerate(lines):
+        c = clean_caption(line)
+        if c is None:
+            n_empty += 1
+        else:
+            captions.append(c)
+            cap_img.append(j // per)
+    if not captions:
+        raise DatasetError(f"all {n_caps} caption lines are blank", caps_path)
+    if n_empty:
+        warnings.append(f"skipped {n_empty} empty caption(s) in {caps_path.name}")
+    cap_arr = np.asarray(cap_img, dtype=np.int64)
+    has_cap = np.zeros(ims.shape[0], dtype=bool)
+    has_cap[cap_arr] = True
+    if not has_cap.all():
+        # Dropping rows copies the features, but only in this rare case.
+        warnings.append(f"skipped {int((~has_cap).sum())} image(s) of {ims_path.name} with no non-empty caption")
+        ims = ims[has_cap]
+        cap_arr = (np.cumsum(has_cap) - 1)[cap_arr]
+    return ims, captions, cap_arr
+
+
+def read(path: Path, image_root: Path | None = None) -> PairedDataset:
+    """Reads every split of a ``*_precomp`` folder; ``image_root`` is ignored (there are no image files)."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise DatasetError("expected a *_precomp folder with {split}_ims.npy and {split}_caps.txt", path)
+    found: list[tuple[str, str, Path, Path]] = []
+    for prefix, split in SPLITS:
+        ims_path, caps_path = path / f"{prefix}_ims.npy", path / f"{prefix}_caps.txt"
+        if ims_path.is_file() != caps_path.is_file():
+            have, lack = (ims_path, caps_path) if ims_path.is_file() else (caps_path, ims_path)
+            raise DatasetError(f"{lack.name} is missing beside it", have,
+                               hint=f"Each split needs both {prefix}_ims.npy and {prefix}_caps.txt")
+        if ims_path.is_file():
+            if any(s == split for _, s, _, _ in found):
+                raise DatasetError("both dev_* and val_* files are present; both would be the 'val' split", path,
+                                   hint="Keep one of them")
+            found.append((prefix, split, ims_path, caps_path))
+    if not found:
+        raise DatasetError("no {split}_ims.npy + {split}_caps.txt pair in the folder", path,
+                           hint=f"Expected split names: {', '.join(p for p, _ in SPLITS)}")
+
+    warnings: list[str] = []
+    if image_root is not None:
+        warnings.append("--image-root is ignored: a precomp folder holds features, not image files")
+    feats: list[np.ndarray] = []
+    captions: list[str] = []
+    cap_img: list[np.ndarray] = []
+    splits: dict[str, np.ndarray] = {}
+    n_images = 0
+    for prefix, split, ims_path, caps_path in found:
+        ims, caps, ci = _read_split(prefix, ims_path, caps_path, warnings)
+        if feats and ims.shape[1] != feats[0].shape[1]:
+            raise DatasetError(f"feature size {ims.shape[1]} differs from {feats[0].shape[1]} in "
+                               f"{found[0][2].name}", ims_path, hint="All splits must come from the same encoder")
+        feats.append(ims)
+        captions.extend(caps)
+        cap_img.append(ci + n_images)
+        splits[split] = np.arange(n_images, n_images + ims.shape[0], dtype=np.int64)
+        n_images += ims.shape[0]
+    if len(feats) == 1:
+        features = feats[0]
+        if features.dtype != np.float32:
+            features = features.astype(np.float32)
+    else:
+        features = np.concatenate([np.asarray(f) for f in feats]).astype(np.float32, copy=False)
+    return PairedDataset(
+        name=path.name.removesuffix("_precomp") or path.name,
+        captions=captions,
+        caption_image=np.concatenate(cap_img),
+        image_features=features,
+        splits=splits,
+        source=str(path),
+        format="precomp",
+        warnings=warnings,
+        meta={"precomp_splits": {split: prefix for prefix, split, _, _ in found}},
+    )
