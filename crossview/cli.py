@@ -10,44 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from crossview import __version__
+from crossview.commands._common import ProgressPrinter, _add_dataset_args  # noqa: F401 (re-exported)
 from crossview.errors import CrossViewError
 
+# Command groups that live in their own modules under crossview/commands/; each has
+# ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``.
+COMMAND_MODULES: list[str] = []
+
 EXIT_USAGE = 2
-
-
-class ProgressPrinter:
-    """A one-line progress bar on stderr (only on a terminal; silent otherwise but for the final line)."""
-
-    def __init__(self, label: str, stream=None) -> None:
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
-        self.start = time.monotonic()
-        self._last = -1
-
-    def __call__(self, done: int, total: int) -> None:
-        pct = int(100 * done / total) if total else 100
-        if pct == self._last:
-            return
-        self._last = pct
-        if self.tty:
-            bar = "#" * (pct // 4)
-            self.stream.write(f"\r{self.label} [{bar:<25}] {pct:3d}% ({done}/{total})")
-            if done >= total:
-                self.stream.write(f"  {time.monotonic() - self.start:.1f}s\n")
-            self.stream.flush()
-
-
-def _add_dataset_args(p: argparse.ArgumentParser) -> None:
-    from crossview.data import known_formats
-    p.add_argument("--format", choices=known_formats(), help="dataset format (default: detected from the path)")
-    p.add_argument("--image-root", metavar="DIR", help="folder the dataset's image paths are relative to "
-                   "(default: guessed next to the dataset file)")
 
 
 # ---------------------------------------------------------------------------- data
@@ -142,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = dsub.add_parser("formats", help="list the dataset formats CrossView reads",
                         description="List the dataset formats and what each expects.")
     p.set_defaults(func=cmd_data_formats)
+
+    import importlib
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -39,3 +39,7 @@ class DatasetError(CrossViewError):
 
 class WeightsNotFoundError(CrossViewError):
     """Pretrained weights could not be resolved offline."""
+
+
+class Cancelled(CrossViewError):
+    """Long work stopped because the caller asked it to (``should_stop()`` returned True)."""

@@ -24,3 +24,20 @@ def flickr8k_sample() -> Path:
     if not (FLICKR8K_SAMPLE / "dataset_flickr8k_sample.json").is_file():
         pytest.skip("../shared/data/flickr8k-sample is not present")
     return FLICKR8K_SAMPLE
+
+
+@pytest.fixture(autouse=True)
+def _no_windows_left_open(request):
+    """GUI tests must close what they open (windows left behind leak into the next test)."""
+    yield
+    if "qtbot" not in request.fixturenames:
+        return
+    from PySide6.QtWidgets import QApplication
+    app = QApplication.instance()
+    if app is None:
+        return
+    app.processEvents()
+    left = [w for w in app.topLevelWidgets() if w.isVisible()]
+    for w in left:
+        w.close()
+    assert not left, f"windows left open: {[type(w).__name__ for w in left]}"

@@ -25,9 +25,11 @@ def detect(path: Path) -> bool:
         return len(list(path.glob("dataset_*.json"))) == 1
     if path.suffix.lower() != ".json":
         return False
+    # Any JSON file that is not a top-level list (CUHK-PEDES) is read as Karpathy, so that a broken
+    # or misshapen file gets the reader's precise error instead of "unknown format".
     with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    return head.startswith(b"{") and b'"images"' in head
+        head = f.read(64).lstrip()
+    return not head.startswith(b"[")
 
 
 def _json_path(path: Path) -> Path:

@@ -1,0 +1,1 @@
+"""Sub-command groups of the ``crossview`` command, one module each (see ``crossview.cli``)."""

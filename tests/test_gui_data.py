@@ -1,0 +1,114 @@
+"""The main window and the Data panel, driven with pytest-qt off screen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+pytest.importorskip("pytestqt")
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
+
+from crossview.gui.main_window import MainWindow  # noqa: E402
+from crossview.gui.panels.data_panel import DataPanel  # noqa: E402
+
+pytestmark = pytest.mark.gui
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 30, 220)}
+
+
+@pytest.fixture
+def small_dataset(tmp_path: Path) -> Path:
+    entries = []
+    for k in range(30):
+        name = list(COLOURS)[k % 3]
+        Image.new("RGB", (40, 30), COLOURS[name]).save(tmp_path / f"im{k}.png")
+        entries.append({"filename": f"im{k}.png", "imgid": k, "split": "train" if k < 24 else "test",
+                        "sentences": [{"raw": f"a {name} picture number {k}"}, {"raw": f"plain {name}"}]})
+    p = tmp_path / "dataset_small.json"
+    p.write_text(json.dumps({"dataset": "small", "images": entries}))
+    return p
+
+
+@pytest.fixture
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    win.close()
+
+
+def _open(qtbot, win: MainWindow, source) -> None:
+    with qtbot.waitSignal(win.open_dataset(str(source)).finished, timeout=120_000):
+        pass
+
+
+def test_open_browse_filter_and_select(qtbot, window: MainWindow, small_dataset: Path) -> None:
+    _open(qtbot, window, small_dataset)
+    panel = window.data_panel
+    assert window.dataset is not None and window.dataset.n_images == 30
+    assert panel.model.rowCount() == 30
+    assert "small" in window.status_dataset.text() and "30 images" in window.status_dataset.text()
+
+    qtbot.keyClicks(panel.filter_edit, "green")
+    qtbot.waitUntil(lambda: panel.model.rowCount() == 10, timeout=3000)
+    assert panel.count_label.text() == "10 of 30"
+
+    panel.split_combo.setCurrentIndex(panel.split_combo.findData("test"))
+    assert panel.model.rowCount() == 2  # images 25 and 28 are green and in test
+
+    with qtbot.waitSignal(panel.image_selected) as sig:
+        panel.grid.setCurrentIndex(panel.model.index(1))
+    assert sig.args == [28]
+    html = panel.details.toPlainText()
+    assert "a green picture number 28" in html and "plain green" in html and "split test" in html
+    assert panel.image_view.pixmap() is not None and not panel.image_view.pixmap().isNull()
+
+    # thumbnails are decoded in the background and end up in the model
+    panel.cache.wait_idle()
+    qtbot.waitUntil(lambda: panel.cache.get(window.dataset.image_paths[28]) is not None, timeout=5000)
+
+
+def test_recent_datasets_persist(qtbot, window: MainWindow, small_dataset: Path) -> None:
+    _open(qtbot, window, small_dataset)
+    assert window.recent_datasets()[0] == str(small_dataset)
+    again = MainWindow()
+    qtbot.addWidget(again)
+    assert again.recent_datasets()[0] == str(small_dataset)
+    assert again.recent_menu.actions()[0].text() == str(small_dataset)
+
+
+def test_bad_dataset_shows_a_dialog_and_the_app_stays_usable(qtbot, window: MainWindow, small_dataset: Path,
+                                                             tmp_path: Path) -> None:
+    bad = tmp_path / "dataset_bad.json"
+    bad.write_text("{not json")
+    _open(qtbot, window, bad)
+    boxes = [w for w in window.findChildren(QMessageBox) if w.isVisible()]
+    assert boxes and "invalid JSON at line 1" in boxes[0].text()
+    boxes[0].close()
+    _open(qtbot, window, small_dataset)
+    assert window.data_panel.model.rowCount() == 30
+
+
+def test_keyboard_shortcut_focuses_the_filter(qtbot, window: MainWindow, small_dataset: Path) -> None:
+    _open(qtbot, window, small_dataset)
+    window.activateWindow()
+    qtbot.keyClick(window, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    assert window.data_panel.filter_edit.hasFocus()
+
+
+def test_data_panel_alone(qtbot, small_dataset: Path) -> None:
+    from crossview.data import load_dataset
+    panel = DataPanel()
+    qtbot.addWidget(panel)
+    panel.set_dataset(load_dataset(small_dataset))
+    panel.select_image(17)
+    assert panel.grid.currentIndex().row() == 17
+    panel.filter_edit.setText("blue")
+    panel.apply_filter()
+    panel.select_image(0)  # hidden by the filter: the filter is cleared to show it
+    assert panel.filter_edit.text() == "" and panel.grid.currentIndex().row() == 0
