@@ -1,0 +1,240 @@
+"""Ranks and rank metrics for image <-> text retrieval.
+
+Inputs
+------
+``scores`` is a similarity matrix ``(n_images, n_captions)`` (float32 or float64, larger = more
+similar) and ``caption_image`` is ``(n_captions,) int64``, the image each caption describes.
+Ranks are 1-based.
+
+- i2t: for each image, the rank of its best-ranked ground-truth caption among all captions.
+- t2i: for each caption, the rank of its image among all images.
+
+Tie rule (one rule everywhere, also in :mod:`crossview.index`)
+---------------------------------------------------------------
+The items of one query are ordered by descending score, and equal scores by ascending index
+(a stable sort of ``-score``). The rank of item ``j`` is therefore::
+
+    rank(j) = 1 + #{i : s_i > s_j} + #{i < j : s_i == s_j}
+
+For i2t the "best-ranked ground-truth caption" is the first gold caption in that order (highest
+score; among equal scores, the smallest caption index). Ranks are computed by counting, never by
+sorting a whole row, in chunks of queries so that a 5,000 x 25,000 matrix needs only a few tens of
+MB of temporaries. NaN scores have no order and are refused.
+
+Metrics
+-------
+R@K is the percentage of queries with rank <= K; MedR is the plain median rank (``np.median``, so
+it may end in .5 for an even number of queries; VSE++ prints the floor); MeanR is the mean rank;
+rsum is the sum of R@1, R@5 and R@10 in both directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import CrossViewError
+
+__all__ = [
+    "as_numpy",
+    "check_scores",
+    "first_relevant_ranks",
+    "i2t_ranks",
+    "t2i_ranks",
+    "recall_at_k",
+    "rank_metrics",
+    "rsum_of",
+    "evaluate",
+    "top_k",
+]
+
+# Elements of temporary (chunk x gallery) arrays per chunk; bounds the extra memory to ~tens of MB.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """``x`` as a numpy array (torch tensors are detached and copied to the CPU)."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def check_scores(scores: Any, caption_image: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Validate and convert the evaluation inputs.
+
+    Returns ``scores (n_images, n_captions)`` as a float array and ``caption_image (n_captions,)
+    int64``; raises :class:`CrossViewError` when shapes disagree, an index is out of range or a
+    score is NaN.
+    """
+    s = as_numpy(scores)
+    ci = as_numpy(caption_image)
+    if s.ndim != 2:
+        raise CrossViewError(f"scores must be a 2-D (n_images, n_captions) matrix, got shape {s.shape}")
+    if not np.issubdtype(s.dtype, np.floating):
+        s = s.astype(np.float64)
+    if ci.ndim != 1 or ci.shape[0] != s.shape[1]:
+        raise CrossViewError(
+            f"caption_image must have one entry per caption (scores has {s.shape[1]} columns), "
+            f"got shape {ci.shape}")
+    if not np.issubdtype(ci.dtype, np.integer):
+        raise CrossViewError(f"caption_image must hold integer image indices, got dtype {ci.dtype}")
+    ci = ci.astype(np.int64, copy=False)
+    if ci.size and (ci.min() < 0 or ci.max() >= s.shape[0]):
+        bad = int(ci[(ci < 0) | (ci >= s.shape[0])][0])
+        raise CrossViewError(
+            f"caption_image refers to image {bad}, but scores has only {s.shape[0]} rows (images)")
+    if np.isnan(s).any():
+        raise CrossViewError("scores contain NaN; ranks are undefined (check the embeddings for NaN)")
+    return s, ci
+
+
+def first_relevant_ranks(scores: np.ndarray, query_labels: np.ndarray,
+                         gallery_labels: np.ndarray) -> np.ndarray:
+    """Rank of the best-ranked relevant gallery item for every query (tie rule of this module).
+
+    ``scores (n_queries, n_gallery)`` (may be a transposed view), ``query_labels (n_queries,)`` and
+    ``gallery_labels (n_gallery,)``: gallery item ``j`` is relevant to query ``q`` when
+    ``gallery_labels[j] == query_labels[q]``. Returns ``(n_queries,) int64`` 1-based ranks, and 0
+    for a query with no relevant gallery item.
+    """
+    n_q, n_g = scores.shape
+    ranks = np.zeros(n_q, dtype=np.int64)
+    if n_q == 0 or n_g == 0:
+        return ranks
+    cols = np.arange(n_g, dtype=np.int64)
+    step = max(1, _CHUNK_ELEMENTS // n_g)
+    for start in range(0, n_q, step):
+        stop = min(n_q, start + step)
+        s = np.ascontiguousarray(scores[start:stop])             # (b, n_g); copies a transposed view
+        rel = gallery_labels[None, :] == query_labels[start:stop, None]
+        has = rel.any(axis=1)
+        best = np.where(rel, s, -np.inf).max(axis=1)             # best relevant score per query
+        # first relevant column holding that score = smallest index among tied relevant items
+        best_col = np.argmax(rel & (s == best[:, None]), axis=1)
+        higher = (s > best[:, None]).sum(axis=1)
+        tied_before = ((s == best[:, None]) & (cols[None, :] < best_col[:, None])).sum(axis=1)
+        ranks[start:stop] = np.where(has, 1 + higher + tied_before, 0)
+    return ranks
+
+
+def i2t_ranks(scores: Any, caption_image: Any) -> np.ndarray:
+    """Image -> text ranks: ``scores (n_images, n_captions)``, ``caption_image (n_captions,)``.
+
+    Returns ``(n_images,) int64``: for each image, the 1-based rank of its best-ranked gold caption
+    among all captions. Every image must have at least one caption.
+    """
+    return _i2t_ranks(*check_scores(scores, caption_image))
+
+
+def t2i_ranks(scores: Any, caption_image: Any) -> np.ndarray:
+    """Text -> image ranks: ``scores (n_images, n_captions)``, ``caption_image (n_captions,)``.
+
+    Returns ``(n_captions,) int64``: for each caption, the 1-based rank of its image among all
+    images.
+    """
+    return _t2i_ranks(*check_scores(scores, caption_image))
+
+
+def _i2t_ranks(s: np.ndarray, ci: np.ndarray) -> np.ndarray:
+    n_images = s.shape[0]
+    counts = np.bincount(ci, minlength=n_images)
+    if (counts == 0).any():
+        missing = np.flatnonzero(counts == 0)
+        raise CrossViewError(
+            f"{missing.size} image(s) have no caption (first: image {int(missing[0])}); i2t ranks "
+            "need at least one ground-truth caption per image: drop those images from the scores")
+    return first_relevant_ranks(s, np.arange(n_images, dtype=np.int64), ci)
+
+
+def _t2i_ranks(s: np.ndarray, ci: np.ndarray) -> np.ndarray:
+    n_images, n_captions = s.shape
+    if n_captions == 0:
+        return np.empty(0, dtype=np.int64)
+    gold = s[ci, np.arange(n_captions)]                          # (n_captions,) score of own image
+    higher = np.zeros(n_captions, dtype=np.int64)
+    tied_before = np.zeros(n_captions, dtype=np.int64)
+    # Row chunks are contiguous in memory; the counts accumulate over them.
+    step = max(1, _CHUNK_ELEMENTS // n_captions)
+    for start in range(0, n_images, step):
+        stop = min(n_images, start + step)
+        block = s[start:stop]                                    # (b, n_captions)
+        higher += (block > gold[None, :]).sum(axis=0)
+        rows = np.arange(start, stop, dtype=np.int64)[:, None]
+        tied_before += ((block == gold[None, :]) & (rows < ci[None, :])).sum(axis=0)
+    return 1 + higher + tied_before
+
+
+def recall_at_k(ranks: Any, k: int) -> float:
+    """R@K: percentage (0-100) of queries whose 1-based rank is <= ``k``. ``ranks (n_queries,)``."""
+    r = as_numpy(ranks)
+    if r.size == 0:
+        raise CrossViewError("recall_at_k got no ranks (no queries)")
+    if k < 1:
+        raise CrossViewError(f"k must be >= 1, got {k}")
+    return float(100.0 * np.count_nonzero(r <= k) / r.size)
+
+
+def rank_metrics(ranks: Any, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """``{"R@1", "R@5", "R@10", "MedR", "MeanR"}`` for ``ranks (n_queries,)`` (R@K in percent)."""
+    r = as_numpy(ranks)
+    if r.size == 0:
+        raise CrossViewError("rank_metrics got no ranks (no queries)")
+    out = {f"R@{k}": recall_at_k(r, k) for k in ks}
+    out["MedR"] = float(np.median(r))
+    out["MeanR"] = float(np.mean(r))
+    return out
+
+
+def rsum_of(i2t: dict[str, float], t2i: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> float:
+    """Sum of R@K over ``ks`` in both directions."""
+    return float(sum(i2t[f"R@{k}"] for k in ks) + sum(t2i[f"R@{k}"] for k in ks))
+
+
+def evaluate(scores: Any, caption_image: Any, ks: Sequence[int] = (1, 5, 10)) -> dict[str, Any]:
+    """Full retrieval evaluation of ``scores (n_images, n_captions)``.
+
+    Returns ``{"i2t": {...}, "t2i": {...}, "rsum": float, "ranks": {"i2t": (n_images,) int64,
+    "t2i": (n_captions,) int64}}`` with the metrics of :func:`rank_metrics`.
+    """
+    s, ci = check_scores(scores, caption_image)
+    r_i2t = _i2t_ranks(s, ci)
+    r_t2i = _t2i_ranks(s, ci)
+    i2t = rank_metrics(r_i2t, ks)
+    t2i = rank_metrics(r_t2i, ks)
+    return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks),
+            "ranks": {"i2t": r_i2t, "t2i": r_t2i}}
+
+
+def top_k(scores: Any, k: int) -> np.ndarray:
+    """The first ``k`` gallery indices of every query under the tie rule.
+
+    ``scores (n_queries, n_gallery)`` -> ``(n_queries, min(k, n_gallery)) int64``, best first
+    (descending score, ascending index among equal scores). Uses a partition and sorts only the
+    candidates, so it is O(n_gallery) per query.
+    """
+    s = as_numpy(scores)
+    if s.ndim != 2:
+        raise CrossViewError(f"scores must be (n_queries, n_gallery), got shape {s.shape}")
+    if k < 1:
+        raise CrossViewError(f"k must be >= 1, got {k}")
+    n_q, n_g = s.shape
+    k = min(k, n_g)
+    out = np.empty((n_q, k), dtype=np.int64)
+    if n_q == 0 or k == 0:
+        return out
+    step = max(1, _CHUNK_ELEMENTS // n_g)
+    for start in range(0, n_q, step):
+        stop = min(n_q, start + step)
+        block = s[start:stop]
+        kth = -np.partition(-block, k - 1, axis=1)[:, k - 1]    # k-th largest score per query
+        rows, cols = np.nonzero(block >= kth[:, None])           # >= k candidates per row
+        vals = block[rows, cols]
+        order = np.lexsort((cols, -vals, rows))                  # by row, score desc, index asc
+        rows, cols = rows[order], cols[order]
+        first = np.searchsorted(rows, np.arange(stop - start))   # where each row's run starts
+        pos = np.arange(rows.size) - first[rows]
+        keep = pos < k
+        out[start + rows[keep], pos[keep]] = cols[keep]
+    return out
