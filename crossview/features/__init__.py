@@ -1,0 +1,180 @@
+"""Frozen encoders and the feature cache: turn a dataset into ``(image, text)`` feature matrices.
+
+- :mod:`crossview.features.image`: image backbones (torchvision, EfficientNet-Lite0), weights offline only.
+- :mod:`crossview.features.text`: bag of words / TF-IDF, LDA topics, GloVe averages, MiniLM / local BERT.
+- :mod:`crossview.features.tags`: nouns and verbs of a caption (the webly method's tags).
+- :mod:`crossview.features.cache`: the content-addressed on-disk cache.
+
+:func:`extract_features` is the one entry point the engine, the CLI and the GUI use. Encoders are
+imported lazily so that ``import crossview.features`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import Cancelled, CrossViewError
+from crossview.features.cache import FeatureCache
+
+__all__ = ["Features", "FeatureCache", "extract_features", "encode_captions", "image_set_fingerprint",
+           "PRECOMP"]
+
+#: The "encoder" name of features that come with the dataset (VSE++ ``*_precomp`` folders).
+PRECOMP = "precomp"
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)`` with stage ``"images"``, ``"fit text"`` or ``"captions"``."""
+
+
+@dataclass
+class Features:
+    """Feature matrices of a whole dataset (all splits), and where they came from.
+
+    ``image (n_images, d) float32`` and ``text (n_captions, e) float32`` follow the dataset's image
+    and caption numbering; either may be memory-mapped (read-only) when large.
+    """
+
+    image: np.ndarray
+    text: np.ndarray
+    image_encoder: str
+    text_encoder: str
+    text_model: Any = None  #: the fitted TextEncoder, needed to encode new captions (queries, corpora)
+    image_cache_hit: bool = False
+    text_cache_hit: bool = False
+    spec: dict = field(default_factory=dict)  #: what a checkpoint records to rebuild the features
+
+
+def image_set_fingerprint(paths: Sequence[str]) -> str:
+    """A hash of the image files: paths, sizes and modification times (changed files -> new key)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(str(p).encode("utf-8", "surrogateescape"))
+        try:
+            st = os.stat(p)
+            h.update(f"|{st.st_size}|{st.st_mtime_ns}\0".encode())
+        except OSError:
+            h.update(b"|missing\0")
+    return h.hexdigest()[:24]
+
+
+def _captions_fingerprint(captions: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for c in captions:
+        h.update(c.encode("utf-8", "surrogateescape"))
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(stage, done, total)
+
+
+def _fit_captions(dataset: Any, fit_on: str | None) -> list[str]:
+    """Captions a fitted text encoder learns from: those of the ``fit_on`` split (all if it is absent)."""
+    if fit_on and fit_on in getattr(dataset, "splits", {}):
+        images = set(int(i) for i in dataset.splits[fit_on])
+        return [c for c, im in zip(dataset.captions, dataset.caption_image) if int(im) in images]
+    return list(dataset.captions)
+
+
+def extract_features(dataset: Any, image_encoder: str | None = None, text_encoder: str | None = None, *,
+                     fit_on: str | None = "train", cache: FeatureCache | None | bool = None,
+                     device: str = "cpu", batch_size: int | None = None, num_workers: int | None = None,
+                     image_weights: str | None = None, allow_random: bool = False,
+                     text_params: dict | None = None, text_model: Any = None,
+                     progress: Progress | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> Features:
+    """Image and caption features of every image and caption of ``dataset``.
+
+    ``image_encoder`` / ``text_encoder`` are registry names (defaults: the packages' defaults);
+    a dataset with precomputed image features uses them (``"precomp"``). Fitted text encoders (TF-IDF,
+    LDA, ...) learn on the captions of split ``fit_on`` only, so test captions never leak into them;
+    pass ``text_model`` (an already fitted encoder, e.g. from a checkpoint) to reuse one instead.
+    ``cache=False`` disables the cache; ``None`` uses the default folder. Raises
+    :class:`~crossview.errors.Cancelled` when ``should_stop()`` turns True.
+    """
+    from crossview.features import image as image_mod
+    from crossview.features import text as text_mod
+
+    store = None if cache is False else (cache if isinstance(cache, FeatureCache) else FeatureCache())
+    stop = should_stop or (lambda: False)
+
+    # ---------------------------------------------------------------- images
+    if dataset.image_features is not None and dataset.image_paths is None:
+        if image_encoder not in (None, PRECOMP):
+            raise CrossViewError(
+                f"dataset {dataset.name!r} ships precomputed image features and no image files, so image "
+                f"encoder {image_encoder!r} cannot run on it; leave the image encoder unset (or 'precomp')")
+        image = np.asarray(dataset.image_features, dtype=np.float32)
+        image_name, image_hit, image_spec = PRECOMP, True, {"name": PRECOMP, "dim": int(image.shape[1])}
+    else:
+        image_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
+        if image_name == PRECOMP:
+            raise CrossViewError(f"dataset {dataset.name!r} has no precomputed image features; "
+                                 f"choose an image encoder ({', '.join(image_mod.list_image_encoders())})")
+        enc = image_mod.create_image_encoder(image_name, weights=image_weights, allow_random=allow_random)
+        parts = {"kind": "image", "images": image_set_fingerprint(dataset.image_paths),
+                 "encoder": enc.cache_parts()}
+
+        def compute_images() -> np.ndarray:
+            kw: dict[str, Any] = {"device": device, "progress": _stage(progress, "images"),
+                                  "should_stop": stop}
+            if batch_size:
+                kw["batch_size"] = batch_size
+            if num_workers is not None:
+                kw["num_workers"] = num_workers
+            return np.asarray(enc.encode_paths(dataset.image_paths, **kw), dtype=np.float32)
+
+        if store is None:
+            image, image_hit = compute_images(), False
+        else:
+            image, image_hit = store.get_or_compute(FeatureCache.make_key(**parts), compute_images,
+                                                    meta={**parts, "dataset": dataset.name})
+        image_spec = {"name": image_name, "dim": int(image.shape[1]), **enc.cache_parts()}
+    if stop():
+        raise Cancelled("feature extraction cancelled")
+
+    # ---------------------------------------------------------------- captions
+    if text_model is None:
+        text_name = text_encoder or text_mod.DEFAULT_TEXT_ENCODER
+        text_model = text_mod.create_text_encoder(text_name, **(text_params or {}))
+        if text_model.needs_fit:
+            fit_caps = _fit_captions(dataset, fit_on)
+            if progress:
+                progress("fit text", 0, 1)
+            text_model.fit(fit_caps)
+            if progress:
+                progress("fit text", 1, 1)
+    text, text_hit = encode_captions(dataset.captions, text_model, cache=store, device=device,
+                                     progress=_stage(progress, "captions"), should_stop=stop,
+                                     dataset_name=dataset.name)
+    return Features(image=image, text=text, image_encoder=image_name, text_encoder=text_model.name,
+                    text_model=text_model, image_cache_hit=image_hit, text_cache_hit=text_hit,
+                    spec={"image": image_spec, "text": {"name": text_model.name, **text_model.cache_parts()},
+                          "fit_on": fit_on, "dataset_fingerprint": dataset.fingerprint()})
+
+
+def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureCache | None = None,
+                    device: str = "cpu", progress: Callable[[int, int], None] | None = None,
+                    should_stop: Callable[[], bool] | None = None,
+                    dataset_name: str = "") -> tuple[np.ndarray, bool]:
+    """``(features (n, e) float32, cache_hit)`` of ``captions`` with a (fitted) text encoder.
+
+    Used for a dataset's captions and for independent caption corpora (the BITR setting).
+    """
+    def compute() -> np.ndarray:
+        return np.asarray(text_model.encode(list(captions), device=device, progress=progress,
+                                            should_stop=should_stop), dtype=np.float32)
+
+    if cache is None:
+        return compute(), False
+    parts = {"kind": "text", "captions": _captions_fingerprint(captions), "encoder": text_model.cache_parts()}
+    return cache.get_or_compute(FeatureCache.make_key(**parts), compute, meta={**parts, "dataset": dataset_name})
