@@ -41,3 +41,10 @@ def _no_windows_left_open(request):
     for w in left:
         w.close()
     assert not left, f"windows left open: {[type(w).__name__ for w in left]}"
+
+
+@pytest.fixture(scope="session")
+def demo_dataset():
+    """The built-in demo at its default size (rendered once per test session into the session cache)."""
+    from crossview.data.demo import load_demo
+    return load_demo()

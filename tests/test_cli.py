@@ -74,3 +74,28 @@ def test_bare_command_without_display_explains_instead_of_crashing() -> None:
     assert "no display found" in out.stderr and "QT_QPA_PLATFORM=offscreen" in out.stderr
     assert "crossview data info demo" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_data_info_demo_counts(demo_dataset, capsys) -> None:
+    assert main(["data", "info", "demo", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["images"] == demo_dataset.n_images == 2400
+    assert info["captions"] == 5 * 2400
+    assert {k: v["images"] if isinstance(v, dict) else v for k, v in info["splits"].items()} == \
+        {"train": 2000, "val": 200, "test": 200}
+    assert main(["data", "info", "demo"]) == 0
+    table = capsys.readouterr().out
+    assert "2,400" in table and "12,000" in table
+
+
+def test_data_demo_writes_a_folder_that_reads_back(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "demo-out"
+    assert main(["data", "demo", "--out", str(out), "--n-scenes", "30", "--n-web", "5", "--seed", "3"]) == 0
+    written = capsys.readouterr().out
+    assert str(out) in written
+    assert main(["data", "info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["images"] == 30 and info["captions"] == 150
+    # a non-empty folder is refused rather than overwritten
+    assert main(["data", "demo", "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err

@@ -112,3 +112,13 @@ def test_data_panel_alone(qtbot, small_dataset: Path) -> None:
     panel.apply_filter()
     panel.select_image(0)  # hidden by the filter: the filter is cleared to show it
     assert panel.filter_edit.text() == "" and panel.grid.currentIndex().row() == 0
+
+
+def test_opens_the_builtin_demo(qtbot, window: MainWindow, demo_dataset) -> None:
+    _open(qtbot, window, "demo")
+    assert window.dataset is not None and window.dataset.n_images == demo_dataset.n_images == 2400
+    assert window.data_panel.model.rowCount() == 2400
+    assert "demo" in window.status_dataset.text() and "2,400 images" in window.status_dataset.text()
+    window.data_panel.select_image(5)
+    text = window.data_panel.details.toPlainText()
+    assert all(demo_dataset.captions[c] in text for c in demo_dataset.captions_of(5))
