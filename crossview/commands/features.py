@@ -1,0 +1,105 @@
+"""``crossview features ...``: extract and cache image and caption features, list encoders and the cache."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from crossview.commands._common import ProgressPrinter, _add_dataset_args
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from crossview.data import load_dataset
+    from crossview.features import FeatureCache, extract_features
+
+    ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
+    bars: dict[str, ProgressPrinter] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+
+    cache = False if args.no_cache else FeatureCache(args.cache_dir) if args.cache_dir else None
+    t = time.monotonic()
+    feats = extract_features(ds, args.image_encoder, args.text_encoder, device=args.device,
+                             batch_size=args.batch_size, num_workers=args.workers, image_weights=args.weights,
+                             allow_random=args.random_init, fit_on=args.fit_on, cache=cache, progress=progress)
+    secs = time.monotonic() - t
+    print(f"dataset {ds.name}: {ds.n_images:,} images, {ds.n_captions:,} captions")
+    print(f"image features  {feats.image_encoder:<20} {feats.image.shape[0]:>8,} x {feats.image.shape[1]:<5}"
+          f" {'cache hit' if feats.image_cache_hit else 'extracted'}")
+    print(f"text features   {feats.text_encoder:<20} {feats.text.shape[0]:>8,} x {feats.text.shape[1]:<5}"
+          f" {'cache hit' if feats.text_cache_hit else 'extracted'}")
+    print(f"{secs:.1f} s")
+    if args.out:
+        np.savez(args.out, image=feats.image, text=feats.text, caption_image=ds.caption_image)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_encoders(args: argparse.Namespace) -> int:
+    from crossview.features import image, text
+
+    print("image encoders (default " + image.DEFAULT_IMAGE_ENCODER + "):")
+    for name in image.list_image_encoders():
+        print(f"  {name}")
+    print("text encoders (default " + text.DEFAULT_TEXT_ENCODER + "):")
+    for name in text.list_text_encoders():
+        print(f"  {name}")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from crossview.features import FeatureCache
+
+    store = FeatureCache(args.cache_dir) if args.cache_dir else FeatureCache()
+    entries = store.entries()
+    print(f"feature cache {store.root}: {len(entries)} entries, {store.size_bytes() / 2**20:,.1f} MiB")
+    for e in entries:
+        parts = e.get("parts", {})
+        enc = parts.get("encoder", {})
+        name = enc.get("name", "?") if isinstance(enc, dict) else enc
+        print(f"  {e['key'][:12]}  {parts.get('kind', '?'):<5} {name:<22} {str(parts.get('dataset', '')):<16} "
+              f"{'x'.join(map(str, e['shape']))} {e['dtype']}")
+    if args.clear:
+        for e in entries:
+            store.delete(e["key"])
+        print(f"removed {len(entries)} entries")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    feats = sub.add_parser("features", help="extract and cache image / caption features",
+                           description="Extract image and caption features with frozen encoders and keep them "
+                                       "in the content-addressed feature cache.")
+    fsub = feats.add_subparsers(dest="features_command", metavar="SUBCOMMAND", required=True)
+
+    p = fsub.add_parser("extract", help="extract (or find in the cache) a dataset's features",
+                        description="Encode every image and caption of a dataset. A second extraction of the "
+                                    "same files with the same encoders is a cache hit. Weights are found offline "
+                                    "only; fitted text encoders (tfidf, bow, lda) learn on --fit-on captions.")
+    p.add_argument("--data", default="demo", help="dataset path or 'demo' (default: demo)")
+    _add_dataset_args(p)
+    p.add_argument("--image-encoder", help="image backbone (see 'crossview features encoders')")
+    p.add_argument("--text-encoder", help="text encoder: minilm, glove, tfidf, bow, lda or bert:PATH")
+    p.add_argument("--weights", metavar="FILE", help="image backbone weights file (overrides the lookup)")
+    p.add_argument("--random-init", action="store_true", help="allow random backbone weights when none are found")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--batch-size", type=int, help="images per batch")
+    p.add_argument("--workers", type=int, help="image decoding worker processes")
+    p.add_argument("--fit-on", default="train", help="split whose captions fitted text encoders learn from")
+    p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    p.add_argument("--out", metavar="FILE.npz", help="also write image, text and caption_image arrays here")
+    p.set_defaults(func=cmd_extract)
+
+    p = fsub.add_parser("encoders", help="list the image and text encoders",
+                        description="List the registered image and text encoders and the defaults.")
+    p.set_defaults(func=cmd_encoders)
+
+    p = fsub.add_parser("cache", help="list (or clear) the feature cache",
+                        description="List the feature cache's entries; --clear removes them.")
+    p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
+    p.add_argument("--clear", action="store_true", help="remove every entry")
+    p.set_defaults(func=cmd_cache)

@@ -1,0 +1,234 @@
+"""Embedding files: what a trained model produces for one split, and their evaluation.
+
+An embeddings file is a ``.npz`` (a run writes ``embeddings_<split>.npz`` into its folder; anyone can
+write one from their own model) holding:
+
+==================  =============================  ===========================================
+key                 shape / type                   meaning
+==================  =============================  ===========================================
+``image``           ``(n_images, D) float``        image embeddings (i2t model)
+``text``            ``(n_captions, D) float``      caption embeddings (i2t model)
+``caption_image``   ``(n_captions,) int``          the image (row of ``image``) of each caption
+``image_t2i``       ``(n_images, D') float``       optional: a separate t2i model (BITR)
+``text_t2i``        ``(n_captions, D') float``     optional, with ``image_t2i``
+``image_labels``    ``(n_images,) int``            optional: identity / class (``identity``)
+``label_embeddings`` ``(n_labels, D) float``       optional: label / phrase embeddings (``labels``)
+``label_relevance`` ``(n_images, n_labels) bool``  optional: which labels are true of each image
+``captions``        ``(n_captions,) str``          optional: caption text (BLEU / ROUGE overlap)
+``method``, ``dataset``, ``split``  0-d str        optional: shown in the report
+==================  =============================  ===========================================
+
+The score of image ``i`` and caption ``j`` is ``image[i] . text[j]`` (ARCHITECTURE.md, the method
+contract); i2t ranks come from ``image``/``text``, t2i ranks from ``image_t2i``/``text_t2i`` when present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import CrossViewError
+from crossview.eval.metrics import evaluate, rsum_of
+from crossview.eval.protocols import coco_1k, identity_hits, mean_average_precision, precision_at_k
+
+__all__ = ["Embeddings", "load_embeddings", "save_embeddings", "evaluate_embeddings", "PROTOCOLS",
+           "format_report"]
+
+PROTOCOLS = {
+    "standard": "every image against every caption of the split (Flickr, COCO 5K when the split is COCO's 5K)",
+    "coco5k": "COCO 5K: the whole 5,000-image test split (same as standard, checks the size)",
+    "coco1k": "COCO 1K: mean over five folds of 1,000 images and their captions",
+    "identity": "a hit when a top-K item shares the query's identity / class (CUHK-PEDES, CUB, Flowers)",
+    "labels": "image -> labels / phrases: P@K and mAP (needs label_embeddings and label_relevance)",
+}
+
+
+@dataclass
+class Embeddings:
+    """The contents of an embeddings file (see the module docstring)."""
+
+    image: np.ndarray
+    text: np.ndarray
+    caption_image: np.ndarray
+    image_t2i: np.ndarray | None = None
+    text_t2i: np.ndarray | None = None
+    image_labels: np.ndarray | None = None
+    label_embeddings: np.ndarray | None = None
+    label_relevance: np.ndarray | None = None
+    captions: list[str] | None = None
+    info: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
+        n_images, n_caps = self.image.shape[0], self.text.shape[0]
+        problems = []
+        if self.image.ndim != 2 or self.text.ndim != 2 or self.image.shape[1] != self.text.shape[1]:
+            problems.append(f"image {self.image.shape} and text {self.text.shape} must be 2-D with the same "
+                            "number of columns")
+        if self.caption_image.shape != (n_caps,):
+            problems.append(f"caption_image has shape {self.caption_image.shape}, expected ({n_caps},)")
+        elif n_caps and (self.caption_image.min() < 0 or self.caption_image.max() >= n_images):
+            problems.append(f"caption_image points outside the {n_images} images")
+        if (self.image_t2i is None) != (self.text_t2i is None):
+            problems.append("image_t2i and text_t2i come together")
+        elif self.image_t2i is not None and (self.image_t2i.shape[0] != n_images or self.text_t2i.shape[0] != n_caps
+                                           or self.image_t2i.shape[1] != self.text_t2i.shape[1]):
+            problems.append(f"image_t2i {self.image_t2i.shape} / text_t2i {self.text_t2i.shape} do not match "
+                            f"{n_images} images and {n_caps} captions")
+        if self.image_labels is not None and np.shape(self.image_labels) != (n_images,):
+            problems.append(f"image_labels has shape {np.shape(self.image_labels)}, expected ({n_images},)")
+        if self.captions is not None and len(self.captions) != n_caps:
+            problems.append(f"captions has {len(self.captions)} entries for {n_caps} caption embeddings")
+        if (self.label_embeddings is None) != (self.label_relevance is None):
+            problems.append("label_embeddings and label_relevance come together")
+        elif self.label_embeddings is not None and (
+                self.label_relevance.shape != (n_images, self.label_embeddings.shape[0])):
+            problems.append(f"label_relevance has shape {self.label_relevance.shape}, expected "
+                            f"({n_images}, {self.label_embeddings.shape[0]})")
+        if problems:
+            raise CrossViewError("inconsistent embeddings: " + "; ".join(problems))
+
+    def scores(self, direction: str = "i2t") -> np.ndarray:
+        """``(n_images, n_captions)`` similarities from the model of ``direction``."""
+        if direction == "t2i" and self.image_t2i is not None:
+            return np.asarray(self.image_t2i, np.float32) @ np.asarray(self.text_t2i, np.float32).T
+        return np.asarray(self.image, np.float32) @ np.asarray(self.text, np.float32).T
+
+
+def save_embeddings(path: str | Path, emb: Embeddings) -> Path:
+    """Write ``emb`` to ``path`` (``.npz``) atomically."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    arrays: dict[str, Any] = {"image": emb.image, "text": emb.text, "caption_image": emb.caption_image}
+    for key in ("image_t2i", "text_t2i", "image_labels", "label_embeddings", "label_relevance"):
+        if getattr(emb, key) is not None:
+            arrays[key] = getattr(emb, key)
+    if emb.captions is not None:
+        arrays["captions"] = np.asarray(emb.captions, dtype=str)
+    for k, v in emb.info.items():
+        arrays[k] = np.asarray(str(v))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_embeddings(path: str | Path) -> Embeddings:
+    """Read an embeddings file; a clear :class:`CrossViewError` names what is missing or wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise CrossViewError(f"{path}: no such embeddings file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except Exception as e:  # zipfile / numpy format errors of many kinds
+        raise CrossViewError(f"{path}: not a readable .npz embeddings file ({e})") from e
+    missing = [k for k in ("image", "text", "caption_image") if k not in data]
+    if missing:
+        raise CrossViewError(f"{path}: missing {', '.join(missing)}; an embeddings file holds image, text and "
+                             "caption_image arrays (see crossview.eval.embeddings)")
+    info = {k: str(data[k]) for k in ("method", "dataset", "split") if k in data}
+    try:
+        return Embeddings(
+            image=data["image"], text=data["text"], caption_image=data["caption_image"],
+            image_t2i=data.get("image_t2i"), text_t2i=data.get("text_t2i"),
+            image_labels=data.get("image_labels"), label_embeddings=data.get("label_embeddings"),
+            label_relevance=None if "label_relevance" not in data else data["label_relevance"].astype(bool),
+            captions=None if "captions" not in data else [str(c) for c in data["captions"]], info=info)
+    except CrossViewError as e:
+        raise CrossViewError(f"{path}: {e}") from e
+
+
+def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequence[int] = (1, 5, 10),
+                        overlap: bool = False) -> dict[str, Any]:
+    """Metrics of ``emb`` under ``protocol`` (:data:`PROTOCOLS`).
+
+    Returns a dict with ``"protocol"`` and, as the protocol gives them, ``"i2t"``/``"t2i"`` metric dicts,
+    ``"rsum"``, ``"ranks"`` (per-query 1-based ranks), ``"labels"`` (P@K, mAP) and ``"overlap"``
+    (BLEU-1..4, ROUGE-1/L of the top-5, when ``overlap`` and captions are present).
+    """
+    if protocol not in PROTOCOLS:
+        raise CrossViewError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    ks = tuple(int(k) for k in ks)
+    out: dict[str, Any] = {"protocol": protocol, "n_images": int(emb.image.shape[0]),
+                           "n_captions": int(emb.text.shape[0])}
+    s_i2t = emb.scores("i2t")
+    s_t2i = s_i2t if emb.image_t2i is None else emb.scores("t2i")
+    if protocol == "labels":
+        if emb.label_embeddings is None:
+            raise CrossViewError("protocol 'labels' needs label_embeddings and label_relevance in the "
+                                 "embeddings (a model trained on labels, e.g. wsabie with labels)")
+        s = np.asarray(emb.image, np.float32) @ np.asarray(emb.label_embeddings, np.float32).T
+        out["labels"] = {**precision_at_k(s, emb.label_relevance, ks),
+                         **mean_average_precision(s, emb.label_relevance)}
+        return out
+    if protocol == "identity":
+        if emb.image_labels is None:
+            raise CrossViewError("protocol 'identity' needs image_labels (identity / class ids) in the embeddings")
+        cap_labels = np.asarray(emb.image_labels)[emb.caption_image]
+        a = identity_hits(s_i2t, emb.image_labels, cap_labels, ks)
+        b = a if s_t2i is s_i2t else identity_hits(s_t2i, emb.image_labels, cap_labels, ks)
+        out.update(i2t=a["i2t"], t2i=b["t2i"], ranks={"i2t": a["ranks"]["i2t"], "t2i": b["ranks"]["t2i"]})
+        return out
+    if protocol == "coco1k":
+        n = emb.image.shape[0]
+        if n % 1000 or n < 1000:
+            raise CrossViewError(f"COCO 1K needs a multiple of 1,000 test images, got {n:,}; "
+                                 "use --protocol standard")
+        r1 = coco_1k(s_i2t, emb.caption_image, ks, n_folds=n // 1000)
+        r2 = r1 if s_t2i is s_i2t else coco_1k(s_t2i, emb.caption_image, ks, n_folds=n // 1000)
+        out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=rsum_of(r1["i2t"], r2["t2i"], ks),
+                   folds=[{"i2t": a["i2t"], "t2i": b["t2i"]} for a, b in zip(r1["folds"], r2["folds"])])
+        return out
+    if protocol == "coco5k" and emb.image.shape[0] != 5000:
+        raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
+                             "use --protocol standard")
+    r1 = evaluate(s_i2t, emb.caption_image, ks)
+    r2 = r1 if s_t2i is s_i2t else evaluate(s_t2i, emb.caption_image, ks)
+    out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=rsum_of(r1["i2t"], r2["t2i"], ks),
+               ranks={"i2t": r1["ranks"]["i2t"], "t2i": r2["ranks"]["t2i"]})
+    if overlap:
+        if emb.captions is None:
+            raise CrossViewError("caption overlap (BLEU / ROUGE) needs the caption texts in the embeddings file")
+        from crossview.eval.overlap import caption_overlap_i2t, caption_overlap_t2i
+        out["overlap"] = {"i2t": caption_overlap_i2t(s_i2t, emb.caption_image, emb.captions),
+                          "t2i": caption_overlap_t2i(s_t2i, emb.caption_image, emb.captions)}
+    return out
+
+
+def format_report(res: dict[str, Any], title: str = "") -> str:
+    """The metric table a person reads: one row per direction."""
+    lines = [title] if title else []
+    if "labels" in res:
+        lab = res["labels"]
+        cols = [k for k in lab if k.startswith("P@")] + ["mAP"]
+        lines.append("  ".join(f"{c:>8}" for c in ["", *cols]))
+        lines.append("  ".join([f"{'labels':>8}", *(f"{lab[c]:8.2f}" for c in cols)]))
+        if lab.get("n_excluded"):
+            lines.append(f"({lab['n_excluded']} queries without any relevant label are left out of mAP)")
+        return "\n".join(lines)
+    keys = list(res["i2t"])
+    lines.append(f"{'':8}" + "".join(f"{k:>9}" for k in keys))
+    for d in ("i2t", "t2i"):
+        lines.append(f"{d:8}" + "".join(f"{res[d][k]:9.2f}" for k in keys))
+    if "rsum" in res:
+        lines.append(f"rsum {res['rsum']:.2f}   ({res['n_images']:,} images, {res['n_captions']:,} captions, "
+                     f"protocol {res['protocol']})")
+    if "overlap" in res:
+        for d in ("i2t", "t2i"):
+            ov = res["overlap"][d]
+            lines.append(f"{d} top-5 overlap: " + ", ".join(f"{k} {v:.3f}" for k, v in ov.items()
+                                                           if isinstance(v, float)))
+    return "\n".join(lines)

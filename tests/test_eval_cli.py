@@ -1,0 +1,126 @@
+"""Embeddings files and ``crossview eval``: protocols, both-model (BITR) files, malformed input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crossview.cli import main
+from crossview.errors import CrossViewError
+from crossview.eval import evaluate
+from crossview.eval.embeddings import Embeddings, evaluate_embeddings, load_embeddings, save_embeddings
+from crossview.eval.protocols import identity_hits, mean_average_precision, precision_at_k
+
+
+def _emb(rng, n_images=40, per=5, d=8, **extra) -> Embeddings:
+    image = rng.standard_normal((n_images, d)).astype(np.float32)
+    ci = np.repeat(np.arange(n_images), per)
+    text = (image[ci] + rng.standard_normal((ci.size, d)).astype(np.float32)).astype(np.float32)
+    return Embeddings(image=image, text=text, caption_image=ci, **extra)
+
+
+def test_standard_protocol_matches_evaluate_and_round_trips(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    emb = _emb(rng, captions=[f"caption {i}" for i in range(200)], info={"method": "cca", "split": "test"})
+    path = save_embeddings(tmp_path / "e.npz", emb)
+    back = load_embeddings(path)
+    assert back.captions == emb.captions and back.info == {"method": "cca", "split": "test"}
+    res = evaluate_embeddings(back)
+    ref = evaluate(emb.image @ emb.text.T, emb.caption_image)
+    assert res["i2t"] == ref["i2t"] and res["t2i"] == ref["t2i"] and res["rsum"] == ref["rsum"]
+    np.testing.assert_array_equal(res["ranks"]["t2i"], ref["ranks"]["t2i"])
+
+
+def test_separate_t2i_model_is_used_for_t2i_only() -> None:
+    rng = np.random.default_rng(1)
+    base = _emb(rng)
+    # a t2i model that is perfect: each caption's embedding is one-hot on its image
+    n = base.image.shape[0]
+    emb = Embeddings(image=base.image, text=base.text, caption_image=base.caption_image,
+                     image_t2i=np.eye(n, dtype=np.float32), text_t2i=np.eye(n, dtype=np.float32)[base.caption_image])
+    res = evaluate_embeddings(emb)
+    assert res["t2i"]["R@1"] == 100.0 and res["t2i"]["MedR"] == 1
+    assert res["i2t"] == evaluate(base.image @ base.text.T, base.caption_image)["i2t"]
+
+
+def test_identity_coco1k_and_labels_protocols() -> None:
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, 7, 40)
+    emb = _emb(rng, image_labels=labels)
+    res = evaluate_embeddings(emb, "identity")
+    ref = identity_hits(emb.image @ emb.text.T, labels, labels[emb.caption_image])
+    assert res["i2t"] == ref["i2t"] and res["t2i"] == ref["t2i"]
+
+    big = _emb(rng, n_images=2000, per=2, d=4)
+    r1k = evaluate_embeddings(big, "coco1k")
+    s = big.image @ big.text.T
+    folds = [evaluate(s[a:a + 1000][:, (big.caption_image >= a) & (big.caption_image < a + 1000)],
+                      big.caption_image[(big.caption_image >= a) & (big.caption_image < a + 1000)] - a)
+             for a in (0, 1000)]
+    assert r1k["i2t"]["R@5"] == pytest.approx(np.mean([f["i2t"]["R@5"] for f in folds]), abs=1e-9)
+    with pytest.raises(CrossViewError, match="multiple of 1,000"):
+        evaluate_embeddings(emb, "coco1k")
+    with pytest.raises(CrossViewError, match="5,000"):
+        evaluate_embeddings(emb, "coco5k")
+
+    lab_emb = rng.standard_normal((6, 8)).astype(np.float32)
+    rel = rng.random((40, 6)) < 0.3
+    emb_l = _emb(rng, label_embeddings=lab_emb, label_relevance=rel)
+    res = evaluate_embeddings(emb_l, "labels", ks=(1, 3))
+    s = emb_l.image @ lab_emb.T
+    assert res["labels"]["P@3"] == precision_at_k(s, rel, (1, 3))["P@3"]
+    assert res["labels"]["mAP"] == mean_average_precision(s, rel)["mAP"]
+    with pytest.raises(CrossViewError, match="label_embeddings"):
+        evaluate_embeddings(emb, "labels")
+
+
+def test_inconsistent_embeddings_are_refused() -> None:
+    rng = np.random.default_rng(3)
+    good = _emb(rng)
+    with pytest.raises(CrossViewError, match="caption_image"):
+        Embeddings(image=good.image, text=good.text, caption_image=good.caption_image[:-1])
+    with pytest.raises(CrossViewError, match="outside"):
+        Embeddings(image=good.image, text=good.text, caption_image=good.caption_image + 1)
+    with pytest.raises(CrossViewError, match="same"):
+        Embeddings(image=good.image, text=good.text[:, :3], caption_image=good.caption_image)
+    with pytest.raises(CrossViewError, match="come together"):
+        Embeddings(image=good.image, text=good.text, caption_image=good.caption_image, image_t2i=good.image)
+
+
+def test_cli_eval_table_json_and_errors(tmp_path: Path, capsys) -> None:
+    rng = np.random.default_rng(4)
+    path = save_embeddings(tmp_path / "e.npz", _emb(rng, captions=[f"a dog number {i % 7}" for i in range(200)]))
+    assert main(["eval", str(path), "--k", "1,5,50"]) == 0
+    out = capsys.readouterr().out
+    assert "R@50" in out and "i2t" in out and "rsum" in out
+    assert main(["eval", str(path), "--json", "--overlap", "--ranks-out", str(tmp_path / "r.npz")]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["i2t"]) == {"R@1", "R@5", "R@10", "MedR", "MeanR"} and "BLEU-1" in res["overlap"]["i2t"]
+    with np.load(tmp_path / "r.npz") as z:
+        assert z["i2t"].shape == (40,) and z["t2i"].shape == (200,)
+
+    # a run folder: its embeddings file per split; a clear message when it is missing
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert main(["eval", str(run)]) == 2
+    assert "no embeddings" in capsys.readouterr().err
+    save_embeddings(run / "embeddings_val.npz", _emb(rng))
+    assert main(["eval", str(run), "--split", "test"]) == 2
+    assert "embeddings_val.npz" in capsys.readouterr().err
+    assert main(["eval", str(run), "--split", "val"]) == 0
+    capsys.readouterr()
+
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    assert main(["eval", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.npz" in err
+    np.savez(tmp_path / "partial.npz", image=np.zeros((2, 2)))
+    assert main(["eval", str(tmp_path / "partial.npz")]) == 2
+    assert "missing text, caption_image" in capsys.readouterr().err
+    assert main(["eval", str(path), "--k", "one"]) == 2
+    assert main(["eval", str(tmp_path / "nothing")]) == 2
