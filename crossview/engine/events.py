@@ -1,0 +1,120 @@
+"""Progress events: what a method's ``fit_iter`` and the engine's ``train`` yield.
+
+Plain dataclasses (no Qt): the GUI's worker turns them into queued signals, the CLI into a progress
+bar, and the engine appends each one as a JSON line to the run's ``metrics.jsonl``.
+
+Every event has ``to_dict()`` (``{"event": "<kind>", ...fields}``, JSON-serialisable) and
+:func:`event_from_dict` turns such a dict back into the event.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+__all__ = ["Event", "Progress", "Loss", "Validation", "CheckpointSaved", "Log", "Finished",
+           "event_from_dict", "EVENT_TYPES"]
+
+
+def _jsonable(x: Any) -> Any:
+    """numpy scalars / arrays and non-finite floats made JSON-safe (NaN/inf become None)."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy scalar / array, 0-d tensor
+        return _jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+@dataclass
+class Event:
+    """Base of all events. ``kind`` is the ``"event"`` value in ``metrics.jsonl``."""
+
+    kind: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"event": kind, **fields}``, with numpy values converted for JSON."""
+        return {"event": self.kind, **_jsonable(asdict(self))}
+
+
+@dataclass
+class Progress(Event):
+    """``step`` of ``total`` units of work done (batches, cutting-plane iterations, epochs ...).
+
+    ``total`` may be 0 when unknown. ``message`` says what is being done (``"epoch 3/20"``).
+    """
+
+    step: int
+    total: int
+    message: str = ""
+    kind: ClassVar[str] = "progress"
+
+    @property
+    def fraction(self) -> float:
+        """``step / total`` clipped to [0, 1] (0 when the total is unknown)."""
+        return min(1.0, max(0.0, self.step / self.total)) if self.total else 0.0
+
+
+@dataclass
+class Loss(Event):
+    """Training loss terms at a step, e.g. ``{"loss": 0.31}`` or ``{"primal": 2.1, "gap": 0.03}``."""
+
+    step: int
+    epoch: int
+    terms: dict[str, float] = field(default_factory=dict)
+    kind: ClassVar[str] = "loss"
+
+
+@dataclass
+class Validation(Event):
+    """Validation metrics after an epoch / iteration (the keys of :func:`crossview.eval.metrics.evaluate`
+    or method-specific ones such as ``{"error": 0.12}``)."""
+
+    epoch: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    kind: ClassVar[str] = "validation"
+
+
+@dataclass
+class CheckpointSaved(Event):
+    """A checkpoint was written (atomically) to ``path`` at ``step``."""
+
+    path: str
+    step: int
+    kind: ClassVar[str] = "checkpoint"
+
+
+@dataclass
+class Log(Event):
+    """A message for the user; ``level`` is ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``."""
+
+    message: str
+    level: str = "info"
+    kind: ClassVar[str] = "log"
+
+
+@dataclass
+class Finished(Event):
+    """The run ended; ``summary`` is the content of ``summary.json`` (with ``"status"``)."""
+
+    summary: dict[str, Any] = field(default_factory=dict)
+    kind: ClassVar[str] = "finished"
+
+
+EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in
+                                       (Progress, Loss, Validation, CheckpointSaved, Log, Finished)}
+
+
+def event_from_dict(d: dict[str, Any]) -> Event:
+    """The event a ``to_dict()`` (one line of ``metrics.jsonl``) describes; extra keys such as
+    ``"time"`` are ignored. Raises ``ValueError`` for an unknown ``"event"`` kind."""
+    kind = d.get("event")
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"unknown event kind {kind!r} (known: {', '.join(EVENT_TYPES)})")
+    cls = EVENT_TYPES[kind]
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,85 @@
+"""Retrieval methods: one module per method and the registry (timm's ``_registry`` / ``_factory`` habit).
+
+The registry name of a method is its module name: ``crossview/methods/cca.py`` registers ``"cca"``.
+Method modules are imported lazily, from the fixed list :data:`METHOD_MODULES`, the first time a
+method is asked for, so ``import crossview.methods`` (and listing the method names) never imports
+torch. ::
+
+    from crossview.methods import create_method, list_methods
+    list_methods()                       # ['cca', 'wsabie', 'bitr', ...] (those that are installed)
+    m = create_method("cca", n_components=64)
+    m.fit(train_data)                    # train_data: crossview.methods.base.MethodData
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Callable, TypeVar
+
+from crossview.errors import CrossViewError
+from crossview.methods.base import Method, MethodData
+
+__all__ = ["register_method", "create_method", "list_methods", "method_class", "Method", "MethodData",
+           "METHOD_MODULES"]
+
+#: Every method module, in the order they are listed to the user. A name whose module does not
+#: exist (yet) is skipped.
+METHOD_MODULES: tuple[str, ...] = ("cca", "wsabie", "bitr", "vsepp", "webly", "smoothap", "timam")
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+M = TypeVar("M", bound=type[Method])
+
+
+def register_method(name: str) -> Callable[[M], M]:
+    """Class decorator: register a :class:`Method` subclass under ``name`` (its module name)."""
+    def deco(cls: M) -> M:
+        if not (isinstance(cls, type) and issubclass(cls, Method)):
+            raise TypeError(f"@register_method({name!r}) must decorate a Method subclass, got {cls!r}")
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise ValueError(f"method name {name!r} is already registered by {existing.__module__}."
+                             f"{existing.__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def _module_exists(name: str) -> bool:
+    return importlib.util.find_spec(f"crossview.methods.{name}") is not None
+
+
+def list_methods() -> list[str]:
+    """Names of the available methods (modules of :data:`METHOD_MODULES` that exist, then any other
+    registered ones), without importing them."""
+    names = [n for n in METHOD_MODULES if n in _REGISTRY or _module_exists(n)]
+    return names + sorted(n for n in _REGISTRY if n not in names)
+
+
+def method_class(name: str) -> type[Method]:
+    """The class registered as ``name`` (importing its module on first use).
+
+    Raises :class:`CrossViewError` naming the known methods when ``name`` is unknown.
+    """
+    if name not in _REGISTRY and name in METHOD_MODULES and _module_exists(name):
+        importlib.import_module(f"crossview.methods.{name}")
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise CrossViewError(f"unknown method {name!r}; known methods: {', '.join(list_methods()) or 'none'}")
+    return cls
+
+
+def create_method(name: str, **params: Any) -> Method:
+    """An unfitted instance of method ``name`` with ``params`` (the rest take their defaults).
+
+    Unknown parameter names raise :class:`CrossViewError` listing the method's parameters.
+    """
+    cls = method_class(name)
+    valid = cls.param_names()
+    unknown = [k for k in params if k not in valid]
+    if unknown:
+        raise CrossViewError(f"method {name!r} has no parameter {unknown[0]!r}; its parameters are: "
+                             f"{', '.join(valid)}")
+    return cls(**params)

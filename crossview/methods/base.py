@@ -1,0 +1,344 @@
+"""The method contract: :class:`MethodData` in, events out, embeddings whose dot product is the score.
+
+Every retrieval method (CCA, WSABIE, BITR and the deep ones) subclasses :class:`Method` and follows
+scikit-learn's conventions (STYLE.md 4):
+
+- ``__init__`` takes keyword parameters only and stores each, unchanged, as an attribute of the same
+  name (no logic, no validation there); :meth:`Method.get_params` / :meth:`Method.set_params` read
+  and write them; learned attributes end in ``_`` (``W_``, ``projections_``).
+- :meth:`Method.fit_iter` is a generator that does the work and yields
+  :mod:`crossview.engine.events` (``Progress``, ``Loss``, ``Validation``, ``Log``); it must yield at
+  least once per batch / cutting-plane iteration, because cancelling is the consumer stopping the
+  iteration. :meth:`Method.fit` drains it and returns ``self``.
+- :meth:`Method.encode_images` / :meth:`Method.encode_texts` return ``(n, D) float32`` matrices with
+  ``score(image i, caption j) = encode_images(data)[i] . encode_texts(data)[j]``. Methods whose
+  Im2Text and Text2Im models differ (BITR) set ``directions_differ = True`` and honour
+  ``direction="i2t" | "t2i"``; evaluation ranks i2t with the i2t model and t2i with the t2i model.
+- :meth:`Method.state_dict` / :meth:`Method.load_state_dict` hold everything a checkpoint needs
+  (numpy / torch / plain Python objects only). For methods with ``iterative = True`` the state at any
+  point where ``fit_iter`` has yielded must include the training progress (epoch, working set, optimiser
+  state ...) so that ``load_state_dict(state)`` followed by ``fit_iter(train, val, resume=True)``
+  continues the run; closed-form methods (``iterative = False``) ignore ``resume`` and refit.
+
+Register a method with ``@register_method("name")`` from :mod:`crossview.methods`; the registry name
+is the module name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from crossview.errors import CrossViewError
+
+__all__ = ["MethodData", "Method", "DIRECTIONS", "check_direction"]
+
+#: The two retrieval directions, in the one spelling used everywhere (STYLE.md 11).
+DIRECTIONS = ("i2t", "t2i")
+
+
+def check_direction(direction: str) -> str:
+    """``direction`` if it is ``"i2t"`` or ``"t2i"``; a :class:`CrossViewError` otherwise."""
+    if direction not in DIRECTIONS:
+        raise CrossViewError(f"direction must be 'i2t' (image -> text) or 't2i' (text -> image), "
+                             f"got {direction!r}")
+    return direction
+
+
+def _as_float32_2d(x: Any, what: str) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.ndim != 2:
+        raise CrossViewError(f"{what} must be a 2-D (rows, dims) matrix, got shape {arr.shape}")
+    if arr.dtype != np.float32:
+        arr = arr.astype(np.float32)
+    return arr
+
+
+@dataclass
+class MethodData:
+    """The inputs of a method for one split: features, captions and the caption -> image map.
+
+    Attributes:
+        image_features: ``(n_images, p) float32``.
+        text_features: ``(n_captions, q) float32``, or ``None`` for methods that read the captions
+            themselves (the deep methods tokenise ``captions``).
+        captions: ``n_captions`` caption strings.
+        caption_image: ``(n_captions,) int64``, the image of each caption (index into the images).
+        labels: ``(n_images,) int64`` identity / class labels, or ``None``.
+        label_sets: per-image lists of label ids (the WSABIE label variant), or ``None``.
+        label_set_names: the names of the label ids in ``label_sets`` (shared by all splits built from
+            one dataset, so ids mean the same thing in train and test).
+        dataset: the source :class:`~crossview.data.dataset.PairedDataset` of this split (or ``None``).
+        name: the split's name (``"train"``), for messages.
+    """
+
+    image_features: np.ndarray
+    text_features: np.ndarray | None
+    captions: list[str]
+    caption_image: np.ndarray
+    labels: np.ndarray | None = None
+    label_sets: list[list[int]] | None = None
+    label_set_names: list[str] | None = None
+    dataset: Any = None
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.image_features = _as_float32_2d(self.image_features, "image_features")
+        n_img = self.image_features.shape[0]
+        self.captions = list(self.captions)
+        ci = np.asarray(self.caption_image)
+        if ci.ndim != 1 or len(ci) != len(self.captions):
+            raise CrossViewError(f"caption_image must have one entry per caption ({len(self.captions)}), "
+                                 f"got shape {ci.shape}")
+        self.caption_image = ci.astype(np.int64, copy=False)
+        if len(ci) and (ci.min() < 0 or ci.max() >= n_img):
+            raise CrossViewError(f"caption_image refers to image {int(ci.max())} but there are only "
+                                 f"{n_img} image feature rows")
+        if self.text_features is not None:
+            self.text_features = _as_float32_2d(self.text_features, "text_features")
+            if self.text_features.shape[0] != len(self.captions):
+                raise CrossViewError(f"text_features has {self.text_features.shape[0]} rows for "
+                                     f"{len(self.captions)} captions; they must match one to one")
+        if self.labels is not None:
+            lab = np.asarray(self.labels).astype(np.int64, copy=False)
+            if lab.shape != (n_img,):
+                raise CrossViewError(f"labels must have one entry per image ({n_img}), got shape {lab.shape}")
+            self.labels = lab
+        if self.label_sets is not None and len(self.label_sets) != n_img:
+            raise CrossViewError(f"label_sets has {len(self.label_sets)} entries for {n_img} images")
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n_images(self) -> int:
+        return int(self.image_features.shape[0])
+
+    @property
+    def n_captions(self) -> int:
+        return len(self.captions)
+
+    @property
+    def image_dim(self) -> int:
+        return int(self.image_features.shape[1])
+
+    @property
+    def text_dim(self) -> int | None:
+        return None if self.text_features is None else int(self.text_features.shape[1])
+
+    def require_text_features(self, method: str) -> np.ndarray:
+        """``text_features``, or a :class:`CrossViewError` saying that ``method`` needs them."""
+        if self.text_features is None:
+            raise CrossViewError(f"method {method!r} needs caption features but the {self.name or 'given'} "
+                                 "data has none; extract them with a text encoder (e.g. --text-encoder minilm)")
+        return self.text_features
+
+    def caption_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(image_rows, text_rows)``: the paired feature rows of every caption,
+        ``(n_captions, p)`` and ``(n_captions, q)``."""
+        return self.image_features[self.caption_image], self.require_text_features("this")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_features(cls, dataset: Any, image: np.ndarray, text: np.ndarray | None,
+                      split: str | Sequence[str] | None = None,
+                      label_set_names: list[str] | None = None) -> "MethodData":
+        """The data of one split (or the whole dataset when ``split`` is None).
+
+        ``dataset`` is a :class:`~crossview.data.dataset.PairedDataset`; ``image (n_images, p)`` and
+        ``text (n_captions, q)`` are the feature matrices of the *whole* dataset in its numbering (what
+        :func:`crossview.features.extract_features` returns). Label sets are mapped to ids through
+        ``label_set_names`` (built from the whole dataset when not given).
+        """
+        image = np.asarray(image)
+        if image.shape[0] != dataset.n_images:
+            raise CrossViewError(f"image features have {image.shape[0]} rows for the {dataset.n_images} "
+                                 f"images of dataset {dataset.name!r}; extract features of this dataset")
+        if text is not None and np.asarray(text).shape[0] != dataset.n_captions:
+            raise CrossViewError(f"text features have {np.asarray(text).shape[0]} rows for the "
+                                 f"{dataset.n_captions} captions of dataset {dataset.name!r}")
+        if label_set_names is None and dataset.label_sets is not None:
+            label_set_names = sorted({str(x) for s in dataset.label_sets for x in s})
+        if split is None:
+            sub, img_rows, cap_rows = dataset, np.arange(dataset.n_images), np.arange(dataset.n_captions)
+            split_name = "all"
+        else:
+            sub = dataset.split(split)
+            # Split views keep the parent's ids; map them back to the parent's row positions.
+            img_rows = _positions(dataset.image_ids, sub.image_ids)
+            cap_rows = _positions(dataset.caption_ids, sub.caption_ids)
+            split_name = split if isinstance(split, str) else "+".join(split)
+        label_sets = None
+        if sub.label_sets is not None and label_set_names is not None:
+            lookup = {n: i for i, n in enumerate(label_set_names)}
+            label_sets = [[lookup[str(x)] for x in s if str(x) in lookup] for s in sub.label_sets]
+        return cls(image_features=np.asarray(image[img_rows], dtype=np.float32),
+                   text_features=None if text is None else np.asarray(np.asarray(text)[cap_rows],
+                                                                      dtype=np.float32),
+                   captions=list(sub.captions), caption_image=sub.caption_image, labels=sub.labels,
+                   label_sets=label_sets, label_set_names=label_set_names, dataset=sub, name=split_name)
+
+
+def _positions(parent_ids: np.ndarray, child_ids: np.ndarray) -> np.ndarray:
+    """Row positions in the parent of the child's ids (both ``int64`` arrays of unique ids)."""
+    parent_ids = np.asarray(parent_ids, dtype=np.int64)
+    order = np.argsort(parent_ids, kind="stable")
+    pos = np.searchsorted(parent_ids[order], child_ids)
+    return order[pos]
+
+
+class Method:
+    """Base class of every retrieval method (see the module docstring for the contract).
+
+    Class attributes a subclass sets:
+        name: the registry name (set by ``@register_method``).
+        directions_differ: True when the i2t and t2i models differ (BITR).
+        iterative: True when ``fit_iter(..., resume=True)`` continues from a loaded state.
+        needs_text_features: False for methods that encode the captions themselves.
+    """
+
+    name: ClassVar[str] = ""
+    directions_differ: ClassVar[bool] = False
+    iterative: ClassVar[bool] = False
+    needs_text_features: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ parameters
+    @classmethod
+    def param_names(cls) -> list[str]:
+        """The keyword parameters of ``__init__``, in signature order."""
+        sig = inspect.signature(cls.__init__)
+        return [p.name for p in sig.parameters.values()
+                if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        """``{name: default}`` from the ``__init__`` signature."""
+        sig = inspect.signature(cls.__init__)
+        return {n: sig.parameters[n].default for n in cls.param_names()
+                if sig.parameters[n].default is not inspect.Parameter.empty}
+
+    def get_params(self) -> dict[str, Any]:
+        """The current parameters, ``{name: value}``."""
+        return {n: getattr(self, n) for n in self.param_names()}
+
+    def set_params(self, **params: Any) -> "Method":
+        """Set parameters by name; an unknown name raises :class:`CrossViewError` listing the valid ones."""
+        valid = self.param_names()
+        for k, v in params.items():
+            if k not in valid:
+                raise CrossViewError(f"method {self.name or type(self).__name__!r} has no parameter {k!r}; "
+                                     f"its parameters are: {', '.join(valid)}")
+            setattr(self, k, v)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = self.default_params()
+        changed = {k: v for k, v in self.get_params().items() if k not in defaults or defaults[k] != v}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    # ------------------------------------------------------------------ training
+    def fit_iter(self, train: MethodData, val: MethodData | None = None, *,
+                 resume: bool = False) -> Iterator[Any]:
+        """Fit on ``train`` (early stopping / model selection on ``val``), yielding events.
+
+        ``resume=True`` (only meaningful when ``iterative``) continues from the state loaded with
+        :meth:`load_state_dict` instead of starting over.
+        """
+        raise NotImplementedError
+
+    def fit(self, train: MethodData, val: MethodData | None = None) -> "Method":
+        """Drain :meth:`fit_iter`; returns ``self``."""
+        for _ in self.fit_iter(train, val):
+            pass
+        return self
+
+    # ------------------------------------------------------------------ inference
+    def encode_images(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        """``(n_images, D) float32`` image embeddings of ``data`` for ``direction``."""
+        raise NotImplementedError
+
+    def encode_texts(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        """``(n_captions, D) float32`` caption embeddings of ``data`` for ``direction``."""
+        raise NotImplementedError
+
+    def scores(self, data: MethodData, direction: str = "i2t",
+               texts: MethodData | None = None) -> np.ndarray:
+        """``(n_images, n_captions) float32`` scores of the images of ``data`` against the captions of
+        ``texts`` (default: ``data``'s own captions), with the ``direction`` model."""
+        check_direction(direction)
+        img = self.encode_images(data, direction=direction)
+        txt = self.encode_texts(texts if texts is not None else data, direction=direction)
+        return np.asarray(img @ txt.T, dtype=np.float32)
+
+    def evaluate(self, data: MethodData, ks: Sequence[int] = (1, 5, 10)) -> dict[str, Any]:
+        """Retrieval metrics on ``data`` (:func:`crossview.eval.metrics.evaluate`'s dict, with ``"ranks"``).
+
+        i2t ranks come from the i2t model's scores, t2i ranks from the t2i model's when they differ.
+        """
+        from crossview.eval import metrics as M
+
+        s_i2t = self.scores(data, "i2t")
+        if not self.directions_differ:
+            return M.evaluate(s_i2t, data.caption_image, ks)
+        s_t2i = self.scores(data, "t2i")
+        r_i2t = M.i2t_ranks(s_i2t, data.caption_image)
+        r_t2i = M.t2i_ranks(s_t2i, data.caption_image)
+        i2t, t2i = M.rank_metrics(r_i2t, ks), M.rank_metrics(r_t2i, ks)
+        return {"i2t": i2t, "t2i": t2i, "rsum": M.rsum_of(i2t, t2i, ks), "ranks": {"i2t": r_i2t, "t2i": r_t2i}}
+
+    # ------------------------------------------------------------------ state
+    def _learned_names(self) -> list[str]:
+        return sorted(k for k in vars(self) if k.endswith("_") and not k.startswith("_"))
+
+    @property
+    def is_fitted(self) -> bool:
+        """True once learned attributes (names ending in ``_``) exist."""
+        return bool(self._learned_names())
+
+    def check_is_fitted(self) -> None:
+        """Raise :class:`CrossViewError` if the method has not been fitted or loaded."""
+        if not self.is_fitted:
+            raise CrossViewError(f"method {self.name or type(self).__name__!r} is not fitted yet: call fit() "
+                                 "or load a checkpoint first")
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"method", "params", "state"}``: the parameters and every learned attribute (``*_``).
+
+        Subclasses holding torch modules or optimisers override this (and :meth:`load_state_dict`)."""
+        return {"method": self.name, "params": self.get_params(),
+                "state": {k: getattr(self, k) for k in self._learned_names()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> "Method":
+        """Restore parameters and learned attributes from :meth:`state_dict`'s output; returns ``self``."""
+        if d.get("method") and self.name and d["method"] != self.name:
+            raise CrossViewError(f"this checkpoint is for method {d['method']!r}, not {self.name!r}; "
+                                 f"load it with create_method({d['method']!r})")
+        self.set_params(**d.get("params", {}))
+        for k, v in d.get("state", {}).items():
+            setattr(self, k, v)
+        return self
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically."""
+        from crossview.engine.io import save_checkpoint
+        return save_checkpoint(path, {"method_state": self.state_dict(), **(extra or {})})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Method":
+        """A method rebuilt from a checkpoint written by :meth:`save` or by a run."""
+        from crossview.engine.io import load_checkpoint
+        from crossview.methods import create_method
+
+        ckpt = load_checkpoint(path)
+        state = ckpt.get("method_state")
+        if state is None:
+            raise CrossViewError(f"{path}: not a CrossView method checkpoint (no 'method_state')")
+        name = state.get("method") or cls.name
+        method = create_method(name) if (cls is Method or cls.name != name) else cls()
+        return method.load_state_dict(state)
