@@ -101,11 +101,23 @@ def main() -> None:
     ap.add_argument("--device", default="cpu",
                     help="also time the exact index on this torch device (e.g. cuda), against a bare "
                          "torch product on the same device-resident gallery")
+    ap.add_argument("--gpu-only", action="store_true",
+                    help="only the exact float32 ground truth and the --device section (no FAISS needed)")
     args = ap.parse_args()
     k = args.k
 
-    import faiss
     import torch
+
+    if args.gpu_only:
+        gallery, queries = make_data(args.n, args.d, args.clusters, args.noise, 1 + args.eval_queries, args.seed)
+        print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
+        print(f"gallery: {args.n:,} x {args.d} float32 ({gallery.nbytes / 2**30:.2f} GiB); torch {torch.__version__}, "
+              f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
+        truth = ExactIndex(gallery).search(queries, k).indices
+        gpu_section(gallery, queries[0], queries, truth, k, args.device, args.repeats)
+        return
+
+    import faiss
 
     print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; numpy "

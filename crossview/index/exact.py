@@ -45,6 +45,7 @@ _DTYPES = {"float32": np.float32, "float16": np.float16}
 _SCORE_ELEMENTS = 1 << 22      # (m x chunk) score block: 16 MB of float32
 _SINGLE_QUERY_ROWS = 1 << 20   # rows per chunk for one query (400 MB of float32 at d=100)
 _FIRST_ROWS = 1 << 14          # a small first chunk makes the initial partition cheap
+_GPU_SCORE_ELEMENTS = 1 << 27  # (m x chunk) score block on a GPU: 512 MB of float32
 _HALF_BLOCK_ROWS = 1 << 14     # float16 -> float32 conversion block (fits in L2/L3)
 
 
@@ -74,6 +75,7 @@ class ExactIndex(Index):
         self.backend = "exact" if dtype == "float32" else "exact-fp16"
         self._segments: list[tuple[int, Any]] = []     # (first global id, (rows, d) array)
         self._device_cache: dict[int, Any] = {}
+        self._device_norms: dict[int, Any] = {}
         if gallery is not None:
             self.add(gallery)
 
@@ -108,6 +110,7 @@ class ExactIndex(Index):
         self._size += int(g.shape[0])
         self._dim = int(g.shape[1])
         self._device_cache.clear()
+        self._device_norms.clear()
 
     # ------------------------------------------------------------------ search
     def search(self, queries: Any, k: int) -> TopKResult:
@@ -182,7 +185,8 @@ class ExactIndex(Index):
         m = q.shape[0]
         keys = None
         resident = self._resident_on_device(torch, dev)
-        for seg, a, b in self._chunks(m):
+        chunks = self._gpu_chunks(m) if resident is not None else self._chunks(m)
+        for seg, a, b in chunks:
             offset, g = self._segments[seg]
             if resident is not None:
                 tb = resident[seg][a:b]
@@ -190,15 +194,26 @@ class ExactIndex(Index):
                 with warnings.catch_warnings():      # read-only memmaps: we never write to them
                     warnings.simplefilter("ignore", UserWarning)
                     tb = torch.from_numpy(np.ascontiguousarray(g[a:b])).to(dev, non_blocking=True)
-            if tb.dtype != torch.float32:
-                tb = tb.float()
-            s = tq @ tb.T                                          # (m, c) float32
-            ids = torch.arange(offset + a, offset + b, device=dev, dtype=torch.int64)
-            ck = _torch_keys(torch, s, ids)
-            ck = torch.topk(ck, min(k, ck.shape[1]), dim=1).values
+            ck = None
+            if dev.type == "cuda":
+                gnorm = self._device_norms.get(seg) if resident is not None else None
+                ck = _candidate_keys(torch, tq, tb, offset + a, k, gnorm)
+            if ck is None:       # CPU torch engine, or too many ties at the k-th score: all keys
+                tbf = tb if tb.dtype == torch.float32 else tb.float()
+                s = tq @ tbf.T                                     # (m, c) float32
+                ids = torch.arange(offset + a, offset + b, device=dev, dtype=torch.int64)
+                ck = _torch_keys(torch, s, ids)
+                ck = torch.topk(ck, min(k, ck.shape[1]), dim=1).values
             keys = ck if keys is None else torch.topk(torch.cat([keys, ck], 1),
                                                       min(k, keys.shape[1] + ck.shape[1]), 1).values
         return keys
+
+    def _gpu_chunks(self, n_queries: int) -> Iterator[tuple[int, int, int]]:
+        """Large chunks for a device-resident gallery: few kernel launches, scores <= 512 MB."""
+        size = self.chunk_rows or max(4096, _GPU_SCORE_ELEMENTS // max(1, n_queries))
+        for seg, (_, g) in enumerate(self._segments):
+            for a in range(0, g.shape[0], size):
+                yield seg, a, min(g.shape[0], a + size)
 
     def _resident_on_device(self, torch: Any, dev: Any) -> list[Any] | None:
         """Gallery segments as device tensors when on a GPU with room for them, else ``None``."""
@@ -214,6 +229,9 @@ class ExactIndex(Index):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 self._device_cache[i] = torch.from_numpy(np.ascontiguousarray(g)).to(dev)
+                if self._device_cache[i].dtype == torch.float16:
+                    self._device_norms[i] = torch.linalg.vector_norm(
+                        self._device_cache[i], dim=1, dtype=torch.float32).max()
         return [self._device_cache[i] for i in range(len(self._segments))]
 
 
@@ -320,6 +338,61 @@ def _torch_keys(torch: Any, s: Any, ids: Any) -> Any:
     b = (s + 0.0).contiguous().view(torch.int32).to(torch.int64)
     b = b ^ ((b >> 31) & 0x7FFFFFFF)
     return (b << 32) | (0xFFFFFFFF - ids)[None, :]
+
+
+def _candidate_keys(torch: Any, tq: Any, tb: Any, offset: int, k: int, gnorm: Any = None) -> Any | None:
+    """Top-``k`` keys of one chunk from a ``torch.topk`` over scores, exact under the tie rule.
+
+    ``torch.topk`` breaks ties arbitrarily, so it takes ``k + pad`` candidates; when the k-th best
+    score is strictly above the last candidate's, every item tied with the k-th is a candidate and
+    ordering the candidates by (score, -index) keys is exact. For float16 storage the product runs
+    in half precision (fp32 accumulation, half output) and the candidates are re-scored in float32;
+    exactness then needs the k-th re-scored value above the last candidate's half score plus the
+    half rounding bounds (of the output, and of the query rounded to half: at most
+    ``u * ||x|| * ||q||`` by Cauchy-Schwarz, ``gnorm`` being the largest gallery row norm). Returns ``None`` (caller falls back to keys over the whole chunk) when the
+    condition fails, e.g. many equal scores.
+    """
+    c = tb.shape[0]
+    half = tb.dtype == torch.float16
+    pad = max(32, 4 * k) if half else 32
+    kk, kp = min(k, c), min(c, k + pad)
+    if half:
+        prev = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        try:
+            s = tq.half() @ tb.T                                   # (m, c) float16, fp32 accumulation
+        finally:
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = prev
+        if not torch.isfinite(s).all():
+            return None
+    else:
+        s = tq @ tb.T
+    vals, idx = torch.topk(s, kp, dim=1, sorted=True)
+    if half:
+        cand = tb[idx.reshape(-1)].float().reshape(idx.shape[0], kp, -1)
+        exact_vals = torch.einsum("mkd,md->mk", cand, tq)
+        if kp < c:
+            # items outside the candidates score at most last_half * (1 + u) + tiny in float32
+            if gnorm is None:
+                gnorm = torch.linalg.vector_norm(tb, dim=1, dtype=torch.float32).max()
+            u = 2.0 ** -10                                        # twice half's unit roundoff
+            bound = (vals[:, -1].float() + u * vals.float().abs().amax(1)
+                     + u * gnorm * torch.linalg.vector_norm(tq, dim=1) + 1e-30)
+            kth = torch.topk(exact_vals, kk, dim=1).values[:, -1]
+            if not bool((kth > bound).all()):
+                return None
+        vals = exact_vals
+    elif kp < c and not bool((vals[:, kk - 1] > vals[:, kp - 1]).all()):
+        return None
+    keys = _torch_keys_2d(torch, vals.float(), idx + offset)
+    return torch.topk(keys, kk, dim=1).values
+
+
+def _torch_keys_2d(torch: Any, s: Any, ids: Any) -> Any:
+    """Like :func:`_torch_keys` with per-row ids ``(m, c)``."""
+    b = (s + 0.0).contiguous().view(torch.int32).to(torch.int64)
+    b = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return (b << 32) | (0xFFFFFFFF - ids)
 
 
 def _torch_decode(torch: Any, keys: Any) -> tuple[Any, Any]:
