@@ -12,7 +12,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QThread, Signal
+from PySide6.QtCore import QObject, Qt, QThread, Signal
 
 from crossview.errors import CrossViewError
 
@@ -42,7 +42,7 @@ class Task(QObject):
         self._runner = _Runner(self)
         self._runner.moveToThread(self._thread)
         self._thread.started.connect(self._runner.run)
-        self._runner.done.connect(self._thread.quit)
+        self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)  # quit is thread-safe; wait() must not deadlock
         self._thread.finished.connect(self.finished)
 
     def start(self) -> "Task":
@@ -90,3 +90,155 @@ class _Runner(QObject):
                 t.succeeded.emit(result)
         finally:
             self.done.emit()
+
+
+class EventTask(QObject):
+    """Drive an event generator (the engine's ``train(...)``, a method's ``fit_iter``) in a QThread.
+
+    ``factory()`` is called on the worker thread and returns the generator; each item it yields is
+    sent through :attr:`event` (a queued signal), except that consecutive progress-like events are
+    throttled to at most one per ``min_interval`` seconds (the last one is always delivered).
+    :meth:`pause` holds the generator between two events (nothing is lost; the method simply is not
+    asked for its next batch), :meth:`resume` continues, :meth:`stop` ends the iteration at the next
+    event, which is how cancelling works (ARCHITECTURE.md: the method checks between batches).
+    """
+
+    event = Signal(object)
+    failed = Signal(str, str)
+    finished = Signal()
+    paused_changed = Signal(bool)
+
+    def __init__(self, factory: Callable[[], Any], name: str = "events", min_interval: float = 0.05,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.name = name
+        self._factory = factory
+        self._min_interval = min_interval
+        self._stop = threading.Event()
+        self._run = threading.Event()
+        self._run.set()
+        self.result: Any = None
+        self._thread = QThread()
+        self._thread.setObjectName(f"crossview-{name}")
+        self._runner = _EventRunner(self)
+        self._runner.moveToThread(self._thread)
+        self._thread.started.connect(self._runner.run)
+        self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)  # quit is thread-safe; wait() must not deadlock
+        self._thread.finished.connect(self.finished)
+
+    def start(self) -> "EventTask":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._run.set()   # a paused task must wake up to stop
+
+    def pause(self) -> None:
+        if self._run.is_set() and not self._stop.is_set():
+            self._run.clear()
+            self.paused_changed.emit(True)
+
+    def resume(self) -> None:
+        if not self._run.is_set():
+            self._run.set()
+            self.paused_changed.emit(False)
+
+    @property
+    def paused(self) -> bool:
+        return not self._run.is_set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def is_running(self) -> bool:
+        return self._thread.isRunning()
+
+    def wait(self, msecs: int = 30000) -> bool:
+        return self._thread.wait(msecs)
+
+
+def _is_progress(ev: Any) -> bool:
+    return type(ev).__name__ == "Progress"
+
+
+class _EventRunner(QObject):
+    done = Signal()
+
+    def __init__(self, task: EventTask) -> None:
+        super().__init__()
+        self._task = task
+
+    def run(self) -> None:
+        import time
+
+        t = self._task
+        gen = None
+        last_sent = 0.0
+        held = None
+        try:
+            gen = t._factory()
+            for ev in gen:
+                if _is_progress(ev):
+                    now = time.monotonic()
+                    if now - last_sent < t._min_interval:
+                        held = ev
+                    else:
+                        held = None
+                        last_sent = now
+                        t.event.emit(ev)
+                else:
+                    if held is not None:
+                        t.event.emit(held)
+                        held = None
+                    t.event.emit(ev)
+                t._run.wait()
+                if t._stop.is_set():
+                    break
+            if held is not None:
+                t.event.emit(held)
+        except CrossViewError as e:
+            t.failed.emit(str(e), "")
+        except Exception as e:  # a bug: keep the app alive and show the traceback
+            t.failed.emit(f"{type(e).__name__}: {e}", traceback.format_exc())
+        finally:
+            if gen is not None and hasattr(gen, "close"):
+                try:
+                    gen.close()   # runs the generator's finally blocks: the engine's cancel path
+                except Exception as e:  # noqa: BLE001 - report, never crash the thread
+                    t.failed.emit(f"while stopping: {type(e).__name__}: {e}", traceback.format_exc())
+            self.done.emit()
+
+
+class LatencyProbe(QObject):
+    """Measures how long the GUI thread is blocked: a 10 ms timer records the largest gap between ticks."""
+
+    def __init__(self, interval_ms: int = 10, parent: QObject | None = None) -> None:
+        from PySide6.QtCore import QElapsedTimer, QTimer
+
+        super().__init__(parent)
+        self.interval_ms = interval_ms
+        self.max_gap_ms = 0.0
+        self.ticks = 0
+        self._clock = QElapsedTimer()
+        self._timer = QTimer(self)
+        self._timer.setInterval(interval_ms)
+        self._timer.timeout.connect(self._tick)
+
+    def start(self) -> "LatencyProbe":
+        self.max_gap_ms = 0.0
+        self.ticks = 0
+        self._clock.start()
+        self._timer.start()
+        return self
+
+    def stop(self) -> float:
+        self._timer.stop()
+        return self.max_gap_ms
+
+    def _tick(self) -> None:
+        gap = self._clock.restart()
+        self.ticks += 1
+        if self.ticks > 1:  # the first gap includes the start-up
+            self.max_gap_ms = max(self.max_gap_ms, float(gap) - self.interval_ms)
