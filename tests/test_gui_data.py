@@ -122,3 +122,26 @@ def test_opens_the_builtin_demo(qtbot, window: MainWindow, demo_dataset) -> None
     window.data_panel.select_image(5)
     text = window.data_panel.details.toPlainText()
     assert all(demo_dataset.captions[c] in text for c in demo_dataset.captions_of(5))
+
+
+def test_caption_length_histogram(qtbot, small_dataset: Path) -> None:
+    from crossview.data import load_dataset
+    panel = DataPanel()
+    qtbot.addWidget(panel)
+    panel.set_dataset(load_dataset(small_dataset))
+    # 30 captions "a <colour> picture number <k>" (5 words) and 30 "plain <colour>" (2 words)
+    assert panel.length_counts[5] == 30 and panel.length_counts[2] == 30 and panel.length_counts.sum() == 60
+    assert "range 2-5" in panel.length_plot.toolTip()
+
+
+def test_dropping_a_dataset_file_opens_it(qtbot, window: MainWindow, small_dataset: Path) -> None:
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(small_dataset))])
+    ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                    Qt.KeyboardModifier.NoModifier)
+    with qtbot.waitSignal(window.data_panel.model.modelReset, timeout=30_000):
+        window.dropEvent(ev)
+    qtbot.waitUntil(lambda: window.dataset is not None and window.dataset.n_images == 30, timeout=30_000)

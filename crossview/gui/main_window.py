@@ -59,6 +59,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.status_dataset, 1)
         self.statusBar().addPermanentWidget(self.progress)
 
+        self.setAcceptDrops(True)
         self._build_menu()
         geometry = self.settings.value("window/geometry")
         if geometry is not None:
@@ -200,6 +201,24 @@ class MainWindow(QMainWindow):
     def _on_finished(self, task: Task) -> None:
         if task is self._task:
             self.progress.hide()
+
+    # ------------------------------------------------------------------ drag and drop
+    @staticmethod
+    def _dropped_path(event) -> str | None:
+        urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+        local = [u.toLocalFile() for u in urls if u.isLocalFile()]
+        return local[0] if len(local) == 1 else None
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        if self._dropped_path(event):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        """A dataset file or folder dropped anywhere on the window opens it."""
+        path = self._dropped_path(event)
+        if path:
+            event.acceptProposedAction()
+            self.open_dataset(path)
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt API)
         self.settings.setValue("window/geometry", self.saveGeometry())

@@ -14,7 +14,10 @@ from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QListView, QSplitter, QTextBrowser,
                                QVBoxLayout, QWidget)
 
+import pyqtgraph as pg
+
 from crossview.data.dataset import PairedDataset
+from crossview.data.stats import caption_lengths
 from crossview.data.text import tokenize
 from crossview.gui.thumbnails import ThumbnailCache
 
@@ -93,6 +96,21 @@ class DataPanel(QWidget):
         self.summary.setObjectName("summary")
         self.summary.setWordWrap(True)
 
+        # caption-length histogram (words per caption), small, beside the summary
+        self.length_plot = pg.PlotWidget(background=None)
+        self.length_plot.setObjectName("lengthHistogram")
+        self.length_plot.setFixedHeight(96)
+        self.length_plot.setMinimumWidth(200)
+        self.length_plot.setMaximumWidth(340)
+        self.length_plot.setMouseEnabled(x=False, y=False)
+        self.length_plot.hideButtons()
+        self.length_plot.setMenuEnabled(False)
+        self.length_plot.getPlotItem().setLabel("bottom", "words per caption")
+        self.length_plot.getPlotItem().getAxis("left").setWidth(36)
+        self.length_plot.setToolTip("Caption lengths in words")
+        self.length_bars: pg.BarGraphItem | None = None
+        self.length_counts = np.zeros(0, dtype=np.int64)
+
         self.filter_edit = QLineEdit()
         self.filter_edit.setPlaceholderText("Filter by caption words, e.g. red circle")
         self.filter_edit.setClearButtonEnabled(True)
@@ -131,7 +149,10 @@ class DataPanel(QWidget):
         left = QWidget()
         lv = QVBoxLayout(left)
         lv.setContentsMargins(0, 0, 0, 0)
-        lv.addWidget(self.summary)
+        top = QHBoxLayout()
+        top.addWidget(self.summary, 1)
+        top.addWidget(self.length_plot)
+        lv.addLayout(top)
         lv.addLayout(bar)
         lv.addWidget(self.grid, 1)
         right = QWidget()
@@ -144,6 +165,8 @@ class DataPanel(QWidget):
         split.addWidget(right)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
+        split.setSizes([760, 480])
+        self.splitter = split
         layout = QVBoxLayout(self)
         layout.addWidget(split)
 
@@ -166,9 +189,28 @@ class DataPanel(QWidget):
             self._image_words = words
         self.model.set_dataset(ds)
         self.summary.setText(self._summary_text())
+        self._plot_lengths()
         self.apply_filter()
         if ds is not None and ds.n_images:
             self.grid.setCurrentIndex(self.model.index(0))
+
+    def _plot_lengths(self) -> None:
+        plot = self.length_plot.getPlotItem()
+        if self.length_bars is not None:
+            plot.removeItem(self.length_bars)
+            self.length_bars = None
+        if self.ds is None or not self.ds.n_captions:
+            self.length_counts = np.zeros(0, dtype=np.int64)
+            return
+        lengths = caption_lengths(self.ds.captions)
+        self.length_counts = np.bincount(lengths)
+        xs = np.arange(len(self.length_counts))
+        self.length_bars = pg.BarGraphItem(x=xs, height=self.length_counts, width=0.85,
+                                           brush=pg.mkBrush("#4a7fb5"), pen=pg.mkPen(None))
+        plot.addItem(self.length_bars)
+        plot.setXRange(max(0, lengths.min() - 1), lengths.max() + 1, padding=0)
+        self.length_plot.setToolTip(f"Caption lengths in words: mean {lengths.mean():.1f}, median "
+                                    f"{np.median(lengths):.0f}, range {lengths.min()}-{lengths.max()}")
 
     def _summary_text(self) -> str:
         ds = self.ds
