@@ -1,0 +1,241 @@
+"""Answer queries with a trained method: an image -> ranked captions, a sentence -> ranked images.
+
+:class:`Retriever` holds a fitted method, its dataset and features, and a *gallery*: the images and
+captions of one split (``"test"`` by default), of the whole dataset (``"all"``), or an independent
+caption corpus with no images (the BITR setting; i2t only). Gallery embeddings are computed once and
+put into a top-k index (:mod:`crossview.index`); a query is encoded by the method (new image files go
+through the run's image encoder, new sentences through its fitted text encoder) and searched.
+
+Every :class:`Ranking` also carries the ground truth and its ranks over the *whole* gallery, however
+far down they are, under the tie rule of :mod:`crossview.eval.metrics` (descending score, then the
+smaller gallery position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import CrossViewError
+from crossview.methods.base import MethodData, check_direction
+
+__all__ = ["Ranking", "Retriever", "ranks_of"]
+
+
+@dataclass
+class Ranking:
+    """The answer to one query.
+
+    Attributes:
+        direction: ``"i2t"`` (items are captions) or ``"t2i"`` (items are images).
+        items: ``(k,) int64`` dataset caption / image indices, best first (corpus line numbers for a
+            corpus gallery).
+        scores: ``(k,) float32`` their scores.
+        gold: ``(g,) int64`` the query's ground-truth items present in the gallery (dataset indices).
+        gold_ranks: ``(g,) int64`` their 1-based ranks among all gallery items.
+        gallery_size: number of items ranked.
+        exact: False when an approximate index produced ``items``.
+        query: what was asked (``{"image": i}``, ``{"caption": c}``, ``{"text": "..."}``, ``{"file": p}``).
+    """
+
+    direction: str
+    items: np.ndarray
+    scores: np.ndarray
+    gold: np.ndarray
+    gold_ranks: np.ndarray
+    gallery_size: int
+    exact: bool = True
+    query: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best_gold_rank(self) -> int | None:
+        """The rank of the best-ranked ground-truth item (the evaluation's rank), or None."""
+        return int(self.gold_ranks.min()) if len(self.gold_ranks) else None
+
+    def is_gold(self, item: int) -> bool:
+        return bool(np.any(self.gold == item))
+
+
+def ranks_of(scores: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """1-based ranks of gallery ``positions`` given one query's ``scores (n,)``, under the tie rule:
+    ``rank(j) = 1 + #{s_i > s_j} + #{i < j : s_i == s_j}``."""
+    s = np.asarray(scores)
+    out = np.empty(len(positions), dtype=np.int64)
+    idx = np.arange(s.shape[0])
+    for n, j in enumerate(np.asarray(positions, dtype=np.int64)):
+        sj = s[j]
+        out[n] = 1 + int(np.count_nonzero(s > sj)) + int(np.count_nonzero((s == sj) & (idx < j)))
+    return out
+
+
+class Retriever:
+    """Queries against one gallery with a fitted method (see the module docstring).
+
+    ``features`` is what :func:`crossview.features.extract_features` returned for ``dataset`` (whole
+    dataset, its numbering). ``gallery`` is a split name, ``"all"``, or a
+    :class:`~crossview.data.dataset.TextCorpus` (captions only). ``index_backend`` is a name of
+    :data:`crossview.index.BACKENDS`.
+    """
+
+    def __init__(self, method: Any, dataset: Any, features: Any, *, gallery: Any = "test",
+                 index_backend: str = "exact", device: str = "cpu") -> None:
+        method.check_is_fitted()
+        self.method = method
+        self.dataset = dataset
+        self.features = features
+        self.device = device
+        self.index_backend = index_backend
+        self._image_encoder = None
+        self.corpus = None
+        if isinstance(gallery, str):
+            if gallery == "all":
+                self.gallery_images = np.arange(dataset.n_images, dtype=np.int64)
+            elif gallery in dataset.splits:
+                self.gallery_images = np.asarray(dataset.splits[gallery], dtype=np.int64)
+            else:
+                raise CrossViewError(f"gallery {gallery!r}: dataset {dataset.name!r} has splits "
+                                     f"{', '.join(dataset.split_names) or 'none'}; use one of them or 'all'")
+            self.gallery_name = gallery
+            in_gallery = np.zeros(dataset.n_images, dtype=bool)
+            in_gallery[self.gallery_images] = True
+            self.gallery_captions = np.flatnonzero(in_gallery[dataset.caption_image]).astype(np.int64)
+        else:  # an independent caption corpus: ranks captions only
+            self.corpus = gallery
+            self.gallery_name = f"corpus {getattr(gallery, 'name', '')}".strip()
+            self.gallery_images = np.zeros(0, dtype=np.int64)
+            self.gallery_captions = np.arange(gallery.n_captions, dtype=np.int64)
+        self._build_gallery()
+
+    # ------------------------------------------------------------------ gallery
+    def _text_rows(self, captions: list[str], rows: np.ndarray | None) -> np.ndarray | None:
+        """Caption features: rows of the dataset's matrix, or new captions through the text encoder."""
+        if not self.method.needs_text_features:
+            return None
+        if rows is not None:
+            return np.asarray(self.features.text[rows], dtype=np.float32)
+        model = self.features.text_model
+        if model is None:
+            raise CrossViewError("this run has no text encoder to encode new sentences with")
+        return np.asarray(model.encode(list(captions), device=self.device), dtype=np.float32)
+
+    def _build_gallery(self) -> None:
+        from crossview.index import build_index
+
+        ds, f = self.dataset, self.features
+        p = f.image.shape[1]
+        if self.corpus is not None:
+            caps = list(self.corpus.captions)
+            data = MethodData(image_features=np.zeros((1, p), np.float32),
+                              text_features=self._text_rows(caps, None), captions=caps,
+                              caption_image=np.zeros(len(caps), np.int64), name="corpus")
+        else:
+            gi, gc = self.gallery_images, self.gallery_captions
+            pos = np.full(ds.n_images, -1, dtype=np.int64)
+            pos[gi] = np.arange(len(gi))
+            data = MethodData(image_features=np.asarray(f.image[gi], np.float32),
+                              text_features=self._text_rows([ds.captions[c] for c in gc], gc),
+                              captions=[ds.captions[c] for c in gc], caption_image=pos[ds.caption_image[gc]],
+                              name=self.gallery_name)
+        self._caption_emb = np.ascontiguousarray(self.method.encode_texts(data, direction="i2t"), np.float32)
+        self._caption_index = build_index(self._caption_emb, self.index_backend)
+        if len(self.gallery_images):
+            self._image_emb = np.ascontiguousarray(self.method.encode_images(data, direction="t2i"), np.float32)
+            self._image_index = build_index(self._image_emb, self.index_backend)
+        else:
+            self._image_emb = None
+            self._image_index = None
+
+    @property
+    def n_gallery_images(self) -> int:
+        return int(len(self.gallery_images))
+
+    @property
+    def n_gallery_captions(self) -> int:
+        return int(len(self.gallery_captions))
+
+    def gallery_caption_text(self, item: int) -> str:
+        """The text of caption ``item`` (a dataset caption index, or a corpus line for a corpus gallery)."""
+        return self.corpus.captions[item] if self.corpus is not None else self.dataset.captions[item]
+
+    # ------------------------------------------------------------------ queries
+    def _image_query_features(self, image: int | str | Path) -> tuple[np.ndarray, dict[str, Any]]:
+        if isinstance(image, (int, np.integer)):
+            i = int(image)
+            if not 0 <= i < self.dataset.n_images:
+                raise CrossViewError(f"image {i} is not in dataset {self.dataset.name!r} "
+                                     f"({self.dataset.n_images} images)")
+            return np.asarray(self.features.image[[i]], np.float32), {"image": i}
+        path = Path(image)
+        if not path.is_file():
+            raise CrossViewError(f"{path}: no such image file")
+        if self._image_encoder is None:
+            from crossview.features.image import create_image_encoder
+            spec = (self.features.spec or {}).get("image", {})
+            name = spec.get("name") or self.features.image_encoder
+            if name == "precomp":
+                raise CrossViewError("this run uses precomputed image features, so a new image file cannot be "
+                                     "encoded; query with an image of the dataset instead")
+            self._image_encoder = create_image_encoder(name, weights=spec.get("weights_path"),
+                                                       allow_random=spec.get("weights_hash") == "random")
+        x = self._image_encoder.encode_paths([str(path)], num_workers=0, device=self.device)
+        if getattr(self.features, "image_transform", None) is not None:
+            x = self.features.image_transform(x)
+        return np.asarray(x, np.float32), {"file": str(path)}
+
+    def query_image(self, image: int | str | Path, k: int = 10) -> Ranking:
+        """Captions of the gallery ranked for ``image`` (a dataset image index or an image file)."""
+        x, query = self._image_query_features(image)
+        data = MethodData(image_features=x, text_features=None, captions=[],
+                          caption_image=np.zeros(0, np.int64), name="query")
+        q = np.asarray(self.method.encode_images(data, direction="i2t"), np.float32)
+        res = self._caption_index.search(q, k)
+        scores = self._caption_emb @ q[0]
+        gold = np.zeros(0, dtype=np.int64)
+        if "image" in query and self.corpus is None:
+            mine = np.flatnonzero(self.dataset.caption_image[self.gallery_captions] == query["image"])
+            gold_pos = mine
+            gold = self.gallery_captions[mine]
+        else:
+            gold_pos = np.zeros(0, dtype=np.int64)
+        return Ranking("i2t", items=self.gallery_captions[res.indices[0]], scores=res.scores[0],
+                       gold=gold, gold_ranks=ranks_of(scores, gold_pos), gallery_size=self.n_gallery_captions,
+                       exact=res.exact, query=query)
+
+    def query_text(self, text: str | int, k: int = 10) -> Ranking:
+        """Gallery images ranked for a sentence, or for dataset caption ``text`` when it is an int."""
+        check_direction("t2i")
+        if self._image_index is None:
+            raise CrossViewError("a caption-corpus gallery has no images to rank; choose a split as the gallery")
+        if isinstance(text, (int, np.integer)):
+            c = int(text)
+            if not 0 <= c < self.dataset.n_captions:
+                raise CrossViewError(f"caption {c} is not in dataset {self.dataset.name!r}")
+            sentence, query, rows = self.dataset.captions[c], {"caption": c}, np.array([c])
+        else:
+            sentence = str(text).strip()
+            if not sentence:
+                raise CrossViewError("type a sentence to search for")
+            query, rows = {"text": sentence}, None
+            same = [i for i, cap in enumerate(self.dataset.captions) if cap.strip().lower() == sentence.lower()]
+            if same:      # a typed sentence that is a dataset caption has that caption's ground truth
+                query["caption"] = same[0]
+        feats = self._text_rows([sentence], rows)
+        data = MethodData(image_features=np.zeros((1, self.features.image.shape[1]), np.float32),
+                          text_features=feats, captions=[sentence], caption_image=np.zeros(1, np.int64),
+                          name="query")
+        q = np.asarray(self.method.encode_texts(data, direction="t2i"), np.float32)
+        res = self._image_index.search(q, k)
+        assert self._image_emb is not None
+        scores = self._image_emb @ q[0]
+        gold = np.zeros(0, dtype=np.int64)
+        gold_pos = np.zeros(0, dtype=np.int64)
+        if "caption" in query:
+            img = int(self.dataset.caption_image[query["caption"]])
+            hit = np.flatnonzero(self.gallery_images == img)
+            gold_pos, gold = hit, self.gallery_images[hit]
+        return Ranking("t2i", items=self.gallery_images[res.indices[0]], scores=res.scores[0], gold=gold,
+                       gold_ranks=ranks_of(scores, gold_pos), gallery_size=self.n_gallery_images,
+                       exact=res.exact, query=query)

@@ -1,0 +1,120 @@
+"""The Retriever: rankings agree with the evaluation's ranks; galleries; new sentences; corpus galleries."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from crossview.data.dataset import PairedDataset, TextCorpus
+from crossview.engine.retriever import Retriever, ranks_of
+from crossview.errors import CrossViewError
+from crossview.eval import evaluate
+from crossview.methods.base import Method
+
+
+class Identity(Method):
+    """A fitted 'method' whose embeddings are the features themselves (the features share one space)."""
+
+    name = "identity-test"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def fit_iter(self, train, val=None, *, resume=False):
+        self.fitted_ = True
+        yield from ()
+
+    def encode_images(self, data, direction="i2t"):
+        return data.image_features * self.scale
+
+    def encode_texts(self, data, direction="i2t"):
+        return data.require_text_features(self.name)
+
+
+class BagOfColours:
+    """A text 'encoder' mapping a sentence to counts of three colour words (enough to test queries)."""
+
+    name = "colours"
+    words = ("red", "green", "blue")
+
+    def encode(self, captions, device="cpu", **_):
+        return np.array([[c.lower().split().count(w) for w in self.words] for c in captions], np.float32)
+
+
+@pytest.fixture
+def setup():
+    rng = np.random.default_rng(0)
+    n = 30
+    colours = rng.integers(0, 3, n)
+    image = np.eye(3, dtype=np.float32)[colours] + 0.01 * rng.standard_normal((n, 3)).astype(np.float32)
+    caps, ci = [], []
+    for i in range(n):
+        w = BagOfColours.words[colours[i]]
+        caps += [f"a {w} thing {i}", f"something {w}"]
+        ci += [i, i]
+    ds = PairedDataset(name="toy", captions=caps, caption_image=np.array(ci), image_paths=[f"/x/{i}.png" for i in range(n)],
+                       splits={"train": np.arange(20), "test": np.arange(20, 30)})
+    enc = BagOfColours()
+    text = enc.encode(caps) + 0.01 * rng.standard_normal((len(caps), 3)).astype(np.float32)
+    feats = SimpleNamespace(image=image, text=text, text_model=enc, image_encoder="x", spec={})
+    return ds, feats, colours
+
+
+def test_ranks_of_follows_the_tie_rule():
+    s = np.array([0.5, 0.9, 0.5, 0.1, 0.9])
+    assert ranks_of(s, np.array([1, 4, 0, 2, 3])).tolist() == [1, 2, 3, 4, 5]
+
+
+def test_gold_ranks_equal_the_evaluation_ranks(setup):
+    ds, feats, _ = setup
+    r = Retriever(Identity().fit(None), ds, feats, gallery="test")
+    assert r.n_gallery_images == 10 and r.n_gallery_captions == 20
+    test = ds.split("test")
+    gi = ds.splits["test"]
+    scores = feats.image[gi] @ feats.text[r.gallery_captions].T
+    ev = evaluate(scores, test.caption_image)
+    for pos, img in enumerate(gi):
+        ans = r.query_image(int(img), k=5)
+        assert ans.best_gold_rank == ev["ranks"]["i2t"][pos]
+        assert len(ans.items) == 5 and np.all(np.diff(ans.scores) <= 0)
+        assert all(ds.caption_image[c] in gi for c in ans.items), "only gallery captions are ranked"
+    for pos, c in enumerate(r.gallery_captions):
+        ans = r.query_text(int(c), k=3)
+        assert ans.best_gold_rank == ev["ranks"]["t2i"][pos]
+        assert ans.gold.tolist() == [ds.caption_image[c]]
+
+
+def test_typed_sentences_and_galleries(setup):
+    ds, feats, colours = setup
+    r = Retriever(Identity().fit(None), ds, feats, gallery="all")
+    ans = r.query_text("a GREEN one", k=5)
+    assert ans.direction == "t2i" and len(ans.gold) == 0 and ans.best_gold_rank is None
+    assert all(colours[i] == 1 for i in ans.items)
+    same = r.query_text("something red", k=3)      # equals a dataset caption: has its ground truth
+    assert "caption" in same.query and same.best_gold_rank is not None
+    with pytest.raises(CrossViewError, match="type a sentence"):
+        r.query_text("   ")
+    with pytest.raises(CrossViewError, match="splits"):
+        Retriever(Identity().fit(None), ds, feats, gallery="val")
+    with pytest.raises(CrossViewError, match="not in dataset"):
+        r.query_image(99)
+
+
+def test_corpus_gallery_ranks_captions_only(setup):
+    ds, feats, colours = setup
+    corpus = TextCorpus(name="c", captions=["red red", "blue", "green things", "nothing"])
+    r = Retriever(Identity().fit(None), ds, feats, gallery=corpus)
+    red_image = int(np.flatnonzero(colours == 0)[0])
+    ans = r.query_image(red_image, k=2)
+    assert r.gallery_caption_text(int(ans.items[0])) == "red red"
+    assert len(ans.gold) == 0
+    with pytest.raises(CrossViewError, match="no images"):
+        r.query_text("red")
+
+
+def test_unfitted_method_is_refused(setup):
+    ds, feats, _ = setup
+    with pytest.raises(CrossViewError, match="not fitted"):
+        Retriever(Identity(), ds, feats)
