@@ -1,0 +1,122 @@
+"""Relevance marks that annotators put on retrieved results, kept in the run folder.
+
+``annotations.jsonl`` is an append-only log: every mark (or un-mark) is one JSON line, written,
+flushed and fsync'ed at once, so a crash loses at most the mark being made and never an earlier one;
+a torn last line is skipped on reading. The current state is the last line per (direction, query,
+item). Export writes the current state as CSV or JSONL (atomically).
+
+A line: ``{"time", "annotator", "direction": "i2t"|"t2i", "query": {"image": 3} | {"caption": 12} |
+{"text": "..."} | {"file": "..."}, "item": int, "item_text": str, "relevant": true|false|null}``
+(``null`` clears a mark).
+"""
+
+from __future__ import annotations
+
+import csv
+import getpass
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from crossview.engine.io import atomic_write_bytes
+from crossview.errors import CrossViewError
+
+__all__ = ["AnnotationStore", "query_key"]
+
+FILE_NAME = "annotations.jsonl"
+
+
+def query_key(query: dict[str, Any]) -> str:
+    """A stable string for a query dict (``{"image": 3}`` -> ``image:3``)."""
+    for kind in ("image", "caption", "file", "text"):
+        if kind in query:
+            return f"{kind}:{query[kind]}"
+    raise CrossViewError(f"not a query: {query!r}")
+
+
+class AnnotationStore:
+    """The marks of one run folder (``<run>/annotations.jsonl``)."""
+
+    def __init__(self, folder: str | Path, annotator: str | None = None) -> None:
+        self.path = Path(folder) / FILE_NAME
+        try:
+            default = getpass.getuser()
+        except Exception:  # noqa: BLE001 - no user name on some systems
+            default = "annotator"
+        self.annotator = annotator or default
+        self._state: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.skipped_lines = 0
+        self._read()
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                    key = (rec["direction"], query_key(rec["query"]), int(rec["item"]))
+                except (ValueError, KeyError, TypeError, CrossViewError):
+                    self.skipped_lines += 1     # a torn last line after a crash, or a hand edit
+                    continue
+                if rec.get("relevant") is None:
+                    self._state.pop(key, None)
+                else:
+                    self._state[key] = rec
+
+    def mark(self, direction: str, query: dict[str, Any], item: int, relevant: bool | None,
+             item_text: str = "") -> dict[str, Any]:
+        """Record a mark now (``None`` clears it); returns the line written."""
+        if direction not in ("i2t", "t2i"):
+            raise CrossViewError(f"direction must be i2t or t2i, got {direction!r}")
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "annotator": self.annotator, "direction": direction,
+               "query": dict(query), "item": int(item), "item_text": item_text,
+               "relevant": None if relevant is None else bool(relevant)}
+        key = (direction, query_key(query), int(item))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if relevant is None:
+            self._state.pop(key, None)
+        else:
+            self._state[key] = rec
+        return rec
+
+    def marks_for(self, direction: str, query: dict[str, Any]) -> dict[int, bool]:
+        """``{item: relevant}`` for one query."""
+        qk = query_key(query)
+        return {item: rec["relevant"] for (d, q, item), rec in self._state.items() if d == direction and q == qk}
+
+    def records(self) -> list[dict[str, Any]]:
+        """The current marks, oldest first."""
+        return sorted(self._state.values(), key=lambda r: r["time"])
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def export(self, path: str | Path) -> Path:
+        """Write the current marks to ``path``: ``.csv`` or ``.jsonl`` (by its suffix), atomically."""
+        path = Path(path)
+        rows = self.records()
+        if path.suffix.lower() == ".jsonl":
+            data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+        elif path.suffix.lower() == ".csv":
+            buf = io.StringIO()
+            w = csv.writer(buf)
+            w.writerow(["time", "annotator", "direction", "query_kind", "query", "item", "item_text", "relevant"])
+            for r in rows:
+                kind, _, value = query_key(r["query"]).partition(":")
+                w.writerow([r["time"], r["annotator"], r["direction"], kind, value, r["item"], r["item_text"],
+                            int(r["relevant"])])
+            data = buf.getvalue().encode("utf-8")
+        else:
+            raise CrossViewError(f"{path}: export as .csv or .jsonl")
+        return atomic_write_bytes(path, data)
