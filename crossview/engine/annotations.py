@@ -80,8 +80,13 @@ class AnnotationStore:
                "relevant": None if relevant is None else bool(relevant)}
         key = (direction, query_key(query), int(item))
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = False
+        if self.path.exists() and self.path.stat().st_size:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"      # a crash cut the last line: start a fresh one
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.write(("\n" if torn else "") + json.dumps(rec, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
         if relevant is None:
