@@ -1,0 +1,186 @@
+"""WARP, the Weighted Approximate-Rank Pairwise loss of WSABIE (Weston, Bengio & Usunier, IJCAI 2011).
+
+For a positive pair with score ``f_pos``, the sequential algorithm (paper 001, appendix A, Algorithm 1)
+draws negatives uniformly (with replacement) from the ``n_neg`` candidates that are not positives,
+counting the draws ``N``, until one *violates* the margin (``f_neg > f_pos - margin``) or ``N >= n_neg``.
+When the last draw violates, it steps on::
+
+    L(floor(n_neg / N)) * |margin - f_pos + f_neg|_+          L(k) = sum_{j<=k} 1/j
+
+``floor(n_neg / N)`` estimates the rank of the positive (few draws to a violator = many violators = a
+low rank), and ``L`` turns the rank into a weight that favours precision at the top of the list.
+
+Vectorised sampling (:func:`sample_violators`)
+----------------------------------------------
+For a minibatch of positives we draw ``K`` candidates per positive at once, score them all, drop the
+draws that hit a positive of that row (rejection: what is left are iid uniform draws over the row's
+negatives, so rejected draws are not counted), and take the *first* violator in draw order; its
+position among the counted draws is ``N``. Rows without a violator among their ``K`` draws keep
+drawing (``K`` doubles each round, within an element budget) until they find one or have made
+``n_neg`` counted draws. Because the draws are iid and only the first violator is used, ``N`` and the
+chosen negative have exactly the sequential sampler's distribution for fixed parameters: ``N`` is
+geometric with ``p = (#violators / n_neg)``, truncated at ``n_neg`` (``tests/test_warp.py`` checks
+it against :func:`sample_violator_sequential` and the closed form). ``max_draws`` optionally caps the
+search; a row with no violator within ``max_draws`` draws is then treated as "no violation" (the
+sequential algorithm would have found a rarely violated row and stepped with a weight of at most
+``L(floor(n_neg / max_draws))``).
+
+What does differ from the paper's per-example SGD is that all rows of one minibatch sample against the
+same parameters and their gradient steps are applied together (see :mod:`crossview.methods.wsabie`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["harmonic_table", "rank_weight", "warp_loss", "WarpDraw", "sample_violators",
+           "sample_violator_sequential", "max_norm_columns_"]
+
+ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``score_fn(rows (M,) int64, cand (M, K) int64) -> (M, K)``: score of candidate ``cand[m, k]``
+for the positive of row ``rows[m]``."""
+
+PositiveFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``is_positive(rows (M,), cand (M, K)) -> (M, K) bool``: True where the candidate is a positive of
+that row (not a negative; such draws are rejected and not counted)."""
+
+
+def harmonic_table(n_max: int, dtype: torch.dtype = torch.float32,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """``(n_max + 1,)`` table of ``L(k) = sum_{j=1..k} 1/j`` with ``L(0) = 0``.
+
+    Summed in float64 (then cast), so ``L(10^6)`` is exact to float32 precision.
+    """
+    if n_max < 0:
+        raise ValueError(f"n_max must be >= 0, got {n_max}")
+    out = torch.zeros(n_max + 1, dtype=torch.float64)
+    if n_max:
+        out[1:] = torch.cumsum(1.0 / torch.arange(1, n_max + 1, dtype=torch.float64), 0)
+    return out.to(dtype=dtype, device=device)
+
+
+def rank_weight(n_draws: torch.Tensor, n_negatives: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``L(floor(n_negatives / n_draws))`` per row, ``(B,)`` in ``table``'s dtype; 0 where ``n_draws == 0``.
+
+    ``n_draws``, ``n_negatives``: ``(B,)`` int64 (``n_negatives`` is the paper's ``Y - 1``);
+    ``table`` from :func:`harmonic_table` with ``n_max >= n_negatives.max()``.
+    """
+    n_draws = torch.as_tensor(n_draws, device=table.device)
+    n_negatives = torch.as_tensor(n_negatives, device=table.device)
+    k = torch.div(n_negatives, n_draws.clamp(min=1), rounding_mode="floor")
+    w = table[k.long()]
+    return torch.where(n_draws > 0, w, torch.zeros_like(w))
+
+
+def warp_loss(f_pos: torch.Tensor, f_neg: torch.Tensor, n_draws: torch.Tensor, n_negatives: torch.Tensor,
+              violated: torch.Tensor, table: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
+    """Per-row WARP loss ``(B,)``: ``L(floor(n_neg / N)) * |margin - f_pos + f_neg|_+``, 0 without a violator.
+
+    ``f_pos``, ``f_neg``: ``(B,)`` scores of the positive and of the sampled violator (differentiable);
+    ``n_draws`` ``(B,)`` int64 is ``N``; ``violated`` ``(B,)`` bool. The rank weight is a constant.
+    """
+    hinge = (margin - f_pos + f_neg).clamp(min=0)
+    w = rank_weight(n_draws, n_negatives, table).to(device=hinge.device, dtype=hinge.dtype)
+    return torch.where(violated.to(hinge.device), w * hinge, torch.zeros_like(hinge))
+
+
+@dataclass
+class WarpDraw:
+    """The outcome of sampling for a batch of ``B`` positives (all ``(B,)`` tensors)."""
+
+    negative: torch.Tensor   #: int64 candidate index of the first violator, -1 where there is none
+    n_draws: torch.Tensor    #: int64 ``N``: counted draws up to and including the violator (else the limit)
+    violated: torch.Tensor   #: bool, a violator was found
+    f_neg: torch.Tensor      #: score of the violator (0 where there is none)
+
+
+def sample_violators(f_pos: torch.Tensor, n_candidates: int, n_negatives: torch.Tensor, score_fn: ScoreFn,
+                     is_positive: PositiveFn | None = None, *, margin: float = 1.0,
+                     draws_per_round: int = 32, max_draws: int | None = None,
+                     round_budget: int = 1 << 20,
+                     generator: torch.Generator | None = None) -> WarpDraw:
+    """Vectorised WARP negative sampling for ``B`` positives at once (see the module docstring).
+
+    ``f_pos (B,)``: scores of the positives (no gradient needed). Candidates are ``0 .. n_candidates-1``;
+    ``n_negatives (B,)`` int64 is how many of them are negatives of each row (``n_candidates - #positives``).
+    ``score_fn`` scores drawn candidates, ``is_positive`` flags draws to reject (``None``: no row has a
+    positive among the candidates). Rounds draw ``draws_per_round`` candidates per open row, doubling
+    per round, with ``rows x draws <= round_budget`` (bounds memory). ``max_draws`` caps ``N``
+    (``None``: up to ``n_negatives``, exactly the sequential algorithm).
+    """
+    if draws_per_round < 1:
+        raise ValueError(f"draws_per_round must be >= 1, got {draws_per_round}")
+    device = f_pos.device
+    f_pos = f_pos.detach()
+    b = f_pos.shape[0]
+    limit = torch.as_tensor(n_negatives, dtype=torch.int64, device=device).clone()
+    if max_draws is not None:
+        limit = limit.clamp(max=int(max_draws))
+    negative = torch.full((b,), -1, dtype=torch.int64, device=device)
+    n_draws = limit.clone()               # rows that never find a violator end at their limit
+    violated = torch.zeros(b, dtype=torch.bool, device=device)
+    f_neg = torch.zeros(b, dtype=f_pos.dtype, device=device)
+    drawn = torch.zeros(b, dtype=torch.int64, device=device)
+    active = torch.nonzero(limit > 0).squeeze(1)
+    k = draws_per_round
+    while active.numel():
+        m = active.numel()
+        left = int((limit[active] - drawn[active]).max())
+        k_round = max(1, min(k, left, round_budget // m))
+        cand = torch.randint(0, n_candidates, (m, k_round), device=device, generator=generator)
+        if is_positive is None:
+            eligible = torch.ones((m, k_round), dtype=torch.bool, device=device)
+        else:
+            eligible = ~is_positive(active, cand)
+        count = drawn[active].unsqueeze(1) + torch.cumsum(eligible, dim=1)
+        counted = eligible & (count <= limit[active].unsqueeze(1))
+        scores = score_fn(active, cand).detach()
+        viol = counted & (scores > (f_pos[active] - margin).unsqueeze(1))
+        has = viol.any(dim=1)
+        if bool(has.any()):
+            first = viol[has].to(torch.uint8).argmax(dim=1)    # argmax returns the first maximum
+            rows = active[has]
+            sub = torch.nonzero(has).squeeze(1)
+            negative[rows] = cand[sub, first]
+            n_draws[rows] = count[sub, first]
+            f_neg[rows] = scores[sub, first].to(f_neg.dtype)
+            violated[rows] = True
+        miss = ~has
+        rows = active[miss]
+        drawn[rows] = torch.minimum(count[miss, -1], limit[rows])
+        active = rows[drawn[rows] < limit[rows]]
+        k = min(2 * k, round_budget)
+    return WarpDraw(negative=negative, n_draws=n_draws, violated=violated, f_neg=f_neg)
+
+
+def sample_violator_sequential(f_pos: float, neg_scores: np.ndarray, rng: np.random.Generator,
+                               margin: float = 1.0) -> tuple[int, int]:
+    """The paper's inner loop, one draw at a time (the reference the vectorised sampler is tested on).
+
+    ``neg_scores (n_neg,)``: scores of the positive's negatives. Returns ``(N, j)`` with ``j`` the index
+    into ``neg_scores`` of the violator, or ``-1`` when ``N`` reached ``n_neg`` without one.
+    """
+    n_neg = len(neg_scores)
+    n = 0
+    while n < n_neg:
+        j = int(rng.integers(n_neg))
+        n += 1
+        if neg_scores[j] > f_pos - margin:
+            return n, j
+    return n, -1
+
+
+@torch.no_grad()
+def max_norm_columns_(matrix: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale every column ``matrix[:, j]`` with L2 norm above ``max_norm`` back to ``max_norm``, in place.
+
+    ``matrix (P, n)``: WSABIE's constraint ``||V_i|| <= lambda`` (and the same for ``W`` / ``Z``).
+    Returns ``matrix``.
+    """
+    norms = torch.linalg.vector_norm(matrix, dim=0, keepdim=True)
+    matrix.mul_((max_norm / norms.clamp(min=1e-30)).clamp(max=1.0))
+    return matrix
