@@ -1,0 +1,86 @@
+"""Reading a finished run's results: ``summary.json`` and ``ranks.npz`` (ARCHITECTURE.md, Runs).
+
+:class:`RunResults` is what the Inspect panel and ``crossview compare`` show: the metrics, the
+per-query ranks of both directions, which dataset items the queries are (when the run recorded them),
+and the paper's numbers from the method's card.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import CrossViewError
+
+__all__ = ["RunResults", "load_run_results"]
+
+_RANK_KEYS = {"i2t": ("i2t", "ranks_i2t", "i2t_ranks"), "t2i": ("t2i", "ranks_t2i", "t2i_ranks")}
+_QUERY_KEYS = {"i2t": ("i2t_queries", "image_index", "images", "image_ids"),
+               "t2i": ("t2i_queries", "caption_index", "captions", "caption_ids")}
+
+
+@dataclass
+class RunResults:
+    """A run's evaluation. ``ranks[d]`` is ``(n_queries,) int64`` 1-based; ``queries[d]`` the dataset index
+    of each query (image indices for i2t, caption indices for t2i) when known."""
+
+    name: str
+    path: Path | None
+    summary: dict[str, Any]
+    ranks: dict[str, np.ndarray]
+    queries: dict[str, np.ndarray] = field(default_factory=dict)
+    paper: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return str(self.summary.get("method", "?"))
+
+    def metric_rows(self) -> list[str]:
+        keys: list[str] = []
+        for d in ("i2t", "t2i"):
+            for k in self.summary.get(d, {}) or {}:
+                if k not in keys:
+                    keys.append(k)
+        return keys
+
+
+def load_run_results(run_dir: str | Path) -> RunResults:
+    """Read ``summary.json`` and ``ranks.npz`` of a run folder; a clear error names what is missing."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise CrossViewError(f"{run_dir}: no summary.json - the run has not finished an evaluation yet "
+                             "(resume it with 'crossview train --resume DIR')")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise CrossViewError(f"{summary_path}: not valid JSON ({e})") from e
+    ranks: dict[str, np.ndarray] = {}
+    queries: dict[str, np.ndarray] = {}
+    ranks_path = run_dir / "ranks.npz"
+    if ranks_path.is_file():
+        try:
+            with np.load(ranks_path, allow_pickle=False) as z:
+                files = set(z.files)
+                for d in ("i2t", "t2i"):
+                    key = next((k for k in _RANK_KEYS[d] if k in files), None)
+                    if key is not None:
+                        ranks[d] = np.asarray(z[key], dtype=np.int64)
+                    qk = next((k for k in _QUERY_KEYS[d] if k in files), None)
+                    if qk is not None:
+                        queries[d] = np.asarray(z[qk], dtype=np.int64)
+        except (OSError, ValueError) as e:
+            raise CrossViewError(f"{ranks_path}: unreadable ({e})") from e
+    paper: dict[str, Any] = {}
+    try:
+        from crossview.methods import cards
+        card = cards.load_card(str(summary.get("method", "")).split("-")[0])
+        paper = dict(card.get("paper_results", {})) if card else {}
+    except Exception:  # noqa: BLE001 - cards are optional decoration here
+        paper = {}
+    name = str(summary.get("name") or run_dir.name)
+    return RunResults(name=name, path=run_dir, summary=summary, ranks=ranks, queries=queries, paper=paper)

@@ -1,0 +1,414 @@
+"""The Inspect panel: a run's metrics beside the paper's, rank histograms, the worst queries, and
+two runs compared query by query (rank change, scatter of rank A vs rank B with clickable points).
+
+``open_query(direction, dataset_index)`` asks the main window to show that query in the Query panel.
+Tables export to CSV, plots to PNG. Run alone: ``python -m crossview.gui.panels.inspect_panel RUN [RUN_B]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
+                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from crossview.eval.compare import RankComparison, compare_ranks
+from crossview.eval.runs import RunResults
+
+DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
+PEN_A = "#0969da"
+PEN_B = "#d1242f"
+
+
+class _NumItem(QTableWidgetItem):
+    """A table cell that sorts by its number."""
+
+    def __init__(self, value: float, text: str | None = None) -> None:
+        super().__init__(text if text is not None else (f"{value:g}" if isinstance(value, float) else str(value)))
+        self.value = float(value)
+        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        return self.value < getattr(other, "value", 0.0)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v)}"
+    return f"{float(v):.2f}"
+
+
+class InspectPanel(QWidget):
+    open_query = Signal(str, int)     # direction, dataset index of the query (or split position)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.run_a: RunResults | None = None
+        self.run_b: RunResults | None = None
+        self.comparison: RankComparison | None = None
+        self.runs: dict[str, RunResults] = {}
+
+        self.title = QLabel("No run: train one in the Train panel, or open a run folder.")
+        self.title.setObjectName("summary")
+        self.title.setWordWrap(True)
+        self.compare_combo = QComboBox()
+        self.compare_combo.setToolTip("Compare with another run evaluated on the same split")
+        self.compare_combo.currentIndexChanged.connect(self._on_compare_choice)
+        self.direction_combo = QComboBox()
+        for d, label in DIRECTION_NAMES.items():
+            self.direction_combo.addItem(label, d)
+        self.direction_combo.currentIndexChanged.connect(self._refresh_queries)
+        self.export_table_button = QPushButton("Export table (CSV)...")
+        self.export_table_button.clicked.connect(self._export_tables_dialog)
+        self.export_plot_button = QPushButton("Export plots (PNG)...")
+        self.export_plot_button.clicked.connect(self._export_plots_dialog)
+
+        self.metrics = QTableWidget()
+        self.metrics.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.metrics.verticalHeader().setDefaultSectionSize(22)
+        self.metrics.setMaximumHeight(230)
+        self.compare_label = QLabel("")
+        self.compare_label.setWordWrap(True)
+
+        self.hist_plots: dict[str, pg.PlotWidget] = {}
+        hists = QHBoxLayout()
+        for d in ("i2t", "t2i"):
+            p = pg.PlotWidget(background="w")
+            p.setTitle(f"{d}: rank of the ground truth", color="#1f2328", size="10pt")
+            p.setLabel("bottom", "rank (log scale bins)")
+            p.setLabel("left", "queries")
+            p.setMouseEnabled(x=False, y=False)
+            p.setMinimumHeight(170)
+            self.hist_plots[d] = p
+            hists.addWidget(p)
+
+        self.scatter_plot = pg.PlotWidget(background="w")
+        self.scatter_plot.setLabel("bottom", "rank in run A (log10)")
+        self.scatter_plot.setLabel("left", "rank in run B (log10)")
+        self.scatter_plot.setMinimumHeight(170)
+        self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen(None), brush=pg.mkBrush(9, 105, 218, 120))
+        self.scatter.sigClicked.connect(self._on_point_clicked)
+        self.scatter_plot.addItem(self.scatter)
+        self.scatter_plot.hide()
+
+        self.queries = QTableWidget()
+        self.queries.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.queries.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.queries.setSortingEnabled(True)
+        self.queries.verticalHeader().hide()
+        self.queries.itemActivated.connect(self._on_query_activated)
+        self.queries.setToolTip("Double-click (or Enter) to open the query in the Query panel")
+
+        bar = QHBoxLayout()
+        bar.addWidget(QLabel("Compare with:"))
+        bar.addWidget(self.compare_combo, 1)
+        bar.addWidget(QLabel("Queries:"))
+        bar.addWidget(self.direction_combo)
+        bar.addWidget(self.export_table_button)
+        bar.addWidget(self.export_plot_button)
+
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addWidget(self.title)
+        tl.addLayout(bar)
+        tl.addWidget(self.metrics)
+        tl.addWidget(self.compare_label)
+        plots = QWidget()
+        pl = QVBoxLayout(plots)
+        pl.setContentsMargins(0, 0, 0, 0)
+        pl.addLayout(hists)
+        pl.addWidget(self.scatter_plot)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(top)
+        split.addWidget(plots)
+        split.addWidget(self.queries)
+        split.setSizes([260, 260, 300])
+        layout = QVBoxLayout(self)
+        layout.addWidget(split)
+
+    # ------------------------------------------------------------------ runs
+    def set_runs(self, runs: list[RunResults]) -> None:
+        """The runs offered for comparison (the current one is skipped in the list)."""
+        self.runs = {self._key(r): r for r in runs}
+        self._refill_compare()
+
+    @staticmethod
+    def _key(r: RunResults) -> str:
+        return str(r.path) if r.path is not None else r.name
+
+    def _refill_compare(self) -> None:
+        current = self.compare_combo.currentData()
+        self.compare_combo.blockSignals(True)
+        self.compare_combo.clear()
+        self.compare_combo.addItem("(no comparison)", None)
+        for key, r in self.runs.items():
+            if self.run_a is not None and key == self._key(self.run_a):
+                continue
+            self.compare_combo.addItem(f"{r.name}  [{r.method}]", key)
+        idx = self.compare_combo.findData(current)
+        self.compare_combo.setCurrentIndex(max(0, idx))
+        self.compare_combo.blockSignals(False)
+
+    def set_run(self, run: RunResults | None) -> None:
+        """Show ``run`` (run A)."""
+        self.run_a = run
+        if run is not None:
+            self.runs.setdefault(self._key(run), run)
+        self._refill_compare()
+        self.set_compare(None if self.run_b is None or run is None else self.run_b)
+
+    def _on_compare_choice(self) -> None:
+        key = self.compare_combo.currentData()
+        self.set_compare(self.runs.get(key) if key else None)
+
+    def set_compare(self, run_b: RunResults | None) -> None:
+        """Compare run A with ``run_b`` (None: no comparison)."""
+        self.run_b = run_b
+        if run_b is not None:
+            idx = self.compare_combo.findData(self._key(run_b))
+            if idx >= 0 and idx != self.compare_combo.currentIndex():
+                self.compare_combo.blockSignals(True)
+                self.compare_combo.setCurrentIndex(idx)
+                self.compare_combo.blockSignals(False)
+        self._refresh()
+
+    # ------------------------------------------------------------------ drawing
+    def _refresh(self) -> None:
+        a, b = self.run_a, self.run_b
+        if a is None:
+            self.title.setText("No run: train one in the Train panel, or open a run folder.")
+            self.metrics.clear()
+            self.queries.setRowCount(0)
+            return
+        s = a.summary
+        bits = [f"<b>{html.escape(a.name)}</b>", f"method {html.escape(a.method)}",
+                f"dataset {html.escape(str(s.get('dataset', '?')))}", f"split {html.escape(str(s.get('split', '?')))}"]
+        if s.get("train_seconds") is not None:
+            bits.append(f"trained in {float(s['train_seconds']):.1f} s")
+        self.title.setText(" &nbsp; ".join(bits))
+        self._fill_metrics()
+        self._draw_histograms()
+        self._refresh_queries()
+
+    def _fill_metrics(self) -> None:
+        a, b = self.run_a, self.run_b
+        assert a is not None
+        rows = a.metric_rows()
+        extra = [k for k in ("rsum",) if k in a.summary]
+        cols: list[tuple[str, RunResults | dict, str]] = []
+        for d in ("i2t", "t2i"):
+            cols.append((f"{d}  {a.name}" if b else d, a, d))
+            if b is not None:
+                cols.append((f"{d}  {b.name}", b, d))
+            paper = a.paper.get(d) if isinstance(a.paper, dict) else None
+            if isinstance(paper, dict) and paper:
+                cols.append((f"{d}  paper", paper, d))
+        self.metrics.clear()
+        self.metrics.setColumnCount(len(cols))
+        self.metrics.setRowCount(len(rows) + len(extra))
+        self.metrics.setHorizontalHeaderLabels([c[0] for c in cols])
+        self.metrics.setVerticalHeaderLabels(rows + extra)
+        for j, (_, src, d) in enumerate(cols):
+            for i, key in enumerate(rows):
+                if isinstance(src, RunResults):
+                    v = (src.summary.get(d) or {}).get(key)
+                else:
+                    v = src.get(key)
+                item = QTableWidgetItem(_fmt(v))
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.metrics.setItem(i, j, item)
+            for i, key in enumerate(extra, start=len(rows)):
+                v = src.summary.get(key) if isinstance(src, RunResults) else None
+                item = QTableWidgetItem(_fmt(v) if v is not None else "")
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.metrics.setItem(i, j, item)
+        self.metrics.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        if isinstance(a.paper, dict) and a.paper.get("setting"):
+            self.metrics.setToolTip(f"Paper: {a.paper.get('setting')}")
+
+    def _draw_histograms(self) -> None:
+        for d, plot in self.hist_plots.items():
+            plot.clear()
+            for run, colour, offset in ((self.run_a, PEN_A, -0.2), (self.run_b, PEN_B, 0.2)):
+                if run is None or d not in run.ranks or not run.ranks[d].size:
+                    continue
+                ranks = run.ranks[d]
+                edges = np.unique(np.concatenate([[1, 2, 3, 6, 11, 21, 51, 101, 201, 501, 1001],
+                                                  [ranks.max() + 1]]))
+                edges = edges[edges <= max(ranks.max() + 1, 2)]
+                counts, _ = np.histogram(ranks, bins=edges)
+                xs = np.arange(len(counts)) + offset
+                plot.addItem(pg.BarGraphItem(x=xs, height=counts, width=0.38 if self.run_b else 0.8,
+                                             brush=pg.mkBrush(colour), pen=pg.mkPen(None)))
+                labels = [(i, f"{edges[i]}" if edges[i + 1] - edges[i] == 1 else f"{edges[i]}-{edges[i + 1] - 1}")
+                          for i in range(len(counts))]
+                plot.getPlotItem().getAxis("bottom").setTicks([labels])
+
+    def _refresh_queries(self) -> None:
+        a, b = self.run_a, self.run_b
+        d = self.direction_combo.currentData()
+        self.queries.setSortingEnabled(False)
+        self.queries.clear()
+        self.comparison = None
+        if a is None or d not in a.ranks:
+            self.queries.setRowCount(0)
+            self.scatter_plot.hide()
+            self.compare_label.setText("" if a is None else f"This run has no per-query {d} ranks.")
+            return
+        ra = a.ranks[d]
+        q = a.queries.get(d, np.arange(len(ra)))
+        comp = None
+        if b is not None and d in b.ranks:
+            try:
+                comp = compare_ranks(ra, b.ranks[d])
+            except Exception as e:  # noqa: BLE001 - shown to the user instead
+                self.compare_label.setText(f"<span style='color:#cf222e'>Cannot compare: {html.escape(str(e))}</span>")
+        self.comparison = comp
+        headers = ["query", f"rank {a.name}"] + ([f"rank {b.name}", "change (B - A)"] if comp else [])
+        self.queries.setColumnCount(len(headers))
+        self.queries.setHorizontalHeaderLabels(headers)
+        self.queries.setRowCount(len(ra))
+        text_of = self._query_text_fn(d)
+        for row in range(len(ra)):
+            qi = _NumItem(float(q[row]), text_of(int(q[row])))
+            qi.setData(Qt.ItemDataRole.UserRole, row)
+            qi.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+            self.queries.setItem(row, 0, qi)
+            self.queries.setItem(row, 1, _NumItem(int(ra[row]), str(int(ra[row]))))
+            if comp is not None:
+                self.queries.setItem(row, 2, _NumItem(int(comp.rank_b[row]), str(int(comp.rank_b[row]))))
+                dv = int(comp.delta[row])
+                cell = _NumItem(dv, f"{dv:+d}" if dv else "0")
+                if dv:
+                    cell.setForeground(pg.mkColor("#1a7f37" if dv < 0 else "#cf222e"))
+                self.queries.setItem(row, 3, cell)
+        self.queries.setSortingEnabled(True)
+        self.queries.sortItems(1, Qt.SortOrder.DescendingOrder)          # worst first
+        header = self.queries.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        if comp is not None:
+            s = comp.summary
+            self.compare_label.setText(
+                f"{d}: B ranks the ground truth higher for <b>{s['b_better']}</b> queries, lower for "
+                f"<b>{s['b_worse']}</b>, the same for {s['same']}; median change {s['median_delta']:+g}; "
+                f"sign test p = {s['sign_test_p']:.3g}")
+            self.scatter.setData(x=np.log10(comp.rank_a), y=np.log10(comp.rank_b), data=np.arange(len(ra)))
+            self.scatter_plot.setTitle(f"{d}: rank A vs rank B (below the diagonal: B is better); click a point",
+                                       color="#1f2328", size="10pt")
+            self.scatter_plot.show()
+        else:
+            if b is None:
+                self.compare_label.setText("")
+            self.scatter_plot.hide()
+
+    def _query_text_fn(self, d: str):
+        ds = getattr(self, "dataset", None)
+        if ds is None:
+            return lambda i: f"{'image' if d == 'i2t' else 'caption'} {i}"
+        if d == "i2t":
+            return lambda i: (f"image {int(ds.image_ids[i])}: " + (ds.captions[ds.captions_of(i)[0]]
+                                                                    if ds.captions_of(i) else "")
+                              if 0 <= i < ds.n_images else f"image {i}")
+        return lambda i: ds.captions[i] if 0 <= i < ds.n_captions else f"caption {i}"
+
+    def set_dataset(self, ds) -> None:
+        """Lets the query list show captions instead of bare indices (the run's dataset)."""
+        self.dataset = ds
+        self._refresh_queries()
+
+    # ------------------------------------------------------------------ interaction
+    def _row_query(self, row_position: int) -> tuple[str, int]:
+        d = self.direction_combo.currentData()
+        a = self.run_a
+        assert a is not None
+        q = a.queries.get(d)
+        return d, int(q[row_position]) if q is not None else int(row_position)
+
+    def _on_query_activated(self, item: QTableWidgetItem) -> None:
+        first = self.queries.item(item.row(), 0)
+        pos = int(first.data(Qt.ItemDataRole.UserRole))
+        self.open_query.emit(*self._row_query(pos))
+
+    def _on_point_clicked(self, _item, points, *_) -> None:
+        if not len(points):
+            return
+        pos = int(points[0].data())
+        for row in range(self.queries.rowCount()):
+            if int(self.queries.item(row, 0).data(Qt.ItemDataRole.UserRole)) == pos:
+                self.queries.selectRow(row)
+                self.queries.scrollToItem(self.queries.item(row, 0))
+                break
+        self.open_query.emit(*self._row_query(pos))
+
+    # ------------------------------------------------------------------ export
+    def export_tables(self, path: str | Path) -> Path:
+        """The metric table and the per-query table, one CSV file (two blocks)."""
+        path = Path(path)
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["metric"] + [self.metrics.horizontalHeaderItem(j).text()
+                                     for j in range(self.metrics.columnCount())])
+            for i in range(self.metrics.rowCount()):
+                w.writerow([self.metrics.verticalHeaderItem(i).text()] +
+                           [self.metrics.item(i, j).text() if self.metrics.item(i, j) else ""
+                            for j in range(self.metrics.columnCount())])
+            w.writerow([])
+            w.writerow([self.queries.horizontalHeaderItem(j).text() for j in range(self.queries.columnCount())])
+            for i in range(self.queries.rowCount()):
+                w.writerow([self.queries.item(i, j).text() for j in range(self.queries.columnCount())])
+        return path
+
+    def export_plots(self, folder: str | Path) -> list[Path]:
+        """Each visible plot as a PNG in ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        out = []
+        widgets = dict(self.hist_plots)
+        if self.scatter_plot.isVisible():
+            widgets["scatter"] = self.scatter_plot
+        for name, w in widgets.items():
+            p = folder / f"{name}.png"
+            w.grab().save(str(p))
+            out.append(p)
+        return out
+
+    def _export_tables_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export tables", "inspect.csv", "CSV (*.csv)")
+        if path:
+            self.export_tables(path)
+
+    def _export_plots_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Export plots to folder")
+        if folder:
+            self.export_plots(folder)
+
+
+if __name__ == "__main__":  # pragma: no cover - manual preview
+    import sys
+
+    from crossview.eval.runs import load_run_results
+    from crossview.gui.launch import NO_DISPLAY, ensure_app, has_display
+    if not has_display():
+        print(NO_DISPLAY, file=sys.stderr)
+        sys.exit(1)
+    if len(sys.argv) < 2:
+        print("usage: python -m crossview.gui.panels.inspect_panel RUN_DIR [RUN_DIR_B]", file=sys.stderr)
+        sys.exit(2)
+    app = ensure_app()
+    panel = InspectPanel()
+    runs = [load_run_results(p) for p in sys.argv[1:]]
+    panel.set_runs(runs)
+    panel.set_run(runs[0])
+    if len(runs) > 1:
+        panel.set_compare(runs[1])
+    panel.resize(1200, 850)
+    panel.show()
+    sys.exit(app.exec())
