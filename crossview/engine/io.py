@@ -86,6 +86,11 @@ def read_json(path: str | Path) -> Any:
         raise CrossViewError(f"{path}: not valid JSON ({e}); the file is damaged, delete it or the run") from None
 
 
+def _write_payload(f: BinaryIO, data: memoryview) -> None:
+    """Write a serialised checkpoint into the open temp file (a seam the SIGKILL test slows down)."""
+    f.write(data)
+
+
 def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (temp file in the same folder, then ``os.replace``)."""
     import torch
@@ -93,7 +98,7 @@ def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
     def write(f: BinaryIO) -> None:
         buf = io.BytesIO()
         torch.save(obj, buf)
-        f.write(buf.getbuffer())
+        _write_payload(f, buf.getbuffer())
 
     return atomic_writer(path, write)
 

@@ -20,8 +20,8 @@ from typing import Any, Callable, TypeVar
 from crossview.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
-__all__ = ["register_method", "create_method", "list_methods", "method_class", "Method", "MethodData",
-           "METHOD_MODULES"]
+__all__ = ["register_method", "create_method", "list_methods", "method_class", "method_card", "Method",
+           "MethodData", "METHOD_MODULES"]
 
 #: Every method module, in the order they are listed to the user. A name whose module does not
 #: exist (yet) is skipped.
@@ -83,3 +83,13 @@ def create_method(name: str, **params: Any) -> Method:
         raise CrossViewError(f"method {name!r} has no parameter {unknown[0]!r}; its parameters are: "
                              f"{', '.join(valid)}")
     return cls(**params)
+
+
+def method_card(name: str) -> Any:
+    """The :class:`~crossview.methods.cards.MethodCard` of method ``name`` (``models/<name>.toml``), or
+    None when it has no card. An unknown method raises :class:`CrossViewError` naming the known ones."""
+    from crossview.methods.cards import find_card
+
+    if name not in list_methods():
+        raise CrossViewError(f"unknown method {name!r}; known methods: {', '.join(list_methods()) or 'none'}")
+    return find_card(name)

@@ -1,0 +1,538 @@
+"""The training loop: a run in a folder, driven by a generator of events.
+
+:func:`train` loads the dataset, gets features through :func:`crossview.features.extract_features`,
+builds :class:`~crossview.methods.base.MethodData` for the train / val / evaluation splits, drains the
+method's ``fit_iter`` while logging every event, checkpoints periodically and at the end, evaluates on
+the chosen split and writes the run folder::
+
+    RUN_DIR/
+      config.json     what was asked for: method, params, data, split, encoders, device, seeds, versions
+      metrics.jsonl   one event per line, appended and flushed as it happens
+      status.json     "running" | "finished" | "cancelled" | "failed", with the step and the error
+      checkpoint.pt   method state + feature spec + RNG states (temp file in the folder, then os.replace)
+      ranks.npz       per-query ranks of the final evaluation: i2t (n_images,), t2i (n_captions,)
+      summary.json    {"method", "dataset", "split", "i2t": {R@1, R@5, R@10, MedR, MeanR}, "t2i": {...},
+                       "rsum", "train_seconds", ...}  (R@K in percent, ranks 1-based)
+
+Every JSON file and the checkpoint are written atomically, so a crash or a SIGKILL at any moment
+leaves the previous version readable. Cancelling is the consumer stopping the iteration (``close()``
+on the generator, or just dropping it): the run stops at the current event, i.e. within one batch or
+cutting-plane iteration, writes a checkpoint and ``status.json`` = ``"cancelled"``, and
+:func:`resume` continues it later (iterative methods from their saved state, closed-form ones refit).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.engine.events import CheckpointSaved, Event, Finished, Log, Progress, Validation
+from crossview.engine.io import (EventLog, atomic_write_json, atomic_writer, load_checkpoint, read_json,
+                                 save_checkpoint)
+from crossview.errors import Cancelled, CrossViewError
+
+__all__ = ["train", "resume", "RunConfig", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
+           "SUMMARY", "STATUS", "default_run_dir", "read_summary", "read_status"]
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+CHECKPOINT = "checkpoint.pt"
+RANKS = "ranks.npz"
+SUMMARY = "summary.json"
+STATUS = "status.json"
+
+#: The keys of summary.json that ARCHITECTURE.md fixes (scripts read them); more follow them.
+SUMMARY_KEYS = ("method", "dataset", "split", "i2t", "t2i", "rsum", "train_seconds")
+_METRIC_KEYS = ("R@1", "R@5", "R@10", "MedR", "MeanR")
+_FORMAT = 1
+# Progress events are logged at most this often (all of them still reach the consumer).
+_PROGRESS_LOG_SECONDS = 0.5
+
+
+@dataclass
+class RunConfig:
+    """What a run was asked to do (the content of ``config.json``, less the recorded environment)."""
+
+    method: str
+    data: str | None
+    params: dict[str, Any]
+    split: str = "test"
+    train_split: str = "train"
+    val_split: str | None = "val"
+    data_format: str | None = None
+    image_root: str | None = None
+    image_encoder: str | None = None
+    text_encoder: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    checkpoint_seconds: float = 60.0
+
+
+def default_run_dir(method: str, dataset_name: str) -> Path:
+    """``get_settings().runs_dir / "<method>-<dataset>-<timestamp>"`` (a new, unused name)."""
+    from crossview.settings import get_settings
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
+    base = get_settings().runs_dir / f"{method}-{safe}-{stamp}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """``summary.json`` of a finished run (a :class:`CrossViewError` naming the folder otherwise)."""
+    path = Path(run_dir) / SUMMARY
+    if not path.is_file():
+        raise CrossViewError(f"{run_dir}: no {SUMMARY}; the run has not finished (see {STATUS})")
+    return read_json(path)
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """``status.json`` of a run: ``{"status": "running"|"finished"|"cancelled"|"failed", ...}``."""
+    return read_json(Path(run_dir) / STATUS)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _seed_everything(seed: int) -> dict[str, int]:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return {"python": seed, "numpy": seed % 2**32, "torch": seed}
+
+
+def _rng_state() -> dict[str, Any]:
+    import torch
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+    if "python" in state:
+        random.setstate(state["python"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+
+
+def _coerce_features(features: Any) -> Any:
+    """A :class:`crossview.features.Features`, or ``(image, text)`` arrays wrapped as one."""
+    from crossview.features import Features
+
+    if features is None or isinstance(features, Features):
+        return features
+    if isinstance(features, (tuple, list)) and len(features) == 2:
+        image, text = features
+        return Features(image=np.asarray(image, dtype=np.float32),
+                        text=None if text is None else np.asarray(text, dtype=np.float32),  # type: ignore[arg-type]
+                        image_encoder="given", text_encoder="given")
+    raise CrossViewError(f"features must be a crossview.features.Features or an (image, text) pair of arrays, "
+                         f"got {type(features).__name__}")
+
+
+class _Run:
+    """One execution of a run (a fresh start or a resume). Use through :func:`train` / :func:`resume`."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, dataset: Any, features: Any, resuming: bool,
+                 cache: Any = None) -> None:
+        from crossview.engine.devices import select_device
+        from crossview.methods import create_method
+
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.dataset = dataset
+        self.features = _coerce_features(features)
+        self.resuming = resuming
+        self.cache = cache
+        for name, what in ((cfg.train_split, "training"), (cfg.split, "evaluation")):
+            if name not in dataset.splits:
+                have = ", ".join(dataset.split_names) or "none"
+                raise CrossViewError(f"dataset {dataset.name!r} ({dataset.source or 'in memory'}) has no split "
+                                     f"{name!r} for {what}; it has: {have}. Choose one with --split")
+        self.device = select_device(cfg.device)
+        self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
+        if "device" in self.method.param_names() and "device" not in cfg.params:
+            self.method.set_params(device=self.device)
+        for seed_param in ("seed", "random_state"):
+            if seed_param in self.method.param_names() and seed_param not in cfg.params:
+                self.method.set_params(**{seed_param: cfg.seed})
+        self.events = 0                 # events received from fit_iter so far
+        self.train_seconds = 0.0        # accumulated over resumes
+        self.phase = "start"            # start -> training -> trained -> finished
+        self.feature_spec: dict[str, Any] = {}
+        self.text_model_state: Any = None
+        self._log: EventLog | None = None
+        self._last_progress_log = 0.0
+
+    # ------------------------------------------------------------------ files
+    def _path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def _status(self, status: str, **extra: Any) -> None:
+        atomic_write_json(self._path(STATUS), {"status": status, "phase": self.phase, "events": self.events,
+                                               "train_seconds": round(self.train_seconds, 3),
+                                               "updated": _now(), **extra})
+
+    def _emit(self, ev: Event) -> Event:
+        assert self._log is not None
+        if isinstance(ev, Progress):
+            now = time.monotonic()
+            if now - self._last_progress_log < _PROGRESS_LOG_SECONDS and ev.step not in (0, ev.total):
+                return ev
+            self._last_progress_log = now
+        self._log.write(ev)
+        return ev
+
+    def _checkpoint(self) -> CheckpointSaved:
+        payload = {
+            "format": _FORMAT,
+            "phase": self.phase,
+            "events": self.events,
+            "train_seconds": self.train_seconds,
+            "method_state": self.method.state_dict(),
+            "features": self.feature_spec,
+            "text_model": self.text_model_state,
+            "rng": _rng_state(),
+            "config": self.cfg.__dict__,
+            "saved": _now(),
+        }
+        save_checkpoint(self._path(CHECKPOINT), payload)
+        return CheckpointSaved(str(self._path(CHECKPOINT)), self.events)
+
+    def _write_config(self, seeds: dict[str, int]) -> None:
+        import torch
+
+        from crossview import __version__
+
+        cfg = dict(self.cfg.__dict__)
+        cfg.update({
+            "format": _FORMAT,
+            "params": self.method.get_params(),
+            "user_params": dict(self.cfg.params),
+            "dataset": self.dataset.name,
+            "dataset_fingerprint": self.dataset.fingerprint(),
+            "device_selected": self.device,
+            "seeds": seeds,
+            "created": _now(),
+            "versions": {"crossview": __version__, "python": platform.python_version(),
+                         "numpy": np.__version__, "torch": torch.__version__},
+        })
+        atomic_write_json(self._path(CONFIG), cfg)
+
+    # ------------------------------------------------------------------ stages
+    def _extract(self) -> Iterator[Event]:
+        """Features in a worker thread so that progress flows out and a cancel stops it between batches."""
+        from crossview.features import extract_features
+
+        q: queue.Queue[Event | None] = queue.Queue()
+        stop = threading.Event()
+        result: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            q.put(Progress(done, total, f"features: {stage}"))
+
+        def work() -> None:
+            try:
+                result["features"] = extract_features(
+                    self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
+                    cache=self.cache, device=self.device, progress=progress, should_stop=stop.is_set)
+            except BaseException as e:  # noqa: BLE001 - handed to the generator's thread below
+                result["error"] = e
+            finally:
+                q.put(None)
+
+        th = threading.Thread(target=work, name="crossview-features", daemon=True)
+        th.start()
+        try:
+            while True:
+                ev = q.get()
+                if ev is None:
+                    break
+                yield self._emit(ev)
+        finally:
+            if th.is_alive():
+                stop.set()
+                th.join()
+        if "error" in result:
+            raise result["error"]
+        self.features = result["features"]
+
+    def _method_data(self) -> tuple[Any, Any, Any]:
+        from crossview.methods.base import MethodData
+
+        f = self.features
+        text = f.text
+        ds = self.dataset
+        names = None
+        if ds.label_sets is not None:
+            names = sorted({str(x) for s in ds.label_sets for x in s})
+        train = MethodData.from_features(ds, f.image, text, self.cfg.train_split, label_set_names=names)
+        val = None
+        vs = self.cfg.val_split
+        if vs and vs in ds.splits and vs not in (self.cfg.split, self.cfg.train_split):
+            val = MethodData.from_features(ds, f.image, text, vs, label_set_names=names)
+        test = MethodData.from_features(ds, f.image, text, self.cfg.split, label_set_names=names)
+        return train, val, test
+
+    def _restore(self) -> bool:
+        """Load the last checkpoint when resuming; True when training continues from it."""
+        path = self._path(CHECKPOINT)
+        for tmp in glob.glob(str(self.run_dir / f".{CHECKPOINT}.*.tmp")):
+            os.unlink(tmp)   # a checkpoint write that was killed; the previous checkpoint is intact
+        if not path.is_file():
+            return False
+        ckpt = load_checkpoint(path)
+        self.events = int(ckpt.get("events", 0))
+        self.train_seconds = float(ckpt.get("train_seconds", 0.0))
+        phase = ckpt.get("phase", "training")
+        if phase == "trained" or self.method.iterative:
+            self.method.load_state_dict(ckpt["method_state"])
+            if "rng" in ckpt:
+                _set_rng_state(ckpt["rng"])
+            self.phase = phase
+            return True
+        return False  # closed form: refit
+
+    # ------------------------------------------------------------------ the run
+    def execute(self) -> Iterator[Event]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._log = EventLog(self._path(METRICS), fsync=False)
+        status = "failed"
+        error: str | None = None
+        try:
+            seeds = _seed_everything(self.cfg.seed)
+            if not self.resuming:
+                self._write_config(seeds)
+            self._status("running")
+            yield self._emit(Log(f"{'resuming' if self.resuming else 'starting'} {self.cfg.method} on "
+                                 f"{self.dataset.name} ({self.dataset.n_images} images, "
+                                 f"{self.dataset.n_captions} captions), device {self.device}, seed {self.cfg.seed}"))
+            t0 = time.monotonic()
+            if self.features is None:
+                yield from self._extract()
+            f = self.features
+            features_seconds = time.monotonic() - t0
+            self.feature_spec = {"image_encoder": f.image_encoder, "text_encoder": f.text_encoder,
+                                 "image_dim": int(f.image.shape[1]),
+                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {})}
+            tm = getattr(f, "text_model", None)
+            if tm is not None and hasattr(tm, "state_dict"):
+                try:
+                    self.text_model_state = {"name": tm.name, "state": tm.state_dict()}
+                except Exception:  # noqa: BLE001 - optional: queries can re-fit the encoder
+                    self.text_model_state = None
+            yield self._emit(Log(f"features: image {f.image_encoder} {f.image.shape[1]}-d, text {f.text_encoder} "
+                                 f"{None if f.text is None else f.text.shape[1]}-d ({features_seconds:.1f} s)"))
+            train, val, test = self._method_data()
+
+            continued = self.resuming and self._restore()
+            if self.resuming:
+                yield self._emit(Log("continuing from the last checkpoint" if continued else
+                                     "no usable checkpoint state: training from the start"))
+            if self.phase != "trained":
+                self.phase = "training"
+                yield from self._fit(train, val, resume=continued)
+                self.phase = "trained"
+                yield self._emit(self._checkpoint())
+            t1 = time.monotonic()
+            res = self.method.evaluate(test)
+            eval_seconds = time.monotonic() - t1
+            self._write_ranks(res["ranks"], test)
+            summary = self._summary(res, test, features_seconds, eval_seconds)
+            atomic_write_json(self._path(SUMMARY), summary)
+            self.phase = "finished"
+            status = "finished"
+            self._status("finished")
+            yield self._emit(Finished(summary))
+        except GeneratorExit:
+            status = "cancelled"
+            raise
+        except Cancelled as e:
+            status, error = "cancelled", str(e)
+            raise
+        except KeyboardInterrupt:
+            status, error = "cancelled", "interrupted"
+            raise
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            if status != "finished":
+                self._finish_unfinished(status, error)
+            self._log.close()
+
+    def _fit(self, train: Any, val: Any, resume: bool) -> Iterator[Event]:
+        start = time.monotonic()
+        base_seconds = self.train_seconds
+        last_ckpt = time.monotonic()
+        it = self.method.fit_iter(train, val, resume=resume)
+        try:
+            for ev in it:
+                self.events += 1
+                self.train_seconds = base_seconds + time.monotonic() - start
+                yield self._emit(ev)
+                due = time.monotonic() - last_ckpt >= self.cfg.checkpoint_seconds
+                if due or isinstance(ev, Validation):
+                    yield self._emit(self._checkpoint())
+                    last_ckpt = time.monotonic()
+        finally:
+            it.close()  # on cancel: the method's own clean-up runs here
+            self.train_seconds = base_seconds + time.monotonic() - start
+
+    def _finish_unfinished(self, status: str, error: str | None) -> None:
+        """A cancelled or failed run: checkpoint the training state reached (so resume continues
+        there) and record the status. Never raises over the original exception."""
+        try:
+            ckpt = None
+            # The method is suspended at a yield (between batches / iterations), so its state is consistent.
+            if status == "cancelled" and self.phase == "training":
+                self._checkpoint()
+                ckpt = CHECKPOINT
+            self._status(status, error=error, checkpoint=ckpt)
+            if self._log is not None:
+                self._log.write(Log(f"run {status}" + (f": {error}" if error else ""),
+                                    "warning" if status == "cancelled" else "error"))
+        except Exception:  # noqa: BLE001 - the original exception matters more
+            pass
+
+    def _write_ranks(self, ranks: dict[str, np.ndarray], test: Any) -> None:
+        ds = test.dataset
+
+        def write(f: Any) -> None:
+            np.savez(f, i2t=np.asarray(ranks["i2t"], dtype=np.int64), t2i=np.asarray(ranks["t2i"], dtype=np.int64),
+                     caption_image=test.caption_image,
+                     image_ids=np.asarray(ds.image_ids if ds is not None else np.arange(test.n_images)),
+                     caption_ids=np.asarray(ds.caption_ids if ds is not None else np.arange(test.n_captions)))
+
+        atomic_writer(self._path(RANKS), write)
+
+    def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
+                 eval_seconds: float) -> dict[str, Any]:
+        f = self.features
+        return {
+            "method": self.cfg.method,
+            "dataset": self.dataset.name,
+            "split": self.cfg.split,
+            "i2t": {k: float(res["i2t"][k]) for k in _METRIC_KEYS},
+            "t2i": {k: float(res["t2i"][k]) for k in _METRIC_KEYS},
+            "rsum": float(res["rsum"]),
+            "train_seconds": round(self.train_seconds, 3),
+            "status": "finished",
+            "params": self.method.get_params(),
+            "image_encoder": f.image_encoder,
+            "text_encoder": f.text_encoder,
+            "n_images": test.n_images,
+            "n_captions": test.n_captions,
+            "device": self.device,
+            "seed": self.cfg.seed,
+            "features_seconds": round(features_seconds, 3),
+            "eval_seconds": round(eval_seconds, 3),
+            "data": self.cfg.data,
+            "run_dir": str(self.run_dir),
+            "finished": _now(),
+        }
+
+
+def _load(data: Any, data_format: str | None, image_root: str | None) -> tuple[Any, str | None]:
+    """``(dataset, source)``: a PairedDataset passed in, or one loaded from a path / ``"demo"``."""
+    from crossview.data.dataset import PairedDataset
+
+    if isinstance(data, PairedDataset):
+        return data, (data.source or None)
+    from crossview.data import load_dataset
+    ds = load_dataset(str(data), format=data_format, image_root=image_root)
+    if not isinstance(ds, PairedDataset):
+        raise CrossViewError(f"{data}: this is a text-only corpus ({type(ds).__name__}); training needs images "
+                             "paired with captions")
+    return ds, str(data)
+
+
+def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
+          params: dict[str, Any] | None = None, split: str = "test", train_split: str = "train",
+          val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
+          data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
+          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None) -> Iterator[Event]:
+    """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
+
+    ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
+    ``features`` (a :class:`crossview.features.Features` or an ``(image (n_images, d), text
+    (n_captions, e))`` pair for the whole dataset) skips extraction. ``run_dir`` defaults to
+    :func:`default_run_dir`. The method is trained on ``train_split`` (with ``val_split`` for early
+    stopping when the dataset has it) and evaluated on ``split``. Stop iterating to cancel.
+
+    Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
+    unavailable device) raises :class:`CrossViewError` before the folder is created.
+    """
+    ds, source = _load(data, data_format, image_root)
+    cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=split, train_split=train_split,
+                    val_split=val_split, data_format=data_format, image_root=image_root,
+                    image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
+                    checkpoint_seconds=checkpoint_seconds)
+    folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
+    if (folder / CONFIG).exists():
+        raise CrossViewError(f"{folder} already holds a run; continue it with 'crossview train --resume {folder}' "
+                             "or choose another --run-dir")
+    if folder.exists() and not folder.is_dir():
+        raise CrossViewError(f"{folder} is a file; give a folder for --run-dir")
+    run = _Run(cfg, folder, ds, features, resuming=False, cache=cache)
+    return run.execute()
+
+
+def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, device: str | None = None,
+           cache: Any = None) -> Iterator[Event]:
+    """Continue the run in ``run_dir`` from its last checkpoint, yielding events like :func:`train`.
+
+    Iterative methods continue from their saved state; closed-form ones refit. The dataset is loaded
+    again from the run's ``config.json`` unless ``data`` (and optionally ``features``) is given; it
+    must be the same data (same fingerprint). A finished run just yields its ``Finished`` summary.
+    """
+    folder = Path(run_dir)
+    if not (folder / CONFIG).is_file():
+        raise CrossViewError(f"{folder}: not a run folder (no {CONFIG}); give the --run-dir of an earlier "
+                             "'crossview train'")
+    raw = read_json(folder / CONFIG)
+    fields = set(RunConfig.__dataclass_fields__)
+    cfg = RunConfig(**{k: v for k, v in raw.items() if k in fields})
+    cfg.params = dict(raw.get("user_params", cfg.params))
+    if device is not None:
+        cfg.device = device
+    if (folder / SUMMARY).is_file() and (folder / STATUS).is_file() and \
+            read_json(folder / STATUS).get("status") == "finished":
+        summary = read_json(folder / SUMMARY)
+
+        def done() -> Iterator[Event]:
+            yield Log(f"{folder} has already finished; nothing to resume")
+            yield Finished(summary)
+        return done()
+    if data is None:
+        if not cfg.data:
+            raise CrossViewError(f"{folder}: this run was trained on an in-memory dataset with no source file; "
+                                 "pass the same dataset again (resume(run_dir, data=dataset))")
+        data = cfg.data
+    ds, _ = _load(data, cfg.data_format, cfg.image_root)
+    want = raw.get("dataset_fingerprint")
+    if want and ds.fingerprint() != want:
+        raise CrossViewError(f"{folder}: the dataset {cfg.data or ds.name!r} has changed since the run started "
+                             f"(fingerprint {ds.fingerprint()} != {want}); start a new run instead of resuming")
+    run = _Run(cfg, folder, ds, features, resuming=True, cache=cache)
+    return run.execute()

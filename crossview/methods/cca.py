@@ -1,0 +1,303 @@
+"""Regularised canonical correlation analysis (CCA), the BITR paper's baseline (Rasiwasia et al. 2010).
+
+Closed form (METHODS.md): with centred views ``X (n, p)``, ``Y (n, q)`` and covariances
+``C_xx = X^T X / (n-1) + r_x I``, ``C_yy = Y^T Y / (n-1) + r_y I``, ``C_xy = X^T Y / (n-1)``::
+
+    T = C_xx^{-1/2} C_xy C_yy^{-1/2} = U S V^T          (thin SVD)
+    A = C_xx^{-1/2} U[:, :d],   B = C_yy^{-1/2} V[:, :d],   correlations = S[:d]
+
+so ``A^T C_xx A = B^T C_yy B = I`` and ``A^T C_xy B = diag(correlations)``. The ridge is relative:
+``r_x = reg * trace(X^T X / (n-1)) / p`` (``reg`` times the average variance), so ``reg`` means the
+same thing for any feature scale; ``reg -> 0`` gives plain CCA.
+
+Matching is by normalised correlation (Rasiwasia et al.): the cosine of the projected, centred
+features, optionally with dimension ``k`` weighted by ``corr_k ** p`` (Gong et al. 2014, ``p = 4``).
+:meth:`CCA.encode_images` / :meth:`CCA.encode_texts` return the L2-normalised weighted projections,
+so the score is their dot product.
+
+Cost: the two covariance matrices (``O(n (p^2 + q^2))``, accumulated in float32 chunks into float64),
+two symmetric eigendecompositions and one ``p x q`` SVD; 100K x (2048, 384) fits in seconds. With
+several captions per image (``pairs="captions"``) the image covariance is computed once per image,
+weighted by its caption count, instead of once per caption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from crossview.engine.events import Event, Log, Progress, Validation
+from crossview.errors import CrossViewError
+from crossview.methods import register_method
+from crossview.methods.base import Method, MethodData, check_direction
+
+__all__ = ["CCA", "CCAResult", "fit_cca", "cca_from_covariances", "covariance", "cross_covariance",
+           "cca_transform"]
+
+# Rows per chunk when accumulating X^T X (keeps float32 temporaries near 64 MB for p = 2048).
+_CHUNK_ROWS = 8192
+
+
+class CCAResult(NamedTuple):
+    """The fitted CCA: ``x_proj (p, d)``, ``y_proj (q, d)``, ``x_mean (p,)``, ``y_mean (q,)`` (float64)
+    and ``correlations (d,)``, descending."""
+
+    x_proj: np.ndarray
+    y_proj: np.ndarray
+    x_mean: np.ndarray
+    y_mean: np.ndarray
+    correlations: np.ndarray
+
+
+def covariance(X: np.ndarray, mean: np.ndarray, weights: np.ndarray | None = None,
+               chunk_rows: int = _CHUNK_ROWS) -> np.ndarray:
+    """``sum_i w_i (x_i - mean)(x_i - mean)^T``, ``(p, p) float64``, for ``X (n, p)`` and optional
+    row weights ``(n,)`` (unnormalised: divide by ``sum(w) - 1`` yourself).
+
+    Chunks are centred and multiplied in float32 (fast BLAS) and summed in float64.
+    """
+    for out in _covariance_steps(X, mean, weights, chunk_rows):
+        if isinstance(out, np.ndarray):
+            return out
+    raise AssertionError("unreachable")
+
+
+def _covariance_steps(X: np.ndarray, mean: np.ndarray, weights: np.ndarray | None,
+                      chunk_rows: int = _CHUNK_ROWS) -> Iterator[int | np.ndarray]:
+    """Generator form of :func:`covariance`: yields rows done after each chunk, then the matrix."""
+    n, p = X.shape
+    acc = np.zeros((p, p), dtype=np.float64)
+    m32 = np.asarray(mean, dtype=np.float32)
+    for start in range(0, n, chunk_rows):
+        block = np.asarray(X[start:start + chunk_rows], dtype=np.float32) - m32
+        if weights is None:
+            acc += block.T @ block
+        else:
+            w = np.asarray(weights[start:start + chunk_rows], dtype=np.float32)
+            acc += (block * w[:, None]).T @ block
+        yield min(n, start + chunk_rows)
+    yield (acc + acc.T) / 2  # exact symmetry for eigh
+
+
+def cross_covariance(X: np.ndarray, Y: np.ndarray, x_mean: np.ndarray, y_mean: np.ndarray,
+                     chunk_rows: int = _CHUNK_ROWS) -> np.ndarray:
+    """``sum_i (x_i - x_mean)(y_i - y_mean)^T``, ``(p, q) float64``, for paired rows ``X (n, p)``,
+    ``Y (n, q)``."""
+    acc = np.zeros((X.shape[1], Y.shape[1]), dtype=np.float64)
+    mx, my = np.asarray(x_mean, dtype=np.float32), np.asarray(y_mean, dtype=np.float32)
+    for start in range(0, X.shape[0], chunk_rows):
+        bx = np.asarray(X[start:start + chunk_rows], dtype=np.float32) - mx
+        by = np.asarray(Y[start:start + chunk_rows], dtype=np.float32) - my
+        acc += bx.T @ by
+    return acc
+
+
+def _inv_sqrt(C: np.ndarray, ridge: float) -> np.ndarray:
+    """``(C + ridge I)^{-1/2}`` of a symmetric PSD matrix; eigenvalues below ``1e-10 * max`` are clipped
+    (plain CCA on rank-deficient data is then the pseudo-inverse solution)."""
+    evals, evecs = np.linalg.eigh(C + ridge * np.eye(C.shape[0]))
+    floor = max(float(evals.max()), 1e-300) * 1e-10
+    inv = 1.0 / np.sqrt(np.maximum(evals, floor))
+    inv[evals < floor] = 0.0
+    return (evecs * inv) @ evecs.T
+
+
+def cca_from_covariances(Cxx: np.ndarray, Cyy: np.ndarray, Cxy: np.ndarray, n_components: int,
+                         reg: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CCA directions from covariances ``Cxx (p, p)``, ``Cyy (q, q)``, ``Cxy (p, q)`` (same normalisation).
+
+    Returns ``x_proj (p, d)``, ``y_proj (q, d)`` and ``correlations (d,)`` with
+    ``d = min(n_components, p, q)``; the ridge is ``reg`` times the average variance of each view.
+    """
+    p, q = Cxy.shape
+    if reg < 0:
+        raise CrossViewError(f"reg must be >= 0, got {reg}")
+    d = min(int(n_components), p, q)
+    rx = reg * float(np.trace(Cxx)) / p
+    ry = reg * float(np.trace(Cyy)) / q
+    Wx = _inv_sqrt(Cxx, rx)
+    Wy = _inv_sqrt(Cyy, ry)
+    T = Wx @ Cxy @ Wy
+    U, S, Vt = np.linalg.svd(T, full_matrices=False)
+    A = Wx @ U[:, :d]
+    B = Wy @ Vt[:d].T
+    # A sign convention so results are reproducible: the largest-magnitude entry of each x direction > 0.
+    signs = np.sign(A[np.argmax(np.abs(A), axis=0), np.arange(d)])
+    signs[signs == 0] = 1.0
+    return A * signs, B * signs, np.clip(S[:d], 0.0, 1.0)
+
+
+def fit_cca(X: np.ndarray, Y: np.ndarray, n_components: int, reg: float = 0.0) -> CCAResult:
+    """Regularised CCA of paired views ``X (n, p)`` and ``Y (n, q)`` (closed form, see the module docstring).
+
+    Returns a :class:`CCAResult`: ``(x_proj (p, d), y_proj (q, d), x_mean (p,), y_mean (q,),
+    correlations (d,))``; the canonical variates are ``(X - x_mean) @ x_proj`` and ``(Y - y_mean) @ y_proj``.
+    """
+    X = np.asarray(X)
+    Y = np.asarray(Y)
+    _check_views(X, Y)
+    n = X.shape[0]
+    mx = X.mean(axis=0, dtype=np.float64)
+    my = Y.mean(axis=0, dtype=np.float64)
+    Cxx = covariance(X, mx) / (n - 1)
+    Cyy = covariance(Y, my) / (n - 1)
+    Cxy = cross_covariance(X, Y, mx, my) / (n - 1)
+    A, B, corr = cca_from_covariances(Cxx, Cyy, Cxy, n_components, reg)
+    return CCAResult(A, B, mx, my, corr)
+
+
+def cca_transform(Z: np.ndarray, mean: np.ndarray, proj: np.ndarray, correlations: np.ndarray | None = None,
+                  power: float = 0.0, normalize: bool = True) -> np.ndarray:
+    """Project ``Z (n, p)`` into the canonical space: ``(Z - mean) @ proj``, dimension k times
+    ``correlations[k] ** power`` when ``power != 0``, rows L2-normalised when ``normalize``.
+    Returns ``(n, d) float32``."""
+    out = (np.asarray(Z, dtype=np.float32) - np.asarray(mean, dtype=np.float32)) @ np.asarray(proj, np.float32)
+    if power and correlations is not None:
+        out *= np.power(np.asarray(correlations, dtype=np.float32), np.float32(power))
+    if normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out /= np.maximum(norms, np.float32(1e-12))
+    return out
+
+
+def _group_sums(rows: np.ndarray, groups: np.ndarray, n_groups: int, center: Any) -> np.ndarray:
+    """``(n_groups, q) float64``: the sum of ``rows - center`` over the rows of each group
+    (``rows (n, q)``, ``groups (n,) int64``), as one sparse product."""
+    import scipy.sparse as sp
+
+    ind = sp.csr_matrix((np.ones(len(groups)), (groups, np.arange(len(groups)))),
+                        shape=(n_groups, len(groups)))
+    return np.asarray(ind @ (np.asarray(rows, dtype=np.float64) - center))
+
+
+def _check_views(X: np.ndarray, Y: np.ndarray) -> None:
+    if X.ndim != 2 or Y.ndim != 2:
+        raise CrossViewError(f"CCA needs two 2-D feature matrices, got shapes {X.shape} and {Y.shape}")
+    if X.shape[0] != Y.shape[0]:
+        raise CrossViewError(f"CCA needs paired rows: X has {X.shape[0]} rows and Y has {Y.shape[0]}")
+    if X.shape[0] < 2:
+        raise CrossViewError(f"CCA needs at least 2 training pairs, got {X.shape[0]}")
+    for name, Z in (("image", X), ("text", Y)):
+        if not np.isfinite(np.asarray(Z[: min(len(Z), 100_000)], dtype=np.float64).sum()):
+            raise CrossViewError(f"the {name} features contain NaN or infinite values; re-extract them")
+
+
+@register_method("cca")
+class CCA(Method):
+    """Regularised CCA with normalised-correlation (cosine) matching.
+
+    Parameters:
+        n_components: number of canonical directions ``d`` kept (capped at the feature dimensions).
+        reg: ridge on each view's covariance, as a fraction of its average variance (0 = plain CCA).
+        weight_power: weight canonical dimension k by ``corr_k ** weight_power`` before the cosine
+            (0 = unweighted, Rasiwasia et al.; 4 = Gong et al.).
+        pairs: ``"captions"`` (one training pair per caption, images repeated) or ``"images"``
+            (one pair per image with the mean of its caption features).
+
+    Learned: ``x_proj_ (p, d)``, ``y_proj_ (q, d)``, ``x_mean_ (p,)``, ``y_mean_ (q,)``,
+    ``correlations_ (d,)``, ``n_train_`` (pairs fitted).
+    """
+
+    iterative = False
+
+    def __init__(self, n_components: int = 256, reg: float = 0.1, weight_power: float = 4.0,
+                 pairs: str = "captions") -> None:
+        self.n_components = n_components
+        self.reg = reg
+        self.weight_power = weight_power
+        self.pairs = pairs
+
+    # ------------------------------------------------------------------ training
+    def _check_params(self) -> None:
+        if not isinstance(self.n_components, (int, np.integer)) or self.n_components < 1:
+            raise CrossViewError(f"cca: n_components must be a positive integer, got {self.n_components!r}")
+        if not np.isfinite(self.reg) or self.reg < 0:
+            raise CrossViewError(f"cca: reg must be a number >= 0 (e.g. 0.1), got {self.reg!r}")
+        if self.pairs not in ("captions", "images"):
+            raise CrossViewError(f"cca: pairs must be 'captions' or 'images', got {self.pairs!r}")
+
+    def fit_iter(self, train: MethodData, val: MethodData | None = None, *,
+                 resume: bool = False) -> Iterator[Event]:
+        """Fit the closed form on ``train`` (``resume`` is ignored: refitting is cheap), yielding
+        ``Progress`` per covariance chunk, then a ``Log`` with the top correlations and, with ``val``,
+        a ``Validation`` event with its retrieval metrics."""
+        self._check_params()
+        text = train.require_text_features("cca")
+        img = train.image_features
+        ci = train.caption_image
+        counts = np.bincount(ci, minlength=train.n_images).astype(np.float64)
+        if self.pairs == "captions":
+            weights: np.ndarray | None = counts
+            t_rows = text
+        else:
+            has = counts > 0
+            img = img[has]
+            t_rows = (_group_sums(text, ci, train.n_images, 0.0)[has] / counts[has, None]).astype(np.float32)
+            ci = np.arange(len(img))
+            weights = None
+        n = float(len(t_rows))
+        if n < 2:
+            raise CrossViewError(f"cca needs at least 2 training pairs, got {int(n)} in the "
+                                 f"{train.name or 'training'} data")
+        if not (np.isfinite(img).all() and np.isfinite(t_rows).all()):
+            raise CrossViewError("cca: the training features contain NaN or infinite values; re-extract them")
+
+        total = len(img) + len(t_rows) + 2
+        yield Progress(0, total, "cca: covariances")
+        mx = (counts @ img.astype(np.float64)) / n if weights is not None else img.mean(0, dtype=np.float64)
+        my = t_rows.mean(axis=0, dtype=np.float64)
+        # Image covariance once per image, weighted by its number of captions.
+        Cxx = None
+        for out in _covariance_steps(img, mx, weights):
+            if isinstance(out, np.ndarray):
+                Cxx = out
+            else:
+                yield Progress(out, total, "cca: image covariance")
+        Cyy = None
+        for out in _covariance_steps(t_rows, my, None):
+            if isinstance(out, np.ndarray):
+                Cyy = out
+            else:
+                yield Progress(len(img) + out, total, "cca: text covariance")
+        assert Cxx is not None and Cyy is not None
+        # Cross covariance: sum over captions of (x_img - mx)(y - my)^T = (X - mx)^T (sum of centred
+        # caption rows per image).
+        ysum = _group_sums(t_rows, ci, len(img), my)
+        Cxy = cross_covariance(img, ysum, mx, np.zeros(t_rows.shape[1]))
+        yield Progress(total - 1, total, "cca: whitening and SVD")
+        A, B, corr = cca_from_covariances(Cxx / (n - 1), Cyy / (n - 1), Cxy / (n - 1), self.n_components,
+                                          self.reg)
+        self.x_proj_, self.y_proj_, self.correlations_ = A, B, corr
+        self.x_mean_, self.y_mean_ = mx, my
+        self.n_train_ = int(n)
+        yield Progress(total, total, "cca: done")
+        top = ", ".join(f"{c:.3f}" for c in corr[:5])
+        yield Log(f"cca: {len(corr)} directions from {int(n)} pairs; top correlations {top}")
+        if val is not None and val.text_features is not None:
+            res = self.evaluate(val)
+            yield Validation(0, {"i2t": res["i2t"], "t2i": res["t2i"], "rsum": res["rsum"]})
+
+    # ------------------------------------------------------------------ inference
+    def encode_images(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        """``(n_images, d) float32``: centred image features projected, weighted, L2-normalised."""
+        check_direction(direction)
+        self.check_is_fitted()
+        self._check_dim(data.image_features, self.x_proj_, "image")
+        return cca_transform(data.image_features, self.x_mean_, self.x_proj_, self.correlations_,
+                             self.weight_power)
+
+    def encode_texts(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        """``(n_captions, d) float32``: centred caption features projected, weighted, L2-normalised."""
+        check_direction(direction)
+        self.check_is_fitted()
+        text = data.require_text_features("cca")
+        self._check_dim(text, self.y_proj_, "text")
+        return cca_transform(text, self.y_mean_, self.y_proj_, self.correlations_, self.weight_power)
+
+    @staticmethod
+    def _check_dim(Z: np.ndarray, proj: np.ndarray, what: str) -> None:
+        if Z.shape[1] != proj.shape[0]:
+            raise CrossViewError(f"cca was fitted on {proj.shape[0]}-d {what} features but got "
+                                 f"{Z.shape[1]}-d ones; use the same {what} encoder as for training")
