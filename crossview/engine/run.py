@@ -43,7 +43,7 @@ from crossview.engine.io import (EventLog, atomic_write_json, atomic_writer, loa
                                  save_checkpoint)
 from crossview.errors import Cancelled, CrossViewError
 
-__all__ = ["train", "resume", "RunConfig", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
+__all__ = ["train", "resume", "RunConfig", "RunIterator", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
            "SUMMARY", "STATUS", "default_run_dir", "read_summary", "read_status"]
 
 CONFIG = "config.json"
@@ -453,6 +453,27 @@ class _Run:
         }
 
 
+class RunIterator:
+    """The events of a run (what :func:`train` and :func:`resume` return): iterate it to drive the run,
+    ``close()`` it (or stop iterating and drop it) to cancel. ``run_dir`` is the run's folder."""
+
+    def __init__(self, gen: Iterator[Event], run_dir: Path) -> None:
+        self._gen = gen
+        self.run_dir = run_dir
+
+    def __iter__(self) -> "RunIterator":
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Cancel: the run stops at the current event, checkpoints and records ``"cancelled"``."""
+        close = getattr(self._gen, "close", None)
+        if close is not None:
+            close()
+
+
 def _load(data: Any, data_format: str | None, image_root: str | None) -> tuple[Any, str | None]:
     """``(dataset, source)``: a PairedDataset passed in, or one loaded from a path / ``"demo"``."""
     from crossview.data.dataset import PairedDataset
@@ -471,7 +492,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           params: dict[str, Any] | None = None, split: str = "test", train_split: str = "train",
           val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
           data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
-          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None) -> Iterator[Event]:
+          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -495,11 +516,11 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     if folder.exists() and not folder.is_dir():
         raise CrossViewError(f"{folder} is a file; give a folder for --run-dir")
     run = _Run(cfg, folder, ds, features, resuming=False, cache=cache)
-    return run.execute()
+    return RunIterator(run.execute(), folder)
 
 
 def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, device: str | None = None,
-           cache: Any = None) -> Iterator[Event]:
+           cache: Any = None) -> RunIterator:
     """Continue the run in ``run_dir`` from its last checkpoint, yielding events like :func:`train`.
 
     Iterative methods continue from their saved state; closed-form ones refit. The dataset is loaded
@@ -523,7 +544,7 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         def done() -> Iterator[Event]:
             yield Log(f"{folder} has already finished; nothing to resume")
             yield Finished(summary)
-        return done()
+        return RunIterator(done(), folder)
     if data is None:
         if not cfg.data:
             raise CrossViewError(f"{folder}: this run was trained on an in-memory dataset with no source file; "
@@ -535,4 +556,4 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         raise CrossViewError(f"{folder}: the dataset {cfg.data or ds.name!r} has changed since the run started "
                              f"(fingerprint {ds.fingerprint()} != {want}); start a new run instead of resuming")
     run = _Run(cfg, folder, ds, features, resuming=True, cache=cache)
-    return run.execute()
+    return RunIterator(run.execute(), folder)

@@ -3,8 +3,8 @@
 Closed form (METHODS.md): with centred views ``X (n, p)``, ``Y (n, q)`` and covariances
 ``C_xx = X^T X / (n-1) + r_x I``, ``C_yy = Y^T Y / (n-1) + r_y I``, ``C_xy = X^T Y / (n-1)``::
 
-    T = C_xx^{-1/2} C_xy C_yy^{-1/2} = U S V^T          (thin SVD)
-    A = C_xx^{-1/2} U[:, :d],   B = C_yy^{-1/2} V[:, :d],   correlations = S[:d]
+    T = W_x C_xy W_y^T = U S V^T                     (thin SVD; W = C^{-1/2} or L^{-1}, C = L L^T)
+    A = W_x^T U[:, :d],   B = W_y^T V[:, :d],   correlations = S[:d]
 
 so ``A^T C_xx A = B^T C_yy B = I`` and ``A^T C_xy B = diag(correlations)``. The ridge is relative:
 ``r_x = reg * trace(X^T X / (n-1)) / p`` (``reg`` times the average variance), so ``reg`` means the
@@ -16,7 +16,9 @@ features, optionally with dimension ``k`` weighted by ``corr_k ** p`` (Gong et a
 so the score is their dot product.
 
 Cost: the two covariance matrices (``O(n (p^2 + q^2))``, accumulated in float32 chunks into float64),
-two symmetric eigendecompositions and one ``p x q`` SVD; 100K x (2048, 384) fits in seconds. With
+two Cholesky factorisations (whitening by ``L^{-1}`` gives the same directions as ``C^{-1/2}``; the
+eigendecomposition route is kept for singular covariances) and one ``p x q`` SVD; 100K x (2048, 384)
+fits in seconds. With
 several captions per image (``pairs="captions"``) the image covariance is computed once per image,
 weighted by its caption count, instead of once per caption.
 """
@@ -104,6 +106,22 @@ def _inv_sqrt(C: np.ndarray, ridge: float) -> np.ndarray:
     return (evecs * inv) @ evecs.T
 
 
+def _cholesky(C: np.ndarray, ridge: float) -> np.ndarray | None:
+    """Lower Cholesky factor of ``C + ridge I``, or None when it is not safely positive definite."""
+    from scipy.linalg import LinAlgError, cholesky
+
+    M = C + ridge * np.eye(C.shape[0])
+    try:
+        L = cholesky(M, lower=True, check_finite=False)
+    except LinAlgError:
+        return None
+    diag = np.abs(np.diag(L))
+    # A nearly singular factor would amplify noise directions; leave those to the eigen route.
+    if diag.min() <= 1e-7 * diag.max():
+        return None
+    return L
+
+
 def cca_from_covariances(Cxx: np.ndarray, Cyy: np.ndarray, Cxy: np.ndarray, n_components: int,
                          reg: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CCA directions from covariances ``Cxx (p, p)``, ``Cyy (q, q)``, ``Cxy (p, q)`` (same normalisation).
@@ -117,12 +135,24 @@ def cca_from_covariances(Cxx: np.ndarray, Cyy: np.ndarray, Cxy: np.ndarray, n_co
     d = min(int(n_components), p, q)
     rx = reg * float(np.trace(Cxx)) / p
     ry = reg * float(np.trace(Cyy)) / q
-    Wx = _inv_sqrt(Cxx, rx)
-    Wy = _inv_sqrt(Cyy, ry)
-    T = Wx @ Cxy @ Wy
-    U, S, Vt = np.linalg.svd(T, full_matrices=False)
-    A = Wx @ U[:, :d]
-    B = Wy @ Vt[:d].T
+    chol = _cholesky(Cxx, rx), _cholesky(Cyy, ry)
+    if chol[0] is not None and chol[1] is not None:
+        # Whitening by the Cholesky factor (C = L L^T, W = L^{-1}) instead of C^{-1/2}: any whitening
+        # gives the same canonical directions, and a Cholesky factorisation is ~50x cheaper than eigh.
+        from scipy.linalg import solve_triangular
+
+        Lx, Ly = chol
+        M = solve_triangular(Lx, Cxy, lower=True)                   # Lx^{-1} Cxy          (p, q)
+        T = solve_triangular(Ly, M.T, lower=True).T                 # Lx^{-1} Cxy Ly^{-T}  (p, q)
+        U, S, Vt = np.linalg.svd(T, full_matrices=False)
+        A = solve_triangular(Lx.T, U[:, :d], lower=False)           # Lx^{-T} U
+        B = solve_triangular(Ly.T, Vt[:d].T, lower=False)
+    else:  # singular covariance (reg = 0 on rank-deficient data): pseudo-inverse square roots
+        Wx = _inv_sqrt(Cxx, rx)
+        Wy = _inv_sqrt(Cyy, ry)
+        U, S, Vt = np.linalg.svd(Wx @ Cxy @ Wy, full_matrices=False)
+        A = Wx @ U[:, :d]
+        B = Wy @ Vt[:d].T
     # A sign convention so results are reproducible: the largest-magnitude entry of each x direction > 0.
     signs = np.sign(A[np.argmax(np.abs(A), axis=0), np.arange(d)])
     signs[signs == 0] = 1.0

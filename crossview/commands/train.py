@@ -1,0 +1,230 @@
+"""``crossview train``: train a method in a run folder, print its progress and the final metric table.
+
+::
+
+    crossview train cca --data demo --run-dir runs/cca-demo --set n_components=128 --set reg=0.05
+    crossview train --resume runs/cca-demo        # continue an interrupted run
+    crossview train --list                        # the registered methods and their cards
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.errors import CrossViewError
+
+__all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
+
+
+def _card_flags() -> dict[str, list[tuple[str, Any]]]:
+    """``{--flag: [(method, ParamSpec), ...]}`` for the card parameters that ask for their own option."""
+    from crossview.methods.cards import find_card, list_cards
+
+    flags: dict[str, list[tuple[str, Any]]] = {}
+    for name in list_cards():
+        try:
+            card = find_card(name)
+        except CrossViewError:
+            continue  # a broken card is reported when that method is used, not for every command
+        if card is None:
+            continue
+        for spec in card.params.values():
+            if spec.flag:
+                flags.setdefault(spec.flag, []).append((name, spec))
+    return flags
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``train`` command to the ``crossview`` parser."""
+    p = sub.add_parser(
+        "train", help="train a retrieval method in a run folder",
+        description="Train METHOD on a dataset: features are extracted (and cached), the method is fitted on "
+                    "the train split (val for early stopping), evaluated on --split, and the run folder gets "
+                    "config.json, metrics.jsonl, checkpoint.pt, ranks.npz and summary.json. Ctrl-C cancels "
+                    "cleanly (checkpoint kept); --resume continues.",
+        epilog="Method parameters: --set NAME=VALUE (repeatable), typed by the method's card in models/ "
+               "(lists: comma-separated). 'crossview train --list' shows the methods.")
+    p.add_argument("method", nargs="?", metavar="METHOD", help="method name (see --list)")
+    p.add_argument("--list", action="store_true", help="list the registered methods and exit")
+    p.add_argument("--data", default="demo", metavar="PATH|demo", help="dataset (default: the built-in demo)")
+    _add_dataset_args(p)
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="run folder (default: <user data>/runs/<method>-<dataset>-<timestamp>)")
+    p.add_argument("--split", default="test", help="split to evaluate on (default: test)")
+    p.add_argument("--train-split", default="train", help="split to train on (default: train)")
+    p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
+    p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
+    p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
+    p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a method parameter (repeatable)")
+    p.add_argument("--checkpoint-seconds", type=float, default=60.0,
+                   help="write a checkpoint at least this often while training (default 60)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    for flag, owners in sorted(_card_flags().items()):
+        spec = owners[0][1]
+        who = ", ".join(m for m, _ in owners)
+        p.add_argument(flag, dest=f"card_flag:{flag}", metavar="VALUE", default=None,
+                       help=f"{spec.help} ({who}: sets {spec.name}; default {spec.default!r})")
+    p.set_defaults(func=cmd_train)
+
+
+def parse_set_values(method: str, items: list[str]) -> dict[str, Any]:
+    """``["reg=0.1", "pairs=images"]`` -> ``{"reg": 0.1, "pairs": "images"}``, typed by the card of
+    ``method`` (or by the class default when the card does not list the parameter)."""
+    from crossview.methods import method_class
+    from crossview.methods.cards import ParamSpec, _infer_type, find_card
+
+    cls = method_class(method)
+    card = find_card(method)
+    defaults = cls.default_params()
+    valid = cls.param_names()
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise CrossViewError(f"--set {item!r}: write NAME=VALUE, e.g. --set {valid[0] if valid else 'name'}=...")
+        name, value = (s.strip() for s in item.split("=", 1))
+        name = name.replace("-", "_")
+        if name not in valid:
+            raise CrossViewError(f"--set {item!r}: method {method!r} has no parameter {name!r}; "
+                                 f"its parameters are: {', '.join(valid)}")
+        spec = card.params.get(name) if card is not None else None
+        if spec is None:
+            default = defaults.get(name)
+            spec = ParamSpec(name=name, default=default,
+                             type=_infer_type(default) if default is not None else "str", optional=default is None)
+        out[name] = spec.coerce(value, method)
+    return out
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.1f}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def format_metric_table(summary: dict[str, Any]) -> str:
+    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i, then rsum and the training time."""
+    cols = ("R@1", "R@5", "R@10", "MedR", "MeanR")
+    lines = [f"{summary.get('method', '?')} on {summary.get('dataset', '?')}, split {summary.get('split', '?')}"
+             + (f" ({summary['n_images']} images, {summary['n_captions']} captions)" if "n_images" in summary else ""),
+             f"{'':6}" + "".join(f"{c:>8}" for c in cols)]
+    for d in ("i2t", "t2i"):
+        row = summary.get(d) or {}
+        lines.append(f"{d:6}" + "".join(f"{_fmt(row[c]):>8}" if c in row else f"{'-':>8}" for c in cols))
+    lines.append(f"rsum {summary.get('rsum', float('nan')):.1f}   train {summary.get('train_seconds', 0):.1f} s")
+    return "\n".join(lines)
+
+
+class _EventPrinter:
+    """Turns events into a progress bar per stage and log lines on ``stream`` (stderr)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.stage: str | None = None
+        self.bar: ProgressPrinter | None = None
+
+    def __call__(self, ev: Any) -> None:
+        from crossview.engine.events import CheckpointSaved, Log, Loss, Progress, Validation
+
+        if isinstance(ev, Progress):
+            stage = ev.message.split(":")[0] if ev.message else "training"
+            if stage != self.stage or self.bar is None:
+                self.stage, self.bar = stage, ProgressPrinter(stage, self.stream)
+            if ev.total:
+                self.bar(min(ev.step, ev.total), ev.total)
+        elif isinstance(ev, Log):
+            if ev.level != "debug":
+                self._line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
+        elif isinstance(ev, Validation):
+            m = ev.metrics
+            if "rsum" in m and isinstance(m.get("i2t"), dict):
+                self._line(f"validation {ev.epoch}: rsum {m['rsum']:.1f}  i2t R@1 {m['i2t']['R@1']:.1f}  "
+                           f"t2i R@1 {m['t2i']['R@1']:.1f}")
+            else:
+                self._line(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                                 for k, v in m.items()))
+        elif isinstance(ev, Loss) and not self._tty():
+            pass  # losses go to metrics.jsonl; a terminal shows the bar
+        elif isinstance(ev, CheckpointSaved):
+            pass
+
+    def _tty(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _line(self, text: str) -> None:
+        if self._tty() and self.bar is not None and self.bar._last not in (-1, 100):
+            self.stream.write("\n")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _list_methods() -> int:
+    from crossview.methods import list_methods
+    from crossview.methods.cards import find_card
+
+    for name in list_methods():
+        try:
+            card = find_card(name)
+            desc = f"{card.title}: {card.summary}" if card else "(no card in models/)"
+        except CrossViewError as e:
+            desc = f"(card unreadable: {e})"
+        print(f"{name:<10} {desc}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run (or resume) a training run and print the metric table."""
+    import json
+
+    from crossview.engine.events import Finished
+    from crossview.engine.run import read_status, resume, train
+
+    if args.list:
+        return _list_methods()
+    flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
+                   if k.startswith("card_flag:") and v is not None}
+    if args.resume:
+        if args.method or args.set_values or flag_values:
+            raise CrossViewError("--resume continues a run with its own method and parameters; "
+                                 "leave out METHOD, --set and method options")
+        gen = resume(args.resume, device=None if args.device == "auto" else args.device)
+    else:
+        if not args.method:
+            raise CrossViewError("name a METHOD to train (see 'crossview train --list'), or --resume DIR")
+        params = parse_set_values(args.method, args.set_values)
+        if flag_values:
+            from crossview.methods.cards import find_card
+            card = find_card(args.method)
+            for flag, value in flag_values.items():
+                spec = next((p for p in (card.params.values() if card else []) if p.flag == flag), None)
+                if spec is None:
+                    raise CrossViewError(f"{flag} is not an option of method {args.method!r}")
+                params[spec.name] = spec.coerce(value, args.method)
+        gen = train(args.method, args.data, run_dir=args.run_dir, params=params, split=args.split,
+                    train_split=args.train_split, val_split=args.val_split or None,
+                    image_encoder=args.image_encoder, text_encoder=args.text_encoder,
+                    data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
+                    checkpoint_seconds=args.checkpoint_seconds)
+    printer = _EventPrinter()
+    summary = None
+    try:
+        for ev in gen:
+            printer(ev)
+            if isinstance(ev, Finished):
+                summary = ev.summary
+    except KeyboardInterrupt:
+        gen.close()  # the engine writes the checkpoint and status "cancelled"
+        print(f"\ncrossview: cancelled; continue with: crossview train --resume {gen.run_dir}", file=sys.stderr)
+        return 130
+    if summary is None:  # pragma: no cover - the engine always ends with Finished or raises
+        raise CrossViewError("the run ended without a summary")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_metric_table(summary))
+        print(f"run folder: {gen.run_dir}")
+    return 0 if read_status(gen.run_dir).get("status") == "finished" else 1

@@ -1,0 +1,104 @@
+"""Small deterministic data and a tiny iterative method for the engine tests (imported by child
+processes too, so it must not depend on pytest)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from crossview.data.dataset import PairedDataset
+from crossview.engine.events import Event, Loss, Progress, Validation
+from crossview.methods import register_method
+from crossview.methods.base import Method, MethodData
+
+N_CLASSES = 8
+_FILLER = [f"filler{j}" for j in range(12)]
+
+
+def make_toy_dataset(n_images: int = 160, caps_per_image: int = 2, seed: int = 0) -> PairedDataset:
+    """Images of ``N_CLASSES`` latent classes (16-d features: class mean + noise) with captions that
+    name the class among filler words; splits train / val / test = 60% / 20% / 20%."""
+    rng = np.random.default_rng(seed)
+    classes = np.arange(n_images) % N_CLASSES
+    means = rng.normal(size=(N_CLASSES, 16)) * 2.0
+    image = (means[classes] + rng.normal(size=(n_images, 16))).astype(np.float32)
+    captions, caption_image = [], []
+    for i, k in enumerate(classes):
+        for _ in range(caps_per_image):
+            words = [f"class{k}", f"shape{k}"] + list(rng.choice(_FILLER, size=3))
+            rng.shuffle(words)
+            captions.append(" ".join(words))
+            caption_image.append(i)
+    n_tr, n_va = int(0.6 * n_images), int(0.2 * n_images)
+    splits = {"train": np.arange(n_tr), "val": np.arange(n_tr, n_tr + n_va),
+              "test": np.arange(n_tr + n_va, n_images)}
+    return PairedDataset(name="toy", captions=captions, caption_image=np.array(caption_image), image_features=image,
+                         labels=classes, splits=splits, format="toy")
+
+
+def toy_text_features(ds: PairedDataset) -> np.ndarray:
+    """``(n_captions, vocab) float32`` bag-of-words counts of the toy captions, computed by hand."""
+    vocab = sorted({w for c in ds.captions for w in c.split()})
+    index = {w: j for j, w in enumerate(vocab)}
+    out = np.zeros((ds.n_captions, len(vocab)), dtype=np.float32)
+    for r, c in enumerate(ds.captions):
+        for w in c.split():
+            out[r, index[w]] += 1
+    return out
+
+
+def toy_features(ds: PairedDataset) -> tuple[np.ndarray, np.ndarray]:
+    """``(image, text)`` features of the whole toy dataset, for ``train(..., features=...)``."""
+    assert ds.image_features is not None
+    return np.asarray(ds.image_features), toy_text_features(ds)
+
+
+@register_method("toy_iterative")
+class ToyIterative(Method):
+    """Least-squares map ``W (p, q)`` from image to caption features by mini-batch gradient descent.
+
+    Deterministic per (seed, epoch), so a resumed run ends with exactly the uninterrupted run's ``W_``.
+    Yields ``Progress`` + ``Loss`` per batch and ``Validation`` per epoch. ``ballast_mb`` adds a dead
+    array of that size to the state to make checkpoints large (the SIGKILL test).
+    """
+
+    iterative = True
+
+    def __init__(self, epochs: int = 4, batch_size: int = 32, lr: float = 0.01, seed: int = 0,
+                 ballast_mb: float = 0.0) -> None:
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.seed = seed
+        self.ballast_mb = ballast_mb
+
+    def fit_iter(self, train: MethodData, val: MethodData | None = None, *,
+                 resume: bool = False) -> Iterator[Event]:
+        X, Y = train.caption_pairs()
+        if not (resume and hasattr(self, "W_")):
+            self.W_ = np.zeros((X.shape[1], Y.shape[1]))
+            self.epoch_ = 0
+            self.batches_done_ = 0
+            self.ballast_ = np.zeros(int(self.ballast_mb * 2**20 / 8))
+        n_batches = -(-len(X) // self.batch_size)
+        while self.epoch_ < self.epochs:
+            order = np.random.default_rng([self.seed, self.epoch_]).permutation(len(X))
+            # Mid-epoch resume: skip the batches of this epoch that were done before the checkpoint.
+            for b in range(self.batches_done_ - self.epoch_ * n_batches, n_batches):
+                idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+                err = X[idx] @ self.W_ - Y[idx]
+                self.W_ = self.W_ - self.lr * X[idx].T @ err / len(idx)
+                self.batches_done_ += 1
+                step = self.epoch_ * n_batches + b + 1
+                yield Progress(step, self.epochs * n_batches, f"epoch {self.epoch_ + 1}/{self.epochs}")
+                yield Loss(step, self.epoch_, {"mse": float((err ** 2).mean())})
+            self.epoch_ += 1
+            yield Validation(self.epoch_, {"epoch_done": self.epoch_})
+
+    def encode_images(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        self.check_is_fitted()
+        return (data.image_features @ self.W_).astype(np.float32)
+
+    def encode_texts(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        return data.require_text_features("toy_iterative").astype(np.float32)

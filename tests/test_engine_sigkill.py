@@ -1,0 +1,108 @@
+"""A run killed with SIGKILL while it writes a checkpoint keeps the previous checkpoint, and resumes from it.
+
+The child process trains the toy iterative method with a large state (a 24 MB checkpoint). Its
+checkpoint writer is slowed down from the second checkpoint on: half of the bytes go to the temp file,
+then it announces itself and waits. The parent kills it with SIGKILL at that moment, for real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _engine_helpers as H
+from crossview.engine import io as eio
+from crossview.engine.events import Finished, Loss
+from crossview.engine.run import read_status, resume
+from crossview.methods.base import MethodData
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, sys.argv[2])
+    import _engine_helpers as H
+    import crossview.engine.io as eio
+    from crossview.engine import train
+    from crossview.engine.events import CheckpointSaved
+
+    saves = 0
+    real_write = eio._write_payload
+
+    def slow_write(f, data):
+        global saves
+        saves += 1
+        if saves >= 2:
+            half = len(data) // 2
+            f.write(data[:half])
+            f.flush()
+            os.fsync(f.fileno())
+            print("WRITING", os.fstat(f.fileno()).st_size, flush=True)
+            time.sleep(120)
+        real_write(f, data)
+
+    eio._write_payload = slow_write
+    ds = H.make_toy_dataset()
+    for ev in train("toy_iterative", ds, run_dir=sys.argv[1], features=H.toy_features(ds), device="cpu",
+                    params={"epochs": 3, "ballast_mb": 24}, checkpoint_seconds=1e9):
+        if isinstance(ev, CheckpointSaved):
+            print("SAVED", ev.step, flush=True)
+""")
+
+
+def test_sigkill_mid_checkpoint_keeps_the_previous_one(tmp_path):
+    run_dir = tmp_path / "run"
+    tests_dir = Path(__file__).resolve().parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir), str(tests_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+            if line.startswith("WRITING"):
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None and not any(x.startswith("WRITING") for x in lines):
+            proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, (lines, proc.stderr.read()[-2000:])
+    saved = [x for x in lines if x.startswith("SAVED")]
+    assert len(saved) == 1, lines                      # epoch 1's checkpoint was complete
+    step_of_first = int(saved[0].split()[1])
+    partial_size = int(lines[-1].split()[1])
+
+    # The half-written temp file is there, the checkpoint is the previous one and loads.
+    temps = list(run_dir.glob(".checkpoint.pt.*.tmp"))
+    assert len(temps) == 1 and temps[0].stat().st_size == partial_size > 10 * 2**20
+    ckpt = eio.load_checkpoint(run_dir / "checkpoint.pt")
+    assert ckpt["events"] == step_of_first
+    assert ckpt["method_state"]["state"]["epoch_"] == 1
+    assert ckpt["method_state"]["state"]["ballast_"].nbytes == 24 * 2**20
+    assert read_status(run_dir)["status"] == "running"    # it never got to say otherwise
+
+    # Resume continues from epoch 1 and ends like an uninterrupted run.
+    ds = H.make_toy_dataset()
+    feats = H.toy_features(ds)
+    events = list(resume(run_dir, data=ds, features=feats))
+    assert isinstance(events[-1], Finished)
+    losses = [e for e in events if isinstance(e, Loss)]
+    assert losses[0].epoch == 1
+    assert not list(run_dir.glob(".checkpoint.pt.*.tmp"))
+    final = eio.load_checkpoint(run_dir / "checkpoint.pt")["method_state"]["state"]
+
+    ref = H.ToyIterative(epochs=3).fit(MethodData.from_features(ds, feats[0], feats[1], "train"))
+    np.testing.assert_allclose(final["W_"], ref.W_, rtol=1e-12)
