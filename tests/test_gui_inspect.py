@@ -49,7 +49,7 @@ def test_single_run_worst_queries_first_and_open_query(qtbot, tmp_path: Path) ->
     panel = InspectPanel()
     qtbot.addWidget(panel)
     panel.set_run(a)
-    assert panel.metrics.columnCount() == 2 and panel.metrics.item(0, 0).text() == "25.00"  # i2t R@1
+    assert panel.metrics.columnCount() == 4 and panel.metrics.item(0, 0).text() == "25.00"  # i2t R@1 | paper
     assert panel.queries.rowCount() == 4 and panel.queries.item(0, 1).text() == "30"          # worst first
     with qtbot.waitSignal(panel.open_query) as sig:
         panel.queries.itemActivated.emit(panel.queries.item(0, 0))
@@ -96,3 +96,18 @@ def test_runs_on_different_splits_say_so(qtbot, tmp_path: Path) -> None:
     panel.set_run(a)
     panel.set_compare(b)
     assert "Cannot compare" in panel.compare_label.text() and "different query sets" in panel.compare_label.text()
+
+
+def test_paper_numbers_from_the_card_sit_beside_the_run(qtbot, tmp_path: Path) -> None:
+    a = load_run_results(_run(tmp_path, "a", [1, 2, 30, 4], [4, 1, 1, 9], method="cca"))
+    assert a.paper and any("Table 7" in s for s in a.paper_settings())
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_run(a)
+    label = next(s for s in a.paper_settings() if "Table 7" in s and "Pascal" in s)
+    panel.paper_combo.setCurrentIndex(panel.paper_combo.findData(label))
+    headers = [panel.metrics.horizontalHeaderItem(j).text() for j in range(panel.metrics.columnCount())]
+    assert headers == ["i2t", "i2t  paper", "t2i", "t2i  paper"]
+    rows = [panel.metrics.verticalHeaderItem(i).text() for i in range(panel.metrics.rowCount())]
+    r50 = rows.index("R@50")
+    assert panel.metrics.item(r50, 1).text() == "72.80" and panel.metrics.item(r50, 0).text() == "-"

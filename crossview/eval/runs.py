@@ -33,7 +33,24 @@ class RunResults:
     summary: dict[str, Any]
     ranks: dict[str, np.ndarray]
     queries: dict[str, np.ndarray] = field(default_factory=dict)
-    paper: dict[str, Any] = field(default_factory=dict)
+    paper: list[dict[str, Any]] = field(default_factory=list)
+
+    def paper_settings(self) -> list[str]:
+        """Distinct ``"<table>: <dataset> - <setting>"`` labels of the card's paper numbers."""
+        seen: list[str] = []
+        for e in self.paper:
+            label = f"{e.get('table', '')}: {e.get('dataset', '')} - {e.get('setting', '')}"
+            if label not in seen:
+                seen.append(label)
+        return seen
+
+    def paper_metrics(self, label: str, direction: str) -> dict[str, float]:
+        """The paper's metrics of one setting (a :meth:`paper_settings` label) and direction."""
+        for e in self.paper:
+            if f"{e.get('table', '')}: {e.get('dataset', '')} - {e.get('setting', '')}" == label and \
+                    e.get("direction") == direction:
+                return dict(e.get("metrics", {}))
+        return {}
 
     @property
     def method(self) -> str:
@@ -75,12 +92,13 @@ def load_run_results(run_dir: str | Path) -> RunResults:
                         queries[d] = np.asarray(z[qk], dtype=np.int64)
         except (OSError, ValueError) as e:
             raise CrossViewError(f"{ranks_path}: unreadable ({e})") from e
-    paper: dict[str, Any] = {}
+    paper: list[dict[str, Any]] = []
     try:
         from crossview.methods import cards
-        card = cards.load_card(str(summary.get("method", "")).split("-")[0])
-        paper = dict(card.get("paper_results", {})) if card else {}
-    except Exception:  # noqa: BLE001 - cards are optional decoration here
-        paper = {}
+        path = cards.card_path(str(summary.get("method", "")))
+        if path.is_file():
+            paper = list(cards.parse_card(path).paper_results)
+    except CrossViewError:
+        paper = []   # a broken card must not hide the run's own results
     name = str(summary.get("name") or run_dir.name)
     return RunResults(name=name, path=run_dir, summary=summary, ranks=ranks, queries=queries, paper=paper)

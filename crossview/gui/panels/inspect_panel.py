@@ -61,6 +61,9 @@ class InspectPanel(QWidget):
         self.compare_combo = QComboBox()
         self.compare_combo.setToolTip("Compare with another run evaluated on the same split")
         self.compare_combo.currentIndexChanged.connect(self._on_compare_choice)
+        self.paper_combo = QComboBox()
+        self.paper_combo.setToolTip("The paper's reported numbers shown beside this run (from the method's card)")
+        self.paper_combo.currentIndexChanged.connect(self._on_paper_choice)
         self.direction_combo = QComboBox()
         for d, label in DIRECTION_NAMES.items():
             self.direction_combo.addItem(label, d)
@@ -109,6 +112,8 @@ class InspectPanel(QWidget):
         bar = QHBoxLayout()
         bar.addWidget(QLabel("Compare with:"))
         bar.addWidget(self.compare_combo, 1)
+        bar.addWidget(QLabel("Paper:"))
+        bar.addWidget(self.paper_combo, 1)
         bar.addWidget(QLabel("Queries:"))
         bar.addWidget(self.direction_combo)
         bar.addWidget(self.export_table_button)
@@ -194,23 +199,38 @@ class InspectPanel(QWidget):
         if s.get("train_seconds") is not None:
             bits.append(f"trained in {float(s['train_seconds']):.1f} s")
         self.title.setText(" &nbsp; ".join(bits))
+        self.paper_combo.blockSignals(True)
+        self.paper_combo.clear()
+        self.paper_combo.addItem("(none)", None)
+        for label in a.paper_settings():
+            self.paper_combo.addItem(label, label)
+        if self.paper_combo.count() > 1:
+            self.paper_combo.setCurrentIndex(self.paper_combo.count() - 1)   # the cards list the modern setting last
+        self.paper_combo.blockSignals(False)
         self._fill_metrics()
         self._draw_histograms()
         self._refresh_queries()
+
+    def _on_paper_choice(self) -> None:
+        if self.run_a is not None:
+            self._fill_metrics()
 
     def _fill_metrics(self) -> None:
         a, b = self.run_a, self.run_b
         assert a is not None
         rows = a.metric_rows()
+        label = self.paper_combo.currentData()
+        papers = {d: a.paper_metrics(label, d) for d in ("i2t", "t2i")} if label else {}
+        for d in papers:
+            rows += [k for k in papers[d] if k not in rows]
         extra = [k for k in ("rsum",) if k in a.summary]
         cols: list[tuple[str, RunResults | dict, str]] = []
         for d in ("i2t", "t2i"):
             cols.append((f"{d}  {a.name}" if b else d, a, d))
             if b is not None:
                 cols.append((f"{d}  {b.name}", b, d))
-            paper = a.paper.get(d) if isinstance(a.paper, dict) else None
-            if isinstance(paper, dict) and paper:
-                cols.append((f"{d}  paper", paper, d))
+            if papers.get(d):
+                cols.append((f"{d}  paper", papers[d], d))
         self.metrics.clear()
         self.metrics.setColumnCount(len(cols))
         self.metrics.setRowCount(len(rows) + len(extra))
@@ -231,8 +251,7 @@ class InspectPanel(QWidget):
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.metrics.setItem(i, j, item)
         self.metrics.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        if isinstance(a.paper, dict) and a.paper.get("setting"):
-            self.metrics.setToolTip(f"Paper: {a.paper.get('setting')}")
+        self.metrics.setToolTip(f"Paper: {label}" if label else "")
 
     def _draw_histograms(self) -> None:
         for d, plot in self.hist_plots.items():
