@@ -1,0 +1,227 @@
+"""The method registry, the Method base class, MethodData, events and method cards."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from crossview.engine.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
+                                     event_from_dict)
+from crossview.errors import CrossViewError
+from crossview.methods import (METHOD_MODULES, Method, MethodData, create_method, list_methods, method_card,
+                               method_class, register_method)
+from crossview.methods.cards import coerce_param, list_cards, parse_card
+
+
+# ---------------------------------------------------------------------------- registry
+def test_registry_lists_and_creates_methods():
+    names = list_methods()
+    assert names[0] == "cca" and len(set(names)) == len(names)
+    assert set(n for n in names if n in METHOD_MODULES) <= set(METHOD_MODULES)
+    m = create_method("cca", reg=0.5)
+    assert type(m) is method_class("cca") and m.name == "cca" and m.reg == 0.5
+    assert type(m).__module__ == "crossview.methods.cca"      # registry name == module name
+
+
+def test_unknown_names_list_the_known_methods():
+    for call in (lambda: create_method("vse"), lambda: method_class("vse"), lambda: method_card("vse")):
+        with pytest.raises(CrossViewError, match=r"unknown method 'vse'; known methods: cca"):
+            call()
+    with pytest.raises(CrossViewError, match=r"no parameter 'alpha'; its parameters are: n_components, reg"):
+        create_method("cca", alpha=1)
+
+
+def test_listing_methods_imports_neither_torch_nor_the_method_modules():
+    code = textwrap.dedent("""
+        import sys
+        from crossview.methods import list_methods
+        names = list_methods()
+        assert "cca" in names, names
+        assert "torch" not in sys.modules, "torch imported"
+        assert "crossview.methods.cca" not in sys.modules, "method module imported"
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_register_method_checks_its_target():
+    with pytest.raises(TypeError, match="Method subclass"):
+        register_method("x_not_a_method")(dict)
+
+    @register_method("x_test_dummy")
+    class Dummy(Method):
+        def __init__(self, a: int = 1) -> None:
+            self.a = a
+
+    assert "x_test_dummy" in list_methods() and method_class("x_test_dummy") is Dummy
+    with pytest.raises(ValueError, match="already registered"):
+        @register_method("x_test_dummy")
+        class Other(Method):
+            pass
+
+
+# ---------------------------------------------------------------------------- params and state
+def test_params_round_trip():
+    m = create_method("cca", n_components=12, weight_power=0.0)
+    params = m.get_params()
+    assert params == {"n_components": 12, "reg": 0.1, "weight_power": 0.0, "pairs": "captions"}
+    clone = create_method("cca", **params)
+    assert clone.get_params() == params
+    assert clone.set_params(reg=0.2) is clone and clone.reg == 0.2
+    with pytest.raises(CrossViewError, match="no parameter 'nope'"):
+        clone.set_params(nope=1)
+    assert repr(create_method("cca", reg=0.2)) == "CCA(reg=0.2)"
+    assert method_class("cca").default_params() == {"n_components": 256, "reg": 0.1, "weight_power": 4.0,
+                                                     "pairs": "captions"}
+    assert not create_method("cca").is_fitted
+
+
+def test_state_dict_round_trip_and_wrong_method():
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(40, 5)), rng.normal(size=(40, 3))
+    data = MethodData(X, Y, ["c"] * 40, np.arange(40))
+    m = create_method("cca", n_components=2).fit(data)
+    state = m.state_dict()
+    assert state["method"] == "cca" and state["params"] == m.get_params()
+    assert set(state["state"]) == {"x_proj_", "y_proj_", "x_mean_", "y_mean_", "correlations_", "n_train_"}
+    other = create_method("cca").load_state_dict(state)
+    np.testing.assert_array_equal(other.scores(data), m.scores(data))
+    with pytest.raises(CrossViewError, match="checkpoint is for method 'bitr'"):
+        create_method("cca").load_state_dict({**state, "method": "bitr"})
+
+
+# ---------------------------------------------------------------------------- MethodData
+def test_method_data_validates_its_arrays():
+    X = np.zeros((4, 3))
+    with pytest.raises(CrossViewError, match="text_features has 2 rows for 3 captions"):
+        MethodData(X, np.zeros((2, 5)), ["a", "b", "c"], [0, 1, 2])
+    with pytest.raises(CrossViewError, match="refers to image 7 but there are only 4"):
+        MethodData(X, None, ["a"], [7])
+    with pytest.raises(CrossViewError, match="one entry per caption"):
+        MethodData(X, None, ["a", "b"], [0])
+    with pytest.raises(CrossViewError, match="labels must have one entry per image"):
+        MethodData(X, None, ["a"], [0], labels=[1, 2])
+    with pytest.raises(CrossViewError, match="2-D"):
+        MethodData(np.zeros(4), None, [], [])
+    d = MethodData(X.astype(np.float64), None, ["a"], [0])
+    assert d.image_features.dtype == np.float32 and d.caption_image.dtype == np.int64
+    with pytest.raises(CrossViewError, match="needs caption features.*--text-encoder"):
+        d.require_text_features("cca")
+
+
+def test_method_data_from_features_takes_the_split_rows():
+    from crossview.data.dataset import PairedDataset
+
+    caption_image = np.array([0, 0, 1, 2, 2, 3, 4, 5])
+    ds = PairedDataset(name="t", captions=[f"c{i}" for i in range(8)], caption_image=caption_image,
+                       image_features=np.zeros((6, 2), np.float32), splits={"train": [0, 2, 4], "test": [1, 3, 5]},
+                       label_sets=[["a"], ["b"], [], ["a", "c"], ["c"], ["b"]], format="t")
+    image = np.arange(6, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)   # row i = i
+    text = np.arange(8, dtype=np.float32)[:, None]                                   # row c = c
+    tr = MethodData.from_features(ds, image, text, "train")
+    assert tr.image_features[:, 0].tolist() == [0, 2, 4]
+    assert tr.text_features[:, 0].tolist() == [0, 1, 3, 4, 6]
+    assert tr.captions == ["c0", "c1", "c3", "c4", "c6"] and tr.caption_image.tolist() == [0, 0, 1, 1, 2]
+    assert tr.label_set_names == ["a", "b", "c"] and tr.label_sets == [[0], [], [2]]
+    te = MethodData.from_features(ds, image, text, "test")
+    assert te.image_features[:, 0].tolist() == [1, 3, 5] and te.text_features[:, 0].tolist() == [2, 5, 7]
+    assert te.label_sets == [[1], [0, 2], [1]]
+    # A view of a split (ids kept from the parent) maps back to the parent's rows too.
+    sub = ds.split("test")
+    again = MethodData.from_features(sub, image[[1, 3, 5]], text[[2, 5, 7]], "test")
+    np.testing.assert_array_equal(again.text_features, te.text_features)
+    with pytest.raises(CrossViewError, match="image features have 5 rows for the 6 images"):
+        MethodData.from_features(ds, image[:5], text, "train")
+
+
+# ---------------------------------------------------------------------------- events
+def test_events_round_trip_through_dicts():
+    events = [Progress(3, 10, "epoch 1/2"), Loss(3, 0, {"loss": np.float32(0.25)}),
+              Validation(1, {"rsum": 100.0, "i2t": {"R@1": 10.0}}), CheckpointSaved("/r/checkpoint.pt", 3),
+              Log("hello", "warning"), Finished({"method": "cca"})]
+    for ev in events:
+        d = ev.to_dict()
+        assert d["event"] == ev.kind
+        assert event_from_dict({**d, "time": 1.0}) == ev
+    assert Loss(1, 0, {"l": float("nan")}).to_dict()["terms"] == {"l": None}
+    assert Progress(5, 10).fraction == 0.5 and Progress(5, 0).fraction == 0.0
+    with pytest.raises(ValueError, match="unknown event kind"):
+        event_from_dict({"event": "weird"})
+
+
+# ---------------------------------------------------------------------------- cards
+@pytest.mark.parametrize("name", sorted(set(list_cards()) & set(list_methods())))
+def test_card_defaults_equal_the_class_defaults(name):
+    card = method_card(name)
+    cls = method_class(name)
+    assert card.name == name and card.title and card.summary
+    assert set(card.params) == set(cls.param_names()), "card params != __init__ params"
+    assert card.defaults() == cls.default_params()
+
+
+def test_cca_card_has_the_papers_numbers():
+    card = method_card("cca")
+    assert card.paper == "001_637cb05c9b729668.txt"
+    t7 = [r for r in card.paper_results if r["table"] == "Table 7" and r["dataset"] == "Pascal sentences"
+          and r["direction"] == "i2t"]
+    assert t7[0]["metrics"] == {"BLEU-1": 34.69, "ROUGE-1": 14.29, "R@50": 72.80, "MedR": 21.25}
+    assert card.params["pairs"].choices == ("captions", "images")
+
+
+def _write_card(folder, name, text):
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_malformed_cards_name_the_file_and_entry(tmp_path):
+    head = '[method]\nname = "m"\ntitle = "M"\ndescription = "D."\n'
+    cases = {
+        "not toml [": "not valid TOML",
+        '[params.a]\ndefault = 1\n': r"no \[method\] table",
+        head.replace('name = "m"', 'name = "other"'): "but the file is m.toml",
+        head + '[params.a]\ntype = "int"\n': r"\[params.a\]: needs a 'default'",
+        head + '[params.a]\ndefault = 1\ntype = "complex"\n': "type 'complex' is not one of",
+        head + '[params.a]\ndefault = 1\nmin = 2\n': "below the minimum 2",
+        head + '[params.a]\ndefault = "x"\nchoices = ["y"]\n': "not one of 'y'",
+        head + '[params.a]\ndefault = 1\nhelpp = "typo"\n': "unknown key",
+        head + '[[paper_results]]\nsetting = "x"\n': "needs at least 'dataset'",
+    }
+    for text, msg in cases.items():
+        path = _write_card(tmp_path, "m", text)
+        with pytest.raises(CrossViewError, match=msg) as e:
+            parse_card(path)
+        assert str(path) in str(e.value)
+    ok = parse_card(_write_card(tmp_path, "m", head + '[params.a]\ndefault = "none"\noptional = true\ntype = "int"\n'
+                                             '[params.b]\ndefault = [1, 2]\nflag = "--bees"\n'))
+    assert ok.params["a"].default is None and ok.params["a"].coerce("none") is None
+    assert ok.params["a"].coerce("7") == 7
+    assert ok.params["b"].type == "list[int]" and ok.params["b"].flag == "--bees"
+
+
+def test_param_coercion():
+    assert coerce_param("int", "1e3") == 1000
+    assert coerce_param("float", "1e-5") == 1e-5
+    assert coerce_param("bool", "Yes") is True and coerce_param("bool", "off") is False
+    assert coerce_param("list[float]", "1e-5, 1, 1e5") == [1e-5, 1.0, 1e5]
+    assert coerce_param("list[int]", "[1, 2]") == [1, 2]
+    assert coerce_param("str", 5) == "5"
+    for kind, value, msg in (("int", "2.5", "expected an integer"), ("bool", "maybe", "true or false"),
+                             ("float", "x", "expected a number"), ("list[int]", "[1,", "cannot read the list")):
+        with pytest.raises(CrossViewError, match=msg):
+            coerce_param(kind, value, "parameter 'p'")
+
+
+def test_set_values_are_typed_by_the_card():
+    from crossview.commands.train import parse_set_values
+
+    assert parse_set_values("cca", ["n_components=64", "reg=1e-2", "pairs=images", "weight-power=2"]) == \
+        {"n_components": 64, "reg": 0.01, "pairs": "images", "weight_power": 2.0}
+    with pytest.raises(CrossViewError, match="'n_components': 0 is below the minimum 1"):
+        parse_set_values("cca", ["n_components=0"])
