@@ -225,3 +225,31 @@ def test_set_values_are_typed_by_the_card():
         {"n_components": 64, "reg": 0.01, "pairs": "images", "weight_power": 2.0}
     with pytest.raises(CrossViewError, match="'n_components': 0 is below the minimum 1"):
         parse_set_values("cca", ["n_components=0"])
+
+
+def test_evaluate_uses_each_directions_own_model():
+    """A method whose i2t and t2i models differ: i2t ranks from the i2t scores, t2i from the t2i scores."""
+    from crossview.eval.metrics import evaluate
+
+    rng = np.random.default_rng(5)
+    X, Y = rng.normal(size=(12, 4)).astype(np.float32), rng.normal(size=(24, 4)).astype(np.float32)
+    data = MethodData(X, Y, ["c"] * 24, np.repeat(np.arange(12), 2))
+    W = {"i2t": rng.normal(size=(4, 4)).astype(np.float32), "t2i": rng.normal(size=(4, 4)).astype(np.float32)}
+
+    class TwoModels(Method):
+        directions_differ = True
+
+        def encode_images(self, d, direction="i2t"):
+            return d.image_features @ W[direction]
+
+        def encode_texts(self, d, direction="i2t"):
+            return d.text_features
+
+    res = TwoModels().evaluate(data)
+    by_i2t = evaluate(X @ W["i2t"] @ Y.T, data.caption_image)
+    by_t2i = evaluate(X @ W["t2i"] @ Y.T, data.caption_image)
+    np.testing.assert_array_equal(res["ranks"]["i2t"], by_i2t["ranks"]["i2t"])
+    np.testing.assert_array_equal(res["ranks"]["t2i"], by_t2i["ranks"]["t2i"])
+    assert res["i2t"] == by_i2t["i2t"] and res["t2i"] == by_t2i["t2i"]
+    assert res["rsum"] == pytest.approx(sum(by_i2t["i2t"][f"R@{k}"] + by_t2i["t2i"][f"R@{k}"] for k in (1, 5, 10)))
+    assert not np.array_equal(by_i2t["ranks"]["t2i"], by_t2i["ranks"]["t2i"])   # the test can tell them apart

@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import Any, TextIO
 
 from crossview.commands._common import ProgressPrinter, _add_dataset_args
@@ -211,14 +213,31 @@ def cmd_train(args: argparse.Namespace) -> int:
                     checkpoint_seconds=args.checkpoint_seconds)
     printer = _EventPrinter()
     summary = None
+    stop = {"asked": False}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop["asked"]:          # a second Ctrl-C: stop now, keeping the last checkpoint
+            raise KeyboardInterrupt
+        stop["asked"] = True
+        print("\ncrossview: stopping after the current batch (Ctrl-C again to stop at once)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         for ev in gen:
             printer(ev)
             if isinstance(ev, Finished):
                 summary = ev.summary
+            if stop["asked"] and summary is None:
+                break
     except KeyboardInterrupt:
-        gen.close()  # the engine writes the checkpoint and status "cancelled"
-        print(f"\ncrossview: cancelled; continue with: crossview train --resume {gen.run_dir}", file=sys.stderr)
+        stop["asked"] = summary is None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if stop["asked"] and summary is None:
+        gen.close()  # cancel at this event: the engine checkpoints and records "cancelled"
+        print(f"crossview: cancelled; continue with: crossview train --resume {gen.run_dir}", file=sys.stderr)
         return 130
     if summary is None:  # pragma: no cover - the engine always ends with Finished or raises
         raise CrossViewError("the run ended without a summary")

@@ -371,7 +371,9 @@ class _Run:
             status, error = "cancelled", str(e)
             raise
         except KeyboardInterrupt:
-            status, error = "cancelled", "interrupted"
+            # Raised in the middle of the method's work, not at a yield: its state may be half-updated,
+            # so the last complete checkpoint stands (the CLI turns Ctrl-C into a clean close()).
+            status, error = "interrupted", "interrupted (KeyboardInterrupt); the last checkpoint is kept"
             raise
         except BaseException as e:
             error = f"{type(e).__name__}: {e}"
@@ -408,6 +410,9 @@ class _Run:
             if status == "cancelled" and self.phase == "training":
                 self._checkpoint()
                 ckpt = CHECKPOINT
+            if status == "interrupted":
+                status = "cancelled"
+                ckpt = CHECKPOINT if self._path(CHECKPOINT).is_file() else None
             self._status(status, error=error, checkpoint=ckpt)
             if self._log is not None:
                 self._log.write(Log(f"run {status}" + (f": {error}" if error else ""),

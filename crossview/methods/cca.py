@@ -74,11 +74,11 @@ def _covariance_steps(X: np.ndarray, mean: np.ndarray, weights: np.ndarray | Non
     m32 = np.asarray(mean, dtype=np.float32)
     for start in range(0, n, chunk_rows):
         block = np.asarray(X[start:start + chunk_rows], dtype=np.float32) - m32
-        if weights is None:
-            acc += block.T @ block
-        else:
-            w = np.asarray(weights[start:start + chunk_rows], dtype=np.float32)
-            acc += (block * w[:, None]).T @ block
+        if weights is not None:
+            # sqrt-weighted rows keep the product of the form B^T B, which numpy hands to BLAS syrk
+            # (half the flops of a general product).
+            block *= np.sqrt(np.asarray(weights[start:start + chunk_rows], dtype=np.float32))[:, None]
+        acc += block.T @ block
         yield min(n, start + chunk_rows)
     yield (acc + acc.T) / 2  # exact symmetry for eigh
 
