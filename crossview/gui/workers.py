@@ -242,3 +242,21 @@ class LatencyProbe(QObject):
         self.ticks += 1
         if self.ticks > 1:  # the first gap includes the start-up
             self.max_gap_ms = max(self.max_gap_ms, float(gap) - self.interval_ms)
+
+
+#: Heavy modules the engine imports lazily. Importing one in a worker thread holds the GIL for up to
+#: a few hundred ms (measured: scikit-learn's text features, 0.35 s), which would freeze the GUI
+#: thread; the panels that start such work import them first, on the GUI thread, before any run.
+PRELOAD_MODULES = ("torch", "torchvision", "sklearn.feature_extraction.text", "sklearn.decomposition",
+                   "scipy.linalg", "crossview.features.image", "crossview.features.text", "crossview.engine.run")
+
+
+def preload_engine_modules() -> None:
+    """Import :data:`PRELOAD_MODULES` now (cheap when already imported)."""
+    import importlib
+
+    for name in PRELOAD_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional part is missing: the run itself will say so clearly
+            pass
