@@ -297,8 +297,8 @@ class _Run:
     def _restore(self) -> bool:
         """Load the last checkpoint when resuming; True when training continues from it."""
         path = self._path(CHECKPOINT)
-        for tmp in glob.glob(str(self.run_dir / f".{CHECKPOINT}.*.tmp")):
-            os.unlink(tmp)   # a checkpoint write that was killed; the previous checkpoint is intact
+        for tmp in glob.glob(str(self.run_dir / ".*.tmp")):
+            os.unlink(tmp)   # a write that was killed (checkpoint, JSON); the previous file is intact
         if not path.is_file():
             return False
         ckpt = load_checkpoint(path)

@@ -248,7 +248,8 @@ class Method:
         """Fit on ``train`` (early stopping / model selection on ``val``), yielding events.
 
         ``resume=True`` (only meaningful when ``iterative``) continues from the state loaded with
-        :meth:`load_state_dict` instead of starting over.
+        :meth:`load_state_dict` instead of starting over; when no learned state was loaded (a run
+        cancelled before its first step) it starts fresh. Subclasses must accept ``resume``.
         """
         raise NotImplementedError
 
