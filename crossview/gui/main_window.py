@@ -1,11 +1,17 @@
-"""The main window: panels in tabs, a menu with recent datasets, a status bar, persistent settings.
+"""The main window: the Data, Train, Query and Inspect panels in tabs, menus with recent datasets and
+runs, a status bar with the dataset, run and device, persistent settings, and a full-screen
+presentation mode (F11) for live demos.
 
-Datasets load in a background task (the demo renders on first use), so the window stays responsive.
+Datasets and runs load in background tasks (the demo renders on first use), so the window stays
+responsive. The panels talk through the window: a finished run opens in Query and Inspect, a query
+picked in Inspect opens in Query, an image picked in Data can be queried.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QKeySequence
@@ -14,6 +20,9 @@ from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMenu, QMessage
 
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.gui.panels.data_panel import DataPanel
+from crossview.gui.panels.inspect_panel import InspectPanel
+from crossview.gui.panels.query_panel import QueryPanel
+from crossview.gui.panels.train_panel import TrainPanel
 from crossview.gui.workers import Task
 from crossview.settings import get_settings
 
@@ -46,17 +55,37 @@ class MainWindow(QMainWindow):
         self.dataset: PairedDataset | None = None
         self.dataset_source: str | None = None
         self._task: Task | None = None
+        self._run_task: Task | None = None
+        self.run = None            # the OpenRun shown in Query / Inspect
+        self.presenting = False
 
         self.tabs = QTabWidget()
         self.data_panel = DataPanel()
+        self.train_panel = TrainPanel()
+        self.query_panel = QueryPanel()
+        self.inspect_panel = InspectPanel()
         self.tabs.addTab(self.data_panel, "Data")
+        self.tabs.addTab(self.train_panel, "Train")
+        self.tabs.addTab(self.query_panel, "Query")
+        self.tabs.addTab(self.inspect_panel, "Inspect")
         self.setCentralWidget(self.tabs)
+        self.train_panel.run_finished.connect(lambda d: self.open_run(d, show=None))
+        self.train_panel.open_run.connect(lambda d: self.open_run(d, show="query"))
+        self.train_panel.runs_changed.connect(self._refresh_recent_runs)
+        self.inspect_panel.open_query.connect(self._open_query_from_inspect)
+        self.query_panel.show_image.connect(self.data_panel.select_image)
+        self.query_panel.gallery_requested.connect(self._change_gallery)
+        self.data_panel.query_requested.connect(self.query_image)
 
         self.status_dataset = QLabel("No dataset")
+        self.status_run = QLabel("No run")
+        self.status_device = QLabel(self._device_text())
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
         self.progress.hide()
         self.statusBar().addWidget(self.status_dataset, 1)
+        self.statusBar().addWidget(self.status_run, 1)
+        self.statusBar().addPermanentWidget(self.status_device)
         self.statusBar().addPermanentWidget(self.progress)
 
         self.setAcceptDrops(True)
@@ -85,6 +114,14 @@ class MainWindow(QMainWindow):
         file_menu.addMenu(self.recent_menu)
         self._refresh_recent()
         file_menu.addSeparator()
+        act = QAction("Open &run folder...", self, shortcut=QKeySequence("Ctrl+R"))
+        act.setStatusTip("Open a trained run (a folder with config.json and checkpoint.pt) in Query and Inspect")
+        act.triggered.connect(self.choose_run_folder)
+        file_menu.addAction(act)
+        self.recent_runs_menu = QMenu("Recent r&uns", self)
+        file_menu.addMenu(self.recent_runs_menu)
+        self._refresh_recent_runs()
+        file_menu.addSeparator()
         act = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit)
         act.triggered.connect(self.close)
         file_menu.addAction(act)
@@ -97,6 +134,26 @@ class MainWindow(QMainWindow):
         find = QAction("&Filter captions", self, shortcut=QKeySequence.StandardKey.Find)
         find.triggered.connect(self._focus_filter)
         view_menu.addAction(find)
+        view_menu.addSeparator()
+        self.present_action = QAction("&Presentation mode", self, shortcut=QKeySequence("F11"), checkable=True)
+        self.present_action.setStatusTip("Full screen, large type, only the query box and the results")
+        self.present_action.toggled.connect(self.set_presentation)
+        view_menu.addAction(self.present_action)
+        self.addAction(self.present_action)   # F11 works with the menu bar hidden too
+        leave = QAction("Leave presentation", self, shortcut=QKeySequence("Esc"))
+        leave.triggered.connect(lambda: self.present_action.setChecked(False) if self.presenting else None)
+        self.addAction(leave)
+
+        query_menu = self.menuBar().addMenu("&Query")
+        act = QAction("Query with the &selected image", self, shortcut=QKeySequence("Ctrl+I"))
+        act.triggered.connect(lambda: self.query_image(self.data_panel.current_image()))
+        query_menu.addAction(act)
+        act = QAction("&Type a sentence", self, shortcut=QKeySequence("Ctrl+L"))
+        act.triggered.connect(self._focus_sentence)
+        query_menu.addAction(act)
+        act = QAction("&Back to the previous query", self, shortcut=QKeySequence("Alt+Left"))
+        act.triggered.connect(self.query_panel.go_back)
+        query_menu.addAction(act)
 
         help_menu = self.menuBar().addMenu("&Help")
         act = QAction("&About CrossView", self)
@@ -107,6 +164,19 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.data_panel)
         self.data_panel.filter_edit.setFocus()
         self.data_panel.filter_edit.selectAll()
+
+    def _focus_sentence(self) -> None:
+        self.tabs.setCurrentWidget(self.query_panel)
+        self.query_panel.sentence.setFocus()
+        self.query_panel.sentence.selectAll()
+
+    @staticmethod
+    def _device_text() -> str:
+        try:
+            from crossview.engine.devices import select_device
+            return f"Device: {select_device('auto')}"
+        except Exception:  # noqa: BLE001 - the status bar must never stop the app
+            return "Device: cpu"
 
     def _about(self) -> None:
         from crossview import __version__
@@ -179,6 +249,7 @@ class MainWindow(QMainWindow):
         self.dataset = ds
         self.dataset_source = source
         self.data_panel.set_dataset(ds)
+        self.train_panel.set_dataset(ds)
         self.status_dataset.setText(f"Dataset: {ds.name}  ({ds.n_images:,} images, {ds.n_captions:,} captions)")
         self.setWindowTitle(f"CrossView - {ds.name}")
         self._remember(source)
@@ -220,8 +291,165 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
             self.open_dataset(path)
 
+    # ------------------------------------------------------------------ runs
+    def recent_runs(self) -> list[str]:
+        value = self.settings.value("recent/runs", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or []) if Path(str(v)).is_dir()]
+
+    def _refresh_recent_runs(self) -> None:
+        self.recent_runs_menu.clear()
+        for run_dir in self.recent_runs():
+            act = QAction(run_dir, self)
+            act.triggered.connect(lambda _=False, d=run_dir: self.open_run(d, show="query"))
+            self.recent_runs_menu.addAction(act)
+        self.recent_runs_menu.setEnabled(bool(self.recent_runs()))
+
+    def choose_run_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open run folder", str(get_settings().runs_dir))
+        if path:
+            self.open_run(path, show="query")
+
+    def open_run(self, run_dir: str, show: str | None = "query", gallery: object = "test") -> Task:
+        """Load a run in the background; it then answers queries (Query) and shows its metrics (Inspect)."""
+        from crossview.data.readers import load_dataset
+        from crossview.engine.session import open_run
+        from crossview.eval.runs import load_run_results
+
+        if self._run_task is not None and self._run_task.is_running():
+            self._run_task.cancel()
+        dataset = self.dataset
+        run_dir = str(run_dir)
+
+        def work(progress, should_stop):
+            try:
+                run = open_run(run_dir, dataset=dataset)
+            except Exception:
+                if dataset is None:
+                    raise
+                run = open_run(run_dir)           # trained on another dataset: load that one
+            g = gallery
+            if isinstance(g, str) and g.startswith("corpus:"):
+                g = load_dataset(g[len("corpus:"):], format="corpus")
+            elif isinstance(g, str) and g not in run.dataset.splits and g != "all":
+                g = "all"
+            retriever = run.retriever(gallery=g)
+            results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
+            return run, retriever, results
+
+        task = Task(work, name="open-run", parent=self)
+        self._run_task = task
+        self.status_run.setText(f"Opening run {Path(run_dir).name} ...")
+        task.succeeded.connect(lambda res, t=task: self._on_run_loaded(t, run_dir, res, show))
+        task.failed.connect(lambda msg, details, t=task: self._on_run_failed(t, run_dir, msg, details))
+        return task.start()
+
+    def _on_run_loaded(self, task: Task, run_dir: str, res, show: str | None) -> None:
+        if task is not self._run_task:
+            return
+        from crossview.engine.session import list_runs
+        from crossview.eval.runs import load_run_results
+
+        run, retriever, results = res
+        self.run = run
+        self.query_panel.set_retriever(retriever, run_dir, title=f"{run.name}  [{run.method.name}]")
+        if results is not None:
+            others = []
+            for d in list_runs(Path(run_dir).parent)[:30]:
+                try:
+                    others.append(load_run_results(d))
+                except Exception:  # noqa: BLE001 - unfinished runs have no results to compare
+                    continue
+            self.inspect_panel.set_runs(others)
+            self.inspect_panel.set_run(results)
+            self.inspect_panel.set_dataset(run.dataset)
+        s = run.summary or {}
+        rsum = f", rsum {s['rsum']:.1f}" if isinstance(s.get("rsum"), (int, float)) else ""
+        self.status_run.setText(f"Run: {run.name} ({run.method.name}{rsum})")
+        recent = [r for r in self.recent_runs() if r != run_dir]
+        self.settings.setValue("recent/runs", [run_dir, *recent][:MAX_RECENT])
+        self._refresh_recent_runs()
+        if show == "query":
+            self.tabs.setCurrentWidget(self.query_panel)
+        elif show == "inspect":
+            self.tabs.setCurrentWidget(self.inspect_panel)
+        else:
+            self.statusBar().showMessage("The run is ready: query it in the Query panel (Ctrl+3), "
+                                         "see its metrics in Inspect (Ctrl+4)", 10000)
+
+    def _on_run_failed(self, task: Task, run_dir: str, message: str, details: str) -> None:
+        if task is not self._run_task:
+            return
+        self.status_run.setText("No run" if self.run is None else f"Run: {self.run.name}")
+        box = QMessageBox(QMessageBox.Icon.Warning, "Cannot open run", message, parent=self)
+        box.setInformativeText(f"Run: {run_dir}")
+        if details:
+            box.setDetailedText(details)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.open()
+        self.last_error = message
+
+    def _change_gallery(self, choice: object) -> None:
+        if self.run is not None:
+            self.open_run(str(self.run.run_dir), show="query", gallery=choice)
+
+    def query_image(self, image: int | None) -> None:
+        """Query the current run with dataset image ``image`` (from the Data panel)."""
+        if image is None:
+            return
+        if self.run is None:
+            self.statusBar().showMessage("Train or open a run first (Train panel, or File > Open run folder)", 8000)
+            return
+        if self.dataset is not None and self.run.dataset.fingerprint() != self.dataset.fingerprint():
+            self.statusBar().showMessage("The open run was trained on another dataset; open that dataset to "
+                                         "query with its images", 8000)
+            return
+        self.tabs.setCurrentWidget(self.query_panel)
+        self.query_panel.query_image(int(image))
+
+    def _open_query_from_inspect(self, direction: str, query_id: int) -> None:
+        if self.run is None:
+            return
+        ds = self.run.dataset
+        ids = ds.image_ids if direction == "i2t" else ds.caption_ids
+        hit = np.flatnonzero(ids == query_id)
+        index = int(hit[0]) if len(hit) else int(query_id)
+        self.tabs.setCurrentWidget(self.query_panel)
+        if direction == "i2t":
+            self.query_panel.query_image(index)
+        else:
+            self.query_panel.query_text(index)
+
+    # ------------------------------------------------------------------ presentation
+    def set_presentation(self, on: bool) -> None:
+        """F11: full screen, large type, only the query box and the results."""
+        if on == self.presenting:
+            return
+        self.presenting = on
+        self.menuBar().setVisible(not on)
+        self.statusBar().setVisible(not on)
+        self.tabs.tabBar().setVisible(not on)
+        if on:
+            self._before_presenting = self.tabs.currentIndex()
+            self.tabs.setCurrentWidget(self.query_panel)
+            self.showFullScreen()
+        else:
+            self.showNormal()
+            self.tabs.setCurrentIndex(getattr(self, "_before_presenting", 0))
+        self.query_panel.set_presentation(on)
+        if self.present_action.isChecked() != on:
+            self.present_action.setChecked(on)
+
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt API)
         self.settings.setValue("window/geometry", self.saveGeometry())
+        if self.train_panel.task is not None and self.train_panel.task.is_running():
+            self.train_panel.task.stop()           # the run keeps a checkpoint and can be resumed
+            self.train_panel.task.wait(10000)
+        for t in (self._run_task, self.query_panel._task):
+            if t is not None and t.is_running():
+                t.cancel()
+                t.wait(5000)
         if self._task is not None and self._task.is_running():
             self._task.cancel()
             self._task.wait(5000)

@@ -11,8 +11,8 @@ import html
 import numpy as np
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QPixmap
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QListView, QSplitter, QTextBrowser,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QListView, QPushButton, QSplitter,
+                               QTextBrowser, QVBoxLayout, QWidget)
 
 import pyqtgraph as pg
 
@@ -84,6 +84,7 @@ class DataPanel(QWidget):
     """Browse a dataset. ``image_selected(int)`` carries the image index of the dataset."""
 
     image_selected = Signal(int)
+    query_requested = Signal(int)   # "find captions for this image" with the open run
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -141,6 +142,10 @@ class DataPanel(QWidget):
         self.image_view.setObjectName("preview")
         self.details = QTextBrowser()
         self.details.setOpenLinks(False)
+        self.query_button = QPushButton("Find captions for this image (Ctrl+I)")
+        self.query_button.setToolTip("Rank the captions for this image with the open run, in the Query panel")
+        self.query_button.clicked.connect(lambda: self.current_image() is not None and
+                                          self.query_requested.emit(self.current_image()))
 
         bar = QHBoxLayout()
         bar.addWidget(self.filter_edit, 1)
@@ -159,6 +164,7 @@ class DataPanel(QWidget):
         rv = QVBoxLayout(right)
         rv.setContentsMargins(0, 0, 0, 0)
         rv.addWidget(self.image_view, 3)
+        rv.addWidget(self.query_button)
         rv.addWidget(self.details, 2)
         split = QSplitter()
         split.addWidget(left)
@@ -243,6 +249,11 @@ class DataPanel(QWidget):
             self.grid.setCurrentIndex(self.model.index(0))
         else:
             self._show_image(None)
+
+    def current_image(self) -> int | None:
+        """The dataset index of the selected image, or None."""
+        idx = self.grid.currentIndex()
+        return None if not idx.isValid() else int(idx.data(ImageGridModel.ImageRole))
 
     def select_image(self, image: int) -> None:
         """Selects dataset image ``image`` in the grid (clearing a filter that hides it)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
                                QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
 
 from crossview.engine.annotations import AnnotationStore
@@ -39,6 +39,7 @@ class QueryPanel(QWidget):
     answered = Signal(object)      # the Ranking shown
     failed = Signal(str)
     show_image = Signal(int)
+    gallery_requested = Signal(object)   # a split name, "all", or a corpus file path (str starting with "corpus:")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -54,6 +55,11 @@ class QueryPanel(QWidget):
         self.header = QLabel("No run loaded: train one in the Train panel or open a run.")
         self.header.setObjectName("summary")
         self.header.setWordWrap(True)
+
+        self.gallery_combo = QComboBox()
+        self.gallery_combo.setToolTip("What to rank: the images and captions of a split, all of them, or an "
+                                      "independent caption corpus (image -> text only)")
+        self.gallery_combo.activated.connect(self._on_gallery_choice)
 
         self.sentence = QLineEdit()
         self.sentence.setPlaceholderText("Type a sentence and press Enter to find images, e.g. a red circle left of a "
@@ -142,7 +148,12 @@ class QueryPanel(QWidget):
         for b in (self.mark_yes, self.mark_no, self.mark_clear, self.export_button):
             marks.addWidget(b)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.header)
+        head = QHBoxLayout()
+        head.addWidget(self.header, 1)
+        head.addWidget(QLabel("Gallery:"))
+        head.addWidget(self.gallery_combo)
+        self.head_bar = head
+        layout.addLayout(head)
         layout.addLayout(ask)
         layout.addLayout(body, 1)
         layout.addWidget(self.mark_bar)
@@ -171,6 +182,7 @@ class QueryPanel(QWidget):
             self.header.setText("No run loaded: train one in the Train panel or open a run.")
             self._set_enabled(False)
             return
+        self._fill_galleries(retriever)
         self.header.setText(
             f"<b>{html.escape(title or retriever.method.name)}</b> &nbsp; gallery: {html.escape(retriever.gallery_name)}"
             f" ({retriever.n_gallery_images:,} images, {retriever.n_gallery_captions:,} captions)")
@@ -178,6 +190,34 @@ class QueryPanel(QWidget):
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
         self._update_marks_label()
+
+    def _fill_galleries(self, retriever: Retriever) -> None:
+        combo = self.gallery_combo
+        combo.blockSignals(True)
+        combo.clear()
+        for split in retriever.dataset.split_names:
+            combo.addItem(f"{split} split ({len(retriever.dataset.splits[split]):,} images)", split)
+        combo.addItem(f"all images ({retriever.dataset.n_images:,})", "all")
+        if retriever.corpus is not None:
+            combo.addItem(retriever.gallery_name, "corpus:current")
+        combo.addItem("caption corpus file...", "corpus:?")
+        current = "corpus:current" if retriever.corpus is not None else retriever.gallery_name
+        combo.setCurrentIndex(max(0, combo.findData(current)))
+        combo.blockSignals(False)
+
+    def _on_gallery_choice(self, index: int) -> None:
+        choice = self.gallery_combo.itemData(index)
+        if choice == "corpus:current":
+            return
+        if choice == "corpus:?":
+            path, _ = QFileDialog.getOpenFileName(self, "Caption corpus (one caption a line)", "",
+                                                  "Text (*.txt);;All files (*)")
+            if not path:
+                if self.retriever is not None:
+                    self._fill_galleries(self.retriever)
+                return
+            choice = f"corpus:{path}"
+        self.gallery_requested.emit(choice)
 
     # ------------------------------------------------------------------ asking
     def query_image(self, image: int | str) -> Task | None:
@@ -411,7 +451,7 @@ class QueryPanel(QWidget):
     # ------------------------------------------------------------------ presentation
     def set_presentation(self, on: bool) -> None:
         """Large type, only the query box and the results (for live demos)."""
-        for w in (self.mark_bar, self.k_spin):
+        for w in (self.mark_bar, self.k_spin, self.gallery_combo):
             w.setVisible(not on)
         f = QFont(self.font())
         f.setPointSizeF(18 if on else max(10.0, QFont().pointSizeF()))
