@@ -76,7 +76,7 @@ class InspectPanel(QWidget):
         self.metrics = QTableWidget()
         self.metrics.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.metrics.verticalHeader().setDefaultSectionSize(22)
-        self.metrics.setMaximumHeight(230)
+        self.metrics.setMinimumHeight(150)
         self.compare_label = QLabel("")
         self.compare_label.setWordWrap(True)
 
@@ -204,8 +204,11 @@ class InspectPanel(QWidget):
         self.paper_combo.addItem("(none)", None)
         for label in a.paper_settings():
             self.paper_combo.addItem(label, label)
-        if self.paper_combo.count() > 1:
-            self.paper_combo.setCurrentIndex(self.paper_combo.count() - 1)   # the cards list the modern setting last
+        # the paper's headline setting: its modern-feature table on its first dataset, when the card has it
+        labels = a.paper_settings()
+        pick = next((lab for lab in labels if "CNN" in lab or "Table 7" in lab), labels[0] if labels else None)
+        if pick is not None:
+            self.paper_combo.setCurrentIndex(self.paper_combo.findData(pick))
         self.paper_combo.blockSignals(False)
         self._fill_metrics()
         self._draw_histograms()
@@ -291,7 +294,7 @@ class InspectPanel(QWidget):
             except Exception as e:  # noqa: BLE001 - shown to the user instead
                 self.compare_label.setText(f"<span style='color:#cf222e'>Cannot compare: {html.escape(str(e))}</span>")
         self.comparison = comp
-        headers = ["query", f"rank {a.name}"] + ([f"rank {b.name}", "change (B - A)"] if comp else [])
+        headers = ["query", "rank A" if comp else "rank"] + (["rank B", "change (B - A)"] if comp else [])
         self.queries.setColumnCount(len(headers))
         self.queries.setHorizontalHeaderLabels(headers)
         self.queries.setRowCount(len(ra))
@@ -313,6 +316,11 @@ class InspectPanel(QWidget):
         self.queries.sortItems(1, Qt.SortOrder.DescendingOrder)          # worst first
         header = self.queries.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in range(1, len(headers)):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        self.queries.horizontalHeaderItem(1).setToolTip(f"run A: {a.name}")
+        if comp is not None:
+            self.queries.horizontalHeaderItem(2).setToolTip(f"run B: {b.name}")
         if comp is not None:
             s = comp.summary
             self.compare_label.setText(

@@ -28,7 +28,7 @@ from crossview.errors import CrossViewError
 from crossview.gui.workers import EventTask, preload_engine_modules
 
 CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#116329"]
-VALIDATION_KEYS = ("R@1", "R@5", "R@10", "rsum")
+VALIDATION_KEYS = ("R@1", "R@5", "R@10")
 
 
 def _param_widget(spec: Any) -> tuple[QWidget, Any]:
@@ -155,16 +155,20 @@ class TrainPanel(QWidget):
         self.loss_plot = pg.PlotWidget(background="w", title="Training loss terms per step")
         self.loss_plot.addLegend(offset=(-10, 10))
         self.loss_plot.setLabel("bottom", "step")
-        self.val_plot = pg.PlotWidget(background="w", title="Validation R@1 / R@5 / R@10 / rsum")
+        self.val_plot = pg.PlotWidget(background="w", title="Validation R@1 / R@5 / R@10 (%)")
         self.val_plot.addLegend(offset=(-10, 10))
         self.val_plot.setLabel("bottom", "epoch / iteration")
-        for p in (self.loss_plot, self.val_plot):
+        self.rsum_plot = pg.PlotWidget(background="w", title="Validation rsum")
+        self.rsum_plot.setLabel("bottom", "epoch / iteration")
+        self._rsum_curve = None
+        for p in (self.loss_plot, self.val_plot, self.rsum_plot):
             p.setMinimumHeight(160)
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(5000)
         self.runs_list = QListWidget()
         self.runs_list.itemActivated.connect(lambda it: self.open_run.emit(it.data(Qt.ItemDataRole.UserRole)))
+        self.runs_list.itemClicked.connect(lambda it: self.show_history(it.data(Qt.ItemDataRole.UserRole)))
         self.open_button = QPushButton("Open")
         self.rename_button = QPushButton("Rename...")
         self.delete_button = QPushButton("Delete...")
@@ -187,8 +191,9 @@ class TrainPanel(QWidget):
         pr.addWidget(self.eta_label)
         tl.addLayout(pr)
         plots = QHBoxLayout()
-        plots.addWidget(self.loss_plot)
-        plots.addWidget(self.val_plot)
+        plots.addWidget(self.loss_plot, 3)
+        plots.addWidget(self.val_plot, 3)
+        plots.addWidget(self.rsum_plot, 2)
         tl.addLayout(plots, 1)
         bottom = QSplitter()
         bottom.addWidget(self.log)
@@ -443,7 +448,7 @@ class TrainPanel(QWidget):
                 for k in ("R@1", "R@5", "R@10"):
                     if isinstance(m.get(d), dict) and k in m[d]:
                         flat[f"{d} {k}"] = m[d][k]
-            for k in VALIDATION_KEYS:
+            for k in VALIDATION_KEYS + ("rsum",):
                 if isinstance(m.get(k), (int, float)):
                     flat[k] = m[k]
             for key, value in flat.items():
@@ -461,7 +466,7 @@ class TrainPanel(QWidget):
             self.last_summary = dict(ev.summary)
             s = ev.summary
             if s.get("i2t"):
-                self.log.appendPlainText(
+                self._pending_log.append(
                     "finished: " + "  ".join(f"{d} " + " ".join(f"{k} {s[d][k]:.1f}" for k in ("R@1", "R@5", "R@10"))
                                              for d in ("i2t", "t2i")) + f"  rsum {s.get('rsum', 0):.1f}")
 
@@ -477,7 +482,22 @@ class TrainPanel(QWidget):
             step = max(1, len(xs) // 5000)          # at most ~5,000 points per curve on screen
             self._curve(self.loss_plot, self._curves, term).setData(xs[::step], ys[::step])
         for key, (xs, ys) in self._val_data.items():
-            self._curve(self.val_plot, self._val_curves, key).setData(xs, ys, symbol="o", symbolSize=5)
+            if key == "rsum":
+                if self._rsum_curve is None:
+                    self._rsum_curve = self.rsum_plot.plot([], [], pen=pg.mkPen("#bf8700", width=2),
+                                                           symbolBrush="#bf8700")
+                self._rsum_curve.setData(xs, ys, symbol="o", symbolSize=6)
+            else:
+                self._curve(self.val_plot, self._val_curves, key).setData(xs, ys, symbol="o", symbolSize=5)
+        for plot, data in ((self.val_plot, self._val_data), (self.rsum_plot, self._val_data),
+                           (self.loss_plot, self._loss_data)):
+            xs_all = [x for xs, _ in data.values() for x in xs]
+            if xs_all and max(xs_all) == min(xs_all):        # one point: a sensible window around it
+                plot.setXRange(min(xs_all) - 1, min(xs_all) + 1, padding=0)
+            else:
+                plot.enableAutoRange(axis="x")
+        self.loss_plot.setTitle("Training loss terms per step" if self._loss_data or not self._val_data else
+                                "No loss curve (closed-form method)")
 
     def _curve(self, plot: pg.PlotWidget, store: dict[str, Any], key: str) -> Any:
         if key not in store:
@@ -486,6 +506,9 @@ class TrainPanel(QWidget):
         return store[key]
 
     def _reset_plots(self) -> None:
+        self.rsum_plot.clear()
+        self._rsum_curve = None
+        self.loss_plot.setTitle("Training loss terms per step")
         for plot in (self.loss_plot, self.val_plot):
             plot.clear()
             if plot.plotItem.legend is not None:
@@ -544,6 +567,37 @@ class TrainPanel(QWidget):
             if self.runs_list.item(row).data(Qt.ItemDataRole.UserRole) == str(run_dir):
                 self.runs_list.setCurrentRow(row)
                 return
+
+    def show_history(self, run_dir: str | Path) -> int:
+        """Draw the curves and log of a past run from its ``metrics.jsonl``; returns the number of events."""
+        from crossview.engine.events import event_from_dict
+        from crossview.engine.io import read_events
+
+        path = Path(run_dir) / "metrics.jsonl"
+        if not path.is_file() or (self.task is not None and self.task.is_running()):
+            return 0
+        self._reset_plots()
+        self.log.clear()
+        self.log.appendPlainText(f"== history of {Path(run_dir).name}")
+        n = 0
+        for d in read_events(path):
+            try:
+                ev = event_from_dict(d)
+            except (ValueError, TypeError):
+                continue
+            if isinstance(ev, Progress):
+                continue
+            self._on_event(ev)
+            n += 1
+        self._flush()
+        from crossview.engine.run import read_status
+        try:
+            status = read_status(run_dir).get("status", "?")
+        except CrossViewError:
+            status = "?"
+        self.progress.setValue(1000 if status == "finished" else 0)
+        self.eta_label.setText(f"{Path(run_dir).name}: {status}")
+        return n
 
     def _open_selected(self) -> None:
         it = self.runs_list.currentItem()

@@ -1,0 +1,32 @@
+"""``crossview screenshot --out DIR``: each panel of the app, on a dataset with a trained run, as PNG files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_screenshot(args: argparse.Namespace) -> int:
+    from crossview.gui.screenshots import render_screenshots
+
+    paths = render_screenshots(args.out, data=args.data, run=args.run, compare=args.compare, method=args.method,
+                               sentence=args.sentence, size=(args.width, args.height),
+                               log=lambda m: print(m, file=sys.stderr))
+    print(f"wrote {len(paths)} screenshots to {args.out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("screenshot", help="render each panel of the app to PNG files",
+                       description="Open the app (off screen when there is no display) on a dataset with a trained "
+                                   "run and save the Data, Train, Query (both directions), Inspect and presentation "
+                                   "views as PNG files. Without --run a run of --method is trained first.")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
+    p.add_argument("--data", default="demo", help="dataset (default: demo)")
+    p.add_argument("--run", metavar="RUN_DIR", help="a trained run to show (default: train one)")
+    p.add_argument("--compare", metavar="RUN_DIR", help="a second run to compare with in Inspect")
+    p.add_argument("--method", default="cca", help="method to train when no --run is given (default cca)")
+    p.add_argument("--sentence", default="a red circle above a blue square", help="the text query to show")
+    p.add_argument("--width", type=int, default=1440)
+    p.add_argument("--height", type=int, default=900)
+    p.set_defaults(func=cmd_screenshot)

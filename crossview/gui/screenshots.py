@@ -1,0 +1,150 @@
+"""Render every panel of the app, on a dataset with a trained run, to PNG files (``crossview screenshot``).
+
+Works without a screen (Qt's offscreen platform). The run is trained first with the engine when none is
+given (CCA on the demo takes seconds once the demo's features are cached).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _wait(signal: Any, timeout_ms: int, what: str) -> list[Any]:
+    """Run the event loop until ``signal`` fires (its arguments) or raise after ``timeout_ms``."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    from crossview.errors import CrossViewError
+
+    loop = QEventLoop()
+    got: list[Any] = []
+
+    def done(*args: Any) -> None:
+        got.append(args)
+        loop.quit()
+
+    signal.connect(done)
+    timer = QTimer(singleShot=True, interval=timeout_ms)
+    timer.timeout.connect(loop.quit)
+    timer.start()
+    loop.exec()
+    signal.disconnect(done)
+    if not got:
+        raise CrossViewError(f"timed out waiting for {what}")
+    return list(got[0])
+
+
+def _settle(app: Any, ms: int = 300) -> None:
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+    app.processEvents()
+
+
+def train_quick_run(data: str, method: str, run_dir: Path | None,
+                    log: Callable[[str], None] = print) -> Path:
+    """Train ``method`` on ``data`` with the engine (default parameters) and return the run folder."""
+    from crossview.engine.events import Finished, Progress
+    from crossview.engine.run import train
+
+    it = train(method, data, run_dir=run_dir)
+    last = -1
+    for ev in it:
+        if isinstance(ev, Progress) and ev.total:
+            pct = int(100 * ev.fraction)
+            if pct // 10 != last:
+                last = pct // 10
+                log(f"  {ev.message} {pct}%")
+        elif isinstance(ev, Finished):
+            s = ev.summary
+            log(f"  trained {method}: i2t R@1 {s['i2t']['R@1']:.1f}, t2i R@1 {s['t2i']['R@1']:.1f}, "
+                f"rsum {s['rsum']:.1f}")
+    return Path(it.run_dir)
+
+
+def render_screenshots(out: str | Path, data: str = "demo", run: str | None = None, compare: str | None = None,
+                       method: str = "cca", sentence: str = "a red circle above a blue square",
+                       size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print) -> list[Path]:
+    """Write ``data.png``, ``train.png``, ``query_i2t.png``, ``query_t2i.png``, ``inspect.png`` and
+    ``presentation.png`` into ``out``; returns their paths."""
+    from crossview.errors import CrossViewError
+    from crossview.gui.launch import ensure_app, has_display
+
+    if not has_display():
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if run is None:
+        log(f"training {method} on {data} for the screenshots ...")
+        run = str(train_quick_run(data, method, None, log))
+    app = ensure_app()
+    from crossview.gui.main_window import MainWindow
+
+    win = MainWindow()
+    win.resize(*size)
+    win.show()
+    written: list[Path] = []
+
+    def shot(name: str) -> None:
+        _settle(app)
+        path = out / f"{name}.png"
+        if not win.grab().save(str(path)):
+            raise CrossViewError(f"{path}: could not write the screenshot")
+        written.append(path)
+        log(f"  wrote {path}")
+
+    try:
+        task = win.open_dataset(data)
+        _wait(task.finished, 600_000, f"dataset {data}")
+        if win.dataset is None:
+            raise CrossViewError(f"could not open {data}: {getattr(win, 'last_error', '')}")
+        ds = win.dataset
+        first_test = int(ds.splits["test"][0]) if "test" in ds.splits else 0
+        win.data_panel.select_image(first_test)
+        win.tabs.setCurrentWidget(win.data_panel)
+        shot("data")
+
+        task = win.open_run(run, show="query")
+        _wait(task.finished, 600_000, f"run {run}")
+        if win.run is None:
+            raise CrossViewError(f"could not open run {run}: {getattr(win, 'last_error', '')}")
+        win.tabs.setCurrentWidget(win.train_panel)
+        win.train_panel.refresh_runs()
+        win.train_panel.select_run(run)
+        win.train_panel.show_history(run)
+        shot("train")
+
+        qp = win.query_panel
+        win.tabs.setCurrentWidget(qp)
+        qp.query_image(first_test)
+        _wait(qp.answered, 60_000, "the image query")
+        shot("query_i2t")
+        qp.sentence.setText(sentence)
+        qp.query_text(sentence)
+        _wait(qp.answered, 60_000, "the sentence query")
+        shot("query_t2i")
+
+        if compare:
+            from crossview.eval.runs import load_run_results
+            win.inspect_panel.set_runs([*win.inspect_panel.runs.values(), load_run_results(compare)])
+            win.inspect_panel.set_compare(load_run_results(compare))
+        win.tabs.setCurrentWidget(win.inspect_panel)
+        shot("inspect")
+
+        win.set_presentation(True)
+        qp.query_text(sentence)
+        _wait(qp.answered, 60_000, "the presentation query")
+        shot("presentation")
+        win.set_presentation(False)
+    finally:
+        win.close()
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover
+    render_screenshots(sys.argv[1] if len(sys.argv) > 1 else "screenshots")
