@@ -137,6 +137,9 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         shot("inspect")
 
         win.set_presentation(True)
+        if os.environ.get("QT_QPA_PLATFORM") == "offscreen":   # the offscreen "screen" is only 800 x 800
+            win.showNormal()
+            win.resize(*size)
         qp.query_text(sentence)
         _wait(qp.answered, 60_000, "the presentation query")
         shot("presentation")

@@ -18,9 +18,9 @@ class _Signals(QObject):
 
 
 class _Decode(QRunnable):
-    def __init__(self, path: str, size: int, signals: _Signals) -> None:
+    def __init__(self, path: str, size: int, signals: _Signals, upscale: bool = False) -> None:
         super().__init__()
-        self.path, self.size, self.signals = path, size, signals
+        self.path, self.size, self.signals, self.upscale = path, size, signals, upscale
         self.setAutoDelete(True)
 
     def run(self) -> None:
@@ -30,6 +30,9 @@ class _Decode(QRunnable):
         if src.isValid() and (src.width() > self.size or src.height() > self.size):
             reader.setScaledSize(src.scaled(self.size, self.size, Qt.AspectRatioMode.KeepAspectRatio))
         img = reader.read()
+        if self.upscale and not img.isNull() and max(img.width(), img.height()) < self.size:
+            img = img.scaled(self.size, self.size, Qt.AspectRatioMode.KeepAspectRatio,
+                             Qt.TransformationMode.SmoothTransformation)
         self.signals.loaded.emit(self.path, img)  # a null QImage marks an unreadable file
 
 
@@ -49,9 +52,11 @@ class ThumbnailCache(QObject):
 
     ready = Signal(str)
 
-    def __init__(self, size: int = 112, capacity: int = 4000, threads: int = 2, parent: QObject | None = None) -> None:
+    def __init__(self, size: int = 112, capacity: int = 4000, threads: int = 2, parent: QObject | None = None,
+                 upscale: bool = False) -> None:
         super().__init__(parent)
         self.size = size
+        self.upscale = upscale   #: also enlarge images smaller than ``size`` (presentation mode)
         self.capacity = capacity
         self._cache: OrderedDict[str, QPixmap] = OrderedDict()
         self._pending: set[str] = set()
@@ -73,7 +78,7 @@ class ThumbnailCache(QObject):
         if path not in self._pending:
             self._pending.add(path)
             # newest first: what the user just scrolled to is what they look at
-            self._pool.start(_Decode(path, self.size, self._signals), priority=len(self._pending))
+            self._pool.start(_Decode(path, self.size, self._signals, self.upscale), priority=len(self._pending))
         return None
 
     def clear_pending(self) -> None:

@@ -48,8 +48,11 @@ class QueryPanel(QWidget):
         self.ranking: Ranking | None = None
         self._task: Task | None = None
         self.history: list[dict[str, Any]] = []
-        self.cache = ThumbnailCache(size=96, parent=self)
-        self.cache.ready.connect(self._thumbnail_ready)
+        self.small_cache = ThumbnailCache(size=96, parent=self)
+        self.big_cache = ThumbnailCache(size=224, parent=self, upscale=True)     # presentation mode: large thumbnails
+        self.cache = self.small_cache
+        for c in (self.small_cache, self.big_cache):
+            c.ready.connect(self._thumbnail_ready)
         self.setAcceptDrops(True)
 
         self.header = QLabel("No run loaded: train one in the Train panel or open a run.")
@@ -150,7 +153,8 @@ class QueryPanel(QWidget):
         layout = QVBoxLayout(self)
         head = QHBoxLayout()
         head.addWidget(self.header, 1)
-        head.addWidget(QLabel("Gallery:"))
+        self.gallery_label = QLabel("Gallery:")
+        head.addWidget(self.gallery_label)
         head.addWidget(self.gallery_combo)
         self.head_bar = head
         layout.addLayout(head)
@@ -330,11 +334,12 @@ class QueryPanel(QWidget):
         else:
             title = f"“{html.escape(q.get('text', ''))}”"
         if path:
-            pm = placeholder(170)
+            side = self.query_view.width() - 10
+            pm = placeholder(side)
             from PySide6.QtGui import QPixmap
             loaded = QPixmap(path)
             if not loaded.isNull():
-                pm = loaded.scaled(170, 170, Qt.AspectRatioMode.KeepAspectRatio,
+                pm = loaded.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
                                    Qt.TransformationMode.SmoothTransformation)
             self.query_view.setPixmap(pm)
             self.query_view.show()
@@ -451,15 +456,21 @@ class QueryPanel(QWidget):
     # ------------------------------------------------------------------ presentation
     def set_presentation(self, on: bool) -> None:
         """Large type, only the query box and the results (for live demos)."""
-        for w in (self.mark_bar, self.k_spin, self.gallery_combo):
+        for w in (self.mark_bar, self.k_spin, self.gallery_combo, self.gallery_label, self.image_button):
             w.setVisible(not on)
+        self.cache = self.big_cache if on else self.small_cache
+        self.query_side.setFixedWidth(340 if on else 200)
+        self.query_view.setFixedSize(*((320, 320) if on else (180, 180)))
         f = QFont(self.font())
         f.setPointSizeF(18 if on else max(10.0, QFont().pointSizeF()))
         for w in (self.sentence, self.caption_list, self.image_grid, self.query_title, self.gold_label, self.header):
             w.setFont(f)
         self.caption_list.setIconSize(QSize(120, 120) if on else QSize(64, 64))
         self.image_grid.setIconSize(QSize(200, 200) if on else QSize(96, 96))
-        self.image_grid.setGridSize(QSize(224, 250) if on else QSize(118, 132))
+        self.image_grid.setGridSize(QSize(240, 275) if on else QSize(118, 132))
+        self._refresh_icons(self.current_view())
+        if self.ranking is not None:
+            self._show_query(self.ranking)
 
 
 def _demo_retriever() -> tuple[Retriever, Path]:  # pragma: no cover - manual preview
