@@ -325,3 +325,24 @@ def test_default_run_dir_is_under_the_runs_folder(tmp_path, toy, monkeypatch):
     _drain(it)
     assert (it.run_dir / "summary.json").is_file()
     assert os.listdir(tmp_path / "home" / "runs") == [it.run_dir.name]
+
+
+def test_card_flags_become_train_options(tmp_path, toy, monkeypatch, capsys):
+    """A card parameter with ``flag = "--ridge"`` gets its own `crossview train` option."""
+    from crossview.cli import main
+    from crossview.resources import models_dir
+
+    cards = tmp_path / "models"
+    cards.mkdir()
+    text = (models_dir() / "cca.toml").read_text()
+    (cards / "cca.toml").write_text(text.replace("[params.reg]\n", '[params.reg]\nflag = "--ridge"\n'))
+    monkeypatch.setenv("CROSSVIEW_MODELS", str(cards))
+    ds, _ = toy
+    data = tmp_path / "toy_precomp"
+    _write_precomp(data, ds)
+    rc = main(["train", "cca", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--text-encoder", "bow",
+               "--ridge", "0.5", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["params"]["reg"] == 0.5
+    assert main(["train", "cca", "--data", str(data), "--ridge", "-1"]) == 2
+    assert "below the minimum" in capsys.readouterr().err
