@@ -145,3 +145,45 @@ def test_dropping_a_dataset_file_opens_it(qtbot, window: MainWindow, small_datas
     with qtbot.waitSignal(window.data_panel.model.modelReset, timeout=30_000):
         window.dropEvent(ev)
     qtbot.waitUntil(lambda: window.dataset is not None and window.dataset.n_images == 30, timeout=30_000)
+
+
+def test_thirty_thousand_images_scroll_without_blocking(qtbot, tmp_path: Path) -> None:
+    """The virtualised grid at 30,000 images: set-up and scrolling while thumbnails decode stay under 50 ms."""
+    import os
+    import time
+
+    import numpy as np
+
+    from crossview.data.dataset import PairedDataset
+    from crossview.gui.panels.data_panel import prepare_browsing
+    from crossview.gui.workers import LatencyProbe
+
+    sources = []
+    for i in range(40):
+        p = tmp_path / f"src{i}.jpg"
+        Image.new("RGB", (320, 240), (6 * i, 90, 160)).save(p)
+        sources.append(p)
+    paths = []
+    for i in range(30_000):
+        p = tmp_path / f"im{i}.jpg"
+        os.symlink(sources[i % 40], p)
+        paths.append(str(p))
+    caps = [f"photo {i} of a red ball on grass" for i in range(30_000)]
+    ds = PairedDataset(name="big", captions=caps, caption_image=np.arange(30_000), image_paths=paths,
+                       splits={"train": np.arange(30_000)})
+    prepared = prepare_browsing(ds)           # done by the loading worker in the app
+    panel = DataPanel()
+    qtbot.addWidget(panel)
+    panel.resize(1200, 800)
+    panel.show()
+    probe = LatencyProbe().start()
+    panel.set_dataset(ds, prepared)
+    bar = panel.grid.verticalScrollBar()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.0:
+        bar.setValue(int(bar.maximum() * (time.monotonic() - t0) / 2.0))
+        qtbot.wait(15)
+    gap = probe.stop()
+    assert panel.model.rowCount() == 30_000
+    assert gap < 50, f"the GUI thread was blocked for {gap:.0f} ms"
+    panel.cache.shutdown()

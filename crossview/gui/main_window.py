@@ -40,10 +40,13 @@ def _load(source: str):
     """The work of opening a dataset, off the GUI thread (the demo reports its rendering progress)."""
     def work(progress, should_stop):
         from crossview.data import load_dataset
+        from crossview.gui.panels.data_panel import prepare_browsing
         if source == "demo":
             from crossview.data.demo import load_demo
-            return load_demo(progress=progress)
-        return load_dataset(source)
+            ds = load_demo(progress=progress)
+        else:
+            ds = load_dataset(source)
+        return (ds, prepare_browsing(ds)) if isinstance(ds, PairedDataset) else (ds, None)
     return work
 
 
@@ -228,7 +231,7 @@ class MainWindow(QMainWindow):
         self.progress.setRange(0, 0)
         self.progress.show()
         task.progress.connect(lambda done, total, t=task: self._on_progress(t, done, total))
-        task.succeeded.connect(lambda ds, t=task: self._on_loaded(t, source, ds))
+        task.succeeded.connect(lambda res, t=task: self._on_loaded(t, source, *res))
         task.failed.connect(lambda msg, details, t=task: self._on_failed(t, source, msg, details))
         task.finished.connect(lambda t=task: self._on_finished(t))
         return task.start()
@@ -239,7 +242,7 @@ class MainWindow(QMainWindow):
             self.progress.setValue(done)
             self.status_dataset.setText(f"Rendering the demo dataset (first use only): {done}/{total} images")
 
-    def _on_loaded(self, task: Task, source: str, ds) -> None:
+    def _on_loaded(self, task: Task, source: str, ds, prepared=None) -> None:
         if task is not self._task:
             return
         if isinstance(ds, TextCorpus):
@@ -248,7 +251,7 @@ class MainWindow(QMainWindow):
             return
         self.dataset = ds
         self.dataset_source = source
-        self.data_panel.set_dataset(ds)
+        self.data_panel.set_dataset(ds, prepared)
         self.train_panel.set_dataset(ds)
         self.status_dataset.setText(f"Dataset: {ds.name}  ({ds.n_images:,} images, {ds.n_captions:,} captions)")
         self.setWindowTitle(f"CrossView - {ds.name}")

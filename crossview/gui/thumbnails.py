@@ -67,6 +67,12 @@ class ThumbnailCache(QObject):
         self._signals.loaded.connect(self._on_loaded)
         self.broken = placeholder(size, "unreadable")
         self.loading = placeholder(size)
+        # Decoder threads must be idle before Python finalises: a decode finishing during interpreter
+        # shutdown emits into half-destroyed objects (seen as a "bool_dealloc" abort at exit).
+        from PySide6.QtCore import QCoreApplication
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
 
     def get(self, path: str) -> QPixmap | None:
         pm = self._cache.get(path)
@@ -85,6 +91,11 @@ class ThumbnailCache(QObject):
         """Drop decodes not started yet (e.g. after a big scroll or a new dataset)."""
         self._pool.clear()
         self._pending.clear()
+
+    def shutdown(self, msecs: int = 5000) -> bool:
+        """Drop queued decodes and wait for the running ones (at exit)."""
+        self.clear_pending()
+        return self._pool.waitForDone(msecs)
 
     def wait_idle(self, msecs: int = 10000) -> bool:
         return self._pool.waitForDone(msecs)

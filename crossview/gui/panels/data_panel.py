@@ -80,6 +80,19 @@ class ImageGridModel(QAbstractListModel):
             self.dataChanged.emit(idx, idx, [Qt.ItemDataRole.DecorationRole])
 
 
+def prepare_browsing(ds: PairedDataset) -> dict:
+    """What the panel needs to filter and summarise ``ds``: the word set of each image and the caption
+    lengths. Plain Python (no Qt), so the loading worker computes it off the GUI thread (150K captions
+    take about a second)."""
+    words: list[set[str]] = [set() for _ in range(ds.n_images)]
+    lengths = np.zeros(ds.n_captions, dtype=np.int64)
+    for n, (c, i) in enumerate(zip(ds.captions, ds.caption_image.tolist())):
+        toks = tokenize(c)
+        words[i].update(toks)
+        lengths[n] = len(toks)
+    return {"dataset": id(ds), "words": words, "lengths": lengths}
+
+
 class DataPanel(QWidget):
     """Browse a dataset. ``image_selected(int)`` carries the image index of the dataset."""
 
@@ -177,7 +190,8 @@ class DataPanel(QWidget):
         layout.addWidget(split)
 
     # ------------------------------------------------------------------ dataset
-    def set_dataset(self, ds: PairedDataset | None) -> None:
+    def set_dataset(self, ds: PairedDataset | None, prepared: dict | None = None) -> None:
+        """Show ``ds``; ``prepared`` is :func:`prepare_browsing`'s result when a worker computed it."""
         self.cache.clear_pending()
         self.ds = ds
         self.split_combo.blockSignals(True)
@@ -188,11 +202,12 @@ class DataPanel(QWidget):
                 self.split_combo.addItem(f"{s} ({len(ds.splits[s]):,})", s)
         self.split_combo.blockSignals(False)
         self._image_words = []
+        self._lengths = np.zeros(0, dtype=np.int64)
         if ds is not None:
-            words: list[set[str]] = [set() for _ in range(ds.n_images)]
-            for c, i in zip(ds.captions, ds.caption_image.tolist()):
-                words[i].update(tokenize(c))
-            self._image_words = words
+            if prepared is None or prepared.get("dataset") != id(ds):
+                prepared = prepare_browsing(ds)
+            self._image_words = prepared["words"]
+            self._lengths = prepared["lengths"]
         self.model.set_dataset(ds)
         self.summary.setText(self._summary_text())
         self._plot_lengths()
@@ -208,7 +223,7 @@ class DataPanel(QWidget):
         if self.ds is None or not self.ds.n_captions:
             self.length_counts = np.zeros(0, dtype=np.int64)
             return
-        lengths = caption_lengths(self.ds.captions)
+        lengths = self._lengths if len(self._lengths) == self.ds.n_captions else caption_lengths(self.ds.captions)
         self.length_counts = np.bincount(lengths)
         xs = np.arange(len(self.length_counts))
         self.length_bars = pg.BarGraphItem(x=xs, height=self.length_counts, width=0.85,
