@@ -52,6 +52,32 @@ def launch(dataset: str | None = "demo") -> int:
     return app.exec()
 
 
+def _exec(app) -> int:
+    """Run the event loop; ``CROSSVIEW_EXIT_AFTER_MS`` quits after that long (smoke tests of the panels)."""
+    ms = os.environ.get("CROSSVIEW_EXIT_AFTER_MS")
+    if ms:
+        from PySide6.QtCore import QTimer
+        QTimer.singleShot(int(ms), app.quit)
+    return app.exec()
+
+
+def demo_run(method: str = "cca") -> str:
+    """The newest finished run on the demo in the user's runs folder, or a new one trained now."""
+    import json
+
+    from crossview.engine.session import list_runs
+    for run in list_runs():
+        try:
+            s = json.loads((run / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if s.get("dataset") == "demo" and s.get("status", "finished") == "finished":
+            return str(run)
+    from crossview.gui.screenshots import train_quick_run
+    print(f"training {method} on the demo first ...", file=sys.stderr)
+    return str(train_quick_run("demo", method, None, lambda m: print(m, file=sys.stderr)))
+
+
 def run_panel(panel_cls, dataset: str | None = "demo") -> int:
     """Opens one panel alone in a window, on ``dataset`` (``python -m crossview.gui.panels.X``)."""
     if not has_display():
@@ -66,4 +92,4 @@ def run_panel(panel_cls, dataset: str | None = "demo") -> int:
     if dataset and hasattr(panel, "set_dataset"):
         panel.set_dataset(load_dataset(dataset))
     panel.show()
-    return app.exec()
+    return _exec(app)

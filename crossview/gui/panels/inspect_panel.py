@@ -422,20 +422,18 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
     from crossview.eval.runs import load_run_results
-    from crossview.gui.launch import NO_DISPLAY, ensure_app, has_display
+    from crossview.gui.launch import NO_DISPLAY, _exec, demo_run, ensure_app, has_display
     if not has_display():
         print(NO_DISPLAY, file=sys.stderr)
         sys.exit(1)
-    if len(sys.argv) < 2:
-        print("usage: python -m crossview.gui.panels.inspect_panel RUN_DIR [RUN_DIR_B]", file=sys.stderr)
-        sys.exit(2)
+    dirs = sys.argv[1:] or [demo_run()]
     app = ensure_app()
     panel = InspectPanel()
-    runs = [load_run_results(p) for p in sys.argv[1:]]
+    runs = [load_run_results(p) for p in dirs]
     panel.set_runs(runs)
     panel.set_run(runs[0])
     if len(runs) > 1:
         panel.set_compare(runs[1])
     panel.resize(1200, 850)
     panel.show()
-    sys.exit(app.exec())
+    sys.exit(_exec(app))

@@ -473,24 +473,19 @@ class QueryPanel(QWidget):
             self._show_query(self.ranking)
 
 
-def _demo_retriever() -> tuple[Retriever, Path]:  # pragma: no cover - manual preview
-    from crossview.engine.runs import open_run, quick_run
-    run_dir = quick_run("cca", data="demo")
-    run = open_run(run_dir)
-    return run.retriever(gallery="test"), run_dir
-
-
 if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
-    from crossview.gui.launch import ensure_app, has_display, NO_DISPLAY
+    from crossview.engine.session import open_run
+    from crossview.gui.launch import NO_DISPLAY, _exec, demo_run, ensure_app, has_display
     if not has_display():
         print(NO_DISPLAY, file=sys.stderr)
         sys.exit(1)
+    run_dir = sys.argv[1] if len(sys.argv) > 1 else demo_run()
     app = ensure_app()
     panel = QueryPanel()
-    retriever, run_dir = _demo_retriever()
-    panel.set_retriever(retriever, run_dir)
+    run = open_run(run_dir)
+    panel.set_retriever(run.retriever("test" if "test" in run.dataset.splits else "all"), run_dir, title=run.name)
     panel.resize(1200, 800)
     panel.show()
-    sys.exit(app.exec())
+    sys.exit(_exec(app))
