@@ -1,0 +1,179 @@
+"""``crossview experiment ...``: the papers' experiments as commands.
+
+``crossview experiment bitr-table --data D`` runs Experiment 1 of the BITR paper (image <-> caption
+retrieval with CCA, WSABIE and BITR-M/E/C, :mod:`crossview.experiments.bitr_table`) and prints the
+paper's table. Progress and messages go to stderr; the table (or ``--json``) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.errors import CrossViewError
+
+
+def _parse_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``["bitr.C=100", "wsabie.lr=0.01"]`` -> ``{"bitr": {"C": "100"}, "wsabie": {"lr": "0.01"}}``."""
+    from crossview.experiments.bitr_table import TABLE_METHODS
+
+    out: dict[str, dict[str, Any]] = {}
+    registries = {r for r, _ in TABLE_METHODS.values()}
+    for item in items or []:
+        left, eq, value = item.partition("=")
+        method, dot, key = left.partition(".")
+        method = method.strip().lower()
+        if not eq or not dot or not key.strip():
+            raise CrossViewError(f"--param {item!r}: write METHOD.NAME=VALUE, e.g. --param bitr.C=100 or "
+                                 f"--param bitr-c.c_grid=1e-2:1e2")
+        if method not in TABLE_METHODS and method not in registries:
+            raise CrossViewError(f"--param {item!r}: unknown method {method!r}; use one of "
+                                 f"{', '.join(sorted(set(TABLE_METHODS) | registries))}")
+        out.setdefault(method, {})[key.strip()] = value.strip()
+    return out
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (for the Markdown report)."""
+    parts = ["crossview", "experiment", "bitr-table", "--data", str(args.data)]
+    if args.format:
+        parts += ["--format", args.format]
+    if args.image_root:
+        parts += ["--image-root", str(args.image_root)]
+    parts += ["--representation", args.representation, "--methods", args.methods, "--k", str(args.k)]
+    if args.folds is not None:
+        parts += ["--folds", str(args.folds)]
+    if args.split is not None:
+        parts += ["--split", args.split]
+    if args.corpus:
+        parts += ["--corpus", str(args.corpus)]
+    for flag, v in (("--image-encoder", args.image_encoder), ("--text-encoder", args.text_encoder)):
+        if v:
+            parts += [flag, v]
+    for flag, v, default in (("--n-topics", args.n_topics, 100), ("--n-words", args.n_words, 1000),
+                             ("--seed", args.seed, 0)):
+        if v != default:
+            parts += [flag, str(v)]
+    for p in args.param or []:
+        parts += ["--param", p]
+    if args.out:
+        parts += ["--out", str(args.out)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_bitr_table(args: argparse.Namespace) -> int:
+    from crossview.data import load_dataset
+    from crossview.data.dataset import PairedDataset
+    from crossview.engine.events import Finished, Log, Progress
+    from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
+                                                  run_bitr_table)
+
+    methods = parse_methods(args.methods)
+    ks = parse_ks(args.k)
+    params = _parse_params(args.param)
+    if args.out and Path(args.out).suffix.lower() not in (".md", ".markdown"):
+        raise CrossViewError(f"--out {args.out}: the report is Markdown; give a file name ending in .md")
+    ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
+    if not isinstance(ds, PairedDataset):
+        raise CrossViewError(f"{args.data}: this is a caption corpus without images; --data needs an image-caption "
+                             f"dataset (pass the corpus with --corpus)")
+    corpus = None
+    if args.corpus:
+        corpus = load_dataset(args.corpus)
+        if not getattr(corpus, "captions", None):
+            raise CrossViewError(f"--corpus {args.corpus}: no captions in it; give a text file with one caption a line")
+    rep_params: dict[str, Any] = {"device": args.device, "seed": args.seed}
+    if args.image_encoder:
+        rep_params["image_encoder"] = args.image_encoder
+    if args.text_encoder:
+        rep_params["text_encoder"] = args.text_encoder
+    if args.representation in ("tr", "ctr"):
+        rep_params.update(n_topics=args.n_topics, n_words=args.n_words)
+    if args.no_cache:
+        rep_params["cache"] = False
+    elif args.cache_dir:
+        from crossview.features import FeatureCache
+        rep_params["cache"] = FeatureCache(args.cache_dir)
+
+    bars: dict[str, ProgressPrinter] = {}
+
+    def feature_progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+
+    err = sys.stderr
+    tty = getattr(err, "isatty", lambda: False)()
+    result = None
+    for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
+                             split=args.split, ks=ks, corpus=corpus, method_params=params,
+                             representation_params=rep_params, seed=args.seed, feature_progress=feature_progress):
+        if isinstance(ev, Log):
+            if tty:
+                err.write("\r\033[K")
+            err.write(f"experiment: {'warning: ' if ev.level == 'warning' else ''}{ev.message}\n")
+            err.flush()
+            bars.clear()
+        elif isinstance(ev, Progress) and tty:
+            err.write(f"\r\033[K{ev.message[:120]}")
+            err.flush()
+        elif isinstance(ev, Finished):
+            result = ev.summary
+    if tty:
+        err.write("\r\033[K")
+    assert result is not None
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(format_markdown(result, _command_line(args)), encoding="utf-8")
+        print(f"experiment: wrote {out}", file=err)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_table(result))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    exp = sub.add_parser("experiment", help="run the papers' experiments (BITR table ...)",
+                         description="Run the papers' experiments and print their tables.")
+    esub = exp.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)
+
+    p = esub.add_parser(
+        "bitr-table", help="Experiment 1 of the BITR paper: CCA, WSABIE, BITR-M/E/C, image <-> caption",
+        description="Experiment 1 of the BITR paper (Tables 2 and 7): image <-> caption retrieval with CCA, "
+                    "WSABIE and BITR with the M, E and C losses on one representation. Prints Im2Text and "
+                    "Text2Im BLEU-1 and ROUGE-1 (top 5 retrieved from the training set), R@K and MedR (within "
+                    "the test set), Im2Text BLEU-1 / ROUGE-1 from an independent caption corpus (--corpus), and "
+                    "the paper's own numbers from the method cards. Protocol: --folds N (N partitions, each the "
+                    "test set once) or --split NAME (train on 'train', test on NAME); default: the 'test' split "
+                    "when the dataset has one, else 10 folds.")
+    p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
+    _add_dataset_args(p)
+    p.add_argument("--representation", default="modern", choices=["modern", "tr", "ctr", "default"],
+                   help="modern: CNN + PCA 128-d and averaged GloVe vectors (default); tr: LDA topics of visual "
+                        "and caption words; ctr: TR projected by CCA; default: the default encoders")
+    p.add_argument("--methods", default="cca,wsabie,bitr-m,bitr-e,bitr-c",
+                   help="comma-separated rows: cca, wsabie, bitr-m, bitr-e, bitr-c, random (chance baseline) "
+                        "(default: the paper's five)")
+    p.add_argument("--folds", type=int, metavar="N", help="N-fold protocol over all images (the paper: 10)")
+    p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train' (e.g. val or test)")
+    p.add_argument("--k", default="50", metavar="K[,K...]", help="K of R@K, one or more (default 50, as the paper)")
+    p.add_argument("--corpus", metavar="PATH", help="independent caption corpus (one caption a line) for Im2Text")
+    p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
+                   help="a method parameter, repeatable: bitr.C=100 (all BITR rows), bitr-c.c_grid=paper, "
+                        "wsabie.lr=0.01, cca.reg=0.1")
+    p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
+    p.add_argument("--text-encoder", metavar="NAME", help="text encoder for --representation default")
+    p.add_argument("--n-topics", type=int, default=100, help="LDA topics for tr / ctr (default 100, as the paper)")
+    p.add_argument("--n-words", type=int, default=1000, help="visual words for tr / ctr (default 1000, as the paper)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the folds, k-means and LDA (default 0)")
+    p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
+    p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    p.add_argument("--out", metavar="FILE.md", help="also write the table and settings as Markdown")
+    p.set_defaults(func=cmd_bitr_table)

@@ -1,0 +1,13 @@
+"""The papers' experiments as functions (the ``crossview experiment ...`` commands call them).
+
+- :mod:`crossview.experiments.bitr_table`: Experiment 1 of the BITR paper (paper 001, Tables 2 and 7):
+  image <-> caption retrieval with CCA, WSABIE and BITR-M/E/C on one representation, plus Im2Text
+  against an independent caption corpus.
+
+Runners are plain generators of :mod:`crossview.engine.events` (no Qt); the last event is a
+``Finished`` whose ``summary`` is the result.
+"""
+
+from __future__ import annotations
+
+__all__ = ["bitr_table"]

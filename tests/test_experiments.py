@@ -1,0 +1,253 @@
+"""Experiment 1 of the BITR paper (crossview.experiments.bitr_table and `crossview experiment bitr-table`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crossview.cli import main
+from crossview.data.dataset import PairedDataset
+from crossview.errors import CrossViewError
+from crossview.eval.overlap import SentenceOverlap
+from crossview.experiments import bitr_table as B
+from crossview.features import FeatureCache
+from crossview.methods.base import Method, MethodData
+
+COLOURS = ["red", "green", "blue", "yellow"]
+SHAPES = ["circle", "square", "star"]
+PLACES = ["beach", "forest", "city"]
+
+
+def _captions(c: str, s: str, p: str) -> list[str]:
+    return [f"a {c} {s} at the {p}", f"the {s} is {c}", f"{c} {s} near a {p}", f"a {s} in the {p}",
+            f"something {c} by the {p}"]
+
+
+def _images(rng: np.random.Generator, n: int, mix: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    feats, caps = [], []
+    for _ in range(n):
+        c, s, p = rng.integers(0, 4), rng.integers(0, 3), rng.integers(0, 3)
+        onehot = np.zeros(10, np.float32)
+        onehot[[c, 4 + s, 7 + p]] = 1.0
+        feats.append((onehot + 0.3 * np.abs(rng.standard_normal(10))) @ mix)
+        caps += _captions(COLOURS[c], SHAPES[s], PLACES[p])
+    return np.asarray(feats, np.float32), caps
+
+
+@pytest.fixture(scope="module")
+def precomp(tmp_path_factory) -> Path:
+    """A tiny VSE++-style precomp folder: 60 train / 12 val / 40 test images, 5 captions each; the image
+    features are a noisy non-negative mix of the colour, shape and place one-hots the captions name."""
+    folder = tmp_path_factory.mktemp("tiny_precomp")
+    rng = np.random.default_rng(0)
+    mix = np.abs(rng.standard_normal((10, 16))).astype(np.float32)
+    for prefix, n in (("train", 60), ("dev", 12), ("test", 40)):
+        feats, caps = _images(rng, n, mix)
+        np.save(folder / f"{prefix}_ims.npy", feats)
+        (folder / f"{prefix}_caps.txt").write_text("\n".join(caps) + "\n", encoding="utf-8")
+    corpus = [c for col in COLOURS for s in SHAPES for p in PLACES for c in _captions(col, s, p)[:2]]
+    (folder / "corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(precomp) -> PairedDataset:
+    from crossview.data import load_dataset
+    return load_dataset(precomp)
+
+
+# Small settings for a small set: WSABIE needs more, smaller steps; BITR a larger C than its default.
+FAST = {"wsabie": {"batch_size": 32, "lr": 0.02, "max_epochs": 10, "dim": 16},
+        "bitr": {"pca_dim": 0, "max_iter": 200, "C": 100.0}}
+
+
+# ---------------------------------------------------------------------------------- protocol pieces
+def test_folds_partition_all_images_and_splits_train_on_train(tiny):
+    folds, desc = B.make_folds(tiny, folds=4, seed=1)
+    assert len(folds) == 4 and "4 folds" in desc
+    tests = np.concatenate([f.test for f in folds])
+    np.testing.assert_array_equal(np.sort(tests), np.arange(tiny.n_images))   # each image tested once
+    for f in folds:
+        assert not set(f.train) & set(f.test) and len(f.train) + len(f.test) == tiny.n_images
+    (fold,), desc = B.make_folds(tiny, split="test")
+    np.testing.assert_array_equal(fold.test, tiny.splits["test"])
+    np.testing.assert_array_equal(fold.train, tiny.splits["train"])
+    np.testing.assert_array_equal(fold.val, tiny.splits["val"])
+    (fold,), _ = B.make_folds(tiny, split="val")       # testing on val: no validation data for the methods
+    assert fold.val is None and not set(fold.train) & set(fold.test)
+    assert B.make_folds(tiny)[0][0].name == "test"      # default: the test split when there is one
+    for kw, msg in (({"folds": 3, "split": "test"}, "not both"), ({"split": "train"}, "training images"),
+                    ({"split": "nope"}, "no split 'nope'"), ({"folds": 60}, "too few for 60 folds"),
+                    ({"folds": 1}, "at least 2")):
+        with pytest.raises(CrossViewError, match=msg):
+            B.make_folds(tiny, **kw)
+
+
+def test_chance_levels_hand_values_and_monte_carlo():
+    # 4 images x 2 captions + 2 images x 1 caption: N = 10 captions, M = 6 images.
+    ci = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 5])
+    data = MethodData(image_features=np.zeros((6, 1)), text_features=np.zeros((10, 1)),
+                      captions=[str(i) for i in range(10)], caption_image=ci)
+    ch = B.chance_levels(data, ks=(3,))
+    # P(a 2-caption image has one in the top 3) = 1 - C(8,3)/C(10,3) = 1 - 56/120; 1-caption: 3/10.
+    expect = (4 * (1 - 56 / 120) + 2 * 0.3) / 6
+    assert ch["i2t"]["R@3"] == pytest.approx(100 * expect)
+    assert ch["t2i"]["R@3"] == pytest.approx(50.0)
+    # Median best rank: 2 golds -> 3 (P(rank <= 3) = 0.533 >= 0.5 > P(rank <= 2) = 0.378); 1 gold -> 5.
+    assert ch["i2t"]["MedR"] == pytest.approx((4 * 3 + 2 * 5) / 6)
+    rng = np.random.default_rng(0)
+    hits = [np.min(rng.permutation(10)[:2]) < 3 for _ in range(20000)]
+    assert np.mean(hits) == pytest.approx(1 - 56 / 120, abs=0.01)
+
+
+class Features(Method):
+    """A fitted 'method' scoring by the dot product of the features themselves."""
+
+    name = "features-test"
+
+    def fit_iter(self, train, val=None, *, resume=False):
+        self.fitted_ = True
+        yield from ()
+
+    def encode_images(self, data, direction="i2t"):
+        return data.image_features
+
+    def encode_texts(self, data, direction="i2t"):
+        return data.text_features
+
+
+def test_overlap_metrics_match_a_naive_loop():
+    rng = np.random.default_rng(3)
+    words = ["dog", "cat", "runs", "sits", "grass", "sofa", "a", "the"]
+
+    def data(n_img: int, name: str) -> MethodData:
+        caps = [" ".join(rng.choice(words, 5)) for _ in range(2 * n_img)]
+        return MethodData(image_features=rng.standard_normal((n_img, 4)), text_features=rng.standard_normal(
+            (2 * n_img, 4)), captions=caps, caption_image=np.repeat(np.arange(n_img), 2), name=name)
+
+    train, test, corpus = data(7, "train"), data(4, "test"), data(5, "corpus")
+    got = B.evaluate_fold(Features().fit(train), train, test, ks=(3,), corpus=corpus, overlap_k=2)
+    sc = SentenceOverlap()
+    refs = lambda d, i: [d.captions[c] for c in np.flatnonzero(d.caption_image == i)]  # noqa: E731
+    rows = []
+    for i in range(4):                                    # Im2Text: top-2 training captions per test image
+        order = np.argsort(-(test.image_features[i] @ train.text_features.T), kind="stable")[:2]
+        rows += [sc(train.captions[c], refs(test, i)) for c in order]
+    assert got["i2t"]["BLEU-1"] == pytest.approx(np.mean([r["BLEU-1"] for r in rows]))
+    assert got["i2t"]["ROUGE-1"] == pytest.approx(100 * np.mean([r["ROUGE-1"] for r in rows]))
+    rows = []
+    for j in range(8):                                    # Text2Im: query caption vs top-2 training images
+        order = np.argsort(-(train.image_features @ test.text_features[j]), kind="stable")[:2]
+        rows += [sc(test.captions[j], refs(train, i)) for i in order]
+    assert got["t2i"]["BLEU-1"] == pytest.approx(np.mean([r["BLEU-1"] for r in rows]))
+    assert got["t2i"]["ROUGE-1"] == pytest.approx(100 * np.mean([r["ROUGE-1"] for r in rows]))
+    rows = []
+    for i in range(4):                                    # corpus: top-2 corpus captions per test image
+        order = np.argsort(-(test.image_features[i] @ corpus.text_features.T), kind="stable")[:2]
+        rows += [sc(corpus.captions[c], refs(test, i)) for c in order]
+    assert got["corpus_i2t"]["BLEU-1"] == pytest.approx(np.mean([r["BLEU-1"] for r in rows]))
+    # Retrieval metrics are the method's own evaluation on the test set.
+    ev = Features().fit(train).evaluate(test, ks=(3,))
+    assert got["i2t"]["R@3"] == ev["i2t"]["R@3"] and got["t2i"]["MedR"] == ev["t2i"]["MedR"]
+
+
+# ---------------------------------------------------------------------------------- the whole table
+@pytest.fixture(scope="module")
+def table(tiny, precomp, tmp_path_factory):
+    corpus = (precomp / "corpus.txt").read_text().split("\n")[:-1]
+    events = list(B.run_bitr_table(
+        tiny, representation="default", methods=["cca", "wsabie", "bitr-m", "bitr-e", "bitr-c", "random"],
+        split="test", ks=(5, 10), corpus=corpus, method_params=FAST,
+        representation_params={"text_encoder": "tfidf", "cache": FeatureCache(tmp_path_factory.mktemp("c"))}))
+    return events
+
+
+def test_table_is_full_and_methods_beat_random_embeddings(table):
+    from crossview.engine.events import Finished, Log, Progress
+
+    assert isinstance(table[-1], Finished) and any(isinstance(e, Progress) for e in table)
+    assert any(isinstance(e, Log) and "bitr-c: trained" in e.message for e in table)
+    res = table[-1].summary
+    assert res["protocol"].startswith("train on 60 images") and res["corpus_size"] == 72
+    rnd = res["results"]["random"]
+    for m in ("cca", "wsabie", "bitr-m", "bitr-e", "bitr-c"):
+        r = res["results"][m]
+        for d in ("i2t", "t2i"):
+            for key in ("BLEU-1", "ROUGE-1", "R@5", "R@10", "MedR"):
+                assert np.isfinite(r[d][key]), (m, d, key)
+            assert r[d]["R@10"] > rnd[d]["R@10"] + 15, (m, d, r[d], rnd[d])        # far above random
+            assert r[d]["R@10"] > res["chance"][d]["R@10"] + 15
+            assert r[d]["MedR"] < rnd[d]["MedR"]
+        assert r["i2t"]["ROUGE-1"] > rnd["i2t"]["ROUGE-1"] and r["corpus_i2t"]["ROUGE-1"] > rnd["corpus_i2t"]["ROUGE-1"]
+    text = B.format_table(res)
+    lines = text.splitlines()
+    for label in ("CCA", "WSABIE", "BITR-M", "BITR-E", "BITR-C", "random"):
+        row = next(line for line in lines if line.startswith(label + " "))
+        assert len(row.split()) == 1 + 2 * 5 + 2 and "-" not in row.split()[1:] and "nan" not in row
+    assert "Im2Text" in text and "Text2Im" in text and "corpus (72)" in text
+    md = B.format_markdown(res, "crossview experiment bitr-table --data x")
+    assert "| BITR-C |" in md and "crossview experiment bitr-table --data x" in md
+
+
+def test_cli_json_and_markdown(precomp, tmp_path, capsys):
+    out = tmp_path / "t.md"
+    rc = main(["experiment", "bitr-table", "--data", str(precomp), "--representation", "default",
+               "--text-encoder", "tfidf", "--methods", "cca,random", "--folds", "3", "--k", "5",
+               "--corpus", str(precomp / "corpus.txt"), "--cache-dir", str(tmp_path / "cache"),
+               "--json", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0
+    res = json.loads(cap.out)
+    assert res["folds"] == 3 and res["ks"] == [5] and set(res["results"]) == {"cca", "random"}
+    assert len(res["per_fold"]["cca"]) == 3
+    assert res["results"]["cca"]["i2t"]["R@5"] > res["results"]["random"]["i2t"]["R@5"]
+    assert "experiment 1 on" in cap.err and "fold 3/3 cca: trained" in cap.err   # events on stderr
+    md = out.read_text()
+    assert "--methods cca,random --k 5 --folds 3" in md and "| CCA |" in md
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--methods", "cca,foo"], "unknown method 'foo'"),
+    (["--folds", "3", "--split", "test"], "not both"),
+    (["--k", "0"], "R@K needs positive whole numbers"),
+    (["--param", "bitr.C"], "METHOD.NAME=VALUE"),
+    (["--methods", "bitr-c", "--param", "bitr-c.loss=M"], "bitr-c fixes loss"),
+    (["--param", "wsabie.lr=0.1"], "wsabie is not among the methods"),
+    (["--param", "cca.nope=1"], "no parameter 'nope'"),
+    (["--out", "table.txt"], "ending in .md"),
+    (["--split", "train"], "training images"),
+    (["--representation", "tr"], "--text-encoder only applies to --representation default"),
+])
+def test_bad_arguments_give_one_line_errors(precomp, tmp_path, capsys, extra, message):
+    rc = main(["experiment", "bitr-table", "--data", str(precomp), "--representation", "default",
+               "--text-encoder", "tfidf", "--methods", "cca", "--cache-dir", str(tmp_path), *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("crossview: error:") and message in err[0], err
+
+
+def test_corpus_as_data_and_topics_without_images_are_refused(precomp, capsys):
+    rc = main(["experiment", "bitr-table", "--data", str(precomp / "corpus.txt")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "caption corpus without images" in err and "--corpus" in err
+    rc = main(["experiment", "bitr-table", "--data", str(precomp), "--representation", "ctr"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "use --representation modern or default" in err[0]
+
+
+def test_paper_numbers_come_from_the_cards():
+    cards = pytest.importorskip("crossview.methods.cards")
+    if cards.find_card("wsabie") is None:
+        pytest.skip("models/wsabie.toml is not there")
+    modern = B.paper_numbers("modern", ["wsabie"])
+    assert modern["rows"]["wsabie"]["i2t"]["R@50"] == pytest.approx(35.40)      # Table 7, Pascal
+    assert modern["rows"]["wsabie"]["t2i"]["MedR"] == pytest.approx(33.45)
+    ctr = B.paper_numbers("ctr", ["wsabie", "random"])
+    assert ctr["rows"]["wsabie"]["i2t"]["R@50"] == pytest.approx(13.50)         # Table 2, Pascal CTR
+    assert "random" not in ctr["rows"]
+    if cards.find_card("bitr") is not None:                                      # one row per loss
+        rows = B.paper_numbers("modern", ["bitr-m", "bitr-c"])["rows"]
+        assert rows["bitr-c"]["i2t"]["R@50"] == pytest.approx(75.10) and rows["bitr-c"]["i2t"]["MedR"] == 18.75
+        assert rows["bitr-m"]["i2t"]["R@50"] == pytest.approx(70.50)
