@@ -359,14 +359,12 @@ def _candidate_keys(torch: Any, tq: Any, tb: Any, offset: int, k: int, gnorm: An
     if half:
         prev = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-        try:
-            s = tq.half() @ tb.T                                   # (m, c) float16, fp32 accumulation
+        try:                                                       # (m, c) float16, fp32 accumulation
+            s = torch.mv(tb, tq[0].half())[None] if tq.shape[0] == 1 else tq.half() @ tb.T
         finally:
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = prev
-        if not torch.isfinite(s).all():
-            return None
     else:
-        s = tq @ tb.T
+        s = torch.mv(tb, tq[0])[None] if tq.shape[0] == 1 else tq @ tb.T   # GEMV for one query
     vals, idx = torch.topk(s, kp, dim=1, sorted=True)
     if half:
         cand = tb[idx.reshape(-1)].float().reshape(idx.shape[0], kp, -1)
@@ -379,6 +377,7 @@ def _candidate_keys(torch: Any, tq: Any, tb: Any, offset: int, k: int, gnorm: An
             bound = (vals[:, -1].float() + u * vals.float().abs().amax(1)
                      + u * gnorm * torch.linalg.vector_norm(tq, dim=1) + 1e-30)
             kth = torch.topk(exact_vals, kk, dim=1).values[:, -1]
+            # (an overflow to inf in half makes the bound inf or NaN: the check fails and we fall back)
             if not bool((kth > bound).all()):
                 return None
         vals = exact_vals
