@@ -11,6 +11,7 @@ the chosen split and writes the run folder::
       status.json     "running" | "finished" | "cancelled" | "failed", with the step and the error
       checkpoint.pt   method state + feature spec + RNG states (temp file in the folder, then os.replace)
       ranks.npz       per-query ranks of the final evaluation: i2t (n_images,), t2i (n_captions,)
+      embeddings_<split>.npz  the evaluated split's embeddings (crossview.eval.embeddings), for `crossview eval`
       summary.json    {"method", "dataset", "split", "i2t": {R@1, R@5, R@10, MedR, MeanR}, "t2i": {...},
                        "rsum", "train_seconds", ...}  (R@K in percent, ranks 1-based)
 
@@ -358,6 +359,7 @@ class _Run:
             res = self.method.evaluate(test)
             eval_seconds = time.monotonic() - t1
             self._write_ranks(res["ranks"], test)
+            self._write_embeddings(test)
             summary = self._summary(res, test, features_seconds, eval_seconds)
             atomic_write_json(self._path(SUMMARY), summary)
             self.phase = "finished"
@@ -430,6 +432,22 @@ class _Run:
                      caption_ids=np.asarray(ds.caption_ids if ds is not None else np.arange(test.n_captions)))
 
         atomic_writer(self._path(RANKS), write)
+
+    def _write_embeddings(self, test: Any) -> None:
+        """``embeddings_<split>.npz`` (crossview.eval.embeddings): what ``crossview eval RUN`` re-scores
+        under any protocol (COCO 1K, identity, caption overlap) without loading the model."""
+        from crossview.eval.embeddings import Embeddings, save_embeddings
+
+        m = self.method
+        two = getattr(m, "directions_differ", False)
+        emb = Embeddings(
+            image=m.encode_images(test, direction="i2t"), text=m.encode_texts(test, direction="i2t"),
+            caption_image=test.caption_image,
+            image_t2i=m.encode_images(test, direction="t2i") if two else None,
+            text_t2i=m.encode_texts(test, direction="t2i") if two else None,
+            image_labels=test.labels, captions=list(test.captions),
+            info={"method": self.cfg.method, "dataset": self.dataset.name, "split": self.cfg.split})
+        save_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"), emb)
 
     def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
                  eval_seconds: float) -> dict[str, Any]:

@@ -189,7 +189,7 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
                                  "use --protocol standard")
         r1 = coco_1k(s_i2t, emb.caption_image, ks, n_folds=n // 1000)
         r2 = r1 if s_t2i is s_i2t else coco_1k(s_t2i, emb.caption_image, ks, n_folds=n // 1000)
-        out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=rsum_of(r1["i2t"], r2["t2i"], ks),
+        out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
                    folds=[{"i2t": a["i2t"], "t2i": b["t2i"]} for a, b in zip(r1["folds"], r2["folds"])])
         return out
     if protocol == "coco5k" and emb.image.shape[0] != 5000:
@@ -197,7 +197,7 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
                              "use --protocol standard")
     r1 = evaluate(s_i2t, emb.caption_image, ks)
     r2 = r1 if s_t2i is s_i2t else evaluate(s_t2i, emb.caption_image, ks)
-    out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=rsum_of(r1["i2t"], r2["t2i"], ks),
+    out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
                ranks={"i2t": r1["ranks"]["i2t"], "t2i": r2["ranks"]["t2i"]})
     if overlap:
         if emb.captions is None:
@@ -206,6 +206,13 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
         out["overlap"] = {"i2t": caption_overlap_i2t(s_i2t, emb.caption_image, emb.captions),
                           "t2i": caption_overlap_t2i(s_t2i, emb.caption_image, emb.captions)}
     return out
+
+
+def _rsum(i2t: dict[str, float], t2i: dict[str, float]) -> float | None:
+    """rsum is always R@1 + R@5 + R@10 of both directions (whatever other K were asked for)."""
+    if all(f"R@{k}" in d for k in (1, 5, 10) for d in (i2t, t2i)):
+        return rsum_of(i2t, t2i, (1, 5, 10))
+    return None
 
 
 def format_report(res: dict[str, Any], title: str = "") -> str:
@@ -223,12 +230,13 @@ def format_report(res: dict[str, Any], title: str = "") -> str:
     lines.append(f"{'':8}" + "".join(f"{k:>9}" for k in keys))
     for d in ("i2t", "t2i"):
         lines.append(f"{d:8}" + "".join(f"{res[d][k]:9.2f}" for k in keys))
-    if "rsum" in res:
+    if res.get("rsum") is not None:
         lines.append(f"rsum {res['rsum']:.2f}   ({res['n_images']:,} images, {res['n_captions']:,} captions, "
                      f"protocol {res['protocol']})")
     if "overlap" in res:
         for d in ("i2t", "t2i"):
             ov = res["overlap"][d]
-            lines.append(f"{d} top-5 overlap: " + ", ".join(f"{k} {v:.3f}" for k, v in ov.items()
-                                                           if isinstance(v, float)))
+            # BLEU comes 0-100 from sacrebleu, ROUGE 0-1 from rouge-score: both shown in percent
+            lines.append(f"{d} top-5 overlap (%): " + ", ".join(
+                f"{k} {v * (100 if k.startswith('ROUGE') else 1):.2f}" for k, v in ov.items() if isinstance(v, float)))
     return "\n".join(lines)
