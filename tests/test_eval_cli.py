@@ -95,7 +95,10 @@ def test_cli_eval_table_json_and_errors(tmp_path: Path, capsys) -> None:
     path = save_embeddings(tmp_path / "e.npz", _emb(rng, captions=[f"a dog number {i % 7}" for i in range(200)]))
     assert main(["eval", str(path), "--k", "1,5,50"]) == 0
     out = capsys.readouterr().out
-    assert "R@50" in out and "i2t" in out and "rsum" in out
+    assert "R@50" in out and "i2t" in out and "rsum" not in out      # rsum needs R@1, R@5 and R@10
+    assert main(["eval", str(path), "--k", "1,5,10,50", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["rsum"] == pytest.approx(sum(res[d][f"R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10)))
     assert main(["eval", str(path), "--json", "--overlap", "--ranks-out", str(tmp_path / "r.npz")]) == 0
     res = json.loads(capsys.readouterr().out)
     assert set(res["i2t"]) == {"R@1", "R@5", "R@10", "MedR", "MeanR"} and "BLEU-1" in res["overlap"]["i2t"]
