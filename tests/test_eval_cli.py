@@ -127,3 +127,20 @@ def test_cli_eval_table_json_and_errors(tmp_path: Path, capsys) -> None:
     assert "missing text, caption_image" in capsys.readouterr().err
     assert main(["eval", str(path), "--k", "one"]) == 2
     assert main(["eval", str(tmp_path / "nothing")]) == 2
+
+
+def test_a_finished_run_is_evaluated_from_its_folder(tmp_path: Path, capsys) -> None:
+    from _engine_helpers import make_toy_dataset, toy_features
+    from crossview.engine.run import train
+
+    ds = make_toy_dataset(n_images=120)
+    for _ in train("cca", ds, run_dir=tmp_path / "run", params={"n_components": 8}, features=toy_features(ds),
+                   device="cpu"):
+        pass
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["i2t"]["R@1"] == pytest.approx(summary["i2t"]["R@1"])
+    assert res["t2i"]["MedR"] == pytest.approx(summary["t2i"]["MedR"])
+    assert res["method"] == "cca" and res["split"] == "test"
+    assert main(["eval", str(tmp_path / "run"), "--protocol", "identity"]) == 0   # toy labels = classes
