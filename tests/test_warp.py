@@ -198,12 +198,16 @@ def _pooled(counts: np.ndarray, expected: np.ndarray, min_expected: float = 5.0)
     return np.array(c_out), np.array(e_out)
 
 
-@pytest.mark.parametrize("n_viol,draws_per_round,max_draws", [(4, 3, None), (1, 8, None), (6, 32, 5)])
+@pytest.mark.parametrize("n_viol,draws_per_round,max_draws,switch", [
+    (4, 3, None, None), (1, 8, None, None), (6, 32, 5, None),      # drawing only
+    (4, 3, None, 6), (1, 2, None, 1), (6, 2, 5, 4),                # then (or at once) from full score rows
+])
 def test_vectorised_sampler_matches_sequential_distribution(n_viol: int, draws_per_round: int,
-                                                            max_draws: int | None) -> None:
+                                                            max_draws: int | None, switch: int | None) -> None:
     """40 negatives (and 10 positives mixed into the candidates, which must be rejected), ``n_viol`` of
     the negatives violate: the N histogram of the vectorised sampler, of the paper's sequential loop and
-    the closed form (geometric truncated at n_neg or max_draws) agree (chi-square, seeded)."""
+    the closed form (geometric truncated at n_neg or max_draws) agree (chi-square, seeded). ``switch``:
+    rows still open once a round would draw that many are finished from their full score rows."""
     n_neg, n_pos, rows = 40, 10, 20_000
     n_cand = n_neg + n_pos
     rng = np.random.default_rng(5)
@@ -217,9 +221,11 @@ def test_vectorised_sampler_matches_sequential_distribution(n_viol: int, draws_p
     pos_mask = torch.zeros(n_cand, dtype=torch.bool)
     pos_mask[torch.as_tensor(positives)] = True
 
+    full = None if switch is None else (lambda r: s_t.expand(len(r), n_cand))
     draw = sample_violators(torch.zeros(rows), n_cand, torch.full((rows,), n_neg),
                             lambda r, c: s_t[c], lambda r, c: pos_mask[c], draws_per_round=draws_per_round,
-                            max_draws=max_draws, generator=torch.Generator().manual_seed(6))
+                            max_draws=max_draws, full_score_fn=full, switch_draws=switch,
+                            full_budget=4096, generator=torch.Generator().manual_seed(6))
     vec_n, vec_v = draw.n_draws.numpy(), draw.violated.numpy()
     assert set(draw.negative[draw.violated].tolist()) <= set(negatives[:n_viol].tolist())
     assert torch.all(draw.negative[~draw.violated] == -1)

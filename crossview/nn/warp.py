@@ -20,7 +20,15 @@ drawing (``K`` doubles each round, within an element budget) until they find one
 ``n_neg`` counted draws. Because the draws are iid and only the first violator is used, ``N`` and the
 chosen negative have exactly the sequential sampler's distribution for fixed parameters: ``N`` is
 geometric with ``p = (#violators / n_neg)``, truncated at ``n_neg`` (``tests/test_warp.py`` checks
-it against :func:`sample_violator_sequential` and the closed form). ``max_draws`` optionally caps the
+it against :func:`sample_violator_sequential` and the closed form).
+
+Rows with rare violators (a well-trained model) would need up to ``n_neg`` draws each. Once a round
+would draw ``switch_draws`` or more per row, the rows still open are scored against *every* candidate
+(one matrix product, given ``full_score_fn``) and their outcome is sampled from that exact
+distribution: with ``v`` violators among the ``n_neg`` negatives and ``d`` draws already made without
+one, ``N = d + G`` with ``G ~ Geometric(v / n_neg)`` (no violator if ``N`` passes the limit), and the
+violator is uniform among the ``v``. Draws are memoryless, so this is the same distribution as
+drawing on, at the cost of one BLAS product instead of thousands of gathers. ``max_draws`` optionally caps the
 search; a row with no violator within ``max_draws`` draws is then treated as "no violation" (the
 sequential algorithm would have found a rarely violated row and stepped with a weight of at most
 ``L(floor(n_neg / max_draws))``).
@@ -44,9 +52,14 @@ ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``score_fn(rows (M,) int64, cand (M, K) int64) -> (M, K)``: score of candidate ``cand[m, k]``
 for the positive of row ``rows[m]``."""
 
+FullScoreFn = Callable[[torch.Tensor], torch.Tensor]
+"""``full_score_fn(rows (M,) int64) -> (M, n_candidates)``: scores of every candidate for those rows."""
+
 PositiveFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``is_positive(rows (M,), cand (M, K)) -> (M, K) bool``: True where the candidate is a positive of
-that row (not a negative; such draws are rejected and not counted)."""
+that row (not a negative; such draws are rejected and not counted). It is also called with ``cand`` of
+shape ``(1, n_candidates)`` (every candidate, the same for all rows) and must then broadcast to
+``(M, n_candidates)``."""
 
 
 def harmonic_table(n_max: int, dtype: torch.dtype = torch.float32,
@@ -101,7 +114,8 @@ class WarpDraw:
 def sample_violators(f_pos: torch.Tensor, n_candidates: int, n_negatives: torch.Tensor, score_fn: ScoreFn,
                      is_positive: PositiveFn | None = None, *, margin: float = 1.0,
                      draws_per_round: int = 32, max_draws: int | None = None,
-                     round_budget: int = 1 << 20,
+                     round_budget: int = 1 << 20, full_score_fn: FullScoreFn | None = None,
+                     switch_draws: int | None = None, full_budget: int = 1 << 23,
                      generator: torch.Generator | None = None) -> WarpDraw:
     """Vectorised WARP negative sampling for ``B`` positives at once (see the module docstring).
 
@@ -110,14 +124,18 @@ def sample_violators(f_pos: torch.Tensor, n_candidates: int, n_negatives: torch.
     ``score_fn`` scores drawn candidates, ``is_positive`` flags draws to reject (``None``: no row has a
     positive among the candidates). Rounds draw ``draws_per_round`` candidates per open row, doubling
     per round, with ``rows x draws <= round_budget`` (bounds memory). ``max_draws`` caps ``N``
-    (``None``: up to ``n_negatives``, exactly the sequential algorithm).
+    (``None``: up to ``n_negatives``, exactly the sequential algorithm). With ``full_score_fn``, rows
+    still open when a round would draw ``switch_draws`` (default ``n_candidates // 256``) or more each are
+    resolved from their full score rows (same distribution, see the module docstring), in chunks of
+    ``rows x n_candidates <= full_budget``.
     """
     if draws_per_round < 1:
         raise ValueError(f"draws_per_round must be >= 1, got {draws_per_round}")
     device = f_pos.device
     f_pos = f_pos.detach()
     b = f_pos.shape[0]
-    limit = torch.as_tensor(n_negatives, dtype=torch.int64, device=device).clone()
+    n_neg_all = torch.as_tensor(n_negatives, dtype=torch.int64, device=device)
+    limit = n_neg_all.clone()
     if max_draws is not None:
         limit = limit.clamp(max=int(max_draws))
     negative = torch.full((b,), -1, dtype=torch.int64, device=device)
@@ -127,7 +145,16 @@ def sample_violators(f_pos: torch.Tensor, n_candidates: int, n_negatives: torch.
     drawn = torch.zeros(b, dtype=torch.int64, device=device)
     active = torch.nonzero(limit > 0).squeeze(1)
     k = draws_per_round
+    if switch_draws is None:
+        # One gathered candidate row costs about as much as scoring a few hundred candidates in a
+        # matrix product, so once a row needs ~n_candidates/256 draws the full product is cheaper.
+        switch_draws = max(1, n_candidates // 256)
     while active.numel():
+        if full_score_fn is not None and k >= switch_draws:
+            _resolve_from_full_scores(active, f_pos, n_candidates, n_neg_all, limit, drawn, full_score_fn,
+                                      is_positive, margin, full_budget, generator, negative, n_draws,
+                                      violated, f_neg)
+            break
         m = active.numel()
         left = int((limit[active] - drawn[active]).max())
         k_round = max(1, min(k, left, round_budget // m))
@@ -155,6 +182,43 @@ def sample_violators(f_pos: torch.Tensor, n_candidates: int, n_negatives: torch.
         active = rows[drawn[rows] < limit[rows]]
         k = min(2 * k, round_budget)
     return WarpDraw(negative=negative, n_draws=n_draws, violated=violated, f_neg=f_neg)
+
+
+def _resolve_from_full_scores(active: torch.Tensor, f_pos: torch.Tensor, n_candidates: int,
+                              n_negatives: torch.Tensor, limit: torch.Tensor, drawn: torch.Tensor,
+                              full_score_fn: FullScoreFn, is_positive: PositiveFn | None, margin: float,
+                              full_budget: int, generator: torch.Generator | None, negative: torch.Tensor,
+                              n_draws: torch.Tensor, violated: torch.Tensor, f_neg: torch.Tensor) -> None:
+    """Finish the open rows ``active`` exactly from their full score rows (writes the outputs in place)."""
+    device = f_pos.device
+    chunk = max(1, full_budget // max(1, n_candidates))
+    all_cand = torch.arange(n_candidates, device=device).unsqueeze(0)       # (1, n): broadcast over rows
+    for a in range(0, active.numel(), chunk):
+        rows = active[a:a + chunk]
+        m = rows.numel()
+        scores = full_score_fn(rows).detach()                                   # (m, n_candidates)
+        viol = scores > (f_pos[rows] - margin).unsqueeze(1)
+        if is_positive is not None:
+            viol &= ~is_positive(rows, all_cand)
+        n_viol = viol.sum(dim=1)
+        p = n_viol.double() / n_negatives[rows].double()
+        u = torch.rand(m, dtype=torch.float64, device=device, generator=generator)
+        # G ~ Geometric(p) on 1, 2, ...: the number of further draws up to the first violator
+        geo = torch.where(p >= 1, torch.ones_like(p),
+                          torch.floor(torch.log1p(-u) / torch.log1p(-p.clamp(max=1.0 - 1e-12))) + 1)
+        hit = (n_viol > 0) & (geo <= (limit[rows] - drawn[rows]).double())
+        idx = rows[hit]
+        if idx.numel():
+            pick = torch.floor(torch.rand(idx.numel(), dtype=torch.float64, device=device, generator=generator)
+                               * n_viol[hit].double()).long()               # which violator, uniform
+            rank_in_row = torch.cumsum(viol[hit], dim=1)                       # 1..v at the violators
+            col = (rank_in_row > pick.unsqueeze(1)).to(torch.uint8).argmax(dim=1)
+            negative[idx] = col
+            n_draws[idx] = drawn[idx] + geo[hit].long()
+            f_neg[idx] = scores[hit].gather(1, col.unsqueeze(1)).squeeze(1).to(f_neg.dtype)
+            violated[idx] = True
+        miss = rows[~hit]
+        n_draws[miss] = limit[miss]
 
 
 def sample_violator_sequential(f_pos: float, neg_scores: np.ndarray, rng: np.random.Generator,
