@@ -130,8 +130,14 @@ def caption_warp_step(V: torch.Tensor, Z: torch.Tensor, x: torch.Tensor, caption
         def is_positive(rows: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
             return cand == caption_ids[rows].unsqueeze(1)
 
+    def full_score_fn(rows: torch.Tensor) -> torch.Tensor:
+        return t[rows] @ y_all.T
+
+    # Gathered candidates cost (rows x draws x q) floats: keep a round near 16 MB.
     draw = sample_violators(f_pos, y_all.shape[0], n_neg, score_fn, is_positive, margin=margin,
-                            draws_per_round=draws_per_round, max_draws=max_draws, generator=generator)
+                            draws_per_round=draws_per_round, max_draws=max_draws,
+                            round_budget=max(1024, (1 << 22) // y_all.shape[1]), full_score_fn=full_score_fn,
+                            generator=generator)
     w, stats = _warp_update(draw, f_pos, n_neg, table, margin)
     if stats.violated > 0:
         y_neg = y_all[draw.negative.clamp(min=0)]
@@ -167,8 +173,13 @@ def label_warp_step(V: torch.Tensor, W: torch.Tensor, x: torch.Tensor, labels: t
     def is_positive(rows: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         return torch.isin(image_ids[rows].unsqueeze(1) * n_labels + cand, positive_keys)
 
+    def full_score_fn(rows: torch.Tensor) -> torch.Tensor:
+        return u[rows] @ W
+
     draw = sample_violators(f_pos, n_labels, n_neg, score_fn, is_positive, margin=margin,
-                            draws_per_round=draws_per_round, max_draws=max_draws, generator=generator)
+                            draws_per_round=draws_per_round, max_draws=max_draws,
+                            round_budget=max(1024, (1 << 22) // W.shape[0]), full_score_fn=full_score_fn,
+                            generator=generator)
     w, stats = _warp_update(draw, f_pos, n_neg, table, margin)
     if stats.violated > 0:
         dV, dW = label_gradients(V, W, x, labels, draw.negative.clamp(min=0), w)
@@ -189,20 +200,9 @@ def _normalize(a: np.ndarray, how: str) -> np.ndarray:
 
 
 def _resolve_device(device: str) -> torch.device:
-    try:
-        from crossview.engine.devices import select_device  # the engine's rules, where present
-        return torch.device(select_device(device))
-    except ImportError:
-        pass
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise CrossViewError(f"device {device!r} is not valid; use auto, cpu, cuda, cuda:N or mps") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CrossViewError(f"device {device!r} asked for but no CUDA GPU is available; use --device cpu")
-    return dev
+    from crossview.engine.devices import select_device  # auto | cpu | cuda[:n] | mps, checked
+
+    return torch.device(select_device(device))
 
 
 def _np(t: Any) -> np.ndarray:
@@ -236,9 +236,9 @@ class Wsabie(Method):
 
     iterative = True
 
-    def __init__(self, *, target: str = "captions", dim: int = 100, lr: float = 0.05, max_norm: float = 1.0,
-                 margin: float = 1.0, batch_size: int = 64, max_epochs: int = 20, patience: int = 3,
-                 draws_per_round: int = 32, max_draws: int | None = None, exclude_same_image: bool = True,
+    def __init__(self, *, target: str = "captions", dim: int = 100, lr: float = 0.003, max_norm: float = 10.0,
+                 margin: float = 1.0, batch_size: int = 128, max_epochs: int = 20, patience: int = 3,
+                 draws_per_round: int = 32, max_draws: int = 0, exclude_same_image: bool = True,
                  normalize: str = "l2", device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
         self.target = target
         self.dim = dim
@@ -274,8 +274,9 @@ class Wsabie(Method):
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise CrossViewError(f"wsabie: {name} must be a positive number, got {v!r}")
         if self.max_draws is not None and (not isinstance(self.max_draws, (int, np.integer))
-                                           or self.max_draws < 1):
-            raise CrossViewError(f"wsabie: max_draws must be empty (no cap) or >= 1, got {self.max_draws!r}")
+                                           or self.max_draws < 0):
+            raise CrossViewError(f"wsabie: max_draws must be 0 (no cap: up to all negatives, as in the paper) "
+                                 f"or a whole number >= 1, got {self.max_draws!r}")
 
     # ------------------------------------------------------------------ the label vocabulary
     def _label_sets_of(self, data: MethodData, names: list[str] | None = None) -> tuple[list[list[int]], list[str]]:
@@ -442,13 +443,13 @@ class Wsabie(Method):
                                               max_norm=max_norm, margin=margin,
                                               exclude_same_image=bool(self.exclude_same_image),
                                               draws_per_round=int(self.draws_per_round),
-                                              max_draws=self.max_draws, generator=dev_gen)
+                                              max_draws=int(self.max_draws or 0) or None, generator=dev_gen)
                 else:
                     img = pair_img[idx]
                     stats = label_warp_step(V, T, X[img], pair_lab[idx], img, positive_keys,
                                             n_neg_all[idx], table, lr=lr, max_norm=max_norm, margin=margin,
                                             draws_per_round=int(self.draws_per_round),
-                                            max_draws=self.max_draws, generator=dev_gen)
+                                            max_draws=int(self.max_draws or 0) or None, generator=dev_gen)
                 if not all(math.isfinite(v) for v in (stats.loss, stats.draws)):
                     raise CrossViewError(f"wsabie: the loss became {stats.loss} at step {self.step_}; "
                                          f"lower the learning rate (lr={self.lr})")
