@@ -19,7 +19,13 @@ from crossview.errors import CrossViewError
 
 # Command groups that live in their own modules under crossview/commands/; each has
 # ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``.
-COMMAND_MODULES: list[str] = ["crossview.commands.features", "crossview.commands.eval", "crossview.commands.train", "crossview.commands.experiment"]
+COMMAND_MODULES: list[str] = [
+    "crossview.commands.features",
+    "crossview.commands.eval",
+    "crossview.commands.train",
+    "crossview.commands.experiment",
+    "crossview.commands.screenshot",
+]
 
 EXIT_USAGE = 2
 
