@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("pytestqt")
@@ -26,6 +27,22 @@ def trained_run(tmp_path_factory) -> Path:
     for _ in it:
         pass
     return root / "run"
+
+
+def test_screenshot_command_writes_every_panel(qtbot, trained_run: Path, tmp_path: Path) -> None:
+    from crossview.cli import main
+
+    import json
+    data = json.loads((trained_run / "config.json").read_text())["data"]
+    assert main(["screenshot", "--out", str(tmp_path / "shots"), "--data", data, "--run", str(trained_run),
+                 "--width", "1200", "--height", "800"]) == 0
+    names = sorted(p.name for p in (tmp_path / "shots").glob("*.png"))
+    assert names == ["data.png", "inspect.png", "presentation.png", "query_i2t.png", "query_t2i.png", "train.png"]
+    from PIL import Image
+    for p in (tmp_path / "shots").glob("*.png"):
+        im = Image.open(p)
+        assert im.size == (1200, 800)
+        assert len(np.unique(np.asarray(im.convert("L").resize((64, 40))))) > 20, f"{p.name} looks blank"
 
 
 @pytest.mark.parametrize("panel,needs", [("data_panel", "demo"), ("train_panel", "demo"),
