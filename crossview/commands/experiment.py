@@ -11,6 +11,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     err = sys.stderr
     tty = getattr(err, "isatty", lambda: False)()
     result = None
+    last_line = time.monotonic()
     for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
                              split=args.split, ks=ks, corpus=corpus, method_params=params,
                              representation_params=rep_params, seed=args.seed, feature_progress=feature_progress):
@@ -117,9 +119,15 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
             err.write(f"experiment: {'warning: ' if ev.level == 'warning' else ''}{ev.message}\n")
             err.flush()
             bars.clear()
+            last_line = time.monotonic()
         elif isinstance(ev, Progress) and tty:
             err.write(f"\r\033[K{ev.message[:120]}")
             err.flush()
+        elif isinstance(ev, Progress) and time.monotonic() - last_line > 60:
+            # Not a terminal (a log file): a progress line a minute, so long trainings show life.
+            err.write(f"experiment: ... {ev.message}\n")
+            err.flush()
+            last_line = time.monotonic()
         elif isinstance(ev, Finished):
             result = ev.summary
     if tty:

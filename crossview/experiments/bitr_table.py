@@ -622,7 +622,7 @@ def _paper_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
     for m in result["methods"]:
         pr = paper["rows"].get(m)
         if pr:
-            rows.append((METHOD_LABELS[m], [_fmt(pr.get(d, {}).get(k), k) if d in pr else "" for d, k, _ in cols]))
+            rows.append((METHOD_LABELS[m], [_fmt(pr[d][k], k) if k in pr.get(d, {}) else "" for d, k, _ in cols]))
     return rows
 
 
