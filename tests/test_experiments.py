@@ -218,6 +218,7 @@ def test_cli_json_and_markdown(precomp, tmp_path, capsys):
     (["--param", "wsabie.lr=0.1"], "wsabie is not among the methods"),
     (["--param", "cca.nope=1"], "no parameter 'nope'"),
     (["--out", "table.txt"], "ending in .md"),
+    (["--n-topics", "0"], "--n-topics must be >= 1"),
     (["--split", "train"], "training images"),
     (["--representation", "tr"], "--text-encoder only applies to --representation default"),
 ])

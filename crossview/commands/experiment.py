@@ -77,6 +77,9 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     ks = parse_ks(args.k)
     params = _parse_params(args.param)
+    if args.n_topics < 1 or args.n_words < 2:
+        raise CrossViewError(f"--n-topics must be >= 1 and --n-words >= 2, got {args.n_topics} and {args.n_words} "
+                             "(the paper: 100 topics, 1000 visual words)")
     if args.out and Path(args.out).suffix.lower() not in (".md", ".markdown"):
         raise CrossViewError(f"--out {args.out}: the report is Markdown; give a file name ending in .md")
     ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
