@@ -42,3 +42,12 @@ if [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null 2>&1 && ! ldconfig
 fi
 
 .venv/bin/python -c "import crossview, torch, PySide6; print('setup: ready - crossview', crossview.__version__, '| torch', torch.__version__)"
+
+# Render the demo and extract its features with the default encoders once, so that the app trains on the
+# demo in seconds from the first launch (a few minutes here, once; then the caches answer).
+# CROSSVIEW_SKIP_PREFETCH=1 skips it (CI does: its tests use their own temporary caches).
+if [ "${CROSSVIEW_SKIP_PREFETCH:-0}" != 1 ]; then
+  echo "setup: preparing the demo and its features (once; skip with CROSSVIEW_SKIP_PREFETCH=1)"
+  .venv/bin/crossview features extract --data demo >/dev/null \
+    || echo "setup: warning: could not pre-extract the demo's features; the app will do it on first training" >&2
+fi
