@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     paths = paths[:args.limit]
     device = resolve_device(args.device)
-    worker_counts = [default_num_workers()] if args.workers is None else \
+    worker_counts = [default_num_workers(args.device)] if args.workers is None else \
         [int(w) for w in str(args.workers).split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -121,9 +121,22 @@ def backbone_spec(name: str) -> BackboneSpec:
                              f"{', '.join(list_image_encoders())}") from None
 
 
-def default_num_workers() -> int:
-    """Decoding worker processes by default: ``min(2, cpu count)``."""
-    return min(2, os.cpu_count() or 1)
+def default_num_workers(device: Any = "cpu") -> int:
+    """Decoding worker processes by default.
+
+    On a GPU the network is fast and decoding is the bottleneck: ``min(8, cpu count - 1)`` workers
+    (measured on the H100 machine: 1.4x the plain loop with 2 workers, 3.3x with 8). On the CPU,
+    decoding workers compete with torch's threads for the same cores: only the cores torch leaves idle
+    are given to workers (measured on 2 cores with 2 torch threads: 1 worker 0.73x, 2 workers 0.91x the
+    plain loop, so 0 there).
+    """
+    import torch
+
+    cpus = os.cpu_count() or 1
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if kind in ("cuda", "mps"):
+        return max(0, min(8, cpus - 1))
+    return max(0, min(2, cpus - torch.get_num_threads()))
 
 
 def resolve_device(device: str | Any = "cpu") -> Any:
@@ -297,7 +310,7 @@ class ImageEncoder:
 
         Returns ``(n, dim) float32`` pooled features, or with ``local=True`` ``(n, h*w, local_dim)``
         float32 local descriptors (row-major over the conv map). Images are decoded by ``num_workers``
-        worker processes (default ``min(2, cpu count)``; 0 decodes in this process; a single batch is
+        worker processes (default :func:`default_num_workers`; 0 decodes in this process; a single batch is
         always decoded here, as starting workers would cost more than it saves). ``progress(done, total)``
         is called at the start and after each batch; ``should_stop()`` is checked before each batch and
         raises :class:`~crossview.errors.Cancelled`. A file that cannot be decoded raises
@@ -312,7 +325,7 @@ class ImageEncoder:
         n = len(paths)
         dev = resolve_device(device)
         if num_workers is None:
-            num_workers = default_num_workers()
+            num_workers = default_num_workers(dev)
         if num_workers < 0:
             raise CrossViewError(f"number of workers must be 0 or more, got {num_workers}")
         n_batches = -(-n // batch_size)
