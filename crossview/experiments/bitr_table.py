@@ -633,8 +633,9 @@ def _title(result: dict[str, Any]) -> str:
 
 def _paper_title(result: dict[str, Any]) -> str:
     p = result["paper"]
-    return (f"The paper's numbers ({p.get('table', '')}, {p.get('dataset', '').capitalize()} sentences, 10 folds"
-            + (f"; {p['setting']}" if p.get("setting") else "") + "); '' = not comparable (other K)")
+    closest = " (the closest setting: other data and other features)" if result["representation"] == "default" else ""
+    return (f"The paper's numbers{closest}: {p.get('table', '')}, {p.get('dataset', '').capitalize()} sentences"
+            + (f", {p['setting']}" if p.get("setting") else "") + "; blank = not reported (other K, no corpus)")
 
 
 def format_table(result: dict[str, Any]) -> str:
