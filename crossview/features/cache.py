@@ -17,14 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from crossview.engine.io import atomic_writer
 from crossview.settings import get_settings
 
 __all__ = ["FeatureCache", "MMAP_BYTES", "canonical_json"]
@@ -59,22 +58,6 @@ def _probe_hash(path: Path) -> str:
             f.seek(size - _PROBE)
         h.update(f.read(_PROBE))
     return h.hexdigest()
-
-
-def _atomic_write_bytes(path: Path, write: Callable[[Any], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 class FeatureCache:
@@ -172,7 +155,7 @@ class FeatureCache:
             meta_path.unlink()
         except FileNotFoundError:
             pass
-        _atomic_write_bytes(npy, lambda f: np.save(f, array, allow_pickle=False))
+        atomic_writer(npy, lambda f: np.save(f, array, allow_pickle=False))
         info = {
             "key": key,
             "parts": dict(meta or {}),
@@ -184,7 +167,7 @@ class FeatureCache:
             "format_version": FORMAT_VERSION,
         }
         payload = json.dumps(info, indent=1, default=str).encode("utf-8")
-        _atomic_write_bytes(meta_path, lambda f: f.write(payload))
+        atomic_writer(meta_path, lambda f: f.write(payload))
         stored = self.load(key)
         assert stored is not None
         return stored
