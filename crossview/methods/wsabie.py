@@ -17,7 +17,11 @@ the best validation epoch is kept.
 
 Minibatches: the positives of one batch sample their negatives against the same parameters and their
 per-example SGD steps (learning rate ``lr`` each) are summed into one update. With ``batch_size=1``
-this is exactly the paper's algorithm.
+this is exactly the paper's algorithm. Negative sampling has the sequential algorithm's distribution
+(:func:`crossview.nn.warp.sample_violators`); a positive that has no violator among its first draws is
+finished from its full score row, so the cost of a pass grows towards ``n_pairs^2 * q`` as the model
+fits the training set (as it does for the paper's loop, which then draws up to every negative).
+``max_draws`` caps N where that is too slow (``bench/wsabie_train.py`` measures both).
 
 Both retrieval directions use the one model: ``encode_images = V x`` and ``encode_texts = Z y``, so
 ``score(i, j) = (V x_i) . (Z y_j)``. In the label variants a caption is embedded as the mean of the
