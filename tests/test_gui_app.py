@@ -83,8 +83,9 @@ def test_train_query_mark_compare_present(qtbot, window: MainWindow, small_demo:
     marks = [json.loads(x) for x in (run_a / "annotations.jsonl").read_text().splitlines()]
     assert marks[-1]["relevant"] is True and marks[-1]["item"] == int(qp.caption_list.item(0).data(ItemRole))
 
-    # a second run, then compare the two in Inspect
-    run_b = _train(qtbot, window, "cca", n_components=4, weight_power=0.0)
+    # a second run - a short BITR - then compare the two in Inspect
+    run_b = _train(qtbot, window, "bitr", loss="C", C=100.0, max_iter=60, pca_dim=64, device="cpu")
+    assert json.loads((run_b / "summary.json").read_text())["method"] == "bitr"
     ip = window.inspect_panel
     assert ip.run_a is not None and str(ip.run_a.path) == str(run_b)
     ip.compare_combo.setCurrentIndex(ip.compare_combo.findData(str(run_a)))
