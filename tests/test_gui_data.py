@@ -149,6 +149,7 @@ def test_dropping_a_dataset_file_opens_it(qtbot, window: MainWindow, small_datas
 
 def test_thirty_thousand_images_scroll_without_blocking(qtbot, tmp_path: Path) -> None:
     """The virtualised grid at 30,000 images: set-up and scrolling while thumbnails decode stay under 50 ms."""
+    import gc
     import os
     import time
 
@@ -180,9 +181,15 @@ def test_thirty_thousand_images_scroll_without_blocking(qtbot, tmp_path: Path) -
     panel.set_dataset(ds, prepared)
     bar = panel.grid.verticalScrollBar()
     t0 = time.monotonic()
+    collected = False
     while time.monotonic() - t0 < 2.0:
         bar.setValue(int(bar.maximum() * (time.monotonic() - t0) / 2.0))
         qtbot.wait(15)
+        if not collected and time.monotonic() - t0 > 1.0:
+            # Python starts full GC passes by itself at moments nobody picks; with torch and friends
+            # loaded one walked ~0.5M objects for 56 ms+ (CI failure): force one mid-scroll here
+            gc.collect()
+            collected = True
     gap = probe.stop()
     assert panel.model.rowCount() == 30_000
     assert gap < 50, f"the GUI thread was blocked for {gap:.0f} ms"
