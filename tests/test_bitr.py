@@ -130,6 +130,27 @@ def test_simplex_vertex_is_the_maximum(loss: str) -> None:
         assert value[i] == pytest.approx(_objective(loss, c[i], yt[i], g).max(), abs=1e-12)
 
 
+def test_manhattan_on_the_simplex_has_a_hinge_floor_no_w_can_lower() -> None:
+    """Why BITR-M on the simplex (normalize="paper"/"l1") learns little: for every W,
+    ``hinge_i >= sum_k y_ik (2 - 2 y_ik + c_k) - c.y_i = 2 - 2 |y_i|^2`` (the max over vertices is at
+    least their y_i-weighted mean), while W = 0 gives ``2 - 2 min_k y_ik``. With diffuse topic vectors
+    (|y|^2 small) the whole room to learn is ``2 (|y|^2 - min y)``: a weak signal against ``|W|^2``."""
+    rng = np.random.default_rng(12)
+    N, p, q = 40, 6, 20
+    X, Y = _simplex(rng, N, p), _simplex(rng, N, q)
+    floor = 2 - 2 * (Y ** 2).sum(1)
+    h0, _ = hinge_terms("M", X, Y, np.zeros((p, q)), "simplex")
+    np.testing.assert_allclose(h0, 2 - 2 * Y.min(1), atol=1e-12)
+    for scale in (0.1, 1.0, 10.0, 1000.0):
+        for _ in range(20):
+            h, _ = hinge_terms("M", X, Y, scale * rng.normal(size=(p, q)), "simplex")
+            assert np.all(h >= floor - 1e-9)
+    # ... and the floor is reached where the scores copy the true output: c_i = 2 y_i (+ any constant)
+    c = 2 * Y + 0.7
+    y_hat, value = most_violated("M", c, Y, "simplex")
+    np.testing.assert_allclose(value - (c * Y).sum(1), floor, atol=1e-12)
+
+
 def _manhattan_sphere_exact(c: np.ndarray, yt: np.ndarray) -> float:
     """``max_{|y|=1} |yt - y|_1 + c.y = max_{s in {-1,1}^q} s.yt + |c - s|`` by enumerating the signs."""
     best = -np.inf

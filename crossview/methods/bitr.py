@@ -59,6 +59,8 @@ LOSSES: dict[str, str] = {
 DOMAINS = ("sphere", "simplex")
 
 _EPS = 1e-12
+#: The finite variant keeps the (N, m) loss matrix, and its line search two more, when N * m is at most this.
+_FINITE_CACHE_ELEMENTS = 1 << 26
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -134,13 +136,13 @@ def normalize_rows(a: np.ndarray, norm: str, what: str = "features") -> np.ndarr
         if a.size and a.min() < 0:
             raise CrossViewError(
                 f"BITR: normalize='l1' puts the {what} on the probability simplex and needs non-negative "
-                f"values, but the smallest is {a.min():.4g}; use normalize='l2' (or 'auto'), or non-negative "
+                f"values, but the smallest is {a.min():.4g}; use normalize='l2', or non-negative "
                 "features such as LDA topic distributions")
         s = a.sum(axis=1, keepdims=True)
     elif norm == "l2":
         s = np.sqrt((a.astype(np.float64) ** 2).sum(axis=1, keepdims=True)).astype(np.float32)
     else:
-        raise CrossViewError(f"BITR: unknown normalisation {norm!r}; choose 'l1', 'l2' or 'auto'")
+        raise CrossViewError(f"BITR: unknown normalisation {norm!r}; choose 'l2', 'l1' or 'paper'")
     s[s == 0] = 1.0
     return (a / s).astype(np.float32)
 
@@ -456,6 +458,8 @@ class CuttingPlaneTrainer:
             if true_group is not None:
                 self.true_group = torch.as_tensor(np.asarray(true_group, dtype=np.int64)).to(self.device)
                 self.cand_group = torch.as_tensor(np.asarray(cand_group, dtype=np.int64)).to(self.device)
+        self._base: torch.Tensor | None = None
+        self._base_too_big = False
         pq = self.p * self.q
         self._A_buf = np.empty((16, pq))
         self.A = self._A_buf[:0]
@@ -484,8 +488,12 @@ class CuttingPlaneTrainer:
         """Most violated outputs at scores ``c (N, q)``: ``(y_hat (N, q), margin_violation (N,), active (N,))``."""
         own = (c * self.Y).sum(1)
         if self.candidates is not None:
-            j, value = most_violated_finite(self.loss, c, self.Y, self.candidates,
-                                            true_group=self.true_group, cand_group=self.cand_group)
+            base = self._finite_base()
+            if base is not None:  # Delta (with the excluded candidates at -inf) is fixed: one product per call
+                value, j = (base + c @ self.candidates.T).max(dim=1)
+            else:
+                j, value = most_violated_finite(self.loss, c, self.Y, self.candidates,
+                                                true_group=self.true_group, cand_group=self.cand_group)
             y_hat = self.candidates[j]
         else:
             gen = None
@@ -496,6 +504,27 @@ class CuttingPlaneTrainer:
         h = value - own
         active = h > 0
         return y_hat, h, active
+
+    def _finite_base(self) -> torch.Tensor | None:
+        """``Delta(y_i, cand_j)`` for every sample and candidate, ``-inf`` where excluded: ``(N, m)``.
+
+        It does not depend on W, so it is made once (chunked) and kept, when it fits in
+        :data:`_FINITE_CACHE_ELEMENTS`; None otherwise (then each search recomputes the losses in chunks).
+        """
+        if self._base is None and not self._base_too_big:
+            m = self.candidates.shape[0]
+            if self.N * m > _FINITE_CACHE_ELEMENTS:
+                self._base_too_big = True
+                return None
+            base = torch.empty(self.N, m, dtype=self.Y.dtype, device=self.device)
+            rows = max(1, (1 << 22) // max(m, 1))
+            for s in range(0, self.N, rows):
+                e = min(self.N, s + rows)
+                base[s:e] = delta_matrix(self.loss, self.Y[s:e], self.candidates)
+                if self.true_group is not None:
+                    base[s:e].masked_fill_(self.true_group[s:e, None] == self.cand_group[None, :], float("-inf"))
+            self._base = base
+        return self._base
 
     def _plane(self, c: torch.Tensor) -> tuple[np.ndarray, float]:
         """The most violated 1-slack constraint at scores ``c = X W``: ``(A (p*q,) float32 values, b)``."""
@@ -529,6 +558,21 @@ class CuttingPlaneTrainer:
                 return float((h * act).mean()), float((dh * act).mean())
             return f
 
+        base = self._finite_base() if self.candidates is not None else None
+        if base is not None:
+            # every candidate's score is linear in k: P + k Q, with two (N, m) matrices made once
+            P = base + cb @ self.candidates.T
+            Q = e @ self.candidates.T
+            own_b, own_e = (cb * self.Y).sum(1), (e * self.Y).sum(1)
+
+            def fin(k: float) -> tuple[float, float]:
+                v, j = (P + k * Q).max(dim=1)
+                h = v - (own_b + k * own_e)
+                act = h > 0
+                dh = Q.gather(1, j[:, None])[:, 0] - own_e
+                return float((h * act).double().mean()), float((dh * act).double().mean())
+            return fin
+
         def g(k: float) -> tuple[float, float]:
             c = cb + k * e
             y_hat, h, active = self._violators(c)
@@ -553,7 +597,7 @@ class CuttingPlaneTrainer:
         # the most violated outputs, and a coarse minimiser is enough (any k with F(k) <= F(0) keeps OCAS's
         # guarantees)
         cheap = self.candidates is None and self.domain == "sphere" and self.loss in ("C", "E")
-        max_evals = 40 if cheap else 8
+        max_evals = 40 if cheap else 10
         f0, g0 = F(0.0)
         if dd <= 0 or g0 >= 0:
             return 0.0, f0
@@ -945,9 +989,13 @@ class Bitr(Method):
             Accepts ``"paper"`` (10^-5 ... 10^5), ``"1e-3:1e3"`` or ``"0.1,1,10"``.
         cv_folds: folds of the cross-validation (by image).
         n_jobs: worker processes for the cross-validation jobs (folds x directions).
-        normalize: ``"auto"`` (L1 for the M loss on topic features, i.e. rows that are probability
-            distributions, else L2; the paper's rule), ``"l1"`` or ``"l2"``. L1 puts the outputs on the
-            simplex, L2 on the sphere.
+        normalize: ``"l2"`` (outputs on the unit sphere), ``"l1"`` (on the probability simplex; needs
+            non-negative features) or ``"paper"`` (the paper's rule: L1 for the M loss on topic features,
+            i.e. rows that are distributions, L2 otherwise). Not ``"paper"`` by default: with exact
+            loss-augmented inference the simplex's most violated output is a vertex, and then every W
+            has hinge ``>= 2 - 2 |y_i|^2`` while W = 0 has ``2 - 2 min_k y_ik``; with diffuse topic
+            vectors that leaves almost nothing to learn (measured on the Flickr8k TR features: retrieval
+            at chance). On the sphere, or with ``outputs="train"``, the same loss learns.
         pca_dim: features wider than this are reduced by PCA fitted on the training split (the paper
             reduces CNN features to 128-d); 0 keeps them.
         outputs: ``"continuous"`` (y ranges over the sphere / simplex: closed forms) or ``"train"``
@@ -967,7 +1015,7 @@ class Bitr(Method):
     iterative = True
 
     def __init__(self, *, loss: str = "C", C: float = 1000.0, c_grid: Any = None, cv_folds: int = 5,
-                 n_jobs: int = 1, normalize: str = "auto", pca_dim: int = 128, outputs: str = "continuous",
+                 n_jobs: int = 1, normalize: str = "l2", pca_dim: int = 128, outputs: str = "continuous",
                  max_candidates: int = 5000, epsilon: float = 1e-3, max_iter: int = 1000,
                  line_search: bool = True, inactive_limit: int = 50, mv_starts: int = 8, mv_steps: int = 30,
                  device: str = "auto", seed: int = 0) -> None:
@@ -992,8 +1040,8 @@ class Bitr(Method):
     # ------------------------------------------------------------------ parameters
     def _check_params(self) -> tuple[float, ...]:
         _check_loss(self.loss)
-        if self.normalize not in ("auto", "l1", "l2"):
-            raise CrossViewError(f"BITR: normalize must be 'auto', 'l1' or 'l2', got {self.normalize!r}")
+        if self.normalize not in ("l2", "l1", "paper"):
+            raise CrossViewError(f"BITR: normalize must be 'l2', 'l1' or 'paper', got {self.normalize!r}")
         if self.outputs not in ("continuous", "train"):
             raise CrossViewError(f"BITR: outputs must be 'continuous' (closed forms over the sphere / simplex) "
                                  f"or 'train' (the training captions / images), got {self.outputs!r}")
@@ -1026,7 +1074,7 @@ class Bitr(Method):
             if self.pca_dim and a.shape[1] > self.pca_dim:
                 pca = _pca_fit(a, int(self.pca_dim))
             self.pca_[mod] = pca
-            if self.normalize == "auto":
+            if self.normalize == "paper":
                 # the paper: L1 for the M loss on topic features (probability distributions), L2 otherwise
                 is_dist = pca is None and a.size and a.min() >= 0 and np.allclose(a.sum(axis=1), 1.0, atol=1e-3)
                 norm = "l1" if (_check_loss(self.loss) == "M" and is_dist) else "l2"
