@@ -226,6 +226,15 @@ def _manhattan_sphere(c: torch.Tensor, yt: torch.Tensor, n_starts: int, n_steps:
     return y.reshape(n, S, q)[torch.arange(n, device=c.device), best]
 
 
+def vertex_losses(loss: str, yt: torch.Tensor) -> torch.Tensor:
+    """``Delta(yt[i], e_k)`` for every sample and simplex vertex ``e_k``: ``(n, q) -> (n, q)``."""
+    if loss == "M":
+        return yt.abs().sum(1, keepdim=True) - yt.abs() + (1.0 - yt).abs()
+    if loss == "E":
+        return (yt * yt).sum(1, keepdim=True) - 2.0 * yt + 1.0
+    return 1.0 - yt
+
+
 def most_violated(loss: str, c: Any, y_true: Any, domain: str = "sphere", *, n_starts: int = 8,
                   n_steps: int = 30, generator: torch.Generator | None = None) -> tuple[Any, Any]:
     """``argmax_y Delta(y_true[i], y) + c[i] . y`` over the unit sphere or the probability simplex.
@@ -247,12 +256,7 @@ def most_violated(loss: str, c: Any, y_true: Any, domain: str = "sphere", *, n_s
     n, q = cc.shape
     if domain == "simplex":
         # value at vertex e_k of Delta(yt, e_k) + c_k
-        if loss == "M":
-            vals = yt.abs().sum(1, keepdim=True) - yt.abs() + (1.0 - yt).abs() + cc
-        elif loss == "E":
-            vals = (yt * yt).sum(1, keepdim=True) - 2.0 * yt + 1.0 + cc
-        else:
-            vals = 1.0 - yt + cc
+        vals = vertex_losses(loss, yt) + cc
         k = vals.argmax(dim=1)
         y_hat = torch.zeros_like(cc)
         y_hat[torch.arange(n, device=cc.device), k] = 1.0
@@ -539,8 +543,10 @@ class CuttingPlaneTrainer:
         """``k -> (R(k), R'(k))``: the mean hinge at scores ``cb + k e`` and its derivative in ``k``.
 
         Sphere with the C or E loss: each hinge is ``base_i + ||u_i + k e_i|| - (cb_i + k e_i) . y_i``
-        (``u = cb - kappa y``), so five numbers per sample make every evaluation O(N). Otherwise the most
-        violated outputs are recomputed (Danskin: ``dh_i/dk = e_i . (y^_i - y_i)`` where ``h_i > 0``).
+        (``u = cb - kappa y``), so five numbers per sample make every evaluation O(N). On the simplex and
+        with finite candidates every output's score is linear in ``k`` (``P + k Q``, made once): one max
+        per evaluation. Otherwise (M on the sphere) the most violated outputs are recomputed (Danskin:
+        ``dh_i/dk = e_i . (y^_i - y_i)`` where ``h_i > 0``).
         """
         if self.candidates is None and self.domain == "sphere" and self.loss in ("C", "E"):
             kappa = 1.0 if self.loss == "C" else 2.0
@@ -559,10 +565,16 @@ class CuttingPlaneTrainer:
             return f
 
         base = self._finite_base() if self.candidates is not None else None
-        if base is not None:
+        if self.candidates is None and self.domain == "simplex":
+            # the most violated output is one of the q vertices: a finite set whose scores are P + k Q
+            P, Q = vertex_losses(self.loss, self.Y) + cb, e
+        elif base is not None:
             # every candidate's score is linear in k: P + k Q, with two (N, m) matrices made once
             P = base + cb @ self.candidates.T
             Q = e @ self.candidates.T
+        else:
+            P = None
+        if P is not None:
             own_b, own_e = (cb * self.Y).sum(1), (e * self.Y).sum(1)
 
             def fin(k: float) -> tuple[float, float]:
@@ -596,7 +608,7 @@ class CuttingPlaneTrainer:
         # closed-form segments cost O(N) per evaluation: search finely; otherwise each evaluation re-solves
         # the most violated outputs, and a coarse minimiser is enough (any k with F(k) <= F(0) keeps OCAS's
         # guarantees)
-        cheap = self.candidates is None and self.domain == "sphere" and self.loss in ("C", "E")
+        cheap = self.candidates is None and (self.domain == "simplex" or self.loss in ("C", "E"))
         max_evals = 40 if cheap else 10
         f0, g0 = F(0.0)
         if dd <= 0 or g0 >= 0:
