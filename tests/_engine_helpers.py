@@ -91,8 +91,10 @@ class ToyIterative(Method):
                 self.W_ = self.W_ - self.lr * X[idx].T @ err / len(idx)
                 self.batches_done_ += 1
                 step = self.epoch_ * n_batches + b + 1
-                yield Progress(step, self.epochs * n_batches, f"epoch {self.epoch_ + 1}/{self.epochs}")
+                # Loss first: a cancel at either yield then leaves metrics.jsonl with one loss line per
+                # counted batch (the Ctrl-C test checks exactly that; Progress first raced it)
                 yield Loss(step, self.epoch_, {"mse": float((err ** 2).mean())})
+                yield Progress(step, self.epochs * n_batches, f"epoch {self.epoch_ + 1}/{self.epochs}")
             self.epoch_ += 1
             yield Validation(self.epoch_, {"epoch_done": self.epoch_})
 
