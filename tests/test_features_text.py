@@ -74,7 +74,7 @@ def test_devices() -> None:
     with pytest.raises(CrossViewError, match="unknown device 'gpu0'"):
         resolve_device("gpu0")
     if not torch.cuda.is_available():
-        with pytest.raises(CrossViewError, match="no CUDA GPU.*--device cpu"):
+        with pytest.raises(CrossViewError, match="no CUDA GPU.*--device auto or cpu"):
             resolve_device("cuda")
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from crossview.errors import CrossViewError
 
-__all__ = ["DeviceInfo", "select_device", "list_devices", "DEVICE_CHOICES"]
+__all__ = ["DeviceInfo", "select_device", "torch_device", "list_devices", "DEVICE_CHOICES"]
 
 #: The spellings accepted on the command line (``cuda:N`` for any N).
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
@@ -97,3 +98,11 @@ def select_device(spec: str | None = "auto") -> str:
         raise CrossViewError(f"device {spec!r} is not available: there {'is' if n == 1 else 'are'} only {n} "
                              f"CUDA GPU{'s' if n != 1 else ''} (cuda:0 .. cuda:{n - 1}); available: {available}")
     return f"cuda:{i}"
+
+
+def torch_device(spec: Any = "auto") -> Any:
+    """:func:`select_device` as a ``torch.device`` (a ``torch.device`` or ``None`` is accepted too):
+    the one place where every layer turns a device spelling into a device."""
+    import torch
+
+    return torch.device(select_device(None if spec is None else str(spec)))

@@ -140,35 +140,11 @@ def default_num_workers(device: Any = "cpu") -> int:
 
 
 def resolve_device(device: str | Any = "cpu") -> Any:
-    """``"cpu" | "cuda" | "cuda:N" | "mps" | "auto"`` -> a ``torch.device``, checked to exist.
+    """``"cpu" | "cuda" | "cuda:N" | "mps" | "auto"`` -> a ``torch.device``, checked to exist
+    (:func:`crossview.engine.devices.torch_device`; a device that is not there raises CrossViewError)."""
+    from crossview.engine.devices import torch_device
 
-    ``auto`` picks CUDA when available, else the CPU. A GPU that is not there raises CrossViewError.
-    """
-    import torch
-
-    if isinstance(device, torch.device):
-        device = str(device)
-    text = str(device).strip().lower()
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise CrossViewError(f"unknown device {device!r}; use cpu, cuda, cuda:N, mps or auto") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CrossViewError(f"device {device!r} asked for, but CUDA is not available here; "
-                                 f"use --device cpu (or auto)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise CrossViewError(f"device {device!r} does not exist: this machine has "
-                                 f"{torch.cuda.device_count()} CUDA device(s), cuda:0 .. "
-                                 f"cuda:{torch.cuda.device_count() - 1}")
-    elif dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise CrossViewError(f"device {device!r} is not available here; use --device cpu (or auto)")
-    elif dev.type != "cpu":
-        raise CrossViewError(f"unsupported device {device!r}; use cpu, cuda, cuda:N, mps or auto")
-    return dev
+    return torch_device(device)
 
 
 # ---------------------------------------------------------------------------------- images -> tensors

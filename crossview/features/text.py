@@ -98,32 +98,11 @@ def create_text_encoder(name: str, **params: Any) -> "TextEncoder":
 
 
 def resolve_device(device: str | None) -> Any:
-    """A ``torch.device`` for ``auto | cpu | cuda[:n] | mps``; a clear error when it is not available."""
-    import torch
+    """A ``torch.device`` for ``auto | cpu | cuda[:n] | mps``; a clear error when it is not available
+    (:func:`crossview.engine.devices.torch_device`)."""
+    from crossview.engine.devices import torch_device
 
-    if device in (None, "", "auto"):
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise CrossViewError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CrossViewError(f"device {device!r} asked for, but torch sees no CUDA GPU here; "
-                                 "use --device cpu (or auto)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise CrossViewError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA "
-                                 f"GPU(s) exist; use cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
-    elif dev.type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise CrossViewError(f"device {device!r} asked for, but MPS is not available; use cpu")
-    elif dev.type != "cpu":
-        raise CrossViewError(f"unsupported device {device!r}; use auto, cpu, cuda, cuda:N or mps")
-    return dev
+    return torch_device(device)
 
 
 def _hash_obj(h: "hashlib._Hash", obj: Any) -> None:

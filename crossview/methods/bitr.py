@@ -897,21 +897,9 @@ def _pca_fit_inner(a: np.ndarray, dim: int) -> dict[str, np.ndarray]:
 
 
 def _resolve_device(device: str) -> torch.device:
-    try:
-        from crossview.engine.devices import select_device  # the engine's rules, where present
-        return torch.device(select_device(device))
-    except ImportError:
-        pass
-    text = str(device).strip().lower()
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(text)
-    except RuntimeError as e:
-        raise CrossViewError(f"device {device!r} is not valid; use auto, cpu, cuda, cuda:N or mps") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CrossViewError(f"device {device!r} asked for but no CUDA GPU is available; use device=cpu")
-    return dev
+    from crossview.engine.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
+
+    return torch_device(device)
 
 
 def _direction_problem(direction: str, img: np.ndarray, txt: np.ndarray, caption_image: np.ndarray,

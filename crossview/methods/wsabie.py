@@ -204,9 +204,9 @@ def _normalize(a: np.ndarray, how: str) -> np.ndarray:
 
 
 def _resolve_device(device: str) -> torch.device:
-    from crossview.engine.devices import select_device  # auto | cpu | cuda[:n] | mps, checked
+    from crossview.engine.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
 
-    return torch.device(select_device(device))
+    return torch_device(device)
 
 
 def _np(t: Any) -> np.ndarray:
