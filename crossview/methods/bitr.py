@@ -605,9 +605,9 @@ class CuttingPlaneTrainer:
             r, dr = seg(k)
             return 0.5 * (bb + 2 * k * bd + k * k * dd) + self.C * r, bd + k * dd + self.C * dr
 
-        # closed-form segments cost O(N) per evaluation: search finely; otherwise each evaluation re-solves
-        # the most violated outputs, and a coarse minimiser is enough (any k with F(k) <= F(0) keeps OCAS's
-        # guarantees)
+        # sphere C / E segments cost O(N) per evaluation and simplex ones O(N q): search finely; finite
+        # candidates cost O(N m) and M on the sphere re-solves the most violated outputs each time, so a
+        # coarse minimiser is enough there (any k with F(k) <= F(0) keeps OCAS's guarantees)
         cheap = self.candidates is None and (self.domain == "simplex" or self.loss in ("C", "E"))
         max_evals = 40 if cheap else 10
         f0, g0 = F(0.0)
