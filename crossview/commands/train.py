@@ -55,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_dataset_args(p)
     p.add_argument("--run-dir", metavar="DIR",
                    help="run folder (default: <user data>/runs/<method>-<dataset>-<timestamp>)")
-    p.add_argument("--split", default="test", help="split to evaluate on (default: test)")
+    p.add_argument("--split", default=None,
+                   help="split to evaluate on (default: test if the dataset has it, else val, else a held-out "
+                        "10%% of train; the run records it and 'crossview eval' and the app default to it)")
     p.add_argument("--train-split", default="train", help="split to train on (default: train)")
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
     p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
