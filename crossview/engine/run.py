@@ -76,6 +76,9 @@ class RunConfig:
     image_root: str | None = None
     image_encoder: str | None = None
     text_encoder: str | None = None
+    #: feature normalisations (crossview.features.normalize); runs written before they existed used "none"
+    image_norm: str = "none"
+    text_norm: str = "none"
     device: str = "auto"
     seed: int = 0
     checkpoint_seconds: float = 60.0
@@ -171,7 +174,11 @@ class _Run:
         self.resuming = resuming
         self.cache = cache
         self.split_note = split_note
+        self.norm_states: dict[str, Any] = {}
         plan_splits(self.dataset, cfg.split, cfg.train_split, cfg.val_split, cfg.seed)
+        from crossview.features.normalize import check_norm
+        check_norm(cfg.image_norm, "image normalisation (--image-norm)")
+        check_norm(cfg.text_norm, "text normalisation (--text-norm)")
         self.device = select_device(cfg.device)
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.check_params()
@@ -284,6 +291,18 @@ class _Run:
             raise result["error"]
         self.features = result["features"]
 
+    def _normalize(self) -> None:
+        """Fit the run's feature normalisations on the training rows and apply them (queries too)."""
+        from crossview.features.normalize import normalize_features
+
+        ds = self.dataset
+        train_images = np.asarray(ds.splits[self.cfg.train_split], dtype=np.int64)
+        in_train = np.zeros(ds.n_images, dtype=bool)
+        in_train[train_images] = True
+        train_captions = np.flatnonzero(in_train[ds.caption_image])
+        self.features, self.norm_states = normalize_features(self.features, self.cfg.image_norm,
+                                                             self.cfg.text_norm, train_images, train_captions)
+
     def _method_data(self) -> tuple[Any, Any, Any]:
         from crossview.methods.base import MethodData
 
@@ -345,11 +364,13 @@ class _Run:
             t0 = time.monotonic()
             if self.features is None:
                 yield from self._extract()
+            self._normalize()
             f = self.features
             features_seconds = time.monotonic() - t0
             self.feature_spec = {"image_encoder": f.image_encoder, "text_encoder": f.text_encoder,
                                  "image_dim": int(f.image.shape[1]),
-                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {})}
+                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {}),
+                                 "norm_states": self.norm_states}
             tm = getattr(f, "text_model", None)
             if tm is not None and hasattr(tm, "state_dict"):
                 try:
@@ -529,7 +550,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           params: dict[str, Any] | None = None, split: str | None = None, train_split: str = "train",
           val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
           data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
-          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None) -> RunIterator:
+          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
+          image_norm: str | None = None, text_norm: str | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -538,19 +560,24 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     :func:`default_run_dir`. The method is trained on ``train_split`` (with ``val_split`` for early
     stopping when the dataset has it) and evaluated on ``split``; ``split=None`` evaluates on ``test``, else
     ``val``, else a held-out part of train (:mod:`crossview.engine.splits`), and the run records which.
-    Stop iterating to cancel.
+    ``image_norm`` / ``text_norm`` normalise the features first (:mod:`crossview.features.normalize`;
+    default :data:`~crossview.features.normalize.DEFAULT_IMAGE_NORM` / ``DEFAULT_TEXT_NORM``). Stop
+    iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
     from crossview.engine.splits import plan_splits
+    from crossview.features.normalize import DEFAULT_IMAGE_NORM, DEFAULT_TEXT_NORM
 
     ds, source = _load(data, data_format, image_root)
     plan = plan_splits(ds, split, train_split, val_split, seed)
     cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
-                    checkpoint_seconds=checkpoint_seconds, derived_splits=plan.derived or None)
+                    checkpoint_seconds=checkpoint_seconds, derived_splits=plan.derived or None,
+                    image_norm=DEFAULT_IMAGE_NORM if image_norm is None else image_norm,
+                    text_norm=DEFAULT_TEXT_NORM if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     if (folder / CONFIG).exists():
         raise CrossViewError(f"{folder} already holds a run; continue it with 'crossview train --resume {folder}' "

@@ -92,6 +92,8 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
                                 spec.get("text_encoder") or config.get("text_encoder"),
                                 fit_on=config.get("train_split", "train"), text_model=text_model,
                                 progress=progress, should_stop=should_stop)
+    from crossview.features.normalize import restore_normalized
+    features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
                    features=features)
 
