@@ -99,11 +99,17 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
-    """Run folders under ``root`` (default: the user's runs folder), newest first."""
+    """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
+    (folders with a ``tune.json``) included."""
     from crossview.settings import get_settings
 
     base = Path(root) if root is not None else get_settings().runs_dir
     if not base.is_dir():
         return []
-    runs = [p for p in base.iterdir() if (p / "config.json").is_file()]
+    runs = []
+    for p in base.iterdir():
+        if (p / "config.json").is_file():
+            runs.append(p)
+        elif (p / "tune.json").is_file():          # a search (crossview tune): its trials are runs too
+            runs.extend(q for q in p.iterdir() if (q / "config.json").is_file())
     return sorted(runs, key=lambda p: (p / "config.json").stat().st_mtime, reverse=True)
