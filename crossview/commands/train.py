@@ -118,15 +118,27 @@ def _fmt(v: float) -> str:
 
 
 def format_metric_table(summary: dict[str, Any]) -> str:
-    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i, then rsum and the training time."""
+    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i (each R@K with the half-width of its bootstrap
+    interval when the summary has one), then rsum with its interval and the training time."""
     cols = ("R@1", "R@5", "R@10", "MedR", "MeanR")
+    ci = summary.get("ci") if isinstance(summary.get("ci"), dict) else None
     lines = [f"{summary.get('method', '?')} on {summary.get('dataset', '?')}, split {summary.get('split', '?')}"
              + (f" ({summary['n_images']} images, {summary['n_captions']} captions)" if "n_images" in summary else ""),
              f"{'':6}" + "".join(f"{c:>8}" for c in cols)]
     for d in ("i2t", "t2i"):
         row = summary.get(d) or {}
         lines.append(f"{d:6}" + "".join(f"{_fmt(row[c]):>8}" if c in row else f"{'-':>8}" for c in cols))
-    lines.append(f"rsum {summary.get('rsum', float('nan')):.1f}   train {summary.get('train_seconds', 0):.1f} s")
+        band = (ci or {}).get(d)
+        if isinstance(band, dict):
+            lines.append(f"{'':6}" + "".join(
+                f"{'±' + _fmt((band[c][1] - band[c][0]) / 2):>8}" if isinstance(band.get(c), list) else f"{'':>8}"
+                for c in cols).rstrip())
+    rsum = f"rsum {summary.get('rsum', float('nan')):.1f}"
+    if ci is not None and isinstance(ci.get("rsum"), list) and len(ci["rsum"]) == 2:
+        level = int(round(100 * float(ci.get("level", 0.95))))
+        rsum += (f" ({level}% interval {ci['rsum'][0]:.1f}-{ci['rsum'][1]:.1f}, bootstrap over the "
+                 f"{ci.get('n', '?')} images)")
+    lines.append(f"{rsum}   train {summary.get('train_seconds', 0):.1f} s")
     return "\n".join(lines)
 
 

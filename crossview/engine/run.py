@@ -486,6 +486,8 @@ class _Run:
 
     def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
                  eval_seconds: float) -> dict[str, Any]:
+        from crossview.eval.bootstrap import bootstrap_ci
+
         f = self.features
         return {
             "method": self.cfg.method,
@@ -505,6 +507,8 @@ class _Run:
             "seed": self.cfg.seed,
             "features_seconds": round(features_seconds, 3),
             "eval_seconds": round(eval_seconds, 3),
+            # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
+            "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
             "data": self.cfg.data,
             "run_dir": str(self.run_dir),
             "finished": _now(),
