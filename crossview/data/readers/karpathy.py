@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, guess_image_root, read_json
-from crossview.data.readers._common import clean_caption, split_tags
+from crossview.data.readers._common import brief, check_images_exist, guess_image_root, read_head, read_json
+from crossview.data.readers._common import clean_caption, one_line, split_tags
 from crossview.errors import DatasetError
 
 #: Folders next to the JSON where the images usually are, tried in order.
@@ -27,9 +27,15 @@ def detect(path: Path) -> bool:
         return False
     # Any JSON file that is not a top-level list (CUHK-PEDES) is read as Karpathy, so that a broken
     # or misshapen file gets the reader's precise error instead of "unknown format".
-    with open(path, "rb") as f:
-        head = f.read(64).lstrip()
+    head = read_head(path, 64).removeprefix(b"\xef\xbb\xbf").lstrip()
     return not head.startswith(b"[")
+
+
+def _name(value: object, path: Path) -> str:
+    """The dataset's name: its ``"dataset"`` string (cut to one short line), else from the file name."""
+    if isinstance(value, str) and value.strip():
+        return one_line(" ".join(value.split()), 80)
+    return path.stem.removeprefix("dataset_")
 
 
 def _json_path(path: Path) -> Path:
@@ -63,17 +69,26 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if not isinstance(fname, str) or not fname.strip():
             raise DatasetError("missing or empty 'filename'", path, f"images[{k}]")
         rel = str(Path(e["filepath"]) / fname) if isinstance(e.get("filepath"), str) else fname
-        name = f"images[{k}] {fname!r}"
+        name = f"images[{k}] {brief(fname)}"
         if rel in seen_files:
             raise DatasetError(f"duplicate image: the same file as images[{seen_files[rel]}]", path, name,
                                hint="Each image must appear once; merge their sentences")
         seen_files[rel] = k
-        imgid = e.get("imgid", k)
+        imgid = e.get("imgid")
+        if imgid is None:
+            imgid = k
+        elif isinstance(imgid, bool) or not isinstance(imgid, (int, str)):
+            raise DatasetError(f"'imgid' must be an integer or a string, got {type(imgid).__name__} "
+                               f"{brief(imgid)}", path, name, hint="Give each image a unique number")
         if imgid in seen_ids:
-            raise DatasetError(f"duplicate imgid {imgid!r} (also images[{seen_ids[imgid]}])", path, name)
+            raise DatasetError(f"duplicate imgid {brief(imgid)} (also images[{seen_ids[imgid]}])", path, name)
         seen_ids[imgid] = k
         if not isinstance(e.get("sentences"), list):
             raise DatasetError("missing 'sentences' list", path, name)
+        split = e.get("split")
+        if split is not None and not isinstance(split, str):
+            raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
+                               f"{type(split).__name__} {brief(split)}", path, name)
         rel_names.append(rel)
         entry_names.append(name)
 
@@ -93,7 +108,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     tags: list[list[str]] = []
     label_sets: list[list[str]] = []
     has_tags = has_sets = has_label = False
-    n_empty = n_nocap = 0
+    n_empty = n_nocap = n_nosplit = 0
     for k, e in enumerate(entries):
         if not exists[k]:
             continue
@@ -114,8 +129,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         paths.append(abs_paths[k])
         captions.extend(caps)
         cap_img.extend([i] * len(caps))
-        split = e.get("split", "train")
-        split_of.append(str(split).strip().lower() or "train")
+        split = (e.get("split") or "").strip().lower()
+        n_nosplit += not split
+        split_of.append(split or "train")
         has_label |= "label" in e
         label_raw.append(e.get("label"))
         has_tags |= "tags" in e
@@ -126,6 +142,8 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         warnings.append(f"skipped {n_empty} empty caption(s)")
     if n_nocap:
         warnings.append(f"skipped {n_nocap} image(s) with no non-empty caption")
+    if n_nosplit:
+        warnings.append(f"{n_nosplit} image(s) have no split and were put in 'train'")
     if not paths:
         raise DatasetError("no image with both a file and a caption remains", path)
 
@@ -140,7 +158,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         lookup = {n: j for j, n in enumerate(label_names)}
         labels = np.array([lookup[str(v)] for v in label_raw], dtype=np.int64)
     return PairedDataset(
-        name=str(doc.get("dataset") or path.stem.removeprefix("dataset_")),
+        name=_name(doc.get("dataset"), path),
         captions=captions,
         caption_image=np.asarray(cap_img, dtype=np.int64),
         image_paths=paths,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import clean_caption, read_text
+from crossview.data.readers._common import clean_caption, one_line, read_text, require_file
 from crossview.errors import DatasetError
 
 #: (file prefix, split name), in concatenation order.
@@ -38,11 +38,14 @@ def detect(path: Path) -> bool:
 
 
 def _load_features(path: Path) -> np.ndarray:
+    require_file(path, ".npy file")  # np.load on a FIFO would block
     try:
         arr = np.load(path, mmap_mode="r")
-    except (ValueError, OSError, EOFError) as e:
+    except (ValueError, OSError, EOFError, OverflowError, TypeError, MemoryError) as e:
+        # A damaged header gives any of these (a huge or negative shape, a bad dtype string).
         # A file that is not .npy makes numpy fall back to unpickling, which it refuses.
-        why = "not a .npy file of numbers" if "pickle" in str(e) else f"cannot read as a .npy array ({e})"
+        why = ("not a .npy file of numbers" if "pickle" in str(e)
+               else f"cannot read as a .npy array ({one_line(str(e), 160)})")
         raise DatasetError(why, path,
                            hint="Save the features with numpy.save as an (n_images, d) array") from None
     if not isinstance(arr, np.ndarray):

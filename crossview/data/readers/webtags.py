@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, iter_csv, iter_jsonl, read_text
+from crossview.data.readers._common import brief, check_images_exist, iter_csv, iter_jsonl, read_text
 from crossview.data.readers._common import relative_to_root, require_file, split_tags
 from crossview.errors import DatasetError
 
@@ -63,7 +63,7 @@ def read_image_lists(path: Path, key: str, split_values: Callable[[Any], list[st
     if suffix == ".jsonl":
         for lineno, obj in iter_jsonl(path):
             if key not in obj:
-                raise DatasetError(f"no {key!r} key (found: {', '.join(obj)})", path, f"line {lineno}",
+                raise DatasetError(f"no {key!r} key (found: {brief(', '.join(obj), 120)})", path, f"line {lineno}",
                                    hint=f'Each line must look like {{"image": "a.jpg", "{key}": ["x", "y"]}}')
             value = obj[key]
             if value is not None and not isinstance(value, (list, str)):
@@ -91,7 +91,7 @@ def read_image_lists(path: Path, key: str, split_values: Callable[[Any], list[st
         if not isinstance(image, str) or not image.strip():
             raise DatasetError("missing or empty 'image'", path, f"line {lineno}")
         image = image.strip()
-        where = f"line {lineno} {image!r}"
+        where = f"line {lineno} {brief(image)}"
         abs_path = os.path.normpath(relative_to_root(root, image))
         if abs_path in seen:
             raise DatasetError(f"duplicate image: also listed on {seen[abs_path]}", path, where,
