@@ -850,3 +850,43 @@ def test_warning_naming_an_odd_image_path_stays_one_line(tmp_path: Path, name: s
     assert ds.n_images == 1 and len(ds.warnings) == 1
     assert len(ds.warnings[0].splitlines()) == 1 and "skipped 1 of 2 images" in ds.warnings[0]
     assert f"b{repr(name)[1:-1]}c.png" in ds.warnings[0]  # the name kept, shown escaped (not cut or merged)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("dataset_x.json", '{"images": [{"filename": "a.png", "filename": "b.png", "sentences": []}]}'),
+    ("reid_raw.json", '[{"file_path": "a.png", "id": 1, "id": 2}]'),
+    ("captions.jsonl", '{"image": "a.png", "caption": "x", "caption": "y"}\n'),
+    ("tags.jsonl", '{"image": "a.png", "tags": ["x"], "image": "b.png"}\n')])
+def test_a_json_key_given_twice_is_an_error(tmp_path: Path, name: str, text: str) -> None:
+    """Like a duplicate CSV column: json would keep the last value without a word."""
+    path = tmp_path / name
+    path.write_text(text)
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "appears twice in one object")
+
+
+@pytest.mark.parametrize("key,value", [("filepath", 3), ("filepath", ["a"]), ("label", ["dog"]), ("label", True),
+                                       ("tags", {"a": 1}), ("tags", 3), ("labels", 2.5)])
+def test_karpathy_optional_field_of_the_wrong_type(tmp_path: Path, key: str, value: Any) -> None:
+    path = _karpathy(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["images"][1][key] = value
+    path.write_text(json.dumps(doc))
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "images[1]", f"'{key}' must be")
+
+
+@pytest.mark.parametrize("tags", [{"a": 1}, 3, True])
+def test_folder_tags_of_the_wrong_type(tmp_path: Path, tags: Any) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / "captions.jsonl"
+    path.write_text(json.dumps({"image": "a.png", "caption": "x", "tags": tags}) + "\n")
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "line 1", "'tags' must be")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_precomp_non_finite_features_are_an_error(tmp_path: Path, bad: float) -> None:
+    feats = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    feats[2, 3] = bad
+    np.save(tmp_path / "train_ims.npy", feats)
+    (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
+    one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "1 of 4 feature rows hold NaN",
+                   "first: row 2")

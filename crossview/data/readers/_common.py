@@ -164,8 +164,28 @@ def read_text(path: Path) -> str:
                            hint="Save the file as UTF-8") from None
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object, refusing a key given twice (``json`` would keep the last one without a word)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def _json_error(e: Exception) -> str:
     """The problem of a ``json.loads`` failure other than a syntax error."""
+    if isinstance(e, _DuplicateKey):
+        return f"the key {brief(e.key)} appears twice in one object"
     if isinstance(e, RecursionError):
         return "JSON nested too deeply to read"
     if "digits" in str(e):  # ValueError: Exceeds the limit (4300 digits) for integer string conversion
@@ -173,13 +193,19 @@ def _json_error(e: Exception) -> str:
     return f"invalid JSON ({one_line(str(e), 120)})"
 
 
+def load_json(text: str) -> Any:
+    """``json.loads`` refusing duplicate keys; raises JSONDecodeError, RecursionError, ValueError or
+    _DuplicateKey (see :func:`_json_error`)."""
+    return json.loads(text, object_pairs_hook=_object)
+
+
 def read_json(path: Path) -> Any:
     text = read_text(path)
     try:
-        return json.loads(text)
+        return load_json(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}", path) from None
-    except (RecursionError, ValueError) as e:
+    except (RecursionError, ValueError, _DuplicateKey) as e:
         raise DatasetError(_json_error(e), path, hint="Check that the file is the dataset's JSON") from None
 
 
@@ -189,10 +215,10 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = load_json(line)
         except json.JSONDecodeError as e:
             raise DatasetError(f"invalid JSON: {e.msg} (column {e.colno})", path, f"line {lineno}") from None
-        except (RecursionError, ValueError) as e:
+        except (RecursionError, ValueError, _DuplicateKey) as e:
             raise DatasetError(_json_error(e), path, f"line {lineno}") from None
         if not isinstance(obj, dict):
             raise DatasetError(f"expected a JSON object, got {type(obj).__name__}", path, f"line {lineno}")

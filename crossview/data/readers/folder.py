@@ -121,6 +121,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if not isinstance(row.get("split"), (str, type(None))):
             raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
                                f"{type(row['split']).__name__} {brief(row['split'])}", path, where)
+        if not isinstance(row.get("tags"), (list, str, type(None))):
+            raise DatasetError(f"'tags' must be a list or a string, got {type(row['tags']).__name__} "
+                               f"{brief(row['tags'])}", path, where)
         has_label |= "label" in row
         has_split |= "split" in row
         has_tags |= "tags" in row

@@ -38,6 +38,16 @@ def _name(value: object, path: Path) -> str:
     return path.stem.removeprefix("dataset_")
 
 
+def _check_optional_fields(e: dict, path: Path, name: str) -> None:
+    """The optional keys, when present, have the types they are read as (else one error naming the entry)."""
+    for key, types, what in (("filepath", (str,), "a string"), ("label", (str, int, float), "a string or a number"),
+                             ("tags", (list, str), "a list or a string"),
+                             ("labels", (list, str), "a list or a string")):
+        value = e.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise DatasetError(f"{key!r} must be {what}, got {type(value).__name__} {brief(value)}", path, name)
+
+
 def _json_path(path: Path) -> Path:
     if path.is_dir():
         found = sorted(path.glob("dataset_*.json"))
@@ -89,6 +99,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if split is not None and not isinstance(split, str):
             raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
                                f"{type(split).__name__} {brief(split)}", path, name)
+        _check_optional_fields(e, path, name)
         rel_names.append(rel)
         entry_names.append(name)
 

@@ -58,7 +58,22 @@ def _load_features(path: Path) -> np.ndarray:
         raise DatasetError(f"expected numeric features, got dtype {arr.dtype}", path)
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise DatasetError(f"the feature array is empty (shape {arr.shape})", path)
+    bad = _non_finite_rows(arr)
+    if len(bad):
+        raise DatasetError(f"{len(bad)} of {arr.shape[0]} feature rows hold NaN or infinite values (first: row "
+                           f"{bad[0]})", path, hint="Re-extract the features; no method can use such rows")
     return arr
+
+
+def _non_finite_rows(arr: np.ndarray) -> np.ndarray:
+    """Indices of the rows of a (possibly memory-mapped) ``(n, d)`` array holding NaN or inf, read in
+    ~16 MB blocks."""
+    if not np.issubdtype(arr.dtype, np.floating):
+        return np.zeros(0, dtype=np.int64)
+    per_block = max(1, (1 << 24) // max(1, arr.shape[1] * arr.dtype.itemsize))
+    bad = [start + np.flatnonzero(~np.isfinite(np.asarray(arr[start:start + per_block])).all(axis=1))
+           for start in range(0, arr.shape[0], per_block)]
+    return np.concatenate(bad)
 
 
 def _rows_repeated(ims: np.ndarray, k: int) -> bool:
