@@ -18,6 +18,7 @@ property test through the environment, e.g.::
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
@@ -40,7 +41,7 @@ from PIL import Image
 
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.data.images import open_image, verify_images
-from crossview.data.readers import detect_format, load_dataset
+from crossview.data.readers import READERS, detect_format, load_dataset
 from crossview.data.readers.labels import attach_label_sets
 from crossview.data.stats import dataset_info, format_info
 from crossview.errors import CrossViewError, DatasetError
@@ -224,8 +225,14 @@ def check_all_ways(fx: Fixture, target_bytes: bytes | None = None,
         path = fx.write(root, target_bytes)
         if prepare is not None:
             prepare(root)
+        module = importlib.import_module(f"crossview.data.readers.{READERS[fx.format].module}")
         outcomes = [assert_outcome(lambda: detect_format(path) and load_dataset(path), root),
-                    assert_outcome(lambda: load_dataset(path, format=fx.format), root)]
+                    assert_outcome(lambda: load_dataset(path, format=fx.format), root),
+                    assert_outcome(lambda: module.read(path), root)]  # a reader called directly
+        for info in READERS.values():  # every format's detect() answers, without blocking or raising
+            detect = importlib.import_module(f"crossview.data.readers.{info.module}").detect
+            found, error = call_with_timeout(lambda: detect(path), root)
+            assert error is None and isinstance(found, bool), (info.name, error)
         if fx.format == "labels":
             base = FIXTURES["folder-jsonl"].write(root)
             ds = load_dataset(base)
@@ -890,3 +897,17 @@ def test_precomp_non_finite_features_are_an_error(tmp_path: Path, bad: float) ->
     (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
     one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "1 of 4 feature rows hold NaN",
                    "first: row 2")
+
+
+@pytest.mark.parametrize("module_name", [info.module for info in READERS.values()])
+def test_readers_called_directly_on_unusable_paths(tmp_path: Path, module_name: str) -> None:
+    """Each reader's own detect() / read(), not only load_dataset: a name too long for the file system,
+    a symlink loop, a NUL character. detect() says False; read() raises one DatasetError line."""
+    module = importlib.import_module(f"crossview.data.readers.{module_name}")
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    for path in (tmp_path / ("x" * 300 + ".json"), tmp_path / ("y" * 300) / "captions.csv", loop,
+                 tmp_path / "nul\x00.txt"):
+        found, error = call_with_timeout(lambda: module.detect(path), tmp_path)
+        assert error is None and found is False, (path, error)
+        one_line_error(lambda: module.read(path), tmp_path)

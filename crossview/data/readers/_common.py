@@ -11,17 +11,20 @@ from __future__ import annotations
 import codecs
 import csv
 import errno
+import functools
 import io
 import json
 import os
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from crossview.errors import CrossViewError, DatasetError
+
+_Read = TypeVar("_Read", bound=Callable[..., Any])
 
 #: Image file suffixes the folder readers look for.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -297,6 +300,30 @@ def guarded(path: str | Path | None) -> Iterator[None]:
     except Exception as e:  # noqa: BLE001 - the point of this guard: never a traceback on a dataset
         raise DatasetError(f"cannot read this dataset ({type(e).__name__}: {one_line(str(e), 160)})", where,
                            hint="The file looks damaged; check it, or report this message if it is valid") from e
+
+
+def reader(read: _Read) -> _Read:
+    """Decorates a reader's ``read(path, image_root=None)``: whatever it meets, it raises nothing but
+    :class:`DatasetError` (one line naming ``path``), also when called directly rather than through
+    ``load_dataset``."""
+    @functools.wraps(read)
+    def guarded_read(path: Path, image_root: Path | None = None) -> Any:
+        with guarded(path):
+            check_source(path)  # a FIFO or device is named as given, before links are resolved
+            return read(path, image_root=image_root)
+    return guarded_read  # type: ignore[return-value]
+
+
+def detector(detect: Callable[[Path], bool]) -> Callable[[Path], bool]:
+    """Decorates a reader's ``detect(path)``: a path that cannot be examined (a name too long for the
+    file system, a NUL character, a loop) is not that format, rather than an exception."""
+    @functools.wraps(detect)
+    def safe_detect(path: Path) -> bool:
+        try:
+            return bool(detect(Path(path)))
+        except (OSError, ValueError, RuntimeError):
+            return False
+    return safe_detect
 
 
 def clean_caption(text: Any) -> str | None:

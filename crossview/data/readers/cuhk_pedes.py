@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, clean_caption, guess_image_root, read_head
-from crossview.data.readers._common import read_json
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import guess_image_root, read_head, read_json, reader, safe_resolve
 from crossview.errors import DatasetError
 
 JSON_NAME = "reid_raw.json"
@@ -28,6 +28,7 @@ ROOT_CANDIDATES = ("imgs", "")
 SPLIT_NAMES = {"train": "train", "val": "val", "dev": "val", "test": "test"}
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return (path / JSON_NAME).is_file()
@@ -54,9 +55,10 @@ def _identity(value: object, path: Path, where: str) -> int:
     raise DatasetError(f"'id' must be an integer, got {brief(value)}", path, where)
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads ``reid_raw.json`` (or the folder holding it)."""
-    path = Path(path).expanduser().resolve()
+    path = safe_resolve(path)
     if path.is_dir():
         path = path / JSON_NAME
     doc = read_json(path)
@@ -98,7 +100,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
 
     if image_root is None:
         image_root = guess_image_root(path.parent, rel_names, ROOT_CANDIDATES)
-    image_root = Path(image_root).expanduser().resolve()
+    image_root = safe_resolve(image_root)
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]

@@ -30,8 +30,9 @@ from typing import Iterator
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, clean_caption, generated_splits, iter_csv
-from crossview.data.readers._common import brief, iter_jsonl, read_head, relative_to_root, require_file, split_tags
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import generated_splits, iter_csv, iter_jsonl, read_head, reader
+from crossview.data.readers._common import relative_to_root, require_file, safe_resolve, split_tags
 from crossview.errors import DatasetError
 
 #: The file names looked for in a folder, in this order.
@@ -40,6 +41,7 @@ SUFFIXES = (".jsonl", ".csv", ".tsv")
 SPLIT_ALIASES = {"dev": "val", "validation": "val", "valid": "val"}
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return any((path / n).is_file() for n in CAPTION_FILES)
@@ -79,10 +81,11 @@ def _optional(value: object) -> str | None:
     return s or None
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a captions file (or the folder holding it) into a :class:`PairedDataset`."""
-    path = _caption_file(Path(path).expanduser().resolve())
-    root = Path(image_root if image_root is not None else path.parent).expanduser().resolve()
+    path = _caption_file(safe_resolve(path))
+    root = safe_resolve(image_root if image_root is not None else path.parent)
     if not root.is_dir():
         raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
 

@@ -12,14 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, guess_image_root, read_head, read_json
-from crossview.data.readers._common import clean_caption, one_line, split_tags
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import guess_image_root, one_line, read_head, read_json, reader
+from crossview.data.readers._common import safe_resolve, split_tags
 from crossview.errors import DatasetError
 
 #: Folders next to the JSON where the images usually are, tried in order.
 ROOT_CANDIDATES = ("images", "Images", "Flicker8k_Dataset", "Flickr8k_Dataset", "flickr30k-images", "")
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return len(list(path.glob("dataset_*.json"))) == 1
@@ -57,6 +59,7 @@ def _json_path(path: Path) -> Path:
     return path
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a Karpathy split file (or a folder holding exactly one ``dataset_*.json``)."""
     path = _json_path(Path(path))
@@ -105,7 +108,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
 
     if image_root is None:
         image_root = guess_image_root(path.parent, rel_names, ROOT_CANDIDATES)
-    image_root = Path(image_root).expanduser().resolve()
+    image_root = safe_resolve(image_root)
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]

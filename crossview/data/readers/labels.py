@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, check_source, guarded, one_line, safe_resolve
+from crossview.data.readers._common import check_images_exist, check_source, detector, guarded, one_line
+from crossview.data.readers._common import reader, safe_resolve
 from crossview.data.readers.webtags import SUFFIXES, find_list_file, read_image_lists
 from crossview.errors import DatasetError
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return any((path / f"labels{s}").is_file() for s in SUFFIXES)
@@ -51,15 +53,16 @@ def split_labels(value: Any) -> list[str]:
 
 
 def _image_root(path: Path, image_root: Path | None) -> Path:
-    root = Path(image_root if image_root is not None else path.parent).expanduser().resolve()
+    root = safe_resolve(image_root if image_root is not None else path.parent)
     if not root.is_dir():
         raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
     return root
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a labels file (or the folder holding it) into a :class:`PairedDataset` with no captions."""
-    path = find_list_file(Path(path).expanduser().resolve(), "labels")
+    path = find_list_file(safe_resolve(path), "labels")
     root = _image_root(path, image_root)
     entries = read_image_lists(path, "labels", split_labels, root, spaces_in_txt=False)
     if not entries:

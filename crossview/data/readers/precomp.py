@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import clean_caption, one_line, read_text, require_file
+from crossview.data.readers._common import clean_caption, detector, one_line, read_text, reader, require_file
+from crossview.data.readers._common import safe_resolve
 from crossview.errors import DatasetError
 
 #: (file prefix, split name), in concatenation order.
@@ -31,6 +32,7 @@ SPLITS = (("train", "train"), ("dev", "val"), ("val", "val"), ("test", "test"), 
 REPEAT = 5
 
 
+@detector
 def detect(path: Path) -> bool:
     if not path.is_dir():
         return False
@@ -141,9 +143,10 @@ def _read_split(prefix: str, ims_path: Path, caps_path: Path, warnings: list[str
     return ims, captions, cap_arr
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads every split of a ``*_precomp`` folder; ``image_root`` is ignored (there are no image files)."""
-    path = Path(path).expanduser().resolve()
+    path = safe_resolve(path)
     if not path.is_dir():
         raise DatasetError("expected a *_precomp folder with {split}_ims.npy and {split}_caps.txt", path)
     found: list[tuple[str, str, Path, Path]] = []

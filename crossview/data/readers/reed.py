@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import IMAGE_SUFFIXES, brief, check_images_exist, clean_caption, read_text
+from crossview.data.readers._common import IMAGE_SUFFIXES, brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import read_text, reader, safe_resolve
 from crossview.errors import DatasetError
 
 TEXT_DIR = "text_c10"
@@ -31,6 +32,7 @@ TEXT_DIR = "text_c10"
 IMAGE_DIRS = ("images", "jpg")
 
 
+@detector
 def detect(path: Path) -> bool:
     return path.is_dir() and ((path / TEXT_DIR).is_dir() or path.name == TEXT_DIR)
 
@@ -93,9 +95,10 @@ def _class_splits(root: Path, classes: dict[str, int], warnings: list[str]) -> d
     return split_of
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a Reed et al. ``text_c10`` dataset root (CUB-200 or Oxford-102 Flowers)."""
-    root = Path(path).expanduser().resolve()
+    root = safe_resolve(path)
     if root.name == TEXT_DIR:
         root = root.parent
     text_dir = root / TEXT_DIR
@@ -107,7 +110,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     classes = {d.name: j for j, d in enumerate(class_dirs)}
 
     if image_root is not None:
-        base = Path(image_root).expanduser().resolve()
+        base = safe_resolve(image_root)
         if not base.is_dir():
             raise DatasetError("image root is not a folder", base, hint="Pass --image-root FOLDER")
     else:
