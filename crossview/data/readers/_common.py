@@ -29,13 +29,15 @@ _Read = TypeVar("_Read", bound=Callable[..., Any])
 #: Image file suffixes the folder readers look for.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
-#: Characters ``str.splitlines`` breaks on: a message must not contain any to stay one line.
-_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_ESCAPE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in _LINE_BREAKS})
+#: Characters ``str.splitlines`` breaks on (a message must not contain any to stay one line), and the
+#: other control characters (a NUL or an escape sequence in a file name must not reach the terminal).
+_CONTROL = [chr(c) for c in (*range(0x20), *range(0x7f, 0xa0)) if chr(c) != "\t"] + ["\u2028", "\u2029"]
+_ESCAPE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in _CONTROL})
 
 
 def one_line(text: str, limit: int = 300) -> str:
-    """``text`` with line breaks escaped and cut to ``limit`` characters, for an error message."""
+    """``text`` with line breaks and control characters escaped and cut to ``limit`` characters, for an
+    error message."""
     text = str(text).translate(_ESCAPE_BREAKS)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
