@@ -915,3 +915,14 @@ def test_readers_called_directly_on_unusable_paths(tmp_path: Path, module_name: 
         found, error = call_with_timeout(lambda: module.detect(path), tmp_path)
         assert error is None and found is False, (path, error)
         one_line_error(lambda: module.read(path), tmp_path)
+
+
+@pytest.mark.parametrize("header", ["{'descr': '<f4', 'fortran_order': False, 'shape': (4, 6), }\'\'\'",
+                                    "{'descr': '<f4', 'shape': (4, 6 ", "[" * 100, "{}", "{'descr': 'zz'}"])
+def test_precomp_damaged_npy_header(tmp_path: Path, header: str) -> None:
+    """Found by the fuzzer: numpy's header parser raised tokenize.TokenError on an unclosed bracket or quote."""
+    body = header.encode().ljust(118) + b"\n"
+    (tmp_path / "train_ims.npy").write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body
+                                             + bytes(96))
+    (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
+    one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "cannot read as a .npy array")

@@ -43,9 +43,9 @@ def _load_features(path: Path) -> np.ndarray:
     require_file(path, ".npy file")  # np.load on a FIFO would block
     try:
         arr = np.load(path, mmap_mode="r")
-    except (ValueError, OSError, EOFError, OverflowError, TypeError, MemoryError) as e:
-        # A damaged header gives any of these (a huge or negative shape, a bad dtype string).
-        # A file that is not .npy makes numpy fall back to unpickling, which it refuses.
+    except Exception as e:  # noqa: BLE001 - numpy's header parser (tokenize + ast.literal_eval, never
+        # eval) raises ValueError, TokenError, SyntaxError, RecursionError, OverflowError... on a damaged
+        # header. A file that is not .npy makes numpy fall back to unpickling, which it refuses.
         why = ("not a .npy file of numbers" if "pickle" in str(e)
                else f"cannot read as a .npy array ({one_line(str(e), 160)})")
         raise DatasetError(why, path,
