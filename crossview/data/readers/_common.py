@@ -205,6 +205,8 @@ def load_json(text: str) -> Any:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file's document; any parse failure (syntax, nesting, huge numbers, duplicate keys) is one
+    DatasetError naming the file."""
     text = read_text(path)
     try:
         return load_json(text)
