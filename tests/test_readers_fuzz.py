@@ -918,11 +918,14 @@ def test_readers_called_directly_on_unusable_paths(tmp_path: Path, module_name: 
 
 
 @pytest.mark.parametrize("header", ["{'descr': '<f4', 'fortran_order': False, 'shape': (4, 6), }\'\'\'",
-                                    "{'descr': '<f4', 'shape': (4, 6 ", "[" * 100, "{}", "{'descr': 'zz'}"])
-def test_precomp_damaged_npy_header(tmp_path: Path, header: str) -> None:
-    """Found by the fuzzer: numpy's header parser raised tokenize.TokenError on an unclosed bracket or quote."""
-    body = header.encode().ljust(118) + b"\n"
+                                    "{'descr': '<f4', 'shape': (4, 6 ", "[" * 100, "{}", "{'descr': 'zz'}",
+                                    "{'descr': '<f4', 'fortran_order': False, 'shape': (2**62, 6)}"])
+def test_precomp_damaged_npy_header(tmp_path: Path, header: str, recwarn: pytest.WarningsRecorder) -> None:
+    """Found by the fuzzer: numpy's header parser raised tokenize.TokenError on an unclosed bracket or quote,
+    and a huge shape printed an overflow RuntimeWarning to the terminal besides the error line."""
+    body = header.replace("2**62", str(2**62)).encode().ljust(118) + b"\n"
     (tmp_path / "train_ims.npy").write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body
                                              + bytes(96))
     (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
     one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "cannot read as a .npy array")
+    assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []

@@ -42,7 +42,8 @@ def detect(path: Path) -> bool:
 def _load_features(path: Path) -> np.ndarray:
     require_file(path, ".npy file")  # np.load on a FIFO would block
     try:
-        arr = np.load(path, mmap_mode="r")
+        with np.errstate(all="ignore"):  # a huge shape in a damaged header overflows numpy's size check
+            arr = np.load(path, mmap_mode="r")
     except Exception as e:  # noqa: BLE001 - numpy's header parser (tokenize + ast.literal_eval, never
         # eval) raises ValueError, TokenError, SyntaxError, RecursionError, OverflowError... on a damaged
         # header. A file that is not .npy makes numpy fall back to unpickling, which it refuses.
