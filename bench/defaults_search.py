@@ -28,8 +28,14 @@ SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k
 GRIDS = {
     "cca": {"image_norm": ["none", "ssr", "whiten"], "reg": [0.3, 1.0, 3.0, 10.0],
             "n_components": [64, 256], "weight_power": [1.0, 4.0]},
+    # the neighbourhood of the best coarse point
+    "cca:fine": {"image_norm": ["ssr"], "reg": [2.0, 3.0, 5.0], "n_components": [64, 128, 256],
+                 "weight_power": [0.0, 0.5, 1.0, 2.0]},
+    "cca:fine2": {"image_norm": ["ssr"], "reg": [5.0, 8.0, 12.0], "n_components": [128, 256],
+                  "weight_power": [0.25, 0.5]},
     "wsabie": {"image_norm": ["none", "ssr"], "dim": [100, 256, 1024], "lr": [0.003, 0.01, 0.03]},
     "bitr": {"image_norm": ["none", "ssr"], "C": [1e-1, 1e1, 1e3]},
+    "bitr:fine": {"image_norm": ["none", "ssr"], "C": [1e3, 1e4, 1e5], "pca_dim": [128, 256]},
 }
 
 
@@ -84,8 +90,9 @@ def main(argv=None) -> int:
     train_images = np.asarray(ds.splits["train"])
     val_images = np.asarray(ds.splits["val"])
     folds = list(KFold(args.folds, shuffle=True, random_state=args.seed).split(train_images))
-    for method in args.methods.split(","):
-        grid = GRIDS[method]
+    for key in args.methods.split(","):
+        grid = GRIDS[key]
+        method = key.split(":")[0]
         names = list(grid)
         rows = []
         points = [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
@@ -97,7 +104,7 @@ def main(argv=None) -> int:
             print(f"{method} {i}/{len(points)} {point}: cv {np.mean(cv):.1f} val {val:.1f} "
                   f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
         rows.sort(key=lambda r: -r[0])
-        print(f"\n### {method} ({args.folds}-fold CV on the 600 train images; val = train 600 -> val 100)\n")
+        print(f"\n### {key} ({args.folds}-fold CV on the 600 train images; val = train 600 -> val 100)\n")
         print("| " + " | ".join(names) + " | cv rsum (mean ± sd) | val rsum |")
         print("|" + "---|" * (len(names) + 2))
         for cv, sd, val, point in rows:

@@ -62,13 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
     p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
     p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
-    from crossview.features.normalize import DEFAULT_IMAGE_NORM, DEFAULT_TEXT_NORM, NORMS
+    from crossview.features.normalize import NORMS
     p.add_argument("--image-norm", choices=NORMS, default=None,
-                   help=f"normalise the image features first: none, l2, ssr (signed square root, then L2), center "
-                        f"(minus the train mean, then L2), whiten (PCA-whitening fitted on train, then L2) "
-                        f"(default: {DEFAULT_IMAGE_NORM})")
+                   help="normalise the image features first: none, l2, ssr (signed square root, then L2), center "
+                        "(minus the train mean, then L2), whiten (PCA-whitening fitted on train, then L2) "
+                        "(default: the method's, e.g. ssr for cca; see 'crossview train --list')")
     p.add_argument("--text-norm", choices=NORMS, default=None,
-                   help=f"normalise the caption features first, same choices (default: {DEFAULT_TEXT_NORM})")
+                   help="normalise the caption features first, same choices (default: the method's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")

@@ -565,23 +565,24 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     stopping when the dataset has it) and evaluated on ``split``; ``split=None`` evaluates on ``test``, else
     ``val``, else a held-out part of train (:mod:`crossview.engine.splits`), and the run records which.
     ``image_norm`` / ``text_norm`` normalise the features first (:mod:`crossview.features.normalize`;
-    default :data:`~crossview.features.normalize.DEFAULT_IMAGE_NORM` / ``DEFAULT_TEXT_NORM``). Stop
+    default: the method's ``default_image_norm`` / ``default_text_norm``). Stop
     iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
     from crossview.engine.splits import plan_splits
-    from crossview.features.normalize import DEFAULT_IMAGE_NORM, DEFAULT_TEXT_NORM
+    from crossview.features.normalize import default_norms_of
 
+    default_norms = default_norms_of(method)
     ds, source = _load(data, data_format, image_root)
     plan = plan_splits(ds, split, train_split, val_split, seed)
     cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
                     checkpoint_seconds=checkpoint_seconds, derived_splits=plan.derived or None,
-                    image_norm=DEFAULT_IMAGE_NORM if image_norm is None else image_norm,
-                    text_norm=DEFAULT_TEXT_NORM if text_norm is None else text_norm)
+                    image_norm=default_norms[0] if image_norm is None else image_norm,
+                    text_norm=default_norms[1] if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     if (folder / CONFIG).exists():
         raise CrossViewError(f"{folder} already holds a run; continue it with 'crossview train --resume {folder}' "

@@ -207,6 +207,9 @@ class Method:
     directions_differ: ClassVar[bool] = False
     iterative: ClassVar[bool] = False
     needs_text_features: ClassVar[bool] = True
+    #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
+    default_image_norm: ClassVar[str] = "none"
+    default_text_norm: ClassVar[str] = "none"
 
     # ------------------------------------------------------------------ parameters
     @classmethod
