@@ -62,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
-    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (refused while another "
+                   "process writes it; from its last checkpoint, which never runs code)")
     p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
                    help="set a method parameter (repeatable)")
     p.add_argument("--checkpoint-seconds", type=float, default=60.0,

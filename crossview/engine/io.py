@@ -217,6 +217,8 @@ def to_plain(obj: Any) -> Any:
         return {_SET: [to_plain(x) for x in obj]}
     if isinstance(obj, (torch.dtype, torch.Size)):
         return obj
+    if isinstance(obj, os.PathLike):   # a path in a spec or a parameter: its text is what matters
+        return os.fspath(obj)
     raise CrossViewError(f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a checkpoint: "
                          "checkpoints hold tensors, arrays and plain Python values only (convert it in "
                          "state_dict())")
@@ -230,6 +232,8 @@ def from_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         if _ND in obj and "dtype" in obj:
             data, dtype = obj[_ND], np.dtype(str(obj["dtype"])) if obj["dtype"] != "object" else np.dtype(object)
+            if dtype.kind not in "biufcUSO":
+                raise ValueError(f"array dtype {dtype} is not one CrossView writes")
             shape = tuple(int(x) for x in obj.get("shape", ()))
             if isinstance(data, torch.Tensor):
                 arr = data.numpy()
@@ -242,6 +246,8 @@ def from_plain(obj: Any) -> Any:
                 return out.reshape(shape)
             return np.array(data, dtype=dtype).reshape(shape)
         if _NPS in obj and "dtype" in obj:
+            if np.dtype(str(obj["dtype"])).kind not in "biufcUS":
+                raise ValueError(f"scalar dtype {obj['dtype']} is not one CrossView writes")
             return np.array(obj[_NPS], dtype=np.dtype(str(obj["dtype"])))[()]
         if _SET in obj and len(obj) == 1:
             return {from_plain(x) for x in obj[_SET]}

@@ -176,8 +176,12 @@ def _new_lock(run_dir: Path) -> Any:
     from filelock import FileLock
 
     # thread_local=False: the GUI may start a run on one thread and cancel it from another.
-    # preserve_lock_file: deleting a lock file on release lets two processes lock two different inodes.
-    return FileLock(str(run_dir / LOCK), thread_local=False, preserve_lock_file=True)
+    # preserve_lock_file: deleting a lock file on release lets two processes lock two different inodes
+    # (filelock < 4 has no such option and never deletes it on POSIX).
+    try:
+        return FileLock(str(run_dir / LOCK), thread_local=False, preserve_lock_file=True)
+    except TypeError:
+        return FileLock(str(run_dir / LOCK), thread_local=False)
 
 
 def _locked_message(run_dir: Path, info: dict[str, Any]) -> str:
@@ -201,7 +205,7 @@ def run_is_locked(run_dir: str | Path) -> int | None:
     except Timeout:
         pid = _lock_info(folder).get("pid")
         return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
-    except OSError:        # a read-only folder: nobody can be writing the run there
+    except (OSError, ValueError):   # a read-only folder: nobody can be writing the run there
         return None
     lock.release()
     return None
@@ -227,9 +231,9 @@ class _WriterLock:
             self._lock.acquire(timeout=wait)
         except Timeout:
             raise CrossViewError(_locked_message(self.run_dir, _lock_info(self.run_dir))) from None
-        except OSError as e:
-            raise CrossViewError(f"{self.run_dir}: cannot lock the run folder ({e.strerror or e}); is it "
-                                 "writable?") from None
+        except (OSError, ValueError) as e:
+            raise CrossViewError(f"{self.run_dir}: cannot lock the run folder ({getattr(e, 'strerror', None) or e}); "
+                                 "is it writable, on a file system with locks?") from None
         self.held = True
         previous = _lock_info(self.run_dir)
         note = None
