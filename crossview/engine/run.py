@@ -160,9 +160,12 @@ def _lock_info(run_dir: Path) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def _pid_alive(pid: Any) -> bool:
+def _pid_alive(pid: Any) -> bool | None:
+    """Whether process ``pid`` exists on this machine (None: cannot tell without harming it)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
+    if os.name == "nt":     # os.kill(pid, 0) would terminate the process on Windows
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -238,7 +241,8 @@ class _WriterLock:
         previous = _lock_info(self.run_dir)
         note = None
         if previous.get("pid") not in (None, os.getpid()):
-            alive = "" if _pid_alive(previous.get("pid")) else ", no longer running"
+            same_host = previous.get("host") == socket.gethostname()
+            alive = ", no longer running" if same_host and _pid_alive(previous.get("pid")) is False else ""
             note = (f"took over the run folder's lock left by PID {previous.get('pid')} on "
                     f"{previous.get('host', '?')}{alive} (it stopped without releasing it, e.g. killed)")
         try:
@@ -335,6 +339,14 @@ def _check_checkpoint(ckpt: dict[str, Any], path: Path) -> None:
         if key not in ckpt or not _type_ok(ckpt[key], typ):
             raise CrossViewError(f"{path}: the checkpoint has no valid {key!r}; it is damaged or from another "
                                  "program: retrain, or resume from a copy of the run")
+
+
+def _checkpoint_info(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """What status.json says about a checkpoint (its payload): where it is and how far it got."""
+    step = ckpt.get("step")
+    return {"checkpoint": CHECKPOINT, "checkpoint_events": ckpt["events"],
+            "checkpoint_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+            "checkpoint_phase": ckpt["phase"], "checkpoint_saved": str(ckpt.get("saved", ""))}
 
 
 def _trim_metrics(path: Path, keep_bytes: int | None, keep_checkpoint: int | None = None) -> int:
@@ -447,9 +459,7 @@ class _Run:
             "saved": _now(),
         }
         save_checkpoint(self._path(CHECKPOINT), payload)
-        self._ckpt_info = {"checkpoint": CHECKPOINT, "checkpoint_events": self.events,
-                           "checkpoint_step": self.step, "checkpoint_phase": self.phase,
-                           "checkpoint_saved": payload["saved"]}
+        self._ckpt_info = _checkpoint_info(payload)
         if status is not None:
             self._status(status)
         return CheckpointSaved(str(self._path(CHECKPOINT)), self.events)
@@ -539,7 +549,7 @@ class _Run:
         if ckpt is None:
             return False
         self.events = ckpt["events"]
-        self.train_seconds = ckpt["train_seconds"]
+        self.train_seconds = float(ckpt["train_seconds"])
         if not self._continues(ckpt):
             return False  # closed form: refit
         try:
@@ -555,10 +565,7 @@ class _Run:
             except (TypeError, ValueError, KeyError, RuntimeError):
                 pass   # a damaged RNG state only costs exact reproducibility
         self.phase = ckpt["phase"]
-        self.step = ckpt.get("step") if isinstance(ckpt.get("step"), int) else None
-        self._ckpt_info = {"checkpoint": CHECKPOINT, "checkpoint_events": self.events,
-                           "checkpoint_step": self.step, "checkpoint_phase": self.phase,
-                           "checkpoint_saved": str(ckpt.get("saved", ""))}
+        self.step = _checkpoint_info(ckpt)["checkpoint_step"]
         return True
 
     def _start_writing(self) -> str | None:
@@ -576,10 +583,7 @@ class _Run:
             self._loaded = _Loaded.read(path)
         ckpt = self._loaded.ckpt
         if ckpt is not None:
-            step = ckpt.get("step") if isinstance(ckpt.get("step"), int) else None
-            self._ckpt_info = {"checkpoint": CHECKPOINT, "checkpoint_events": ckpt["events"],
-                               "checkpoint_step": step, "checkpoint_phase": ckpt["phase"],
-                               "checkpoint_saved": str(ckpt.get("saved", ""))}
+            self._ckpt_info = _checkpoint_info(ckpt)
         keep = ckpt.get("log_bytes") if ckpt is not None and self._continues(ckpt) else 0
         dropped = _trim_metrics(self._path(METRICS), keep if isinstance(keep, int) else None,
                                 ckpt["events"] if ckpt is not None else None)
