@@ -275,7 +275,6 @@ RESUME_CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     import _engine_helpers  # registers toy_iterative
     from crossview.cli import main
-    print("PID", os.getpid(), flush=True)
     sys.exit(main(["train", "--resume", sys.argv[1]]))
 """)
 
@@ -299,19 +298,21 @@ def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_p
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     tests_dir = str(Path(__file__).resolve().parent)
-    procs = [subprocess.Popen([sys.executable, "-c", RESUME_CHILD, str(run), tests_dir], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    # Output to files: a pipe nobody reads would fill up and stall the writer.
+    errs = [open(tmp_path / f"stderr{i}.txt", "w+") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RESUME_CHILD, str(run), tests_dir], stdout=subprocess.DEVNULL,
+                              stderr=errs[i], env=env) for i in range(2)]
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and all(p.poll() is None for p in procs):
             time.sleep(0.1)
         loser = next(p for p in procs if p.poll() is not None)
         winner = next(p for p in procs if p is not loser)
-        out, err = loser.communicate(timeout=30)
+        loser.wait(timeout=30)
+        err = (tmp_path / f"stderr{procs.index(loser)}.txt").read_text()
         assert loser.returncode == 2, err[-2000:]
-        assert winner.poll() is None, winner.communicate()[1][-2000:]     # the other one proceeds
-        assert winner.stdout is not None
-        winner_pid = int(winner.stdout.readline().split()[1])
+        assert winner.poll() is None, (tmp_path / f"stderr{procs.index(winner)}.txt").read_text()[-2000:]
+        winner_pid = winner.pid                                          # the other one proceeds
         lines = err.strip().splitlines()
         assert len(lines) == 1 and f"PID {winner_pid} " in lines[0] and "wait for it to finish" in lines[0], lines
         assert run_is_locked(run) == winner_pid
@@ -326,6 +327,8 @@ def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_p
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
+        for f in errs:
+            f.close()
     assert run_is_locked(run) is None                       # the OS dropped the dead process's lock
     status = read_status(run)
     ckpt = eio.load_checkpoint(run / "checkpoint.pt")
