@@ -173,11 +173,13 @@ def _array_to_plain(a: Any) -> dict[str, Any]:
 
     dtype = a.dtype
     if dtype.kind in "biufc":
-        native = np.ascontiguousarray(a, dtype=dtype.newbyteorder("="))
+        native_dtype = dtype.newbyteorder("=")
+        native = np.ascontiguousarray(a, dtype=native_dtype)
         if dtype.kind == "u" and dtype.itemsize > 1:   # torch has no general unsigned 16/32/64-bit storage
             native = native.view(f"i{dtype.itemsize}")
-        return {_ND: torch.from_numpy(native.copy()), "dtype": native.dtype.str if dtype.kind != "u"
-                else dtype.newbyteorder("=").str, "shape": list(a.shape)}
+        if not native.flags.writeable:   # torch wants writable memory; otherwise it is shared, not copied
+            native = native.copy()
+        return {_ND: torch.from_numpy(native), "dtype": native_dtype.str, "shape": list(a.shape)}
     if dtype.kind in "US":
         return {_ND: a.tolist(), "dtype": dtype.str, "shape": list(a.shape)}
     if dtype.kind == "O":
