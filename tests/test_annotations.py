@@ -101,3 +101,12 @@ def test_each_corrupt_line_costs_that_line_only(tmp_path):
     assert len(store.export(tmp_path / "out.jsonl").read_text().splitlines()) == 4
     store.mark("i2t", {"image": 7}, 7, True)                                 # still appends cleanly
     assert len(AnnotationStore(tmp_path)) == 5
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_not_waited_on(tmp_path):
+    import os
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs FIFOs")
+    os.mkfifo(tmp_path / "annotations.jsonl")
+    with pytest.raises(CrossViewError, match="not a regular file"):
+        AnnotationStore(tmp_path)

@@ -468,3 +468,17 @@ def test_read_json_object_names_the_key_and_type(tmp_path):
     assert eio.read_json_object(p, optional={"b": float}) == {"a": True, "b": 1}
     with pytest.raises(CrossViewError, match=r"no 'c'; do this"):
         eio.read_json_object(p, required={"c": str}, hint="do this")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_place_of_a_run_file_is_refused_not_waited_on(tmp_path, finished_run):
+    run = _copy_run(finished_run, tmp_path / "run")
+    for name in ("status.json", "summary.json", "metrics.jsonl"):
+        (run / name).unlink()
+        os.mkfifo(run / name)
+    with pytest.raises(CrossViewError, match=r"status\.json: not a regular file"):
+        read_status(run)
+    with pytest.raises(CrossViewError, match=r"summary\.json: .*not a regular file|no summary\.json"):
+        read_summary(run)
+    with pytest.raises(CrossViewError, match=r"metrics\.jsonl: not a regular file"):
+        list(eio.read_events(run / "metrics.jsonl"))

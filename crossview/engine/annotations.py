@@ -91,6 +91,8 @@ class AnnotationStore:
         return self.skipped_lines
 
     def _read(self) -> None:
+        if self.path.exists() and not self.path.is_file():   # a FIFO or a folder would hang or fail the read
+            raise CrossViewError(f"{self.path}: not a regular file; move it away so that marks can be saved")
         try:
             f = open(self.path, "rb")
         except FileNotFoundError:

@@ -97,6 +97,26 @@ def read_json(path: str | Path) -> Any:
         raise CrossViewError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
+_MAX_JSON_BYTES = 64 * 2**20   # config / status / summary files are a few KiB
+
+
+def _check_regular_file(path: Path, todo: str, max_bytes: int | None = None) -> None:
+    """Refuse what would hang or swamp a reader: a FIFO, a device or a folder in place of a file, or a
+    file over ``max_bytes``. A missing file passes (the caller's read says so)."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except (OSError, RuntimeError) as e:   # RuntimeError: a symlink loop on some Pythons
+        raise CrossViewError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e}); {todo}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CrossViewError(f"{path}: not a regular file; {todo}")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise CrossViewError(f"{path}: {st.st_size} bytes, far too large for this file; {todo}")
+
+
 _JSON_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true/false", dict: "an object",
                     list: "a list", type(None): "null"}
 
@@ -126,6 +146,7 @@ def read_json_object(path: str | Path, required: dict[str, Any] | None = None,
     """
     path = Path(path)
     todo = hint or "the file is damaged; restore it or delete the run folder"
+    _check_regular_file(path, todo, max_bytes=_MAX_JSON_BYTES)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -376,6 +397,7 @@ class EventLog:
 def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
     """The events of a ``metrics.jsonl`` as dicts, skipping lines that are not a JSON object in UTF-8
     (a torn write, a damaged byte): one bad line costs that line only. A missing file yields nothing."""
+    _check_regular_file(Path(path), "it should be the run's metrics.jsonl")
     try:
         f = open(path, "rb")
     except FileNotFoundError:
