@@ -333,8 +333,12 @@ def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_p
     status = read_status(run)
     ckpt = eio.load_checkpoint(run / "checkpoint.pt")
     assert status["status"] == "running"                    # it never got to say otherwise ...
-    assert status["checkpoint_events"] == ckpt["events"] >= 100   # ... but it says where the checkpoint is
-    assert status["checkpoint_step"] == ckpt["step"]
+    # ... but it says where the checkpoint is: status.json is rewritten just after each checkpoint, so a kill
+    # landing between the two writes leaves it one checkpoint (one epoch: 24 losses, 24 progress, 1 validation)
+    # behind; this toy checkpoints every few milliseconds, so that happens here often.
+    behind = ckpt["events"] - status["checkpoint_events"]
+    assert status["checkpoint_events"] >= 100 and behind in (0, 49), (status, ckpt["events"])
+    assert status["checkpoint_step"] == ckpt["step"] - (24 if behind else 0)
 
     # A new writer takes the stale lock over, continues, and the curves read back never go backwards.
     again = resume(run)

@@ -9,8 +9,9 @@ the chosen split and writes the run folder::
       config.json     what was asked for: method, params, data, split, encoders, device, seeds, versions
       metrics.jsonl   one event per line, appended and flushed as it happens
       status.json     "running" | "finished" | "cancelled" | "failed", the phase, the events so far and
-                      where the last checkpoint is (checkpoint_events, checkpoint_step), rewritten at every
-                      checkpoint so that after a SIGKILL it says what a resume continues from
+                      where the last checkpoint is (checkpoint_events, checkpoint_step), rewritten just after
+                      every checkpoint so that after a SIGKILL it says what a resume continues from (a kill
+                      between the two writes leaves it one checkpoint behind; the checkpoint itself decides)
       writer.lock     the OS lock held by the one process writing the run (writer.json: its PID, host,
                       start time); a second writer is refused, a lock left by a dead process is taken over
       checkpoint.pt   method state + feature spec + RNG states (temp file in the folder, then os.replace)
@@ -160,6 +161,17 @@ def _lock_info(run_dir: Path) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
+def _holder_info(run_dir: Path, wait: float = 1.0) -> dict[str, Any]:
+    """``writer.json`` of the process holding the lock; it writes it just after locking, so a reader
+    that lands in between waits (up to ``wait`` s) for it."""
+    deadline = time.monotonic() + wait
+    while True:
+        info = _lock_info(run_dir)
+        if isinstance(info.get("pid"), int) or time.monotonic() >= deadline:
+            return info
+        time.sleep(0.02)
+
+
 def _pid_alive(pid: Any) -> bool | None:
     """Whether process ``pid`` exists on this machine (None: cannot tell without harming it)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
@@ -206,7 +218,7 @@ def run_is_locked(run_dir: str | Path) -> int | None:
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        pid = _lock_info(folder).get("pid")
+        pid = _holder_info(folder).get("pid")
         return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
     except (OSError, ValueError):   # a read-only folder: nobody can be writing the run there
         return None
@@ -233,7 +245,7 @@ class _WriterLock:
         try:
             self._lock.acquire(timeout=wait)
         except Timeout:
-            raise CrossViewError(_locked_message(self.run_dir, _lock_info(self.run_dir))) from None
+            raise CrossViewError(_locked_message(self.run_dir, _holder_info(self.run_dir))) from None
         except (OSError, ValueError) as e:
             raise CrossViewError(f"{self.run_dir}: cannot lock the run folder ({getattr(e, 'strerror', None) or e}); "
                                  "is it writable, on a file system with locks?") from None
@@ -859,7 +871,7 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         cfg.device = device
     holder = run_is_locked(folder)
     if holder is not None:
-        raise CrossViewError(_locked_message(folder, _lock_info(folder)))
+        raise CrossViewError(_locked_message(folder, _holder_info(folder)))
     if (folder / SUMMARY).is_file() and (folder / STATUS).is_file() and \
             read_status(folder).get("status") == "finished":
         summary = read_summary(folder)
