@@ -71,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="normalise the caption features first, same choices (default: the method's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
-    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (refused while another "
+                   "process writes it; from its last checkpoint, which never runs code)")
     p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
                    help="set a method parameter (repeatable)")
     p.add_argument("--checkpoint-seconds", type=float, default=60.0,
