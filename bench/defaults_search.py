@@ -35,6 +35,7 @@ GRIDS = {
                   "weight_power": [0.25, 0.5]},
     "wsabie": {"image_norm": ["none", "ssr"], "dim": [100, 256, 1024], "lr": [0.003, 0.01, 0.03]},
     "bitr": {"image_norm": ["none", "ssr"], "C": [1e-1, 1e1, 1e3]},
+    "bitr:white": {"image_norm": ["ssr", "whiten"], "text_norm": ["none", "whiten"], "C": [1e2, 1e3, 1e4]},
     "bitr:fine": {"image_norm": ["none", "ssr"], "C": [1e3, 1e4, 1e5], "pca_dim": [128, 256]},
 }
 
