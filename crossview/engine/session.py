@@ -32,11 +32,13 @@ class OpenRun:
     def name(self) -> str:
         return self.run_dir.name
 
-    def retriever(self, gallery: Any = "test", index_backend: str = "exact", device: str = "cpu") -> Any:
-        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a corpus)."""
+    def retriever(self, gallery: Any = "test", index_backend: str = "exact", device: str = "cpu",
+                  **options: Any) -> Any:
+        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a corpus);
+        ``options``: its ``cache``, ``progress`` and ``should_stop``."""
         from crossview.engine.retriever import Retriever
         return Retriever(self.method, self.dataset, self.features, gallery=gallery, index_backend=index_backend,
-                         device=device)
+                         device=device, **options)
 
 
 def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
