@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 import time
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.commands._common import ProgressPrinter, _add_dataset_args, load_dataset_reporting
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from crossview.data import load_dataset
     from crossview.features import FeatureCache, extract_features
 
-    ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
+    ds = load_dataset_reporting(args.data, format=args.format, image_root=args.image_root)
     bars: dict[str, ProgressPrinter] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
 
     cache = False if args.no_cache else FeatureCache(args.cache_dir) if args.cache_dir else None
     t = time.monotonic()
