@@ -137,3 +137,23 @@ def test_features_extract_with_stderr_redirected_prints_progress_lines(tmp_path)
     assert "features: captions 12/12 (100%) done in" in errtext
     assert "\r" not in errtext
     assert "extracted" in proc.stdout
+
+
+def test_data_info_demo_says_it_renders_the_demo_with_progress(demo_dataset, monkeypatch, capsys):
+    from crossview.cli import main
+    from crossview.data import demo
+
+    real = demo.demo_path
+
+    def first_use(seed=None, n_scenes=demo.DEFAULT_N_SCENES, n_web=demo.DEFAULT_N_WEB, progress=None):
+        if progress is not None:            # what a first render reports (the real one takes ~10 s)
+            for done in (1, 1600, 3200):
+                progress(done, 3200)
+        return real(seed, n_scenes, n_web)
+
+    monkeypatch.setattr(demo, "demo_path", first_use)
+    assert main(["data", "info", "demo"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("crossview: rendering the built-in demo dataset (first use only")
+    assert err[1] == "rendering the demo 1/3,200 (0%)"
+    assert err[-1].startswith("rendering the demo 3,200/3,200 (100%) done in")
