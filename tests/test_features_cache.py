@@ -221,3 +221,19 @@ def test_an_encoder_that_makes_nan_is_a_clear_error_and_nothing_is_cached(store)
     with pytest.raises(CrossViewError, match=r"NaN or infinite values in 1 of 36 rows \(first: caption 3"):
         encode_captions(CAPTIONS, model, cache=store)
     assert store.entries() == []
+
+
+def test_cli_features_cache_verify_finds_and_deletes_a_corrupt_entry(store, capsys):
+    from crossview.cli import main
+
+    good = store.make_key(what="good")
+    store.save(good, np.ones((10, 4), np.float32))
+    bad = store.make_key(what="bad")
+    store.save(bad, np.zeros((600, 1024), np.float32))
+    _overwrite_rows(store.path_of(bad), 300, 310, 1024 * 4, value=b"\x07")
+    assert main(["features", "cache", "--cache-dir", str(store.root), "--verify"]) == 1
+    out = capsys.readouterr()
+    assert "1 corrupt, deleted" in out.out and bad[:12] in out.err and "rows 0-599" in out.err  # one 4 MiB chunk covers the file
+    assert store.load(good) is not None and not store.contains(bad)
+    assert main(["features", "cache", "--cache-dir", str(store.root), "--verify"]) == 0
+    assert "all intact" in capsys.readouterr().out
