@@ -157,3 +157,24 @@ def test_data_info_demo_says_it_renders_the_demo_with_progress(demo_dataset, mon
     assert err[0].startswith("crossview: rendering the built-in demo dataset (first use only")
     assert err[1] == "rendering the demo 1/3,200 (0%)"
     assert err[-1].startswith("rendering the demo 3,200/3,200 (100%) done in")
+
+
+def test_eval_overlap_reports_progress_off_a_terminal(tmp_path, capsys):
+    """Caption overlap takes minutes on a 25,000-caption test set; it reports per direction."""
+    import numpy as np
+
+    from crossview.cli import main
+    from crossview.eval.embeddings import Embeddings, save_embeddings
+
+    rng = np.random.default_rng(0)
+    n, per = 60, 5
+    emb = Embeddings(image=rng.standard_normal((n, 8)).astype(np.float32),
+                     text=rng.standard_normal((n * per, 8)).astype(np.float32),
+                     caption_image=np.repeat(np.arange(n), per),
+                     captions=[f"a dog number {i % 7} on grass" for i in range(n * per)])
+    path = save_embeddings(tmp_path / "e.npz", emb)
+    assert main(["eval", str(path), "--overlap"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("caption overlap i2t 60/60 (100%) done in")   # one call: fewer than 100 queries
+    assert err[-1].startswith("caption overlap t2i 300/300 (100%) done in")
+    assert "caption overlap t2i 100/300 (33%)" in err
