@@ -47,8 +47,8 @@ _HASH = "sha256-128"
 FORMAT_VERSION = 1
 
 #: What a user runs to rebuild cached features by hand.
-REBUILD_HINT = ("to rebuild by hand: 'crossview features cache --clear', then "
-                "'crossview features extract --data DATASET' (or run the command again)")
+REBUILD_HINT = ("to rebuild the cache by hand: 'crossview features cache --clear', then "
+                "'crossview features extract --data DATASET'")
 
 
 def canonical_json(obj: Any) -> str:
