@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.features",
     "crossview.commands.eval",
     "crossview.commands.train",
+    "crossview.commands.tune",
     "crossview.commands.experiment",
     "crossview.commands.screenshot",
 ]

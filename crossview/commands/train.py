@@ -58,11 +58,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_dataset_args(p)
     p.add_argument("--run-dir", metavar="DIR",
                    help="run folder (default: <user data>/runs/<method>-<dataset>-<timestamp>)")
-    p.add_argument("--split", default="test", help="split to evaluate on (default: test)")
+    p.add_argument("--split", default=None,
+                   help="split to evaluate on (default: test if the dataset has it, else val, else a held-out "
+                        "10%% of train; the run records it and 'crossview eval' and the app default to it)")
     p.add_argument("--train-split", default="train", help="split to train on (default: train)")
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
     p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
     p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    from crossview.features.normalize import NORMS
+    p.add_argument("--image-norm", choices=NORMS, default=None,
+                   help="normalise the image features first: none, l2, ssr (signed square root, then L2), center "
+                        "(minus the train mean, then L2), whiten (PCA-whitening fitted on train, then L2) "
+                        "(default: the method's, e.g. ssr for cca; see 'crossview train --list')")
+    p.add_argument("--text-norm", choices=NORMS, default=None,
+                   help="normalise the caption features first, same choices (default: the method's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
@@ -112,15 +121,27 @@ def _fmt(v: float) -> str:
 
 
 def format_metric_table(summary: dict[str, Any]) -> str:
-    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i, then rsum and the training time."""
+    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i (each R@K with the half-width of its bootstrap
+    interval when the summary has one), then rsum with its interval and the training time."""
     cols = ("R@1", "R@5", "R@10", "MedR", "MeanR")
+    ci = summary.get("ci") if isinstance(summary.get("ci"), dict) else None
     lines = [f"{summary.get('method', '?')} on {summary.get('dataset', '?')}, split {summary.get('split', '?')}"
              + (f" ({summary['n_images']} images, {summary['n_captions']} captions)" if "n_images" in summary else ""),
              f"{'':6}" + "".join(f"{c:>8}" for c in cols)]
     for d in ("i2t", "t2i"):
         row = summary.get(d) or {}
         lines.append(f"{d:6}" + "".join(f"{_fmt(row[c]):>8}" if c in row else f"{'-':>8}" for c in cols))
-    lines.append(f"rsum {summary.get('rsum', float('nan')):.1f}   train {summary.get('train_seconds', 0):.1f} s")
+        band = (ci or {}).get(d)
+        if isinstance(band, dict):
+            lines.append(f"{'':6}" + "".join(
+                f"{'±' + _fmt((band[c][1] - band[c][0]) / 2):>8}" if isinstance(band.get(c), list) else f"{'':>8}"
+                for c in cols).rstrip())
+    rsum = f"rsum {summary.get('rsum', float('nan')):.1f}"
+    if ci is not None and isinstance(ci.get("rsum"), list) and len(ci["rsum"]) == 2:
+        level = int(round(100 * float(ci.get("level", 0.95))))
+        rsum += (f" ({level}% interval {ci['rsum'][0]:.1f}-{ci['rsum'][1]:.1f}, bootstrap over the "
+                 f"{ci.get('n', '?')} images)")
+    lines.append(f"{rsum}   train {summary.get('train_seconds', 0):.1f} s")
     return "\n".join(lines)
 
 
@@ -203,7 +224,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
                    if k.startswith("card_flag:") and v is not None}
     if args.resume:
-        if args.method or args.set_values or flag_values:
+        if args.method or args.set_values or flag_values or args.image_norm or args.text_norm:
             raise CrossViewError("--resume continues a run with its own method and parameters; "
                                  "leave out METHOD, --set and method options")
         gen = resume(args.resume, device=None if args.device == "auto" else args.device)
@@ -225,7 +246,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     train_split=args.train_split, val_split=args.val_split or None,
                     image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                     data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
-                    checkpoint_seconds=args.checkpoint_seconds)
+                    checkpoint_seconds=args.checkpoint_seconds, image_norm=args.image_norm,
+                    text_norm=args.text_norm)
     printer = _EventPrinter()
     summary = None
     stop = {"asked": False}

@@ -32,12 +32,22 @@ class OpenRun:
     def name(self) -> str:
         return self.run_dir.name
 
-    def retriever(self, gallery: Any = "test", index_backend: str = "exact", device: str = "cpu",
+    @property
+    def eval_split(self) -> str:
+        """The split the run was evaluated on (``config.json``), which every view of the run defaults to."""
+        split = self.config.get("split") or self.summary.get("split")
+        if isinstance(split, str) and split in self.dataset.splits:
+            return split
+        return "test" if "test" in self.dataset.splits else next(iter(self.dataset.split_names), "all")
+
+    def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu",
                   **options: Any) -> Any:
-        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a corpus);
-        ``options``: its ``cache``, ``progress`` and ``should_stop``."""
+        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a
+        corpus); by default the run's evaluation split, so ranks match the run's metrics. ``options``: the
+        Retriever's ``cache``, ``progress`` and ``should_stop`` (a corpus's encoding)."""
         from crossview.engine.retriever import Retriever
-        return Retriever(self.method, self.dataset, self.features, gallery=gallery, index_backend=index_backend,
+        return Retriever(self.method, self.dataset, self.features,
+                         gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
                          device=device, **options)
 
 
@@ -72,6 +82,8 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     if want and dataset.fingerprint() != want:
         raise CrossViewError(f"{folder}: dataset {dataset.name!r} is not the one this run was trained on "
                              f"(fingerprint {dataset.fingerprint()} != {want})")
+    from crossview.engine.splits import apply_derived_splits
+    dataset = apply_derived_splits(dataset, config.get("derived_splits"))
     text_model = None
     tm = ckpt.get("text_model")
     if tm and tm.get("state"):
@@ -82,16 +94,24 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
                                 spec.get("text_encoder") or config.get("text_encoder"),
                                 fit_on=config.get("train_split", "train"), text_model=text_model,
                                 progress=progress, should_stop=should_stop)
+    from crossview.features.normalize import restore_normalized
+    features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
                    features=features)
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
-    """Run folders under ``root`` (default: the user's runs folder), newest first."""
+    """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
+    (folders with a ``tune.json``) included."""
     from crossview.settings import get_settings
 
     base = Path(root) if root is not None else get_settings().runs_dir
     if not base.is_dir():
         return []
-    runs = [p for p in base.iterdir() if (p / "config.json").is_file()]
+    runs = []
+    for p in base.iterdir():
+        if (p / "config.json").is_file():
+            runs.append(p)
+        elif (p / "tune.json").is_file():          # a search (crossview tune): its trials are runs too
+            runs.extend(q for q in p.iterdir() if (q / "config.json").is_file())
     return sorted(runs, key=lambda p: (p / "config.json").stat().st_mtime, reverse=True)

@@ -207,6 +207,9 @@ class Method:
     directions_differ: ClassVar[bool] = False
     iterative: ClassVar[bool] = False
     needs_text_features: ClassVar[bool] = True
+    #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
+    default_image_norm: ClassVar[str] = "none"
+    default_text_norm: ClassVar[str] = "none"
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -226,6 +229,15 @@ class Method:
     def get_params(self) -> dict[str, Any]:
         """The current parameters, ``{name: value}``."""
         return {n: getattr(self, n) for n in self.param_names()}
+
+    def check_params(self) -> None:
+        """Raise :class:`CrossViewError` naming the first invalid parameter (a bad range, grid or choice).
+
+        The engine calls it before any feature extraction or training, so a typo costs nothing; methods
+        implement ``_check_params`` (which their ``fit_iter`` calls too)."""
+        check = getattr(self, "_check_params", None)
+        if check is not None:
+            check()
 
     def set_params(self, **params: Any) -> "Method":
         """Set parameters by name; an unknown name raises :class:`CrossViewError` listing the valid ones."""
