@@ -10,12 +10,15 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.commands._common import ProgressPrinter, _add_dataset_args, render_demo_reporting
 from crossview.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
@@ -144,22 +147,36 @@ def format_metric_table(summary: dict[str, Any]) -> str:
 
 
 class _EventPrinter:
-    """Turns events into a progress bar per stage and log lines on ``stream`` (stderr)."""
+    """Turns events into progress (a bar per stage on a terminal, a line every few seconds elsewhere: see
+    :class:`ProgressPrinter`) and log lines on ``stream`` (stderr)."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream or sys.stderr
-        self.stage: str | None = None
+        self.interval = interval
+        self.clock = clock
+        self.stage: tuple[str, int] | None = None
         self.bar: ProgressPrinter | None = None
+
+    @staticmethod
+    def _family(message: str) -> str:
+        """What one bar covers: ``features: images`` (each feature stage), ``cca`` (its sub-steps), ``epoch``."""
+        if message.startswith("features:"):
+            return message
+        return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
 
     def __call__(self, ev: Any) -> None:
         from crossview.engine.events import CheckpointSaved, Log, Loss, Progress, Validation
 
         if isinstance(ev, Progress):
-            stage = ev.message.split(":")[0] if ev.message else "training"
+            message = ev.message or "training"
+            stage = (self._family(message), int(ev.total))
             if stage != self.stage or self.bar is None:
-                self.stage, self.bar = stage, ProgressPrinter(stage, self.stream)
-            if ev.total:
-                self.bar(min(ev.step, ev.total), ev.total)
+                if self.bar is not None and self.bar.line_open:
+                    self.stream.write("\n")
+                self.stage = stage
+                self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
+            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message)
         elif isinstance(ev, Log):
             if ev.level != "debug":
                 self._line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
@@ -171,19 +188,15 @@ class _EventPrinter:
             else:
                 self._line(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                                  for k, v in m.items()))
-        elif isinstance(ev, Loss) and not self._tty():
-            pass  # losses go to metrics.jsonl; a terminal shows the bar
-        elif isinstance(ev, CheckpointSaved):
-            pass
-
-    def _tty(self) -> bool:
-        return bool(getattr(self.stream, "isatty", lambda: False)())
+        elif isinstance(ev, (Loss, CheckpointSaved)):
+            pass  # losses go to metrics.jsonl; progress shows the run is alive
 
     def _line(self, text: str) -> None:
-        if self._tty() and self.bar is not None and self.bar._last not in (-1, 100):
-            self.stream.write("\n")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.bar is not None:
+            self.bar.note(text)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
 
 def _list_methods() -> int:
@@ -228,6 +241,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 if spec is None:
                     raise CrossViewError(f"{flag} is not an option of method {args.method!r}")
                 params[spec.name] = spec.coerce(value, args.method)
+        if args.data == "demo" or args.format == "demo":
+            render_demo_reporting()      # the first use renders it (~10 s): say so, with progress
         gen = train(args.method, args.data, run_dir=args.run_dir, params=params, split=args.split,
                     train_split=args.train_split, val_split=args.val_split or None,
                     image_encoder=args.image_encoder, text_encoder=args.text_encoder,

@@ -40,13 +40,15 @@ class OpenRun:
             return split
         return "test" if "test" in self.dataset.splits else next(iter(self.dataset.split_names), "all")
 
-    def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu") -> Any:
+    def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu",
+                  **options: Any) -> Any:
         """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a
-        corpus); by default the run's evaluation split, so ranks match the run's metrics."""
+        corpus); by default the run's evaluation split, so ranks match the run's metrics. ``options``: the
+        Retriever's ``cache``, ``progress`` and ``should_stop`` (a corpus's encoding)."""
         from crossview.engine.retriever import Retriever
         return Retriever(self.method, self.dataset, self.features,
                          gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
-                         device=device)
+                         device=device, **options)
 
 
 def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
