@@ -54,6 +54,10 @@ from crossview.engine.events import CheckpointSaved, Event, Finished, Log, Loss,
 from crossview.engine.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
                                  load_checkpoint, read_json_object, save_checkpoint)
 from crossview.errors import Cancelled, CrossViewError
+# Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy
+# work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
+from crossview.engine import splits as _splits  # noqa: F401
+from crossview.features import normalize as _normalize, preflight as _preflight  # noqa: F401
 
 __all__ = ["train", "resume", "RunConfig", "RunIterator", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
            "SUMMARY", "STATUS", "LOCK", "default_run_dir", "read_summary", "read_status", "read_config",
