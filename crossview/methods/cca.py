@@ -247,6 +247,8 @@ class CCA(Method):
     """
 
     iterative = False
+    has_epoch_validation = False
+    validation_note = "CCA is closed-form: it fits once, so there is nothing to validate per epoch."
 
     def __init__(self, n_components: int = 256, reg: float = 0.1, weight_power: float = 4.0,
                  pairs: str = "captions") -> None:
