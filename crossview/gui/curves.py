@@ -32,6 +32,8 @@ VAL_COLOURS = {"R@1": "#0969da", "R@5": "#e16f24", "R@10": "#1a7f37", "val:rsum"
 DIRECTIONS = ("i2t", "t2i")
 #: values spanning more than this ratio (max / smallest positive) get a log y-axis
 LOG_SPAN = 100.0
+#: a log axis shows at most this many decades below the largest value (1e-15 round-off would squash the rest)
+LOG_DECADES = 6.0
 #: at most this many points per curve are handed to pyqtgraph (every k-th point beyond it)
 MAX_POINTS = 5000
 
@@ -501,6 +503,12 @@ class CurveBoard(QWidget):
                 self._log[plot_key] = log
             unit = FAMILIES[plot_key].unit if plot_key in FAMILIES else ("%" if plot_key == "recall" else "rsum")
             self._set_label(plot_key, "left", unit + (" (log scale)" if log else ""))
+            if log:
+                top = max(s.max for s in shown)
+                low = max(min(s.min_pos for s in shown), top * 10 ** -LOG_DECADES)
+                plot.setYRange(math.log10(low), math.log10(top), padding=0.05)
+            else:
+                plot.enableAutoRange(axis="y")
             for s in group:
                 step = max(1, len(s.xs) // MAX_POINTS)
                 xs = np.asarray(s.xs[::step], dtype=float)

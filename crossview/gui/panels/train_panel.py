@@ -130,6 +130,8 @@ class TrainPanel(QWidget):
         self.method_info = QLabel("")
         self.method_info.setWordWrap(True)
         self.method_info.setTextFormat(Qt.TextFormat.RichText)
+        self.method_info.linkActivated.connect(self._toggle_card_text)
+        self._card_full = False
         self.params_box = QGroupBox("Parameters")
         self.params_form = QFormLayout(self.params_box)
         self.image_encoder = QComboBox()
@@ -174,8 +176,6 @@ class TrainPanel(QWidget):
         self.resume_button.clicked.connect(self.resume_selected)
         buttons = QHBoxLayout()
         for b in (self.start_button, self.pause_button, self.stop_button):
-            b.setMinimumWidth(0)
-            b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
             buttons.addWidget(b)
         self.params_form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         for combo in (self.method_combo, self.split_combo, self.image_encoder, self.text_encoder, self.device_combo):
@@ -225,8 +225,6 @@ class TrainPanel(QWidget):
         self.delete_button.clicked.connect(lambda: self.delete_selected())
         rb = QGridLayout()          # two rows: five buttons in one row do not fit a 1280-px window
         for i, b in enumerate((self.open_button, self.resume_button, self.rename_button, self.delete_button)):
-            b.setMinimumWidth(0)
-            b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
             rb.addWidget(b, 0, i)
         rb.addWidget(self.open_folder_button, 1, 0, 1, 4)
         runs_box = QGroupBox("Runs")
@@ -256,7 +254,7 @@ class TrainPanel(QWidget):
         split.addWidget(left)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
-        split.setSizes([340, 900])
+        split.setSizes([400, 1100])    # the form gets ~27%: 345 px at 1280 wide, 520 at 1920
         self.splitter = split
         layout = QVBoxLayout(self)
         layout.addWidget(split)
@@ -346,8 +344,7 @@ class TrainPanel(QWidget):
             self.method_info.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
         if self._card is not None:
             c = self._card
-            self.method_info.setText(f"<b>{html.escape(c.title)}</b><br>{html.escape(' '.join(c.description.split()))}"
-                                     f"<br><span style='color:#57606a'>{html.escape(c.citation)}</span>")
+            self._show_card_text()
             specs = c.params
         else:
             cls = method_class(name)
@@ -363,6 +360,24 @@ class TrainPanel(QWidget):
             label.setToolTip(tip)
             self.params_form.addRow(label, w)
             self._getters[pname] = (spec, get)
+
+    def _show_card_text(self) -> None:
+        """The card's title and first sentence (so the parameters stay in view at 800 px high), or all of
+        its description and citation; a link switches between the two."""
+        c = self._card
+        words = " ".join(c.description.split())
+        first = words.split(". ", 1)[0].rstrip(".") + "."
+        if self._card_full or first == words:
+            body = (f"{html.escape(words)}<br><span style='color:#57606a'>{html.escape(c.citation)}</span>"
+                    + (" <a href='less'>less</a>" if first != words else ""))
+        else:
+            body = f"{html.escape(first)} <a href='more'>more...</a>"
+        self.method_info.setText(f"<b>{html.escape(c.title)}</b><br>{body}")
+
+    def _toggle_card_text(self, link: str) -> None:
+        self._card_full = link == "more"
+        if self._card is not None:
+            self._show_card_text()
 
     def params(self) -> dict[str, Any]:
         """The form's parameters, converted by the card (a CrossViewError names a bad one)."""
