@@ -122,12 +122,25 @@ def test_bad_input_is_refused_before_the_folder_exists(tmp_path, toy):
         train("cca", ds, run_dir=tmp_path / "b", features=feats)
 
 
-def test_a_failing_method_records_failed(tmp_path, toy):
+def test_a_bad_parameter_is_refused_before_the_run_folder_exists(tmp_path, toy):
     ds, feats = toy
     with pytest.raises(CrossViewError, match="n_components"):
-        _drain(train("cca", ds, run_dir=tmp_path / "run", features=feats, params={"n_components": 0}))
+        train("cca", ds, run_dir=tmp_path / "run", features=feats, params={"n_components": 0})
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failing_method_records_failed(tmp_path, toy, monkeypatch):
+    ds, feats = toy
+    from crossview.methods.cca import CCA
+
+    def broken(self, train, val=None, *, resume=False):
+        yield Log("about to fail")
+        raise CrossViewError("cca: the covariance is singular (made up by the test)")
+    monkeypatch.setattr(CCA, "fit_iter", broken)
+    with pytest.raises(CrossViewError, match="singular"):
+        _drain(train("cca", ds, run_dir=tmp_path / "run", features=feats))
     status = read_status(tmp_path / "run")
-    assert status["status"] == "failed" and "n_components" in status["error"]
+    assert status["status"] == "failed" and "singular" in status["error"]
     assert not (tmp_path / "run" / "summary.json").exists()
 
 

@@ -11,9 +11,22 @@ import numpy as np
 from crossview.errors import CrossViewError
 
 
-def _embeddings_path(target: str, split: str) -> Path:
+def _run_split(run: Path) -> str:
+    """The split a run folder was evaluated on (config.json), ``test`` for folders that do not say."""
+    import json
+
+    try:
+        split = json.loads((run / "config.json").read_text(encoding="utf-8")).get("split")
+    except (OSError, ValueError, AttributeError):
+        split = None
+    return split if isinstance(split, str) and split else "test"
+
+
+def _embeddings_path(target: str, split: str | None) -> Path:
     p = Path(target).expanduser()
     if p.is_dir():
+        if split is None:
+            split = _run_split(p)
         cand = p / f"embeddings_{split}.npz"
         if cand.is_file():
             return cand
@@ -75,7 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "1-based; ties are broken by the smaller index. Protocols: "
                     + "; ".join(f"{k}: {v}" for k, v in PROTOCOLS.items()) + ".")
     p.add_argument("target", metavar="RUN_OR_EMBEDDINGS", help="a run folder or an embeddings .npz file")
-    p.add_argument("--split", default="test", help="split of a run to evaluate (default: test)")
+    p.add_argument("--split", default=None,
+                   help="split of a run to evaluate (default: the split the run was evaluated on)")
     p.add_argument("--protocol", default="standard", choices=list(PROTOCOLS), help="evaluation protocol")
     p.add_argument("--k", default="1,5,10", help="comma-separated K for R@K / P@K (default 1,5,10)")
     p.add_argument("--overlap", action="store_true",

@@ -55,11 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_dataset_args(p)
     p.add_argument("--run-dir", metavar="DIR",
                    help="run folder (default: <user data>/runs/<method>-<dataset>-<timestamp>)")
-    p.add_argument("--split", default="test", help="split to evaluate on (default: test)")
+    p.add_argument("--split", default=None,
+                   help="split to evaluate on (default: test if the dataset has it, else val, else a held-out "
+                        "10%% of train; the run records it and 'crossview eval' and the app default to it)")
     p.add_argument("--train-split", default="train", help="split to train on (default: train)")
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
     p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
     p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    from crossview.features.normalize import DEFAULT_IMAGE_NORM, DEFAULT_TEXT_NORM, NORMS
+    p.add_argument("--image-norm", choices=NORMS, default=None,
+                   help=f"normalise the image features first: none, l2, ssr (signed square root, then L2), center "
+                        f"(minus the train mean, then L2), whiten (PCA-whitening fitted on train, then L2) "
+                        f"(default: {DEFAULT_IMAGE_NORM})")
+    p.add_argument("--text-norm", choices=NORMS, default=None,
+                   help=f"normalise the caption features first, same choices (default: {DEFAULT_TEXT_NORM})")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
@@ -190,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
                    if k.startswith("card_flag:") and v is not None}
     if args.resume:
-        if args.method or args.set_values or flag_values:
+        if args.method or args.set_values or flag_values or args.image_norm or args.text_norm:
             raise CrossViewError("--resume continues a run with its own method and parameters; "
                                  "leave out METHOD, --set and method options")
         gen = resume(args.resume, device=None if args.device == "auto" else args.device)
@@ -210,7 +219,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     train_split=args.train_split, val_split=args.val_split or None,
                     image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                     data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
-                    checkpoint_seconds=args.checkpoint_seconds)
+                    checkpoint_seconds=args.checkpoint_seconds, image_norm=args.image_norm,
+                    text_norm=args.text_norm)
     printer = _EventPrinter()
     summary = None
     stop = {"asked": False}

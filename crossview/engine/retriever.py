@@ -119,7 +119,9 @@ class Retriever:
         model = self.features.text_model
         if model is None:
             raise CrossViewError("this run has no text encoder to encode new sentences with")
-        return np.asarray(model.encode(list(captions), device=self.device), dtype=np.float32)
+        x = np.asarray(model.encode(list(captions), device=self.device), dtype=np.float32)
+        transform = getattr(self.features, "text_transform", None)
+        return x if transform is None else np.asarray(transform(x), dtype=np.float32)
 
     def _build_gallery(self) -> None:
         from crossview.index import build_index

@@ -69,16 +69,21 @@ class RunConfig:
     method: str
     data: str | None
     params: dict[str, Any]
-    split: str = "test"
+    split: str | None = None
     train_split: str = "train"
     val_split: str | None = "val"
     data_format: str | None = None
     image_root: str | None = None
     image_encoder: str | None = None
     text_encoder: str | None = None
+    #: feature normalisations (crossview.features.normalize); runs written before they existed used "none"
+    image_norm: str = "none"
+    text_norm: str = "none"
     device: str = "auto"
     seed: int = 0
     checkpoint_seconds: float = 60.0
+    #: splits the run made itself (a held-out part of train), applied whenever the run is opened or resumed
+    derived_splits: dict[str, list[int]] | None = None
 
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
@@ -155,23 +160,31 @@ class _Run:
     """One execution of a run (a fresh start or a resume). Use through :func:`train` / :func:`resume`."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, dataset: Any, features: Any, resuming: bool,
-                 cache: Any = None) -> None:
+                 cache: Any = None, split_note: str | None = None) -> None:
         from crossview.engine.devices import select_device
+        from crossview.engine.splits import apply_derived_splits, plan_splits
         from crossview.methods import create_method
 
+        # Everything a user typed is checked here, before the folder is made and before any feature
+        # extraction or training: splits, device, method parameters (ranges, grids), encoders and weights.
         self.cfg = cfg
         self.run_dir = run_dir
-        self.dataset = dataset
+        self.dataset = apply_derived_splits(dataset, cfg.derived_splits)
         self.features = _coerce_features(features)
         self.resuming = resuming
         self.cache = cache
-        for name, what in ((cfg.train_split, "training"), (cfg.split, "evaluation")):
-            if name not in dataset.splits:
-                have = ", ".join(dataset.split_names) or "none"
-                raise CrossViewError(f"dataset {dataset.name!r} ({dataset.source or 'in memory'}) has no split "
-                                     f"{name!r} for {what}; it has: {have}. Choose one with --split")
+        self.split_note = split_note
+        self.norm_states: dict[str, Any] = {}
+        plan_splits(self.dataset, cfg.split, cfg.train_split, cfg.val_split, cfg.seed)
+        from crossview.features.normalize import check_norm
+        check_norm(cfg.image_norm, "image normalisation (--image-norm)")
+        check_norm(cfg.text_norm, "text normalisation (--text-norm)")
         self.device = select_device(cfg.device)
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
+        self.method.check_params()
+        if self.features is None:
+            from crossview.features.preflight import check_encoders
+            check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
         if "device" in self.method.param_names() and "device" not in cfg.params:
             self.method.set_params(device=self.device)
         for seed_param in ("seed", "random_state"):
@@ -278,6 +291,18 @@ class _Run:
             raise result["error"]
         self.features = result["features"]
 
+    def _normalize(self) -> None:
+        """Fit the run's feature normalisations on the training rows and apply them (queries too)."""
+        from crossview.features.normalize import normalize_features
+
+        ds = self.dataset
+        train_images = np.asarray(ds.splits[self.cfg.train_split], dtype=np.int64)
+        in_train = np.zeros(ds.n_images, dtype=bool)
+        in_train[train_images] = True
+        train_captions = np.flatnonzero(in_train[ds.caption_image])
+        self.features, self.norm_states = normalize_features(self.features, self.cfg.image_norm,
+                                                             self.cfg.text_norm, train_images, train_captions)
+
     def _method_data(self) -> tuple[Any, Any, Any]:
         from crossview.methods.base import MethodData
 
@@ -328,14 +353,24 @@ class _Run:
             yield self._emit(Log(f"{'resuming' if self.resuming else 'starting'} {self.cfg.method} on "
                                  f"{self.dataset.name} ({self.dataset.n_images} images, "
                                  f"{self.dataset.n_captions} captions), device {self.device}, seed {self.cfg.seed}"))
+            if self.split_note:
+                yield self._emit(Log(self.split_note))
+            yield self._emit(Log(f"splits: training on {self.cfg.train_split} "
+                                 f"({len(self.dataset.splits[self.cfg.train_split]):,} images), "
+                                 + (f"early stopping on {self.cfg.val_split}, " if self.cfg.val_split and
+                                    self.cfg.val_split in self.dataset.splits else "")
+                                 + f"evaluating on {self.cfg.split} "
+                                   f"({len(self.dataset.splits[self.cfg.split]):,} images)"))
             t0 = time.monotonic()
             if self.features is None:
                 yield from self._extract()
+            self._normalize()
             f = self.features
             features_seconds = time.monotonic() - t0
             self.feature_spec = {"image_encoder": f.image_encoder, "text_encoder": f.text_encoder,
                                  "image_dim": int(f.image.shape[1]),
-                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {})}
+                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {}),
+                                 "norm_states": self.norm_states}
             tm = getattr(f, "text_model", None)
             if tm is not None and hasattr(tm, "state_dict"):
                 try:
@@ -512,33 +547,44 @@ def _load(data: Any, data_format: str | None, image_root: str | None) -> tuple[A
 
 
 def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
-          params: dict[str, Any] | None = None, split: str = "test", train_split: str = "train",
+          params: dict[str, Any] | None = None, split: str | None = None, train_split: str = "train",
           val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
           data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
-          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None) -> RunIterator:
+          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
+          image_norm: str | None = None, text_norm: str | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
     ``features`` (a :class:`crossview.features.Features` or an ``(image (n_images, d), text
     (n_captions, e))`` pair for the whole dataset) skips extraction. ``run_dir`` defaults to
     :func:`default_run_dir`. The method is trained on ``train_split`` (with ``val_split`` for early
-    stopping when the dataset has it) and evaluated on ``split``. Stop iterating to cancel.
+    stopping when the dataset has it) and evaluated on ``split``; ``split=None`` evaluates on ``test``, else
+    ``val``, else a held-out part of train (:mod:`crossview.engine.splits`), and the run records which.
+    ``image_norm`` / ``text_norm`` normalise the features first (:mod:`crossview.features.normalize`;
+    default :data:`~crossview.features.normalize.DEFAULT_IMAGE_NORM` / ``DEFAULT_TEXT_NORM``). Stop
+    iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
+    from crossview.engine.splits import plan_splits
+    from crossview.features.normalize import DEFAULT_IMAGE_NORM, DEFAULT_TEXT_NORM
+
     ds, source = _load(data, data_format, image_root)
-    cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=split, train_split=train_split,
-                    val_split=val_split, data_format=data_format, image_root=image_root,
+    plan = plan_splits(ds, split, train_split, val_split, seed)
+    cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
+                    train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
-                    checkpoint_seconds=checkpoint_seconds)
+                    checkpoint_seconds=checkpoint_seconds, derived_splits=plan.derived or None,
+                    image_norm=DEFAULT_IMAGE_NORM if image_norm is None else image_norm,
+                    text_norm=DEFAULT_TEXT_NORM if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     if (folder / CONFIG).exists():
         raise CrossViewError(f"{folder} already holds a run; continue it with 'crossview train --resume {folder}' "
                              "or choose another --run-dir")
     if folder.exists() and not folder.is_dir():
         raise CrossViewError(f"{folder} is a file; give a folder for --run-dir")
-    run = _Run(cfg, folder, ds, features, resuming=False, cache=cache)
+    run = _Run(cfg, folder, ds, features, resuming=False, cache=cache, split_note=plan.note)
     return RunIterator(run.execute(), folder)
 
 

@@ -32,10 +32,20 @@ class OpenRun:
     def name(self) -> str:
         return self.run_dir.name
 
-    def retriever(self, gallery: Any = "test", index_backend: str = "exact", device: str = "cpu") -> Any:
-        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a corpus)."""
+    @property
+    def eval_split(self) -> str:
+        """The split the run was evaluated on (``config.json``), which every view of the run defaults to."""
+        split = self.config.get("split") or self.summary.get("split")
+        if isinstance(split, str) and split in self.dataset.splits:
+            return split
+        return "test" if "test" in self.dataset.splits else next(iter(self.dataset.split_names), "all")
+
+    def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu") -> Any:
+        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a
+        corpus); by default the run's evaluation split, so ranks match the run's metrics."""
         from crossview.engine.retriever import Retriever
-        return Retriever(self.method, self.dataset, self.features, gallery=gallery, index_backend=index_backend,
+        return Retriever(self.method, self.dataset, self.features,
+                         gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
                          device=device)
 
 
@@ -70,6 +80,8 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     if want and dataset.fingerprint() != want:
         raise CrossViewError(f"{folder}: dataset {dataset.name!r} is not the one this run was trained on "
                              f"(fingerprint {dataset.fingerprint()} != {want})")
+    from crossview.engine.splits import apply_derived_splits
+    dataset = apply_derived_splits(dataset, config.get("derived_splits"))
     text_model = None
     tm = ckpt.get("text_model")
     if tm and tm.get("state"):
@@ -80,6 +92,8 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
                                 spec.get("text_encoder") or config.get("text_encoder"),
                                 fit_on=config.get("train_split", "train"), text_model=text_model,
                                 progress=progress, should_stop=should_stop)
+    from crossview.features.normalize import restore_normalized
+    features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
                    features=features)
 

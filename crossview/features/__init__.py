@@ -48,6 +48,9 @@ class Features:
     image_cache_hit: bool = False
     text_cache_hit: bool = False
     spec: dict = field(default_factory=dict)  #: what a checkpoint records to rebuild the features
+    #: the fitted normalisations (crossview.features.normalize) that new queries go through, if any
+    image_transform: Any = None
+    text_transform: Any = None
 
 
 def image_set_fingerprint(paths: Sequence[str]) -> str:

@@ -232,6 +232,15 @@ class Method:
         """The current parameters, ``{name: value}``."""
         return {n: getattr(self, n) for n in self.param_names()}
 
+    def check_params(self) -> None:
+        """Raise :class:`CrossViewError` naming the first invalid parameter (a bad range, grid or choice).
+
+        The engine calls it before any feature extraction or training, so a typo costs nothing; methods
+        implement ``_check_params`` (which their ``fit_iter`` calls too)."""
+        check = getattr(self, "_check_params", None)
+        if check is not None:
+            check()
+
     def set_params(self, **params: Any) -> "Method":
         """Set parameters by name; an unknown name raises :class:`CrossViewError` listing the valid ones."""
         valid = self.param_names()
