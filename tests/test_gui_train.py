@@ -135,18 +135,20 @@ def _train_val_only(n_images: int = 200):
 def test_split_selector_lists_auto_and_the_datasets_splits(panel: TrainPanel) -> None:
     texts = [panel.split_combo.itemText(i) for i in range(panel.split_combo.count())]
     assert texts[0] == "auto (test, else val, else a held-out part of train)" and panel.split() is None
-    assert [panel.split_combo.itemData(i) for i in range(1, len(texts))] == ["train", "val", "test"]
+    assert [panel.split_combo.itemData(i) for i in range(1, len(texts))] == ["val", "test"], \
+        "the training split is not offered: the engine refuses to evaluate on it"
     assert "test (40 images)" in texts
     assert "evaluates on test (40 images)" in panel.split_info.text()
     assert "early stopping / model selection on val (40 images)" in panel.split_info.text()
     panel.set_dataset(_train_val_only())
-    assert [panel.split_combo.itemData(i) for i in range(panel.split_combo.count())] == [None, "train", "val"]
+    assert [panel.split_combo.itemData(i) for i in range(panel.split_combo.count())] == [None, "val"]
     info = panel.split_info.text()
     assert "no test split" in info and "evaluates on val (40 images)" in info and "no early stopping" in info
     ds = _train_val_only()
     ds.splits.pop("val")
     panel.set_dataset(ds)
-    assert "held-out part of train (about 12 images" in panel.split_info.text()
+    assert "evaluates on 12 images held out of train (seed 0" in panel.split_info.text()
+    assert "trains on the other 108" in panel.split_info.text()
     panel.set_dataset(make_toy_dataset(n_images=200))
     panel.select_split("val")
     assert panel.split() == "val" and panel.split_info.text().startswith("evaluates on val")
@@ -160,6 +162,31 @@ def test_an_explicit_split_goes_to_the_engine(qtbot, panel: TrainPanel) -> None:
         panel.start()
     summary = json.loads((Path(sig.args[0]) / "summary.json").read_text())
     assert summary["split"] == "val"
+
+
+@pytest.mark.parametrize("drop, evaluated", [("test", "val"), ("test val", "heldout")])
+def test_training_from_the_panel_on_a_dataset_without_test(qtbot, panel: TrainPanel, drop: str,
+                                                           evaluated: str) -> None:
+    """Issue 9: Start on a dataset without a test split failed with "has no split 'test' for evaluation"."""
+    ds = make_toy_dataset(n_images=200)
+    for name in drop.split():
+        ds.splits.pop(name)
+    panel.set_dataset(ds)
+    panel.select_method("wsabie")
+    for k, v in {"max_epochs": 2, "dim": 16, "batch_size": 32}.items():
+        panel.set_param(k, v)
+    assert panel.split() is None, "auto is the default"
+    with qtbot.waitSignal(panel.run_finished, timeout=120_000) as sig:
+        assert panel.start() is not None, panel.last_error
+    run_dir = Path(sig.args[0])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    assert summary["split"] == evaluated == config["split"] and panel.last_error is None
+    # no val left for per-epoch validation: the validation area says why instead of showing empty axes
+    c = panel.curves
+    assert "recall" not in c.shown_plots() and c.validation_note.isVisible()
+    assert "No validation curve" in c.validation_note.text()
+    assert panel.show_history(run_dir) > 0 and "No validation curve" in panel.curves.validation_note.text()
 
 
 # ---------------------------------------------------------------------------- plots (issue 9, item 4)

@@ -30,40 +30,39 @@ from crossview.gui.curves import CurveBoard
 from crossview.gui.workers import EventTask, preload_engine_modules
 
 AUTO_SPLIT_TEXT = "auto (test, else val, else a held-out part of train)"
-#: share of the training images held out for evaluation when a dataset has neither test nor val
-#: (the engine's rule; shown here as an estimate)
-HELDOUT_FRACTION = 0.1
 
 
 def _images(n: int) -> str:
     return f"{n:,} image" + ("" if n == 1 else "s")
 
 
-def describe_split(dataset: Any, choice: str | None) -> str:
+def describe_split(dataset: Any, choice: str | None, seed: int = 0) -> str:
     """One line saying what training on ``dataset`` evaluates on for ``choice`` (``None`` = auto) and
-    whether the val split is left for early stopping / model selection."""
-    splits = dict(getattr(dataset, "splits", {}) or {})
-    n = {k: len(v) for k, v in splits.items()}
+    whether a val split is left for early stopping / model selection (the engine's rule,
+    :func:`crossview.engine.splits.plan_splits`; a choice it rejects gives its message)."""
+    from crossview.engine.splits import HELDOUT, plan_splits
+
+    try:
+        plan = plan_splits(dataset, choice, seed=seed)
+    except CrossViewError as e:
+        return str(e)
+    splits = dataset.splits
+    if plan.eval == HELDOUT and plan.derived:
+        n_out, n_rest = len(plan.derived[HELDOUT]), len(plan.derived[plan.train])
+        return (f"this dataset has neither test nor val: evaluates on {_images(n_out)} held out of "
+                f"{plan.train} (seed {seed}, recorded in the run) and trains on the other {n_rest:,}; "
+                "no early stopping")
+    n = len(splits[plan.eval])
     if choice is None:
-        if "test" in splits:
-            head, split = f"auto: evaluates on test ({_images(n['test'])})", "test"
-        elif "val" in splits:
-            head, split = f"this dataset has no test split: evaluates on val ({_images(n['val'])})", "val"
-        elif "train" in splits:
-            k = max(1, round(HELDOUT_FRACTION * n["train"]))
-            return (f"this dataset has neither test nor val: evaluates on a held-out part of train (about "
-                    f"{_images(k)}, seeded, recorded in the run) and trains on the rest; no early stopping")
-        else:
-            return "this dataset has no train split: it cannot be trained on"
+        head = (f"auto: evaluates on test ({_images(n)})" if plan.eval == "test" else
+                f"this dataset has no test split: evaluates on {plan.eval} ({_images(n)})")
     else:
-        if choice not in splits:
-            return f"this dataset has no split {choice!r}"
-        head, split = f"evaluates on {choice} ({_images(n[choice])})", choice
-        if choice == "train":
-            head += "; scores on the training images measure fit, not retrieval of unseen data"
-    if "val" in splits and split != "val":
-        return head + f"; early stopping / model selection on val ({_images(n['val'])})"
-    return head + "; no early stopping on val"
+        head = f"evaluates on {plan.eval} ({_images(n)})"
+    if plan.val:
+        return head + f"; early stopping / model selection on {plan.val} ({_images(len(splits[plan.val]))})"
+    if "val" in splits and plan.eval == "val":
+        return head + "; no early stopping on val"
+    return head + "; no val split: no early stopping"
 
 
 def _param_widget(spec: Any) -> tuple[QWidget, Any]:
@@ -147,6 +146,7 @@ class TrainPanel(QWidget):
         self.split_info.setWordWrap(True)
         self.split_info.setStyleSheet("color: #57606a")
         self.split_combo.currentIndexChanged.connect(self._update_split_info)
+        self.seed_spin.valueChanged.connect(self._update_split_info)   # the held-out part depends on the seed
         self._fill_splits()
         self._fill_encoders()
         self._fill_devices()
@@ -283,13 +283,15 @@ class TrainPanel(QWidget):
         self.split_combo.addItem(AUTO_SPLIT_TEXT, None)
         ds = self.dataset
         for name in (ds.split_names if ds is not None else []):
+            if name == "train":         # the training split: evaluating on it says nothing (the engine refuses)
+                continue
             self.split_combo.addItem(f"{name} ({_images(len(ds.splits[name]))})", name)
         self.split_combo.setCurrentIndex(max(0, self.split_combo.findData(keep)) if keep else 0)
         self.split_combo.blockSignals(False)
         self._update_split_info()
 
     def _update_split_info(self) -> None:
-        self.split_info.setText(describe_split(self.dataset, self.split_combo.currentData())
+        self.split_info.setText(describe_split(self.dataset, self.split_combo.currentData(), self.seed_spin.value())
                                 if self.dataset is not None else "Load a dataset to see its splits.")
 
     def split(self) -> str | None:
@@ -449,31 +451,29 @@ class TrainPanel(QWidget):
             params = self.params()
             run_dir = self._new_run_dir(method)
             split = self.split()
-            if split is not None and split not in self.dataset.splits:
-                raise CrossViewError(f"the dataset has no split {split!r}; choose another under 'Evaluate on'")
+            no_val = self._no_validation_reason(split)
             # auto (None) is the engine's own rule: test, else val, else a held-out part of train
-            it = engine_run.train(method, self.dataset, run_dir=run_dir, params=params,
-                                  **({"split": split} if split is not None else {}),
+            it = engine_run.train(method, self.dataset, run_dir=run_dir, params=params, split=split,
                                   image_encoder=self.image_encoder.currentData(),
                                   text_encoder=self.text_encoder.currentData(),
                                   device=self.device_combo.currentData(), seed=self.seed_spin.value())
         except CrossViewError as e:
             self._fail(str(e), "")
             return None
-        self._drive(lambda: it, run_dir, f"Training {method} on {self.dataset.name}", method,
-                    self._no_validation_reason(split))
+        self._drive(lambda: it, run_dir, f"Training {method} on {self.dataset.name}", method, no_val)
         return self.task
 
     def _no_validation_reason(self, split: str | None) -> str:
         """Why a run on the current dataset with evaluation split ``split`` has no validation curve ('' if it has)."""
-        splits = self.dataset.splits if self.dataset is not None else {}
-        resolved = split or ("test" if "test" in splits else "val" if "val" in splits else "heldout")
-        if "val" not in splits:
-            return "the dataset has no val split, so there is no per-epoch validation or early stopping."
-        if resolved == "val":
+        from crossview.engine.splits import plan_splits
+
+        plan = plan_splits(self.dataset, split, seed=self.seed_spin.value())
+        if plan.val:
+            return ""
+        if plan.eval == "val":
             return ("val is this run's evaluation split, so it is not used for per-epoch validation or early "
                     "stopping (choose test under 'Evaluate on' if the dataset has one).")
-        return ""
+        return "the run has no val split, so there is no per-epoch validation or early stopping."
 
     def resume_selected(self) -> EventTask | None:
         it = self.runs_list.currentItem()
