@@ -393,7 +393,8 @@ class CurveBoard(QWidget):
             entries.append((f"dir:{d}", f"{d} solve ({'solid' if d == 'i2t' else 'dashed'})",
                             _swatch("#24292f", dashed=d != "i2t")))
         for key in self.val_series:
-            entries.append((f"val:{key}", f"val {key}", _swatch(self._colour(f"val:{key}"), dashed=key.startswith("t2i"))))
+            icon = _swatch(self._colour(f"val:{key}"), dashed=key.startswith("t2i"))
+            entries.append((f"val:{key}", f"val {key}", icon))
         for key, text, icon in entries:
             it = QListWidgetItem(icon, text)
             it.setData(Qt.ItemDataRole.UserRole, key)
@@ -435,11 +436,11 @@ class CurveBoard(QWidget):
         name = self.method_title or "This method"
         if not self.iterative and self.method_name:
             self._set_note(self.loss_note, f"<b>{html.escape(name)} is closed-form: no loss curve.</b><br>"
-                                   "It fits in one pass; the progress bar follows its steps.")
+                           "It fits in one pass; the progress bar follows its steps.")
         elif self.cv_events:
-            self._set_note(self.loss_note, f"<b>Cross-validation of C</b> ({self.cv_events} solver iterations so far): its "
-                                   "solves are not plotted; the progress bar and the log follow them. The curves "
-                                   "of the final i2t and t2i solves appear here.")
+            self._set_note(self.loss_note, f"<b>Cross-validation of C</b> ({self.cv_events} solver iterations so "
+                           "far): its solves are not plotted; the progress bar and the log follow them. The "
+                           "curves of the final i2t and t2i solves appear here.")
         elif self.method_name:
             self._set_note(self.loss_note, "Waiting for the first loss values...")
         else:
