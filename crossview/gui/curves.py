@@ -49,7 +49,7 @@ class Family:
 
 FAMILIES = {f.key: f for f in (
     Family("loss", "Loss / objective", "value"),
-    Family("gap", "Duality gap and violation", "objective units"),
+    Family("gap", "Gap and violation", "objective units"),
     Family("count", "Counts", "count"),
     Family("fraction", "Fractions", "fraction of rows"),
     Family("norm", "Weight norm", "||W||"),
@@ -179,7 +179,8 @@ class CurveBoard(QWidget):
         self.series_list.setMinimumWidth(130)
         self.series_list.setMaximumWidth(190)
         self.series_list.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
-        side = QVBoxLayout()
+        self.series_box = QWidget()
+        side = QVBoxLayout(self.series_box)
         side.setContentsMargins(0, 0, 0, 0)
         head = QLabel("<b>Curves</b> (tick to show)")
         side.addWidget(head)
@@ -187,7 +188,7 @@ class CurveBoard(QWidget):
         outer = QGridLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.grid_host, 0, 0)
-        outer.addLayout(side, 0, 1)
+        outer.addWidget(self.series_box, 0, 1)
         outer.setColumnStretch(0, 1)
         # Every plot is made here, once: making a pyqtgraph plot costs 40-120 ms on a busy 2-core machine,
         # too long for the GUI thread while a run streams events. reset() clears and reuses them.
@@ -349,13 +350,19 @@ class CurveBoard(QWidget):
         return self._colours[label]
 
     def _relayout(self) -> None:
-        """Create the plots the data needs and place plots and notes in the grid (only when the set of
-        series changed, not per frame)."""
+        """Show the plots the data needs and place plots and notes in the grid, and list the series (only
+        when the set of series changed, not per frame; the grid only when the set of plots changed: a new
+        grid repaints every plot, ~40-100 ms on a busy 2-core machine)."""
         self._layout_dirty = False
-        while self.grid.count():
-            self.grid.takeAt(0)
         use = [fam for fam in FAMILIES if any(s.family == fam for s in self.series.values())]
         use += [k for k in ("recall", "rsum") if any(s.family == k for s in self.val_series.values())]
+        if use != self._in_use or self.grid.count() == 0:
+            self._place(use)
+        self._rebuild_series_list()
+
+    def _place(self, use: list[str]) -> None:
+        while self.grid.count():
+            self.grid.takeAt(0)
         self._in_use = use
         for key, plot in self.plots.items():
             plot.setVisible(key in use)
@@ -375,7 +382,6 @@ class CurveBoard(QWidget):
             self.grid.addWidget(w, i // cols, i % cols)
         for c in range(3):
             self.grid.setColumnStretch(c, 1 if c < cols else 0)
-        self._rebuild_series_list()
 
     def _rebuild_series_list(self) -> None:
         checked = {}
@@ -402,6 +408,7 @@ class CurveBoard(QWidget):
             it.setCheckState(Qt.CheckState.Checked if checked.get(key, True) else Qt.CheckState.Unchecked)
             self.series_list.addItem(it)
         self.series_list.blockSignals(False)
+        self.series_box.setVisible(bool(entries))      # no curves (CCA): the notes get the width
 
     def _toggles(self) -> dict[str, bool]:
         out = {}
