@@ -252,6 +252,26 @@ def test_log_scale_when_values_span_decades(panel: TrainPanel) -> None:
     assert panel.curves.is_log("loss") and "log" in panel.curves.plots["loss"].plotItem.getAxis("left").labelText
 
 
+def test_cross_validation_and_missing_values_are_not_plotted(panel: TrainPanel) -> None:
+    """BITR's cross-validation solves (epoch -1, a cv_fold term, no direction) are counted, not run into the
+    final solves' curves; None / NaN values leave no point; an old run's events draw the same way."""
+    from crossview.engine.events import Loss
+
+    panel.curves.reset("bitr")
+    for it in range(1, 4):
+        panel._on_event(Loss(0, -1, {"primal": 5.0 / it, "gap": 1.0 / it, "cv_fold": 2.0}))
+    panel._flush()
+    c = panel.curves
+    assert not c.series and c.loss_note.isVisible() and "Cross-validation of C</b> (3 solver" in c.loss_note.text()
+    panel._on_event(Loss(1, 0, {"primal": 2.0, "gap": None, "seconds": float("nan")}))
+    panel._on_event(Loss(2, 0, {"primal": 1.5, "gap": 0.5, "seconds": 0.1}))
+    panel._on_event(Loss(3, 1, {"primal": 3.0, "gap": 0.7, "seconds": 0.2}))
+    panel._flush()
+    assert c.points("primal [i2t]") == ([1.0, 2.0], [2.0, 1.5]) and c.points("primal [t2i]") == ([1.0], [3.0])
+    assert c.points("gap [i2t]") == ([2.0], [0.5]) and c.points("seconds [i2t]") == ([2.0], [0.1])
+    assert not c.loss_note.isVisible() and set(c.families()) == {"loss", "gap", "time"}
+
+
 def test_cca_says_it_has_no_loss_curve(qtbot, panel: TrainPanel) -> None:
     panel.select_method("cca")
     panel.set_param("n_components", 4)

@@ -152,6 +152,8 @@ class CurveBoard(QWidget):
         self.final_validation: dict[str, float] = {}
         self.cv_events = 0
         self._first_step: dict[str, int] = {}
+        #: (term, direction, pass summary) -> its Series: one dict lookup per value on the hot path
+        self._route: dict[tuple[str, str | None, bool], Series] = {}
         self._colours: dict[str, str] = {}
         self._log: dict[str, bool] = {}
         self._labels: dict[tuple[str, str], str] = {}
@@ -215,6 +217,7 @@ class CurveBoard(QWidget):
         self.final_validation = {}
         self.cv_events = 0
         self._first_step.clear()
+        self._route.clear()
         self._colours.clear()
         self._log.clear()
         self.series_list.blockSignals(True)
@@ -253,23 +256,30 @@ class CurveBoard(QWidget):
         # A pass summary (WSABIE's "epoch_loss" event) repeats per-step names with pass means: keep
         # them apart from the per-step series of the same name.
         summary = any(k.startswith("epoch_") for k in terms)
+        route = self._route
         for term, value in terms.items():
-            if value is None or term in NOT_PLOTTED:
-                continue
             try:
                 y = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError):      # None: the term has no value at this step
                 continue
-            if not math.isfinite(y):
+            if y != y or y in (math.inf, -math.inf):           # NaN (not equal to itself) or infinite
                 continue
-            label = f"{term.removeprefix('epoch_')} (pass mean)" if summary else term
-            key = label if direction is None else f"{label} [{direction}]"
-            s = self.series.get(key)
+            s = route.get((term, direction, summary))
             if s is None:
-                s = self.series[key] = Series(label, direction, term_family(label))
-                self._layout_dirty = True
+                if term in NOT_PLOTTED:
+                    continue
+                s = route[(term, direction, summary)] = self._new_series(term, direction, summary)
             s.add(x, y)
-            self._dirty = True
+        self._dirty = True
+
+    def _new_series(self, term: str, direction: str | None, summary: bool) -> Series:
+        label = f"{term.removeprefix('epoch_')} (pass mean)" if summary else term
+        key = label if direction is None else f"{label} [{direction}]"
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = Series(label, direction, term_family(label))
+            self._layout_dirty = True
+        return s
 
     def add_validation(self, epoch: int, metrics: dict[str, Any]) -> dict[str, float]:
         """Store one ``Validation`` event; returns its flattened numbers (``{"i2t R@1": ..., "rsum": ...}``)."""
@@ -338,7 +348,9 @@ class CurveBoard(QWidget):
             plot.getAxis(side).enableAutoSIPrefix(False)
         plot.setMinimumSize(150, 130)
         plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        plot.showGrid(x=True, y=True, alpha=0.15)
+        # No grid lines: on a software-rendered 2-core machine they were the largest cost of a frame.
+        plot.setClipToView(True)
+        plot.setDownsampling(auto=True, mode="peak")
         plot.setMenuEnabled(False)
         return plot
 
