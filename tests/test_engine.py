@@ -61,11 +61,19 @@ def test_run_folder_contents_and_summary(tmp_path, toy):
     assert config["device_selected"] == "cpu" and config["dataset_fingerprint"] == ds.fingerprint()
     assert read_status(run_dir)["status"] == "finished"
 
-    # The checkpoint rebuilds the method: same scores as the run's.
+    # The checkpoint rebuilds the method and the run's fitted feature normalisation (CCA's default: ssr on
+    # the images): same scores as the run's.
+    from crossview.engine.io import load_checkpoint
+    from crossview.features import Features
+    from crossview.features.normalize import restore_normalized
     from crossview.methods import Method
     from crossview.methods.base import MethodData
     method = Method.load(run_dir / "checkpoint.pt")
-    data = MethodData.from_features(ds, feats[0], feats[1], "test")
+    spec = load_checkpoint(run_dir / "checkpoint.pt")["features"]
+    assert spec["norm_states"]["image"]["kind"] == "ssr" and config["image_norm"] == "ssr"
+    f = restore_normalized(Features(image=feats[0], text=feats[1], image_encoder="given", text_encoder="given"),
+                           spec["norm_states"])
+    data = MethodData.from_features(ds, f.image, f.text, "test")
     r = method.evaluate(data)
     np.testing.assert_array_equal(r["ranks"]["i2t"], ranks["i2t"])
 

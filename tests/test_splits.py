@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _engine_helpers import make_toy_dataset
+from _engine_helpers import make_toy_dataset, write_toy_precomp
 from crossview.cli import main
 from crossview.engine.events import Finished, Log
 from crossview.engine.run import train
@@ -164,14 +164,8 @@ def test_missing_image_weights_are_reported_before_extraction(tmp_path, monkeypa
 
 def test_cli_trains_on_a_file_dataset_without_test_split_without_split_flag(tmp_path, capsys):
     # A VSE++ precomp folder with train and dev (= val) only, and a text encoder that needs no weights.
-    ds = make_toy_dataset(n_images=120, caps_per_image=5)
     folder = tmp_path / "toy_precomp"
-    folder.mkdir()
-    for prefix, split in (("train", "train"), ("dev", "val")):
-        idx = ds.splits[split]
-        np.save(folder / f"{prefix}_ims.npy", ds.image_features[idx])
-        caps = [c for c, i in zip(ds.captions, ds.caption_image) if i in set(idx.tolist())]
-        (folder / f"{prefix}_caps.txt").write_text("\n".join(caps) + "\n")
+    write_toy_precomp(folder, make_toy_dataset(n_images=120, caps_per_image=5))
     code = main(["train", "cca", "--data", str(folder), "--text-encoder", "bow", "--run-dir",
                  str(tmp_path / "run"), "--json"])
     captured = capsys.readouterr()

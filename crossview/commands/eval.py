@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from crossview.commands._common import ProgressPrinter
 from crossview.errors import CrossViewError
 
 
@@ -63,7 +64,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CrossViewError(f"--k {args.k!r}: give comma-separated integers, e.g. 1,5,10") from None
     if not ks or ks[0] < 1:
         raise CrossViewError(f"--k {args.k!r}: K must be positive integers")
-    res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap)
+    bars: dict[str, ProgressPrinter] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+
+    res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
     res["source"] = str(path)
     res.update({k: v for k, v in emb.info.items()})
     if args.ranks_out:

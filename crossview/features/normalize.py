@@ -25,13 +25,19 @@ import numpy as np
 
 from crossview.errors import CrossViewError
 
-__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized",
-           "DEFAULT_IMAGE_NORM", "DEFAULT_TEXT_NORM"]
+__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized", "default_norms_of"]
 
 NORMS = ("none", "l2", "ssr", "center", "whiten")
-#: What a run uses unless told otherwise (chosen on real photos: bench/results/defaults_flickr8k.md).
-DEFAULT_IMAGE_NORM = "none"
-DEFAULT_TEXT_NORM = "none"
+
+
+def default_norms_of(method: str) -> tuple[str, str]:
+    """``(image_norm, text_norm)`` a run of ``method`` uses unless told otherwise: the method's own
+    ``default_image_norm`` / ``default_text_norm``, chosen on real photos
+    (``bench/results/defaults_flickr8k.md``)."""
+    from crossview.methods import method_class
+
+    cls = method_class(method)
+    return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))
 _EXPLAINED = 0.99
 
 

@@ -212,6 +212,9 @@ class Method:
     needs_text_features: ClassVar[bool] = True
     has_epoch_validation: ClassVar[bool] = True
     validation_note: ClassVar[str] = ""
+    #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
+    default_image_norm: ClassVar[str] = "none"
+    default_text_norm: ClassVar[str] = "none"
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -340,7 +343,8 @@ class Method:
         return self
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically."""
+        """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically, in the
+        weights-only format of :func:`crossview.engine.io.save_checkpoint` (``"format": 2``)."""
         from crossview.engine.io import save_checkpoint
         return save_checkpoint(path, {"method_state": self.state_dict(), **(extra or {})})
 
@@ -350,10 +354,18 @@ class Method:
         from crossview.engine.io import load_checkpoint
         from crossview.methods import create_method
 
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path)   # weights-only: the file can hold no code
         state = ckpt.get("method_state")
-        if state is None:
+        if not isinstance(state, dict):
             raise CrossViewError(f"{path}: not a CrossView method checkpoint (no 'method_state')")
         name = state.get("method") or cls.name
+        if not isinstance(name, str) or not name:
+            raise CrossViewError(f"{path}: the checkpoint names no method; it is damaged: save the method again")
         method = create_method(name) if (cls is Method or cls.name != name) else cls()
-        return method.load_state_dict(state)
+        try:
+            return method.load_state_dict(state)
+        except CrossViewError:
+            raise
+        except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
+            raise CrossViewError(f"{path}: the method state does not fit {name!r} ({type(e).__name__}: "
+                                 f"{str(e)[:160]}); the checkpoint is damaged: save the method again") from None
