@@ -201,12 +201,17 @@ class Method:
         directions_differ: True when the i2t and t2i models differ (BITR).
         iterative: True when ``fit_iter(..., resume=True)`` continues from a loaded state.
         needs_text_features: False for methods that encode the captions themselves.
+        has_epoch_validation: False when the method does not score ``val`` per epoch / iteration
+            (closed form, or parameters chosen another way); ``validation_note`` then says how it
+            validates, in one sentence for the Train panel.
     """
 
     name: ClassVar[str] = ""
     directions_differ: ClassVar[bool] = False
     iterative: ClassVar[bool] = False
     needs_text_features: ClassVar[bool] = True
+    has_epoch_validation: ClassVar[bool] = True
+    validation_note: ClassVar[str] = ""
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
     default_image_norm: ClassVar[str] = "none"
     default_text_norm: ClassVar[str] = "none"

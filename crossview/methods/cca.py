@@ -247,6 +247,8 @@ class CCA(Method):
     """
 
     iterative = False
+    has_epoch_validation = False
+    validation_note = "CCA is closed-form: it fits once, so there is nothing to validate per epoch."
 
     #: chosen on real photos (bench/results/defaults_flickr8k.md): signed square root, then L2, on the
     #: CNN features; reg 5, weight power 0.5 (Flickr8k sample val rsum 306 -> 392)
