@@ -34,6 +34,7 @@ GRIDS = {
     "cca:fine2": {"image_norm": ["ssr"], "reg": [5.0, 8.0, 12.0], "n_components": [128, 256],
                   "weight_power": [0.25, 0.5]},
     "wsabie": {"image_norm": ["none", "ssr"], "dim": [100, 256, 1024], "lr": [0.003, 0.01, 0.03]},
+    "wsabie:lowlr": {"image_norm": ["ssr"], "dim": [256, 1024], "lr": [0.001]},
     "bitr": {"image_norm": ["none", "ssr"], "C": [1e-1, 1e1, 1e3]},
     "bitr:white": {"image_norm": ["ssr", "whiten"], "text_norm": ["none", "whiten"], "C": [1e2, 1e3, 1e4]},
     "bitr:fine": {"image_norm": ["none", "ssr"], "C": [1e3, 1e4, 1e5], "pca_dim": [128, 256]},
