@@ -88,14 +88,26 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
         from crossview.features.text import TextEncoder
         text_model = TextEncoder.from_state_dict(tm["state"])
     spec = ckpt.get("features") or {}
-    features = extract_features(dataset, spec.get("image_encoder") or config.get("image_encoder"),
-                                spec.get("text_encoder") or config.get("text_encoder"),
-                                fit_on=config.get("train_split", "train"), text_model=text_model,
-                                progress=progress, should_stop=should_stop)
+    if spec.get("representation"):
+        features = _representation_features(dataset, config, spec, progress, should_stop)
+    else:
+        features = extract_features(dataset, spec.get("image_encoder") or config.get("image_encoder"),
+                                    spec.get("text_encoder") or config.get("text_encoder"),
+                                    fit_on=config.get("train_split", "train"), text_model=text_model,
+                                    progress=progress, should_stop=should_stop)
     from crossview.features.normalize import restore_normalized
     features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
                    features=features)
+
+
+def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[str, Any], progress: Any,
+                             should_stop: Any) -> Any:
+    """A TR / CTR run's features, rebuilt from the representation its checkpoint saved (nothing refitted)."""
+    from crossview.features.topics import restore_representation_features
+
+    return restore_representation_features(dataset, spec["representation"], fit_on=config.get("train_split", "train"),
+                                           progress=progress, should_stop=should_stop)
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
