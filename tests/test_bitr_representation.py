@@ -179,6 +179,28 @@ def test_run_saves_the_representation_and_open_run_queries_it(rep, demo, encoder
     assert new.query == {"text": "a small green circle above a large red square"} and len(new.items) == 3
 
 
+def test_resume_continues_on_the_saved_representation(demo, encoder, tmp_path, monkeypatch):
+    """A cancelled TR run resumes on the representation its checkpoint saved (nothing is refitted)."""
+    from crossview.engine import run as run_mod
+    from crossview.engine.events import Finished, Loss
+
+    run_dir = tmp_path / "run"
+    it = run_mod.train("bitr", demo, run_dir=run_dir, params={**PARAMS, "representation": "tr"},
+                       checkpoint_seconds=1e9)
+    for ev in it:
+        if isinstance(ev, Loss):
+            break
+    it.close()
+    assert run_mod.read_status(run_dir)["status"] == "cancelled"
+
+    def refit(*a, **k):
+        raise AssertionError("the representation was fitted again on resume")
+
+    monkeypatch.setattr(T, "representation_features", refit)
+    events = list(run_mod.resume(run_dir, data=demo))
+    assert isinstance(events[-1], Finished) and events[-1].summary["image_encoder"] == "patches+tr"
+
+
 def test_rebuilt_lda_gives_the_same_topics():
     rng = np.random.default_rng(0)
     counts = rng.poisson(0.7, size=(50, 30)).astype(np.float64)

@@ -309,8 +309,15 @@ class _Run:
     def _representation_features(self, progress: Any, should_stop: Any) -> Any:
         """TR / CTR features fitted on the training split; the fitted state goes into the feature spec
         (``spec["representation"]``), hence into the checkpoint, and open_run rebuilds them from it."""
-        from crossview.features.topics import representation_features, representation_request
+        from crossview.features.topics import (representation_features, representation_request,
+                                               restore_representation_features)
 
+        if self.resuming and self._path(CHECKPOINT).is_file():     # continue on the very features trained on
+            saved = (load_checkpoint(self._path(CHECKPOINT)).get("features") or {}).get("representation")
+            if saved:
+                return restore_representation_features(self.dataset, saved, fit_on=self.cfg.train_split,
+                                                       cache=self.cache, device=self.device, progress=progress,
+                                                       should_stop=should_stop)
         req = representation_request(self.method) or {}   # again: the engine has set the method's seed since
         return representation_features(self.dataset, image_encoder=self.cfg.image_encoder,
                                        fit_on=self.cfg.train_split, cache=self.cache, device=self.device,

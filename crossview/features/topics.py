@@ -61,7 +61,7 @@ Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``, as :func:`crossview.features.extract_features` calls it."""
 
 # Bump when the way TR image features are computed changes, so old cache entries stop matching.
-_TR_VERSION = 1
+_TR_VERSION = 2  # 2: CrossView's own k-means++ seeding (was scikit-learn's)
 
 
 # ====================================================================== visual words: plain functions
@@ -139,14 +139,11 @@ def kmeans_codebook(descriptors: np.ndarray, n_words: int, *, seed: int = 0, n_i
                              f"lower n_words to at most {x.shape[0] // 2} or train on more images")
     if not np.isfinite(x).all():
         raise CrossViewError("local descriptors contain NaN or infinite values; re-extract them")
-    from sklearn.cluster import kmeans_plusplus
-
     # k-means++ seeding (on a sample of at most 64 points per word: it costs O(k^2 log k) distance rows),
     # then Lloyd iterations. A plain random start can leave a cluster without a centre.
     rng = np.random.default_rng(seed)
     sample = x if len(x) <= 64 * n_words else x[rng.choice(len(x), 64 * n_words, replace=False)]
-    init, _ = kmeans_plusplus(sample, n_words, random_state=int(seed))
-    init = np.ascontiguousarray(init, dtype=np.float32)
+    init = _kmeans_plusplus(sample, n_words, rng)
     try:
         import faiss
     except ImportError:  # pragma: no cover - faiss-cpu is a dependency
@@ -159,6 +156,31 @@ def kmeans_codebook(descriptors: np.ndarray, n_words: int, *, seed: int = 0, n_i
                       min_points_per_centroid=1, max_points_per_centroid=256)
     km.train(x, init_centroids=init)
     return np.asarray(km.centroids, dtype=np.float32).reshape(n_words, x.shape[1])
+
+
+def _kmeans_plusplus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007, with scikit-learn's ``2 + log k`` local trials
+    per centre): ``(k, c) float32`` rows of ``x``. One ``(n, trials)`` product per centre; scikit-learn's
+    ``kmeans_plusplus`` took 206 s for 1,000 centres of 29,400 descriptors on the 2-core machine, this 18 s."""
+    n = x.shape[0]
+    x2 = np.einsum("ij,ij->i", x, x)
+    out = np.empty((k, x.shape[1]), dtype=np.float32)
+    first = int(rng.integers(n))
+    out[0] = x[first]
+    closest = np.maximum(x2 - 2.0 * (x @ x[first]) + x2[first], 0.0).astype(np.float64)
+    trials = 2 + int(np.log(k))
+    for c in range(1, k):
+        cum = np.cumsum(closest)
+        if cum[-1] <= 0:          # every point already is a centre: fill up with random (distinct) points
+            cand = rng.integers(n, size=1)
+        else:
+            cand = np.minimum(np.searchsorted(cum, rng.random(trials) * cum[-1]), n - 1)
+        dist = np.maximum(x2[:, None] - 2.0 * (x @ x[cand].T) + x2[cand][None, :], 0.0)
+        new = np.minimum(closest[:, None], dist)
+        best = int(np.argmin(new.sum(axis=0)))
+        closest = new[:, best]
+        out[c] = x[cand[best]]
+    return out
 
 
 def assign_visual_words(descriptors: np.ndarray, codebook: np.ndarray, chunk: int = 65536) -> np.ndarray:
@@ -313,12 +335,16 @@ class VisualTopics:
         self.reducer_, reduce_block = prepare_descriptors(local, fit, dim=self.descriptor_dim, seed=self.seed)
         if progress:
             progress("visual words", 0, 3)
-        self.codebook_ = kmeans_codebook(reduce_block(local[np.sort(fit)]), int(self.n_words), seed=self.seed)
+        rows = np.sort(fit)
+        step = max(1, 65536 // max(int(local.shape[1]), 1))     # a block at a time: no copy of all training rows
+        train_desc = np.concatenate([reduce_block(local[rows[s:s + step]]) for s in range(0, len(rows), step)])
+        self.codebook_ = kmeans_codebook(train_desc, int(self.n_words), seed=self.seed)
+        del train_desc
         if stop():
             raise Cancelled("TR features cancelled after the k-means codebook")
         if progress:
             progress("visual words", 1, 3)
-        hist = self.histograms(local[fit])
+        hist = self.histograms(local, fit)
         if progress:
             progress("visual words", 2, 3)
         self.lda_ = fit_topic_model(hist, int(self.n_topics), seed=self.seed)
@@ -326,28 +352,31 @@ class VisualTopics:
             progress("visual words", 3, 3)
         return self
 
-    def histograms(self, local: np.ndarray) -> np.ndarray:
-        """Bag-of-visual-words counts ``(k, n_words)`` of ``local (k, m, c)``."""
+    def histograms(self, local: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Bag-of-visual-words counts ``(k, n_words)`` of ``local (n, m, c)`` (of its ``rows``, in that
+        order, when given; read a block at a time, so a memory-mapped array is never copied whole)."""
         local = np.asarray(local, dtype=np.float32) if not isinstance(local, np.ndarray) else local
         if local.ndim != 3:
             raise CrossViewError(f"local descriptors must be (images, descriptors, channels), got shape {local.shape}")
-        n, m, c = local.shape
+        _, m, c = local.shape
         want = self.reducer_.in_dim_
         if want is not None and c != want:
             raise CrossViewError(f"the visual words were learned from {want}-d local descriptors, these are {c}-d; "
                                  "use the image encoder the run was trained with")
-        words = np.empty((n, m), dtype=np.int64)
+        idx = np.arange(local.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+        words = np.empty((len(idx), m), dtype=np.int64)
         step = max(1, 65536 // max(m, 1))
-        for s in range(0, n, step):
-            block = np.asarray(local[s:s + step], dtype=np.float32).reshape(-1, c)
+        for s in range(0, len(idx), step):
+            block = np.asarray(local[idx[s:s + step]], dtype=np.float32).reshape(-1, c)
             words[s:s + step] = assign_visual_words(self.reducer_.transform(block), self.codebook_).reshape(-1, m)
         return bovw_histograms(words, int(self.n_words))
 
-    def transform(self, local: np.ndarray) -> np.ndarray:
-        """Topic distributions ``(k, n_topics) float32`` of the images whose descriptors are ``local``."""
+    def transform(self, local: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Topic distributions ``(k, n_topics) float32`` of the images whose descriptors are ``local``
+        (its ``rows`` when given)."""
         if not hasattr(self, "lda_"):
             raise CrossViewError("VisualTopics.transform called before fit: fit it on the training images first")
-        return topic_distributions(self.lda_, self.histograms(local))
+        return topic_distributions(self.lda_, self.histograms(local, rows))
 
     def state_dict(self) -> dict[str, Any]:
         """Parameters and the fitted reducer, codebook and LDA, as numpy arrays and plain values."""
@@ -928,7 +957,7 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
             progress("cca", 0, 1)
         fit_caps_idx = _captions_of_images(dataset, fit)
         # One training pair per caption (images repeated), as the CCA method does.
-        img_tr = visual.transform(local[fit])
+        img_tr = visual.transform(local, fit)
         row = {int(i): r for r, i in enumerate(fit)}
         pairs = np.array([row[int(dataset.caption_image[c])] for c in fit_caps_idx], dtype=np.int64)
         txt_tr = model.encode_captions([dataset.captions[c] for c in fit_caps_idx], cache=store, device=device,
