@@ -215,6 +215,24 @@ def test_rebuilt_lda_gives_the_same_topics():
         T.lda_from_state(bad)
 
 
+def test_a_damaged_saved_representation_is_one_clear_error(demo, encoder):
+    import copy
+
+    state = T.representation_features(demo, "ctr", n_topics=4, n_words=12, cache=False).spec["representation"]
+    T.TopicRepresentation.from_state_dict(copy.deepcopy(state))          # intact: fine
+    for damage in (lambda s: s["visual"].__setitem__("codebook", np.ones((5, 6), np.float32)),
+                   lambda s: s["visual"]["lda"].__setitem__("components", np.ones(4)),
+                   lambda s: s["visual"]["reducer"].__setitem__("dim", "many"),
+                   lambda s: s["cca"].__setitem__("x_proj", np.ones((3, 4))),
+                   lambda s: s.__setitem__("cca", None),
+                   lambda s: s.__setitem__("name", "xyz"),
+                   lambda s: s["visual"]["lda"]["components"].__setitem__((0, 0), np.nan)):
+        bad = copy.deepcopy(state)
+        damage(bad)
+        with pytest.raises(CrossViewError, match="checkpoint"):
+            T.TopicRepresentation.from_state_dict(bad)
+
+
 def test_fitted_on_train_only(demo, encoder, tmp_path):
     """Changing the test images and captions changes nothing fitted, nor the training rows."""
     from PIL import Image
