@@ -324,3 +324,35 @@ def test_tr_learns_on_the_flickr8k_sample(flickr8k_sample, tmp_path):
     y = opened.features.image[i]
     assert float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y))) > 0.99
     assert len(r.query_text("two dogs run across the grass", k=10).items) == 10
+
+
+@pytest.mark.gui
+def test_the_app_opens_a_ctr_run_and_queries_it_with_new_inputs(qtbot, demo, encoder, tmp_path, monkeypatch):
+    pytest.importorskip("pytestqt")
+    from PIL import Image
+
+    from crossview.gui.main_window import MainWindow
+
+    run_dir = tmp_path / "ctr"
+    _train(demo, run_dir, representation="ctr")
+    monkeypatch.setenv("CROSSVIEW_HOME", str(tmp_path / "home"))
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        task = win.open_run(str(run_dir), show="query")
+        with qtbot.waitSignal(task.succeeded, timeout=60_000):
+            pass
+        qtbot.waitUntil(lambda: win.run is not None and win.run.run_dir == run_dir, timeout=30_000)
+        qp = win.query_panel
+        new_image = tmp_path / "new.png"
+        Image.open(demo.image_paths[int(demo.splits["test"][0])]).rotate(180).save(new_image)
+        with qtbot.waitSignal(qp.answered, timeout=30_000) as sig:
+            qp.query_image(str(new_image))
+        assert sig.args[0].direction == "i2t" and sig.args[0].query == {"file": str(new_image)}
+        assert len(sig.args[0].items) > 0
+        with qtbot.waitSignal(qp.answered, timeout=30_000) as sig:
+            qp.query_text("a blue star under a small yellow circle")
+        assert sig.args[0].direction == "t2i" and qp.image_grid.count() > 0
+    finally:
+        win.close()
