@@ -183,6 +183,8 @@ class _Run:
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.check_params()
         self.representation = self._check_representation()
+        if self.representation is not None:
+            self.features = None   # TR / CTR build their own; given encoder features (tune passes them) don't apply
         if self.features is None and self.representation is None:
             from crossview.features.preflight import check_encoders
             check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
@@ -303,7 +305,7 @@ class _Run:
         req = representation_request(self.method)
         if req is not None:
             check_run_representation(self.dataset, req, image_encoder=self.cfg.image_encoder,
-                                     text_encoder=self.cfg.text_encoder, features_given=self.features is not None)
+                                     text_encoder=self.cfg.text_encoder)
         return req
 
     def _representation_features(self, progress: Any, should_stop: Any) -> Any:

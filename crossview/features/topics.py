@@ -859,7 +859,7 @@ def representation_request(method: Any) -> dict[str, Any] | None:
 
 
 def check_run_representation(dataset: Any, request: dict[str, Any], *, image_encoder: str | None = None,
-                             text_encoder: str | None = None, features_given: bool = False) -> None:
+                             text_encoder: str | None = None) -> None:
     """Raise :class:`CrossViewError` (saying what to do) when a run cannot build the representation
     ``request`` on ``dataset``: cheap, so the engine calls it before any folder or extraction."""
     from crossview.features import PRECOMP
@@ -869,9 +869,6 @@ def check_run_representation(dataset: Any, request: dict[str, Any], *, image_enc
     if name not in RUN_REPRESENTATIONS:
         raise CrossViewError(f"unknown representation {name!r}; choose one of: features, "
                              f"{', '.join(RUN_REPRESENTATIONS)}")
-    if features_given:
-        raise CrossViewError(f"representation={name} builds its own features from the dataset's image files and "
-                             "captions; do not pass features, or use representation=features")
     if text_encoder is not None:
         raise CrossViewError(f"representation={name} fixes the text side (LDA topics of the caption words); "
                              f"drop --text-encoder {text_encoder}, or use representation=features")
