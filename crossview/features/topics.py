@@ -27,6 +27,14 @@ caption encodings) go through :class:`~crossview.features.cache.FeatureCache`.
 of the dataset, plus a function that encodes new captions, e.g. an independent corpus);
 :func:`representation_splits` returns the train / val / test :class:`~crossview.methods.base.MethodData`
 that methods train and are evaluated on.
+
+**In ordinary runs** (``crossview train bitr --set representation=tr|ctr``), the engine calls
+:func:`representation_features` instead of :func:`crossview.features.extract_features`: everything is
+fitted on the run's training split and kept in a :class:`TopicRepresentation` (descriptor PCA, codebook,
+both LDA models, CCA; :meth:`TopicRepresentation.state_dict` is numpy arrays and plain values only, no
+scikit-learn object), which the checkpoint saves in its feature spec. ``open_run`` rebuilds the features
+from it with :func:`restore_representation_features` (nothing refitted), and the
+:class:`RepresentationFeatures` it returns encode new image files and sentences for the Retriever.
 """
 
 from __future__ import annotations
