@@ -130,9 +130,11 @@ class Retriever:
         if rows is not None:
             return np.asarray(self.features.text[rows], dtype=np.float32)
         model = self.features.text_model
-        if model is None:
+        encode = getattr(self.features, "encode_new_captions", None)   # a representation's own text side (TR/CTR)
+        if model is None and encode is None:
             raise CrossViewError("this run has no text encoder to encode new sentences with")
-        x = np.asarray(model.encode(list(captions), device=self.device), dtype=np.float32)
+        x = np.asarray(encode(list(captions), device=self.device) if encode is not None else
+                       model.encode(list(captions), device=self.device), dtype=np.float32)
         transform = getattr(self.features, "text_transform", None)
         return x if transform is None else np.asarray(transform(x), dtype=np.float32)
 
@@ -209,7 +211,8 @@ class Retriever:
         path = Path(image)
         if not path.is_file():
             raise CrossViewError(f"{path}: no such image file")
-        if self._image_encoder is None:
+        encode = getattr(self.features, "encode_new_images", None)   # a representation's own image side (TR/CTR)
+        if encode is None and self._image_encoder is None:
             from crossview.features.image import create_image_encoder
             spec = (self.features.spec or {}).get("image", {})
             name = spec.get("name") or self.features.image_encoder
@@ -218,7 +221,8 @@ class Retriever:
                                      "encoded; query with an image of the dataset instead")
             self._image_encoder = create_image_encoder(name, weights=spec.get("weights_path"),
                                                        allow_random=spec.get("weights_hash") == "random")
-        x = self._image_encoder.encode_paths([str(path)], num_workers=0, device=self.device)
+        x = encode([str(path)], device=self.device) if encode is not None else \
+            self._image_encoder.encode_paths([str(path)], num_workers=0, device=self.device)
         if getattr(self.features, "image_transform", None) is not None:
             x = self.features.image_transform(x)
         return np.asarray(x, np.float32), {"file": str(path)}

@@ -432,7 +432,10 @@ class _Run:
         self.device = select_device(cfg.device)
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.check_params()
-        if self.features is None:
+        self.representation = self._check_representation()
+        if self.representation is not None:
+            self.features = None   # TR / CTR build their own; given encoder features (tune passes them) don't apply
+        if self.features is None and self.representation is None:
             from crossview.features.preflight import check_encoders
             check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
         if "device" in self.method.param_names() and "device" not in cfg.params:
@@ -527,9 +530,12 @@ class _Run:
 
         def work() -> None:
             try:
-                result["features"] = extract_features(
-                    self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
-                    cache=self.cache, device=self.device, progress=progress, should_stop=stop.is_set)
+                if self.representation is not None:
+                    result["features"] = self._representation_features(progress, stop.is_set)
+                else:
+                    result["features"] = extract_features(
+                        self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
+                        cache=self.cache, device=self.device, progress=progress, should_stop=stop.is_set)
             except BaseException as e:  # noqa: BLE001 - handed to the generator's thread below
                 result["error"] = e
             finally:
@@ -550,6 +556,34 @@ class _Run:
         if "error" in result:
             raise result["error"]
         self.features = result["features"]
+
+    def _check_representation(self) -> dict[str, Any] | None:
+        """The representation the method asks its features to be (BITR's ``representation=tr|ctr``),
+        checked against the data and the encoders before anything is made; ``None`` for the encoders'."""
+        from crossview.features.topics import check_run_representation, representation_request
+
+        req = representation_request(self.method)
+        if req is not None:
+            check_run_representation(self.dataset, req, image_encoder=self.cfg.image_encoder,
+                                     text_encoder=self.cfg.text_encoder)
+        return req
+
+    def _representation_features(self, progress: Any, should_stop: Any) -> Any:
+        """TR / CTR features fitted on the training split; the fitted state goes into the feature spec
+        (``spec["representation"]``), hence into the checkpoint, and open_run rebuilds them from it."""
+        from crossview.features.topics import (representation_features, representation_request,
+                                               restore_representation_features)
+
+        if self.resuming and self._path(CHECKPOINT).is_file():     # continue on the very features trained on
+            saved = (load_checkpoint(self._path(CHECKPOINT)).get("features") or {}).get("representation")
+            if saved:
+                return restore_representation_features(self.dataset, saved, fit_on=self.cfg.train_split,
+                                                       cache=self.cache, device=self.device, progress=progress,
+                                                       should_stop=should_stop)
+        req = representation_request(self.method) or {}   # again: the engine has set the method's seed since
+        return representation_features(self.dataset, image_encoder=self.cfg.image_encoder,
+                                       fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
+                                       progress=progress, should_stop=should_stop, **req)
 
     def _normalize(self) -> None:
         """Fit the run's feature normalisations on the training rows and apply them (queries too)."""

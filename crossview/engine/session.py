@@ -102,10 +102,13 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
                                  f"{e}); train again") from None
     spec = ckpt.get("features")
     spec = spec if isinstance(spec, dict) else {}
-    features = extract_features(dataset, spec.get("image_encoder") or config.get("image_encoder"),
-                                spec.get("text_encoder") or config.get("text_encoder"),
-                                fit_on=config.get("train_split", "train"), text_model=text_model,
-                                progress=progress, should_stop=should_stop)
+    if spec.get("representation"):
+        features = _representation_features(dataset, config, spec, progress, should_stop)
+    else:
+        features = extract_features(dataset, spec.get("image_encoder") or config.get("image_encoder"),
+                                    spec.get("text_encoder") or config.get("text_encoder"),
+                                    fit_on=config.get("train_split", "train"), text_model=text_model,
+                                    progress=progress, should_stop=should_stop)
     from crossview.features.normalize import restore_normalized
     features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
@@ -121,6 +124,15 @@ def _load_method_state(method: Any, state: dict[str, Any], path: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
         raise CrossViewError(f"{path}: the method state does not fit {method.name!r} ({type(e).__name__}: "
                              f"{str(e)[:160]}); the checkpoint is damaged: train again") from None
+
+
+def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[str, Any], progress: Any,
+                             should_stop: Any) -> Any:
+    """A TR / CTR run's features, rebuilt from the representation its checkpoint saved (nothing refitted)."""
+    from crossview.features.topics import restore_representation_features
+
+    return restore_representation_features(dataset, spec["representation"], fit_on=config.get("train_split", "train"),
+                                           progress=progress, should_stop=should_stop)
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:

@@ -57,6 +57,9 @@ LOSSES: dict[str, str] = {
 }
 #: Where the outputs live: the unit sphere (L2-normalised) or the probability simplex (L1, non-negative).
 DOMAINS = ("sphere", "simplex")
+#: What a run trains BITR on (the ``representation`` parameter): the encoders' features, or paper 001's
+#: TR / CTR, built and fitted on the training split by the run (crossview.features.topics).
+REPRESENTATIONS = ("features", "tr", "ctr")
 
 _EPS = 1e-12
 #: The finite variant keeps the (N, m) loss matrix, and its line search two more, when N * m is at most this.
@@ -1009,6 +1012,15 @@ class Bitr(Method):
         mv_starts, mv_steps: starts and steps of projected subgradient ascent (M loss on the sphere).
         device: ``auto | cpu | cuda[:n] | mps`` for the large products.
         seed: random seed (folds, random starts, candidate subset).
+        representation: what a run (:mod:`crossview.engine.run`) trains on: ``"features"`` (the run's
+            image and text encoders), ``"tr"`` (paper 001's topic representation: LDA topics of visual
+            words, i.e. k-means clusters of the backbone's local descriptors, and of caption words) or
+            ``"ctr"`` (TR projected by a CCA fitted on the training pairs). The run fits the
+            representation on its training split and keeps it in the checkpoint, so queries with new
+            images and sentences go through it (:func:`crossview.features.topics.representation_features`).
+            :meth:`fit` on given :class:`MethodData` uses the features it is given.
+        n_topics: LDA topics per modality for ``tr`` / ``ctr`` (the paper's 100).
+        n_words: visual words (k-means centres) for ``tr`` / ``ctr`` (the paper's 1000).
     """
 
     directions_differ = True
@@ -1021,7 +1033,8 @@ class Bitr(Method):
                  n_jobs: int = 1, normalize: str = "l2", pca_dim: int = 128, outputs: str = "continuous",
                  max_candidates: int = 5000, epsilon: float = 1e-3, max_iter: int = 1000,
                  line_search: bool = True, inactive_limit: int = 50, mv_starts: int = 8, mv_steps: int = 30,
-                 device: str = "auto", seed: int = 0) -> None:
+                 device: str = "auto", seed: int = 0, representation: str = "features", n_topics: int = 100,
+                 n_words: int = 1000) -> None:
         self.loss = loss
         self.C = C
         self.c_grid = c_grid
@@ -1039,12 +1052,19 @@ class Bitr(Method):
         self.mv_steps = mv_steps
         self.device = device
         self.seed = seed
+        self.representation = representation
+        self.n_topics = n_topics
+        self.n_words = n_words
 
     # ------------------------------------------------------------------ parameters
     def _check_params(self) -> tuple[float, ...]:
         _check_loss(self.loss)
         if self.normalize not in ("l2", "l1", "paper"):
             raise CrossViewError(f"BITR: normalize must be 'l2', 'l1' or 'paper', got {self.normalize!r}")
+        if self.representation not in REPRESENTATIONS:
+            raise CrossViewError(f"BITR: representation must be one of {', '.join(REPRESENTATIONS)} "
+                                 f"(features = the run's encoders, tr = topics of visual and caption words, "
+                                 f"ctr = tr projected by CCA), got {self.representation!r}")
         if self.outputs not in ("continuous", "train"):
             raise CrossViewError(f"BITR: outputs must be 'continuous' (closed forms over the sphere / simplex) "
                                  f"or 'train' (the training captions / images), got {self.outputs!r}")
@@ -1055,13 +1075,23 @@ class Bitr(Method):
         if not (math.isfinite(C) and C > 0):
             raise CrossViewError(f"BITR: C must be a positive number, got {self.C!r}; the paper searches 1e-5 ... 1e5")
         for name, lo in (("cv_folds", 2), ("n_jobs", 1), ("max_iter", 1), ("max_candidates", 2),
-                         ("mv_starts", 1), ("mv_steps", 1), ("inactive_limit", 1), ("pca_dim", 0)):
+                         ("mv_starts", 1), ("mv_steps", 1), ("inactive_limit", 1), ("pca_dim", 0),
+                         ("n_topics", 1), ("n_words", 2)):
             v = getattr(self, name)
             if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo):
                 raise CrossViewError(f"BITR: {name} must be an integer >= {lo}, got {v!r}")
         if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0):
             raise CrossViewError(f"BITR: epsilon must be a positive number, got {self.epsilon!r}; default 1e-3")
         return parse_c_grid(self.c_grid)
+
+    def feature_representation(self) -> dict[str, Any] | None:
+        """What the run's features are to be (:func:`crossview.features.topics.representation_request`):
+        ``None`` for the encoders' features, else the TR / CTR settings."""
+        self._check_params()
+        if self.representation == "features":
+            return None
+        return {"name": self.representation, "n_topics": int(self.n_topics), "n_words": int(self.n_words),
+                "seed": int(self.seed)}
 
     def _trainer_kwargs(self, device: torch.device) -> dict[str, Any]:
         return {"loss": self.loss, "epsilon": float(self.epsilon), "max_iter": int(self.max_iter),
