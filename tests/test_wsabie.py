@@ -110,7 +110,7 @@ def test_caption_version_learns_on_demo(demo) -> None:
     assert res["t2i"]["R@10"] > 4 * chance_t2i, res["t2i"]
     # both directions come from one model: the score matrix is V x . Z y whatever the direction
     img, txt = m.encode_images(demo["test"]), m.encode_texts(demo["test"])
-    assert img.shape == (demo["test"].n_images, 100) and txt.shape == (demo["test"].n_captions, 100)
+    assert img.shape == (demo["test"].n_images, 256) and txt.shape == (demo["test"].n_captions, 256)   # dim
     np.testing.assert_array_equal(m.encode_images(demo["test"], direction="t2i"), img)
     np.testing.assert_allclose(m.scores(demo["test"], "t2i"), img @ txt.T, rtol=1e-6)
     # the norm constraint holds after training
@@ -133,7 +133,7 @@ def test_label_version_learns_on_demo(demo, target: str, epochs: int) -> None:
     chance_p1 = 100.0 * float(np.mean([len(s) for s in sets if s])) / len(names)
     print(f"wsabie {target}, demo test:", res, "chance P@1", chance_p1)
     assert res["P@1"] > 2.5 * chance_p1, (res, chance_p1)
-    assert m.encode_labels().shape == (len(m.label_names_), 100)
+    assert m.encode_labels().shape == (len(m.label_names_), m.dim)
     if target == "tags":
         # Captions name most tags word for word; phrases are often paraphrased ("a six-sided shape"),
         # so caption retrieval through label names is only checked for tags.

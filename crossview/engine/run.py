@@ -919,7 +919,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     from crossview.engine.splits import plan_splits
     from crossview.features.normalize import default_norms_of
 
-    default_norms = default_norms_of(method)
+    default_norms = default_norms_of(method, params)
     ds, source = _load(data, data_format, image_root)
     plan = plan_splits(ds, split, train_split, val_split, seed)
     cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
