@@ -449,7 +449,9 @@ class MainWindow(QMainWindow):
             self.inspect_panel.set_dataset(run.dataset)
         s = run.summary or {}
         rsum = f", rsum {s['rsum']:.1f}" if isinstance(s.get("rsum"), (int, float)) else ""
-        self.status_run.setText(f"Run: {run.name} ({run.method.name}{rsum})")
+        split = run_eval_split(run)
+        on = f", evaluated on {split}" if split else ""
+        self.status_run.setText(f"Run: {run.name} ({run.method.name}{rsum}{on})")
         recent = [r for r in self.recent_runs() if r != run_dir]
         self.settings.setValue("recent/runs", [run_dir, *recent][:MAX_RECENT])
         self._refresh_recent_runs()
