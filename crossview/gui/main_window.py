@@ -519,10 +519,16 @@ class MainWindow(QMainWindow):
         self.tabs.tabBar().setVisible(not on)
         if on:
             self._before_presenting = self.tabs.currentIndex()
+            self._normal_geometry = self.geometry()
             self.tabs.setCurrentWidget(self.query_panel)
             self.showFullScreen()
+            screen = self.screen()
+            if screen is not None and self.geometry() != screen.geometry():
+                self.setGeometry(screen.geometry())   # no window manager to honour full screen (e.g. Xvfb)
         else:
             self.showNormal()
+            if getattr(self, "_normal_geometry", None) is not None:
+                self.setGeometry(self._normal_geometry)
             self.tabs.setCurrentIndex(getattr(self, "_before_presenting", 0))
         self.query_panel.set_presentation(on)
         if self.present_action.isChecked() != on:

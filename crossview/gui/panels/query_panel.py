@@ -129,6 +129,7 @@ class QueryPanel(QWidget):
             view.itemActivated.connect(self._activate)
             view.viewport().installEventFilter(self)
             view.currentItemChanged.connect(self._update_query_with)
+        self.image_grid.installEventFilter(self)
         self.results = QStackedWidget()
         self.results.addWidget(self.caption_list)
         self.results.addWidget(self.image_grid)
@@ -391,6 +392,7 @@ class QueryPanel(QWidget):
         else:
             view = self.image_grid
             self.results.setCurrentWidget(view)
+            self._fit_grid()
             view.clear()
             for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
                 it = QListWidgetItem()
@@ -434,6 +436,7 @@ class QueryPanel(QWidget):
             self._query_pixmap = None
             self.query_view.clear()
             self.query_view.hide()
+        self._fit_layout()
         self.query_title.setText(f"<b>{title}</b>")
         what = "caption" if ranking.direction == "i2t" else "image"
         n = ranking.gallery_size
@@ -495,6 +498,9 @@ class QueryPanel(QWidget):
         """A double-click on a result queries from it. Handled here, not by the view: the view only acts
         on a double-click that follows its own press on the same item, which a re-query between the
         two clicks (or a synthetic event) does not give; consuming it also keeps it to one query."""
+        if obj is self.image_grid and event.type() == QEvent.Type.Resize:
+            self._fit_grid()                   # the columns follow the grid's own width
+            return False
         if event.type() == QEvent.Type.MouseButtonDblClick and event.button() == Qt.MouseButton.LeftButton:
             for view in (self.caption_list, self.image_grid):
                 if obj is view.viewport():
@@ -648,7 +654,11 @@ class QueryPanel(QWidget):
     def _fit_layout(self) -> None:
         """The query image takes a share of the width; the image grid's columns fill the results' width."""
         width = max(self.width(), 400)
-        side = int(min(max(width * (0.3 if self.presenting else 0.24), 200), 560 if self.presenting else 420))
+        if self.query_view.isHidden() and self.ranking is not None:
+            # a sentence query shows no image: its words need a narrow column, the results the rest
+            side = int(min(max(width * 0.18, 200), 320))
+        else:
+            side = int(min(max(width * (0.3 if self.presenting else 0.24), 200), 560 if self.presenting else 420))
         self.query_side.setFixedWidth(side)
         self.query_view.setFixedSize(side - 20, side - 20)
         if self._query_pixmap is not None:
