@@ -237,7 +237,8 @@ def test_paper_numbers_come_with_what_they_measured(qtbot, tmp_path: Path) -> No
     assert "Paper: Pascal sentences" in text and "Table 7" in text
     assert "this run: toy, val split, 100 images / 500 captions" in text
     assert "not comparable for MedR / MeanR" in text
-    col = [panel.metrics.horizontalHeaderItem(j).text() for j in range(panel.metrics.columnCount())].index("i2t  paper *")
+    heads = [panel.metrics.horizontalHeaderItem(j).text() for j in range(panel.metrics.columnCount())]
+    col = heads.index("i2t  paper *")
     assert "not comparable" in panel.metrics.horizontalHeaderItem(col).toolTip()
     rows = [panel.metrics.verticalHeaderItem(i).text() for i in range(panel.metrics.rowCount())]
     assert "not comparable" in panel.metrics.item(rows.index("MedR"), col).toolTip()

@@ -33,7 +33,8 @@ PEN_A = "#0969da"
 PEN_B = "#d1242f"
 #: Metrics that grow with the gallery size (not comparable between galleries of different sizes).
 GALLERY_BOUND = ("MedR", "MeanR")
-SORT_TEXT = {Qt.SortOrder.DescendingOrder: " \u25bc largest first", Qt.SortOrder.AscendingOrder: " \u25b2 smallest first"}
+SORT_TEXT = {Qt.SortOrder.DescendingOrder: " \u25bc largest first",
+             Qt.SortOrder.AscendingOrder: " \u25b2 smallest first"}
 THUMB = 30
 
 
