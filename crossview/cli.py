@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.features",
     "crossview.commands.eval",
     "crossview.commands.train",
+    "crossview.commands.tune",
     "crossview.commands.experiment",
     "crossview.commands.screenshot",
 ]
@@ -32,11 +33,11 @@ EXIT_USAGE = 2
 
 # ---------------------------------------------------------------------------- data
 def cmd_data_info(args: argparse.Namespace) -> int:
-    from crossview.data import load_dataset
+    from crossview.commands._common import load_dataset_reporting
     from crossview.data.dataset import PairedDataset
     from crossview.data.stats import dataset_info, format_info
 
-    ds = load_dataset(args.dataset, format=args.format, image_root=args.image_root)
+    ds = load_dataset_reporting(args.dataset, format=args.format, image_root=args.image_root)
     info = dataset_info(ds)
     if args.check_images and isinstance(ds, PairedDataset) and ds.image_paths is not None:
         from crossview.data.images import verify_images

@@ -104,3 +104,19 @@ class ToyIterative(Method):
 
     def encode_texts(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
         return data.require_text_features("toy_iterative").astype(np.float32)
+
+
+def write_toy_precomp(folder, ds: PairedDataset, splits=(("train", "train"), ("dev", "val"))) -> None:
+    """Write ``ds`` as a VSE++ ``*_precomp`` folder with the given (file prefix, split) pairs (a file
+    dataset whose image features are precomputed, so CLI tests need no image encoder)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    assert ds.image_features is not None
+    for prefix, split in splits:
+        idx = ds.splits[split]
+        keep = set(idx.tolist())
+        np.save(folder / f"{prefix}_ims.npy", ds.image_features[idx])
+        caps = [c for c, i in zip(ds.captions, ds.caption_image) if int(i) in keep]
+        (folder / f"{prefix}_caps.txt").write_text("\n".join(caps) + "\n")

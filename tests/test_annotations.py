@@ -55,3 +55,58 @@ def test_bad_input():
         query_key({"nothing": 1})
     with pytest.raises(CrossViewError, match="direction"):
         AnnotationStore("/tmp/never-used-crossview").mark("sideways", {"image": 1}, 1, True)
+
+
+def test_lines_are_ascii_so_a_crash_cannot_cut_a_character(tmp_path):
+    store = AnnotationStore(tmp_path, annotator="Zoë")
+    store.mark("t2i", {"text": "un café ☕ au soleil"}, 4, True, "naïve – déjà vu")
+    raw = (tmp_path / "annotations.jsonl").read_bytes()
+    assert raw.isascii()
+    again = AnnotationStore(tmp_path)
+    rec = again.records()[0]
+    assert rec["annotator"] == "Zoë" and rec["item_text"] == "naïve – déjà vu"
+    assert again.marks_for("t2i", {"text": "un café ☕ au soleil"}) == {4: True}
+
+
+def test_each_corrupt_line_costs_that_line_only(tmp_path):
+    good = [json.dumps({"time": f"2026-01-01T00:00:0{i}", "annotator": "a", "direction": "i2t",
+                        "query": {"image": i}, "item": i, "item_text": "", "relevant": True}).encode()
+            for i in range(4)]
+    torn_char = json.dumps({"time": "t", "annotator": "a", "direction": "i2t", "query": {"image": 9}, "item": 9,
+                            "item_text": "é" * 3, "relevant": True}, ensure_ascii=False).encode()
+    torn_char = torn_char[:torn_char.index("é".encode()) + 1]            # a multi-byte character cut by a crash
+    bad = [
+        b'{"time": "t", "direction": "i2t", "query": {"image": 5}, "item": 5, "relevant": true, "x": "\xff"}',
+        torn_char,
+        b"{not json",
+        b'{"direction": "i2t", "query": {"image": 6}, "item": 6, "relevant": true}',          # no time
+        b'{"time": 17, "direction": "i2t", "query": {"image": 6}, "item": 6, "relevant": true}',
+        b'{"time": "t", "direction": "i2t", "query": {"image": "6"}, "item": 6, "relevant": true}',
+        b'{"time": "t", "direction": "i2t", "query": {"image": 6}, "item": "6", "relevant": true}',
+        b'{"time": "t", "direction": "i2t", "query": {"image": 6}, "item": 6, "relevant": "yes"}',
+        b'{"time": "t", "direction": "i2t", "query": {"image": 6}, "item": 6, "relevant": 1}',
+        b'{"time": "t", "direction": "up", "query": {"image": 6}, "item": 6, "relevant": true}',
+        b'{"time": "t", "direction": "i2t", "query": [6], "item": 6, "relevant": true}',
+        b'{"time": "t", "direction": "i2t", "query": {"image": 6}, "item": 6, "item_text": 3, "relevant": true}',
+        b"[]",
+        b"[" * 100_000,
+    ]
+    lines = [good[0], *bad[:7], good[1], good[2], *bad[7:], good[3]]
+    (tmp_path / "annotations.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    store = AnnotationStore(tmp_path)
+    assert store.skipped == store.skipped_lines == len(bad)
+    assert len(store) == 4 and [r["item"] for r in store.records()] == [0, 1, 2, 3]
+    rows = list(csv.DictReader(open(store.export(tmp_path / "out.csv"), newline="")))
+    assert [int(r["item"]) for r in rows] == [0, 1, 2, 3]
+    assert len(store.export(tmp_path / "out.jsonl").read_text().splitlines()) == 4
+    store.mark("i2t", {"image": 7}, 7, True)                                 # still appends cleanly
+    assert len(AnnotationStore(tmp_path)) == 5
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_not_waited_on(tmp_path):
+    import os
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs FIFOs")
+    os.mkfifo(tmp_path / "annotations.jsonl")
+    with pytest.raises(CrossViewError, match="not a regular file"):
+        AnnotationStore(tmp_path)

@@ -61,11 +61,19 @@ def test_run_folder_contents_and_summary(tmp_path, toy):
     assert config["device_selected"] == "cpu" and config["dataset_fingerprint"] == ds.fingerprint()
     assert read_status(run_dir)["status"] == "finished"
 
-    # The checkpoint rebuilds the method: same scores as the run's.
+    # The checkpoint rebuilds the method and the run's fitted feature normalisation (CCA's default: ssr on
+    # the images): same scores as the run's.
+    from crossview.engine.io import load_checkpoint
+    from crossview.features import Features
+    from crossview.features.normalize import restore_normalized
     from crossview.methods import Method
     from crossview.methods.base import MethodData
     method = Method.load(run_dir / "checkpoint.pt")
-    data = MethodData.from_features(ds, feats[0], feats[1], "test")
+    spec = load_checkpoint(run_dir / "checkpoint.pt")["features"]
+    assert spec["norm_states"]["image"]["kind"] == "ssr" and config["image_norm"] == "ssr"
+    f = restore_normalized(Features(image=feats[0], text=feats[1], image_encoder="given", text_encoder="given"),
+                           spec["norm_states"])
+    data = MethodData.from_features(ds, f.image, f.text, "test")
     r = method.evaluate(data)
     np.testing.assert_array_equal(r["ranks"]["i2t"], ranks["i2t"])
 
@@ -122,12 +130,25 @@ def test_bad_input_is_refused_before_the_folder_exists(tmp_path, toy):
         train("cca", ds, run_dir=tmp_path / "b", features=feats)
 
 
-def test_a_failing_method_records_failed(tmp_path, toy):
+def test_a_bad_parameter_is_refused_before_the_run_folder_exists(tmp_path, toy):
     ds, feats = toy
     with pytest.raises(CrossViewError, match="n_components"):
-        _drain(train("cca", ds, run_dir=tmp_path / "run", features=feats, params={"n_components": 0}))
+        train("cca", ds, run_dir=tmp_path / "run", features=feats, params={"n_components": 0})
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failing_method_records_failed(tmp_path, toy, monkeypatch):
+    ds, feats = toy
+    from crossview.methods.cca import CCA
+
+    def broken(self, train, val=None, *, resume=False):
+        yield Log("about to fail")
+        raise CrossViewError("cca: the covariance is singular (made up by the test)")
+    monkeypatch.setattr(CCA, "fit_iter", broken)
+    with pytest.raises(CrossViewError, match="singular"):
+        _drain(train("cca", ds, run_dir=tmp_path / "run", features=feats))
     status = read_status(tmp_path / "run")
-    assert status["status"] == "failed" and "n_components" in status["error"]
+    assert status["status"] == "failed" and "singular" in status["error"]
     assert not (tmp_path / "run" / "summary.json").exists()
 
 

@@ -117,7 +117,7 @@ def test_cancel_a_run_from_the_train_panel(qtbot, window: MainWindow, small_demo
     tp.image_encoder.setCurrentIndex(tp.image_encoder.findData("mobilenet_v2"))
     tp.text_encoder.setCurrentIndex(tp.text_encoder.findData("tfidf"))
     tp.start()
-    qtbot.waitUntil(lambda: bool(tp._loss_data), timeout=300_000)
+    qtbot.waitUntil(lambda: bool(tp.curves.series), timeout=300_000)
     with qtbot.waitSignal(tp.task.finished, timeout=60_000):
         tp.stop()
     status = json.loads((tp.run_dir / "status.json").read_text())

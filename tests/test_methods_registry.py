@@ -69,14 +69,14 @@ def test_register_method_checks_its_target():
 def test_params_round_trip():
     m = create_method("cca", n_components=12, weight_power=0.0)
     params = m.get_params()
-    assert params == {"n_components": 12, "reg": 0.1, "weight_power": 0.0, "pairs": "captions"}
+    assert params == {"n_components": 12, "reg": 5.0, "weight_power": 0.0, "pairs": "captions"}
     clone = create_method("cca", **params)
     assert clone.get_params() == params
     assert clone.set_params(reg=0.2) is clone and clone.reg == 0.2
     with pytest.raises(CrossViewError, match="no parameter 'nope'"):
         clone.set_params(nope=1)
     assert repr(create_method("cca", reg=0.2)) == "CCA(reg=0.2)"
-    assert method_class("cca").default_params() == {"n_components": 256, "reg": 0.1, "weight_power": 4.0,
+    assert method_class("cca").default_params() == {"n_components": 256, "reg": 5.0, "weight_power": 0.5,
                                                      "pairs": "captions"}
     assert not create_method("cca").is_fitted
 

@@ -73,3 +73,53 @@ def test_unfitted_method_is_refused(setup):
     ds, feats, _ = setup
     with pytest.raises(CrossViewError, match="not fitted"):
         Retriever(Identity(), ds, feats)
+
+
+class _CountingColours(BagOfColours):
+    """BagOfColours with a cache key (its 'fitted state' is ``state``) that counts the captions it encodes."""
+
+    def __init__(self, state="s1"):
+        self.state = state
+        self.encoded = 0
+
+    def cache_parts(self):
+        return {"name": self.name, "fit": self.state}
+
+    def encode(self, captions, device="cpu", progress=None, should_stop=None, **_):
+        self.encoded += len(captions)
+        out = super().encode(captions)
+        if progress is not None:
+            progress(len(captions), len(captions))
+        return out
+
+
+def test_corpus_features_are_cached_so_the_second_build_does_not_encode(setup, tmp_path):
+    from crossview.features import FeatureCache
+
+    ds, feats, colours = setup
+    store = FeatureCache(tmp_path / "features")
+    corpus = TextCorpus(name="gen", captions=[f"{w} item {i}" for i in range(300) for w in ("red", "blue")])
+    spy = _CountingColours()
+    feats.text_model = spy
+    events = []
+    first = Retriever(Identity().fit(None), ds, feats, gallery=corpus, cache=store,
+                      progress=lambda stage, done, total: events.append((stage, done, total)))
+    assert spy.encoded == corpus.n_captions and first.corpus_cache_hit is False
+    assert events and events[-1] == ("corpus captions", corpus.n_captions, corpus.n_captions)
+    events.clear()
+    second = Retriever(Identity().fit(None), ds, feats, gallery=corpus, cache=store,
+                       progress=lambda stage, done, total: events.append((stage, done, total)))
+    assert spy.encoded == corpus.n_captions, "the second build must not call the encoder"
+    assert second.corpus_cache_hit is True
+    assert events == [("corpus captions", corpus.n_captions, corpus.n_captions)]
+    red = int(np.flatnonzero(colours == 0)[0])
+    a, b = first.query_image(red, k=20), second.query_image(red, k=20)
+    np.testing.assert_array_equal(a.items, b.items)
+    np.testing.assert_array_equal(a.scores, b.scores)
+    # Another fitted state of the encoder, or another corpus, is another entry.
+    feats.text_model = _CountingColours(state="s2")
+    Retriever(Identity().fit(None), ds, feats, gallery=corpus, cache=store)
+    assert feats.text_model.encoded == corpus.n_captions
+    other = TextCorpus(name="gen", captions=corpus.captions[:-1])
+    Retriever(Identity().fit(None), ds, feats, gallery=other, cache=store)
+    assert feats.text_model.encoded == corpus.n_captions + other.n_captions

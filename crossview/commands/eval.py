@@ -8,12 +8,26 @@ from pathlib import Path
 
 import numpy as np
 
+from crossview.commands._common import ProgressPrinter
 from crossview.errors import CrossViewError
 
 
-def _embeddings_path(target: str, split: str) -> Path:
+def _run_split(run: Path) -> str:
+    """The split a run folder was evaluated on (config.json), ``test`` for folders that do not say."""
+    import json
+
+    try:
+        split = json.loads((run / "config.json").read_text(encoding="utf-8")).get("split")
+    except (OSError, ValueError, AttributeError):
+        split = None
+    return split if isinstance(split, str) and split else "test"
+
+
+def _embeddings_path(target: str, split: str | None) -> Path:
     p = Path(target).expanduser()
     if p.is_dir():
+        if split is None:
+            split = _run_split(p)
         cand = p / f"embeddings_{split}.npz"
         if cand.is_file():
             return cand
@@ -50,7 +64,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CrossViewError(f"--k {args.k!r}: give comma-separated integers, e.g. 1,5,10") from None
     if not ks or ks[0] < 1:
         raise CrossViewError(f"--k {args.k!r}: K must be positive integers")
-    res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap)
+    bars: dict[str, ProgressPrinter] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+
+    res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
     res["source"] = str(path)
     res.update({k: v for k, v in emb.info.items()})
     if args.ranks_out:
@@ -75,7 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "1-based; ties are broken by the smaller index. Protocols: "
                     + "; ".join(f"{k}: {v}" for k, v in PROTOCOLS.items()) + ".")
     p.add_argument("target", metavar="RUN_OR_EMBEDDINGS", help="a run folder or an embeddings .npz file")
-    p.add_argument("--split", default="test", help="split of a run to evaluate (default: test)")
+    p.add_argument("--split", default=None,
+                   help="split of a run to evaluate (default: the split the run was evaluated on)")
     p.add_argument("--protocol", default="standard", choices=list(PROTOCOLS), help="evaluation protocol")
     p.add_argument("--k", default="1,5,10", help="comma-separated K for R@K / P@K (default 1,5,10)")
     p.add_argument("--overlap", action="store_true",

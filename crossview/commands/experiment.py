@@ -107,7 +107,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     bars: dict[str, ProgressPrinter] = {}
 
     def feature_progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
 
     err = sys.stderr
     tty = getattr(err, "isatty", lambda: False)()
@@ -126,8 +126,8 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         elif isinstance(ev, Progress) and tty:
             err.write(f"\r\033[K{ev.message[:120]}")
             err.flush()
-        elif isinstance(ev, Progress) and time.monotonic() - last_line > 60:
-            # Not a terminal (a log file): a progress line a minute, so long trainings show life.
+        elif isinstance(ev, Progress) and time.monotonic() - last_line >= 5:
+            # Not a terminal (a log file): a progress line at most every 5 s, so long trainings show life.
             err.write(f"experiment: ... {ev.message}\n")
             err.flush()
             last_line = time.monotonic()

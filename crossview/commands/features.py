@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 import time
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.commands._common import ProgressPrinter, _add_dataset_args, load_dataset_reporting
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from crossview.data import load_dataset
     from crossview.features import FeatureCache, extract_features
 
-    ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
+    ds = load_dataset_reporting(args.data, format=args.format, image_root=args.image_root)
     bars: dict[str, ProgressPrinter] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(stage))(done, total)
+        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
 
     cache = False if args.no_cache else FeatureCache(args.cache_dir) if args.cache_dir else None
     t = time.monotonic()
@@ -62,11 +61,22 @@ def cmd_cache(args: argparse.Namespace) -> int:
         name = enc.get("name", "?") if isinstance(enc, dict) else enc
         print(f"  {e['key'][:12]}  {parts.get('kind', '?'):<5} {name:<22} {str(parts.get('dataset', '')):<16} "
               f"{'x'.join(map(str, e['shape']))} {e['dtype']}")
+    bad = 0
+    if args.verify and not args.clear:
+        bar = ProgressPrinter("verifying")
+        for n, e in enumerate(entries, 1):
+            problem = store.verify(e["key"])
+            if problem is not None:
+                bad += 1
+                store.delete(e["key"])
+                bar.note(f"  {e['key'][:12]}  corrupt ({problem}): deleted; it is extracted again when next used")
+            bar(n, len(entries))
+        print(f"verified {len(entries)} entries: " + (f"{bad} corrupt, deleted" if bad else "all intact"))
     if args.clear:
         for e in entries:
             store.delete(e["key"])
         print(f"removed {len(entries)} entries")
-    return 0
+    return 1 if bad else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,7 +109,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_encoders)
 
     p = fsub.add_parser("cache", help="list (or clear) the feature cache",
-                        description="List the feature cache's entries; --clear removes them.")
+                        description="List the feature cache's entries; --verify checks every entry's "
+                                    "checksums over its whole file and deletes corrupt ones (exit 1 if any); "
+                                    "--clear removes them all. Every load verifies an entry anyway.")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
+    p.add_argument("--verify", action="store_true", help="check every entry's checksums; delete corrupt ones")
     p.add_argument("--clear", action="store_true", help="remove every entry")
     p.set_defaults(func=cmd_cache)

@@ -10,12 +10,15 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.commands._common import ProgressPrinter, _add_dataset_args, render_demo_reporting
 from crossview.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
@@ -55,14 +58,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_dataset_args(p)
     p.add_argument("--run-dir", metavar="DIR",
                    help="run folder (default: <user data>/runs/<method>-<dataset>-<timestamp>)")
-    p.add_argument("--split", default="test", help="split to evaluate on (default: test)")
+    p.add_argument("--split", default=None,
+                   help="split to evaluate on (default: test if the dataset has it, else val, else a held-out "
+                        "10%% of train; the run records it and 'crossview eval' and the app default to it)")
     p.add_argument("--train-split", default="train", help="split to train on (default: train)")
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
     p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
     p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    from crossview.features.normalize import NORMS
+    p.add_argument("--image-norm", choices=NORMS, default=None,
+                   help="normalise the image features first: none, l2, ssr (signed square root, then L2), center "
+                        "(minus the train mean, then L2), whiten (PCA-whitening fitted on train, then L2) "
+                        "(default: the method's, e.g. ssr for cca; see 'crossview train --list')")
+    p.add_argument("--text-norm", choices=NORMS, default=None,
+                   help="normalise the caption features first, same choices (default: the method's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
-    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (refused while another "
+                   "process writes it; from its last checkpoint, which never runs code)")
     p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
                    help="set a method parameter (repeatable)")
     p.add_argument("--checkpoint-seconds", type=float, default=60.0,
@@ -109,35 +122,61 @@ def _fmt(v: float) -> str:
 
 
 def format_metric_table(summary: dict[str, Any]) -> str:
-    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i, then rsum and the training time."""
+    """The final table: R@1/5/10, MedR, MeanR for i2t and t2i (each R@K with the half-width of its bootstrap
+    interval when the summary has one), then rsum with its interval and the training time."""
     cols = ("R@1", "R@5", "R@10", "MedR", "MeanR")
+    ci = summary.get("ci") if isinstance(summary.get("ci"), dict) else None
     lines = [f"{summary.get('method', '?')} on {summary.get('dataset', '?')}, split {summary.get('split', '?')}"
              + (f" ({summary['n_images']} images, {summary['n_captions']} captions)" if "n_images" in summary else ""),
              f"{'':6}" + "".join(f"{c:>8}" for c in cols)]
     for d in ("i2t", "t2i"):
         row = summary.get(d) or {}
         lines.append(f"{d:6}" + "".join(f"{_fmt(row[c]):>8}" if c in row else f"{'-':>8}" for c in cols))
-    lines.append(f"rsum {summary.get('rsum', float('nan')):.1f}   train {summary.get('train_seconds', 0):.1f} s")
+        band = (ci or {}).get(d)
+        if isinstance(band, dict):
+            lines.append(f"{'':6}" + "".join(
+                f"{'±' + _fmt((band[c][1] - band[c][0]) / 2):>8}" if isinstance(band.get(c), list) else f"{'':>8}"
+                for c in cols).rstrip())
+    rsum = f"rsum {summary.get('rsum', float('nan')):.1f}"
+    if ci is not None and isinstance(ci.get("rsum"), list) and len(ci["rsum"]) == 2:
+        level = int(round(100 * float(ci.get("level", 0.95))))
+        rsum += (f" ({level}% interval {ci['rsum'][0]:.1f}-{ci['rsum'][1]:.1f}, bootstrap over the "
+                 f"{ci.get('n', '?')} images)")
+    lines.append(f"{rsum}   train {summary.get('train_seconds', 0):.1f} s")
     return "\n".join(lines)
 
 
 class _EventPrinter:
-    """Turns events into a progress bar per stage and log lines on ``stream`` (stderr)."""
+    """Turns events into progress (a bar per stage on a terminal, a line every few seconds elsewhere: see
+    :class:`ProgressPrinter`) and log lines on ``stream`` (stderr)."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream or sys.stderr
-        self.stage: str | None = None
+        self.interval = interval
+        self.clock = clock
+        self.stage: tuple[str, int] | None = None
         self.bar: ProgressPrinter | None = None
+
+    @staticmethod
+    def _family(message: str) -> str:
+        """What one bar covers: ``features: images`` (each feature stage), ``cca`` (its sub-steps), ``epoch``."""
+        if message.startswith("features:"):
+            return message
+        return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
 
     def __call__(self, ev: Any) -> None:
         from crossview.engine.events import CheckpointSaved, Log, Loss, Progress, Validation
 
         if isinstance(ev, Progress):
-            stage = ev.message.split(":")[0] if ev.message else "training"
+            message = ev.message or "training"
+            stage = (self._family(message), int(ev.total))
             if stage != self.stage or self.bar is None:
-                self.stage, self.bar = stage, ProgressPrinter(stage, self.stream)
-            if ev.total:
-                self.bar(min(ev.step, ev.total), ev.total)
+                if self.bar is not None and self.bar.line_open:
+                    self.stream.write("\n")
+                self.stage = stage
+                self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
+            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message)
         elif isinstance(ev, Log):
             if ev.level != "debug":
                 self._line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
@@ -149,19 +188,15 @@ class _EventPrinter:
             else:
                 self._line(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                                  for k, v in m.items()))
-        elif isinstance(ev, Loss) and not self._tty():
-            pass  # losses go to metrics.jsonl; a terminal shows the bar
-        elif isinstance(ev, CheckpointSaved):
-            pass
-
-    def _tty(self) -> bool:
-        return bool(getattr(self.stream, "isatty", lambda: False)())
+        elif isinstance(ev, (Loss, CheckpointSaved)):
+            pass  # losses go to metrics.jsonl; progress shows the run is alive
 
     def _line(self, text: str) -> None:
-        if self._tty() and self.bar is not None and self.bar._last not in (-1, 100):
-            self.stream.write("\n")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.bar is not None:
+            self.bar.note(text)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
 
 def _list_methods() -> int:
@@ -190,7 +225,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
                    if k.startswith("card_flag:") and v is not None}
     if args.resume:
-        if args.method or args.set_values or flag_values:
+        if args.method or args.set_values or flag_values or args.image_norm or args.text_norm:
             raise CrossViewError("--resume continues a run with its own method and parameters; "
                                  "leave out METHOD, --set and method options")
         gen = resume(args.resume, device=None if args.device == "auto" else args.device)
@@ -206,11 +241,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                 if spec is None:
                     raise CrossViewError(f"{flag} is not an option of method {args.method!r}")
                 params[spec.name] = spec.coerce(value, args.method)
+        if args.data == "demo" or args.format == "demo":
+            render_demo_reporting()      # the first use renders it (~10 s): say so, with progress
         gen = train(args.method, args.data, run_dir=args.run_dir, params=params, split=args.split,
                     train_split=args.train_split, val_split=args.val_split or None,
                     image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                     data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
-                    checkpoint_seconds=args.checkpoint_seconds)
+                    checkpoint_seconds=args.checkpoint_seconds, image_norm=args.image_norm,
+                    text_norm=args.text_norm)
     printer = _EventPrinter()
     summary = None
     stop = {"asked": False}

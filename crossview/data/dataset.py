@@ -132,8 +132,10 @@ class PairedDataset:
         names = [name] if isinstance(name, str) else list(name)
         missing = [n for n in names if n not in self.splits]
         if missing:
-            have = ", ".join(self.split_names) or "none"
-            raise DatasetError(f"no split named {missing[0]!r} (this dataset has: {have})",
+            have = ", ".join(repr(s)[1:-1] for s in self.split_names) or "none"
+            if len(have) > 200:
+                have = have[:197] + "..."
+            raise DatasetError(f"no split named {missing[0][:60]!r} (this dataset has: {have})",
                                self.source or self.name)
         idx = np.unique(np.concatenate([self.splits[n] for n in names]))
         out = self.subset(idx)

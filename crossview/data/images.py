@@ -2,31 +2,44 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Callable, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
+from crossview.data.readers._common import one_line, read_bytes
 from crossview.errors import DatasetError
 
 
 def open_image(path: str | Path, mode: str = "RGB") -> Image.Image:
     """Decodes an image fully (so truncation is caught here, not later) and converts it to ``mode``.
 
-    Raises DatasetError naming the file when it is missing, not an image, or truncated.
+    Raises DatasetError naming the file when it is missing, not a regular file (a FIFO would block),
+    not an image, too large to decode (Pillow's decompression-bomb limit), truncated or corrupt.
     """
     path = Path(path)
     try:
-        with Image.open(path) as im:
+        data = read_bytes(path)  # refuses a FIFO or device before opening it
+    except DatasetError as e:
+        if "not found" in e.problem:
+            raise DatasetError("image file not found", path) from None
+        raise
+    try:
+        with Image.open(io.BytesIO(data)) as im:
             im.load()
             return im.convert(mode) if im.mode != mode else im.copy()
-    except FileNotFoundError:
-        raise DatasetError("image file not found", path) from None
     except UnidentifiedImageError:
         raise DatasetError("not an image file Pillow can read", path,
                            hint="Remove it from the dataset or replace it") from None
-    except (OSError, SyntaxError, ValueError) as e:
-        raise DatasetError(f"unreadable image ({e})", path,
+    except Image.DecompressionBombError as e:
+        raise DatasetError(f"image too large to decode ({one_line(str(e), 120)})", path,
+                           hint="Resize it, or remove it from the dataset") from None
+    except MemoryError:
+        raise DatasetError("image too large to decode in memory", path,
+                           hint="Resize it, or remove it from the dataset") from None
+    except Exception as e:  # noqa: BLE001 - Pillow's decoders raise many types on damaged files
+        raise DatasetError(f"unreadable image ({type(e).__name__}: {one_line(str(e), 120)})", path,
                            hint="The file may be truncated or corrupt; re-copy it") from None
 
 

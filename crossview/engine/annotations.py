@@ -1,8 +1,10 @@
 """Relevance marks that annotators put on retrieved results, kept in the run folder.
 
 ``annotations.jsonl`` is an append-only log: every mark (or un-mark) is one JSON line, written,
-flushed and fsync'ed at once, so a crash loses at most the mark being made and never an earlier one;
-a torn last line is skipped on reading. The current state is the last line per (direction, query,
+flushed and fsync'ed at once, so a crash loses at most the mark being made and never an earlier one.
+Lines are ASCII (``ensure_ascii``: a crash cannot cut a multi-byte character). On reading, a line that
+is not a valid mark (torn, not UTF-8, not JSON, a missing or mistyped field) is skipped and counted in
+:attr:`AnnotationStore.skipped`: one bad line costs that line only. The current state is the last line per (direction, query,
 item). Export writes the current state as CSV or JSONL (atomically).
 
 A line: ``{"time", "annotator", "direction": "i2t"|"t2i", "query": {"image": 3} | {"caption": 12} |
@@ -37,6 +39,38 @@ def query_key(query: dict[str, Any]) -> str:
     raise CrossViewError(f"not a query: {query!r}")
 
 
+_QUERY_TYPES = {"image": int, "caption": int, "file": str, "text": str}   # in query_key's order
+
+
+def _parse_line(raw: bytes) -> tuple[tuple[str, str, int], dict[str, Any]] | None:
+    """``(key, record)`` of one line of the file, or None when it is not a valid mark."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):       # not UTF-8 (UnicodeDecodeError), not JSON, too deep
+        return None
+    if not isinstance(rec, dict):
+        return None
+    direction, query, item = rec.get("direction"), rec.get("query"), rec.get("item")
+    if direction not in ("i2t", "t2i") or not isinstance(query, dict):
+        return None
+    kind = next((k for k in _QUERY_TYPES if k in query), None)   # query_key's order
+    if kind is None:
+        return None
+    value = query[kind]
+    if not isinstance(value, _QUERY_TYPES[kind]) or isinstance(value, bool):
+        return None
+    if not isinstance(item, int) or isinstance(item, bool):
+        return None
+    if not isinstance(rec.get("time"), str) or not isinstance(rec.get("annotator", ""), str) \
+            or not isinstance(rec.get("item_text", ""), str) \
+            or not (rec.get("relevant") is None or isinstance(rec.get("relevant"), bool)):
+        return None
+    rec.setdefault("annotator", "")
+    rec.setdefault("item_text", "")
+    rec.setdefault("relevant", None)
+    return (direction, f"{kind}:{value}", item), rec
+
+
 class AnnotationStore:
     """The marks of one run folder (``<run>/annotations.jsonl``)."""
 
@@ -51,21 +85,31 @@ class AnnotationStore:
         self.skipped_lines = 0
         self._read()
 
+    @property
+    def skipped(self) -> int:
+        """How many lines of the file were not valid marks and were skipped on reading."""
+        return self.skipped_lines
+
     def _read(self) -> None:
-        if not self.path.exists():
+        if self.path.exists() and not self.path.is_file():   # a FIFO or a folder would hang or fail the read
+            raise CrossViewError(f"{self.path}: not a regular file; move it away so that marks can be saved")
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
             return
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
+        except OSError as e:
+            raise CrossViewError(f"{self.path}: cannot read the annotations ({e.strerror or e}); check the "
+                                 "file's permissions") from None
+        with f:
+            for raw in f:
+                if not raw.strip():
                     continue
-                try:
-                    rec = json.loads(line)
-                    key = (rec["direction"], query_key(rec["query"]), int(rec["item"]))
-                except (ValueError, KeyError, TypeError, CrossViewError):
-                    self.skipped_lines += 1     # a torn last line after a crash, or a hand edit
+                parsed = _parse_line(raw)
+                if parsed is None:
+                    self.skipped_lines += 1     # a torn line after a crash, a damaged byte, a hand edit
                     continue
-                if rec.get("relevant") is None:
+                key, rec = parsed
+                if rec["relevant"] is None:
                     self._state.pop(key, None)
                 else:
                     self._state[key] = rec
@@ -86,7 +130,7 @@ class AnnotationStore:
                 f.seek(-1, os.SEEK_END)
                 torn = f.read(1) != b"\n"      # a crash cut the last line: start a fresh one
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(("\n" if torn else "") + json.dumps(rec, ensure_ascii=False) + "\n")
+            f.write(("\n" if torn else "") + json.dumps(rec, ensure_ascii=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
         if relevant is None:

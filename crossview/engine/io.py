@@ -3,7 +3,10 @@
 - :func:`atomic_write_bytes` / :func:`atomic_write_json`: a temp file in the same folder, flushed and
   fsync'ed, then ``os.replace``'d over the target (atomic on POSIX and Windows). A crash or SIGKILL at
   any point leaves either the old file or the new one, never a mixture.
-- :func:`save_checkpoint` / :func:`load_checkpoint`: ``torch.save`` into such a temp file.
+- :func:`save_checkpoint` / :func:`load_checkpoint`: ``torch.save`` into such a temp file, read back
+  with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain Python values only
+  (numpy arrays and scalars are stored in a tagged form, see :func:`to_plain`), so opening a run
+  folder someone sent you can never execute code. ``"format": 2`` is checked on load.
 - :class:`EventLog`: ``metrics.jsonl``, one event per line, appended and flushed as it happens;
   :func:`read_events` reads it back and skips a torn last line (a crash mid-append).
 """
@@ -15,14 +18,19 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from crossview.errors import CrossViewError
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_writer", "read_json", "save_checkpoint",
-           "load_checkpoint", "EventLog", "read_events"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
+           "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
+           "read_events"]
+
+#: The version of the checkpoint layout; files without it (or with another) are refused with a clear line.
+CHECKPOINT_FORMAT = 2
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -82,8 +90,87 @@ def read_json(path: str | Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CrossViewError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CrossViewError(f"{path}: not valid JSON ({e}); the file is damaged, delete it or the run") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CrossViewError(f"{path}: not valid JSON ({type(e).__name__}: {str(e)[:120]}); the file is damaged, "
+                             "delete it or the run") from None
+    except OSError as e:
+        raise CrossViewError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+_MAX_JSON_BYTES = 64 * 2**20   # config / status / summary files are a few KiB
+
+
+def _check_regular_file(path: Path, todo: str, max_bytes: int | None = None) -> None:
+    """Refuse what would hang or swamp a reader: a FIFO, a device or a folder in place of a file, or a
+    file over ``max_bytes``. A missing file passes (the caller's read says so)."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except (OSError, RuntimeError) as e:   # RuntimeError: a symlink loop on some Pythons
+        raise CrossViewError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e}); {todo}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CrossViewError(f"{path}: not a regular file; {todo}")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise CrossViewError(f"{path}: {st.st_size} bytes, far too large for this file; {todo}")
+
+
+_JSON_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true/false", dict: "an object",
+                    list: "a list", type(None): "null"}
+
+
+def _type_ok(value: Any, want: type | tuple[type, ...]) -> bool:
+    wants = want if isinstance(want, tuple) else (want,)
+    if isinstance(value, bool):          # JSON true/false is not a number here
+        return bool in wants
+    if isinstance(value, int) and float in wants:
+        return True
+    return isinstance(value, wants)
+
+
+def _type_name(want: type | tuple[type, ...]) -> str:
+    wants = want if isinstance(want, tuple) else (want,)
+    return " or ".join(_JSON_TYPE_NAMES.get(w, w.__name__) for w in wants)
+
+
+def read_json_object(path: str | Path, required: dict[str, Any] | None = None,
+                     optional: dict[str, Any] | None = None, hint: str = "") -> dict[str, Any]:
+    """A JSON file that must hold an object, checked: ``required`` keys must be present and, like the
+    ``optional`` ones when present, of the given type(s) (``int``, ``float`` (an int is accepted),
+    ``str``, ``dict``, ``list``, ``type(None)`` or a tuple of them).
+
+    Anything else (missing, not UTF-8, not JSON, too deep, a list, a key of the wrong type) raises
+    :class:`CrossViewError` with one line naming the file, the key and ``hint`` (what to do).
+    """
+    path = Path(path)
+    todo = hint or "the file is damaged; restore it or delete the run folder"
+    _check_regular_file(path, todo, max_bytes=_MAX_JSON_BYTES)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CrossViewError(f"{path}: file not found; {todo}") from None
+    except OSError as e:
+        raise CrossViewError(f"{path}: cannot read ({e.strerror or e}); {todo}") from None
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CrossViewError(f"{path}: not UTF-8 text (byte {e.start}); {todo}") from None
+    except RecursionError:
+        raise CrossViewError(f"{path}: JSON nested too deeply; {todo}") from None
+    except ValueError as e:   # JSONDecodeError, and int() limits of huge numbers
+        raise CrossViewError(f"{path}: not valid JSON ({str(e)[:120]}); {todo}") from None
+    if not isinstance(obj, dict):
+        raise CrossViewError(f"{path}: holds {_JSON_TYPE_NAMES.get(type(obj), type(obj).__name__)}, not a JSON "
+                             f"object; {todo}")
+    for key, want in (required or {}).items():
+        if key not in obj:
+            raise CrossViewError(f"{path}: no {key!r}; {todo}")
+    for key, want in {**(optional or {}), **(required or {})}.items():
+        if key in obj and not _type_ok(obj[key], want):
+            raise CrossViewError(f"{path}: {key!r} should be {_type_name(want)}, got {obj[key]!r:.60}; {todo}")
+    return obj
 
 
 def _write_payload(f: BinaryIO, data: memoryview) -> None:
@@ -91,39 +178,173 @@ def _write_payload(f: BinaryIO, data: memoryview) -> None:
     f.write(data)
 
 
-def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
-    """``torch.save(obj)`` to ``path`` atomically (temp file in the same folder, then ``os.replace``)."""
+# ---------------------------------------------------------------------------------------- plain trees
+# Why torch.load(weights_only=True) and not safetensors + JSON: the method states are nested trees
+# (dicts of arrays, lists of dicts, RNG tuples, big Python ints) that JSON would need a second encoding
+# for, and torch's weights-only unpickler already refuses every global outside tensors and builtin
+# containers. Numpy values are turned into tensors with their dtype named beside them.
+_ND, _NPS, _SET, _DICT = "__ndarray__", "__npscalar__", "__set__", "__dict_items__"
+_TAGS = (_ND, _NPS, _SET, _DICT)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _array_to_plain(a: Any) -> dict[str, Any]:
+    import numpy as np
     import torch
+
+    dtype = a.dtype
+    if dtype.kind in "biufc":
+        native_dtype = dtype.newbyteorder("=")
+        native = np.ascontiguousarray(a, dtype=native_dtype)
+        if dtype.kind == "u" and dtype.itemsize > 1:   # torch has no general unsigned 16/32/64-bit storage
+            native = native.view(f"i{dtype.itemsize}")
+        if not native.flags.writeable:   # torch wants writable memory; otherwise it is shared, not copied
+            native = native.copy()
+        return {_ND: torch.from_numpy(native), "dtype": native_dtype.str, "shape": list(a.shape)}
+    if dtype.kind in "US":
+        return {_ND: a.tolist(), "dtype": dtype.str, "shape": list(a.shape)}
+    if dtype.kind == "O":
+        return {_ND: [to_plain(x) for x in a.ravel().tolist()], "dtype": "object", "shape": list(a.shape)}
+    raise CrossViewError(f"cannot store a numpy array of dtype {dtype} in a checkpoint")
+
+
+def to_plain(obj: Any) -> Any:
+    """``obj`` as a tree that ``torch.load(weights_only=True)`` reads: tensors, ``None``, bool, int,
+    float, complex, str, bytes, lists, tuples and dicts. Numpy arrays become
+    ``{"__ndarray__": tensor, "dtype": "<f8", "shape": [...]}`` (string arrays a list, object arrays a
+    list of plain values), numpy scalars ``{"__npscalar__": value, "dtype": ...}``, sets
+    ``{"__set__": [...]}``. :func:`from_plain` undoes it. Anything else raises :class:`CrossViewError`."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, _PLAIN):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, np.ndarray):
+        return _array_to_plain(obj)
+    if isinstance(obj, np.generic):
+        if obj.dtype.kind not in "biufcUS":
+            raise CrossViewError(f"cannot store a numpy scalar of dtype {obj.dtype} in a checkpoint")
+        return {_NPS: obj.item(), "dtype": obj.dtype.str}
+    if isinstance(obj, dict):
+        items = {to_plain(k) if not isinstance(k, str) else k: to_plain(v) for k, v in obj.items()}
+        if any(isinstance(k, str) and k in _TAGS for k in obj):   # a user dict that looks like a tag
+            return {_DICT: [[k, v] for k, v in items.items()]}
+        return items
+    if isinstance(obj, tuple):
+        return tuple(to_plain(x) for x in obj)
+    if isinstance(obj, list):
+        return [to_plain(x) for x in obj]
+    if isinstance(obj, (set, frozenset)):
+        return {_SET: [to_plain(x) for x in obj]}
+    if isinstance(obj, (torch.dtype, torch.Size)):
+        return obj
+    if isinstance(obj, os.PathLike):   # a path in a spec or a parameter: its text is what matters
+        return os.fspath(obj)
+    raise CrossViewError(f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a checkpoint: "
+                         "checkpoints hold tensors, arrays and plain Python values only (convert it in "
+                         "state_dict())")
+
+
+def from_plain(obj: Any) -> Any:
+    """The tree :func:`to_plain` was given (numpy arrays, scalars and sets restored)."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, dict):
+        if _ND in obj and "dtype" in obj:
+            data, dtype = obj[_ND], np.dtype(str(obj["dtype"])) if obj["dtype"] != "object" else np.dtype(object)
+            if dtype.kind not in "biufcUSO":
+                raise ValueError(f"array dtype {dtype} is not one CrossView writes")
+            shape = tuple(int(x) for x in obj.get("shape", ()))
+            if isinstance(data, torch.Tensor):
+                arr = data.numpy()
+                if dtype.kind == "u" and dtype.itemsize > 1:
+                    arr = arr.view(dtype)
+                return arr.reshape(shape) if arr.shape != shape else arr
+            if dtype.kind == "O":
+                out = np.empty(len(data), dtype=object)
+                out[:] = [from_plain(x) for x in data] if data else []
+                return out.reshape(shape)
+            return np.array(data, dtype=dtype).reshape(shape)
+        if _NPS in obj and "dtype" in obj:
+            if np.dtype(str(obj["dtype"])).kind not in "biufcUS":
+                raise ValueError(f"scalar dtype {obj['dtype']} is not one CrossView writes")
+            return np.array(obj[_NPS], dtype=np.dtype(str(obj["dtype"])))[()]
+        if _SET in obj and len(obj) == 1:
+            return {from_plain(x) for x in obj[_SET]}
+        if _DICT in obj and len(obj) == 1:
+            return {from_plain(k): from_plain(v) for k, v in obj[_DICT]}
+        return {from_plain(k): from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_plain(x) for x in obj]
+    if isinstance(obj, tuple):
+        return tuple(from_plain(x) for x in obj)
+    return obj
+
+
+def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
+    """Write ``obj`` (a dict of tensors, numpy and plain Python values) to ``path`` atomically, as
+    ``torch.save({"format": 2, ...})`` of its :func:`to_plain` form (temp file, then ``os.replace``)."""
+    import torch
+
+    payload = to_plain({**obj, "format": CHECKPOINT_FORMAT})
 
     def write(f: BinaryIO) -> None:
         buf = io.BytesIO()
-        torch.save(obj, buf)
+        torch.save(payload, buf)
         _write_payload(f, buf.getbuffer())
 
     return atomic_writer(path, write)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (on the CPU).
+def _refused_global(e: BaseException) -> str | None:
+    import re
+    m = re.search(r"GLOBAL ([\w.]+)", str(e)) or re.search(r"allowlist this global.*?\[([\w.]+)\]", str(e))
+    return m.group(1) if m else None
 
-    Raises :class:`CrossViewError` naming the file when it is missing or unreadable.
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (on the CPU), without executing any code.
+
+    ``torch.load(weights_only=True)`` refuses every pickled global that is not a tensor or a builtin
+    container, so a planted ``__reduce__`` payload never runs. A missing, damaged, older (format 1) or
+    foreign file raises :class:`CrossViewError` with one line naming it and what to do.
     """
+    import pickle
+
     import torch
 
     path = Path(path)
     if not path.is_file():
         raise CrossViewError(f"{path}: checkpoint not found; give a checkpoint.pt written by "
                              "'crossview train' or Method.save()")
+    older = (f"{path}: not a checkpoint this version of CrossView can read safely: it was written by an older "
+             "CrossView or by another program")
+    todo = "; retrain (or resume from a checkpoint written by this version)"
     try:
-        # Our checkpoints hold numpy arrays and plain Python objects besides tensors, which the
-        # weights-only unpickler refuses; they are files this program wrote for this user.
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        raise CrossViewError(f"{path}: cannot read the checkpoint ({type(e).__name__}: {e}); it is damaged "
-                             "or from another program; retrain or resume from another run") from None
-    if not isinstance(obj, dict):
-        raise CrossViewError(f"{path}: not a CrossView checkpoint (expected a dict, got {type(obj).__name__})")
-    return obj
+        with warnings.catch_warnings():   # torch warns about pickle protocols of foreign files
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if _refused_global(e) is None:   # not a torch file, or a pickle using other opcodes
+            raise CrossViewError(f"{path}: cannot read the checkpoint (not a file CrossView writes, or cut "
+                                 f"short); it is damaged or from another program{todo}") from None
+        name = _refused_global(e)
+        what = f" (it asks to run or build {name}, which is never loaded)" if name else ""
+        raise CrossViewError(older + what + todo) from None
+    except Exception as e:  # noqa: BLE001 - any other failure means a damaged or foreign file
+        raise CrossViewError(f"{path}: cannot read the checkpoint ({type(e).__name__}: {str(e)[:200]}); it is "
+                             f"damaged or from another program{todo}") from None
+    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT:
+        fmt = obj.get("format") if isinstance(obj, dict) else None
+        what = f" (format {fmt!r}, this version reads {CHECKPOINT_FORMAT})" if fmt is not None else ""
+        raise CrossViewError(older + what + todo)
+    try:
+        return from_plain(obj)  # type: ignore[no-any-return]
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:
+        raise CrossViewError(f"{path}: the checkpoint is damaged ({type(e).__name__}: {str(e)[:200]}){todo}") from None
 
 
 class EventLog:
@@ -157,6 +378,11 @@ class EventLog:
         if self._fsync:
             os.fsync(self._f.fileno())
 
+    def size(self) -> int:
+        """Bytes in the log so far (everything written is flushed): where the next event will start."""
+        self._f.flush()
+        return os.fstat(self._f.fileno()).st_size
+
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
@@ -169,13 +395,23 @@ class EventLog:
 
 
 def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The events of a ``metrics.jsonl`` as dicts, skipping lines that do not parse (a torn write)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
+    """The events of a ``metrics.jsonl`` as dicts, skipping lines that are not a JSON object in UTF-8
+    (a torn write, a damaged byte): one bad line costs that line only. A missing file yields nothing."""
+    _check_regular_file(Path(path), "it should be the run's metrics.jsonl")
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CrossViewError(f"{path}: cannot read ({e.strerror or e})") from None
+    with f:
+        for raw in f:
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+                line = raw.decode("utf-8").strip()
+                if not line:
+                    continue
+                d = json.loads(line)
+            except (ValueError, RecursionError):   # UnicodeDecodeError and JSONDecodeError are ValueErrors
                 continue
+            if isinstance(d, dict):
+                yield d

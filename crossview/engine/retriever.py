@@ -6,6 +6,10 @@ caption corpus with no images (the BITR setting; i2t only). Gallery embeddings a
 put into a top-k index (:mod:`crossview.index`); a query is encoded by the method (new image files go
 through the run's image encoder, new sentences through its fitted text encoder) and searched.
 
+A corpus's caption features go through the feature cache like a dataset's (keyed by the corpus's
+captions, the text encoder and its fitted state), so only the first retriever over a corpus encodes
+it; ``progress(stage, done, total)`` reports that encoding.
+
 Every :class:`Ranking` also carries the ground truth and its ranks over the *whole* gallery, however
 far down they are, under the tie rule of :mod:`crossview.eval.metrics` (descending score, then the
 smaller gallery position).
@@ -13,6 +17,7 @@ smaller gallery position).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,11 +82,15 @@ class Retriever:
     ``features`` is what :func:`crossview.features.extract_features` returned for ``dataset`` (whole
     dataset, its numbering). ``gallery`` is a split name, ``"all"``, or a
     :class:`~crossview.data.dataset.TextCorpus` (captions only). ``index_backend`` is a name of
-    :data:`crossview.index.BACKENDS`.
+    :data:`crossview.index.BACKENDS`. ``cache`` is the :class:`~crossview.features.cache.FeatureCache`
+    for a corpus's caption features (``None``: the default one; ``False``: none). ``progress(stage,
+    done, total)`` reports the corpus encoding (stage ``"corpus captions"``); ``should_stop()`` cancels it.
     """
 
     def __init__(self, method: Any, dataset: Any, features: Any, *, gallery: Any = "test",
-                 index_backend: str = "exact", device: str = "cpu") -> None:
+                 index_backend: str = "exact", device: str = "cpu", cache: Any = None,
+                 progress: Callable[[str, int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
         method.check_is_fitted()
         self.method = method
         self.dataset = dataset
@@ -90,6 +99,10 @@ class Retriever:
         self.index_backend = index_backend
         self._image_encoder = None
         self.corpus = None
+        self._cache = cache
+        self._progress = progress
+        self._should_stop = should_stop
+        self.corpus_cache_hit: bool | None = None  #: for a corpus gallery: were its features cached?
         if isinstance(gallery, str):
             if gallery == "all":
                 self.gallery_images = np.arange(dataset.n_images, dtype=np.int64)
@@ -119,7 +132,32 @@ class Retriever:
         model = self.features.text_model
         if model is None:
             raise CrossViewError("this run has no text encoder to encode new sentences with")
-        return np.asarray(model.encode(list(captions), device=self.device), dtype=np.float32)
+        x = np.asarray(model.encode(list(captions), device=self.device), dtype=np.float32)
+        transform = getattr(self.features, "text_transform", None)
+        return x if transform is None else np.asarray(transform(x), dtype=np.float32)
+
+    def _corpus_features(self, captions: list[str]) -> np.ndarray | None:
+        """The corpus's caption features, through the feature cache when the encoder has a cache key."""
+        if not self.method.needs_text_features:
+            return None
+        from crossview.features import FeatureCache, encode_captions
+
+        model = self.features.text_model
+        if model is None:
+            raise CrossViewError("this run has no text encoder to encode the corpus's captions with")
+        progress = self._progress
+        report = (lambda done, total: progress("corpus captions", done, total)) if progress else None
+        store = None
+        if self._cache is not False and callable(getattr(model, "cache_parts", None)):
+            store = self._cache if isinstance(self._cache, FeatureCache) else FeatureCache()
+        if store is None:   # an encoder that cannot name its state is never cached
+            self.corpus_cache_hit = False
+            return np.asarray(model.encode(captions, device=self.device, progress=report,
+                                           should_stop=self._should_stop), dtype=np.float32)
+        feats, self.corpus_cache_hit = encode_captions(
+            captions, model, cache=store, device=self.device, progress=report, should_stop=self._should_stop,
+            dataset_name=f"corpus {getattr(self.corpus, 'name', '')}".strip())
+        return np.asarray(feats, dtype=np.float32)
 
     def _build_gallery(self) -> None:
         from crossview.index import build_index
@@ -129,7 +167,7 @@ class Retriever:
         if self.corpus is not None:
             caps = list(self.corpus.captions)
             data = MethodData(image_features=np.zeros((1, p), np.float32),
-                              text_features=self._text_rows(caps, None), captions=caps,
+                              text_features=self._corpus_features(caps), captions=caps,
                               caption_image=np.zeros(len(caps), np.int64), name="corpus")
         else:
             gi, gc = self.gallery_images, self.gallery_captions

@@ -8,7 +8,12 @@ the chosen split and writes the run folder::
     RUN_DIR/
       config.json     what was asked for: method, params, data, split, encoders, device, seeds, versions
       metrics.jsonl   one event per line, appended and flushed as it happens
-      status.json     "running" | "finished" | "cancelled" | "failed", with the step and the error
+      status.json     "running" | "finished" | "cancelled" | "failed", the phase, the events so far and
+                      where the last checkpoint is (checkpoint_events, checkpoint_step), rewritten just after
+                      every checkpoint so that after a SIGKILL it says what a resume continues from (a kill
+                      between the two writes leaves it one checkpoint behind; the checkpoint itself decides)
+      writer.lock     the OS lock held by the one process writing the run (writer.json: its PID, host,
+                      start time); a second writer is refused, a lock left by a dead process is taken over
       checkpoint.pt   method state + feature spec + RNG states (temp file in the folder, then os.replace)
       ranks.npz       per-query ranks of the final evaluation: i2t (n_images,), t2i (n_captions,)
       embeddings_<split>.npz  the evaluated split's embeddings (crossview.eval.embeddings), for `crossview eval`
@@ -20,15 +25,21 @@ leaves the previous version readable. Cancelling is the consumer stopping the it
 on the generator, or just dropping it): the run stops at the current event, i.e. within one batch or
 cutting-plane iteration, writes a checkpoint and ``status.json`` = ``"cancelled"``, and
 :func:`resume` continues it later (iterative methods from their saved state, closed-form ones refit).
+
+On resume, the lines of ``metrics.jsonl`` that training wrote after the checkpoint (its byte offset
+is in the checkpoint) are superseded: they are **trimmed** (the file rewritten through a temp file and
+``os.replace``; ``log`` lines are kept), so the curves read back never go backwards.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 import queue
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -39,13 +50,18 @@ from typing import Any
 
 import numpy as np
 
-from crossview.engine.events import CheckpointSaved, Event, Finished, Log, Progress, Validation
-from crossview.engine.io import (EventLog, atomic_write_json, atomic_writer, load_checkpoint, read_json,
-                                 save_checkpoint)
+from crossview.engine.events import CheckpointSaved, Event, Finished, Log, Loss, Progress, Validation
+from crossview.engine.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
+                                 load_checkpoint, read_json_object, save_checkpoint)
 from crossview.errors import Cancelled, CrossViewError
+# Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy
+# work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
+from crossview.engine import splits as _splits  # noqa: F401
+from crossview.features import normalize as _normalize, preflight as _preflight  # noqa: F401
 
 __all__ = ["train", "resume", "RunConfig", "RunIterator", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
-           "SUMMARY", "STATUS", "default_run_dir", "read_summary", "read_status"]
+           "SUMMARY", "STATUS", "LOCK", "default_run_dir", "read_summary", "read_status", "read_config",
+           "run_is_locked"]
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -53,6 +69,8 @@ CHECKPOINT = "checkpoint.pt"
 RANKS = "ranks.npz"
 SUMMARY = "summary.json"
 STATUS = "status.json"
+LOCK = "writer.lock"
+LOCK_INFO = "writer.json"
 
 #: The keys of summary.json that ARCHITECTURE.md fixes (scripts read them); more follow them.
 SUMMARY_KEYS = ("method", "dataset", "split", "i2t", "t2i", "rsum", "train_seconds")
@@ -69,16 +87,21 @@ class RunConfig:
     method: str
     data: str | None
     params: dict[str, Any]
-    split: str = "test"
+    split: str | None = None
     train_split: str = "train"
     val_split: str | None = "val"
     data_format: str | None = None
     image_root: str | None = None
     image_encoder: str | None = None
     text_encoder: str | None = None
+    #: feature normalisations (crossview.features.normalize); runs written before they existed used "none"
+    image_norm: str = "none"
+    text_norm: str = "none"
     device: str = "auto"
     seed: int = 0
     checkpoint_seconds: float = 60.0
+    #: splits the run made itself (a held-out part of train), applied whenever the run is opened or resumed
+    derived_splits: dict[str, list[int]] | None = None
 
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
@@ -95,17 +118,171 @@ def default_run_dir(method: str, dataset_name: str) -> Path:
     return path
 
 
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+#: config.json keys a resume reads, with their JSON types (ints are accepted where floats are).
+_CONFIG_TYPES: dict[str, Any] = {
+    "data": _OPT_STR, "params": dict, "user_params": dict, "split": str, "train_split": str, "val_split": _OPT_STR,
+    "data_format": _OPT_STR, "image_root": _OPT_STR, "image_encoder": _OPT_STR, "text_encoder": _OPT_STR,
+    "device": str, "seed": int, "checkpoint_seconds": _NUM, "dataset_fingerprint": _OPT_STR}
+_STATUS_TYPES: dict[str, Any] = {"phase": str, "events": int, "train_seconds": _NUM, "updated": str,
+                                 "error": _OPT_STR, "checkpoint": _OPT_STR, "checkpoint_events": int,
+                                 "checkpoint_step": (int, type(None))}
+_SUMMARY_TYPES: dict[str, Any] = {"method": str, "dataset": str, "split": str, "i2t": dict, "t2i": dict,
+                                  "rsum": _NUM, "train_seconds": _NUM}
+_DAMAGED = "the run folder is damaged; restore the file from a copy, or delete the run and train again"
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    """``config.json`` of a run, with its keys' types checked (one clear :class:`CrossViewError` otherwise)."""
+    return read_json_object(Path(run_dir) / CONFIG, required={"method": str}, optional=_CONFIG_TYPES,
+                            hint=_DAMAGED)
+
+
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """``summary.json`` of a finished run (a :class:`CrossViewError` naming the folder otherwise)."""
     path = Path(run_dir) / SUMMARY
     if not path.is_file():
         raise CrossViewError(f"{run_dir}: no {SUMMARY}; the run has not finished (see {STATUS})")
-    return read_json(path)
+    summary = read_json_object(path, optional=_SUMMARY_TYPES,
+                               hint="the summary is damaged; resume the run to evaluate it again")
+    for d in ("i2t", "t2i"):
+        bad = [k for k, v in summary.get(d, {}).items() if not _type_ok(v, _NUM)]
+        if bad:
+            raise CrossViewError(f"{path}: {d}[{bad[0]!r}] should be a number; the summary is damaged; resume "
+                                 "the run to evaluate it again")
+    return summary
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """``status.json`` of a run: ``{"status": "running"|"finished"|"cancelled"|"failed", ...}``."""
-    return read_json(Path(run_dir) / STATUS)
+    """``status.json`` of a run: ``{"status": "running"|"finished"|"cancelled"|"failed", "phase",
+    "events", "checkpoint", "checkpoint_events", "checkpoint_step", "updated", ...}`` (types checked)."""
+    return read_json_object(Path(run_dir) / STATUS, required={"status": str}, optional=_STATUS_TYPES,
+                            hint=_DAMAGED)
+
+
+# ---------------------------------------------------------------------------------- one writer per run
+def _lock_info(run_dir: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((run_dir / LOCK_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _holder_info(run_dir: Path, wait: float = 1.0) -> dict[str, Any]:
+    """``writer.json`` of the process holding the lock; it writes it just after locking, so a reader
+    that lands in between waits (up to ``wait`` s) for it."""
+    deadline = time.monotonic() + wait
+    while True:
+        info = _lock_info(run_dir)
+        if isinstance(info.get("pid"), int) or time.monotonic() >= deadline:
+            return info
+        time.sleep(0.02)
+
+
+def _pid_alive(pid: Any) -> bool | None:
+    """Whether process ``pid`` exists on this machine (None: cannot tell without harming it)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if os.name == "nt":     # os.kill(pid, 0) would terminate the process on Windows
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True    # exists, owned by someone else (or cannot tell: assume alive)
+    return True
+
+
+def _new_lock(run_dir: Path) -> Any:
+    from filelock import FileLock
+
+    # thread_local=False: the GUI may start a run on one thread and cancel it from another.
+    # preserve_lock_file: deleting a lock file on release lets two processes lock two different inodes
+    # (filelock < 4 has no such option and never deletes it on POSIX).
+    try:
+        return FileLock(str(run_dir / LOCK), thread_local=False, preserve_lock_file=True)
+    except TypeError:
+        return FileLock(str(run_dir / LOCK), thread_local=False)
+
+
+def _locked_message(run_dir: Path, info: dict[str, Any]) -> str:
+    pid, host, since = info.get("pid", "?"), info.get("host", "?"), info.get("started", "?")
+    return (f"{run_dir} is being written by another CrossView process (PID {pid} on {host}, since {since}); "
+            f"wait for it to finish or stop it (kill {pid}), then 'crossview train --resume {run_dir}'. "
+            "Two writers would corrupt the run")
+
+
+def run_is_locked(run_dir: str | Path) -> int | None:
+    """The PID of the process writing the run in ``run_dir`` now (``0`` if it has not said yet), or
+    ``None`` when no process holds its lock (a lock left by a dead process does not count)."""
+    from filelock import Timeout
+
+    folder = Path(run_dir)
+    if not (folder / LOCK).is_file():
+        return None
+    lock = _new_lock(folder)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        pid = _holder_info(folder).get("pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
+    except (OSError, ValueError):   # a read-only folder: nobody can be writing the run there
+        return None
+    lock.release()
+    return None
+
+
+class _WriterLock:
+    """The OS lock (``flock`` / ``LockFileEx`` through ``filelock``) of one run folder, with
+    ``writer.json`` (PID, host, start time) beside it. The OS drops the lock when its process dies,
+    so a SIGKILLed run's lock is simply free: the next writer takes it and says so."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._lock = _new_lock(run_dir)
+        self.held = False
+
+    def acquire(self, wait: float = 2.0) -> str | None:
+        """Take the lock (waiting up to ``wait`` s: a :func:`run_is_locked` probe holds it for an
+        instant) or raise :class:`CrossViewError` naming the holder. Returns a note when a lock left by
+        a process that died was taken over."""
+        from filelock import Timeout
+
+        try:
+            self._lock.acquire(timeout=wait)
+        except Timeout:
+            raise CrossViewError(_locked_message(self.run_dir, _holder_info(self.run_dir))) from None
+        except (OSError, ValueError) as e:
+            raise CrossViewError(f"{self.run_dir}: cannot lock the run folder ({getattr(e, 'strerror', None) or e}); "
+                                 "is it writable, on a file system with locks?") from None
+        self.held = True
+        previous = _lock_info(self.run_dir)
+        note = None
+        if previous.get("pid") not in (None, os.getpid()):
+            same_host = previous.get("host") == socket.gethostname()
+            alive = ", no longer running" if same_host and _pid_alive(previous.get("pid")) is False else ""
+            note = (f"took over the run folder's lock left by PID {previous.get('pid')} on "
+                    f"{previous.get('host', '?')}{alive} (it stopped without releasing it, e.g. killed)")
+        try:
+            atomic_write_json(self.run_dir / LOCK_INFO, {"pid": os.getpid(), "host": socket.gethostname(),
+                                                         "started": _now()})
+        except BaseException:
+            self.release()
+            raise
+        return note
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            (self.run_dir / LOCK_INFO).unlink(missing_ok=True)
+        except OSError:
+            pass
+        self._lock.release(force=True)
 
 
 def _now() -> str:
@@ -151,27 +328,113 @@ def _coerce_features(features: Any) -> Any:
                          f"got {type(features).__name__}")
 
 
+def _stat_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+@dataclass
+class _Loaded:
+    """A run's checkpoint as read (safely, and checked) before resuming, and the file's stat then."""
+
+    ckpt: dict[str, Any] | None
+    stat: tuple[int, int] | None
+
+    @classmethod
+    def read(cls, path: Path) -> "_Loaded":
+        stat = _stat_key(path)
+        if stat is None:
+            return cls(None, None)
+        ckpt = load_checkpoint(path)
+        _check_checkpoint(ckpt, path)
+        return cls(ckpt, stat)
+
+
+def _check_checkpoint(ckpt: dict[str, Any], path: Path) -> None:
+    """The fields a resume reads, with their types (a checkpoint is data: it may have been edited)."""
+    want = {"method_state": dict, "events": int, "phase": str, "train_seconds": (int, float)}
+    for key, typ in want.items():
+        if key not in ckpt or not _type_ok(ckpt[key], typ):
+            raise CrossViewError(f"{path}: the checkpoint has no valid {key!r}; it is damaged or from another "
+                                 "program: retrain, or resume from a copy of the run")
+
+
+def _checkpoint_info(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """What status.json says about a checkpoint (its payload): where it is and how far it got."""
+    step = ckpt.get("step")
+    return {"checkpoint": CHECKPOINT, "checkpoint_events": ckpt["events"],
+            "checkpoint_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+            "checkpoint_phase": ckpt["phase"], "checkpoint_saved": str(ckpt.get("saved", ""))}
+
+
+def _trim_metrics(path: Path, keep_bytes: int | None, keep_checkpoint: int | None = None) -> int:
+    """Drop what ``metrics.jsonl`` holds after byte ``keep_bytes`` except ``log`` lines (the messages
+    of the stopped execution) and the ``checkpoint`` line of the checkpoint at event ``keep_checkpoint``
+    (written just after it), rewriting the file atomically; returns the number of lines dropped."""
+    if keep_bytes is None or keep_bytes < 0:
+        return 0
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0
+    if len(data) <= keep_bytes:
+        return 0
+    head, tail = data[:keep_bytes], data[keep_bytes:]
+    if head and not head.endswith(b"\n"):   # not a line boundary: the file is not the one the checkpoint saw
+        return 0
+    kept: list[bytes] = []
+    dropped = 0
+    for line in tail.splitlines():
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):
+            d = None
+        is_log = isinstance(d, dict) and d.get("event") == "log"
+        its_checkpoint = isinstance(d, dict) and d.get("event") == "checkpoint" and keep_checkpoint is not None \
+            and d.get("step") == keep_checkpoint
+        if is_log or its_checkpoint:
+            kept.append(line + b"\n")
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_bytes(path, head + b"".join(kept))
+    return dropped
+
+
 class _Run:
     """One execution of a run (a fresh start or a resume). Use through :func:`train` / :func:`resume`."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, dataset: Any, features: Any, resuming: bool,
-                 cache: Any = None) -> None:
+                 cache: Any = None, checkpoint: _Loaded | None = None, split_note: str | None = None) -> None:
         from crossview.engine.devices import select_device
+        from crossview.engine.splits import apply_derived_splits, plan_splits
         from crossview.methods import create_method
 
+        # Everything a user typed is checked here, before the folder is made and before any feature
+        # extraction or training: splits, device, method parameters (ranges, grids), encoders and weights.
         self.cfg = cfg
         self.run_dir = run_dir
-        self.dataset = dataset
+        self.dataset = apply_derived_splits(dataset, cfg.derived_splits)
         self.features = _coerce_features(features)
         self.resuming = resuming
         self.cache = cache
-        for name, what in ((cfg.train_split, "training"), (cfg.split, "evaluation")):
-            if name not in dataset.splits:
-                have = ", ".join(dataset.split_names) or "none"
-                raise CrossViewError(f"dataset {dataset.name!r} ({dataset.source or 'in memory'}) has no split "
-                                     f"{name!r} for {what}; it has: {have}. Choose one with --split")
+        self.split_note = split_note
+        self.norm_states: dict[str, Any] = {}
+        plan_splits(self.dataset, cfg.split, cfg.train_split, cfg.val_split, cfg.seed)
+        from crossview.features.normalize import check_norm
+        check_norm(cfg.image_norm, "image normalisation (--image-norm)")
+        check_norm(cfg.text_norm, "text normalisation (--text-norm)")
         self.device = select_device(cfg.device)
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
+        self.method.check_params()
+        if self.features is None:
+            from crossview.features.preflight import check_encoders
+            check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
         if "device" in self.method.param_names() and "device" not in cfg.params:
             self.method.set_params(device=self.device)
         for seed_param in ("seed", "random_state"):
@@ -184,6 +447,10 @@ class _Run:
         self.text_model_state: Any = None
         self._log: EventLog | None = None
         self._last_progress_log = 0.0
+        self.step: int | None = None    # the step of the last Loss / Progress the method yielded
+        self._ckpt_info: dict[str, Any] = {}   # where the last checkpoint is, for status.json
+        self._loaded = checkpoint              # read by resume() before the dataset (see _Loaded)
+        self._lock = _WriterLock(run_dir)
 
     # ------------------------------------------------------------------ files
     def _path(self, name: str) -> Path:
@@ -192,7 +459,7 @@ class _Run:
     def _status(self, status: str, **extra: Any) -> None:
         atomic_write_json(self._path(STATUS), {"status": status, "phase": self.phase, "events": self.events,
                                                "train_seconds": round(self.train_seconds, 3),
-                                               "updated": _now(), **extra})
+                                               "updated": _now(), **self._ckpt_info, **extra})
 
     def _emit(self, ev: Event) -> Event:
         assert self._log is not None
@@ -204,11 +471,14 @@ class _Run:
         self._log.write(ev)
         return ev
 
-    def _checkpoint(self) -> CheckpointSaved:
+    def _checkpoint(self, status: str | None = "running") -> CheckpointSaved:
+        """Write the checkpoint, then (unless ``status`` is None) ``status.json`` saying where it is."""
         payload = {
-            "format": _FORMAT,
             "phase": self.phase,
             "events": self.events,
+            "step": self.step,
+            # metrics.jsonl up to here matches this state; a resume trims what training logged after it
+            "log_bytes": self._log.size() if self._log is not None else None,
             "train_seconds": self.train_seconds,
             "method_state": self.method.state_dict(),
             "features": self.feature_spec,
@@ -218,6 +488,9 @@ class _Run:
             "saved": _now(),
         }
         save_checkpoint(self._path(CHECKPOINT), payload)
+        self._ckpt_info = _checkpoint_info(payload)
+        if status is not None:
+            self._status(status)
         return CheckpointSaved(str(self._path(CHECKPOINT)), self.events)
 
     def _write_config(self, seeds: dict[str, int]) -> None:
@@ -278,6 +551,18 @@ class _Run:
             raise result["error"]
         self.features = result["features"]
 
+    def _normalize(self) -> None:
+        """Fit the run's feature normalisations on the training rows and apply them (queries too)."""
+        from crossview.features.normalize import normalize_features
+
+        ds = self.dataset
+        train_images = np.asarray(ds.splits[self.cfg.train_split], dtype=np.int64)
+        in_train = np.zeros(ds.n_images, dtype=bool)
+        in_train[train_images] = True
+        train_captions = np.flatnonzero(in_train[ds.caption_image])
+        self.features, self.norm_states = normalize_features(self.features, self.cfg.image_norm,
+                                                             self.cfg.text_norm, train_images, train_captions)
+
     def _method_data(self) -> tuple[Any, Any, Any]:
         from crossview.methods.base import MethodData
 
@@ -295,29 +580,77 @@ class _Run:
         test = MethodData.from_features(ds, f.image, text, self.cfg.split, label_set_names=names)
         return train, val, test
 
+    def _continues(self, ckpt: dict[str, Any] | None) -> bool:
+        """Whether training continues from ``ckpt`` (iterative methods, or a finished fit) or starts over."""
+        return ckpt is not None and (ckpt["phase"] == "trained" or bool(self.method.iterative))
+
     def _restore(self) -> bool:
         """Load the last checkpoint when resuming; True when training continues from it."""
-        path = self._path(CHECKPOINT)
-        for tmp in glob.glob(str(self.run_dir / ".*.tmp")):
-            os.unlink(tmp)   # a write that was killed (checkpoint, JSON); the previous file is intact
-        if not path.is_file():
+        ckpt = self._loaded.ckpt if self._loaded is not None else None
+        if ckpt is None:
             return False
-        ckpt = load_checkpoint(path)
-        self.events = int(ckpt.get("events", 0))
-        self.train_seconds = float(ckpt.get("train_seconds", 0.0))
-        phase = ckpt.get("phase", "training")
-        if phase == "trained" or self.method.iterative:
+        self.events = ckpt["events"]
+        self.train_seconds = float(ckpt["train_seconds"])
+        if not self._continues(ckpt):
+            return False  # closed form: refit
+        try:
             self.method.load_state_dict(ckpt["method_state"])
-            if "rng" in ckpt:
+        except CrossViewError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a state this method cannot take: damaged or foreign
+            raise CrossViewError(f"{self._path(CHECKPOINT)}: the method state does not fit {self.cfg.method!r} "
+                                 f"({type(e).__name__}: {e}); the checkpoint is damaged: start a new run") from None
+        if isinstance(ckpt.get("rng"), dict):
+            try:
                 _set_rng_state(ckpt["rng"])
-            self.phase = phase
-            return True
-        return False  # closed form: refit
+            except (TypeError, ValueError, KeyError, RuntimeError):
+                pass   # a damaged RNG state only costs exact reproducibility
+        self.phase = ckpt["phase"]
+        self.step = _checkpoint_info(ckpt)["checkpoint_step"]
+        return True
+
+    def _start_writing(self) -> str | None:
+        """Under the lock: drop killed writes' temp files, re-read a checkpoint that changed since
+        :func:`resume` read it, and trim ``metrics.jsonl`` of what training logged after it."""
+        for tmp in glob.glob(str(self.run_dir / ".*.tmp")):
+            try:
+                os.unlink(tmp)   # a write that was killed (checkpoint, JSON); the previous file is intact
+            except OSError:
+                pass
+        if not self.resuming:
+            return None
+        path = self._path(CHECKPOINT)
+        if self._loaded is None or self._loaded.stat != _stat_key(path):
+            self._loaded = _Loaded.read(path)
+        ckpt = self._loaded.ckpt
+        if ckpt is not None:
+            self._ckpt_info = _checkpoint_info(ckpt)
+        keep = ckpt.get("log_bytes") if ckpt is not None and self._continues(ckpt) else 0
+        dropped = _trim_metrics(self._path(METRICS), keep if isinstance(keep, int) else None,
+                                ckpt["events"] if ckpt is not None else None)
+        return (f"metrics.jsonl: dropped {dropped} line(s) logged after the checkpoint (superseded by this resume)"
+                if dropped else None)
 
     # ------------------------------------------------------------------ the run
     def execute(self) -> Iterator[Event]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._log = EventLog(self._path(METRICS), fsync=False)
+        took_over = self._lock.acquire()      # raises, touching nothing, when another process writes the run
+        try:
+            if not self.resuming and self._path(CONFIG).exists():
+                raise CrossViewError(f"{self.run_dir} already holds a run; continue it with 'crossview train "
+                                     f"--resume {self.run_dir}' or choose another --run-dir")
+            trimmed = self._start_writing()
+            self._log = EventLog(self._path(METRICS), fsync=False)
+        except BaseException:
+            self._lock.release()
+            raise
+        try:
+            yield from self._execute(took_over, trimmed)
+        finally:
+            self._lock.release()
+
+    def _execute(self, took_over: str | None, trimmed: str | None) -> Iterator[Event]:
+        assert self._log is not None
         status = "failed"
         error: str | None = None
         try:
@@ -328,14 +661,27 @@ class _Run:
             yield self._emit(Log(f"{'resuming' if self.resuming else 'starting'} {self.cfg.method} on "
                                  f"{self.dataset.name} ({self.dataset.n_images} images, "
                                  f"{self.dataset.n_captions} captions), device {self.device}, seed {self.cfg.seed}"))
+            for note in (took_over, trimmed):
+                if note:
+                    yield self._emit(Log(note, "warning" if note is took_over else "info"))
+            if self.split_note:
+                yield self._emit(Log(self.split_note))
+            yield self._emit(Log(f"splits: training on {self.cfg.train_split} "
+                                 f"({len(self.dataset.splits[self.cfg.train_split]):,} images), "
+                                 + (f"early stopping on {self.cfg.val_split}, " if self.cfg.val_split and
+                                    self.cfg.val_split in self.dataset.splits else "")
+                                 + f"evaluating on {self.cfg.split} "
+                                   f"({len(self.dataset.splits[self.cfg.split]):,} images)"))
             t0 = time.monotonic()
             if self.features is None:
                 yield from self._extract()
+            self._normalize()
             f = self.features
             features_seconds = time.monotonic() - t0
             self.feature_spec = {"image_encoder": f.image_encoder, "text_encoder": f.text_encoder,
                                  "image_dim": int(f.image.shape[1]),
-                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {})}
+                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {}),
+                                 "norm_states": self.norm_states}
             tm = getattr(f, "text_model", None)
             if tm is not None and hasattr(tm, "state_dict"):
                 try:
@@ -393,6 +739,8 @@ class _Run:
         try:
             for ev in it:
                 self.events += 1
+                if isinstance(ev, (Loss, Progress)):
+                    self.step = ev.step
                 self.train_seconds = base_seconds + time.monotonic() - start
                 yield self._emit(ev)
                 due = time.monotonic() - last_ckpt >= self.cfg.checkpoint_seconds
@@ -407,14 +755,12 @@ class _Run:
         """A cancelled or failed run: checkpoint the training state reached (so resume continues
         there) and record the status. Never raises over the original exception."""
         try:
-            ckpt = None
             # The method is suspended at a yield (between batches / iterations), so its state is consistent.
             if status == "cancelled" and self.phase == "training":
-                self._checkpoint()
-                ckpt = CHECKPOINT
+                self._checkpoint(status=None)
             if status == "interrupted":
-                status = "cancelled"
-                ckpt = CHECKPOINT if self._path(CHECKPOINT).is_file() else None
+                status = "cancelled"      # the last complete checkpoint stands
+            ckpt = CHECKPOINT if self._path(CHECKPOINT).is_file() else None
             self._status(status, error=error, checkpoint=ckpt)
             if self._log is not None:
                 self._log.write(Log(f"run {status}" + (f": {error}" if error else ""),
@@ -451,6 +797,8 @@ class _Run:
 
     def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
                  eval_seconds: float) -> dict[str, Any]:
+        from crossview.eval.bootstrap import bootstrap_ci
+
         f = self.features
         return {
             "method": self.cfg.method,
@@ -470,6 +818,8 @@ class _Run:
             "seed": self.cfg.seed,
             "features_seconds": round(features_seconds, 3),
             "eval_seconds": round(eval_seconds, 3),
+            # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
+            "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
             "data": self.cfg.data,
             "run_dir": str(self.run_dir),
             "finished": _now(),
@@ -512,33 +862,45 @@ def _load(data: Any, data_format: str | None, image_root: str | None) -> tuple[A
 
 
 def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
-          params: dict[str, Any] | None = None, split: str = "test", train_split: str = "train",
+          params: dict[str, Any] | None = None, split: str | None = None, train_split: str = "train",
           val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
           data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
-          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None) -> RunIterator:
+          checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
+          image_norm: str | None = None, text_norm: str | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
     ``features`` (a :class:`crossview.features.Features` or an ``(image (n_images, d), text
     (n_captions, e))`` pair for the whole dataset) skips extraction. ``run_dir`` defaults to
     :func:`default_run_dir`. The method is trained on ``train_split`` (with ``val_split`` for early
-    stopping when the dataset has it) and evaluated on ``split``. Stop iterating to cancel.
+    stopping when the dataset has it) and evaluated on ``split``; ``split=None`` evaluates on ``test``, else
+    ``val``, else a held-out part of train (:mod:`crossview.engine.splits`), and the run records which.
+    ``image_norm`` / ``text_norm`` normalise the features first (:mod:`crossview.features.normalize`;
+    default: the method's ``default_image_norm`` / ``default_text_norm``). Stop
+    iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
+    from crossview.engine.splits import plan_splits
+    from crossview.features.normalize import default_norms_of
+
+    default_norms = default_norms_of(method)
     ds, source = _load(data, data_format, image_root)
-    cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=split, train_split=train_split,
-                    val_split=val_split, data_format=data_format, image_root=image_root,
+    plan = plan_splits(ds, split, train_split, val_split, seed)
+    cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
+                    train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
-                    checkpoint_seconds=checkpoint_seconds)
+                    checkpoint_seconds=checkpoint_seconds, derived_splits=plan.derived or None,
+                    image_norm=default_norms[0] if image_norm is None else image_norm,
+                    text_norm=default_norms[1] if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     if (folder / CONFIG).exists():
         raise CrossViewError(f"{folder} already holds a run; continue it with 'crossview train --resume {folder}' "
                              "or choose another --run-dir")
     if folder.exists() and not folder.is_dir():
         raise CrossViewError(f"{folder} is a file; give a folder for --run-dir")
-    run = _Run(cfg, folder, ds, features, resuming=False, cache=cache)
+    run = _Run(cfg, folder, ds, features, resuming=False, cache=cache, split_note=plan.note)
     return RunIterator(run.execute(), folder)
 
 
@@ -549,25 +911,31 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
     Iterative methods continue from their saved state; closed-form ones refit. The dataset is loaded
     again from the run's ``config.json`` unless ``data`` (and optionally ``features``) is given; it
     must be the same data (same fingerprint). A finished run just yields its ``Finished`` summary.
+    A run another process is writing, a damaged ``config.json`` / ``status.json`` or a checkpoint
+    that is not one this version wrote raise :class:`CrossViewError` (before the data is loaded).
     """
     folder = Path(run_dir)
     if not (folder / CONFIG).is_file():
         raise CrossViewError(f"{folder}: not a run folder (no {CONFIG}); give the --run-dir of an earlier "
                              "'crossview train'")
-    raw = read_json(folder / CONFIG)
+    raw = read_config(folder)
     fields = set(RunConfig.__dataclass_fields__)
     cfg = RunConfig(**{k: v for k, v in raw.items() if k in fields})
     cfg.params = dict(raw.get("user_params", cfg.params))
     if device is not None:
         cfg.device = device
+    holder = run_is_locked(folder)
+    if holder is not None:
+        raise CrossViewError(_locked_message(folder, _holder_info(folder)))
     if (folder / SUMMARY).is_file() and (folder / STATUS).is_file() and \
-            read_json(folder / STATUS).get("status") == "finished":
-        summary = read_json(folder / SUMMARY)
+            read_status(folder).get("status") == "finished":
+        summary = read_summary(folder)
 
         def done() -> Iterator[Event]:
             yield Log(f"{folder} has already finished; nothing to resume")
             yield Finished(summary)
         return RunIterator(done(), folder)
+    loaded = _Loaded.read(folder / CHECKPOINT)   # before loading the data: a bad checkpoint fails fast
     if data is None:
         if not cfg.data:
             raise CrossViewError(f"{folder}: this run was trained on an in-memory dataset with no source file; "
@@ -578,5 +946,5 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
     if want and ds.fingerprint() != want:
         raise CrossViewError(f"{folder}: the dataset {cfg.data or ds.name!r} has changed since the run started "
                              f"(fingerprint {ds.fingerprint()} != {want}); start a new run instead of resuming")
-    run = _Run(cfg, folder, ds, features, resuming=True, cache=cache)
+    run = _Run(cfg, folder, ds, features, resuming=True, cache=cache, checkpoint=loaded)
     return RunIterator(run.execute(), folder)

@@ -32,18 +32,30 @@ class OpenRun:
     def name(self) -> str:
         return self.run_dir.name
 
-    def retriever(self, gallery: Any = "test", index_backend: str = "exact", device: str = "cpu") -> Any:
-        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a corpus)."""
+    @property
+    def eval_split(self) -> str:
+        """The split the run was evaluated on (``config.json``), which every view of the run defaults to."""
+        split = self.config.get("split") or self.summary.get("split")
+        if isinstance(split, str) and split in self.dataset.splits:
+            return split
+        return "test" if "test" in self.dataset.splits else next(iter(self.dataset.split_names), "all")
+
+    def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu",
+                  **options: Any) -> Any:
+        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a
+        corpus); by default the run's evaluation split, so ranks match the run's metrics. ``options``: the
+        Retriever's ``cache``, ``progress`` and ``should_stop`` (a corpus's encoding)."""
         from crossview.engine.retriever import Retriever
-        return Retriever(self.method, self.dataset, self.features, gallery=gallery, index_backend=index_backend,
-                         device=device)
+        return Retriever(self.method, self.dataset, self.features,
+                         gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
+                         device=device, **options)
 
 
 def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
              should_stop: Any = None) -> OpenRun:
     """Load the run in ``run_dir`` (see the module docstring); ``progress(stage, done, total)``."""
-    from crossview.engine.io import load_checkpoint, read_json
-    from crossview.engine.run import CHECKPOINT, CONFIG, SUMMARY, _load
+    from crossview.engine.io import load_checkpoint
+    from crossview.engine.run import CHECKPOINT, CONFIG, SUMMARY, _load, read_config, read_summary
     from crossview.features import extract_features
     from crossview.methods import create_method
 
@@ -52,13 +64,18 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
         raise CrossViewError(f"{folder}: not a run folder (no {CONFIG})")
     if not (folder / CHECKPOINT).is_file():
         raise CrossViewError(f"{folder}: the run has no checkpoint yet; let it train (or resume it) first")
-    config = read_json(folder / CONFIG)
-    summary = read_json(folder / SUMMARY) if (folder / SUMMARY).is_file() else {}
-    ckpt = load_checkpoint(folder / CHECKPOINT)
+    config = read_config(folder)
+    summary = read_summary(folder) if (folder / SUMMARY).is_file() else {}
+    ckpt = load_checkpoint(folder / CHECKPOINT)      # weights-only: a planted pickle never runs
     state = ckpt.get("method_state")
-    if not state:
-        raise CrossViewError(f"{folder / CHECKPOINT}: no method state in the checkpoint")
-    method = create_method(state.get("method") or config["method"]).load_state_dict(state)
+    if not state or not isinstance(state, dict):
+        raise CrossViewError(f"{folder / CHECKPOINT}: no method state in the checkpoint; it is damaged: "
+                             f"resume the run ('crossview train --resume {folder}') or train again")
+    name = state.get("method") or config["method"]
+    if not isinstance(name, str):
+        raise CrossViewError(f"{folder / CHECKPOINT}: the method name in the checkpoint is {name!r}, not a name; "
+                             "it is damaged: train again")
+    method = _load_method_state(create_method(name), state, folder / CHECKPOINT)
     if not method.is_fitted:
         raise CrossViewError(f"{folder}: the checkpoint was written before the method learned anything; "
                              f"resume the run with 'crossview train --resume {folder}'")
@@ -70,26 +87,72 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     if want and dataset.fingerprint() != want:
         raise CrossViewError(f"{folder}: dataset {dataset.name!r} is not the one this run was trained on "
                              f"(fingerprint {dataset.fingerprint()} != {want})")
+    from crossview.engine.splits import apply_derived_splits
+    dataset = apply_derived_splits(dataset, config.get("derived_splits"))
     text_model = None
     tm = ckpt.get("text_model")
-    if tm and tm.get("state"):
+    if isinstance(tm, dict) and tm.get("state"):
         from crossview.features.text import TextEncoder
-        text_model = TextEncoder.from_state_dict(tm["state"])
-    spec = ckpt.get("features") or {}
+        try:
+            text_model = TextEncoder.from_state_dict(tm["state"])
+        except CrossViewError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a state the encoder cannot take: damaged
+            raise CrossViewError(f"{folder / CHECKPOINT}: the saved text encoder is damaged ({type(e).__name__}: "
+                                 f"{e}); train again") from None
+    spec = ckpt.get("features")
+    spec = spec if isinstance(spec, dict) else {}
     features = extract_features(dataset, spec.get("image_encoder") or config.get("image_encoder"),
                                 spec.get("text_encoder") or config.get("text_encoder"),
                                 fit_on=config.get("train_split", "train"), text_model=text_model,
                                 progress=progress, should_stop=should_stop)
+    from crossview.features.normalize import restore_normalized
+    features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
                    features=features)
 
 
+def _load_method_state(method: Any, state: dict[str, Any], path: Path) -> Any:
+    """``method.load_state_dict(state)``; a state that does not fit is a damaged file, said in one line."""
+    try:
+        return method.load_state_dict(state) or method
+    except CrossViewError:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
+        raise CrossViewError(f"{path}: the method state does not fit {method.name!r} ({type(e).__name__}: "
+                             f"{str(e)[:160]}); the checkpoint is damaged: train again") from None
+
+
 def list_runs(root: str | Path | None = None) -> list[Path]:
-    """Run folders under ``root`` (default: the user's runs folder), newest first."""
+    """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
+    (folders with a ``tune.json``) included."""
     from crossview.settings import get_settings
 
     base = Path(root) if root is not None else get_settings().runs_dir
     if not base.is_dir():
         return []
-    runs = [p for p in base.iterdir() if (p / "config.json").is_file()]
-    return sorted(runs, key=lambda p: (p / "config.json").stat().st_mtime, reverse=True)
+
+    def mtime(p: Path) -> float | None:
+        try:
+            return (p / "config.json").stat().st_mtime if (p / "config.json").is_file() else None
+        except OSError:        # unreadable, or removed while listing
+            return None
+
+    def children(p: Path) -> list[Path]:
+        try:
+            return list(p.iterdir())
+        except OSError:
+            return []
+
+    runs = []
+    for p in children(base):
+        if (t := mtime(p)) is not None:
+            runs.append((t, p))
+        else:
+            try:
+                search = (p / "tune.json").is_file()     # a search (crossview tune): its trials are runs too
+            except OSError:
+                search = False
+            if search:
+                runs.extend((t, q) for q in children(p) if (t := mtime(q)) is not None)
+    return [p for _, p in sorted(runs, key=lambda tp: tp[0], reverse=True)]

@@ -21,7 +21,7 @@ scale), taking the best-matching reference (``RougeScorer.score_multi``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,11 @@ def _prepare(scores: Any, caption_image: Any, captions: Sequence[str],
     return s, ci, by_image
 
 
+def _report(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
+    if progress is not None and (done % 100 == 0 or done == total):
+        progress(done, total)
+
+
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
     if not rows:
         raise CrossViewError("caption overlap got no queries")
@@ -82,12 +87,13 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def caption_overlap_i2t(scores: Any, caption_image: Any, captions: Sequence[str], k: int = 5,
-                        query_ids: Any = None) -> dict[str, float]:
+                        query_ids: Any = None,
+                        progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Overlap of each image's top-``k`` captions with its gold captions.
 
     ``scores (n_images, n_captions)``, ``caption_image (n_captions,)``, ``captions`` (n_captions
-    strings); ``query_ids`` optionally limits the image queries. Returns the mean of
-    :data:`OVERLAP_KEYS`.
+    strings); ``query_ids`` optionally limits the image queries; ``progress(done, total)`` is called
+    every 100 queries and at the end. Returns the mean of :data:`OVERLAP_KEYS`.
     """
     s, _, by_image = _prepare(scores, caption_image, captions, k)
     queries = np.arange(s.shape[0]) if query_ids is None else as_numpy(query_ids).astype(np.int64)
@@ -99,11 +105,13 @@ def caption_overlap_i2t(scores: Any, caption_image: Any, captions: Sequence[str]
         if not refs:
             raise CrossViewError(f"image {img} has no caption to compare the retrieved ones with")
         rows.extend(scorer(captions[c], refs) for c in ranked[qi].tolist())
+        _report(progress, qi + 1, len(queries))
     return _mean(rows)
 
 
 def caption_overlap_t2i(scores: Any, caption_image: Any, captions: Sequence[str], k: int = 5,
-                        query_ids: Any = None) -> dict[str, float]:
+                        query_ids: Any = None,
+                        progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Overlap of each query caption with the captions of its top-``k`` images.
 
     Same inputs as :func:`caption_overlap_i2t`; ``query_ids`` optionally limits the caption
@@ -120,6 +128,7 @@ def caption_overlap_t2i(scores: Any, caption_image: Any, captions: Sequence[str]
             if not refs:
                 raise CrossViewError(f"retrieved image {img} has no caption to compare with")
             rows.append(scorer(captions[cap], refs))
+        _report(progress, qi + 1, len(queries))
     return _mean(rows)
 
 

@@ -12,6 +12,7 @@ imported lazily so that ``import crossview.features`` stays cheap.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from crossview.errors import Cancelled, CrossViewError
-from crossview.features.cache import FeatureCache
+from crossview.features.cache import REBUILD_HINT, FeatureCache
 
 __all__ = ["Features", "FeatureCache", "extract_features", "encode_captions", "image_set_fingerprint",
            "PRECOMP"]
+
+log = logging.getLogger(__name__)
 
 #: The "encoder" name of features that come with the dataset (VSE++ ``*_precomp`` folders).
 PRECOMP = "precomp"
@@ -48,6 +51,9 @@ class Features:
     image_cache_hit: bool = False
     text_cache_hit: bool = False
     spec: dict = field(default_factory=dict)  #: what a checkpoint records to rebuild the features
+    #: the fitted normalisations (crossview.features.normalize) that new queries go through, if any
+    image_transform: Any = None
+    text_transform: Any = None
 
 
 def image_set_fingerprint(paths: Sequence[str]) -> str:
@@ -69,6 +75,52 @@ def _captions_fingerprint(captions: Sequence[str]) -> str:
         h.update(c.encode("utf-8", "surrogateescape"))
         h.update(b"\0")
     return h.hexdigest()[:24]
+
+
+def _nonfinite_rows(x: np.ndarray, block_bytes: int = 16 << 20) -> np.ndarray:
+    """Indices of the rows of ``x`` holding NaN or infinity, read in blocks (``x`` may be memory-mapped)."""
+    x = np.asarray(x) if not isinstance(x, np.ndarray) else x
+    if x.ndim == 0 or x.shape[0] == 0 or not np.issubdtype(x.dtype, np.floating):
+        return np.zeros(0, dtype=np.int64)
+    row_bytes = max(1, x[:1].nbytes)
+    step = max(1, block_bytes // row_bytes)
+    bad = []
+    for start in range(0, x.shape[0], step):
+        block = np.asarray(x[start:start + step]).reshape(min(step, x.shape[0] - start), -1)
+        ok = np.isfinite(block).all(axis=1)
+        if not ok.all():
+            bad.append(np.flatnonzero(~ok) + start)
+    return np.concatenate(bad).astype(np.int64) if bad else np.zeros(0, dtype=np.int64)
+
+
+def _cached_finite(store: FeatureCache | None, parts: dict[str, Any], compute: Callable[[], np.ndarray],
+                   meta: dict[str, Any], what: str, row_name: Callable[[int], str]) -> tuple[np.ndarray, bool]:
+    """``(array, hit)`` through the cache, never with NaN / infinite rows.
+
+    A cached array with such rows is dropped and computed again; an encoder that produces them
+    raises :class:`CrossViewError` naming the first bad row (nothing is kept in the cache).
+    """
+    if store is None:
+        arr, hit, key = compute(), False, None
+    else:
+        key = FeatureCache.make_key(**parts)
+        arr, hit = store.get_or_compute(key, compute, meta=meta)
+    bad = _nonfinite_rows(arr)
+    if len(bad) and hit and store is not None and key is not None:
+        log.warning("feature cache: %s holds NaN or infinite values in %d row(s) of the %s (first: %s); "
+                    "deleted it, extracting them again (%s)", store.path_of(key), len(bad), what, row_name(int(bad[0])),
+                    REBUILD_HINT)
+        store.delete(key)
+        arr, hit = store.save(key, compute(), meta), False
+        bad = _nonfinite_rows(arr)
+    if len(bad):
+        if store is not None and key is not None:
+            store.delete(key)
+        raise CrossViewError(
+            f"the {what} contain NaN or infinite values in {len(bad):,} of {len(arr):,} rows (first: "
+            f"{row_name(int(bad[0]))}) straight from the encoder, so extracting them again gives the same; "
+            f"check that input (e.g. 'crossview data info DATASET --check-images') or choose another encoder")
+    return arr, hit
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
@@ -114,6 +166,11 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
                 f"dataset {dataset.name!r} ships precomputed image features and no image files, so image "
                 f"encoder {image_encoder!r} cannot run on it; leave the image encoder unset (or 'precomp')")
         image = np.asarray(dataset.image_features, dtype=np.float32)
+        bad = _nonfinite_rows(image)
+        if len(bad):
+            raise CrossViewError(f"dataset {dataset.name!r}: its precomputed image features contain NaN or "
+                                 f"infinite values in {len(bad):,} of {len(image):,} rows (first: row {bad[0]}); "
+                                 f"fix or re-export the dataset's feature file")
         image_name, image_hit, image_spec = PRECOMP, True, {"name": PRECOMP, "dim": int(image.shape[1])}
     else:
         image_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
@@ -133,11 +190,10 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
                 kw["num_workers"] = num_workers
             return np.asarray(enc.encode_paths(dataset.image_paths, **kw), dtype=np.float32)
 
-        if store is None:
-            image, image_hit = compute_images(), False
-        else:
-            image, image_hit = store.get_or_compute(FeatureCache.make_key(**parts), compute_images,
-                                                    meta={**parts, "dataset": dataset.name})
+        paths = dataset.image_paths
+        image, image_hit = _cached_finite(store, parts, compute_images, {**parts, "dataset": dataset.name},
+                                          f"image features ({image_name})",
+                                          lambda i: f"image {i}, {paths[i]}")
         image_spec = {"name": image_name, "dim": int(image.shape[1]), **enc.cache_parts()}
     if stop():
         raise Cancelled("feature extraction cancelled")
@@ -174,7 +230,10 @@ def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureC
         return np.asarray(text_model.encode(list(captions), device=device, progress=progress,
                                             should_stop=should_stop), dtype=np.float32)
 
-    if cache is None:
-        return compute(), False
     parts = {"kind": "text", "captions": _captions_fingerprint(captions), "encoder": text_model.cache_parts()}
-    return cache.get_or_compute(FeatureCache.make_key(**parts), compute, meta={**parts, "dataset": dataset_name})
+    text, hit = _cached_finite(cache, parts, compute, {**parts, "dataset": dataset_name},
+                               f"caption features ({text_model.name})",
+                               lambda i: f"caption {i}, {str(captions[i])[:60]!r}")
+    if hit and progress is not None:
+        progress(len(captions), len(captions))  # a hit is the whole stage done at once
+    return text, hit

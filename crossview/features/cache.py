@@ -5,11 +5,18 @@ dataset fingerprint, encoder name, weights hash, transform), so the same extract
 any change of input is a miss; nothing is ever invalidated by hand.
 
 Layout: ``<root>/<key[:2]>/<key>.npy`` holds the array, ``<key>.json`` beside it holds the parts of
-the key, the array's shape and dtype, the ``.npy`` file's size and a SHA-256 of its first and last
-MiB (cheap even for multi-GB arrays). The ``.npy`` is written first, the ``.json`` last, both through
-a temporary file and ``os.replace``, so a crash leaves either a complete entry or none. On load, an
-entry whose ``.json`` is missing or unreadable, or whose ``.npy`` disagrees with it (size, header,
-shape, dtype, checksum), is deleted and reported as a miss, so the caller rebuilds it.
+the key, the array's shape and dtype, the ``.npy`` file's size and a SHA-256 checksum of *every*
+:data:`CHUNK_BYTES` chunk of the file (computed once, at write). The ``.npy`` is written first, the
+``.json`` last, both through a temporary file and ``os.replace``, so a crash leaves either a complete
+entry or none.
+
+Every load verifies the whole file against those checksums while reading it (an array read into
+memory is hashed from the bytes just read; a memory-mapped one is streamed through the hash in
+chunks first: 0.08 s for a 100 MiB array in the OS file cache on a 2-core machine, vs 0.01 s for an
+unchecked ``np.load``). An entry whose ``.json`` is missing or
+unreadable, or whose ``.npy`` disagrees with it (size, header, shape, dtype, any chunk's checksum),
+or that was written by an older CrossView without whole-file checksums, is reported with a warning
+naming the file, deleted and treated as a miss, so the caller extracts the features again.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,14 +34,21 @@ import numpy as np
 from crossview.engine.io import atomic_writer
 from crossview.settings import get_settings
 
-__all__ = ["FeatureCache", "MMAP_BYTES", "canonical_json"]
+__all__ = ["FeatureCache", "MMAP_BYTES", "CHUNK_BYTES", "REBUILD_HINT", "canonical_json"]
 
 log = logging.getLogger(__name__)
 
 #: Arrays at least this large are returned memory-mapped (read-only) instead of read into memory.
 MMAP_BYTES = 64 * 1024 * 1024
-_PROBE = 1 << 20  # bytes hashed at each end of the file
+#: Bytes covered by one checksum (a corrupt range is located to within one chunk).
+CHUNK_BYTES = 4 * 1024 * 1024
+_PROBE = 1 << 20  # bytes hashed at each end of the file (the old check; still written for old readers)
+_HASH = "sha256-128"
 FORMAT_VERSION = 1
+
+#: What a user runs to rebuild cached features by hand.
+REBUILD_HINT = ("to rebuild the cache by hand: 'crossview features cache --clear', then "
+                "'crossview features extract --data DATASET'")
 
 
 def canonical_json(obj: Any) -> str:
@@ -49,6 +64,11 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=default)
 
 
+def _digest(data: Any) -> str:
+    # SHA-256 runs in hardware (SHA-NI) on current x86 and ARM CPUs: ~1.7x BLAKE2b's speed here.
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
 def _probe_hash(path: Path) -> str:
     size = path.stat().st_size
     h = hashlib.sha256()
@@ -58,6 +78,25 @@ def _probe_hash(path: Path) -> str:
             f.seek(size - _PROBE)
         h.update(f.read(_PROBE))
     return h.hexdigest()
+
+
+def _file_chunk_digests(path: Path, chunk: int | None = None) -> list[str]:
+    """SHA-256 digests (128 bits) of consecutive ``chunk``-byte pieces (default :data:`CHUNK_BYTES`)."""
+    chunk = chunk or CHUNK_BYTES
+    out = []
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            out.append(_digest(view[:n]))
+    return out
+
+
+class _Corrupt(Exception):
+    """An entry failed its check; the message says how."""
 
 
 class FeatureCache:
@@ -85,62 +124,127 @@ class FeatureCache:
 
     # ------------------------------------------------------------------ read
     def contains(self, key: str) -> bool:
+        """True when both files of ``key`` exist (not verified: :meth:`load` does that)."""
         npy, meta = self._paths(key)
         return npy.exists() and meta.exists()
 
     def meta(self, key: str) -> dict[str, Any] | None:
         """The stored description of ``key`` (parts, shape, dtype, ...), or None."""
         try:
-            return json.loads(self._paths(key)[1].read_text(encoding="utf-8"))
+            meta = json.loads(self._paths(key)[1].read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
+        return meta if isinstance(meta, dict) else None
 
     def load(self, key: str) -> np.ndarray | None:
-        """The cached array, or None on a miss. A corrupt or partial entry is deleted (and logged)."""
+        """The cached array, verified against its checksums, or None on a miss.
+
+        A corrupt, partial or unverifiable entry is deleted, a warning names its file, and None is
+        returned so that the caller extracts the features again.
+        """
         npy, meta_path = self._paths(key)
         if not npy.exists() and not meta_path.exists():
             return None
-        problem = self._check(npy, meta_path)
-        if problem is not None:
-            log.warning("feature cache entry %s is unusable (%s); rebuilding it", npy, problem)
-            self.delete(key)
-            return None
-        meta = self.meta(key) or {}
-        mmap = "r" if int(meta.get("nbytes", 0)) >= MMAP_BYTES else None
         try:
-            arr = np.load(npy, mmap_mode=mmap, allow_pickle=False)
+            return self._read_verified(npy, meta_path)
+        except _Corrupt as e:
+            problem = str(e)
         except (OSError, ValueError) as e:
-            log.warning("feature cache entry %s is unreadable (%s); rebuilding it", npy, e)
-            self.delete(key)
-            return None
-        return arr
+            problem = f"unreadable: {e}"
+        log.warning("feature cache: %s is unusable (%s); deleted it, the features are extracted again (%s)",
+                    npy, problem, REBUILD_HINT)
+        self.delete(key)
+        return None
 
-    def _check(self, npy: Path, meta_path: Path) -> str | None:
+    def verify(self, key: str) -> str | None:
+        """None when the entry of ``key`` passes every check, else what is wrong (nothing is deleted)."""
+        npy, meta_path = self._paths(key)
+        try:
+            self._read_verified(npy, meta_path, keep=False)
+        except _Corrupt as e:
+            return str(e)
+        except (OSError, ValueError) as e:
+            return f"unreadable: {e}"
+        return None
+
+    @staticmethod
+    def _header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(f)
+        raise ValueError(f"unsupported .npy version {version}")
+
+    def _read_verified(self, npy: Path, meta_path: Path, keep: bool = True) -> np.ndarray | None:
+        """Check ``npy`` against ``meta_path`` over the whole file; the array (or None if not ``keep``)."""
         if not meta_path.exists():
-            return "no description file (an interrupted write)"
+            raise _Corrupt("no description file (an interrupted write)")
         if not npy.exists():
-            return "array file missing"
+            raise _Corrupt("array file missing")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            return f"description unreadable: {e}"
+            raise _Corrupt(f"description unreadable: {e}") from None
+        if not isinstance(meta, dict):
+            raise _Corrupt("description is not a JSON object")
+        check = meta.get("checksum")
+        if not isinstance(check, dict) or check.get("algo") != _HASH:
+            raise _Corrupt("written by an older CrossView without whole-file checksums")
+        chunk = check.get("chunk_bytes")
+        digests = check.get("chunks")
+        if not isinstance(chunk, int) or chunk <= 0 or not isinstance(digests, list):
+            raise _Corrupt("checksum description malformed")
         size = npy.stat().st_size
         if size != meta.get("file_size"):
-            return f"array file has {size} bytes, expected {meta.get('file_size')}"
-        try:
-            with open(npy, "rb") as f:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-                else:
-                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-        except (OSError, ValueError) as e:
-            return f"bad .npy header: {e}"
+            raise _Corrupt(f"array file has {size:,} bytes, expected {meta.get('file_size')}")
+        if len(digests) != max(1, math.ceil(size / chunk)) and not (size == 0 and not digests):
+            raise _Corrupt("checksum description does not match the file size")
+        with open(npy, "rb") as f:
+            try:
+                shape, fortran, dtype = self._header(f)
+            except ValueError as e:
+                raise _Corrupt(f"bad .npy header: {e}") from None
+            offset = f.tell()
         if list(shape) != list(meta.get("shape", [])) or str(dtype) != meta.get("dtype"):
-            return f"array is {dtype}{list(shape)}, expected {meta.get('dtype')}{meta.get('shape')}"
-        if _probe_hash(npy) != meta.get("probe_sha256"):
-            return "checksum mismatch"
-        return None
+            raise _Corrupt(f"array is {dtype}{list(shape)}, expected {meta.get('dtype')}{meta.get('shape')}")
+        if dtype.hasobject:
+            raise _Corrupt("object arrays are never read from the cache")
+        row_bytes = dtype.itemsize * (int(np.prod(shape[1:])) if len(shape) > 1 else 1)
+        big = int(meta.get("nbytes", 0)) >= MMAP_BYTES
+        if big or not keep:
+            # Stream the whole file through the hash, then map it (pages stay in the OS cache).
+            got = _file_chunk_digests(npy, chunk)
+            self._compare(got, digests, chunk, offset, row_bytes, size)
+            if not keep:
+                return None
+            return np.load(npy, mmap_mode="r", allow_pickle=False)
+        buf = bytearray(size)
+        with open(npy, "rb", buffering=0) as f:
+            n = f.readinto(buf)
+        if n != size:
+            raise _Corrupt(f"read {n:,} of {size:,} bytes")
+        view = memoryview(buf)
+        got = [_digest(view[i:i + chunk]) for i in range(0, size, chunk)]
+        self._compare(got, digests, chunk, offset, row_bytes, size)
+        count = int(np.prod(shape)) if shape else 1
+        arr = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+        return arr.reshape(shape, order="F" if fortran else "C")
+
+    @staticmethod
+    def _compare(got: list[str], want: list[str], chunk: int, offset: int, row_bytes: int, size: int) -> None:
+        bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+        if len(got) != len(want) and not bad:
+            bad = [min(len(got), len(want))]
+        if not bad:
+            return
+        lo, hi = bad[0] * chunk, min(size, (bad[-1] + 1) * chunk)
+        where = f"bytes {lo:,}-{hi:,}"
+        if row_bytes > 0 and hi > offset:
+            r0 = max(0, lo - offset) // row_bytes
+            r1 = (hi - offset - 1) // row_bytes
+            where += f", rows {r0:,}-{r1:,}"
+        raise _Corrupt(f"checksum mismatch in {len(bad)} of {len(want)} chunk(s), {where}")
 
     # ------------------------------------------------------------------ write
     def save(self, key: str, array: np.ndarray, meta: Mapping[str, Any] | None = None) -> np.ndarray:
@@ -148,7 +252,7 @@ class FeatureCache:
         npy, meta_path = self._paths(key)
         npy.parent.mkdir(parents=True, exist_ok=True)
         array = np.ascontiguousarray(array)
-        if array.dtype == object:
+        if array.dtype.hasobject:
             raise ValueError("the feature cache stores numeric arrays only")
         # The description goes first out of the way: a stale one must never vouch for a new array.
         try:
@@ -163,13 +267,15 @@ class FeatureCache:
             "dtype": str(array.dtype),
             "nbytes": int(array.nbytes),
             "file_size": npy.stat().st_size,
-            "probe_sha256": _probe_hash(npy),
+            "checksum": {"algo": _HASH, "chunk_bytes": CHUNK_BYTES, "chunks": _file_chunk_digests(npy)},
+            "probe_sha256": _probe_hash(npy),  # what CrossView before the whole-file checksum checked
             "format_version": FORMAT_VERSION,
         }
         payload = json.dumps(info, indent=1, default=str).encode("utf-8")
         atomic_writer(meta_path, lambda f: f.write(payload))
-        stored = self.load(key)
-        assert stored is not None
+        if array.nbytes >= MMAP_BYTES:
+            return np.load(npy, mmap_mode="r", allow_pickle=False)
+        stored = array.copy()
         return stored
 
     def get_or_compute(self, key: str, compute: Callable[[], np.ndarray],
@@ -195,9 +301,11 @@ class FeatureCache:
             return out
         for meta_path in sorted(self.root.glob("??/*.json")):
             try:
-                out.append(json.loads(meta_path.read_text(encoding="utf-8")))
+                info = json.loads(meta_path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
+            if isinstance(info, dict) and "key" in info:
+                out.append(info)
         return out
 
     def size_bytes(self) -> int:

@@ -161,6 +161,10 @@ class TextEncoder:
         self.params: dict[str, Any] = {**self.defaults, **params}
         self._fitted = not self.needs_fit
 
+    def check_available(self) -> None:
+        """Raise :class:`WeightsNotFoundError` now (cheaply) if the files this encoder needs are missing,
+        so that a run fails before any heavy work rather than after it."""
+
     # ------------------------------------------------------------------ identity
     @property
     def name(self) -> str:
@@ -539,6 +543,9 @@ class GloveEncoder(TextEncoder):
 
     defaults = {"norm": None}
 
+    def check_available(self) -> None:
+        _glove_tables()
+
     def _dim(self) -> int:
         return int(_glove_tables()[0].shape[1])
 
@@ -642,6 +649,9 @@ class TransformerEncoder(TextEncoder):
         path = self._folder()
         _check_model_folder(path, self._what())
         return path
+
+    def check_available(self) -> None:
+        self._resolved()
 
     def _config(self) -> dict[str, Any]:
         path = self._resolved()

@@ -410,7 +410,9 @@ class MainWindow(QMainWindow):
                 g = load_dataset(g[len("corpus:"):], format="corpus")
             elif isinstance(g, str) and g not in run.dataset.splits and g != "all":
                 g = "all"
-            retriever = run.retriever(gallery=g)
+            # A corpus's captions are encoded on first use only (then cached): that encoding moves the bar.
+            retriever = run.retriever(gallery=g, progress=lambda _stage, done, total: progress(done, total),
+                                      should_stop=should_stop)
             annotations = AnnotationStore(run_dir)       # read now: a file that cannot be read keeps run A
             results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
             return run, retriever, annotations, results
@@ -418,9 +420,23 @@ class MainWindow(QMainWindow):
         task = Task(work, name="open-run", parent=self)
         self._run_task = task
         self.status_run.setText(f"Opening run {Path(run_dir).name} ...")
+        task.progress.connect(lambda done, total, t=task: self._on_run_progress(t, done, total))
+        task.finished.connect(lambda t=task: self._on_run_finished(t))
         task.succeeded.connect(lambda res, t=task: self._on_run_loaded(t, run_dir, res, show))
         task.failed.connect(lambda msg, details, t=task: self._on_run_failed(t, run_dir, msg, details))
         return task.start()
+
+    def _on_run_progress(self, task: Task, done: int, total: int) -> None:
+        if task is self._run_task:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+            self.progress.show()
+            self.status_run.setText(f"Encoding the caption corpus (first use only, then cached): "
+                                    f"{done:,}/{total:,} captions")
+
+    def _on_run_finished(self, task: Task) -> None:
+        if task is self._run_task and not (self._task is not None and self._task.is_running()):
+            self.progress.hide()
 
     def _on_run_loaded(self, task: Task, run_dir: str, res, show: str | None) -> None:
         if task is not self._run_task:

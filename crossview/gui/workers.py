@@ -221,6 +221,7 @@ class LatencyProbe(QObject):
         self.interval_ms = interval_ms
         self.max_gap_ms = 0.0
         self.ticks = 0
+        self.gaps_ms: list[float] = []      #: every gap beyond the interval (for percentiles in bench/)
         self._clock = QElapsedTimer()
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)
@@ -229,6 +230,7 @@ class LatencyProbe(QObject):
     def start(self) -> "LatencyProbe":
         self.max_gap_ms = 0.0
         self.ticks = 0
+        self.gaps_ms = []
         self._clock.start()
         self._timer.start()
         return self
@@ -241,7 +243,9 @@ class LatencyProbe(QObject):
         gap = self._clock.restart()
         self.ticks += 1
         if self.ticks > 1:  # the first gap includes the start-up
-            self.max_gap_ms = max(self.max_gap_ms, float(gap) - self.interval_ms)
+            late = float(gap) - self.interval_ms
+            self.gaps_ms.append(late)
+            self.max_gap_ms = max(self.max_gap_ms, late)
 
 
 #: Heavy modules the engine imports lazily. Importing one in a worker thread holds the GIL for up to

@@ -201,12 +201,20 @@ class Method:
         directions_differ: True when the i2t and t2i models differ (BITR).
         iterative: True when ``fit_iter(..., resume=True)`` continues from a loaded state.
         needs_text_features: False for methods that encode the captions themselves.
+        has_epoch_validation: False when the method does not score ``val`` per epoch / iteration
+            (closed form, or parameters chosen another way); ``validation_note`` then says how it
+            validates, in one sentence for the Train panel.
     """
 
     name: ClassVar[str] = ""
     directions_differ: ClassVar[bool] = False
     iterative: ClassVar[bool] = False
     needs_text_features: ClassVar[bool] = True
+    has_epoch_validation: ClassVar[bool] = True
+    validation_note: ClassVar[str] = ""
+    #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
+    default_image_norm: ClassVar[str] = "none"
+    default_text_norm: ClassVar[str] = "none"
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -226,6 +234,15 @@ class Method:
     def get_params(self) -> dict[str, Any]:
         """The current parameters, ``{name: value}``."""
         return {n: getattr(self, n) for n in self.param_names()}
+
+    def check_params(self) -> None:
+        """Raise :class:`CrossViewError` naming the first invalid parameter (a bad range, grid or choice).
+
+        The engine calls it before any feature extraction or training, so a typo costs nothing; methods
+        implement ``_check_params`` (which their ``fit_iter`` calls too)."""
+        check = getattr(self, "_check_params", None)
+        if check is not None:
+            check()
 
     def set_params(self, **params: Any) -> "Method":
         """Set parameters by name; an unknown name raises :class:`CrossViewError` listing the valid ones."""
@@ -326,7 +343,8 @@ class Method:
         return self
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically."""
+        """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically, in the
+        weights-only format of :func:`crossview.engine.io.save_checkpoint` (``"format": 2``)."""
         from crossview.engine.io import save_checkpoint
         return save_checkpoint(path, {"method_state": self.state_dict(), **(extra or {})})
 
@@ -336,10 +354,18 @@ class Method:
         from crossview.engine.io import load_checkpoint
         from crossview.methods import create_method
 
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path)   # weights-only: the file can hold no code
         state = ckpt.get("method_state")
-        if state is None:
+        if not isinstance(state, dict):
             raise CrossViewError(f"{path}: not a CrossView method checkpoint (no 'method_state')")
         name = state.get("method") or cls.name
+        if not isinstance(name, str) or not name:
+            raise CrossViewError(f"{path}: the checkpoint names no method; it is damaged: save the method again")
         method = create_method(name) if (cls is Method or cls.name != name) else cls()
-        return method.load_state_dict(state)
+        try:
+            return method.load_state_dict(state)
+        except CrossViewError:
+            raise
+        except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
+            raise CrossViewError(f"{path}: the method state does not fit {name!r} ({type(e).__name__}: "
+                                 f"{str(e)[:160]}); the checkpoint is damaged: save the method again") from None

@@ -1013,6 +1013,9 @@ class Bitr(Method):
 
     directions_differ = True
     iterative = True
+    has_epoch_validation = False
+    validation_note = ("BITR validates by k-fold cross-validation of C on the training split when c_grid is "
+                       "set (the chosen C and the score of each C are in the log), not per iteration.")
 
     def __init__(self, *, loss: str = "C", C: float = 1000.0, c_grid: Any = None, cv_folds: int = 5,
                  n_jobs: int = 1, normalize: str = "l2", pca_dim: int = 128, outputs: str = "continuous",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossview.data.dataset import PairedDataset, TextCorpus
+from crossview.data.readers._common import check_source, guarded, safe_resolve
 from crossview.errors import DatasetError
 
 
@@ -44,34 +45,38 @@ def known_formats() -> list[str]:
 
 
 def detect_format(path: Path) -> str:
-    """The reader name for ``path``; an error listing the formats when none (or several) match."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise DatasetError("no such file or folder", path,
-                           hint="Give a dataset file or folder, or 'demo' for the built-in demo")
-    for name, info in READERS.items():
-        if _module(info).detect(path):
-            return name
-    raise DatasetError("cannot tell the dataset format from this path", path,
-                       hint=f"Name it with --format ({', '.join(READERS)})")
+    """The reader name for ``path``; an error listing the formats when none (or several) match.
+
+    Never blocks and never raises anything but :class:`DatasetError`, whatever ``path`` is.
+    """
+    with guarded(path):
+        check_source(path)
+        path = safe_resolve(path)
+        for name, info in READERS.items():
+            if _module(info).detect(path):
+                return name
+        raise DatasetError("cannot tell the dataset format from this path", path,
+                           hint=f"Name it with --format ({', '.join(READERS)})")
 
 
 def load_dataset(source: str | Path, format: str | None = None,
                  image_root: str | Path | None = None) -> PairedDataset | TextCorpus:
     """Reads a dataset: ``"demo"`` for the built-in demo, or a file/folder in any supported format.
 
-    Raises :class:`~crossview.errors.DatasetError` (one clear line) on missing or malformed input;
-    recoverable problems (a missing image, an empty caption) are skipped and listed in ``.warnings``.
+    Raises :class:`~crossview.errors.DatasetError` (one clear line naming the file) on missing or malformed
+    input, whatever the input; recoverable problems (a missing image, an empty caption) are skipped and
+    counted in ``.warnings``.
     """
     if str(source) == "demo" or format == "demo":
         from crossview.data.demo import load_demo
         return load_demo()
-    path = Path(source).expanduser().resolve()
-    if format is None:
-        format = detect_format(path)
-    elif format not in READERS:
+    if format is not None and format not in READERS:
         raise DatasetError(f"unknown dataset format {format!r}", hint=f"Known formats: {', '.join(known_formats())}")
-    elif not path.exists():
-        raise DatasetError("no such file or folder", path)
-    reader = _module(READERS[format])
-    return reader.read(path, image_root=None if image_root is None else Path(image_root).expanduser())
+    with guarded(source):
+        check_source(source)
+        path = safe_resolve(source)
+        if format is None:
+            format = detect_format(path)
+        reader = _module(READERS[format])
+        root = None if image_root is None else safe_resolve(image_root)
+        return reader.read(path, image_root=root)

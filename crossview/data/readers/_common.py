@@ -1,84 +1,333 @@
-"""Helpers every reader shares: reading files with clear errors, checking images, cleaning captions."""
+"""Helpers every reader shares: reading files with clear errors, checking images, cleaning captions.
+
+Dataset files come from elsewhere, so every helper here assumes hostile input: a FIFO or a device where
+a file should be (opening it would block or never end), a symlink loop, a name too long for the file
+system, JSON nested deeper than Python's stack, numbers with thousands of digits, CSV fields past the csv
+module's limit, a byte-order mark. Each becomes a :class:`DatasetError` naming the file.
+"""
 
 from __future__ import annotations
 
+import codecs
 import csv
+import errno
+import functools
+import io
 import json
 import os
+import stat
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from crossview.errors import DatasetError
+from crossview.errors import CrossViewError, DatasetError
+
+_Read = TypeVar("_Read", bound=Callable[..., Any])
 
 #: Image file suffixes the folder readers look for.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
+#: Characters ``str.splitlines`` breaks on (a message must not contain any to stay one line), and the
+#: other control characters (a NUL or an escape sequence in a file name must not reach the terminal).
+_CONTROL = [chr(c) for c in (*range(0x20), *range(0x7f, 0xa0)) if chr(c) != "\t"] + ["\u2028", "\u2029"]
+_ESCAPE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in _CONTROL})
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` with line breaks and control characters escaped and cut to ``limit`` characters, for an
+    error message."""
+    text = str(text).translate(_ESCAPE_BREAKS)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """The ``repr`` of a value from a file, cut to ``limit`` characters (a value may be megabytes long)."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # deeply nested, or an int past the digit limit
+        text = f"<{type(value).__name__}>"
+    return one_line(text, limit)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def _os_problem(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "a symlink loop (the link points back at itself)"
+    if e.errno == errno.ENAMETOOLONG:
+        return "the name is too long for the file system"
+    return e.strerror or str(e)
+
+
+def path_stat(path: Path, what: str = "file or folder") -> os.stat_result:
+    """``os.stat`` of ``path`` (following links) with every failure as a :class:`DatasetError`."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise DatasetError(f"{what} not found", one_line(str(path)), hint="Check the path") from None
+    except OSError as e:
+        raise DatasetError(f"cannot open: {_os_problem(e)}", one_line(str(path))) from None
+    except ValueError:  # an embedded NUL character
+        raise DatasetError("not a valid path (it contains a NUL character)", one_line(repr(str(path)))) from None
+
+
+def safe_resolve(path: str | Path) -> Path:
+    """``Path(path).expanduser().resolve()``, with a symlink loop or a bad ``~user`` as a DatasetError."""
+    try:
+        return Path(path).expanduser().resolve()
+    except RuntimeError as e:  # Python 3.11: "Symlink loop from ...", or "Could not determine home directory"
+        problem = ("a symlink loop (the link points back at itself)" if "loop" in str(e).lower()
+                   else f"cannot expand the path ({one_line(str(e))})")
+        raise DatasetError(problem, one_line(str(path))) from None
+    except OSError as e:
+        raise DatasetError(f"cannot resolve the path: {_os_problem(e)}", one_line(str(path))) from None
+    except ValueError:
+        raise DatasetError("not a valid path (it contains a NUL character)", one_line(repr(str(path)))) from None
+
 
 def require_file(path: Path, what: str = "file") -> Path:
-    if not path.exists():
-        raise DatasetError(f"{what} not found", path, hint="Check the path")
-    if not path.is_file():
-        raise DatasetError(f"expected a {what}, found a folder", path)
+    """``path`` when it is a regular file (after links); else an error saying what it is instead."""
+    mode = path_stat(path, what).st_mode
+    if not stat.S_ISREG(mode):
+        kind = _kind(mode)
+        raise DatasetError(f"expected a {what}, found {kind}" + ("" if kind == "a folder" else
+                           " (not a regular file)"), path, hint="Give a regular file")
     return path
 
 
-def read_text(path: Path) -> str:
+def check_source(path: str | Path) -> None:
+    """A dataset path must be a folder or a regular file (links followed): a FIFO, device or socket is
+    refused before any reader opens it (reading a FIFO blocks until someone writes to it; /dev/zero never
+    ends). Errors name ``path`` as given, not where its links lead."""
+    path = Path(path)
+    if str(path).startswith("~"):
+        path = safe_resolve(path)
+    if not os.path.lexists(path):
+        raise DatasetError("no such file or folder", one_line(str(path)),
+                           hint="Give a dataset file or folder, or 'demo' for the built-in demo")
+    mode = path_stat(path).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        require_file(path, "dataset file or folder")  # raises, saying what it is instead
+
+
+def read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a regular file (at most ``limit``). A FIFO, device or socket is refused before it
+    can block: the file is opened non-blocking and checked with ``fstat`` on the open descriptor, so a
+    file swapped for a FIFO after a check cannot slip through."""
     require_file(path)
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise DatasetError(f"cannot read: {_os_problem(e)}", path) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DatasetError(f"expected a file, found {_kind(mode)} (not a regular file)", path,
+                               hint="Give a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read() if limit is None else f.read(limit)
+    except OSError as e:
+        raise DatasetError(f"cannot read: {_os_problem(e)}", path) from None
+    except MemoryError:
+        raise DatasetError("the file is too large to read into memory", path) from None
+    finally:
+        os.close(fd)
+
+
+def read_head(path: Path, n: int = 4096) -> bytes:
+    """The first ``n`` bytes of ``path`` for format detection; ``b""`` when it is not a readable
+    regular file (detection must never block on a FIFO or raise)."""
+    try:
+        return read_bytes(path, n)
+    except DatasetError:
+        return b""
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file (a leading byte-order mark is dropped), with a clear error when it is not."""
+    data = read_bytes(path)
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DatasetError("UTF-16 text, not UTF-8", path, hint="Save the file as UTF-8")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DatasetError(f"not UTF-8 text (byte {e.start}: {e.reason})", path,
                            hint="Save the file as UTF-8") from None
-    except OSError as e:
-        raise DatasetError(f"cannot read: {e.strerror}", path) from None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object, refusing a key given twice (``json`` would keep the last one without a word)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _json_error(e: Exception) -> str:
+    """The problem of a ``json.loads`` failure other than a syntax error."""
+    if isinstance(e, _DuplicateKey):
+        return f"the key {brief(e.key)} appears twice in one object"
+    if isinstance(e, RecursionError):
+        return "JSON nested too deeply to read"
+    if "digits" in str(e):  # ValueError: Exceeds the limit (4300 digits) for integer string conversion
+        return "a JSON number has too many digits (over 4,300)"
+    return f"invalid JSON ({one_line(str(e), 120)})"
+
+
+def load_json(text: str) -> Any:
+    """``json.loads`` refusing duplicate keys; raises JSONDecodeError, RecursionError, ValueError or
+    _DuplicateKey (see :func:`_json_error`)."""
+    return json.loads(text, object_pairs_hook=_object)
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file's document; any parse failure (syntax, nesting, huge numbers, duplicate keys) is one
+    DatasetError naming the file."""
     text = read_text(path)
     try:
-        return json.loads(text)
+        return load_json(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}", path) from None
+    except (RecursionError, ValueError, _DuplicateKey) as e:
+        raise DatasetError(_json_error(e), path, hint="Check that the file is the dataset's JSON") from None
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """Yields (line number, object) for each non-blank line; a bad line is an error naming it."""
-    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
+    for lineno, line in enumerate(read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = load_json(line)
         except json.JSONDecodeError as e:
             raise DatasetError(f"invalid JSON: {e.msg} (column {e.colno})", path, f"line {lineno}") from None
+        except (RecursionError, ValueError, _DuplicateKey) as e:
+            raise DatasetError(_json_error(e), path, f"line {lineno}") from None
         if not isinstance(obj, dict):
             raise DatasetError(f"expected a JSON object, got {type(obj).__name__}", path, f"line {lineno}")
         yield lineno, obj
 
 
 def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
-    """Yields (line number, row dict) of a CSV/TSV file with a header; checks the required columns."""
+    """Yields (line number, row dict) of a CSV/TSV file with a header; checks the required columns.
+
+    Column names are matched lower-cased; a column named twice is an error naming it. A field longer
+    than the csv module's limit (131,072 characters, usually an unclosed quote) is an error naming the line.
+    """
     text = read_text(path)
-    lines = text.splitlines()
-    if not lines:
+    if not text.strip():
         raise DatasetError("the file is empty", path)
     try:
-        dialect = csv.Sniffer().sniff(lines[0], delimiters=",\t;")
+        # The sniffer's regexes on a megabyte-long header line would take minutes: the start is enough.
+        dialect = csv.Sniffer().sniff(text.lstrip("\r\n").splitlines()[0][:4096], delimiters=",\t;")
     except csv.Error:
         dialect = csv.excel
-    reader = csv.DictReader(lines, dialect=dialect)
-    fields = [f.strip().lower() for f in (reader.fieldnames or [])]
+    # newline="": only \r and \n end a row (str.splitlines would also break a caption at U+2028 or \x85).
+    reader = csv.DictReader(io.StringIO(text, newline=""), dialect=dialect)
+    try:
+        header = reader.fieldnames or []
+    except csv.Error as e:
+        raise DatasetError(f"cannot parse the header ({one_line(str(e), 120)})", path, "line 1") from None
+    fields = [f.strip().lower() for f in header]
+    seen: set[str] = set()
+    for f in fields:
+        if f in seen:
+            raise DatasetError(f"column {brief(f)} appears twice in the header", path, "line 1",
+                               hint="Name each column once")
+        seen.add(f)
     missing = [c for c in required if c not in fields]
     if missing:
-        raise DatasetError(f"missing column(s) {', '.join(missing)} in the header (found: {', '.join(fields)})",
+        raise DatasetError(f"missing column(s) {', '.join(missing)} in the header (found: "
+                           f"{one_line(', '.join(fields), 200)})",
                            path, "line 1", hint=f"The first line must name the columns, e.g. {','.join(required)}")
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise DatasetError(f"cannot parse CSV ({one_line(str(e), 120)})", path, f"line {reader.reader.line_num}",
+                               hint="Check for an unclosed quote before this line") from None
         lineno = reader.line_num
         if None in row:
             raise DatasetError("more fields than columns in the header (quote fields that contain the "
                                "delimiter)", path, f"line {lineno}")
         yield lineno, {(k or "").strip().lower(): (v or "").strip() for k, v in row.items()}
+
+
+@contextmanager
+def guarded(path: str | Path | None) -> Iterator[None]:
+    """The last line of defence around a reader: whatever escapes becomes one :class:`DatasetError` line
+    naming ``path``. Readers raise precise errors themselves; this catches what they did not foresee
+    (the exception's type stays in the message, and in ``__cause__``, so the gap can be fixed)."""
+    where = None if path is None else one_line(str(path))
+    try:
+        yield
+    except DatasetError as e:
+        if e.path is None and where is not None and where not in str(e):
+            raise DatasetError(one_line(e.problem), where, one_line(e.entry) if e.entry else None, e.hint) from None
+        if len(str(e).splitlines()) > 1 or len(str(e)) > 1500:
+            raise DatasetError(one_line(e.problem, 500), one_line(e.path, 500) if e.path else where,
+                               one_line(e.entry) if e.entry else None,
+                               one_line(e.hint) if e.hint else None) from None
+        raise
+    except CrossViewError:
+        raise
+    except RecursionError as e:
+        raise DatasetError("nested too deeply to read", where, hint="Check that this is the dataset's file") from e
+    except MemoryError as e:
+        raise DatasetError("too large to read into memory", where) from e
+    except Exception as e:  # noqa: BLE001 - the point of this guard: never a traceback on a dataset
+        raise DatasetError(f"cannot read this dataset ({type(e).__name__}: {one_line(str(e), 160)})", where,
+                           hint="The file looks damaged; check it, or report this message if it is valid") from e
+
+
+def reader(read: _Read) -> _Read:
+    """Decorates a reader's ``read(path, image_root=None)``: whatever it meets, it raises nothing but
+    :class:`DatasetError` (one line naming ``path``), also when called directly rather than through
+    ``load_dataset``."""
+    @functools.wraps(read)
+    def guarded_read(path: Path, image_root: Path | None = None) -> Any:
+        with guarded(path):
+            check_source(path)  # a FIFO or device is named as given, before links are resolved
+            return read(path, image_root=image_root)
+    return guarded_read  # type: ignore[return-value]
+
+
+def detector(detect: Callable[[Path], bool]) -> Callable[[Path], bool]:
+    """Decorates a reader's ``detect(path)``: a path that cannot be examined (a name too long for the
+    file system, a NUL character, a loop) is not that format, rather than an exception."""
+    @functools.wraps(detect)
+    def safe_detect(path: Path) -> bool:
+        try:
+            return bool(detect(Path(path)))
+        except (OSError, ValueError, RuntimeError):
+            return False
+    return safe_detect
 
 
 def clean_caption(text: Any) -> str | None:
@@ -116,17 +365,25 @@ def check_images_exist(paths: Sequence[str], source: Path, root: Path, entry_nam
     n_missing = int((~exists).sum())
     if len(paths) and n_missing == len(paths):
         raise DatasetError(
-            f"none of the {len(paths)} {what}s it lists exist under {root} (first: {paths[0]})", source,
+            f"none of the {len(paths)} {what}s it lists exist under {root} (first: {one_line(paths[0], 200)})",
+            source,
             hint="Point --image-root at the folder that holds the images")
     if n_missing:
-        first = [f"{entry_names[i]} -> {paths[i]}" for i in np.flatnonzero(~exists)[:3]]
+        first = [f"{one_line(entry_names[i], 200)} -> {one_line(paths[i], 200)}"
+                 for i in np.flatnonzero(~exists)[:3]]
         warnings.append(f"skipped {n_missing} of {len(paths)} {what}s whose file is missing "
                         f"(first: {'; '.join(first)})")
     return exists
 
 
 def relative_to_root(root: Path, name: str) -> str:
-    p = Path(name).expanduser()
+    """``name`` as an absolute path: ``~`` expanded, relative names joined to ``root``."""
+    p = Path(name)
+    if name.startswith("~"):
+        try:
+            p = p.expanduser()
+        except RuntimeError:  # "~nosuchuser/a.jpg": kept as written, then reported missing
+            pass
     return str(p if p.is_absolute() else (root / p))
 
 
@@ -135,11 +392,12 @@ def guess_image_root(base: Path, sample: Sequence[str], candidates: Sequence[str
     probe = [s for s in sample[:5]]
     for cand in candidates:
         root = base / cand if cand else base
-        if root.is_dir() and probe and all((root / s).is_file() for s in probe):
+        # os.path.isfile, not Path.is_file: it is False (not OSError) for a name over 255 characters.
+        if os.path.isdir(root) and probe and all(os.path.isfile(root / s) for s in probe):
             return root
     for cand in candidates:  # a folder of that name exists even if the sample is incomplete
         root = base / cand if cand else base
-        if cand and root.is_dir() and probe and any((root / s).is_file() for s in probe):
+        if cand and os.path.isdir(root) and probe and any(os.path.isfile(root / s) for s in probe):
             return root
     return base
 

@@ -11,20 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from crossview.data.dataset import TextCorpus
-from crossview.data.readers._common import clean_caption, read_text
+from crossview.data.readers._common import clean_caption, detector, read_text, reader, safe_resolve
 from crossview.errors import DatasetError
 
 #: ``.txt`` files that belong to other readers.
 NOT_CORPORA = ("tags.txt", "labels.txt")
 
 
+@detector
 def detect(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() == ".txt" and path.name.lower() not in NOT_CORPORA
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> TextCorpus:
     """Reads the corpus; ``image_root`` is ignored (there are no images)."""
-    path = Path(path).expanduser().resolve()
+    path = safe_resolve(path)
     text = read_text(path)
     if not text:
         raise DatasetError("the file is empty", path, hint="A corpus has one caption a line")

@@ -13,12 +13,14 @@ captions per image. Images are under ``imgs/`` beside the JSON (``imgs/CUHK01/01
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, clean_caption, guess_image_root, read_json
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import guess_image_root, read_head, read_json, reader, safe_resolve
 from crossview.errors import DatasetError
 
 JSON_NAME = "reid_raw.json"
@@ -26,27 +28,37 @@ ROOT_CANDIDATES = ("imgs", "")
 SPLIT_NAMES = {"train": "train", "val": "val", "dev": "val", "test": "test"}
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return (path / JSON_NAME).is_file()
     if path.suffix.lower() != ".json":
         return False
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
+    if path.name.lower() == JSON_NAME:
+        return True
+    head = read_head(path).removeprefix(b"\xef\xbb\xbf").lstrip()
     return head.startswith(b"[") and b'"file_path"' in head
 
 
+#: Identity ids are stored as int64 (labels); larger ones cannot be.
+_ID_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
 def _identity(value: object, path: Path, where: str) -> int:
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,19}\s*", value):  # ASCII digits only
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
+        if not _ID_RANGE[0] <= value <= _ID_RANGE[1]:
+            raise DatasetError(f"'id' {brief(value, 30)} is out of range (ids must fit in 64 bits)", path, where,
+                               hint="Number the identities 0, 1, 2, ...")
         return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    raise DatasetError(f"'id' must be an integer, got {value!r}", path, where)
+    raise DatasetError(f"'id' must be an integer, got {brief(value)}", path, where)
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads ``reid_raw.json`` (or the folder holding it)."""
-    path = Path(path).expanduser().resolve()
+    path = safe_resolve(path)
     if path.is_dir():
         path = path / JSON_NAME
     doc = read_json(path)
@@ -69,7 +81,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             raise DatasetError("missing or empty 'file_path'", path, f"entry {k}",
                                hint="Each entry needs file_path, id, captions and split")
         fp = fp.strip()
-        where = f"entry {k} {fp!r}"
+        where = f"entry {k} {brief(fp)}"
         if fp in seen:
             raise DatasetError(f"duplicate file_path: the same image as entry {seen[fp]}", path, where,
                                hint="Each image must appear once; merge their captions")
@@ -80,7 +92,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             raise DatasetError("missing 'captions' list", path, where)
         split = e.get("split")
         if not isinstance(split, str) or split.strip().lower() not in SPLIT_NAMES:
-            raise DatasetError(f"'split' must be train, val or test, got {split!r}", path, where)
+            raise DatasetError(f"'split' must be train, val or test, got {brief(split)}", path, where)
         rel_names.append(fp)
         entry_names.append(where)
         ids.append(_identity(e["id"], path, where))
@@ -88,7 +100,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
 
     if image_root is None:
         image_root = guess_image_root(path.parent, rel_names, ROOT_CANDIDATES)
-    image_root = Path(image_root).expanduser().resolve()
+    image_root = safe_resolve(image_root)
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]

@@ -30,8 +30,9 @@ from typing import Iterator
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, clean_caption, generated_splits, iter_csv
-from crossview.data.readers._common import iter_jsonl, relative_to_root, require_file, split_tags
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import generated_splits, iter_csv, iter_jsonl, read_head, reader
+from crossview.data.readers._common import relative_to_root, require_file, safe_resolve, split_tags
 from crossview.errors import DatasetError
 
 #: The file names looked for in a folder, in this order.
@@ -40,6 +41,7 @@ SUFFIXES = (".jsonl", ".csv", ".tsv")
 SPLIT_ALIASES = {"dev": "val", "validation": "val", "valid": "val"}
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return any((path / n).is_file() for n in CAPTION_FILES)
@@ -47,8 +49,7 @@ def detect(path: Path) -> bool:
         return True
     if path.suffix.lower() not in SUFFIXES:
         return False
-    with open(path, "rb") as f:
-        head = f.readline(4096).lower()
+    head = read_head(path).split(b"\n", 1)[0].lower()
     return b"image" in head and b"caption" in head
 
 
@@ -80,10 +81,11 @@ def _optional(value: object) -> str | None:
     return s or None
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a captions file (or the folder holding it) into a :class:`PairedDataset`."""
-    path = _caption_file(Path(path).expanduser().resolve())
-    root = Path(image_root if image_root is not None else path.parent).expanduser().resolve()
+    path = _caption_file(safe_resolve(path))
+    root = safe_resolve(image_root if image_root is not None else path.parent)
     if not root.is_dir():
         raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
 
@@ -101,9 +103,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             raise DatasetError("missing or empty 'image'", path, f"line {lineno}",
                                hint="Each line needs an image path and a caption")
         image = image.strip()
-        where = f"line {lineno} {image!r}"
+        where = f"line {lineno} {brief(image)}"
         if "caption" not in row:
-            raise DatasetError(f"no 'caption' key (found: {', '.join(row)})", path, where)
+            raise DatasetError(f"no 'caption' key (found: {brief(', '.join(row), 120)})", path, where)
         caption = row["caption"]
         if caption is not None and not isinstance(caption, str):
             raise DatasetError(f"'caption' must be a string, got {type(caption).__name__}", path, where)
@@ -116,6 +118,15 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             img_label.append(None)
             img_split.append(None)
             img_tags.append([])
+        if isinstance(row.get("label"), (list, dict, bool)):
+            raise DatasetError(f"'label' must be a string or a number, got {type(row['label']).__name__} "
+                               f"{brief(row['label'])}", path, where)
+        if not isinstance(row.get("split"), (str, type(None))):
+            raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
+                               f"{type(row['split']).__name__} {brief(row['split'])}", path, where)
+        if not isinstance(row.get("tags"), (list, str, type(None))):
+            raise DatasetError(f"'tags' must be a list or a string, got {type(row['tags']).__name__} "
+                               f"{brief(row['tags'])}", path, where)
         has_label |= "label" in row
         has_split |= "split" in row
         has_tags |= "tags" in row
@@ -126,7 +137,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             if value is None:
                 continue
             if store[i] is not None and store[i][0] != value:
-                raise DatasetError(f"{key} {value!r} differs from {store[i][0]!r} given for the same image "
+                raise DatasetError(f"{key} {brief(value)} differs from {brief(store[i][0])} given for the same image "
                                    f"on line {store[i][1]}", path, where,
                                    hint=f"Give one {key} per image")
             store[i] = (value, lineno)

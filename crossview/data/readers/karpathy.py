@@ -12,14 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, guess_image_root, read_json
-from crossview.data.readers._common import clean_caption, split_tags
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import guess_image_root, one_line, read_head, read_json, reader
+from crossview.data.readers._common import safe_resolve, split_tags
 from crossview.errors import DatasetError
 
 #: Folders next to the JSON where the images usually are, tried in order.
 ROOT_CANDIDATES = ("images", "Images", "Flicker8k_Dataset", "Flickr8k_Dataset", "flickr30k-images", "")
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return len(list(path.glob("dataset_*.json"))) == 1
@@ -27,9 +29,25 @@ def detect(path: Path) -> bool:
         return False
     # Any JSON file that is not a top-level list (CUHK-PEDES) is read as Karpathy, so that a broken
     # or misshapen file gets the reader's precise error instead of "unknown format".
-    with open(path, "rb") as f:
-        head = f.read(64).lstrip()
+    head = read_head(path, 64).removeprefix(b"\xef\xbb\xbf").lstrip()
     return not head.startswith(b"[")
+
+
+def _name(value: object, path: Path) -> str:
+    """The dataset's name: its ``"dataset"`` string (cut to one short line), else from the file name."""
+    if isinstance(value, str) and value.strip():
+        return one_line(" ".join(value.split()), 80)
+    return path.stem.removeprefix("dataset_")
+
+
+def _check_optional_fields(e: dict, path: Path, name: str) -> None:
+    """The optional keys, when present, have the types they are read as (else one error naming the entry)."""
+    for key, types, what in (("filepath", (str,), "a string"), ("label", (str, int, float), "a string or a number"),
+                             ("tags", (list, str), "a list or a string"),
+                             ("labels", (list, str), "a list or a string")):
+        value = e.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise DatasetError(f"{key!r} must be {what}, got {type(value).__name__} {brief(value)}", path, name)
 
 
 def _json_path(path: Path) -> Path:
@@ -41,6 +59,7 @@ def _json_path(path: Path) -> Path:
     return path
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a Karpathy split file (or a folder holding exactly one ``dataset_*.json``)."""
     path = _json_path(Path(path))
@@ -63,23 +82,33 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if not isinstance(fname, str) or not fname.strip():
             raise DatasetError("missing or empty 'filename'", path, f"images[{k}]")
         rel = str(Path(e["filepath"]) / fname) if isinstance(e.get("filepath"), str) else fname
-        name = f"images[{k}] {fname!r}"
+        name = f"images[{k}] {brief(fname)}"
         if rel in seen_files:
             raise DatasetError(f"duplicate image: the same file as images[{seen_files[rel]}]", path, name,
                                hint="Each image must appear once; merge their sentences")
         seen_files[rel] = k
-        imgid = e.get("imgid", k)
+        imgid = e.get("imgid")
+        if imgid is None:
+            imgid = k
+        elif isinstance(imgid, bool) or not isinstance(imgid, (int, str)):
+            raise DatasetError(f"'imgid' must be an integer or a string, got {type(imgid).__name__} "
+                               f"{brief(imgid)}", path, name, hint="Give each image a unique number")
         if imgid in seen_ids:
-            raise DatasetError(f"duplicate imgid {imgid!r} (also images[{seen_ids[imgid]}])", path, name)
+            raise DatasetError(f"duplicate imgid {brief(imgid)} (also images[{seen_ids[imgid]}])", path, name)
         seen_ids[imgid] = k
         if not isinstance(e.get("sentences"), list):
             raise DatasetError("missing 'sentences' list", path, name)
+        split = e.get("split")
+        if split is not None and not isinstance(split, str):
+            raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
+                               f"{type(split).__name__} {brief(split)}", path, name)
+        _check_optional_fields(e, path, name)
         rel_names.append(rel)
         entry_names.append(name)
 
     if image_root is None:
         image_root = guess_image_root(path.parent, rel_names, ROOT_CANDIDATES)
-    image_root = Path(image_root).expanduser().resolve()
+    image_root = safe_resolve(image_root)
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]
@@ -93,7 +122,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     tags: list[list[str]] = []
     label_sets: list[list[str]] = []
     has_tags = has_sets = has_label = False
-    n_empty = n_nocap = 0
+    n_empty = n_nocap = n_nosplit = 0
     for k, e in enumerate(entries):
         if not exists[k]:
             continue
@@ -114,8 +143,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         paths.append(abs_paths[k])
         captions.extend(caps)
         cap_img.extend([i] * len(caps))
-        split = e.get("split", "train")
-        split_of.append(str(split).strip().lower() or "train")
+        split = (e.get("split") or "").strip().lower()
+        n_nosplit += not split
+        split_of.append(split or "train")
         has_label |= "label" in e
         label_raw.append(e.get("label"))
         has_tags |= "tags" in e
@@ -126,6 +156,8 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         warnings.append(f"skipped {n_empty} empty caption(s)")
     if n_nocap:
         warnings.append(f"skipped {n_nocap} image(s) with no non-empty caption")
+    if n_nosplit:
+        warnings.append(f"{n_nosplit} image(s) have no split and were put in 'train'")
     if not paths:
         raise DatasetError("no image with both a file and a caption remains", path)
 
@@ -140,7 +172,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         lookup = {n: j for j, n in enumerate(label_names)}
         labels = np.array([lookup[str(v)] for v in label_raw], dtype=np.int64)
     return PairedDataset(
-        name=str(doc.get("dataset") or path.stem.removeprefix("dataset_")),
+        name=_name(doc.get("dataset"), path),
         captions=captions,
         caption_image=np.asarray(cap_img, dtype=np.int64),
         image_paths=paths,

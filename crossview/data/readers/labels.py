@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist
+from crossview.data.readers._common import check_images_exist, check_source, detector, guarded, one_line
+from crossview.data.readers._common import reader, safe_resolve
 from crossview.data.readers.webtags import SUFFIXES, find_list_file, read_image_lists
 from crossview.errors import DatasetError
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return any((path / f"labels{s}").is_file() for s in SUFFIXES)
@@ -51,15 +53,16 @@ def split_labels(value: Any) -> list[str]:
 
 
 def _image_root(path: Path, image_root: Path | None) -> Path:
-    root = Path(image_root if image_root is not None else path.parent).expanduser().resolve()
+    root = safe_resolve(image_root if image_root is not None else path.parent)
     if not root.is_dir():
         raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
     return root
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a labels file (or the folder holding it) into a :class:`PairedDataset` with no captions."""
-    path = find_list_file(Path(path).expanduser().resolve(), "labels")
+    path = find_list_file(safe_resolve(path), "labels")
     root = _image_root(path, image_root)
     entries = read_image_lists(path, "labels", split_labels, root, spaces_in_txt=False)
     if not entries:
@@ -99,7 +102,13 @@ def attach_label_sets(ds: PairedDataset, path: Path, image_root: Path | None = N
     that the file does not list get an empty set; entries that match no image of ``ds`` are ignored;
     both are counted in the warnings. No match at all is an error.
     """
-    path = find_list_file(Path(path).expanduser().resolve(), "labels")
+    with guarded(path):
+        check_source(path)
+        return _attach_label_sets(ds, safe_resolve(path), image_root)
+
+
+def _attach_label_sets(ds: PairedDataset, path: Path, image_root: Path | None) -> PairedDataset:
+    path = find_list_file(path, "labels")
     if ds.image_paths is None:
         raise DatasetError(f"cannot match labels to {ds.name!r}: its images are feature rows, not files", path,
                            hint="Label sets can be attached only to a dataset with image files")
@@ -117,13 +126,13 @@ def attach_label_sets(ds: PairedDataset, path: Path, image_root: Path | None = N
             label_sets[i] = labels
             matched[i] = True
     if not matched.any():
-        first = f" (first: {unmatched[0]})" if unmatched else ""
+        first = f" (first: {one_line(unmatched[0], 200)})" if unmatched else ""
         raise DatasetError(f"none of its {len(entries)} entries match an image of {ds.name!r}{first}", path,
                            hint="Image paths are resolved against the labels file's folder; pass the image root")
     warnings = list(ds.warnings)
     if unmatched:
         warnings.append(f"ignored {len(unmatched)} of {len(entries)} entries of {path.name} that match no image "
-                        f"(first: {unmatched[0]})")
+                        f"(first: {one_line(unmatched[0], 200)})")
     n_missing = int((~matched).sum())
     if n_missing:
         warnings.append(f"{n_missing} of {ds.n_images} image(s) are not in {path.name} (empty label set)")

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import clean_caption, read_text
+from crossview.data.readers._common import clean_caption, detector, one_line, read_text, reader, require_file
+from crossview.data.readers._common import safe_resolve
 from crossview.errors import DatasetError
 
 #: (file prefix, split name), in concatenation order.
@@ -31,6 +32,7 @@ SPLITS = (("train", "train"), ("dev", "val"), ("val", "val"), ("test", "test"), 
 REPEAT = 5
 
 
+@detector
 def detect(path: Path) -> bool:
     if not path.is_dir():
         return False
@@ -38,11 +40,15 @@ def detect(path: Path) -> bool:
 
 
 def _load_features(path: Path) -> np.ndarray:
+    require_file(path, ".npy file")  # np.load on a FIFO would block
     try:
-        arr = np.load(path, mmap_mode="r")
-    except (ValueError, OSError, EOFError) as e:
-        # A file that is not .npy makes numpy fall back to unpickling, which it refuses.
-        why = "not a .npy file of numbers" if "pickle" in str(e) else f"cannot read as a .npy array ({e})"
+        with np.errstate(all="ignore"):  # a huge shape in a damaged header overflows numpy's size check
+            arr = np.load(path, mmap_mode="r")
+    except Exception as e:  # noqa: BLE001 - numpy's header parser (tokenize + ast.literal_eval, never
+        # eval) raises ValueError, TokenError, SyntaxError, RecursionError, OverflowError... on a damaged
+        # header. A file that is not .npy makes numpy fall back to unpickling, which it refuses.
+        why = ("not a .npy file of numbers" if "pickle" in str(e)
+               else f"cannot read as a .npy array ({one_line(str(e), 160)})")
         raise DatasetError(why, path,
                            hint="Save the features with numpy.save as an (n_images, d) array") from None
     if not isinstance(arr, np.ndarray):
@@ -55,7 +61,22 @@ def _load_features(path: Path) -> np.ndarray:
         raise DatasetError(f"expected numeric features, got dtype {arr.dtype}", path)
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise DatasetError(f"the feature array is empty (shape {arr.shape})", path)
+    bad = _non_finite_rows(arr)
+    if len(bad):
+        raise DatasetError(f"{len(bad)} of {arr.shape[0]} feature rows hold NaN or infinite values (first: row "
+                           f"{bad[0]})", path, hint="Re-extract the features; no method can use such rows")
     return arr
+
+
+def _non_finite_rows(arr: np.ndarray) -> np.ndarray:
+    """Indices of the rows of a (possibly memory-mapped) ``(n, d)`` array holding NaN or inf, read in
+    ~16 MB blocks."""
+    if not np.issubdtype(arr.dtype, np.floating):
+        return np.zeros(0, dtype=np.int64)
+    per_block = max(1, (1 << 24) // max(1, arr.shape[1] * arr.dtype.itemsize))
+    bad = [start + np.flatnonzero(~np.isfinite(np.asarray(arr[start:start + per_block])).all(axis=1))
+           for start in range(0, arr.shape[0], per_block)]
+    return np.concatenate(bad)
 
 
 def _rows_repeated(ims: np.ndarray, k: int) -> bool:
@@ -123,9 +144,10 @@ def _read_split(prefix: str, ims_path: Path, caps_path: Path, warnings: list[str
     return ims, captions, cap_arr
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads every split of a ``*_precomp`` folder; ``image_root`` is ignored (there are no image files)."""
-    path = Path(path).expanduser().resolve()
+    path = safe_resolve(path)
     if not path.is_dir():
         raise DatasetError("expected a *_precomp folder with {split}_ims.npy and {split}_caps.txt", path)
     found: list[tuple[str, str, Path, Path]] = []

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import IMAGE_SUFFIXES, check_images_exist, clean_caption, read_text
+from crossview.data.readers._common import IMAGE_SUFFIXES, brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import read_text, reader, safe_resolve
 from crossview.errors import DatasetError
 
 TEXT_DIR = "text_c10"
@@ -31,6 +32,7 @@ TEXT_DIR = "text_c10"
 IMAGE_DIRS = ("images", "jpg")
 
 
+@detector
 def detect(path: Path) -> bool:
     return path.is_dir() and ((path / TEXT_DIR).is_dir() or path.name == TEXT_DIR)
 
@@ -58,7 +60,7 @@ def _read_class_file(path: Path, classes: dict[str, int]) -> list[str]:
         if not name:
             continue
         if name not in classes:
-            raise DatasetError(f"unknown class {name!r} (no such folder in {TEXT_DIR}/)", path, f"line {lineno}",
+            raise DatasetError(f"unknown class {brief(name)} (no such folder in {TEXT_DIR}/)", path, f"line {lineno}",
                                hint=f"Each line must name a class folder of {TEXT_DIR}/")
         names.append(name)
     return names
@@ -82,20 +84,21 @@ def _class_splits(root: Path, classes: dict[str, int], warnings: list[str]) -> d
             continue
         for name in _read_class_file(f, classes):
             if name in split_of and file_of[name] != f:
-                raise DatasetError(f"class {name!r} is also listed in {file_of[name].name}", f,
+                raise DatasetError(f"class {brief(name)} is also listed in {file_of[name].name}", f,
                                    hint="Splits must not share classes")
             split_of[name] = split
             file_of[name] = f
     unlisted = [c for c in classes if c not in split_of]
     if unlisted:
         warnings.append(f"{len(unlisted)} class(es) are in no split file and were left out "
-                        f"(first: {unlisted[0]})")
+                        f"(first: {brief(unlisted[0])})")
     return split_of
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a Reed et al. ``text_c10`` dataset root (CUB-200 or Oxford-102 Flowers)."""
-    root = Path(path).expanduser().resolve()
+    root = safe_resolve(path)
     if root.name == TEXT_DIR:
         root = root.parent
     text_dir = root / TEXT_DIR
@@ -107,7 +110,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     classes = {d.name: j for j, d in enumerate(class_dirs)}
 
     if image_root is not None:
-        base = Path(image_root).expanduser().resolve()
+        base = safe_resolve(image_root)
         if not base.is_dir():
             raise DatasetError("image root is not a folder", base, hint="Pass --image-root FOLDER")
     else:

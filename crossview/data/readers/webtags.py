@@ -23,13 +23,15 @@ from typing import Any, Callable
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, iter_csv, iter_jsonl, read_text
-from crossview.data.readers._common import relative_to_root, require_file, split_tags
+from crossview.data.readers._common import brief, check_images_exist, detector, iter_csv, iter_jsonl
+from crossview.data.readers._common import read_text, reader, relative_to_root, require_file, safe_resolve
+from crossview.data.readers._common import split_tags
 from crossview.errors import DatasetError
 
 SUFFIXES = (".jsonl", ".csv", ".txt")
 
 
+@detector
 def detect(path: Path) -> bool:
     if path.is_dir():
         return any((path / f"tags{s}").is_file() for s in SUFFIXES)
@@ -63,7 +65,7 @@ def read_image_lists(path: Path, key: str, split_values: Callable[[Any], list[st
     if suffix == ".jsonl":
         for lineno, obj in iter_jsonl(path):
             if key not in obj:
-                raise DatasetError(f"no {key!r} key (found: {', '.join(obj)})", path, f"line {lineno}",
+                raise DatasetError(f"no {key!r} key (found: {brief(', '.join(obj), 120)})", path, f"line {lineno}",
                                    hint=f'Each line must look like {{"image": "a.jpg", "{key}": ["x", "y"]}}')
             value = obj[key]
             if value is not None and not isinstance(value, (list, str)):
@@ -91,7 +93,7 @@ def read_image_lists(path: Path, key: str, split_values: Callable[[Any], list[st
         if not isinstance(image, str) or not image.strip():
             raise DatasetError("missing or empty 'image'", path, f"line {lineno}")
         image = image.strip()
-        where = f"line {lineno} {image!r}"
+        where = f"line {lineno} {brief(image)}"
         abs_path = os.path.normpath(relative_to_root(root, image))
         if abs_path in seen:
             raise DatasetError(f"duplicate image: also listed on {seen[abs_path]}", path, where,
@@ -101,10 +103,11 @@ def read_image_lists(path: Path, key: str, split_values: Callable[[Any], list[st
     return out
 
 
+@reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     """Reads a tags file (or the folder holding it) into a :class:`PairedDataset` with no captions."""
-    path = find_list_file(Path(path).expanduser().resolve(), "tags")
-    root = Path(image_root if image_root is not None else path.parent).expanduser().resolve()
+    path = find_list_file(safe_resolve(path), "tags")
+    root = safe_resolve(image_root if image_root is not None else path.parent)
     if not root.is_dir():
         raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
     entries = read_image_lists(path, "tags", split_tags, root, spaces_in_txt=True)

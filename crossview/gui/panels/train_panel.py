@@ -1,7 +1,8 @@
 """The Train panel: pick a method (from the registry, with its card), set its parameters (a form built
-from the card: defaults, tooltips, ranges), the features and the device; start / pause / stop /
-resume; progress with ETA, live curves of every loss term per step and of R@K / rsum per validation,
-a log, and the runs list (open, rename, delete with confirmation).
+from the card: defaults, tooltips, ranges), the split to evaluate on, the features and the device;
+start / pause / stop / resume; progress with ETA, live curves (:mod:`crossview.gui.curves`: one plot
+per quantity family, R@K / rsum per validation or a note saying why there is none), a log, and the
+runs list (open, open a run folder from anywhere, rename, delete with confirmation).
 
 The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume`, a generator of events
 driven by an :class:`~crossview.gui.workers.EventTask`; nothing here trains. Methods registered later
@@ -16,19 +17,52 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QDoubleValidator
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QInputDialog, QLabel,
-                               QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPlainTextEdit, QProgressBar,
-                               QPushButton, QScrollArea, QSpinBox, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
+                               QInputDialog, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMessageBox,
+                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSpinBox,
+                               QSplitter, QVBoxLayout, QWidget)
 
 from crossview.engine.events import CheckpointSaved, Finished, Log, Loss, Progress, Validation
 from crossview.errors import CrossViewError
+from crossview.gui.curves import CurveBoard
 from crossview.gui.workers import EventTask, preload_engine_modules
 
-CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#116329"]
-VALIDATION_KEYS = ("R@1", "R@5", "R@10")
+AUTO_SPLIT_TEXT = "auto (test, else val, else a held-out part of train)"
+
+
+def _images(n: int) -> str:
+    return f"{n:,} image" + ("" if n == 1 else "s")
+
+
+def describe_split(dataset: Any, choice: str | None, seed: int = 0) -> str:
+    """One line saying what training on ``dataset`` evaluates on for ``choice`` (``None`` = auto) and
+    whether a val split is left for early stopping / model selection (the engine's rule,
+    :func:`crossview.engine.splits.plan_splits`; a choice it rejects gives its message)."""
+    from crossview.engine.splits import HELDOUT, plan_splits
+
+    try:
+        plan = plan_splits(dataset, choice, seed=seed)
+    except CrossViewError as e:
+        return str(e)
+    splits = dataset.splits
+    if plan.eval == HELDOUT and plan.derived:
+        n_out, n_rest = len(plan.derived[HELDOUT]), len(plan.derived[plan.train])
+        return (f"this dataset has neither test nor val: evaluates on {_images(n_out)} held out of "
+                f"{plan.train} (seed {seed}, recorded in the run) and trains on the other {n_rest:,}; "
+                "no early stopping")
+    n = len(splits[plan.eval])
+    if choice is None:
+        head = (f"auto: evaluates on test ({_images(n)})" if plan.eval == "test" else
+                f"this dataset has no test split: evaluates on {plan.eval} ({_images(n)})")
+    else:
+        head = f"evaluates on {plan.eval} ({_images(n)})"
+    if plan.val:
+        return head + f"; early stopping / model selection on {plan.val} ({_images(len(splits[plan.val]))})"
+    if "val" in splits and plan.eval == "val":
+        return head + "; no early stopping on val"
+    return head + "; no val split: no early stopping"
 
 
 def _param_widget(spec: Any) -> tuple[QWidget, Any]:
@@ -82,13 +116,8 @@ class TrainPanel(QWidget):
         self._getters: dict[str, Any] = {}
         self._card: Any = None
         self._t0 = 0.0
-        self._loss_data: dict[str, tuple[list[float], list[float]]] = {}
-        self._val_data: dict[str, tuple[list[float], list[float]]] = {}
-        self._curves: dict[str, Any] = {}
-        self._val_curves: dict[str, Any] = {}
         # Loss events can come thousands a second: collect them and redraw the curves 10 times a second,
         # so the GUI thread never spends more than a few ms per frame on plotting.
-        self._dirty = False
         self._pending_log: list[str] = []
         from PySide6.QtCore import QTimer
         self._redraw = QTimer(self)
@@ -100,6 +129,8 @@ class TrainPanel(QWidget):
         self.method_info = QLabel("")
         self.method_info.setWordWrap(True)
         self.method_info.setTextFormat(Qt.TextFormat.RichText)
+        self.method_info.linkActivated.connect(self._toggle_card_text)
+        self._card_full = False
         self.params_box = QGroupBox("Parameters")
         self.params_form = QFormLayout(self.params_box)
         self.image_encoder = QComboBox()
@@ -108,11 +139,25 @@ class TrainPanel(QWidget):
         self.seed_spin = QSpinBox()
         self.seed_spin.setRange(0, 2**31 - 1)
         self.run_name = QLineEdit()
-        self.run_name.setPlaceholderText("run name (default: method-dataset-time)")
+        self.run_name.setPlaceholderText("default: method-dataset-time")
+        self.split_combo = QComboBox()
+        self.split_combo.setToolTip("The split the run is evaluated on (and that later views default to)")
+        self.split_info = QLabel("")
+        self.split_info.setWordWrap(True)
+        self.split_info.setStyleSheet("color: #57606a")
+        self.split_combo.currentIndexChanged.connect(self._update_split_info)
+        self.seed_spin.valueChanged.connect(self._update_split_info)   # the held-out part depends on the seed
+        self._fill_splits()
         self._fill_encoders()
         self._fill_devices()
+        evaluation = QGroupBox("Evaluation")
+        ev_layout = QVBoxLayout(evaluation)
+        ev_layout.addWidget(QLabel("Evaluate on:"))
+        ev_layout.addWidget(self.split_combo)
+        ev_layout.addWidget(self.split_info)
         feats = QGroupBox("Features and device")
         ff = QFormLayout(feats)
+        ff.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         ff.addRow("Image encoder", self.image_encoder)
         ff.addRow("Text encoder", self.text_encoder)
         ff.addRow("Device", self.device_combo)
@@ -132,6 +177,11 @@ class TrainPanel(QWidget):
         buttons = QHBoxLayout()
         for b in (self.start_button, self.pause_button, self.stop_button):
             buttons.addWidget(b)
+        self.params_form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
+        for combo in (self.method_combo, self.split_combo, self.image_encoder, self.text_encoder, self.device_combo):
+            # long entries (device descriptions, encoder names) must not widen the form: elide instead
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(10)
 
         left_inner = QWidget()
         ll = QVBoxLayout(left_inner)
@@ -139,30 +189,25 @@ class TrainPanel(QWidget):
         ll.addWidget(self.method_combo)
         ll.addWidget(self.method_info)
         ll.addWidget(self.params_box)
+        ll.addWidget(evaluation)
         ll.addWidget(feats)
         ll.addLayout(buttons)
         ll.addStretch(1)
         left = QScrollArea()
         left.setWidgetResizable(True)
         left.setWidget(left_inner)
-        left.setMinimumWidth(340)
+        left.setMinimumWidth(300)
+        self.form_scroll = left
+        self.form_inner = left_inner
 
         # ---- right: progress, curves, log, runs
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(False)
         self.eta_label = QLabel("Idle")
-        self.loss_plot = pg.PlotWidget(background="w", title="Training loss terms per step")
-        self.loss_plot.addLegend(offset=(-10, 10))
-        self.loss_plot.setLabel("bottom", "step")
-        self.val_plot = pg.PlotWidget(background="w", title="Validation R@1 / R@5 / R@10 (%)")
-        self.val_plot.addLegend(offset=(-10, 10))
-        self.val_plot.setLabel("bottom", "epoch / iteration")
-        self.rsum_plot = pg.PlotWidget(background="w", title="Validation rsum")
-        self.rsum_plot.setLabel("bottom", "epoch / iteration")
-        self._rsum_curve = None
-        for p in (self.loss_plot, self.val_plot, self.rsum_plot):
-            p.setMinimumHeight(160)
+        self.eta_label.setMinimumWidth(0)
+        self.eta_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.curves = CurveBoard()
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(5000)
@@ -170,14 +215,18 @@ class TrainPanel(QWidget):
         self.runs_list.itemActivated.connect(lambda it: self.open_run.emit(it.data(Qt.ItemDataRole.UserRole)))
         self.runs_list.itemClicked.connect(lambda it: self.show_history(it.data(Qt.ItemDataRole.UserRole)))
         self.open_button = QPushButton("Open")
+        self.open_folder_button = QPushButton("Open run folder...")
+        self.open_folder_button.setToolTip("Open a run folder from anywhere (e.g. one trained with --run-dir)")
         self.rename_button = QPushButton("Rename...")
         self.delete_button = QPushButton("Delete...")
         self.open_button.clicked.connect(self._open_selected)
-        self.rename_button.clicked.connect(self.rename_selected)
-        self.delete_button.clicked.connect(self.delete_selected)
-        rb = QHBoxLayout()
-        for b in (self.open_button, self.resume_button, self.rename_button, self.delete_button):
-            rb.addWidget(b)
+        self.open_folder_button.clicked.connect(lambda: self.open_run_folder())
+        self.rename_button.clicked.connect(lambda: self.rename_selected())
+        self.delete_button.clicked.connect(lambda: self.delete_selected())
+        rb = QGridLayout()          # two rows: five buttons in one row do not fit a 1280-px window
+        for i, b in enumerate((self.open_button, self.resume_button, self.rename_button, self.delete_button)):
+            rb.addWidget(b, 0, i)
+        rb.addWidget(self.open_folder_button, 1, 0, 1, 4)
         runs_box = QGroupBox("Runs")
         rl = QVBoxLayout(runs_box)
         rl.addWidget(self.runs_list)
@@ -187,14 +236,10 @@ class TrainPanel(QWidget):
         tl = QVBoxLayout(top)
         tl.setContentsMargins(0, 0, 0, 0)
         pr = QHBoxLayout()
-        pr.addWidget(self.progress, 1)
-        pr.addWidget(self.eta_label)
+        pr.addWidget(self.progress, 2)
+        pr.addWidget(self.eta_label, 3)
         tl.addLayout(pr)
-        plots = QHBoxLayout()
-        plots.addWidget(self.loss_plot, 3)
-        plots.addWidget(self.val_plot, 3)
-        plots.addWidget(self.rsum_plot, 2)
-        tl.addLayout(plots, 1)
+        tl.addWidget(self.curves, 1)
         bottom = QSplitter()
         bottom.addWidget(self.log)
         bottom.addWidget(runs_box)
@@ -202,11 +247,15 @@ class TrainPanel(QWidget):
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(top)
         right.addWidget(bottom)
-        right.setSizes([420, 260])
+        right.setStretchFactor(0, 3)
+        right.setStretchFactor(1, 1)
+        right.setSizes([520, 220])
         split = QSplitter()
         split.addWidget(left)
         split.addWidget(right)
-        split.setSizes([380, 900])
+        split.setStretchFactor(1, 1)
+        split.setSizes([400, 1100])    # the form gets ~27%: 345 px at 1280 wide, 520 at 1920
+        self.splitter = split
         layout = QVBoxLayout(self)
         layout.addWidget(split)
 
@@ -225,6 +274,37 @@ class TrainPanel(QWidget):
             self.method_combo.addItem(name, name)
         self.method_combo.blockSignals(False)
         self._on_method()
+
+    def _fill_splits(self) -> None:
+        """The split choices: auto, then the current dataset's splits with their sizes."""
+        keep = self.split_combo.currentData()
+        self.split_combo.blockSignals(True)
+        self.split_combo.clear()
+        self.split_combo.addItem(AUTO_SPLIT_TEXT, None)
+        ds = self.dataset
+        for name in (ds.split_names if ds is not None else []):
+            if name == "train":         # the training split: evaluating on it says nothing (the engine refuses)
+                continue
+            self.split_combo.addItem(f"{name} ({_images(len(ds.splits[name]))})", name)
+        self.split_combo.setCurrentIndex(max(0, self.split_combo.findData(keep)) if keep else 0)
+        self.split_combo.blockSignals(False)
+        self._update_split_info()
+
+    def _update_split_info(self) -> None:
+        self.split_info.setText(describe_split(self.dataset, self.split_combo.currentData(), self.seed_spin.value())
+                                if self.dataset is not None else "Load a dataset to see its splits.")
+
+    def split(self) -> str | None:
+        """The chosen evaluation split (``None`` = auto)."""
+        return self.split_combo.currentData()
+
+    def select_split(self, name: str | None) -> None:
+        """Choose the evaluation split (``None`` = auto); a name the dataset lacks raises CrossViewError."""
+        i = self.split_combo.findData(name) if name is not None else 0
+        if i < 0:
+            raise CrossViewError(f"the dataset has no split {name!r}; it has: "
+                                 + ", ".join(self.dataset.split_names if self.dataset is not None else []))
+        self.split_combo.setCurrentIndex(i)
 
     def _fill_encoders(self) -> None:
         from crossview.features import image as image_mod
@@ -266,8 +346,7 @@ class TrainPanel(QWidget):
             self.method_info.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
         if self._card is not None:
             c = self._card
-            self.method_info.setText(f"<b>{html.escape(c.title)}</b><br>{html.escape(' '.join(c.description.split()))}"
-                                     f"<br><span style='color:#57606a'>{html.escape(c.citation)}</span>")
+            self._show_card_text()
             specs = c.params
         else:
             cls = method_class(name)
@@ -283,6 +362,24 @@ class TrainPanel(QWidget):
             label.setToolTip(tip)
             self.params_form.addRow(label, w)
             self._getters[pname] = (spec, get)
+
+    def _show_card_text(self) -> None:
+        """The card's title and first sentence (so the parameters stay in view at 800 px high), or all of
+        its description and citation; a link switches between the two."""
+        c = self._card
+        words = " ".join(c.description.split())
+        first = words.split(". ", 1)[0].rstrip(".") + "."
+        if self._card_full or first == words:
+            body = (f"{html.escape(words)}<br><span style='color:#57606a'>{html.escape(c.citation)}</span>"
+                    + (" <a href='less'>less</a>" if first != words else ""))
+        else:
+            body = f"{html.escape(first)} <a href='more'>more...</a>"
+        self.method_info.setText(f"<b>{html.escape(c.title)}</b><br>{body}")
+
+    def _toggle_card_text(self, link: str) -> None:
+        self._card_full = link == "more"
+        if self._card is not None:
+            self._show_card_text()
 
     def params(self) -> dict[str, Any]:
         """The form's parameters, converted by the card (a CrossViewError names a bad one)."""
@@ -312,7 +409,9 @@ class TrainPanel(QWidget):
         self.method_combo.setCurrentIndex(self.method_combo.findData(name))
 
     def set_dataset(self, ds: Any) -> None:
+        """Train on ``ds`` from now on (the split choices follow its splits)."""
         self.dataset = ds
+        self._fill_splits()
         self._update_buttons()
 
     # ------------------------------------------------------------------ running
@@ -323,7 +422,8 @@ class TrainPanel(QWidget):
         self.stop_button.setEnabled(running)
         self.resume_button.setEnabled(not running and self.runs_list.currentItem() is not None)
         self.pause_button.setText("Continue" if running and self.task.paused else "Pause")
-        for w in (self.method_combo, self.params_box, self.image_encoder, self.text_encoder, self.device_combo):
+        for w in (self.method_combo, self.params_box, self.split_combo, self.image_encoder, self.text_encoder,
+                  self.device_combo):
             w.setEnabled(not running)
 
     def _new_run_dir(self, method: str) -> Path:
@@ -350,14 +450,30 @@ class TrainPanel(QWidget):
         try:
             params = self.params()
             run_dir = self._new_run_dir(method)
-            it = engine_run.train(method, self.dataset, run_dir=run_dir, params=params,
+            split = self.split()
+            no_val = self._no_validation_reason(split)
+            # auto (None) is the engine's own rule: test, else val, else a held-out part of train
+            it = engine_run.train(method, self.dataset, run_dir=run_dir, params=params, split=split,
                                   image_encoder=self.image_encoder.currentData(),
                                   text_encoder=self.text_encoder.currentData(),
                                   device=self.device_combo.currentData(), seed=self.seed_spin.value())
         except CrossViewError as e:
             self._fail(str(e), "")
             return None
-        return self._drive(lambda: it, run_dir, f"Training {method} on {self.dataset.name}")
+        self._drive(lambda: it, run_dir, f"Training {method} on {self.dataset.name}", method, no_val)
+        return self.task
+
+    def _no_validation_reason(self, split: str | None) -> str:
+        """Why a run on the current dataset with evaluation split ``split`` has no validation curve ('' if it has)."""
+        from crossview.engine.splits import plan_splits
+
+        plan = plan_splits(self.dataset, split, seed=self.seed_spin.value())
+        if plan.val:
+            return ""
+        if plan.eval == "val":
+            return ("val is this run's evaluation split, so it is not used for per-epoch validation or early "
+                    "stopping (choose test under 'Evaluate on' if the dataset has one).")
+        return "the run has no val split, so there is no per-epoch validation or early stopping."
 
     def resume_selected(self) -> EventTask | None:
         it = self.runs_list.currentItem()
@@ -377,7 +493,31 @@ class TrainPanel(QWidget):
         except CrossViewError as e:
             self._fail(str(e), "")
             return None
-        return self._drive(lambda: gen, run_dir, f"Resuming {run_dir.name}")
+        cfg = self._run_config(run_dir)
+        return self._drive(lambda: gen, run_dir, f"Resuming {run_dir.name}", cfg.get("method"),
+                           self._config_no_validation_reason(cfg))
+
+    @staticmethod
+    def _run_config(run_dir: Path) -> dict[str, Any]:
+        from crossview.engine.io import read_json
+        try:
+            cfg = read_json(Path(run_dir) / "config.json")
+        except CrossViewError:
+            return {}
+        return cfg if isinstance(cfg, dict) else {}
+
+    @staticmethod
+    def _config_no_validation_reason(cfg: dict[str, Any]) -> str:
+        """Why a recorded run had no validation split ('' when it had one or the config does not say)."""
+        if not cfg:
+            return ""
+        vs, split = cfg.get("val_split"), cfg.get("split")
+        if not vs:
+            return "this run had no validation split, so no per-epoch validation or early stopping."
+        if vs == split:
+            return (f"{vs} was this run's evaluation split, so it was not used for per-epoch validation or early "
+                    "stopping.")
+        return ""
 
     def _run_dataset_matches(self, run_dir: Path) -> bool:
         from crossview.engine.io import read_json
@@ -386,11 +526,12 @@ class TrainPanel(QWidget):
         except CrossViewError:
             return False
 
-    def _drive(self, factory: Any, run_dir: Path, title: str) -> EventTask:
+    def _drive(self, factory: Any, run_dir: Path, title: str, method: str | None = None,
+               no_validation_reason: str = "") -> EventTask:
         self.run_dir = run_dir
         self.last_summary = None
         self.last_error = None
-        self._reset_plots()
+        self.curves.reset(method, no_validation_reason)
         self.log.appendPlainText(f"== {title} -> {run_dir}")
         self._t0 = time.monotonic()
         self.progress.setValue(0)
@@ -434,28 +575,9 @@ class TrainPanel(QWidget):
             else:
                 self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%" if ev.total else ev.message)
         elif isinstance(ev, Loss):
-            for term, value in ev.terms.items():
-                if value is None:
-                    continue
-                xs, ys = self._loss_data.setdefault(term, ([], []))
-                xs.append(float(ev.step))
-                ys.append(float(value))
-                self._dirty = True
+            self.curves.add_loss(ev.step, ev.epoch, ev.terms)
         elif isinstance(ev, Validation):
-            m = ev.metrics
-            flat = {}
-            for d in ("i2t", "t2i"):
-                for k in ("R@1", "R@5", "R@10"):
-                    if isinstance(m.get(d), dict) and k in m[d]:
-                        flat[f"{d} {k}"] = m[d][k]
-            for k in VALIDATION_KEYS + ("rsum",):
-                if isinstance(m.get(k), (int, float)):
-                    flat[k] = m[k]
-            for key, value in flat.items():
-                xs, ys = self._val_data.setdefault(key, ([], []))
-                xs.append(float(ev.epoch))
-                ys.append(float(value))
-                self._dirty = True
+            flat = self.curves.add_validation(ev.epoch, ev.metrics)
             if flat:
                 self._pending_log.append(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.2f}" for k, v in flat.items()))
         elif isinstance(ev, Log):
@@ -475,54 +597,13 @@ class TrainPanel(QWidget):
         if self._pending_log:
             self.log.appendPlainText("\n".join(self._pending_log[-500:]))
             self._pending_log.clear()
-        if not self._dirty:
-            return
-        self._dirty = False
-        for term, (xs, ys) in self._loss_data.items():
-            step = max(1, len(xs) // 5000)          # at most ~5,000 points per curve on screen
-            self._curve(self.loss_plot, self._curves, term).setData(xs[::step], ys[::step])
-        for key, (xs, ys) in self._val_data.items():
-            if key == "rsum":
-                if self._rsum_curve is None:
-                    self._rsum_curve = self.rsum_plot.plot([], [], pen=pg.mkPen("#bf8700", width=2),
-                                                           symbolBrush="#bf8700")
-                self._rsum_curve.setData(xs, ys, symbol="o", symbolSize=6)
-            else:
-                self._curve(self.val_plot, self._val_curves, key).setData(xs, ys, symbol="o", symbolSize=5)
-        for plot, data in ((self.val_plot, self._val_data), (self.rsum_plot, self._val_data),
-                           (self.loss_plot, self._loss_data)):
-            xs_all = [x for xs, _ in data.values() for x in xs]
-            if xs_all and max(xs_all) == min(xs_all):        # one point: a sensible window around it
-                plot.setXRange(min(xs_all) - 1, min(xs_all) + 1, padding=0)
-            else:
-                plot.enableAutoRange(axis="x")
-        self.loss_plot.setTitle("Training loss terms per step" if self._loss_data or not self._val_data else
-                                "No loss curve (closed-form method)")
+        self.curves.flush()
 
-    def _curve(self, plot: pg.PlotWidget, store: dict[str, Any], key: str) -> Any:
-        if key not in store:
-            colour = CURVE_COLOURS[len(store) % len(CURVE_COLOURS)]
-            store[key] = plot.plot([], [], pen=pg.mkPen(colour, width=2), name=key, symbolBrush=colour)
-        return store[key]
-
-    def _reset_plots(self) -> None:
-        self.rsum_plot.clear()
-        self._rsum_curve = None
-        self.loss_plot.setTitle("Training loss terms per step")
-        for plot in (self.loss_plot, self.val_plot):
-            plot.clear()
-            if plot.plotItem.legend is not None:
-                plot.plotItem.legend.clear()
-        self._curves.clear()
-        self._val_curves.clear()
-        self._loss_data.clear()
-        self._val_data.clear()
-
-    def _fail(self, message: str, details: str) -> None:
+    def _fail(self, message: str, details: str, title: str = "Training failed") -> None:
         self.last_error = message
         self.log.appendPlainText(f"ERROR: {message}")
         self.eta_label.setText("Failed")
-        box = QMessageBox(QMessageBox.Icon.Warning, "Training failed", message, parent=self)
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, parent=self)
         if details:
             box.setDetailedText(details)
         box.setWindowModality(Qt.WindowModality.WindowModal)
@@ -576,7 +657,8 @@ class TrainPanel(QWidget):
         path = Path(run_dir) / "metrics.jsonl"
         if not path.is_file() or (self.task is not None and self.task.is_running()):
             return 0
-        self._reset_plots()
+        cfg = self._run_config(Path(run_dir))
+        self.curves.reset(cfg.get("method"), self._config_no_validation_reason(cfg))
         self.log.clear()
         self.log.appendPlainText(f"== history of {Path(run_dir).name}")
         n = 0
@@ -603,6 +685,25 @@ class TrainPanel(QWidget):
         it = self.runs_list.currentItem()
         if it is not None:
             self.open_run.emit(it.data(Qt.ItemDataRole.UserRole))
+
+    def open_run_folder(self, folder: str | Path | None = None) -> Path | None:
+        """Open a run folder from anywhere (a folder chooser when ``folder`` is None): a folder with a run's
+        ``config.json`` is shown and ``open_run`` is emitted; anything else gets a message saying what to pick."""
+        if folder is None:
+            chosen = QFileDialog.getExistingDirectory(self, "Open run folder", str(self.runs_root))
+            if not chosen:
+                return None
+            folder = chosen
+        path = Path(folder)
+        if not (path / "config.json").is_file():
+            self._fail(f"{path} is not a run folder (it has no config.json): choose the folder that "
+                       "'crossview train' wrote (with config.json, metrics.jsonl and the checkpoint)", "",
+                       title="Not a run folder")
+            return None
+        if self.task is None or not self.task.is_running():
+            self.show_history(path)
+        self.open_run.emit(str(path))
+        return path
 
     def rename_selected(self, new_name: str | None = None) -> Path | None:
         it = self.runs_list.currentItem()

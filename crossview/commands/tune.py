@@ -1,0 +1,114 @@
+"""``crossview tune METHOD``: a validation search, every trial a run, the best refitted.
+
+::
+
+    crossview tune cca --data D --grid reg=0.3,1,3,10 --grid n_components=64,128,256
+    crossview tune wsabie --data D --grid lr=0.01,0.1 --grid image_norm=none,ssr --trials 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from crossview.errors import CrossViewError
+
+__all__ = ["register", "cmd_tune", "parse_grid"]
+
+
+def parse_grid(method: str, items: list[str]) -> dict[str, list[Any]]:
+    """``["reg=0.3,1", "image_norm=none,ssr"]`` -> ``{"reg": [0.3, 1.0], "image_norm": ["none", "ssr"]}``,
+    each value typed and range-checked by the method's card."""
+    from crossview.commands.train import parse_set_values
+    from crossview.engine.tune import RUN_KEYS
+
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        if "=" not in item:
+            raise CrossViewError(f"--grid {item!r}: write NAME=V1,V2,... e.g. --grid reg=0.3,1,3")
+        name, values = (s.strip() for s in item.split("=", 1))
+        name = name.replace("-", "_")
+        raw = [v.strip() for v in values.split(",") if v.strip()]
+        if not raw:
+            raise CrossViewError(f"--grid {item!r}: give at least one value after '='")
+        if name in grid:
+            raise CrossViewError(f"--grid {name} is given twice; put all its values in one --grid")
+        if name in RUN_KEYS:
+            grid[name] = raw
+        else:
+            grid[name] = [parse_set_values(method, [f"{name}={v}"])[name] for v in raw]
+    return grid
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from crossview.commands.train import _EventPrinter, parse_set_values
+    from crossview.engine.events import Log, Progress
+    from crossview.engine.tune import TuneResult, format_tune_table, tune
+
+    grid = parse_grid(args.method, args.grid)
+    params = parse_set_values(args.method, args.set_values)
+    printer = _EventPrinter()
+    result: TuneResult | None = None
+    gen = tune(args.method, args.data, grid, params=params, metric=args.metric, trials=args.trials, out=args.out,
+               val_split=args.val_split, image_encoder=args.image_encoder, text_encoder=args.text_encoder,
+               image_norm=args.image_norm, text_norm=args.text_norm, data_format=args.format,
+               image_root=args.image_root, device=args.device, seed=args.seed, refit=not args.no_refit)
+    try:
+        for ev in gen:
+            if isinstance(ev, TuneResult):
+                result = ev
+            elif isinstance(ev, (Log, Progress)):
+                printer(ev)
+    except KeyboardInterrupt:
+        gen.close()
+        print("crossview: search stopped; run the same command with --out to continue it", file=sys.stderr)
+        return 130
+    assert result is not None
+    if args.json:
+        print(json.dumps({"folder": str(result.folder), "metric": result.metric, "trials": result.trials,
+                          "best": result.best, "refit": result.refit}, indent=2))
+    else:
+        print(format_tune_table(result))
+        print(f"search folder: {result.folder}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from crossview.commands._common import _add_dataset_args
+    from crossview.features.normalize import NORMS
+
+    p = sub.add_parser(
+        "tune", help="search a method's parameters on the validation split (every trial a run)",
+        description="Train METHOD once per point of the grid (or --trials points drawn from it) on the train "
+                    "split, score each on the validation split, print the trials best first and refit the best "
+                    "point with the dataset's split rule (evaluated on test when there is one). Every trial is a "
+                    "run folder inside the search folder: open, inspect and compare them in the app. Running the "
+                    "same command with the same --out continues an interrupted search.",
+        epilog="Grid keys are the method's parameters (typed and range-checked by its card) and image_norm / "
+               "text_norm. Example: crossview tune cca --data D --grid reg=0.3,1,3 --grid image_norm=none,ssr")
+    p.add_argument("method", metavar="METHOD", help="method name (see 'crossview train --list')")
+    p.add_argument("--data", default="demo", metavar="PATH|demo", help="dataset (default: the built-in demo)")
+    _add_dataset_args(p)
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...", required=True,
+                   help="values to try for one parameter (repeatable; the search is their product)")
+    p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
+                   help="a parameter fixed for every trial (repeatable)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="try only this many points of the grid, drawn at random (default: all of them)")
+    p.add_argument("--metric", default="rsum",
+                   help="what the trials are ranked by on val: rsum, or DIRECTION.KEY such as i2t.R@1, t2i.R@10, "
+                        "t2i.MedR (default rsum)")
+    p.add_argument("--val-split", default="val", help="split the trials are scored on (default: val)")
+    p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
+    p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    p.add_argument("--image-norm", choices=NORMS, default=None, help="image normalisation for every trial")
+    p.add_argument("--text-norm", choices=NORMS, default=None, help="text normalisation for every trial")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every trial, and of the random draw (default 0)")
+    p.add_argument("--out", metavar="DIR",
+                   help="search folder (default: <user data>/runs/tune-<method>-<dataset>-<timestamp>)")
+    p.add_argument("--no-refit", action="store_true", help="do not refit the best point at the end")
+    p.add_argument("--json", action="store_true", help="print the trials as JSON instead of a table")
+    p.set_defaults(func=cmd_tune)

@@ -1,0 +1,174 @@
+"""Feature normalisation: a recorded, fitted choice of the feature spec, applied before any method.
+
+Frozen CNN features of real photos are far from what the linear methods assume: a few channels carry most
+of the energy and the rows' norms vary with the image. Normalising them first is worth a large part of the
+accuracy on real photos (``bench/results/defaults_flickr8k.md``). The choices:
+
+- ``none``: the features as extracted;
+- ``l2``: each row scaled to unit length;
+- ``ssr``: signed square root of every value, then ``l2`` (power normalisation: damps the channels that
+  dominate pooled CNN activations; Perronnin et al. 2010, Jegou et al. 2012);
+- ``center``: the training mean subtracted, then ``l2`` (a centred cosine);
+- ``whiten``: PCA-whitening fitted on the training rows (the components that explain 99% of the variance,
+  each scaled to unit variance), then ``l2``.
+
+``center`` and ``whiten`` learn from the training split only, so no test row leaks into them; their state
+(mean, projection) is saved in the run's checkpoint, and queries (new image files, typed sentences) get the
+very same transform. The feature cache keeps the raw features: normalising is cheap and applied after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from crossview.errors import CrossViewError
+
+__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized", "default_norms_of"]
+
+NORMS = ("none", "l2", "ssr", "center", "whiten")
+
+
+def default_norms_of(method: str) -> tuple[str, str]:
+    """``(image_norm, text_norm)`` a run of ``method`` uses unless told otherwise: the method's own
+    ``default_image_norm`` / ``default_text_norm``, chosen on real photos
+    (``bench/results/defaults_flickr8k.md``)."""
+    from crossview.methods import method_class
+
+    cls = method_class(method)
+    return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))
+_EXPLAINED = 0.99
+
+
+def check_norm(kind: Any, what: str = "normalisation") -> str:
+    """``kind`` if it is one of :data:`NORMS`; a :class:`CrossViewError` naming the choices otherwise."""
+    if kind not in NORMS:
+        raise CrossViewError(f"{what} {kind!r} is not one of: {', '.join(NORMS)}")
+    return str(kind)
+
+
+def _l2(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(n, 1e-12)
+
+
+class FeatureNorm:
+    """One normalisation of feature rows: ``FeatureNorm("whiten").fit(train_rows).transform(rows)``.
+
+    ``transform`` maps ``(n, d)`` rows to ``(n, d')`` float32 rows (``d' = d`` except for ``whiten``).
+    """
+
+    def __init__(self, kind: str = "none") -> None:
+        self.kind = check_norm(kind)
+        self.mean_: np.ndarray | None = None
+        self.proj_: np.ndarray | None = None
+
+    @property
+    def needs_fit(self) -> bool:
+        return self.kind in ("center", "whiten")
+
+    def fit(self, rows: Any) -> "FeatureNorm":
+        """Learn the mean (and the whitening projection) from ``rows (n, d)``; a no-op for the others."""
+        if not self.needs_fit:
+            return self
+        x = np.asarray(rows, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] < 2:
+            raise CrossViewError(f"feature normalisation {self.kind!r} needs at least 2 training rows, "
+                                 f"got shape {x.shape}")
+        self.mean_ = x.mean(axis=0)
+        if self.kind == "whiten":
+            from sklearn.decomposition import PCA
+
+            pca = PCA(n_components=_EXPLAINED, svd_solver="full", random_state=0).fit(x)
+            scale = np.sqrt(np.maximum(pca.explained_variance_, 1e-12))
+            self.proj_ = (pca.components_.T / scale).astype(np.float32)       # (d, k)
+        return self
+
+    def transform(self, rows: Any) -> np.ndarray:
+        """The normalised rows, ``float32``."""
+        x = np.asarray(rows, dtype=np.float32)
+        if x.ndim != 2:
+            raise CrossViewError(f"feature normalisation expects (rows, dims), got shape {x.shape}")
+        if self.kind == "none":
+            return x
+        if self.needs_fit and self.mean_ is None:
+            raise CrossViewError(f"feature normalisation {self.kind!r} is used before it was fitted")
+        if self.mean_ is not None and x.shape[1] != self.mean_.shape[0]:
+            raise CrossViewError(f"feature normalisation {self.kind!r} was fitted on {self.mean_.shape[0]}-d "
+                                 f"features, got {x.shape[1]}-d ones")
+        if self.kind == "ssr":
+            x = np.sign(x) * np.sqrt(np.abs(x))
+        elif self.kind == "center":
+            x = x - self.mean_.astype(np.float32)
+        elif self.kind == "whiten":
+            assert self.proj_ is not None
+            x = (x - self.mean_.astype(np.float32)) @ self.proj_
+        return _l2(x).astype(np.float32, copy=False)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind", "mean", "proj"}`` (arrays or ``None``): what a checkpoint keeps."""
+        return {"kind": self.kind, "mean": self.mean_, "proj": self.proj_}
+
+    @classmethod
+    def from_state_dict(cls, state: Any) -> "FeatureNorm":
+        """The norm a :meth:`state_dict` describes (checked: a run folder from elsewhere is data)."""
+        if not isinstance(state, dict):
+            raise CrossViewError("checkpoint: feature normalisation state must be a mapping; the run is damaged")
+        norm = cls(state.get("kind", "none"))
+        for key, attr in (("mean", "mean_"), ("proj", "proj_")):
+            value = state.get(key)
+            if value is not None:
+                arr = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+                if not np.issubdtype(arr.dtype, np.floating) or arr.ndim != (1 if key == "mean" else 2):
+                    raise CrossViewError(f"checkpoint: feature normalisation {key!r} has shape {arr.shape} / "
+                                         f"dtype {arr.dtype}; the run is damaged")
+                setattr(norm, attr, arr)
+        if norm.needs_fit and norm.mean_ is None or norm.kind == "whiten" and norm.proj_ is None:
+            raise CrossViewError(f"checkpoint: feature normalisation {norm.kind!r} has no fitted state; "
+                                 "the run is damaged")
+        return norm
+
+    def __repr__(self) -> str:
+        return f"FeatureNorm({self.kind!r})"
+
+
+def normalize_features(features: Any, image_norm: str, text_norm: str, train_images: Any,
+                       train_captions: Any) -> tuple[Any, dict[str, Any]]:
+    """``(features', states)``: ``features`` (a :class:`crossview.features.Features`) with both matrices
+    normalised, the norms fitted on rows ``train_images`` / ``train_captions``, and ``image_transform`` /
+    ``text_transform`` set so that new queries get the same transform; ``states`` is what the checkpoint
+    keeps (``{"image": FeatureNorm.state_dict(), "text": ...}``)."""
+
+    img = FeatureNorm(image_norm).fit(np.asarray(features.image)[np.asarray(train_images, dtype=np.int64)])
+    txt = FeatureNorm(text_norm)
+    if features.text is not None:
+        txt.fit(np.asarray(features.text)[np.asarray(train_captions, dtype=np.int64)])
+    return _with_norms(features, img, txt), {"image": img.state_dict(), "text": txt.state_dict()}
+
+
+def restore_normalized(features: Any, states: Any) -> Any:
+    """``features`` normalised by the fitted norms a checkpoint recorded (see :func:`normalize_features`);
+    runs saved before normalisation existed (no states) are returned as they are."""
+    if not states:
+        return features
+    if not isinstance(states, dict):
+        raise CrossViewError("checkpoint: feature normalisation states must be a mapping; the run is damaged")
+    img = FeatureNorm.from_state_dict(states.get("image") or {"kind": "none"})
+    txt = FeatureNorm.from_state_dict(states.get("text") or {"kind": "none"})
+    return _with_norms(features, img, txt)
+
+
+def _with_norms(features: Any, img: FeatureNorm, txt: FeatureNorm) -> Any:
+    import dataclasses
+
+    if img.kind == "none" and txt.kind == "none":
+        return features
+    return dataclasses.replace(
+        features,
+        image=img.transform(features.image),
+        text=None if features.text is None else txt.transform(features.text),
+        image_transform=None if img.kind == "none" else img.transform,
+        text_transform=None if txt.kind == "none" else txt.transform,
+        spec={**(features.spec or {}), "norm": {"image": img.kind, "text": txt.kind}})

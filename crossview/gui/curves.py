@@ -1,0 +1,543 @@
+"""Training curves a person reads at a glance: one plot per quantity family (loss / objective values,
+gap and violation, counts, fractions, norms, seconds), each with its own axis and unit and a log y-axis
+where its values span more than two decades; the two directions of a method whose i2t and t2i models
+differ (BITR) as separate series, each counted from its own first iteration; a checkable series list
+beside the plots that is both the legend and the toggles; and a sentence in place of a plot a method
+cannot have (no loss curve for a closed-form method, no per-epoch validation for one that selects its
+parameters another way).
+
+:class:`CurveBoard` only stores and draws; :class:`~crossview.gui.panels.train_panel.TrainPanel` feeds it
+``Loss`` / ``Validation`` events and calls :meth:`CurveBoard.flush` from its 100 ms timer, so thousands
+of events a second cost a list append each and one redraw per frame.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QIcon, QPixmap
+from PySide6.QtWidgets import (QGridLayout, QLabel, QListWidget, QListWidgetItem, QSizePolicy, QVBoxLayout,
+                               QWidget)
+
+CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#116329",
+                 "#cf222e", "#1b7c83"]
+VALIDATION_KEYS = ("R@1", "R@5", "R@10")
+VAL_COLOURS = {"R@1": "#0969da", "R@5": "#e16f24", "R@10": "#1a7f37", "val:rsum": "#bf8700"}
+DIRECTIONS = ("i2t", "t2i")
+#: values spanning more than this ratio (max / smallest positive) get a log y-axis
+LOG_SPAN = 100.0
+#: a log axis shows at most this many decades below the largest value (1e-15 round-off would squash the rest)
+LOG_DECADES = 6.0
+#: at most this many points per curve are handed to pyqtgraph (every k-th point beyond it)
+MAX_POINTS = 5000
+
+
+@dataclass(frozen=True)
+class Family:
+    """A quantity family: one plot with its own axis and unit."""
+
+    key: str
+    title: str
+    unit: str
+
+
+FAMILIES = {f.key: f for f in (
+    Family("loss", "Loss / objective", "value"),
+    Family("gap", "Gap and violation", "objective units"),
+    Family("count", "Counts", "count"),
+    Family("fraction", "Fractions", "fraction of rows"),
+    Family("norm", "Weight norm", "||W||"),
+    Family("time", "Time per iteration", "seconds"),
+)}
+_FAMILY_OF = {
+    "loss": "loss", "mse": "loss", "primal": "loss", "dual": "loss", "hinge": "loss", "xi": "loss",
+    "objective": "loss",
+    "gap": "gap", "violation": "gap",
+    "draws": "count", "constraints": "count", "qp_steps": "count", "iterations": "count",
+    "violated": "fraction",
+    "norm_w": "norm",
+    "seconds": "time",
+}
+#: terms that identify rather than measure (BITR's cross-validation fold number): never plotted
+NOT_PLOTTED = {"cv_fold"}
+
+
+def term_family(term: str) -> str:
+    """The family key of a loss term: known names first, then by the name's form (``*_seconds`` -> time,
+    ``n_*`` / ``*_steps`` / ``*_count`` -> count, ``*frac*`` / ``*rate`` -> fraction, ``*norm*`` -> norm),
+    else ``loss``."""
+    base = term.lower().strip()
+    if base.endswith(" (pass mean)"):
+        base = base[: -len(" (pass mean)")]
+    base = base.removeprefix("epoch_")
+    if base in _FAMILY_OF:
+        return _FAMILY_OF[base]
+    if base.endswith(("seconds", "_s", "_time", "time")):
+        return "time"
+    if base.startswith("n_") or base.endswith(("_steps", "_count", "count", "draws")):
+        return "count"
+    if "frac" in base or base.endswith("rate"):
+        return "fraction"
+    if "norm" in base:
+        return "norm"
+    if "gap" in base or "violation" in base:
+        return "gap"
+    return "loss"
+
+
+def wants_log(min_positive: float, maximum: float) -> bool:
+    """True when positive values from ``min_positive`` to ``maximum`` span more than two decades."""
+    return (math.isfinite(min_positive) and math.isfinite(maximum) and min_positive > 0
+            and maximum / min_positive > LOG_SPAN)
+
+
+@dataclass
+class Series:
+    """One curve's points, with its running extremes (so choosing the y-scale never rescans them)."""
+
+    label: str                    # the toggle it belongs to (a term, e.g. "primal" or "draws (pass mean)")
+    direction: str | None         # "i2t" / "t2i" for methods whose directions differ, else None
+    family: str
+    xs: list[float] = field(default_factory=list)
+    ys: list[float] = field(default_factory=list)
+    min_pos: float = math.inf
+    max: float = -math.inf
+    item: Any = None
+
+    def add(self, x: float, y: float) -> None:
+        self.xs.append(x)
+        self.ys.append(y)
+        if y > 0 and y < self.min_pos:
+            self.min_pos = y
+        if y > self.max:
+            self.max = y
+
+
+def _swatch(colour: str, dashed: bool = False) -> QIcon:
+    pm = QPixmap(18, 10)
+    pm.fill(QColor(0, 0, 0, 0))
+    from PySide6.QtGui import QPainter, QPen
+    p = QPainter(pm)
+    pen = QPen(QColor(colour), 3)
+    if dashed:
+        pen.setStyle(Qt.PenStyle.DashLine)
+    p.setPen(pen)
+    p.drawLine(1, 5, 17, 5)
+    p.end()
+    return QIcon(pm)
+
+
+class CurveBoard(QWidget):
+    """The plots of one run: per-family training plots, R@K and rsum validation plots (or a note), and
+    the series list (legend + toggles) beside them."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.method_name = ""
+        self.method_title = ""
+        self.directions_differ = False
+        self.iterative = True
+        self.has_epoch_validation = True
+        self.validation_note_text = ""
+        self.no_validation_reason = ""
+        self.series: dict[str, Series] = {}
+        self.val_series: dict[str, Series] = {}
+        self.plots: dict[str, pg.PlotWidget] = {}
+        self.final_validation: dict[str, float] = {}
+        self.cv_events = 0
+        self._first_step: dict[str, int] = {}
+        #: (term, direction, pass summary) -> its Series: one dict lookup per value on the hot path
+        self._route: dict[tuple[str, str | None, bool], Series] = {}
+        self._colours: dict[str, str] = {}
+        self._log: dict[str, bool] = {}
+        self._labels: dict[tuple[str, str], str] = {}
+        self._in_use: list[str] = []
+        self._dirty = False
+        self._layout_dirty = False
+
+        self.grid_host = QWidget()
+        self.grid = QGridLayout(self.grid_host)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.grid.setSpacing(4)
+        self.loss_note = QLabel()
+        self.validation_note = QLabel()
+        for note in (self.loss_note, self.validation_note):
+            note.setWordWrap(True)
+            note.setTextFormat(Qt.TextFormat.RichText)
+            note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            note.setStyleSheet("QLabel { color: #57606a; border: 1px dashed #d0d7de; padding: 8px; "
+                               "background: #f6f8fa; }")
+            note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            note.setMinimumHeight(60)
+        self.series_list = QListWidget()
+        self.series_list.setToolTip("The curves drawn: untick one to hide it (solid = i2t, dashed = t2i)")
+        self.series_list.itemChanged.connect(self._on_toggle)
+        self.series_list.setMinimumWidth(130)
+        self.series_list.setMaximumWidth(190)
+        self.series_list.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
+        self.series_box = QWidget()
+        side = QVBoxLayout(self.series_box)
+        side.setContentsMargins(0, 0, 0, 0)
+        head = QLabel("<b>Curves</b> (tick to show)")
+        side.addWidget(head)
+        side.addWidget(self.series_list, 1)
+        outer = QGridLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.grid_host, 0, 0)
+        outer.addWidget(self.series_box, 0, 1)
+        outer.setColumnStretch(0, 1)
+        # Every plot is made here, once: making a pyqtgraph plot costs 40-120 ms on a busy 2-core machine,
+        # too long for the GUI thread while a run streams events. reset() clears and reuses them.
+        for f in FAMILIES.values():
+            self._make_plot(f.key, f.title, f.unit, "step")
+        self._make_plot("recall", "Validation R@K", "%", "epoch")
+        self._make_plot("rsum", "Validation rsum", "rsum (sum of six R@K)", "epoch")
+        for plot in self.plots.values():
+            plot.hide()
+        self.reset()
+
+    # ------------------------------------------------------------------ set-up
+    def reset(self, method: str | None = None, no_validation_reason: str = "") -> None:
+        """Forget every curve; ``method`` (a registry name) says how to read its events and which notes
+        to show; ``no_validation_reason`` explains a run that has no validation split."""
+        from crossview.methods import method_class
+
+        for key, plot in self.plots.items():
+            plot.clear()
+            if self._log.get(key):
+                plot.setLogMode(x=False, y=False)
+        self.series.clear()
+        self.val_series.clear()
+        self.final_validation = {}
+        self.cv_events = 0
+        self._first_step.clear()
+        self._route.clear()
+        self._colours.clear()
+        self._log.clear()
+        self.series_list.blockSignals(True)
+        self.series_list.clear()
+        self.series_list.blockSignals(False)
+        self.method_name = method or ""
+        self.no_validation_reason = no_validation_reason
+        cls = None
+        if method:
+            try:
+                cls = method_class(method)
+            except Exception:  # noqa: BLE001 - a run of a method no longer registered still draws
+                cls = None
+        self.method_title = (method or "").upper()
+        self.directions_differ = bool(getattr(cls, "directions_differ", False))
+        self.iterative = bool(getattr(cls, "iterative", True)) if cls is not None else True
+        self.has_epoch_validation = bool(getattr(cls, "has_epoch_validation", True)) if cls is not None else True
+        self.validation_note_text = str(getattr(cls, "validation_note", "") or "") if cls is not None else ""
+        self._dirty = True
+        self._layout_dirty = True
+        self.flush()
+
+    # ------------------------------------------------------------------ events
+    def add_loss(self, step: int, epoch: int, terms: dict[str, Any]) -> None:
+        """Store one ``Loss`` event's terms (cheap: appends; the drawing waits for :meth:`flush`)."""
+        direction: str | None = None
+        x = float(step)
+        if self.directions_differ:
+            if epoch < 0 or "cv_fold" in terms:          # a cross-validation solve of C (no direction)
+                self.cv_events += 1
+                self._dirty = True
+                return
+            direction = DIRECTIONS[epoch] if epoch < len(DIRECTIONS) else f"solve {epoch}"
+            first = self._first_step.setdefault(direction, int(step))
+            x = float(step - first + 1)
+        # A pass summary (WSABIE's "epoch_loss" event) repeats per-step names with pass means: keep
+        # them apart from the per-step series of the same name.
+        summary = any(k.startswith("epoch_") for k in terms)
+        route = self._route
+        for term, value in terms.items():
+            try:
+                y = float(value)
+            except (TypeError, ValueError):      # None: the term has no value at this step
+                continue
+            if y != y or y in (math.inf, -math.inf):           # NaN (not equal to itself) or infinite
+                continue
+            s = route.get((term, direction, summary))
+            if s is None:
+                if term in NOT_PLOTTED:
+                    continue
+                s = route[(term, direction, summary)] = self._new_series(term, direction, summary)
+            s.add(x, y)
+        self._dirty = True
+
+    def _new_series(self, term: str, direction: str | None, summary: bool) -> Series:
+        label = f"{term.removeprefix('epoch_')} (pass mean)" if summary else term
+        key = label if direction is None else f"{label} [{direction}]"
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = Series(label, direction, term_family(label))
+            self._layout_dirty = True
+        return s
+
+    def add_validation(self, epoch: int, metrics: dict[str, Any]) -> dict[str, float]:
+        """Store one ``Validation`` event; returns its flattened numbers (``{"i2t R@1": ..., "rsum": ...}``)."""
+        flat: dict[str, float] = {}
+        for d in DIRECTIONS:
+            for k in VALIDATION_KEYS:
+                if isinstance(metrics.get(d), dict) and isinstance(metrics[d].get(k), (int, float)):
+                    flat[f"{d} {k}"] = float(metrics[d][k])
+        for k in VALIDATION_KEYS + ("rsum",):
+            if isinstance(metrics.get(k), (int, float)):
+                flat[k] = float(metrics[k])
+        if not flat:
+            return flat
+        if not self.has_epoch_validation:       # one result after fitting: a sentence, not a lone point
+            self.final_validation = flat
+            self._dirty = True
+            return flat
+        for key, value in flat.items():
+            s = self.val_series.get(key)
+            if s is None:
+                s = self.val_series[key] = Series(key, None, "rsum" if key == "rsum" else "recall")
+                self._layout_dirty = True
+            s.add(float(epoch), value)
+            self._dirty = True
+        return flat
+
+    # ------------------------------------------------------------------ queries (tests, notes)
+    def points(self, key: str) -> tuple[list[float], list[float]]:
+        """``(xs, ys)`` of a training series (``"mse"``, ``"primal [t2i]"``) or a validation one."""
+        s = self.series.get(key) or self.val_series.get(key)
+        return (s.xs, s.ys) if s is not None else ([], [])
+
+    def families(self) -> list[str]:
+        """The family keys that have a training plot on show, in display order."""
+        return [k for k in FAMILIES if k in self._in_use]
+
+    def shown_plots(self) -> list[str]:
+        """Every plot on show: family keys, then ``"recall"`` / ``"rsum"``."""
+        return list(self._in_use)
+
+    def is_log(self, plot_key: str) -> bool:
+        """Whether the plot (a family key, ``"recall"`` or ``"rsum"``) draws a log y-axis."""
+        return plot_key in self._in_use and self._log.get(plot_key, False)
+
+    def family_terms(self, family: str) -> set[str]:
+        """The term labels drawn in a family's plot."""
+        return {s.label for s in self.series.values() if s.family == family}
+
+    # ------------------------------------------------------------------ drawing
+    def _x_label(self) -> str:
+        return "iteration of each solve" if self.directions_differ else "step"
+
+    def _set_label(self, key: str, side: str, text: str) -> None:
+        """Set an axis label only when it changes (setLabel re-lays the plot out: ~20 ms)."""
+        if self._labels.get((key, side)) != text:
+            self._labels[(key, side)] = text
+            self.plots[key].setLabel(side, text)
+
+    def _make_plot(self, key: str, title: str, unit: str, x_label: str) -> pg.PlotWidget:
+        plot = pg.PlotWidget(background="w")
+        plot.setTitle(title, color="#24292f", size="10pt")
+        self.plots[key] = plot
+        self._set_label(key, "left", unit)
+        self._set_label(key, "bottom", x_label)
+        for side in ("left", "bottom"):       # "seconds (x0.001)" reads worse than 0.05 s
+            plot.getAxis(side).enableAutoSIPrefix(False)
+        plot.setMinimumSize(150, 130)
+        plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        # No grid lines: on a software-rendered 2-core machine they were the largest cost of a frame.
+        plot.setClipToView(True)
+        plot.setDownsampling(auto=True, mode="peak")
+        plot.setMenuEnabled(False)
+        return plot
+
+    def _colour(self, label: str) -> str:
+        if label.startswith("val:"):             # validation: colour by K (the direction is the line style)
+            return VAL_COLOURS.get(label.split()[-1], "#57606a")
+        if label not in self._colours:
+            self._colours[label] = CURVE_COLOURS[len(self._colours) % len(CURVE_COLOURS)]
+        return self._colours[label]
+
+    def _relayout(self) -> None:
+        """Show the plots the data needs and place plots and notes in the grid, and list the series (only
+        when the set of series changed, not per frame; the grid only when the set of plots changed: a new
+        grid repaints every plot, ~40-100 ms on a busy 2-core machine)."""
+        self._layout_dirty = False
+        use = [fam for fam in FAMILIES if any(s.family == fam for s in self.series.values())]
+        use += [k for k in ("recall", "rsum") if any(s.family == k for s in self.val_series.values())]
+        if use != self._in_use or self.grid.count() == 0:
+            self._place(use)
+        self._rebuild_series_list()
+
+    def _place(self, use: list[str]) -> None:
+        while self.grid.count():
+            self.grid.takeAt(0)
+        self._in_use = use
+        for key, plot in self.plots.items():
+            plot.setVisible(key in use)
+            if key in FAMILIES:
+                self._set_label(key, "bottom", self._x_label())
+        widgets: list[QWidget] = [self.plots[k] for k in use if k in FAMILIES]
+        self.loss_note.setVisible(not widgets)
+        if not widgets:
+            widgets.append(self.loss_note)
+        widgets += [self.plots[k] for k in use if k not in FAMILIES]
+        show_val_note = not self.val_series
+        self.validation_note.setVisible(show_val_note)
+        if show_val_note:
+            widgets.append(self.validation_note)
+        cols = 3 if len(widgets) > 4 else 2 if len(widgets) > 1 else 1
+        for i, w in enumerate(widgets):
+            self.grid.addWidget(w, i // cols, i % cols)
+        for c in range(3):
+            self.grid.setColumnStretch(c, 1 if c < cols else 0)
+
+    def _rebuild_series_list(self) -> None:
+        checked = {}
+        for i in range(self.series_list.count()):
+            it = self.series_list.item(i)
+            checked[it.data(Qt.ItemDataRole.UserRole)] = it.checkState() == Qt.CheckState.Checked
+        self.series_list.blockSignals(True)
+        self.series_list.clear()
+        entries: list[tuple[str, str, QIcon]] = []
+        for fam in FAMILIES:
+            for label in dict.fromkeys(s.label for s in self.series.values() if s.family == fam):
+                entries.append((label, f"{label}", _swatch(self._colour(label))))
+        directions = sorted({s.direction for s in self.series.values() if s.direction})
+        for d in directions:
+            entries.append((f"dir:{d}", f"{d} solve ({'solid' if d == 'i2t' else 'dashed'})",
+                            _swatch("#24292f", dashed=d != "i2t")))
+        for key in self.val_series:
+            icon = _swatch(self._colour(f"val:{key}"), dashed=key.startswith("t2i"))
+            entries.append((f"val:{key}", f"val {key}", icon))
+        for key, text, icon in entries:
+            it = QListWidgetItem(icon, text)
+            it.setData(Qt.ItemDataRole.UserRole, key)
+            it.setFlags(it.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            it.setCheckState(Qt.CheckState.Checked if checked.get(key, True) else Qt.CheckState.Unchecked)
+            self.series_list.addItem(it)
+        self.series_list.blockSignals(False)
+        self.series_box.setVisible(bool(entries))      # no curves (CCA): the notes get the width
+
+    def _toggles(self) -> dict[str, bool]:
+        out = {}
+        for i in range(self.series_list.count()):
+            it = self.series_list.item(i)
+            out[it.data(Qt.ItemDataRole.UserRole)] = it.checkState() == Qt.CheckState.Checked
+        return out
+
+    def set_visible(self, key: str, visible: bool) -> None:
+        """Tick / untick a series toggle (a term label, ``"dir:t2i"`` or ``"val:rsum"``)."""
+        for i in range(self.series_list.count()):
+            it = self.series_list.item(i)
+            if it.data(Qt.ItemDataRole.UserRole) == key:
+                it.setCheckState(Qt.CheckState.Checked if visible else Qt.CheckState.Unchecked)
+                return
+        raise KeyError(key)
+
+    def is_shown(self, key: str) -> bool:
+        """Whether the curve of a training series key (``"primal [i2t]"``) or ``"val:<key>"`` is visible."""
+        s = self.val_series.get(key[4:]) if key.startswith("val:") else self.series.get(key)
+        return bool(s is not None and s.item is not None and s.item.isVisible())
+
+    def _on_toggle(self, _item: QListWidgetItem) -> None:
+        self._dirty = True
+        self.flush()
+
+    def _set_note(self, label: QLabel, text: str) -> None:
+        if label.text() != text:
+            label.setText(text)
+
+    def _notes(self) -> None:
+        name = self.method_title or "This method"
+        if not self.iterative and self.method_name:
+            self._set_note(self.loss_note, f"<b>{html.escape(name)} is closed-form: no loss curve.</b><br>"
+                           "It fits in one pass; the progress bar follows its steps.")
+        elif self.cv_events:
+            self._set_note(self.loss_note, f"<b>Cross-validation of C</b> ({self.cv_events} solver iterations so "
+                           "far): its solves are not plotted; the progress bar and the log follow them. The "
+                           "curves of the final i2t and t2i solves appear here.")
+        elif self.method_name:
+            self._set_note(self.loss_note, "Waiting for the first loss values...")
+        else:
+            self._set_note(self.loss_note, "Start a run, or click a run in the Runs list to see its curves.")
+        parts = []
+        if not self.has_epoch_validation:
+            parts.append(f"<b>{html.escape(name)} has no per-epoch validation.</b> "
+                         + html.escape(self.validation_note_text or "See the log."))
+            if self.final_validation:
+                f = self.final_validation
+                parts.append("After fitting, on val: " + html.escape(", ".join(
+                    f"{k} {v:.1f}" for k, v in f.items())))
+        elif self.no_validation_reason:
+            parts.append(f"<b>No validation curve.</b> {html.escape(self.no_validation_reason)}")
+        elif self.method_name:
+            parts.append("Validation R@K and rsum appear here after the first validation pass.")
+        else:
+            parts.append("Validation curves appear here.")
+        self._set_note(self.validation_note, "<br>".join(parts))
+
+    def flush(self) -> None:
+        """Redraw what changed since the last call (the panel's 100 ms timer calls this)."""
+        if self._layout_dirty:
+            self._relayout()
+        if not self._dirty:
+            return
+        self._dirty = False
+        self._notes()
+        toggles = self._toggles()
+        by_plot: dict[str, list[Series]] = {}
+        for key, s in self.series.items():
+            by_plot.setdefault(s.family, []).append(s)
+        for key, s in self.val_series.items():
+            by_plot.setdefault("recall" if key != "rsum" else "rsum", []).append(s)
+        for plot_key, group in by_plot.items():
+            plot = self.plots.get(plot_key)
+            if plot is None or plot_key not in self._in_use:
+                continue
+            is_val = plot_key in ("recall", "rsum")
+            shown = []
+            for s in group:
+                tkey = f"val:{s.label}" if is_val else s.label
+                vis = toggles.get(tkey, True) and (s.direction is None or toggles.get(f"dir:{s.direction}", True))
+                if s.item is None:
+                    colour = self._colour(tkey)
+                    dashed = s.direction == "t2i" or s.label.startswith("t2i ")
+                    pen = pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
+                    s.item = plot.plot([], [], pen=pen, name=None)
+                    if is_val:
+                        s.item.setSymbol("o")
+                        s.item.setSymbolSize(6)
+                        s.item.setSymbolBrush(colour)
+                        s.item.setSymbolPen(colour)
+                s.item.setVisible(vis)
+                if vis:
+                    shown.append(s)
+            log = wants_log(min((s.min_pos for s in shown), default=math.inf),
+                            max((s.max for s in shown), default=-math.inf))
+            if log != self._log.get(plot_key, False):
+                plot.setLogMode(x=False, y=log)
+                self._log[plot_key] = log
+            unit = FAMILIES[plot_key].unit if plot_key in FAMILIES else ("%" if plot_key == "recall" else "rsum")
+            self._set_label(plot_key, "left", unit + (" (log scale)" if log else ""))
+            if log:
+                top = max(s.max for s in shown)
+                low = max(min(s.min_pos for s in shown), top * 10 ** -LOG_DECADES)
+                plot.setYRange(math.log10(low), math.log10(top), padding=0.05)
+            else:
+                plot.enableAutoRange(axis="y")
+            for s in group:
+                step = max(1, len(s.xs) // MAX_POINTS)
+                xs = np.asarray(s.xs[::step], dtype=float)
+                ys = np.asarray(s.ys[::step], dtype=float)
+                if log:                          # a log axis cannot draw zeros or negatives: leave gaps
+                    ys = np.where(ys > 0, ys, np.nan)
+                s.item.setData(xs, ys, connect="finite")
+            xs_all = [x for s in shown for x in (s.xs[0], s.xs[-1]) if s.xs]
+            if xs_all and max(xs_all) == min(xs_all):      # one point: a sensible window around it
+                plot.setXRange(min(xs_all) - 1, min(xs_all) + 1, padding=0)
+            else:
+                plot.enableAutoRange(axis="x")

@@ -1,0 +1,931 @@
+"""Hostile input to the dataset readers: property-based fuzzing of every format, plus one regression
+test for each crash, hang or silent acceptance found by the survey of issue 10 (item 5).
+
+The contract, for ANY input: ``load_dataset`` / ``detect_format`` either load it (any warning carries a
+count), or raise :class:`~crossview.errors.CrossViewError` whose message is one line naming the file. Never
+another exception, never a hang (every call runs in a thread joined with a timeout).
+
+The examples are mutations of small valid datasets in each format: byte flips, truncation, inserted
+bytes, byte-order marks, UTF-16, wrong JSON types in each field, huge numbers, deep nesting, huge fields,
+duplicate columns, unclosed quotes, special files (FIFO, symlink loop, /dev/null, a folder, long names).
+
+Size: a few hundred examples in all by default (CI). A nightly run sets the number of examples per
+property test through the environment, e.g.::
+
+    CROSSVIEW_FUZZ_EXAMPLES=5000 pytest tests/test_readers_fuzz.py -k fuzz_
+
+Without the variable the examples are derandomized (the same every run, so CI never flakes); with it,
+fresh random ones are drawn each run. ``CROSSVIEW_FUZZ_TIMEOUT`` (seconds, default 30) is the limit past
+which a call counts as a hang. 250 examples per property (6,000 in all) take about 4 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import os
+import random
+import struct
+import sys
+import tempfile
+import threading
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from crossview.data.dataset import PairedDataset, TextCorpus
+from crossview.data.images import open_image, verify_images
+from crossview.data.readers import READERS, detect_format, load_dataset
+from crossview.data.readers.labels import attach_label_sets
+from crossview.data.stats import dataset_info, format_info
+from crossview.errors import CrossViewError, DatasetError
+
+#: Examples per property test; the default keeps this file well under a minute on 2 cores.
+EXAMPLES = int(os.environ.get("CROSSVIEW_FUZZ_EXAMPLES", "25"))
+#: A call that takes longer than this is a hang (the slowest honest example takes well under a second).
+TIMEOUT_S = float(os.environ.get("CROSSVIEW_FUZZ_TIMEOUT", "30"))
+
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="CROSSVIEW_FUZZ_EXAMPLES" not in os.environ,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+
+# ---------------------------------------------------------------------------------------------- outcome check
+def _unblock_fifos(root: Path) -> None:
+    """Opens the write end of every FIFO under ``root``, so that a reader blocked on one returns."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            p = Path(dirpath) / name
+            try:
+                if p.is_fifo():
+                    os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+
+def call_with_timeout(fn: Callable[[], Any], root: Path) -> tuple[Any, BaseException | None]:
+    """``fn()`` in a thread; fails the test if it has not returned after TIMEOUT_S (a hang)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - judged by the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(TIMEOUT_S)
+    if t.is_alive():
+        _unblock_fifos(root)
+        t.join(5)
+        pytest.fail(f"hang: the call did not return within {TIMEOUT_S:.0f} s on {root}")
+    return out.get("value"), out.get("error")
+
+
+def assert_outcome(fn: Callable[[], Any], root: Path) -> Any:
+    """Runs ``fn`` (a load) and checks the contract: a dataset whose warnings carry counts, or a
+    CrossViewError of one line naming a path under ``root``. Returns the dataset or the error."""
+    value, error = call_with_timeout(fn, root)
+    if error is not None:
+        if not isinstance(error, CrossViewError):
+            tb = "".join(traceback.format_exception(error))
+            pytest.fail(f"{type(error).__name__} escaped instead of a CrossViewError:\n{tb}")
+        msg = str(error)
+        assert len(msg.splitlines()) == 1 and "\n" not in msg, f"not one line: {msg!r}"
+        assert str(root) in msg, f"the message does not name the file: {msg!r}"
+        assert len(msg) < 2000, f"message of {len(msg)} characters"
+        return error
+    assert isinstance(value, (PairedDataset, TextCorpus)), value
+    for w in value.warnings:
+        assert any(ch.isdigit() for ch in w), f"a warning without a count: {w!r}"
+        assert len(w.splitlines()) == 1, f"a warning of several lines: {w!r}"
+    # What `crossview data info` does next must work on anything a reader accepted.
+    format_info(dataset_info(value))
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (200, 30, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+PNG = _png()
+
+
+@dataclass
+class Fixture:
+    """A small valid dataset: files (relative path -> bytes), the file mutations change, what to load."""
+
+    format: str
+    files: dict[str, bytes]
+    target: str
+    load: str = ""
+    kind: str = "text"  # how the target is mutated: json, jsonl, csv, text, npy
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, root: Path, target_bytes: bytes | None = None) -> Path:
+        for rel, data in self.files.items():
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(target_bytes if rel == self.target and target_bytes is not None else data)
+        return root / self.load if self.load else root
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def _fixtures() -> dict[str, Fixture]:
+    imgs = {f"images/im{k}.png": PNG for k in range(4)}
+    karpathy = {"dataset": "tiny", "images": [
+        {"filename": f"im{k}.png", "imgid": k, "split": s, "label": k % 2, "tags": ["red", "box"],
+         "sentences": [{"raw": f"a red box number {k}", "tokens": ["a", "red", "box"]}, {"raw": "a square"}]}
+        for k, s in enumerate(("train", "train", "val", "test"))]}
+    pedes = [{"split": s, "captions": [f"a person in red {k}", "a walker"], "file_path": f"CUHK01/{k:04d}.png",
+              "id": 10 + k // 2, "processed_tokens": [["a", "person"]]}
+             for k, s in enumerate(("train", "train", "val", "test"))]
+    folder_rows = [{"image": f"images/im{k}.png", "caption": f"a red box {k}", "label": ["a", "b"][k % 2],
+                    "tags": "red,box", "split": s} for k, s in enumerate(("train", "train", "val", "test"))]
+    csv_text = "image,caption,label,tags,split\n" + "".join(
+        f'{r["image"]},{r["caption"]},{r["label"]},"{r["tags"]}",{r["split"]}\n' for r in folder_rows)
+    tag_rows = [{"image": f"images/im{k}.png", "tags": ["red", "box"]} for k in range(4)]
+    label_rows = [{"image": f"images/im{k}.png", "labels": ["red box"]} for k in range(4)]
+    feats = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    reed = {f"text_c10/00{c}.cls/im{k}.txt": f"a small bird number {k}\nit has red wings\n".encode()
+            for c in (1, 2) for k in (c * 10, c * 10 + 1)}
+    reed.update({f"images/00{c}.cls/im{k}.jpg": PNG for c in (1, 2) for k in (c * 10, c * 10 + 1)})
+    reed["trainclasses.txt"] = b"001.cls\n"
+    reed["testclasses.txt"] = b"002.cls\n"
+    return {
+        "karpathy": Fixture("karpathy", {**imgs, "dataset_tiny.json": json.dumps(karpathy).encode()},
+                            "dataset_tiny.json", "dataset_tiny.json", "json"),
+        "cuhk-pedes": Fixture("cuhk-pedes", {**{f"imgs/CUHK01/{k:04d}.png": PNG for k in range(4)},
+                                             "reid_raw.json": json.dumps(pedes).encode()},
+                              "reid_raw.json", "reid_raw.json", "json"),
+        "folder-jsonl": Fixture("folder", {**imgs, "captions.jsonl": _jsonl(folder_rows)}, "captions.jsonl",
+                                "", "jsonl"),
+        "folder-csv": Fixture("folder", {**imgs, "captions.csv": csv_text.encode()}, "captions.csv", "", "csv"),
+        "webtags-jsonl": Fixture("webtags", {**imgs, "tags.jsonl": _jsonl(tag_rows)}, "tags.jsonl", "", "jsonl"),
+        "webtags-csv": Fixture("webtags", {**imgs, "tags.csv": ("image,tags\n" + "".join(
+            f'images/im{k}.png,"red,box"\n' for k in range(4))).encode()}, "tags.csv", "", "csv"),
+        "webtags-txt": Fixture("webtags", {**imgs, "tags.txt": "".join(
+            f"images/im{k}.png\tred,box\n" for k in range(4)).encode()}, "tags.txt", "", "text"),
+        "labels-jsonl": Fixture("labels", {**imgs, "labels.jsonl": _jsonl(label_rows)}, "labels.jsonl", "",
+                                "jsonl"),
+        "labels-csv": Fixture("labels", {**imgs, "labels.csv": ("image,labels\n" + "".join(
+            f'images/im{k}.png,"red box,blue"\n' for k in range(4))).encode()}, "labels.csv", "", "csv"),
+        "labels-txt": Fixture("labels", {**imgs, "labels.txt": "".join(
+            f"images/im{k}.png\tred box\n" for k in range(4)).encode()}, "labels.txt", "", "text"),
+        "corpus": Fixture("corpus", {"corpus.txt": b"a red box\na blue ball\nthe end\n"}, "corpus.txt",
+                          "corpus.txt", "text"),
+        "precomp-caps": Fixture("precomp", {"train_ims.npy": _npy(feats), "train_caps.txt": "".join(
+            f"caption {k}\n" for k in range(8)).encode()}, "train_caps.txt", "", "text"),
+        "precomp-npy": Fixture("precomp", {"train_ims.npy": _npy(feats), "train_caps.txt": "".join(
+            f"caption {k}\n" for k in range(8)).encode()}, "train_ims.npy", "", "npy"),
+        "reed-captions": Fixture("reed", reed, "text_c10/001.cls/im10.txt", "", "text"),
+        "reed-splits": Fixture("reed", reed, "trainclasses.txt", "", "text"),
+    }
+
+
+FIXTURES = _fixtures()
+
+
+@pytest.mark.parametrize("name", list(FIXTURES))
+def test_every_fixture_is_valid(name: str, tmp_path: Path) -> None:
+    """The unmutated fixtures load cleanly, detected as their format (so mutations start from valid data)."""
+    fx = FIXTURES[name]
+    path = fx.write(tmp_path)
+    assert detect_format(path) == fx.format
+    ds = load_dataset(path)
+    assert ds.warnings == []
+    assert ds.n_captions > 0 or fx.format in ("webtags", "labels")
+
+
+def check_all_ways(fx: Fixture, target_bytes: bytes | None = None,
+                   prepare: Callable[[Path], None] | None = None) -> list[Any]:
+    """Writes the fixture (with the target replaced) and checks detection, loading with and without
+    an explicit format, and for labels, attaching the file to a caption dataset."""
+    with tempfile.TemporaryDirectory(prefix="cvfuzz-") as tmp:
+        root = Path(tmp)
+        path = fx.write(root, target_bytes)
+        if prepare is not None:
+            prepare(root)
+        module = importlib.import_module(f"crossview.data.readers.{READERS[fx.format].module}")
+        outcomes = [assert_outcome(lambda: detect_format(path) and load_dataset(path), root),
+                    assert_outcome(lambda: load_dataset(path, format=fx.format), root),
+                    assert_outcome(lambda: module.read(path), root)]  # a reader called directly
+        for info in READERS.values():  # every format's detect() answers, without blocking or raising
+            detect = importlib.import_module(f"crossview.data.readers.{info.module}").detect
+            found, error = call_with_timeout(lambda: detect(path), root)
+            assert error is None and isinstance(found, bool), (info.name, error)
+        if fx.format == "labels":
+            base = FIXTURES["folder-jsonl"].write(root)
+            ds = load_dataset(base)
+            outcomes.append(assert_outcome(lambda: attach_label_sets(ds, root / fx.target), root))
+        _unblock_fifos(root)
+        return outcomes
+
+
+# ---------------------------------------------------------------------------------------------- strategies
+#: Values no JSON encoder writes but a hostile file may hold: put in as raw text.
+RAW_VALUES = ["1" * 5000, "-" + "9" * 4400, "1e400", "-1e400", "NaN", "Infinity", "1" + "0" * 40,
+              "[" * 5000 + "]" * 5000, "{\"a\":" * 3000 + "1" + "}" * 3000, "[" * 200_000 + "]" * 200_000]
+
+hostile_strings = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["", " ", "\u2028", "a\x85b", "\x00", "a\nb", "\ufeff", "~nosuchuser/a.png", "/",
+                     "..", "../../../../etc/passwd", "images/", "images/im0.png", "IMAGES/IM0.PNG",
+                     "x" * 300 + ".png", "images/" + "y" * 5000, "dev", "validation", "TEST", "restval",
+                     "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace")]),
+    st.builds(lambda n: "w" * n, st.integers(100_000, 300_000)),
+)
+json_leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-2**70, 2**70),
+                        st.floats(allow_nan=False, allow_infinity=False), hostile_strings,
+                        st.sampled_from([f"\x00RAW{i}\x00" for i in range(len(RAW_VALUES))]))
+json_values = st.recursive(json_leaves, lambda kids: st.one_of(st.lists(kids, max_size=4),
+                                                               st.dictionaries(st.text(max_size=8), kids,
+                                                                               max_size=4)),
+                           max_leaves=12)
+
+
+def _dump(doc: Any) -> bytes:
+    text = json.dumps(doc)
+    for i, raw in enumerate(RAW_VALUES):
+        text = text.replace(json.dumps(f"\x00RAW{i}\x00"), raw)
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every key / index path into a JSON document."""
+    out = [prefix]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out.extend(_paths(v, prefix + (k,)))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out.extend(_paths(v, prefix + (i,)))
+    return out
+
+
+def _mutate_json(doc: Any, data: st.DataObject) -> Any:
+    """One structural change: a value replaced by a hostile one, a key deleted, an entry duplicated."""
+    paths = _paths(doc)
+    path = data.draw(st.sampled_from(paths), label="path")
+    op = data.draw(st.sampled_from(["replace", "replace", "replace", "delete", "duplicate"]), label="op")
+    value = data.draw(json_values, label="value") if op == "replace" else None
+    if not path:
+        return value if op == "replace" else doc
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    last = path[-1]
+    if op == "replace":
+        parent[last] = value
+    elif op == "delete":
+        del parent[last]
+    elif isinstance(parent, list):
+        parent.insert(last, json.loads(json.dumps(parent[last])))
+    return doc
+
+
+def _mutate_bytes(data_bytes: bytes, data: st.DataObject) -> bytes:
+    """A few byte-level changes: flips, truncation, insertions, BOMs, re-encoding, doubling."""
+    b = bytearray(data_bytes)
+    for _ in range(data.draw(st.integers(1, 3), label="n_ops")):
+        op = data.draw(st.sampled_from(["flip", "truncate", "insert", "bom", "utf16", "latin1", "double",
+                                        "crlf", "nul", "huge_line"]), label="byte_op")
+        pos = data.draw(st.integers(0, max(0, len(b))), label="pos")
+        if op == "flip" and b:
+            i = min(pos, len(b) - 1)
+            b[i] ^= data.draw(st.integers(1, 255), label="mask")
+        elif op == "truncate":
+            del b[pos:]
+        elif op == "insert":
+            b[pos:pos] = data.draw(st.binary(max_size=16), label="ins")
+        elif op == "bom":
+            b[0:0] = b"\xef\xbb\xbf"
+        elif op == "utf16":
+            b = bytearray(bytes(b).decode("utf-8", "replace").encode("utf-16"))
+        elif op == "latin1":
+            b[pos:pos] = "é".encode("latin-1")
+        elif op == "double":
+            b = b + b
+        elif op == "crlf":
+            b = bytearray(bytes(b).replace(b"\n", b"\r\n"))
+        elif op == "nul":
+            b[pos:pos] = b"\x00"
+        elif op == "huge_line":
+            b[pos:pos] = b"z" * 140_000
+    return bytes(b)
+
+
+def _mutate_csv(text: str, data: st.DataObject) -> bytes:
+    """CSV-specific changes: duplicate / renamed / dropped columns, huge fields, unclosed quotes, odd
+    delimiters, extra fields, a hostile value in one cell."""
+    rows = list(csv.reader(io.StringIO(text)))
+    op = data.draw(st.sampled_from(["dup_col", "rename_col", "drop_col", "huge_field", "unclosed_quote",
+                                    "delimiter", "extra_field", "cell", "empty_header", "bom_header"]),
+                   label="csv_op")
+    r = data.draw(st.integers(1, len(rows) - 1), label="row")
+    c = data.draw(st.integers(0, len(rows[0]) - 1), label="col")
+    delim = ","
+    if op == "dup_col":
+        rows[0].append(rows[0][c])
+        for row in rows[1:]:
+            row.append(row[c] + "x")
+    elif op == "rename_col":
+        rows[0][c] = data.draw(hostile_strings, label="name")
+    elif op == "drop_col":
+        for row in rows:
+            del row[c]
+    elif op == "huge_field":
+        rows[r][c] = "h" * data.draw(st.integers(131_000, 140_000), label="size")
+    elif op == "cell":
+        rows[r][c] = data.draw(hostile_strings, label="cell")
+    elif op == "extra_field":
+        rows[r].append("surplus")
+    elif op == "delimiter":
+        delim = data.draw(st.sampled_from(["\t", ";", "|", " "]), label="delim")
+    elif op == "empty_header":
+        rows[0] = []
+    out = io.StringIO()
+    csv.writer(out, delimiter=delim, lineterminator="\n").writerows(rows)
+    text = out.getvalue()
+    if op == "unclosed_quote":
+        lines = text.split("\n")
+        lines[r] = '"' + lines[r]
+        text = "\n".join(lines)
+    if op == "bom_header":
+        text = "\ufeff" + text
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _mutate_npy(raw: bytes, data: st.DataObject) -> bytes:
+    """A .npy with a damaged header (shape, dtype, version) or body, or another kind of array."""
+    op = data.draw(st.sampled_from(["header", "bytes", "dtype", "shape", "pickle"]), label="npy_op")
+    if op == "bytes":
+        return _mutate_bytes(raw, data)
+    if op == "pickle":
+        buf = io.BytesIO()
+        np.save(buf, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+        return buf.getvalue()
+    if op == "dtype":
+        dt = data.draw(st.sampled_from(["<U4", "|b1", "<c8", "|V4", "<M8[s]", "|O", "<f2", "<i8", "zz"]))
+        arr_hdr = {"descr": dt, "fortran_order": False, "shape": (4, 6)}
+    elif op == "shape":
+        shape = data.draw(st.sampled_from([(), (0,), (4,), (4, 0), (0, 6), (4, 6, 2), (2**62, 6), (-1, 6),
+                                           (10**30, 2), (8, 6), (2, 6)]), label="shape")
+        arr_hdr = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    else:
+        header_text = data.draw(st.sampled_from(["{", "{}", "{'descr': 1}", "[1, 2]", "__import__('os')",
+                                                 "{'descr': '<f4', 'fortran_order': 'x', 'shape': (4, 6)}",
+                                                 "{'descr': '<f4', 'fortran_order': False, 'shape': 'x'}"]))
+        body = header_text.encode().ljust(118) + b"\n"
+        return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body + raw[128:]
+    body = repr(arr_hdr).encode().ljust(118) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body + raw[128:]
+
+
+# ---------------------------------------------------------------------------------------------- properties
+BYTE_TARGETS = list(FIXTURES)
+JSON_TARGETS = [n for n, f in FIXTURES.items() if f.kind in ("json", "jsonl")]
+CSV_TARGETS = [n for n, f in FIXTURES.items() if f.kind == "csv"]
+
+
+@pytest.mark.parametrize("name", BYTE_TARGETS)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_bytes(name: str, data: st.DataObject) -> None:
+    """Byte-level damage to any format's file: a clean load, a counted warning, or one clear line."""
+    fx = FIXTURES[name]
+    check_all_ways(fx, _mutate_bytes(fx.files[fx.target], data))
+
+
+@pytest.mark.parametrize("name", JSON_TARGETS)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_json_fields(name: str, data: st.DataObject) -> None:
+    """Every field of a JSON / JSONL dataset replaced with hostile values (wrong types, huge numbers,
+    deep nesting, odd strings), deleted or duplicated."""
+    fx = FIXTURES[name]
+    raw = fx.files[fx.target]
+    if fx.kind == "json":
+        mutated = _dump(_mutate_json(json.loads(raw), data))
+    else:
+        rows = [json.loads(line) for line in raw.decode().splitlines()]
+        rows = _mutate_json(rows, data)  # the list of lines; replacing it whole gives one line
+        mutated = b"\n".join(_dump(r) for r in rows) + b"\n" if isinstance(rows, list) else _dump(rows)
+    check_all_ways(fx, mutated)
+
+
+@pytest.mark.parametrize("name", CSV_TARGETS)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_csv(name: str, data: st.DataObject) -> None:
+    """CSV-specific damage: duplicate columns, huge fields, unclosed quotes, other delimiters."""
+    fx = FIXTURES[name]
+    check_all_ways(fx, _mutate_csv(fx.files[fx.target].decode(), data))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_npy(data: st.DataObject) -> None:
+    """A precomp feature file with a damaged header, another dtype or shape, or a pickle."""
+    fx = FIXTURES["precomp-npy"]
+    check_all_ways(fx, _mutate_npy(fx.files[fx.target], data))
+
+
+# ---------------------------------------------------------------------------------------------- special files
+def _special(kind: str) -> Callable[[Path, Path], None]:
+    """A function replacing the file ``p`` (under ``root``) by a special file of ``kind``."""
+    def make(root: Path, p: Path) -> None:
+        p.unlink()
+        if kind == "fifo":
+            os.mkfifo(p)
+        elif kind == "loop":
+            p.symlink_to(p.name)
+        elif kind == "loop2":
+            other = p.with_name(p.name + ".other")
+            p.symlink_to(other.name)
+            other.symlink_to(p.name)
+        elif kind == "dangling":
+            p.symlink_to(root / "nowhere")
+        elif kind == "devnull":
+            p.symlink_to("/dev/null")
+        elif kind == "folder":
+            p.mkdir()
+        elif kind == "unreadable":
+            p.write_bytes(b"x")
+            p.chmod(0)
+    return make
+
+
+SPECIAL_KINDS = ["fifo", "loop", "loop2", "dangling", "devnull", "folder", "unreadable"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and symlinks")
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+@pytest.mark.parametrize("name", list(FIXTURES))
+def test_special_file_in_place_of_the_dataset_file(name: str, kind: str) -> None:
+    """The dataset's main file (or one it refers to) replaced by a FIFO, a symlink loop, a dangling link,
+    /dev/null, a folder or an unreadable file: never a hang, never a traceback."""
+    fx = FIXTURES[name]
+    check_all_ways(fx, prepare=lambda root: _special(kind)(root, root / fx.target))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and symlinks")
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+def test_special_file_given_directly(kind: str) -> None:
+    """The path given to load_dataset is itself special (named like a dataset file of each format)."""
+    for fname in ("dataset_x.json", "reid_raw.json", "captions.csv", "tags.txt", "labels.jsonl", "c.txt"):
+        with tempfile.TemporaryDirectory(prefix="cvfuzz-") as tmp:
+            root = Path(tmp)
+            p = root / fname
+            p.write_bytes(b"{}")
+            _special(kind)(root, p)
+            # Root reads a file whatever its mode: then "unreadable" holds "x", a valid one-line corpus.
+            must_fail = kind != "unreadable" or not os.access(p, os.R_OK)
+            outcome = assert_outcome(lambda: load_dataset(p), root)
+            assert isinstance(outcome, CrossViewError) or not must_fail
+            for fmt in ("karpathy", "cuhk-pedes", "folder", "webtags", "labels", "corpus", "precomp", "reed"):
+                outcome = assert_outcome(lambda: load_dataset(p, format=fmt), root)
+                assert isinstance(outcome, CrossViewError) or not must_fail
+            _unblock_fifos(root)
+
+
+# ---------------------------------------------------------------------------------------------- regressions
+# One test per finding of issue 10, item 5; each failed (traceback, hang or silent acceptance) before the fix.
+def _karpathy(root: Path, entries: list[dict] | None = None, n: int = 2) -> Path:
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        (root / "images" / f"im{k}.png").write_bytes(PNG)
+    if entries is None:
+        entries = [{"filename": f"im{k}.png", "imgid": k, "split": "train", "sentences": [{"raw": f"box {k}"}]}
+                   for k in range(n)]
+    path = root / "dataset_t.json"
+    path.write_text(json.dumps({"images": entries}))
+    return path
+
+
+def one_line_error(fn: Callable[[], Any], root: Path, *needles: str) -> str:
+    """The message of the DatasetError ``fn`` raises (within the hang timeout): one line, naming a file
+    under ``root`` and holding every needle."""
+    outcome = assert_outcome(fn, root)
+    assert isinstance(outcome, DatasetError), f"accepted: {outcome!r}"
+    msg = str(outcome)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    return msg
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
+def test_fifo_named_like_a_dataset_does_not_block_detection(tmp_path: Path) -> None:
+    fifo = tmp_path / "dataset_x.json"
+    os.mkfifo(fifo)
+    try:
+        one_line_error(lambda: detect_format(fifo), tmp_path, str(fifo), "FIFO", "not a regular file")
+        one_line_error(lambda: load_dataset(fifo), tmp_path, str(fifo), "not a regular file")
+        one_line_error(lambda: load_dataset(fifo, format="karpathy"), tmp_path, "not a regular file")
+        # The same FIFO found by a folder's detection: the reader refuses to open it.
+        one_line_error(lambda: load_dataset(tmp_path), tmp_path, str(fifo), "not a regular file")
+    finally:
+        _unblock_fifos(tmp_path)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and devices")
+@pytest.mark.parametrize("fmt", ["folder", "webtags", "labels", "karpathy", "corpus"])
+def test_fifo_and_dev_null_are_not_called_a_folder(tmp_path: Path, fmt: str) -> None:
+    from crossview.data.readers import folder, webtags
+    fifo = tmp_path / "captions.csv"
+    os.mkfifo(fifo)
+    try:
+        for target in (fifo, Path("/dev/null")):
+            msg = one_line_error(lambda: load_dataset(target, format=fmt), tmp_path if target == fifo else
+                                 Path("/dev/null"), "not a regular file")
+            assert "found a folder" not in msg
+        # The readers' own check says what the path is, too (FIFO, device), never "a folder".
+        for read in (folder.read, webtags.read):
+            msg = one_line_error(lambda: read(fifo), tmp_path, "FIFO")
+            assert "found a folder" not in msg
+        msg = one_line_error(lambda: folder.read(Path("/dev/null")), Path("/dev/null"), "device")
+        assert "found a folder" not in msg
+    finally:
+        _unblock_fifos(tmp_path)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
+def test_symlink_loop(tmp_path: Path) -> None:
+    loop = tmp_path / "dataset_x.json"
+    loop.symlink_to(loop.name)
+    one_line_error(lambda: load_dataset(loop), tmp_path, str(loop), "symlink loop")
+    one_line_error(lambda: detect_format(loop), tmp_path, "symlink loop")
+    one_line_error(lambda: load_dataset(loop, format="karpathy"), tmp_path, "symlink loop")
+    # A loop as the image root is named too.
+    path = _karpathy(tmp_path / "ds")
+    (tmp_path / "root").symlink_to("root")
+    one_line_error(lambda: load_dataset(path, image_root=tmp_path / "root"), tmp_path, "symlink loop")
+
+
+@pytest.mark.parametrize("name", ["dataset_x.json", "reid_raw.json", "captions.jsonl", "tags.jsonl",
+                                  "labels.jsonl"])
+def test_json_nested_200000_deep(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    deep = "[" * 200_000 + "]" * 200_000
+    path.write_text({"dataset_x.json": '{"images": %s}', "reid_raw.json": '[{"file_path": "a.png", "id": %s}]'}
+                    .get(name, '{"image": %s}\n') % deep)
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "nested too deeply")
+    path.write_text(deep)
+    one_line_error(lambda: load_dataset(path, format=detect_format(path) if name != "dataset_x.json"
+                                        else "karpathy"), tmp_path, str(path), "nested too deeply")
+
+
+@pytest.mark.parametrize("name,header", [("captions.csv", "image,caption"), ("tags.csv", "image,tags"),
+                                         ("labels.csv", "image,labels")])
+def test_csv_field_over_131072_characters(tmp_path: Path, name: str, header: str) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / name
+    path.write_text(f"{header}\na.png,{'w' * 140_000}\n")
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "line 2", "field larger than field limit")
+    # The usual cause: an unclosed quote swallowing the rest of the file.
+    path.write_text(f'{header}\na.png,"never closed\n' + "a.png,x\n" * 20_000)
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "unclosed quote")
+
+
+@pytest.mark.parametrize("imgid", [[1, 2], {"a": 1}, 1.5, True])
+def test_karpathy_imgid_of_the_wrong_type(tmp_path: Path, imgid: Any) -> None:
+    path = _karpathy(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["images"][1]["imgid"] = imgid
+    path.write_text(json.dumps(doc))
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "images[1]", "'imgid' must be an integer")
+
+
+def test_karpathy_imgid_string_and_null_are_accepted(tmp_path: Path) -> None:
+    path = _karpathy(tmp_path, n=3)
+    doc = json.loads(path.read_text())
+    doc["images"][0]["imgid"], doc["images"][1]["imgid"] = "COCO_1", None
+    path.write_text(json.dumps(doc))
+    assert load_dataset(path).n_images == 3
+
+
+@pytest.mark.parametrize("name", ["dataset_x.json", "reid_raw.json", "captions.jsonl"])
+def test_a_5000_digit_integer(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    big = "7" * 5000
+    path.write_text({"dataset_x.json": '{"images": [{"filename": "a.png", "imgid": %s}]}',
+                     "reid_raw.json": '[{"file_path": "a.png", "id": %s}]',
+                     "captions.jsonl": '{"image": "a.png", "caption": "x", "label": %s}\n'}[name] % big)
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "too many digits")
+
+
+@pytest.mark.parametrize("pid", [10**40, -(10**40), "1" * 40, "²"])
+def test_cuhk_pedes_id_out_of_range(tmp_path: Path, pid: Any) -> None:
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_bytes(PNG)
+    path = tmp_path / "reid_raw.json"
+    path.write_text(json.dumps([{"split": "train", "captions": ["a person"], "file_path": "a.png", "id": pid}]))
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "entry 0", "'id'")
+
+
+def test_cuhk_pedes_largest_int64_id_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_bytes(PNG)
+    path = tmp_path / "reid_raw.json"
+    path.write_text(json.dumps([{"split": "train", "captions": ["a person"], "file_path": "a.png",
+                                 "id": 2**63 - 1}]))
+    assert load_dataset(path).label_names == [str(2**63 - 1)]
+
+
+@pytest.mark.parametrize("fmt", ["karpathy", "cuhk-pedes", "folder"])
+def test_image_name_over_255_characters(tmp_path: Path, fmt: str) -> None:
+    """A name too long for the file system is a missing image (counted), not an OSError."""
+    long = "x" * 300 + ".png"
+    if fmt == "karpathy":
+        path = _karpathy(tmp_path, n=2)
+        doc = json.loads(path.read_text())
+        doc["images"].insert(0, {"filename": long, "split": "train", "sentences": [{"raw": "long"}]})
+        for k, e in enumerate(doc["images"]):
+            e["imgid"] = k
+        path.write_text(json.dumps(doc))
+    elif fmt == "cuhk-pedes":
+        (tmp_path / "imgs").mkdir()
+        (tmp_path / "imgs" / "a.png").write_bytes(PNG)
+        path = tmp_path / "reid_raw.json"
+        path.write_text(json.dumps([{"split": "train", "captions": ["p"], "file_path": fp, "id": 1}
+                                    for fp in (long, "a.png")]))
+    else:
+        (tmp_path / "a.png").write_bytes(PNG)
+        path = tmp_path / "captions.jsonl"
+        path.write_text(_jsonl([{"image": long, "caption": "x"}, {"image": "a.png", "caption": "y"}]).decode())
+    ds = assert_outcome(lambda: load_dataset(path), tmp_path)
+    n = 3 if fmt == "karpathy" else 2
+    assert isinstance(ds, PairedDataset) and ds.n_images == n - 1
+    assert any(f"skipped 1 of {n} images whose file is missing" in w for w in ds.warnings)
+
+
+def _png_of_size(width: int, height: int) -> bytes:
+    """A tiny PNG file whose header declares ``width`` x ``height`` pixels (a decompression bomb)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
+
+
+def test_decompression_bomb_is_an_unreadable_image(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from crossview.cli import main
+    path = _karpathy(tmp_path, n=2)
+    bomb = tmp_path / "images" / "im1.png"
+    bomb.write_bytes(_png_of_size(30_000, 30_000))
+    with pytest.raises(DatasetError, match=r"im1\.png: image too large to decode"):
+        open_image(bomb)
+    ds = load_dataset(path)
+    bad = verify_images(ds.image_paths)
+    assert [i for i, _ in bad] == [1] and "too large" in bad[0][1]
+    assert main(["data", "info", str(path), "--check-images"]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 2 images unreadable" in out and "im1.png: image too large to decode" in out
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
+def test_open_image_on_a_fifo_does_not_block(tmp_path: Path) -> None:
+    fifo = tmp_path / "a.png"
+    os.mkfifo(fifo)
+    try:
+        one_line_error(lambda: open_image(fifo), tmp_path, "not a regular file")
+    finally:
+        _unblock_fifos(tmp_path)
+
+
+def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
+    path = _karpathy(tmp_path / "k")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert detect_format(path) == "karpathy" and load_dataset(path).n_images == 2
+    (tmp_path / "c" / "imgs").mkdir(parents=True)
+    (tmp_path / "c" / "imgs" / "a.png").write_bytes(PNG)
+    pedes = tmp_path / "c" / "reid_raw.json"
+    pedes.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"split": "train", "captions": ["p"], "file_path": "a.png",
+                                                    "id": 1}]).encode())
+    assert detect_format(pedes) == "cuhk-pedes" and load_dataset(pedes).n_images == 1
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "a.png").write_bytes(PNG)
+    for name, text in (("captions.csv", "image,caption,split\na.png,a red box,train\n"),
+                       ("captions.jsonl", '{"image": "a.png", "caption": "a red box", "split": "train"}\n')):
+        path = tmp_path / "f" / name
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        ds = load_dataset(path)
+        assert ds.captions == ["a red box"] and ds.warnings == [] and list(ds.splits) == ["train"]
+        path.unlink()
+    path = tmp_path / "f" / "tags.csv"
+    path.write_bytes(b"\xef\xbb\xbfimage,tags\na.png,red\n")
+    assert load_dataset(path).tags == [["red"]]
+
+
+def test_utf16_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "captions.csv"
+    path.write_text("image,caption\na.png,x\n", encoding="utf-16")
+    one_line_error(lambda: load_dataset(path, format="folder"), tmp_path, "UTF-16", "Save the file as UTF-8")
+
+
+@pytest.mark.parametrize("split", [["train"], {"a": 1}, 3, 2.5, True])
+def test_split_of_another_json_type_is_an_error(tmp_path: Path, split: Any) -> None:
+    path = _karpathy(tmp_path / "k")
+    doc = json.loads(path.read_text())
+    doc["images"][1]["split"] = split
+    path.write_text(json.dumps(doc))
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "images[1]", "'split' must be a string")
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "a.png").write_bytes(PNG)
+    path = tmp_path / "f" / "captions.jsonl"
+    path.write_text(json.dumps({"image": "a.png", "caption": "x", "split": split}) + "\n")
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "line 1", "'split' must be a string")
+
+
+def test_missing_or_null_split_is_counted(tmp_path: Path) -> None:
+    path = _karpathy(tmp_path, n=3)
+    doc = json.loads(path.read_text())
+    doc["images"][0]["split"] = None
+    del doc["images"][1]["split"]
+    path.write_text(json.dumps(doc))
+    ds = load_dataset(path)
+    assert ds.splits["train"].tolist() == [0, 1, 2]
+    assert "2 image(s) have no split and were put in 'train'" in ds.warnings
+
+
+@pytest.mark.parametrize("label", [["dog"], {"a": 1}, True])
+def test_folder_label_of_another_json_type_is_an_error(tmp_path: Path, label: Any) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / "captions.jsonl"
+    path.write_text(json.dumps({"image": "a.png", "caption": "x", "label": label}) + "\n")
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "line 1", "'label' must be")
+
+
+@pytest.mark.parametrize("name,header", [("captions.csv", "image,caption,caption"),
+                                         ("captions.csv", "Image,caption,IMAGE"),
+                                         ("tags.csv", "image,tags,tags"), ("labels.csv", "image,image,labels")])
+def test_duplicate_csv_columns_are_an_error(tmp_path: Path, name: str, header: str) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / name
+    path.write_text(f"{header}\na.png,first,second\n")
+    dup = header.lower().split(",")
+    dup = next(c for c in dup if dup.count(c) > 1)
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "line 1", f"column '{dup}' appears twice")
+
+
+def test_line_separators_inside_captions_are_kept(tmp_path: Path) -> None:
+    """U+2028 and \\x85 are valid inside JSON strings and CSV fields: not line breaks of the file."""
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / "captions.jsonl"
+    path.write_text('{"image": "a.png", "caption": "a red\u2028box"}\n{"image": "a.png", "caption": "b\x85c"}\n')
+    assert load_dataset(path).n_captions == 2
+    path.unlink()
+    path = tmp_path / "captions.csv"
+    path.write_text("image,caption\na.png,a red\u2028box\na.png,b\x85c\n")
+    ds = load_dataset(path)
+    assert ds.n_captions == 2 and ds.warnings == []
+
+
+def test_tilde_user_that_does_not_exist_is_a_missing_image(tmp_path: Path) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / "captions.jsonl"
+    path.write_text(_jsonl([{"image": "~nosuchuser_cv/b.png", "caption": "x"},
+                            {"image": "a.png", "caption": "y"}]).decode())
+    ds = load_dataset(path)
+    assert ds.n_images == 1 and any("skipped 1 of 2 images" in w for w in ds.warnings)
+    one_line_error(lambda: load_dataset("~nosuchuser_cv/x.json"), Path("~nosuchuser_cv"), "nosuchuser_cv")
+
+
+def test_a_stray_exception_becomes_one_line_naming_the_file(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last line of defence: a reader bug (any exception) is still a DatasetError naming the file."""
+    from crossview.data.readers import corpus
+    path = tmp_path / "c.txt"
+    path.write_text("a caption\n")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("surprise\nsecond line")
+    monkeypatch.setattr(corpus, "read", broken)
+    msg = one_line_error(lambda: load_dataset(path), tmp_path, str(path), "KeyError")
+    assert "surprise" in msg
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
+def test_cli_data_info_on_bad_files_prints_one_error_line(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    from crossview.cli import main
+    deep = tmp_path / "dataset_deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    fifo = tmp_path / "dataset_x.json"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop.name)
+    dup = tmp_path / "captions.csv"
+    dup.write_text("image,caption,caption\na.png,x,y\n")
+    try:
+        for bad in (deep, fifo, loop, dup):
+            rc, error = call_with_timeout(lambda: main(["data", "info", str(bad)]), tmp_path)
+            assert error is None and rc == 2
+            err = capsys.readouterr().err
+            assert len(err.splitlines()) == 1 and err.startswith("crossview: error: ") and str(bad) in err
+    finally:
+        _unblock_fifos(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["\x85", "\x1e", "\u2028", "\r"])
+def test_warning_naming_an_odd_image_path_stays_one_line(tmp_path: Path, name: str) -> None:
+    """Found by the fuzzer: a line separator inside a quoted CSV field was a line break (the name lost
+    the character), and kept as it is, it split the missing-image warning."""
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / "tags.csv"
+    path.write_text(f'image,tags\na.png,red\n"b{name}c.png",blue\n', newline="")
+    ds = load_dataset(path)
+    assert ds.n_images == 1 and len(ds.warnings) == 1
+    assert len(ds.warnings[0].splitlines()) == 1 and "skipped 1 of 2 images" in ds.warnings[0]
+    assert f"b{repr(name)[1:-1]}c.png" in ds.warnings[0]  # the name kept, shown escaped (not cut or merged)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("dataset_x.json", '{"images": [{"filename": "a.png", "filename": "b.png", "sentences": []}]}'),
+    ("reid_raw.json", '[{"file_path": "a.png", "id": 1, "id": 2}]'),
+    ("captions.jsonl", '{"image": "a.png", "caption": "x", "caption": "y"}\n'),
+    ("tags.jsonl", '{"image": "a.png", "tags": ["x"], "image": "b.png"}\n')])
+def test_a_json_key_given_twice_is_an_error(tmp_path: Path, name: str, text: str) -> None:
+    """Like a duplicate CSV column: json would keep the last value without a word."""
+    path = tmp_path / name
+    path.write_text(text)
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "appears twice in one object")
+
+
+@pytest.mark.parametrize("key,value", [("filepath", 3), ("filepath", ["a"]), ("label", ["dog"]), ("label", True),
+                                       ("tags", {"a": 1}), ("tags", 3), ("labels", 2.5)])
+def test_karpathy_optional_field_of_the_wrong_type(tmp_path: Path, key: str, value: Any) -> None:
+    path = _karpathy(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["images"][1][key] = value
+    path.write_text(json.dumps(doc))
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "images[1]", f"'{key}' must be")
+
+
+@pytest.mark.parametrize("tags", [{"a": 1}, 3, True])
+def test_folder_tags_of_the_wrong_type(tmp_path: Path, tags: Any) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    path = tmp_path / "captions.jsonl"
+    path.write_text(json.dumps({"image": "a.png", "caption": "x", "tags": tags}) + "\n")
+    one_line_error(lambda: load_dataset(path), tmp_path, str(path), "line 1", "'tags' must be")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_precomp_non_finite_features_are_an_error(tmp_path: Path, bad: float) -> None:
+    feats = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    feats[2, 3] = bad
+    np.save(tmp_path / "train_ims.npy", feats)
+    (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
+    one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "1 of 4 feature rows hold NaN",
+                   "first: row 2")
+
+
+@pytest.mark.parametrize("module_name", [info.module for info in READERS.values()])
+def test_readers_called_directly_on_unusable_paths(tmp_path: Path, module_name: str) -> None:
+    """Each reader's own detect() / read(), not only load_dataset: a name too long for the file system,
+    a symlink loop, a NUL character. detect() says False; read() raises one DatasetError line."""
+    module = importlib.import_module(f"crossview.data.readers.{module_name}")
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    for path in (tmp_path / ("x" * 300 + ".json"), tmp_path / ("y" * 300) / "captions.csv", loop,
+                 tmp_path / "nul\x00.txt"):
+        found, error = call_with_timeout(lambda: module.detect(path), tmp_path)
+        assert error is None and found is False, (path, error)
+        one_line_error(lambda: module.read(path), tmp_path)
+
+
+@pytest.mark.parametrize("header", ["{'descr': '<f4', 'fortran_order': False, 'shape': (4, 6), }\'\'\'",
+                                    "{'descr': '<f4', 'shape': (4, 6 ", "[" * 100, "{}", "{'descr': 'zz'}",
+                                    "{'descr': '<f4', 'fortran_order': False, 'shape': (2**62, 6)}"])
+def test_precomp_damaged_npy_header(tmp_path: Path, header: str, recwarn: pytest.WarningsRecorder) -> None:
+    """Found by the fuzzer: numpy's header parser raised tokenize.TokenError on an unclosed bracket or quote,
+    and a huge shape printed an overflow RuntimeWarning to the terminal besides the error line."""
+    body = header.replace("2**62", str(2**62)).encode().ljust(118) + b"\n"
+    (tmp_path / "train_ims.npy").write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body
+                                             + bytes(96))
+    (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
+    one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "cannot read as a .npy array")
+    assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []

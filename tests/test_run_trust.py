@@ -1,0 +1,488 @@
+"""A run folder is data: a planted checkpoint never runs code, damaged files give one clear line, one
+process writes a run at a time, and status.json / metrics.jsonl tell the truth after a kill (issue 10)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import _engine_helpers as H
+from crossview.cli import main
+from crossview.engine import io as eio
+from crossview.engine.events import CheckpointSaved, Finished, Log, Loss
+from crossview.engine.run import read_status, read_summary, resume, run_is_locked, train
+from crossview.engine.session import list_runs, open_run
+from crossview.errors import CrossViewError
+from crossview.methods.base import Method
+
+
+@pytest.fixture(scope="module")
+def toy():
+    ds = H.make_toy_dataset()
+    return ds, H.toy_features(ds)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, toy) -> Path:
+    ds, feats = toy
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    events = list(train("toy_iterative", ds, run_dir=run_dir, features=feats, device="cpu", params={"epochs": 2}))
+    assert isinstance(events[-1], Finished)
+    return run_dir
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        if p.is_file():
+            (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+# ---------------------------------------------------------------------------- checkpoints are plain data
+def test_checkpoint_round_trips_numpy_and_python_values_under_weights_only(tmp_path):
+    random.seed(7)
+    np.random.seed(7)
+    value = {
+        "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "f64_noncontig": np.arange(20.0)[::3],
+        "u32": np.array([0, 2**32 - 1], dtype=np.uint32),
+        "u64": np.array([2**64 - 1], dtype=np.uint64),
+        "big_endian": np.array([1.5, -2.0], dtype=">f8"),
+        "bool": np.array([True, False]),
+        "strings": np.array(["dog", "café"]),
+        "objects": np.array([{"a": 1}, None], dtype=object),
+        "scalar": np.float32(2.5), "int_scalar": np.int64(-3),
+        "empty": np.zeros((0, 5)),
+        "python_rng": random.getstate(), "numpy_rng": np.random.get_state(), "torch_rng": torch.get_rng_state(),
+        "a_set": {1, 2}, "tagged_lookalike": {"__ndarray__": "just a key"},
+        "nested": [{"x": (1, None, "s", 2.0**0.5, 10**30)}],
+        "tensor": torch.ones(2, 2),
+    }
+    path = eio.save_checkpoint(tmp_path / "c.pt", value)
+    raw = torch.load(path, weights_only=True)            # no allowed globals beyond torch's defaults
+    assert raw["format"] == eio.CHECKPOINT_FORMAT
+    back = eio.load_checkpoint(path)
+    for k in ("f32", "f64_noncontig", "u32", "u64", "big_endian", "bool", "strings", "empty"):
+        assert back[k].dtype == value[k].dtype.newbyteorder("=") and np.array_equal(back[k], value[k]), k
+    assert list(back["objects"]) == [{"a": 1}, None]
+    assert back["scalar"] == np.float32(2.5) and back["scalar"].dtype == np.float32
+    assert back["int_scalar"] == -3 and back["int_scalar"].dtype == np.int64
+    random.setstate(back["python_rng"])
+    np.random.set_state(back["numpy_rng"])
+    torch.set_rng_state(back["torch_rng"])
+    a, b = random.random(), np.random.rand()
+    random.setstate(value["python_rng"])
+    np.random.set_state(value["numpy_rng"])
+    assert (a, b) == (random.random(), np.random.rand())
+    assert back["a_set"] == {1, 2} and back["tagged_lookalike"] == {"__ndarray__": "just a key"}
+    assert back["nested"] == value["nested"] and torch.equal(back["tensor"], value["tensor"])
+
+
+def test_a_value_that_is_not_plain_data_is_refused_at_save(tmp_path):
+    class Thing:
+        pass
+    with pytest.raises(CrossViewError, match="Thing in a checkpoint"):
+        eio.save_checkpoint(tmp_path / "c.pt", {"x": Thing()})
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_run_checkpoints_hold_only_weights_only_data(finished_run):
+    torch.load(finished_run / "checkpoint.pt", weights_only=True)    # raises if anything else were pickled
+
+
+@pytest.mark.parametrize("name, params", [("tfidf", {}), ("bow", {}), ("lda", {"n_topics": 3, "max_iter": 5}),
+                                          ("vocab", {})])
+def test_fitted_text_encoders_survive_a_weights_only_checkpoint(tmp_path, name, params):
+    from crossview.features.text import TextEncoder, create_text_encoder
+
+    captions = ["a dog runs on grass", "a cat sleeps", "two dogs play with a ball", "a red ball on grass"] * 3
+    enc = create_text_encoder(name, **params).fit(captions)
+    path = eio.save_checkpoint(tmp_path / "t.pt", {"text_model": {"name": enc.name, "state": enc.state_dict()}})
+    torch.load(path, weights_only=True)
+    again = TextEncoder.from_state_dict(eio.load_checkpoint(path)["text_model"]["state"])
+    np.testing.assert_array_equal(again.encode(captions), enc.encode(captions))
+
+
+@pytest.mark.parametrize("method, params", [("cca", {"n_components": 4}), ("wsabie", {"max_epochs": 1, "dim": 8})])
+def test_method_save_is_weights_only_and_loads_back(tmp_path, toy, method, params):
+    from crossview.methods import create_method
+    from crossview.methods.base import MethodData
+
+    ds, (image, text) = toy
+    data = MethodData.from_features(ds, image, text, "train")
+    m = create_method(method, **params)
+    if "device" in m.param_names():
+        m.set_params(device="cpu")
+    m.fit(data)
+    path = m.save(tmp_path / "m.pt")
+    torch.load(path, weights_only=True)
+    back = Method.load(path)
+    test = MethodData.from_features(ds, image, text, "test")
+    np.testing.assert_allclose(back.encode_images(test), m.encode_images(test), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- a planted pickle never runs
+class _Payload:
+    """Unpickling this runs ``exec``, which creates the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+@pytest.fixture
+def evil(tmp_path) -> tuple[bytes, Path]:
+    """The bytes of a malicious ``checkpoint.pt`` and the marker it would create; proven live here."""
+    marker = tmp_path / "PWNED"
+    buf = io.BytesIO()
+    torch.save({"format": 2, "method_state": _Payload(marker), "events": 0, "phase": "training"}, buf)
+    probe = tmp_path / "probe.pt"
+    probe.write_bytes(buf.getvalue())
+    torch.load(probe, weights_only=False)                 # what the old loader did: it runs
+    assert marker.exists()
+    marker.unlink()
+    probe.unlink()
+    return buf.getvalue(), marker
+
+
+def _plant(run: Path, data: bytes) -> Path:
+    (run / "checkpoint.pt").write_bytes(data)
+    return run
+
+
+def test_method_load_refuses_a_planted_pickle(tmp_path, evil):
+    data, marker = evil
+    (tmp_path / "m.pt").write_bytes(data)
+    with pytest.raises(CrossViewError, match=r"m\.pt: .*older CrossView or by another program"):
+        Method.load(tmp_path / "m.pt")
+    assert not marker.exists()
+
+
+def test_open_run_refuses_a_planted_pickle(tmp_path, evil, finished_run, toy):
+    data, marker = evil
+    run = _plant(_copy_run(finished_run, tmp_path / "run"), data)
+    with pytest.raises(CrossViewError, match=r"checkpoint\.pt: .*older CrossView.*retrain"):
+        open_run(run, dataset=toy[0])
+    assert not marker.exists()
+
+
+def test_cli_resume_refuses_a_planted_pickle(tmp_path, evil, toy, capsys):
+    data, marker = evil
+    ds, feats = toy
+    run = tmp_path / "run"
+    gen = train("toy_iterative", ds, run_dir=run, features=feats, device="cpu", params={"epochs": 50})
+    for ev in gen:
+        if isinstance(ev, CheckpointSaved):
+            break
+    gen.close()
+    _plant(run, data)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("crossview: error: ") and "older CrossView" in err[0], err
+    assert not marker.exists()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before   # nothing was written
+
+
+def test_older_and_foreign_checkpoints_get_one_clear_line(tmp_path):
+    old = tmp_path / "old.pt"
+    torch.save({"format": 1, "method_state": {"state": {"W_": np.zeros(3)}}}, old)   # a format-1 file
+    with pytest.raises(CrossViewError, match=r"older CrossView.*numpy"):
+        eio.load_checkpoint(old)
+    nofmt = tmp_path / "nofmt.pt"
+    torch.save({"model": torch.zeros(2)}, nofmt)                                   # someone else's weights
+    with pytest.raises(CrossViewError, match=r"older CrossView or by another program; retrain"):
+        eio.load_checkpoint(nofmt)
+    listy = tmp_path / "list.pt"
+    torch.save([1, 2], listy)
+    with pytest.raises(CrossViewError, match="another program"):
+        eio.load_checkpoint(listy)
+    bad_fields = tmp_path / "fields.pt"
+    eio.save_checkpoint(bad_fields, {"method_state": {"method": "cca", "params": "not a dict"}})
+    with pytest.raises(CrossViewError, match="does not fit"):
+        Method.load(bad_fields)
+
+
+# ---------------------------------------------------------------------------- one writer per run folder
+def test_a_second_writer_in_the_same_process_is_refused_and_the_lock_is_released(tmp_path, toy):
+    ds, feats = toy
+    run = tmp_path / "run"
+    first = train("toy_iterative", ds, run_dir=run, features=feats, device="cpu", params={"epochs": 50})
+    for ev in first:
+        if isinstance(ev, CheckpointSaved):
+            break
+    assert run_is_locked(run) == os.getpid()
+    with pytest.raises(CrossViewError, match=rf"PID {os.getpid()} .*wait for it to finish"):
+        resume(run, data=ds, features=feats)
+    first.close()
+    assert run_is_locked(run) is None and not (run / "writer.json").exists()
+
+    # Two resumes made before either runs: the lock, not the early check, decides.
+    a = resume(run, data=ds, features=feats)
+    b = resume(run, data=ds, features=feats)
+    next(a)
+    status_before = (run / "status.json").read_bytes()
+    metrics_before = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(CrossViewError, match=rf"PID {os.getpid()}"):
+        next(b)
+    assert (run / "status.json").read_bytes() == status_before      # the refused writer touched nothing
+    assert (run / "metrics.jsonl").read_bytes() == metrics_before
+    a.close()
+    assert read_status(run)["status"] == "cancelled" and run_is_locked(run) is None
+
+
+def test_the_lock_is_released_when_a_run_fails(tmp_path, toy, monkeypatch):
+    ds, feats = toy
+    run = tmp_path / "run"
+
+    def boom(self, *a, **k):
+        raise RuntimeError("boom")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(H.ToyIterative, "fit_iter", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        list(train("toy_iterative", ds, run_dir=run, features=feats, device="cpu"))
+    assert read_status(run)["status"] == "failed" and run_is_locked(run) is None
+
+
+def _write_precomp(folder: Path, ds) -> Path:
+    folder.mkdir(parents=True)
+    for prefix, split in (("train", "train"), ("dev", "val"), ("test", "test")):
+        idx = sorted(set(ds.splits[split].tolist()))
+        np.save(folder / f"{prefix}_ims.npy", np.asarray(ds.image_features)[idx])
+        (folder / f"{prefix}_caps.txt").write_text(
+            "\n".join(c for c, i in zip(ds.captions, ds.caption_image) if i in set(idx)) + "\n")
+    return folder
+
+
+RESUME_CHILD = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import _engine_helpers  # registers toy_iterative
+    from crossview.cli import main
+    sys.exit(main(["train", "--resume", sys.argv[1]]))
+""")
+
+
+def _loss_steps(run: Path) -> list[int]:
+    return [d["step"] for d in eio.read_events(run / "metrics.jsonl") if d.get("event") == "loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
+def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_path, toy):
+    ds, _ = toy
+    data = _write_precomp(tmp_path / "data", ds)
+    run = tmp_path / "run"
+    gen = train("toy_iterative", str(data), run_dir=run, text_encoder="bow", device="cpu",
+                params={"epochs": 10**6, "batch_size": 8})
+    for ev in gen:
+        if isinstance(ev, CheckpointSaved):
+            break
+    gen.close()
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tests_dir = str(Path(__file__).resolve().parent)
+    # Output to files: a pipe nobody reads would fill up and stall the writer.
+    errs = [open(tmp_path / f"stderr{i}.txt", "w+") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RESUME_CHILD, str(run), tests_dir], stdout=subprocess.DEVNULL,
+                              stderr=errs[i], env=env) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        loser = next(p for p in procs if p.poll() is not None)
+        winner = next(p for p in procs if p is not loser)
+        loser.wait(timeout=30)
+        err = (tmp_path / f"stderr{procs.index(loser)}.txt").read_text()
+        assert loser.returncode == 2, err[-2000:]
+        assert winner.poll() is None, (tmp_path / f"stderr{procs.index(winner)}.txt").read_text()[-2000:]
+        winner_pid = winner.pid                                          # the other one proceeds
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and f"PID {winner_pid} " in lines[0] and "wait for it to finish" in lines[0], lines
+        assert run_is_locked(run) == winner_pid
+        # Let it train past a checkpoint, then kill it for real.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and read_status(run).get("checkpoint_events", 0) < 100:
+            time.sleep(0.1)
+        os.kill(winner.pid, signal.SIGKILL)
+        winner.wait(timeout=30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        for f in errs:
+            f.close()
+    assert run_is_locked(run) is None                       # the OS dropped the dead process's lock
+    status = read_status(run)
+    ckpt = eio.load_checkpoint(run / "checkpoint.pt")
+    assert status["status"] == "running"                    # it never got to say otherwise ...
+    # ... but it says where the checkpoint is: status.json is rewritten just after each checkpoint, so a kill
+    # landing between the two writes leaves it one checkpoint (one epoch: 24 losses, 24 progress, 1 validation)
+    # behind; this toy checkpoints every few milliseconds, so that happens here often.
+    behind = ckpt["events"] - status["checkpoint_events"]
+    assert status["checkpoint_events"] >= 100 and behind in (0, 49), (status, ckpt["events"])
+    assert status["checkpoint_step"] == ckpt["step"] - (24 if behind else 0)
+
+    # A new writer takes the stale lock over, continues, and the curves read back never go backwards.
+    again = resume(run)
+    notes, losses = [], 0
+    for ev in again:
+        if isinstance(ev, Log):
+            notes.append(ev.message)
+        if isinstance(ev, Loss):
+            losses += 1
+            if losses == 20:
+                break
+    again.close()
+    assert any(f"left by PID {winner_pid}" in n for n in notes), notes
+    steps = _loss_steps(run)
+    assert steps == sorted(set(steps)) and steps == list(range(1, len(steps) + 1))
+    assert run_is_locked(run) is None
+
+
+# ---------------------------------------------------------------------------- status and metrics tell the truth
+def test_status_json_is_updated_at_each_checkpoint(tmp_path, toy):
+    ds, feats = toy
+    run = tmp_path / "run"
+    gen = train("toy_iterative", ds, run_dir=run, features=feats, device="cpu", params={"epochs": 4})
+    saved = 0
+    for ev in gen:
+        if isinstance(ev, CheckpointSaved):
+            saved += 1
+            if saved == 2:
+                break
+    status = read_status(run)
+    ckpt = eio.load_checkpoint(run / "checkpoint.pt")
+    assert status["status"] == "running" and status["phase"] == "training"
+    assert status["checkpoint"] == "checkpoint.pt"
+    assert status["checkpoint_events"] == ckpt["events"] == ev.step > 0
+    assert status["checkpoint_step"] == ckpt["step"] == 12          # 2 epochs of 6 batches
+    gen.close()
+
+
+def test_resume_trims_the_metrics_logged_after_the_checkpoint(tmp_path, toy):
+    ds, feats = toy
+    run = tmp_path / "run"
+    gen = train("toy_iterative", ds, run_dir=run, features=feats, device="cpu", params={"epochs": 3})
+    after = None
+    for ev in gen:
+        if isinstance(ev, CheckpointSaved):
+            after = 0
+        elif after is not None and isinstance(ev, Loss):
+            after += 1
+            if after == 3:
+                break
+    # Stop the way a kill does: the last checkpoint stands, metrics.jsonl is 3 batches ahead of it.
+    with pytest.raises(KeyboardInterrupt):
+        gen._gen.throw(KeyboardInterrupt)
+    assert read_status(run)["status"] == "cancelled"
+    steps = _loss_steps(run)
+    assert steps[-3:] == [7, 8, 9]
+    events = list(resume(run, data=ds, features=feats))
+    assert isinstance(events[-1], Finished)
+    assert any(isinstance(e, Log) and "metrics.jsonl: dropped" in e.message for e in events)
+    steps = _loss_steps(run)
+    assert steps == list(range(1, 19)), steps                       # no step twice, none going backwards
+    lines = [d for d in eio.read_events(run / "metrics.jsonl")]
+    assert any(d.get("event") == "log" and "run cancelled" in d.get("message", "") for d in lines)
+
+
+# ---------------------------------------------------------------------------- damaged run files
+@pytest.mark.parametrize("content", [b"[]", b'{"method": 3}', b'{"method": "toy_iterative", "seed": "x"}',
+                                     b'{"method": "toy_iterative", "data": "\xff\xfe"}', b"\x80\x81{",
+                                     b"[" * 100_000])
+def test_a_damaged_config_gives_one_clear_line(tmp_path, finished_run, toy, content, capsys):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / "config.json").write_bytes(content)
+    with pytest.raises(CrossViewError, match=r"config\.json: .*(damaged|restore)"):
+        resume(run, data=toy[0], features=toy[1])
+    with pytest.raises(CrossViewError, match=r"config\.json: "):
+        open_run(run, dataset=toy[0])
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json" in err[0]
+    assert run in list_runs(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"status": 1}', b'{"status": "finished", "events": "many"}',
+                                     b"\xff\xfe\x00"])
+def test_a_damaged_status_gives_one_clear_line(tmp_path, finished_run, content):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / "status.json").write_bytes(content)
+    with pytest.raises(CrossViewError, match=r"status\.json: "):
+        read_status(run)
+    with pytest.raises(CrossViewError, match=r"status\.json: "):
+        resume(run)                   # finished (a summary exists): the status decides, and is damaged
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"rsum": "high"}', b'{"i2t": "x"}', b'{"i2t": {"R@1": "a"}}',
+                                     b'{"method": ["cca"]}', b"\xc3\x28"])
+def test_a_damaged_summary_gives_one_clear_line(tmp_path, finished_run, toy, content):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / "summary.json").write_bytes(content)
+    with pytest.raises(CrossViewError, match=r"summary\.json: "):
+        read_summary(run)
+    with pytest.raises(CrossViewError, match=r"summary\.json: "):
+        open_run(run, dataset=toy[0])
+
+
+def test_read_events_skips_only_the_bad_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"event": "loss", "step": 1, "epoch": 0}\n'
+                     b'{"event": "loss", "step": \xff2}\n'          # not UTF-8
+                     b'[]\n"text"\n' + b"[" * 50_000 + b"\n"
+                     b'{"event": "loss", "step": 3, "epoch": 0}\n'
+                     b'{"event": "lo')                               # torn
+    assert [d["step"] for d in eio.read_events(path)] == [1, 3]
+    assert list(eio.read_events(tmp_path / "missing.jsonl")) == []
+
+
+def test_list_runs_survives_odd_entries(tmp_path, finished_run):
+    good = _copy_run(finished_run, tmp_path / "good")
+    bad = _copy_run(finished_run, tmp_path / "bad")
+    (bad / "config.json").write_bytes(b"\xff")
+    (tmp_path / "dangling").mkdir()
+    (tmp_path / "dangling" / "config.json").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "plain-file").write_text("x")
+    assert set(list_runs(tmp_path)) == {good, bad}
+
+
+def test_read_json_object_names_the_key_and_type(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"a": True, "b": 1}))
+    with pytest.raises(CrossViewError, match=r"'a' should be an integer, got True"):
+        eio.read_json_object(p, required={"a": int})
+    assert eio.read_json_object(p, optional={"b": float}) == {"a": True, "b": 1}
+    with pytest.raises(CrossViewError, match=r"no 'c'; do this"):
+        eio.read_json_object(p, required={"c": str}, hint="do this")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_place_of_a_run_file_is_refused_not_waited_on(tmp_path, finished_run):
+    run = _copy_run(finished_run, tmp_path / "run")
+    for name in ("status.json", "summary.json", "metrics.jsonl"):
+        (run / name).unlink()
+        os.mkfifo(run / name)
+    with pytest.raises(CrossViewError, match=r"status\.json: not a regular file"):
+        read_status(run)
+    with pytest.raises(CrossViewError, match=r"summary\.json: .*not a regular file|no summary\.json"):
+        read_summary(run)
+    with pytest.raises(CrossViewError, match=r"metrics\.jsonl: not a regular file"):
+        list(eio.read_events(run / "metrics.jsonl"))
