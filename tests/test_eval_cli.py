@@ -144,3 +144,18 @@ def test_a_finished_run_is_evaluated_from_its_folder(tmp_path: Path, capsys) -> 
     assert res["t2i"]["MedR"] == pytest.approx(summary["t2i"]["MedR"])
     assert res["method"] == "cca" and res["split"] == "test"
     assert main(["eval", str(tmp_path / "run"), "--protocol", "identity"]) == 0   # toy labels = classes
+
+
+def test_a_json_file_given_to_eval_gets_one_clear_line(tmp_path: Path, capsys) -> None:
+    """Issue 9: a JSON file (e.g. a dataset or summary.json) passed to eval showed numpy's pickle message."""
+    js = tmp_path / "summary.json"
+    js.write_text(json.dumps({"method": "cca", "i2t": {"R@1": 1.0}}))
+    assert main(["eval", str(js)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pickle" not in err
+    assert f"{js} is not an embeddings .npz (it looks like JSON); give a run folder or an embeddings file" in err
+    with pytest.raises(CrossViewError, match="looks like JSON"):
+        load_embeddings(js)
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    with pytest.raises(CrossViewError, match="single .npy array"):
+        load_embeddings(tmp_path / "one.npy")

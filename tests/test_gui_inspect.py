@@ -9,26 +9,26 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pytestqt")
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
 from crossview.eval.runs import RunResults, load_run_results  # noqa: E402
 from crossview.errors import CrossViewError  # noqa: E402
-from crossview.gui.panels.inspect_panel import InspectPanel  # noqa: E402
+from crossview.gui.panels.inspect_panel import PEN_A, PEN_B, InspectPanel, rank_ticks  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
 
-def _run(tmp_path: Path, name: str, i2t, t2i, method="cca") -> Path:
+def _run(tmp_path: Path, name: str, i2t, t2i, method="cca", split="test", **ranks_extra) -> Path:
     d = tmp_path / name
     d.mkdir()
     def metrics(r):
         r = np.asarray(r)
         return {"R@1": 100 * np.mean(r <= 1), "R@5": 100 * np.mean(r <= 5), "R@10": 100 * np.mean(r <= 10),
                 "MedR": float(np.median(r)), "MeanR": float(r.mean())}
-    s = {"method": method, "dataset": "toy", "split": "test", "i2t": metrics(i2t), "t2i": metrics(t2i),
+    s = {"method": method, "dataset": "toy", "split": split, "i2t": metrics(i2t), "t2i": metrics(t2i),
          "rsum": 0.0, "train_seconds": 1.5}
     (d / "summary.json").write_text(json.dumps(s))
-    np.savez(d / "ranks.npz", i2t=np.asarray(i2t), t2i=np.asarray(t2i))
+    np.savez(d / "ranks.npz", i2t=np.asarray(i2t), t2i=np.asarray(t2i), **ranks_extra)
     return d
 
 
@@ -107,7 +107,141 @@ def test_paper_numbers_from_the_card_sit_beside_the_run(qtbot, tmp_path: Path) -
     label = next(s for s in a.paper_settings() if "Table 7" in s and "Pascal" in s)
     panel.paper_combo.setCurrentIndex(panel.paper_combo.findData(label))
     headers = [panel.metrics.horizontalHeaderItem(j).text() for j in range(panel.metrics.columnCount())]
-    assert headers == ["i2t", "i2t  paper", "t2i", "t2i  paper"]
+    assert headers == ["i2t", "i2t  paper *", "t2i", "t2i  paper *"]
     rows = [panel.metrics.verticalHeaderItem(i).text() for i in range(panel.metrics.rowCount())]
     r50 = rows.index("R@50")
     assert panel.metrics.item(r50, 1).text() == "72.80" and panel.metrics.item(r50, 0).text() == "-"
+
+
+def _two_runs(tmp_path: Path, n_images: int = 100, per: int = 5, image_ids=None):
+    rng = np.random.default_rng(3)
+    extra = {} if image_ids is None else {"image_ids": np.asarray(image_ids),
+                                          "caption_ids": np.arange(n_images * per)}
+    a = load_run_results(_run(tmp_path, "run_a", rng.integers(1, 60, n_images), rng.integers(1, 60, n_images * per),
+                              method="cca", split="val", **extra))
+    b = load_run_results(_run(tmp_path, "run_b", rng.integers(1, 60, n_images), rng.integers(1, 60, n_images * per),
+                              method="bitr", split="val", **extra))
+    return a, b
+
+
+def _visible_rows(table) -> int:
+    h = table.viewport().height()
+    return sum(1 for r in range(table.rowCount())
+               if table.rowViewportPosition(r) >= 0 and table.rowViewportPosition(r) + table.rowHeight(r) <= h)
+
+
+@pytest.mark.parametrize("size", [(1280, 700), (1920, 980)])
+def test_readable_at_1280x800_and_1920x1080(qtbot, tmp_path: Path, size) -> None:
+    """Issue 9 item 6: at 1280x800 ~6 metric rows and 3 per-query rows were visible."""
+    a, b = _two_runs(tmp_path)
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.resize(*size)                       # the panel's share of a 1280x800 / 1920x1080 window
+    panel.set_runs([a, b])
+    panel.set_run(a)
+    panel.set_compare(b)
+    label = next(s for s in a.paper_settings() if "Table 7" in s and "Pascal" in s)
+    panel.paper_combo.setCurrentIndex(panel.paper_combo.findData(label))
+    panel.show()
+    qtbot.waitExposed(panel)
+    m = panel.metrics
+    assert m.rowCount() >= 9 and _visible_rows(m) == m.rowCount()            # every metric row
+    assert _visible_rows(panel.queries) >= (8 if size[1] < 800 else 14), _visible_rows(panel.queries)
+    for plot in (*panel.hist_plots.values(), panel.scatter_plot):
+        assert plot.isVisible() and plot.height() >= 140
+    panel.close()
+
+
+def test_plots_say_what_they_show(qtbot, tmp_path: Path) -> None:
+    """Issue 9 item 6: no legend for the two runs' bars; the scatter labelled in log10 with no diagonal."""
+    a, b = _two_runs(tmp_path)
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_runs([a, b])
+    panel.set_run(a)
+    panel.set_compare(b)
+    legend = panel.hist_legend.text()
+    assert "A: run_a (cca)" in legend and "B: run_b (bitr)" in legend and PEN_A in legend and PEN_B in legend
+    axis = panel.scatter_plot.getPlotItem().getAxis("bottom")
+    labels = [t[1] for t in axis._tickLevels[0]]
+    assert labels[:4] == ["1", "2", "5", "10"] and "0.2" not in labels
+    assert "rank in run A: run_a (log scale)" in axis.labelText
+    x, y = panel.diagonal.getData()
+    assert list(x) == list(y) and x[0] == 0.0 and 10 ** x[-1] >= max(a.ranks["i2t"].max(), b.ranks["i2t"].max())
+    assert "diagonal" in panel.scatter_plot.getPlotItem().titleLabel.text
+    assert rank_ticks(1000)[-1] == (3.0, "1,000")
+
+
+def test_the_sort_order_is_said_in_words_and_matches_the_rows(qtbot, tmp_path: Path) -> None:
+    """Issue 9 item 6: the sort arrow said ascending while the rows were descending."""
+    a, _ = _two_runs(tmp_path)
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_run(a)
+    panel.show()
+    t = panel.queries
+    header = t.horizontalHeader()
+    assert not header.isSortIndicatorShown()
+    ranks = [int(t.item(r, 1).text()) for r in range(t.rowCount())]
+    assert ranks == sorted(ranks, reverse=True) and t.horizontalHeaderItem(1).text() == "rank \u25bc largest first"
+    # a click on the header flips the order, and the words with it
+    x = header.sectionViewportPosition(1) + header.sectionSize(1) // 2
+    qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(x, header.height() // 2))
+    ranks = [int(t.item(r, 1).text()) for r in range(t.rowCount())]
+    assert ranks == sorted(ranks) and t.horizontalHeaderItem(1).text() == "rank \u25b2 smallest first"
+    assert t.horizontalHeaderItem(0).text() == "query"
+    panel.close()
+
+
+def test_worst_queries_have_thumbnails(qtbot, tmp_path: Path) -> None:
+    """Issue 9 item 6: the worst-query list had no thumbnails."""
+    from PIL import Image
+    from crossview.data.dataset import PairedDataset
+    n = 12
+    paths = []
+    for i in range(n):
+        p = tmp_path / f"photo{i}.png"
+        Image.new("RGB", (40, 30), (i * 20, 80, 160)).save(p)
+        paths.append(str(p))
+    caps = [f"caption {i} {j}" for i in range(n) for j in range(2)]
+    ds = PairedDataset(name="toy", captions=caps, caption_image=np.repeat(np.arange(n), 2), image_paths=paths,
+                       image_ids=np.arange(100, 100 + n), splits={"val": np.arange(n)})
+    run = load_run_results(_run(tmp_path, "a", np.arange(1, n + 1), np.arange(1, 2 * n + 1), split="val",
+                                image_ids=np.arange(100, 100 + n), caption_ids=np.arange(2 * n)))
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_run(run)
+    panel.set_dataset(ds)
+    t = panel.queries
+    first = t.item(0, 0)
+    assert first.text() == "photo11.png: caption 11 0"            # worst (rank 12) first, by its file name
+    qtbot.waitUntil(lambda: all(panel.thumbs.get(paths[i]) is not None for i in range(n)), timeout=10_000)
+    assert all(not t.item(r, 0).icon().isNull() for r in range(t.rowCount()))
+    assert t.iconSize().width() >= 28 and t.rowHeight(0) >= 30
+    panel.direction_combo.setCurrentIndex(1)
+    assert t.item(0, 0).text() == "caption 11 1" and not t.item(0, 0).icon().isNull()
+
+
+def test_paper_numbers_come_with_what_they_measured(qtbot, tmp_path: Path) -> None:
+    """Issue 9 item 6: the paper's Pascal 10-fold MedR sat beside a 100-image val MedR with no caveat."""
+    a, _ = _two_runs(tmp_path)
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_run(a)
+    panel.show()
+    label = next(s for s in a.paper_settings() if "Table 7" in s and "Pascal" in s)
+    panel.paper_combo.setCurrentIndex(panel.paper_combo.findData(label))
+    note = panel.paper_note
+    assert note.isVisible()
+    text = note.text()
+    assert "Paper: Pascal sentences" in text and "Table 7" in text
+    assert "this run: toy, val split, 100 images / 500 captions" in text
+    assert "not comparable for MedR / MeanR" in text
+    heads = [panel.metrics.horizontalHeaderItem(j).text() for j in range(panel.metrics.columnCount())]
+    col = heads.index("i2t  paper *")
+    assert "not comparable" in panel.metrics.horizontalHeaderItem(col).toolTip()
+    rows = [panel.metrics.verticalHeaderItem(i).text() for i in range(panel.metrics.rowCount())]
+    assert "not comparable" in panel.metrics.item(rows.index("MedR"), col).toolTip()
+    panel.paper_combo.setCurrentIndex(0)                  # (none)
+    assert not note.isVisible()
+    panel.close()

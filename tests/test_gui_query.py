@@ -10,27 +10,34 @@ import pytest
 from PIL import Image
 
 pytest.importorskip("pytestqt")
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import QSize, Qt  # noqa: E402
+from PySide6.QtGui import QFontMetrics  # noqa: E402
 
 from crossview.engine.retriever import Retriever  # noqa: E402
-from crossview.gui.panels.query_panel import GOLD, ItemRole, QueryPanel  # noqa: E402
+from crossview.errors import CrossViewError  # noqa: E402
+from crossview.gui.panels.query_panel import FIGURE_SPACE, GOLD, PRESENT_HINT, ItemRole, QueryPanel  # noqa: E402
 from toy import Identity, toy_setup  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
 
-@pytest.fixture
-def panel(qtbot, tmp_path: Path):
+def _toy(tmp_path: Path):
     paths = []
     for i in range(30):
         p = tmp_path / f"im{i}.png"
-        Image.new("RGB", (32, 32), (i * 8, 100, 200)).save(p)
+        # thumbnails of different shapes: wide, tall and square images
+        Image.new("RGB", (64, 32) if i % 3 == 0 else (24, 60) if i % 3 == 1 else (32, 32), (i * 8, 100, 200)).save(p)
         paths.append(str(p))
-    ds, feats, colours = toy_setup(paths)
+    return toy_setup(paths)
+
+
+@pytest.fixture
+def panel(qtbot, tmp_path: Path):
+    ds, feats, colours = _toy(tmp_path)
     retriever = Retriever(Identity().fit(None), ds, feats, gallery="test")
     w = QueryPanel()
     qtbot.addWidget(w)
-    w.set_retriever(retriever, tmp_path / "run", title="identity on toy")
+    w.set_retriever(retriever, tmp_path / "run", title="identity on toy", eval_split="test", train_split="train")
     w.show()
     w.colours = colours
     return w
@@ -51,7 +58,7 @@ def test_image_query_lists_captions_with_ground_truth(qtbot, panel: QueryPanel) 
     gold_rows = [r for r in range(view.count()) if view.item(r).background().color() == GOLD]
     assert {int(view.item(r).data(ItemRole)) for r in gold_rows} == set(ranking.gold.tolist()) & set(ranking.items.tolist())
     assert "Ground truth captions at rank" in panel.gold_label.text()
-    assert view.item(0).text().startswith("#1 ")
+    assert view.item(0).text().lstrip("\u2007").startswith("#1 ")
 
 
 def test_sentence_query_and_click_through(qtbot, panel: QueryPanel) -> None:
@@ -104,3 +111,149 @@ def test_presentation_mode_enlarges_and_hides_the_annotation_bar(qtbot, panel: Q
     assert not panel.mark_bar.isVisible() and panel.sentence.font().pointSizeF() >= 18
     panel.set_presentation(False)
     assert panel.mark_bar.isVisible()
+
+
+def _item_center(view, row: int):
+    return view.visualItemRect(view.item(row)).center()
+
+
+def test_click_through_by_double_click_enter_and_button(qtbot, panel: QueryPanel) -> None:
+    """Issue 9 item 8: a double-click on a result did not re-query; Enter and a visible button must too."""
+    qtbot.keyClicks(panel.sentence, "a blue thing")
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        qtbot.keyClick(panel.sentence, Qt.Key.Key_Return)
+    grid = panel.image_grid
+    top = int(grid.item(0).data(ItemRole))
+    # a single click only selects: annotators click, then mark
+    qtbot.mouseClick(grid.viewport(), Qt.MouseButton.LeftButton, pos=_item_center(grid, 1))
+    assert grid.currentRow() == 1 and panel.ranking.direction == "t2i"
+    # double-click on the first image: its captions are ranked
+    with qtbot.waitSignal(panel.answered, timeout=10_000) as sig:
+        qtbot.mouseDClick(grid.viewport(), Qt.MouseButton.LeftButton, pos=_item_center(grid, 0))
+    assert sig.args[0].direction == "i2t" and sig.args[0].query == {"image": top}
+    # Enter on a caption: the images are ranked for it
+    view = panel.caption_list
+    view.setCurrentRow(2)
+    cap = int(view.item(2).data(ItemRole))
+    with qtbot.waitSignal(panel.answered, timeout=10_000) as sig:
+        qtbot.keyClick(view, Qt.Key.Key_Return)
+    assert sig.args[0].direction == "t2i" and sig.args[0].query == {"caption": cap}
+    # the visible button on the selected image
+    assert panel.query_with_button.isVisible() and panel.query_with_button.isEnabled()
+    panel.image_grid.setCurrentRow(3)
+    third = int(panel.image_grid.item(3).data(ItemRole))
+    with qtbot.waitSignal(panel.answered, timeout=10_000) as sig:
+        qtbot.mouseClick(panel.query_with_button, Qt.MouseButton.LeftButton)
+    assert sig.args[0].query == {"image": third}
+    # exactly one query per double-click (no second answer queued behind it)
+    n = len(panel.history)
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        qtbot.mouseDClick(panel.caption_list.viewport(), Qt.MouseButton.LeftButton,
+                          pos=_item_center(panel.caption_list, 0))
+    assert len(panel.history) == n + 1
+
+
+def test_rank_and_score_columns_line_up_and_icons_are_one_size(qtbot, panel: QueryPanel) -> None:
+    """Issue 9 item 8: thumbnails of different widths (and 1- vs 2-digit ranks) misaligned the columns."""
+    panel.k_spin.setValue(20)
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_image(22)
+    view = panel.caption_list
+    qtbot.waitUntil(lambda: all(not view.item(r).icon().isNull() for r in range(view.count())), timeout=10_000)
+    panel.cache.wait_idle(5000)
+    qtbot.waitUntil(lambda: all(panel.cache.get(view.item(r).data(Qt.ItemDataRole.UserRole + 3)) is not None
+                                for r in range(view.count())), timeout=10_000)
+    size = view.iconSize()
+    sizes = {(view.item(r).icon().availableSizes() or [QSize()])[0].toTuple() for r in range(view.count())}
+    assert sizes == {size.toTuple()}, sizes        # wide, tall and square thumbnails on one square canvas
+    fm = QFontMetrics(view.font())
+    widths = set()
+    for r in range(view.count()):
+        text = view.item(r).text().lstrip("✓✗ ")
+        prefix = text[:text.index(".") + 4]          # "#  7   0.412": rank and score
+        widths.add(fm.horizontalAdvance(prefix))
+    assert len(widths) == 1, widths
+    assert view.item(0).text().lstrip("✓✗ ").startswith(FIGURE_SPACE + "#1 ")     # padded to "#10"'s width
+
+
+def test_query_image_scales_to_the_space(qtbot, panel: QueryPanel) -> None:
+    """Issue 9 item 8: the query image was ~170 px with the space beside it unused."""
+    panel.resize(1280, 760)
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_image(22)
+    qtbot.waitUntil(lambda: panel.query_view.width() >= 280)
+    pm = panel.query_view.pixmap()
+    assert max(pm.width(), pm.height()) >= 270
+    panel.resize(1920, 1040)
+    qtbot.waitUntil(lambda: panel.query_view.width() >= 400)
+    assert max(panel.query_view.pixmap().width(), panel.query_view.pixmap().height()) >= 390
+
+
+def test_presentation_grid_uses_the_width_and_says_how_to_leave(qtbot, panel: QueryPanel) -> None:
+    """Issue 9 item 8: presentation mode showed 3 columns with ~200 px unused and no hint to leave."""
+    panel.resize(1280, 800)
+    qtbot.keyClicks(panel.sentence, "a red thing")
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        qtbot.keyClick(panel.sentence, Qt.Key.Key_Return)
+    panel.set_presentation(True)
+    assert panel.present_hint.isVisible() and panel.present_hint.text() == PRESENT_HINT
+    assert "Esc" in PRESENT_HINT and "F11" in PRESENT_HINT
+    grid = panel.image_grid
+    cell = grid.gridSize().width()
+    cols = grid.viewport().width() // cell
+    unused = grid.viewport().width() - cols * cell
+    assert cell >= 200 and unused < 40, (cell, cols, unused)
+    panel.set_presentation(False)
+    assert not panel.present_hint.isVisible()
+
+
+def test_the_panel_says_what_ranks_are_against_and_warns_on_training_images(qtbot, panel: QueryPanel,
+                                                                           tmp_path: Path) -> None:
+    """Issue 9 item 2: the gallery is named with its size and whether it is the run's evaluation split;
+    a gallery holding training images gets a visible warning."""
+    note = panel.gallery_note
+    assert note.isVisible()
+    assert "Ranking against: <b>test</b> (10 images, 20 captions)" in note.text()
+    assert "the run's evaluation split" in note.text() and "Warning" not in note.text()
+    labels = [panel.gallery_combo.itemText(i) for i in range(panel.gallery_combo.count())]
+    assert any("test split" in x and "evaluation split" in x for x in labels)
+    assert any("all images" in x and "includes training images" in x for x in labels)
+    ds, feats, _ = _toy(tmp_path)
+    panel.set_retriever(Retriever(Identity().fit(None), ds, feats, gallery="all"), tmp_path / "run",
+                        eval_split="test", train_split="train")
+    assert panel.training_images_in_gallery() == 20
+    assert "Warning" in note.text() and "includes 20 training images" in note.text()
+    assert "choose the test split" in note.text()
+
+
+def test_a_run_whose_marks_cannot_be_read_leaves_the_panel_on_the_previous_run(qtbot, panel: QueryPanel,
+                                                                             tmp_path: Path) -> None:
+    """Issue 10 item 2: never the new retriever with the old annotation file."""
+    before_r, before_a = panel.retriever, panel.annotations
+    bad = tmp_path / "run_b"
+    (bad / "annotations.jsonl").mkdir(parents=True)        # unreadable as a file
+    ds, feats, _ = _toy(tmp_path)
+    with pytest.raises((OSError, CrossViewError)):
+        panel.set_retriever(Retriever(Identity().fit(None), ds, feats, gallery="all"), bad, title="B")
+    assert panel.retriever is before_r and panel.annotations is before_a
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_image(22)
+    qtbot.keyClick(panel.caption_list, Qt.Key.Key_R)
+    assert (tmp_path / "run" / "annotations.jsonl").is_file()
+
+
+def test_marks_csv_names_the_query_by_file_and_caption(qtbot, panel: QueryPanel, tmp_path: Path) -> None:
+    """Issue 9 item 8: the marks CSV named the query by index only."""
+    import csv
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_image(22)
+    qtbot.keyClick(panel.caption_list, Qt.Key.Key_R)
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_text(45)                                  # caption 45 of the toy
+    qtbot.keyClick(panel.image_grid, Qt.Key.Key_N)
+    out = panel.export_marks(tmp_path / "marks.csv")
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    by_kind = {r["query_kind"]: r for r in rows}
+    assert by_kind["image"]["query"] == "22" and by_kind["image"]["query_image_file"] == "im22.png"
+    assert by_kind["caption"]["query_caption"] == panel.retriever.dataset.captions[45]
+    assert by_kind["caption"]["item_image_file"].startswith("im") and by_kind["caption"]["relevant"] == "0"

@@ -125,11 +125,37 @@ def save_embeddings(path: str | Path, emb: Embeddings) -> Path:
     return path
 
 
+def _looks_like(path: Path) -> str | None:
+    """What a file that is not an ``.npz`` looks like (JSON, text, ...), from its first bytes; None for a zip."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head.startswith(b"PK"):
+        return None                       # a zip: numpy's reader says more if it is not a valid .npz
+    if head.startswith(b"\x93NUMPY"):
+        return "a single .npy array"
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head:
+        return "an empty file"
+    if text[:1] in (b"{", b"["):
+        return "JSON"
+    if head.startswith(b"\x80"):
+        return "a Python pickle"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return "a text file"
+
+
 def load_embeddings(path: str | Path) -> Embeddings:
     """Read an embeddings file; a clear :class:`CrossViewError` names what is missing or wrong."""
     path = Path(path)
     if not path.is_file():
         raise CrossViewError(f"{path}: no such embeddings file")
+    looks = _looks_like(path)
+    if looks is not None:
+        raise CrossViewError(f"{path} is not an embeddings .npz (it looks like {looks}); "
+                             "give a run folder or an embeddings file")
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

@@ -9,14 +9,15 @@ picked in Inspect opens in Query, an image picked in Data can be queried.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
-from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox, QProgressBar, QTabWidget,
-                               QWidget)
+from PySide6.QtCore import QRect, QSettings, QSize, Qt
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (QFileDialog, QInputDialog, QLabel, QMainWindow, QMenu, QMessageBox, QProgressBar,
+                               QStyle, QTabWidget, QWidget)
 
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.gui.panels.data_panel import DataPanel
@@ -27,6 +28,21 @@ from crossview.gui.workers import Task
 from crossview.settings import get_settings
 
 MAX_RECENT = 8
+#: The window's first size: this share of the screen's available area, at most MAX_START_SIZE.
+START_FRACTION = 0.9
+MAX_START_SIZE = (1920, 1200)
+OPEN_AS_FORMAT = "File > Open dataset as format..."
+FOLDER_FORMATS = ("reed", "precomp", "folder")     # readers that take a folder (the others take a file)
+
+
+def gui_message(message: str) -> str:
+    """A loader's message for the app: the CLI's ``--format`` hint becomes the menu entry that does it."""
+    def menu_hint(m: re.Match) -> str:
+        text = f"choose the format with {OPEN_AS_FORMAT}"
+        return text[0].upper() + text[1:] if m.group(0)[0].isupper() else text
+    message = re.sub(r"(?:pass|name it with|name the format with|with) --format", menu_hint, message,
+                     flags=re.IGNORECASE)
+    return message.replace("--format", OPEN_AS_FORMAT)
 
 
 def gui_settings() -> QSettings:
@@ -36,7 +52,7 @@ def gui_settings() -> QSettings:
     return QSettings(str(home / "gui.ini"), QSettings.Format.IniFormat)
 
 
-def _load(source: str):
+def _load(source: str, format: str | None = None):
     """The work of opening a dataset, off the GUI thread (the demo reports its rendering progress)."""
     def work(progress, should_stop):
         from crossview.data import load_dataset
@@ -45,9 +61,26 @@ def _load(source: str):
             from crossview.data.demo import load_demo
             ds = load_demo(progress=progress)
         else:
-            ds = load_dataset(source)
+            ds = load_dataset(source, format=format)
         return (ds, prepare_browsing(ds)) if isinstance(ds, PairedDataset) else (ds, None)
     return work
+
+
+def start_size(available: QSize, minimum: QSize | None = None) -> QSize:
+    """The window's first size on a screen whose available area is ``available``: START_FRACTION of it, at
+    most MAX_START_SIZE, at least the window's ``minimum`` size as far as the screen allows."""
+    w = min(int(available.width() * START_FRACTION), MAX_START_SIZE[0])
+    h = min(int(available.height() * START_FRACTION), MAX_START_SIZE[1])
+    if minimum is not None and minimum.isValid():
+        w = min(max(w, minimum.width()), available.width())
+        h = min(max(h, minimum.height()), available.height())
+    return QSize(w, h)
+
+
+def run_eval_split(run) -> str | None:
+    """The split a run was evaluated on (``OpenRun.eval_split``, else config.json ``"split"``)."""
+    split = getattr(run, "eval_split", None) or (run.config or {}).get("split")
+    return str(split) if split else None
 
 
 class MainWindow(QMainWindow):
@@ -93,11 +126,22 @@ class MainWindow(QMainWindow):
 
         self.setAcceptDrops(True)
         self._build_menu()
+        self._initial_geometry()
+
+    def _initial_geometry(self) -> None:
+        """The saved geometry when it fits the screen the window opens on; otherwise START_FRACTION of the
+        screen's available area (at most MAX_START_SIZE), centred."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        avail = screen.availableGeometry() if screen is not None else QRect(0, 0, 1280, 800)
         geometry = self.settings.value("window/geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1280, 820)
+        if geometry is not None and self.restoreGeometry(geometry):
+            frame = self.frameGeometry()
+            if avail.contains(frame) or (frame.width() <= avail.width() and frame.height() <= avail.height()
+                                         and avail.intersects(frame)):
+                return                       # saved on this screen and still fits it
+        size = start_size(avail.size(), self.minimumSizeHint())
+        self.setGeometry(QStyle.alignedRect(Qt.LayoutDirection.LeftToRight, Qt.AlignmentFlag.AlignCenter,
+                                            size, avail))
 
     # ------------------------------------------------------------------ menu
     def _build_menu(self) -> None:
@@ -109,6 +153,10 @@ class MainWindow(QMainWindow):
         act = QAction("Open dataset f&older...", self, shortcut=QKeySequence("Ctrl+Shift+O"))
         act.setStatusTip("Open a dataset folder (precomp, CUB/Flowers, captions folder)")
         act.triggered.connect(self.choose_dataset_folder)
+        file_menu.addAction(act)
+        act = QAction("Open dataset as &format...", self)
+        act.setStatusTip("Open a file or folder whose format is not recognised by naming the format")
+        act.triggered.connect(self.choose_dataset_as_format)
         file_menu.addAction(act)
         act = QAction("Open the built-in &demo", self, shortcut=QKeySequence("Ctrl+D"))
         act.triggered.connect(lambda: self.open_dataset("demo"))
@@ -219,13 +267,30 @@ class MainWindow(QMainWindow):
         if path:
             self.open_dataset(path)
 
+    def choose_dataset_as_format(self) -> None:
+        """Ask for a format, then a file or folder, and open it with that format's reader."""
+        from crossview.data.readers import READERS
+        items = [f"{name} - {info.description}" for name, info in READERS.items()]
+        choice, ok = QInputDialog.getItem(self, "Open dataset as format", "Format:", items, 0, False)
+        if not ok or not choice:
+            return
+        fmt = choice.split(" - ", 1)[0]
+        if fmt in FOLDER_FORMATS:
+            path = QFileDialog.getExistingDirectory(self, f"Open {fmt} dataset folder", str(Path.home()))
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, f"Open {fmt} dataset", str(Path.home()),
+                                                  "All files (*)")
+        if path:
+            self.open_dataset(path, format=fmt)
+
     # ------------------------------------------------------------------ loading
-    def open_dataset(self, source: str) -> Task:
-        """Loads ``source`` (a path or 'demo') in the background; the panels update when it is ready."""
+    def open_dataset(self, source: str, format: str | None = None) -> Task:
+        """Loads ``source`` (a path or 'demo') in the background, with the reader of ``format`` when given
+        (otherwise the format is detected); the panels update when it is ready."""
         if self._task is not None and self._task.is_running():
             self._task.cancel()  # superseded: its result is dropped
         source = str(source)
-        task = Task(_load(source), name="open-dataset", parent=self)
+        task = Task(_load(source, format), name="open-dataset", parent=self)
         self._task = task
         self.status_dataset.setText(f"Opening {source} ...")
         self.progress.setRange(0, 0)
@@ -264,6 +329,7 @@ class MainWindow(QMainWindow):
             return
         self.status_dataset.setText("No dataset" if self.dataset is None else
                                     f"Dataset: {self.dataset.name}")
+        message = gui_message(message)
         box = QMessageBox(QMessageBox.Icon.Warning, "Cannot open dataset", message, parent=self)
         box.setInformativeText(f"Source: {source}")
         if details:
@@ -314,9 +380,16 @@ class MainWindow(QMainWindow):
         if path:
             self.open_run(path, show="query")
 
-    def open_run(self, run_dir: str, show: str | None = "query", gallery: object = "test") -> Task:
-        """Load a run in the background; it then answers queries (Query) and shows its metrics (Inspect)."""
+    def open_run(self, run_dir: str, show: str | None = "query", gallery: object = None) -> Task:
+        """Load a run in the background; it then answers queries (Query) and shows its metrics (Inspect).
+
+        ``gallery`` None: the run's evaluation split (config.json ``"split"``), so ground-truth ranks in
+        Query match Inspect's; otherwise a split name, ``"all"`` or ``"corpus:<file>"``. Everything the
+        panels need (the run, its retriever, its marks file, its results) is prepared in the background
+        and swapped in at once; when any of it fails, the panels stay on the previous run.
+        """
         from crossview.data.readers import load_dataset
+        from crossview.engine.annotations import AnnotationStore
         from crossview.engine.session import open_run
         from crossview.eval.runs import load_run_results
 
@@ -332,7 +405,7 @@ class MainWindow(QMainWindow):
                 if dataset is None:
                     raise
                 run = open_run(run_dir)           # trained on another dataset: load that one
-            g = gallery
+            g = gallery if gallery is not None else run_eval_split(run)
             if isinstance(g, str) and g.startswith("corpus:"):
                 g = load_dataset(g[len("corpus:"):], format="corpus")
             elif isinstance(g, str) and g not in run.dataset.splits and g != "all":
@@ -340,8 +413,9 @@ class MainWindow(QMainWindow):
             # A corpus's captions are encoded on first use only (then cached): that encoding moves the bar.
             retriever = run.retriever(gallery=g, progress=lambda _stage, done, total: progress(done, total),
                                       should_stop=should_stop)
+            annotations = AnnotationStore(run_dir)       # read now: a file that cannot be read keeps run A
             results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
-            return run, retriever, results
+            return run, retriever, annotations, results
 
         task = Task(work, name="open-run", parent=self)
         self._run_task = task
@@ -370,9 +444,15 @@ class MainWindow(QMainWindow):
         from crossview.engine.session import list_runs
         from crossview.eval.runs import load_run_results
 
-        run, retriever, results = res
+        run, retriever, annotations, results = res
+        try:
+            self.query_panel.set_retriever(retriever, run_dir, title=f"{run.name}  [{run.method.name}]",
+                                           annotations=annotations, eval_split=run_eval_split(run),
+                                           train_split=str(run.config.get("train_split") or "train"))
+        except Exception as e:  # noqa: BLE001 - the panel kept the previous run; say why
+            self._on_run_failed(task, run_dir, f"{run_dir}: {e}", "")
+            return
         self.run = run
-        self.query_panel.set_retriever(retriever, run_dir, title=f"{run.name}  [{run.method.name}]")
         if results is not None:
             others = []
             for d in list_runs(Path(run_dir).parent)[:30]:
@@ -385,7 +465,9 @@ class MainWindow(QMainWindow):
             self.inspect_panel.set_dataset(run.dataset)
         s = run.summary or {}
         rsum = f", rsum {s['rsum']:.1f}" if isinstance(s.get("rsum"), (int, float)) else ""
-        self.status_run.setText(f"Run: {run.name} ({run.method.name}{rsum})")
+        split = run_eval_split(run)
+        on = f", evaluated on {split}" if split else ""
+        self.status_run.setText(f"Run: {run.name} ({run.method.name}{rsum}{on})")
         recent = [r for r in self.recent_runs() if r != run_dir]
         self.settings.setValue("recent/runs", [run_dir, *recent][:MAX_RECENT])
         self._refresh_recent_runs()
@@ -401,6 +483,8 @@ class MainWindow(QMainWindow):
         if task is not self._run_task:
             return
         self.status_run.setText("No run" if self.run is None else f"Run: {self.run.name}")
+        if self.run is not None:
+            message += f"\n\nStill showing the run {self.run.name}."
         box = QMessageBox(QMessageBox.Icon.Warning, "Cannot open run", message, parent=self)
         box.setInformativeText(f"Run: {run_dir}")
         if details:
@@ -451,10 +535,16 @@ class MainWindow(QMainWindow):
         self.tabs.tabBar().setVisible(not on)
         if on:
             self._before_presenting = self.tabs.currentIndex()
+            self._normal_geometry = self.geometry()
             self.tabs.setCurrentWidget(self.query_panel)
             self.showFullScreen()
+            screen = self.screen()
+            if screen is not None and self.geometry() != screen.geometry():
+                self.setGeometry(screen.geometry())   # no window manager to honour full screen (e.g. Xvfb)
         else:
             self.showNormal()
+            if getattr(self, "_normal_geometry", None) is not None:
+                self.setGeometry(self._normal_geometry)
             self.tabs.setCurrentIndex(getattr(self, "_before_presenting", 0))
         self.query_panel.set_presentation(on)
         if self.present_action.isChecked() != on:

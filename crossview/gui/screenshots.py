@@ -104,8 +104,8 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         if win.dataset is None:
             raise CrossViewError(f"could not open {data}: {getattr(win, 'last_error', '')}")
         ds = win.dataset
-        first_test = int(ds.splits["test"][0]) if "test" in ds.splits else 0
-        win.data_panel.select_image(first_test)
+        first = int(ds.splits["test"][0]) if "test" in ds.splits else 0
+        win.data_panel.select_image(first)
         win.tabs.setCurrentWidget(win.data_panel)
         shot("data")
 
@@ -121,7 +121,9 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
 
         qp = win.query_panel
         win.tabs.setCurrentWidget(qp)
-        qp.query_image(first_test)
+        # a query from the run's evaluation split (the gallery the Query panel opened on)
+        gallery = qp.retriever.gallery_images if qp.retriever is not None else []
+        qp.query_image(int(gallery[0]) if len(gallery) else first)
         _wait(qp.answered, 60_000, "the image query")
         shot("query_i2t")
         qp.sentence.setText(sentence)

@@ -1,6 +1,11 @@
 """The Inspect panel: a run's metrics beside the paper's, rank histograms, the worst queries, and
 two runs compared query by query (rank change, scatter of rank A vs rank B with clickable points).
 
+Laid out for a 1280x800 screen: the metric table (every row visible) and the per-query list (with
+thumbnails) on the left, the plots on the right. The paper's numbers come with what the paper measured
+on (its dataset and protocol) beside this run's split and gallery size: MedR and MeanR grow with the
+gallery, so they are not comparable across galleries of different sizes.
+
 ``open_query(direction, dataset_index)`` asks the main window to show that query in the Query panel.
 Tables export to CSV, plots to PNG. Run alone: ``python -m crossview.gui.panels.inspect_panel RUN [RUN_B]``.
 """
@@ -13,16 +18,37 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
-                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QPushButton, QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout,
+                               QWidget)
 
 from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.runs import RunResults
+from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
 DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
 PEN_A = "#0969da"
 PEN_B = "#d1242f"
+#: Metrics that grow with the gallery size (not comparable between galleries of different sizes).
+GALLERY_BOUND = ("MedR", "MeanR")
+SORT_TEXT = {Qt.SortOrder.DescendingOrder: " \u25bc largest first",
+             Qt.SortOrder.AscendingOrder: " \u25b2 smallest first"}
+THUMB = 30
+
+
+def rank_ticks(max_rank: int) -> list[tuple[float, str]]:
+    """Ticks of a log10 rank axis labelled in ranks: 1, 2, 5, 10, 20, 50, ... up to ``max_rank``."""
+    ticks = []
+    base = 1
+    while base <= max(max_rank, 1) * 10:
+        for m in (1, 2, 5):
+            v = m * base
+            if v <= max(max_rank, 1) * 1.5 or v == 1:
+                ticks.append((float(np.log10(v)), f"{v:,}"))
+        base *= 10
+    return ticks
 
 
 class _NumItem(QTableWidgetItem):
@@ -64,6 +90,10 @@ class InspectPanel(QWidget):
         self.paper_combo = QComboBox()
         self.paper_combo.setToolTip("The paper's reported numbers shown beside this run (from the method's card)")
         self.paper_combo.currentIndexChanged.connect(self._on_paper_choice)
+        for combo in (self.compare_combo, self.paper_combo):
+            # long run names and paper settings must not widen the panel past a 1280-pixel screen
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(18)
         self.direction_combo = QComboBox()
         for d, label in DIRECTION_NAMES.items():
             self.direction_combo.addItem(label, d)
@@ -76,38 +106,56 @@ class InspectPanel(QWidget):
         self.metrics = QTableWidget()
         self.metrics.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.metrics.verticalHeader().setDefaultSectionSize(22)
-        self.metrics.setMinimumHeight(150)
+        self.metrics.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.metrics.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.paper_note = QLabel("")
+        self.paper_note.setObjectName("paperNote")
+        self.paper_note.setWordWrap(True)
+        self.paper_note.setStyleSheet("color: #57606a;")
+        self.paper_note.hide()
         self.compare_label = QLabel("")
         self.compare_label.setWordWrap(True)
 
+        self.hist_legend = QLabel("")
+        self.hist_legend.setObjectName("histLegend")
+        self.hist_legend.setTextFormat(Qt.TextFormat.RichText)
         self.hist_plots: dict[str, pg.PlotWidget] = {}
-        hists = QHBoxLayout()
         for d in ("i2t", "t2i"):
             p = pg.PlotWidget(background="w")
             p.setTitle(f"{d}: rank of the ground truth", color="#1f2328", size="10pt")
-            p.setLabel("bottom", "rank (log scale bins)")
+            p.setLabel("bottom", "rank (bins grow with the rank)")
             p.setLabel("left", "queries")
             p.setMouseEnabled(x=False, y=False)
-            p.setMinimumHeight(170)
+            p.setMinimumHeight(150)
             self.hist_plots[d] = p
-            hists.addWidget(p)
 
         self.scatter_plot = pg.PlotWidget(background="w")
-        self.scatter_plot.setLabel("bottom", "rank in run A (log10)")
-        self.scatter_plot.setLabel("left", "rank in run B (log10)")
-        self.scatter_plot.setMinimumHeight(170)
+        self.scatter_plot.setLabel("bottom", "rank in run A (log scale)")
+        self.scatter_plot.setLabel("left", "rank in run B (log scale)")
+        self.scatter_plot.setMinimumHeight(150)
         self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen(None), brush=pg.mkBrush(9, 105, 218, 120))
         self.scatter.sigClicked.connect(self._on_point_clicked)
+        self.diagonal = pg.PlotCurveItem(pen=pg.mkPen("#6e7781", width=1, style=Qt.PenStyle.DashLine))
+        self.scatter_plot.addItem(self.diagonal)
         self.scatter_plot.addItem(self.scatter)
         self.scatter_plot.hide()
 
+        self.thumbs = ThumbnailCache(size=THUMB, parent=self)
+        self.thumbs.ready.connect(self._thumbnail_ready)
         self.queries = QTableWidget()
         self.queries.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.queries.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.queries.setSortingEnabled(True)
         self.queries.verticalHeader().hide()
+        self.queries.verticalHeader().setDefaultSectionSize(THUMB + 4)
+        self.queries.setIconSize(QSize(THUMB, THUMB))
+        self.queries.setWordWrap(False)
         self.queries.itemActivated.connect(self._on_query_activated)
         self.queries.setToolTip("Double-click (or Enter) to open the query in the Query panel")
+        # Qt's own arrow reads as the opposite of the order in some styles: the header says it in words
+        self.queries.horizontalHeader().setSortIndicatorShown(False)
+        self.queries.horizontalHeader().sortIndicatorChanged.connect(self._label_sort)
+        self._headers: list[str] = []
 
         bar = QHBoxLayout()
         bar.addWidget(QLabel("Compare with:"))
@@ -119,25 +167,38 @@ class InspectPanel(QWidget):
         bar.addWidget(self.export_table_button)
         bar.addWidget(self.export_plot_button)
 
-        top = QWidget()
-        tl = QVBoxLayout(top)
-        tl.setContentsMargins(0, 0, 0, 0)
-        tl.addWidget(self.title)
-        tl.addLayout(bar)
-        tl.addWidget(self.metrics)
-        tl.addWidget(self.compare_label)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.metrics)
+        ll.addWidget(self.paper_note)
+        ll.addWidget(self.compare_label)
+        self.queries_label = QLabel("Queries, worst first (double-click one to open it in Query):")
+        ll.addWidget(self.queries_label)
+        ll.addWidget(self.queries, 1)
         plots = QWidget()
         pl = QVBoxLayout(plots)
         pl.setContentsMargins(0, 0, 0, 0)
-        pl.addLayout(hists)
-        pl.addWidget(self.scatter_plot)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(top)
-        split.addWidget(plots)
-        split.addWidget(self.queries)
-        split.setSizes([260, 260, 300])
+        pl.addWidget(self.hist_legend)
+        for p in self.hist_plots.values():
+            pl.addWidget(p, 1)
+        pl.addWidget(self.scatter_plot, 1)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(left)
+        self.splitter.addWidget(plots)
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)
-        layout.addWidget(split)
+        layout.addWidget(self.title)
+        layout.addLayout(bar)
+        layout.addWidget(self.splitter, 1)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        super().resizeEvent(event)
+        if not getattr(self, "_split_set", False) and self.width() > 0:
+            self._split_set = True              # the first size; the user's dragging wins afterwards
+            w = self.width()
+            self.splitter.setSizes([int(w * 0.58), w - int(w * 0.58)])
 
     # ------------------------------------------------------------------ runs
     def set_runs(self, runs: list[RunResults]) -> None:
@@ -254,9 +315,64 @@ class InspectPanel(QWidget):
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.metrics.setItem(i, j, item)
         self.metrics.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.metrics.setToolTip(f"Paper: {label}" if label else "")
+        self._fit_metrics_height()
+        self._describe_paper(label, cols, rows)
+
+    def _fit_metrics_height(self) -> None:
+        """The table is as tall as its rows: every metric visible, no scrolling."""
+        t = self.metrics
+        h = t.horizontalHeader().height() + 2 * t.frameWidth()
+        h += sum(t.rowHeight(i) for i in range(t.rowCount()))
+        if t.horizontalScrollBar().isVisible():
+            h += t.horizontalScrollBar().height()
+        t.setFixedHeight(h)
+
+    def paper_caveat(self, label: str) -> str:
+        """What the paper measured on beside what this run measured on (its split and gallery size)."""
+        a = self.run_a
+        assert a is not None
+        entry = next((e for e in a.paper if f"{e.get('table', '')}: {e.get('dataset', '')} - {e.get('setting', '')}"
+                      == label), {})
+        n_img = int(a.ranks["i2t"].size) if "i2t" in a.ranks else None
+        n_cap = int(a.ranks["t2i"].size) if "t2i" in a.ranks else None
+        split = str(a.summary.get("split", "?"))
+        ours = f"this run: {a.summary.get('dataset', '?')}, {split} split"
+        if n_img is not None:
+            ours += f", {n_img:,} images"
+        if n_cap is not None:
+            ours += f" / {n_cap:,} captions"
+        paper = f"paper: {entry.get('dataset', '?')}, {entry.get('setting', '')} ({entry.get('table', '')})"
+        return (f"{paper}; {ours} - not comparable for {' / '.join(GALLERY_BOUND)} (they grow with the gallery "
+                "size), and R@K only roughly (other data, features and protocol)")
+
+    def _describe_paper(self, label: str | None, cols: list, rows: list[str]) -> None:
+        if not label:
+            self.paper_note.hide()
+            self.metrics.setToolTip("")
+            return
+        caveat = self.paper_caveat(label)
+        self.paper_note.setText(caveat[0].upper() + caveat[1:] + ".")
+        self.paper_note.show()
+        self.metrics.setToolTip(caveat)
+        for j, (name, src, _) in enumerate(cols):
+            if isinstance(src, RunResults):
+                continue
+            head = self.metrics.horizontalHeaderItem(j)
+            head.setText(name + " *")
+            head.setToolTip(caveat)
+            for i, key in enumerate(rows):
+                cell = self.metrics.item(i, j)
+                if cell is not None:
+                    cell.setToolTip(caveat)
+                    if key in GALLERY_BOUND and cell.text() != "-":
+                        cell.setForeground(pg.mkColor("#8c959f"))
 
     def _draw_histograms(self) -> None:
+        a, b = self.run_a, self.run_b
+        entries = [(r, c, tag) for r, c, tag in ((a, PEN_A, "A"), (b, PEN_B, "B")) if r is not None]
+        self.hist_legend.setText("Bars: " + " &nbsp; ".join(
+            f"<span style='color:{c}'>&#9632;</span> {tag}: {html.escape(r.name)} ({html.escape(r.method)})"
+            for r, c, tag in entries) if entries else "")
         for d, plot in self.hist_plots.items():
             plot.clear()
             for run, colour, offset in ((self.run_a, PEN_A, -0.2), (self.run_b, PEN_B, 0.2)):
@@ -295,14 +411,23 @@ class InspectPanel(QWidget):
                 self.compare_label.setText(f"<span style='color:#cf222e'>Cannot compare: {html.escape(str(e))}</span>")
         self.comparison = comp
         headers = ["query", "rank A" if comp else "rank"] + (["rank B", "change (B - A)"] if comp else [])
+        self._headers = headers
         self.queries.setColumnCount(len(headers))
         self.queries.setHorizontalHeaderLabels(headers)
         self.queries.setRowCount(len(ra))
         text_of = self._query_text_fn(d)
+        image_of = self._query_image_fn(d)
+        self._thumb_rows: dict[str, list[QTableWidgetItem]] = {}
         for row in range(len(ra)):
             qi = _NumItem(float(q[row]), text_of(int(q[row])))
             qi.setData(Qt.ItemDataRole.UserRole, row)
             qi.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+            qi.setToolTip(qi.text())
+            path = image_of(int(q[row]))
+            if path:
+                pm = self.thumbs.get(path)
+                qi.setIcon(QIcon(pm if pm is not None else placeholder(THUMB)))
+                self._thumb_rows.setdefault(path, []).append(qi)
             self.queries.setItem(row, 0, qi)
             self.queries.setItem(row, 1, _NumItem(int(ra[row]), str(int(ra[row]))))
             if comp is not None:
@@ -313,7 +438,9 @@ class InspectPanel(QWidget):
                     cell.setForeground(pg.mkColor("#1a7f37" if dv < 0 else "#cf222e"))
                 self.queries.setItem(row, 3, cell)
         self.queries.setSortingEnabled(True)
+        self.queries.horizontalHeader().setSortIndicatorShown(False)
         self.queries.sortItems(1, Qt.SortOrder.DescendingOrder)          # worst first
+        self._label_sort(1, Qt.SortOrder.DescendingOrder)
         header = self.queries.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for col in range(1, len(headers)):
@@ -328,23 +455,82 @@ class InspectPanel(QWidget):
                 f"<b>{s['b_worse']}</b>, the same for {s['same']}; median change {s['median_delta']:+g}; "
                 f"sign test p = {s['sign_test_p']:.3g}")
             self.scatter.setData(x=np.log10(comp.rank_a), y=np.log10(comp.rank_b), data=np.arange(len(ra)))
-            self.scatter_plot.setTitle(f"{d}: rank A vs rank B (below the diagonal: B is better); click a point",
+            top = int(max(comp.rank_a.max(), comp.rank_b.max()))
+            self.diagonal.setData(x=[0.0, float(np.log10(top * 1.2))], y=[0.0, float(np.log10(top * 1.2))])
+            ticks = rank_ticks(top)
+            for axis in ("bottom", "left"):
+                self.scatter_plot.getPlotItem().getAxis(axis).setTicks([ticks])
+            self.scatter_plot.setLabel("bottom", f"rank in run A: {a.name} (log scale)")
+            self.scatter_plot.setLabel("left", f"rank in run B: {b.name} (log scale)")
+            self.scatter_plot.setTitle(f"{d}: rank A vs B - dashed diagonal: same rank, below it B is better",
                                        color="#1f2328", size="10pt")
+            self.scatter_plot.setToolTip("Each point is a query; click one to open it in the Query panel")
             self.scatter_plot.show()
         else:
             if b is None:
                 self.compare_label.setText("")
             self.scatter_plot.hide()
 
+    def _label_sort(self, column: int, order: Qt.SortOrder) -> None:
+        """The sorted column's header says the order in words (Qt's arrow is hidden)."""
+        for j, name in enumerate(self._headers):
+            item = self.queries.horizontalHeaderItem(j)
+            if item is not None:
+                item.setText(name + (SORT_TEXT[Qt.SortOrder(order)] if j == column else ""))
+
+    def _dataset_index(self, d: str, q: int) -> int | None:
+        """The dataset index of query ``q`` (an image / caption id as ranks.npz records it)."""
+        ds = getattr(self, "dataset", None)
+        if ds is None:
+            return None
+        ids = ds.image_ids if d == "i2t" else ds.caption_ids
+        n = ds.n_images if d == "i2t" else ds.n_captions
+        cache = getattr(self, "_id_maps", {})
+        key = (id(ds), d)
+        if key not in cache:
+            cache[key] = {int(v): i for i, v in enumerate(np.asarray(ids).tolist())}
+            self._id_maps = cache
+        hit = cache[key].get(int(q))
+        return hit if hit is not None else (int(q) if 0 <= int(q) < n else None)
+
+    def _query_image_fn(self, d: str):
+        ds = getattr(self, "dataset", None)
+        if ds is None or ds.image_paths is None:
+            return lambda q: None
+
+        def image_of(q: int) -> str | None:
+            i = self._dataset_index(d, q)
+            if i is None:
+                return None
+            img = i if d == "i2t" else int(ds.caption_image[i])
+            return str(ds.image_paths[img])
+        return image_of
+
+    def _thumbnail_ready(self, path: str) -> None:
+        pm = self.thumbs.get(path)
+        if pm is None:
+            return
+        for item in getattr(self, "_thumb_rows", {}).get(path, []):
+            try:
+                item.setIcon(QIcon(pm))
+            except RuntimeError:      # the row was cleared meanwhile
+                continue
+
     def _query_text_fn(self, d: str):
         ds = getattr(self, "dataset", None)
         if ds is None:
-            return lambda i: f"{'image' if d == 'i2t' else 'caption'} {i}"
-        if d == "i2t":
-            return lambda i: (f"image {int(ds.image_ids[i])}: " + (ds.captions[ds.captions_of(i)[0]]
-                                                                    if ds.captions_of(i) else "")
-                              if 0 <= i < ds.n_images else f"image {i}")
-        return lambda i: ds.captions[i] if 0 <= i < ds.n_captions else f"caption {i}"
+            return lambda q: f"{'image' if d == 'i2t' else 'caption'} {q}"
+
+        def text_of(q: int) -> str:
+            i = self._dataset_index(d, q)
+            if i is None:
+                return f"{'image' if d == 'i2t' else 'caption'} {q}"
+            if d == "t2i":
+                return ds.captions[i]
+            name = Path(str(ds.image_paths[i])).name if ds.image_paths is not None else f"image {q}"
+            caps = ds.captions_of(i)
+            return f"{name}: {ds.captions[caps[0]]}" if len(caps) else name
+        return text_of
 
     def set_dataset(self, ds) -> None:
         """Lets the query list show captions instead of bare indices (the run's dataset)."""
@@ -388,7 +574,8 @@ class InspectPanel(QWidget):
                            [self.metrics.item(i, j).text() if self.metrics.item(i, j) else ""
                             for j in range(self.metrics.columnCount())])
             w.writerow([])
-            w.writerow([self.queries.horizontalHeaderItem(j).text() for j in range(self.queries.columnCount())])
+            w.writerow(self._headers or [self.queries.horizontalHeaderItem(j).text()
+                                         for j in range(self.queries.columnCount())])
             for i in range(self.queries.rowCount()):
                 w.writerow([self.queries.item(i, j).text() for j in range(self.queries.columnCount())])
         return path

@@ -3,9 +3,11 @@
 It is a view onto a :class:`crossview.engine.retriever.Retriever` (set with :meth:`QueryPanel.set_retriever`);
 every query runs in a worker and a superseded answer is dropped. Results show rank, score, the
 caption's own image, ground truth highlighted, and the ground truth's rank however far down it is.
-Click a result (or press Enter) to query from it; arrow keys move through results; ``R`` / ``N`` mark
+Double-click a result, press Enter on it or use "Query with this" to query from it; arrow keys move
+through results; ``R`` / ``N`` mark
 the current result relevant / not relevant (``0`` clears), saved at once to the run's
-``annotations.jsonl``.
+``annotations.jsonl``. The panel always says which gallery ranks are against, and warns when that gallery
+holds the run's training images (ranks are then optimistic and differ from Inspect's).
 
 Run alone: ``python -m crossview.gui.panels.query_panel [RUN_DIR]`` (default: trains a quick CCA on
 the demo first).
@@ -13,21 +15,28 @@ the demo first).
 
 from __future__ import annotations
 
+import csv
 import html
+import io
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QShortcut
+import numpy as np
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
                                QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
 
-from crossview.engine.annotations import AnnotationStore
+from crossview.engine.annotations import AnnotationStore, query_key
+from crossview.engine.io import atomic_write_bytes
+from crossview.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
 
 GOLD = QColor("#d8f5d0")
+FIGURE_SPACE = "\u2007"     # as wide as a digit: keeps the rank and score columns aligned
+PRESENT_HINT = "Presentation mode: F11 or Esc to leave"
 MARK_YES = QColor("#1a7f37")
 MARK_NO = QColor("#cf222e")
 ItemRole = Qt.ItemDataRole.UserRole + 1
@@ -45,6 +54,11 @@ class QueryPanel(QWidget):
         super().__init__(parent)
         self.retriever: Retriever | None = None
         self.annotations: AnnotationStore | None = None
+        self.run_dir: Path | None = None
+        self.eval_split: str | None = None      # the run's evaluation split (config.json "split")
+        self.train_split: str | None = None     # the split the run was trained on
+        self.presenting = False
+        self._query_pixmap: QPixmap | None = None
         self.ranking: Ranking | None = None
         self._task: Task | None = None
         self.history: list[dict[str, Any]] = []
@@ -58,6 +72,15 @@ class QueryPanel(QWidget):
         self.header = QLabel("No run loaded: train one in the Train panel or open a run.")
         self.header.setObjectName("summary")
         self.header.setWordWrap(True)
+        self.gallery_note = QLabel("")
+        self.gallery_note.setObjectName("galleryNote")
+        self.gallery_note.setWordWrap(True)
+        self.gallery_note.setTextFormat(Qt.TextFormat.RichText)
+        self.present_hint = QLabel(PRESENT_HINT)
+        self.present_hint.setObjectName("presentHint")
+        self.present_hint.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.present_hint.setStyleSheet("color: #57606a;")
+        self.present_hint.hide()
 
         self.gallery_combo = QComboBox()
         self.gallery_combo.setToolTip("What to rank: the images and captions of a split, all of them, or an "
@@ -79,7 +102,7 @@ class QueryPanel(QWidget):
 
         self.query_view = QLabel()
         self.query_view.setObjectName("preview")
-        self.query_view.setFixedSize(180, 180)
+        self.query_view.setFixedSize(180, 180)      # resized with the panel (resizeEvent)
         self.query_view.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.query_title = QLabel("")
         self.query_title.setWordWrap(True)
@@ -101,8 +124,12 @@ class QueryPanel(QWidget):
         self.image_grid.setGridSize(QSize(118, 132))
         self.image_grid.setWordWrap(True)
         for view in (self.caption_list, self.image_grid):
-            view.itemClicked.connect(self._activate)
+            # a single click only selects (annotators click, then mark); a double-click (eventFilter) or
+            # Enter (itemActivated) queries from the result
             view.itemActivated.connect(self._activate)
+            view.viewport().installEventFilter(self)
+            view.currentItemChanged.connect(self._update_query_with)
+        self.image_grid.installEventFilter(self)
         self.results = QStackedWidget()
         self.results.addWidget(self.caption_list)
         self.results.addWidget(self.image_grid)
@@ -114,6 +141,10 @@ class QueryPanel(QWidget):
         self.back_button = QPushButton("Back")
         self.back_button.setToolTip("Return to the previous query (Alt+Left)")
         self.back_button.clicked.connect(self.go_back)
+        self.query_with_button = QPushButton("Query with this")
+        self.query_with_button.setToolTip("Query from the selected result: a caption ranks images, an image ranks "
+                                          "captions (or double-click the result, or press Enter)")
+        self.query_with_button.clicked.connect(self._query_with_current)
         self.mark_yes.clicked.connect(lambda: self.mark_current(True))
         self.mark_no.clicked.connect(lambda: self.mark_current(False))
         self.mark_clear.clicked.connect(lambda: self.mark_current(None))
@@ -146,6 +177,7 @@ class QueryPanel(QWidget):
         marks = QHBoxLayout(self.mark_bar)
         marks.setContentsMargins(0, 0, 0, 0)
         marks.addWidget(self.back_button)
+        marks.addWidget(self.query_with_button)
         marks.addStretch(1)
         marks.addWidget(self.marks_label)
         for b in (self.mark_yes, self.mark_no, self.mark_clear, self.export_button):
@@ -156,8 +188,10 @@ class QueryPanel(QWidget):
         self.gallery_label = QLabel("Gallery:")
         head.addWidget(self.gallery_label)
         head.addWidget(self.gallery_combo)
+        head.addWidget(self.present_hint)
         self.head_bar = head
         layout.addLayout(head)
+        layout.addWidget(self.gallery_note)
         layout.addLayout(ask)
         layout.addLayout(body, 1)
         layout.addWidget(self.mark_bar)
@@ -169,39 +203,95 @@ class QueryPanel(QWidget):
                   self.export_button, self.k_spin):
             w.setEnabled(on)
         self.back_button.setEnabled(on and len(self.history) > 1)
+        self._update_query_with()
 
     def set_retriever(self, retriever: Retriever | None, run_dir: str | Path | None = None,
-                      title: str = "") -> None:
-        """Query ``retriever`` from now on; marks go to ``run_dir`` (none when it is None)."""
+                      title: str = "", *, annotations: AnnotationStore | None = None,
+                      eval_split: str | None = None, train_split: str | None = None) -> None:
+        """Query ``retriever`` from now on; marks go to ``run_dir`` (none when it is None).
+
+        ``annotations`` is the run's store when the caller prepared it already (off the GUI thread); it
+        must belong to ``run_dir``. The store is opened before anything changes, so when it cannot be
+        read the panel keeps the previous run's retriever and marks file together (never one without
+        the other). ``eval_split`` / ``train_split``: the run's evaluation and training splits, for
+        saying which gallery ranks are against and warning when it holds training images.
+        """
+        if annotations is None and run_dir is not None:
+            annotations = AnnotationStore(run_dir)           # may raise: nothing has changed yet
+        if annotations is not None and run_dir is not None and \
+                Path(annotations.path).parent.resolve() != Path(run_dir).resolve():
+            raise ValueError(f"the annotations {annotations.path} do not belong to the run {run_dir}")
         self.retriever = retriever
-        self.annotations = AnnotationStore(run_dir) if run_dir is not None else None
+        self.annotations = annotations if run_dir is not None else None
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.eval_split, self.train_split = eval_split, train_split
         self.history.clear()
         self.ranking = None
         self.caption_list.clear()
         self.image_grid.clear()
         self.query_view.clear()
+        self._query_pixmap = None
         self.query_title.clear()
         self.gold_label.clear()
         if retriever is None:
             self.header.setText("No run loaded: train one in the Train panel or open a run.")
+            self.gallery_note.clear()
             self._set_enabled(False)
             return
         self._fill_galleries(retriever)
-        self.header.setText(
-            f"<b>{html.escape(title or retriever.method.name)}</b> &nbsp; gallery: {html.escape(retriever.gallery_name)}"
-            f" ({retriever.n_gallery_images:,} images, {retriever.n_gallery_captions:,} captions)")
+        self.header.setText(f"<b>{html.escape(title or retriever.method.name)}</b>")
+        self._describe_gallery(retriever)
         self._set_enabled(True)
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
         self._update_marks_label()
 
+    def training_images_in_gallery(self, retriever: Retriever | None = None) -> int:
+        """How many of the gallery's images the run was trained on (0 when unknown or a corpus)."""
+        r = retriever or self.retriever
+        if r is None or r.corpus is not None or not self.train_split or \
+                self.train_split not in r.dataset.splits:
+            return 0
+        return int(np.isin(r.gallery_images, np.asarray(r.dataset.splits[self.train_split])).sum())
+
+    def _describe_gallery(self, r: Retriever) -> None:
+        """The line that says what ranks are against, with a visible warning when it holds training images."""
+        what = f"{r.n_gallery_images:,} images, {r.n_gallery_captions:,} captions" if r.corpus is None else \
+            f"{r.n_gallery_captions:,} captions, image -> text only"
+        name = "all images" if r.gallery_name == "all" else r.gallery_name
+        text = f"Ranking against: <b>{html.escape(name)}</b> ({what})"
+        if self.eval_split and r.gallery_name == self.eval_split:
+            text += " - the run's evaluation split (ranks match Inspect)"
+        n_train = self.training_images_in_gallery(r)
+        if n_train:
+            text += (f"<br><span style='color:#cf222e'><b>Warning:</b> this gallery includes {n_train:,} training "
+                     f"images (the run was trained on the {html.escape(str(self.train_split))} split): ranks are "
+                     "optimistic and differ from Inspect's")
+            if self.eval_split:
+                text += f"; choose the {html.escape(self.eval_split)} split for the run's evaluation gallery"
+            text += ".</span>"
+        elif self.eval_split and r.corpus is None and r.gallery_name != self.eval_split:
+            text += (f" - not the run's evaluation split ({html.escape(self.eval_split)}): ranks differ "
+                     "from Inspect's")
+        self.gallery_note.setText(text)
+        self.gallery_note.setToolTip("Ground-truth ranks are counted in this gallery")
+
     def _fill_galleries(self, retriever: Retriever) -> None:
         combo = self.gallery_combo
         combo.blockSignals(True)
         combo.clear()
-        for split in retriever.dataset.split_names:
-            combo.addItem(f"{split} split ({len(retriever.dataset.splits[split]):,} images)", split)
-        combo.addItem(f"all images ({retriever.dataset.n_images:,})", "all")
+        ds = retriever.dataset
+        for split in ds.split_names:
+            label = f"{split} split ({len(ds.splits[split]):,} images)"
+            if split == self.eval_split:
+                label += " - the run's evaluation split"
+            elif split == self.train_split:
+                label += " - training images"
+            combo.addItem(label, split)
+        all_label = f"all images ({ds.n_images:,})"
+        if self.train_split and self.train_split in ds.splits:
+            all_label += " - includes training images"
+        combo.addItem(all_label, "all")
         if retriever.corpus is not None:
             combo.addItem(retriever.gallery_name, "corpus:current")
         combo.addItem("caption corpus file...", "corpus:?")
@@ -283,6 +373,8 @@ class QueryPanel(QWidget):
         ds = r.dataset
         self._show_query(ranking)
         marks = self.annotations.marks_for(ranking.direction, ranking.query) if self.annotations else {}
+        width = len(str(len(ranking.items)))
+        signed = bool(len(ranking.scores) and float(ranking.scores.min()) < 0)
         if ranking.direction == "i2t":
             view = self.caption_list
             self.results.setCurrentWidget(view)
@@ -292,7 +384,7 @@ class QueryPanel(QWidget):
                 it.setData(ItemRole, item)
                 text = r.gallery_caption_text(item)
                 it.setToolTip(text)
-                it.setData(Qt.ItemDataRole.UserRole + 2, f"#{rank}  {score:.3f}   {text}")
+                it.setData(Qt.ItemDataRole.UserRole + 2, f"{_rank_score(rank, score, width, signed)}   {text}")
                 if r.corpus is None and ds.image_paths is not None:
                     it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[int(ds.caption_image[item])])
                 self._style_item(it, ranking, item, marks.get(item))
@@ -300,11 +392,12 @@ class QueryPanel(QWidget):
         else:
             view = self.image_grid
             self.results.setCurrentWidget(view)
+            self._fit_grid()
             view.clear()
             for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
                 it = QListWidgetItem()
                 it.setData(ItemRole, item)
-                it.setData(Qt.ItemDataRole.UserRole + 2, f"#{rank}  {score:.3f}")
+                it.setData(Qt.ItemDataRole.UserRole + 2, _rank_score(rank, score, width, signed))
                 if ds.image_paths is not None:
                     it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[item])
                 caps = ds.captions_of(item)
@@ -316,6 +409,7 @@ class QueryPanel(QWidget):
             view.setCurrentRow(0)
         view.setFocus()
         self._update_marks_label()
+        self._update_query_with()
         self.answered.emit(ranking)
 
     def _show_query(self, ranking: Ranking) -> None:
@@ -334,18 +428,15 @@ class QueryPanel(QWidget):
         else:
             title = f"“{html.escape(q.get('text', ''))}”"
         if path:
-            side = self.query_view.width() - 10
-            pm = placeholder(side)
-            from PySide6.QtGui import QPixmap
             loaded = QPixmap(path)
-            if not loaded.isNull():
-                pm = loaded.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
-                                   Qt.TransformationMode.SmoothTransformation)
-            self.query_view.setPixmap(pm)
+            self._query_pixmap = None if loaded.isNull() else loaded
+            self._paint_query_image()
             self.query_view.show()
         else:
+            self._query_pixmap = None
             self.query_view.clear()
             self.query_view.hide()
+        self._fit_layout()
         self.query_title.setText(f"<b>{title}</b>")
         what = "caption" if ranking.direction == "i2t" else "image"
         n = ranking.gallery_size
@@ -371,33 +462,73 @@ class QueryPanel(QWidget):
         f.setBold(gold)
         it.setFont(f)
 
+    def _paint_query_image(self) -> None:
+        side = min(self.query_view.width(), self.query_view.height()) - 10
+        pm = self._query_pixmap
+        self.query_view.setPixmap(placeholder(side) if pm is None else
+                                  pm.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
+                                            Qt.TransformationMode.SmoothTransformation))
+
     def _refresh_icons(self, view: QListWidget) -> None:
-        size = view.iconSize().width()
+        size = view.iconSize()
         for row in range(view.count()):
             it = view.item(row)
             path = it.data(Qt.ItemDataRole.UserRole + 3)
             if not path:
                 continue
             pm = self.cache.get(path)
-            it.setIcon(QIcon(pm if pm is not None else placeholder(size)))
+            it.setIcon(QIcon(square_icon(pm if pm is not None else placeholder(size.width()), size)))
 
     def _thumbnail_ready(self, path: str) -> None:
         view = self.results.currentWidget()
         pm = self.cache.get(path)
         if pm is None:
             return
+        size = view.iconSize()
         for row in range(view.count()):
             it = view.item(row)
             if it.data(Qt.ItemDataRole.UserRole + 3) == path:
-                it.setIcon(QIcon(pm))
+                it.setIcon(QIcon(square_icon(pm, size)))
 
     # ------------------------------------------------------------------ results
     def current_view(self) -> QListWidget:
         return self.results.currentWidget()
 
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt API)
+        """A double-click on a result queries from it. Handled here, not by the view: the view only acts
+        on a double-click that follows its own press on the same item, which a re-query between the
+        two clicks (or a synthetic event) does not give; consuming it also keeps it to one query."""
+        if obj is self.image_grid and event.type() == QEvent.Type.Resize:
+            self._fit_grid()                   # the columns follow the grid's own width
+            return False
+        if event.type() == QEvent.Type.MouseButtonDblClick and event.button() == Qt.MouseButton.LeftButton:
+            for view in (self.caption_list, self.image_grid):
+                if obj is view.viewport():
+                    it = view.itemAt(event.position().toPoint())
+                    if it is not None:
+                        view.setCurrentItem(it)
+                        self._activate(it)
+                    return True
+        return super().eventFilter(obj, event)
+
+    def _query_with_current(self) -> None:
+        it = self.current_view().currentItem()
+        if it is not None:
+            self._activate(it)
+
+    def _can_query_from(self) -> bool:
+        r, ranking = self.retriever, self.ranking
+        if r is None or ranking is None:
+            return False
+        return ranking.direction == "t2i" or (r.corpus is None and r.n_gallery_images > 0)
+
+    def _update_query_with(self, *_: object) -> None:
+        ok = self._can_query_from() and self.current_view().currentItem() is not None
+        self.query_with_button.setEnabled(ok)
+
     def _activate(self, it: QListWidgetItem) -> None:
         """Query from a result: a caption ranks images, an image ranks captions."""
-        if self.ranking is None or self.retriever is None:
+        if self.ranking is None or self.retriever is None or it is None or it.listWidget() is not self.current_view():
             return
         item = int(it.data(ItemRole))
         if self.ranking.direction == "i2t":
@@ -439,8 +570,56 @@ class QueryPanel(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, "Export marks", str(self.annotations.path.with_suffix(".csv")),
                                               "CSV (*.csv);;JSON lines (*.jsonl)")
         if path:
-            self.annotations.export(path)
+            try:
+                self.export_marks(path)
+            except CrossViewError as e:
+                self.marks_label.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
+                return
             self.marks_label.setText(f"exported {len(self.annotations)} marks to {path}")
+
+    def describe_query(self, query: dict[str, Any]) -> tuple[str, str]:
+        """``(image file name, caption text)`` of a marked query, as far as the open dataset knows them."""
+        ds = self.retriever.dataset if self.retriever is not None else None
+        image, caption = "", ""
+        try:
+            if "image" in query and ds is not None:
+                i = int(query["image"])
+                if ds.image_paths is not None and 0 <= i < ds.n_images:
+                    image = Path(str(ds.image_paths[i])).name
+            elif "file" in query:
+                image = Path(str(query["file"])).name
+            elif "caption" in query and ds is not None:
+                c = int(query["caption"])
+                if 0 <= c < ds.n_captions:
+                    caption = ds.captions[c]
+            elif "text" in query:
+                caption = str(query["text"])
+        except (TypeError, ValueError):
+            pass            # a hand-edited mark: its index columns still say what it is
+        return image, caption
+
+    def export_marks(self, path: str | Path) -> Path:
+        """The run's marks to ``path`` (.csv or .jsonl, atomically). The CSV names each query by its image
+        file name or caption text beside the index, and each item by its caption / image file."""
+        assert self.annotations is not None
+        path = Path(path)
+        if path.suffix.lower() != ".csv":
+            return self.annotations.export(path)
+        ds = self.retriever.dataset if self.retriever is not None else None
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["time", "annotator", "direction", "query_kind", "query", "query_image_file", "query_caption",
+                    "item", "item_image_file", "item_text", "relevant"])
+        for r in self.annotations.records():
+            kind, _, value = query_key(r["query"]).partition(":")
+            image, caption = self.describe_query(r["query"])
+            item_file = ""
+            if r["direction"] == "t2i" and ds is not None and ds.image_paths is not None and \
+                    0 <= int(r["item"]) < ds.n_images:
+                item_file = Path(str(ds.image_paths[int(r["item"])])).name
+            w.writerow([r.get("time", ""), r.get("annotator", ""), r["direction"], kind, value, image, caption,
+                        r["item"], item_file, r.get("item_text", ""), int(bool(r["relevant"]))])
+        return atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
 
     # ------------------------------------------------------------------ drop an image
     def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt API)
@@ -455,22 +634,80 @@ class QueryPanel(QWidget):
 
     # ------------------------------------------------------------------ presentation
     def set_presentation(self, on: bool) -> None:
-        """Large type, only the query box and the results (for live demos)."""
+        """Large type, only the query box and the results (for live demos), and a hint how to leave."""
+        self.presenting = on
         for w in (self.mark_bar, self.k_spin, self.gallery_combo, self.gallery_label, self.image_button):
             w.setVisible(not on)
+        self.present_hint.setVisible(on)
         self.cache = self.big_cache if on else self.small_cache
-        self.query_side.setFixedWidth(340 if on else 200)
-        self.query_view.setFixedSize(*((320, 320) if on else (180, 180)))
         f = QFont(self.font())
         f.setPointSizeF(18 if on else max(10.0, QFont().pointSizeF()))
         for w in (self.sentence, self.caption_list, self.image_grid, self.query_title, self.gold_label, self.header):
             w.setFont(f)
         self.caption_list.setIconSize(QSize(120, 120) if on else QSize(64, 64))
-        self.image_grid.setIconSize(QSize(200, 200) if on else QSize(96, 96))
-        self.image_grid.setGridSize(QSize(240, 275) if on else QSize(118, 132))
+        self._fit_layout()
         self._refresh_icons(self.current_view())
         if self.ranking is not None:
             self._show_query(self.ranking)
+
+    # ------------------------------------------------------------------ sizes
+    def _fit_layout(self) -> None:
+        """The query image takes a share of the width; the image grid's columns fill the results' width."""
+        width = max(self.width(), 400)
+        if self.query_view.isHidden() and self.ranking is not None:
+            # a sentence query shows no image: its words need a narrow column, the results the rest
+            side = int(min(max(width * 0.18, 200), 320))
+        else:
+            side = int(min(max(width * (0.3 if self.presenting else 0.24), 200), 560 if self.presenting else 420))
+        self.query_side.setFixedWidth(side)
+        self.query_view.setFixedSize(side - 20, side - 20)
+        if self._query_pixmap is not None:
+            self._paint_query_image()
+        self._fit_grid()
+
+    def _fit_grid(self) -> None:
+        grid = self.image_grid
+        scroll = grid.verticalScrollBar().sizeHint().width()
+        avail = max(grid.width() - 2 * grid.frameWidth() - scroll - 4, 100)
+        target = 250 if self.presenting else 124
+        cols = max(1, avail // target)
+        cell = avail // cols
+        text_h = grid.fontMetrics().lineSpacing() * 2 + 8
+        grid.setGridSize(QSize(cell, cell - 16 + text_h))
+        icon = cell - 20
+        if grid.iconSize().width() != icon:
+            grid.setIconSize(QSize(icon, icon))
+            # thumbnails are decoded at the cache's size; the icon is scaled to the cell
+            if self.results.currentWidget() is grid:
+                self._refresh_icons(grid)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        super().resizeEvent(event)
+        self._fit_layout()
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        super().showEvent(event)
+        self._fit_layout()
+
+
+def _rank_score(rank: int, score: float, width: int, signed: bool = False) -> str:
+    """``#  7   0.412``: rank and score padded with figure spaces (as wide as a digit) so the columns line
+    up row after row; ``signed`` (some score is negative) writes every score with + or - (equally wide)."""
+    r = f"#{rank}".rjust(width + 1, FIGURE_SPACE)
+    sc = f"{score:+.3f}".replace("-", "\u2212") if signed else f"{score:.3f}"
+    sc = sc.rjust(7 if signed else 6, FIGURE_SPACE)
+    return f"{r}  {sc}"
+
+
+def square_icon(pm: QPixmap, size: QSize) -> QPixmap:
+    """``pm`` scaled into and centred on a transparent ``size`` canvas, so every row's text starts at the same x."""
+    out = QPixmap(size)
+    out.fill(Qt.GlobalColor.transparent)
+    scaled = pm.scaled(size, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation)
+    p = QPainter(out)
+    p.drawPixmap((size.width() - scaled.width()) // 2, (size.height() - scaled.height()) // 2, scaled)
+    p.end()
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover - manual preview
@@ -485,7 +722,10 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
     app = ensure_app()
     panel = QueryPanel()
     run = open_run(run_dir)
-    panel.set_retriever(run.retriever("test" if "test" in run.dataset.splits else "all"), run_dir, title=run.name)
+    split = run.config.get("split")
+    split = split if split in run.dataset.splits else "all"
+    panel.set_retriever(run.retriever(split), run_dir, title=run.name, eval_split=run.config.get("split"),
+                        train_split=run.config.get("train_split", "train"))
     panel.resize(1200, 800)
     panel.show()
     sys.exit(_exec(app))
