@@ -245,3 +245,26 @@ def test_paper_numbers_come_with_what_they_measured(qtbot, tmp_path: Path) -> No
     panel.paper_combo.setCurrentIndex(0)                  # (none)
     assert not note.isVisible()
     panel.close()
+
+
+def test_metrics_show_their_bootstrap_interval(qtbot, tmp_path: Path) -> None:
+    from crossview.eval.bootstrap import bootstrap_ci
+
+    i2t, t2i = np.array([1, 2, 30, 4, 1, 7]), np.array([4, 1, 1, 9, 2, 2, 7, 1, 3, 3, 12, 1])
+    d = _run(tmp_path, "a", i2t, t2i)
+    summary = json.loads((d / "summary.json").read_text())
+    summary["rsum"] = 250.0
+    summary["ci"] = bootstrap_ci(i2t, t2i, np.repeat(np.arange(6), 2))
+    (d / "summary.json").write_text(json.dumps(summary))
+    old = _run(tmp_path, "old", i2t, t2i)           # a run written before intervals existed
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_run(load_run_results(d))
+    rows = [panel.metrics.verticalHeaderItem(i).text() for i in range(panel.metrics.rowCount())]
+    r1, rs = panel.metrics.item(rows.index("R@1"), 0), panel.metrics.item(rows.index("rsum"), 0)
+    lo, hi = summary["ci"]["i2t"]["R@1"]
+    assert r1.text() == f"{summary['i2t']['R@1']:.2f} ± {(hi - lo) / 2:.1f}"
+    assert "95% interval" in r1.toolTip() and "6 evaluated images" in r1.toolTip()
+    assert rs.text().startswith("250.00 ± ") and "interval" in rs.toolTip()
+    panel.set_run(load_run_results(old))
+    assert "±" not in panel.metrics.item(rows.index("R@1"), 0).text()

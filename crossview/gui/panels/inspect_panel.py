@@ -71,6 +71,27 @@ def _fmt(v) -> str:
     return f"{float(v):.2f}"
 
 
+def _interval(summary: dict, direction: str | None, key: str) -> tuple[float, float] | None:
+    """The bootstrap interval a run's summary.json holds for ``direction``/``key`` (``rsum`` when
+    ``direction`` is None), or None (older runs, other metrics, damaged values)."""
+    ci = summary.get("ci")
+    if not isinstance(ci, dict):
+        return None
+    band = ci.get(key) if direction is None else (ci.get(direction) or {}).get(key) \
+        if isinstance(ci.get(direction), dict) else None
+    if isinstance(band, list) and len(band) == 2 and all(isinstance(x, (int, float)) for x in band):
+        return float(band[0]), float(band[1])
+    return None
+
+
+def _interval_tip(summary: dict, band: tuple[float, float]) -> str:
+    ci = summary.get("ci") or {}
+    level = ci.get("level", 0.95)
+    n = ci.get("n", "?")
+    return (f"{100 * float(level):.0f}% interval {band[0]:.1f} - {band[1]:.1f} (bootstrap over the {n} evaluated "
+            "images): two runs whose values differ by less than this may differ by noise")
+
+
 class InspectPanel(QWidget):
     open_query = Signal(str, int)     # direction, dataset index of the query (or split position)
 
@@ -302,16 +323,24 @@ class InspectPanel(QWidget):
         self.metrics.setVerticalHeaderLabels(rows + extra)
         for j, (_, src, d) in enumerate(cols):
             for i, key in enumerate(rows):
+                band = None
                 if isinstance(src, RunResults):
                     v = (src.summary.get(d) or {}).get(key)
+                    band = _interval(src.summary, d, key)
                 else:
                     v = src.get(key)
-                item = QTableWidgetItem(_fmt(v))
+                item = QTableWidgetItem(_fmt(v) + (f" ± {(band[1] - band[0]) / 2:.1f}" if band else ""))
+                if band:
+                    item.setToolTip(_interval_tip(src.summary, band))
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.metrics.setItem(i, j, item)
             for i, key in enumerate(extra, start=len(rows)):
                 v = src.summary.get(key) if isinstance(src, RunResults) else None
-                item = QTableWidgetItem(_fmt(v) if v is not None else "")
+                band = _interval(src.summary, None, key) if isinstance(src, RunResults) else None
+                text = _fmt(v) if v is not None else ""
+                item = QTableWidgetItem(text + (f" ± {(band[1] - band[0]) / 2:.1f}" if band and text else ""))
+                if band:
+                    item.setToolTip(_interval_tip(src.summary, band))
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.metrics.setItem(i, j, item)
         self.metrics.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
