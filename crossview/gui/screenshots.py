@@ -140,8 +140,11 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
 
         win.set_presentation(True)
         if os.environ.get("QT_QPA_PLATFORM") == "offscreen":   # the offscreen "screen" is only 800 x 800
+            from PySide6.QtWidgets import QApplication
             win.showNormal()
-            win.resize(*size)
+            QApplication.processEvents()       # let the full-screen geometry land first, then override it
+            win.setGeometry(0, 0, *size)
+            QApplication.processEvents()
         qp.query_text(sentence)
         _wait(qp.answered, 60_000, "the presentation query")
         shot("presentation")
