@@ -68,7 +68,7 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
 
     table = panel.trials_table
     headers = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
-    assert headers == ["#", "n_components", "image_norm", "rsum", "i2t R@1", "t2i R@1"]
+    assert headers == ["#", "n_components", "image_norm", "rsum", "i2t R@1", "t2i R@1", "run"]
     assert table.rowCount() == 4
     record = json.loads((folder / "tune.json").read_text())
     by_trial = {r["trial"]: r for r in record["results"]}
@@ -78,8 +78,10 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
         assert table.item(row, 2).text() == r["point"]["image_norm"]
         assert float(table.item(row, 3).text()) == pytest.approx(r["rsum"], abs=0.051)
         assert float(table.item(row, 4).text()) == pytest.approx(r["i2t"]["R@1"], abs=0.051)
+        assert table.item(row, 6).text() == Path(r["run_dir"]).name
         cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
-        assert cfg["image_norm"] == r["point"]["image_norm"] and cfg["params"]["n_components"] == r["point"]["n_components"]
+        assert cfg["image_norm"] == r["point"]["image_norm"]
+        assert cfg["params"]["n_components"] == r["point"]["n_components"]
     # the best row (highest rsum on val) is highlighted, and only it
     best = panel.best_trial_row()
     assert best is not None and table.item(best, 0).text() == str(record["best"]["trial"])
@@ -94,6 +96,8 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     listed = [Path(panel.runs_list.item(i).data(Qt.ItemDataRole.UserRole)) for i in range(panel.runs_list.count())]
     assert {p.name for p in listed if p.parent == folder} == {"trial-001", "trial-002", "trial-003", "trial-004",
                                                               "best"}
+    texts = [panel.runs_list.item(i).text() for i in range(panel.runs_list.count())]
+    assert f"{folder.name}/trial-001   [finished]" in texts, "a trial is named with its search"
     # double-click a trial row: its run opens
     index = table.model().index(2, 1)
     pos = table.visualRect(index).center()
@@ -178,6 +182,8 @@ def test_stop_then_continue_search(qtbot, panel: TrainPanel) -> None:
     assert task is not None
     qtbot.waitUntil(lambda: 0 < panel.progress.value() < 1000 and "trial 1/2" in panel.eta_label.text(),
                     timeout=60_000)
+    assert "ETA" in panel.eta_label.text() or panel.progress.value() <= 20
+    assert not panel.continue_search_button.isEnabled() and not panel.search_button.isEnabled()
     with qtbot.waitSignal(task.finished, timeout=30_000):
         panel.stop()
     assert "Search stopped" in panel.eta_label.text()
@@ -191,3 +197,27 @@ def test_stop_then_continue_search(qtbot, panel: TrainPanel) -> None:
     assert [r["trial"] for r in record["results"]] == [1, 2]
     status = json.loads((folder / "trial-001" / "status.json").read_text())
     assert status["status"] == "finished"
+
+
+def test_continue_a_search_selected_in_the_runs_list(qtbot, panel: TrainPanel) -> None:
+    """A search interrupted elsewhere (here: the engine's generator closed after its first trial) is continued
+    from the panel by selecting one of its trials: the finished trial is read back, not retrained."""
+    from crossview.engine.events import Log
+    from crossview.engine.tune import tune
+
+    folder = panel.runs_root / "tune-elsewhere"
+    gen = tune("cca", panel.dataset, {"n_components": [2, 4]}, out=folder, text_encoder="bow")
+    for ev in gen:
+        if isinstance(ev, Log) and ev.message.startswith("trial 1/2"):
+            break
+    gen.close()
+    first = (folder / "trial-001" / "summary.json").stat().st_mtime_ns
+    panel.refresh_runs()
+    assert not panel.continue_search_button.isEnabled()
+    panel.select_run(folder / "trial-001")
+    assert panel.continue_search_button.isEnabled()
+    with qtbot.waitSignal(panel.search_finished, timeout=120_000) as sig:
+        panel.continue_search_button.click()
+    assert Path(sig.args[0]) == folder and panel.trials_table.rowCount() == 2
+    assert (folder / "trial-001" / "summary.json").stat().st_mtime_ns == first
+    assert (folder / "best" / "summary.json").is_file() and panel.best_trial_row() is not None

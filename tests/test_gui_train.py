@@ -313,7 +313,8 @@ def test_normalisation_choices_name_the_method_default_and_reach_config_json(qtb
     from crossview.features.normalize import NORMS
 
     panel.select_method("cca")
-    assert panel.image_norm.itemText(0) == "method default (ssr)" and panel.text_norm.itemText(0) == "method default (none)"
+    assert panel.image_norm.itemText(0) == "method default (ssr)"
+    assert panel.text_norm.itemText(0) == "method default (none)"
     assert [panel.image_norm.itemData(i) for i in range(panel.image_norm.count())] == [None, *NORMS]
     for i in range(1, panel.image_norm.count()):
         assert panel.image_norm.itemData(i, Qt.ItemDataRole.ToolTipRole), "every choice says what it does"

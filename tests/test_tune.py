@@ -123,3 +123,19 @@ def test_parse_grid_types_values_by_the_card_and_splits_on_semicolons(tmp_path):
                         ("regg=1", "no parameter 'regg'"), ("reg", "NAME=V1,V2")):
         with pytest.raises(CrossViewError, match=needle):
             parse_grid("cca", [bad])
+
+
+def test_a_search_stopped_in_its_first_trial_is_already_a_listed_search(tmp_path):
+    """tune.json is written when the search starts, so a search stopped before any trial finished is listed
+    (its trial folders in the runs list) and can be continued from the app."""
+    from crossview.engine.events import Progress
+
+    gen = tune("cca", make_toy_dataset(), {"n_components": [2, 4]}, out=tmp_path / "s", text_encoder="bow",
+               cache=False)
+    for ev in gen:
+        if isinstance(ev, Progress) and ev.message.startswith("trial 1/2"):
+            break
+    gen.close()
+    record = json.loads((tmp_path / "s" / "tune.json").read_text())
+    assert record["results"] == [] and record["grid"] == {"n_components": [2, 4]}
+    assert tmp_path / "s" / "trial-001" in list_runs(tmp_path)

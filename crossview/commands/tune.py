@@ -62,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "run folder inside the search folder: open, inspect and compare them in the app. Running the "
                     "same command with the same --out continues an interrupted search.",
         epilog="Grid keys are the method's parameters (typed and range-checked by its card) and image_norm / "
-               "text_norm. Separate the values with ';' instead when a value holds commas (--grid 'c_grid=1,10;1e2,1e4'). "
+               "text_norm. Separate the values with ';' instead when a value holds commas "
+               "(--grid 'c_grid=1,10;1e2,1e4'). "
                "Example: crossview tune cca --data D --grid reg=0.3,1,3 --grid image_norm=none,ssr")
     p.add_argument("method", metavar="METHOD", help="method name (see 'crossview train --list')")
     p.add_argument("--data", default="demo", metavar="PATH|demo", help="dataset (default: the built-in demo)")

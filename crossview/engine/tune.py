@@ -196,6 +196,8 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
             raise CrossViewError(f"{folder} holds another search; give a new --out folder")
         yield Log(f"continuing the search in {folder}")
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / TUNE_FILE).is_file():     # the folder is a search (listed, continued) from its first trial on
+        atomic_write_json(folder / TUNE_FILE, {**record, "results": []})
 
     from crossview.features import extract_features
     yield Log(f"tuning {method} on {ds.name}: {len(points)} trial(s), scored by {metric} on {val_split}")
@@ -232,6 +234,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         row = {"trial": i, "point": point, "score": score, "rsum": summary.get("rsum"), "run_dir": str(run_dir),
                "i2t": summary.get("i2t"), "t2i": summary.get("t2i")}
         results.append(row)
+        atomic_write_json(folder / TUNE_FILE, {**record, "results": results})   # recorded before it is announced
         best = max(results, key=lambda r: r["score"])
         yield Log(f"trial {i}/{len(points)} {_label(point)}: {metric} {abs(score):.1f}  "
                   f"(best {abs(best['score']):.1f}: trial {best['trial']})")
@@ -239,7 +242,6 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
                             rsum=summary.get("rsum"), i2t=dict(summary.get("i2t") or {}),
                             t2i=dict(summary.get("t2i") or {}), run_dir=str(run_dir), best_trial=best["trial"])
         yield Progress(i, len(points), "trials")
-        atomic_write_json(folder / TUNE_FILE, {**record, "results": results})
     ranked = sorted(results, key=lambda r: (-r["score"] if math.isfinite(r["score"]) else math.inf, r["trial"]))
     result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0])
     if refit:

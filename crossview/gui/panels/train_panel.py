@@ -784,7 +784,8 @@ class TrainPanel(QWidget):
 
     def _setup_trials_table(self, search: dict[str, Any]) -> None:
         metric = search["metric"]
-        cols = ["#", *search["keys"]] + ([] if metric == "rsum" else [metric]) + ["rsum", "i2t R@1", "t2i R@1"]
+        cols = (["#", *search["keys"]] + ([] if metric == "rsum" else [metric])
+                + ["rsum", "i2t R@1", "t2i R@1", "run"])
         t = self.trials_table
         t.clearContents()
         t.setRowCount(0)
@@ -821,11 +822,11 @@ class TrainPanel(QWidget):
         values = [str(ev.trial)] + [str(ev.point.get(k, "")) for k in search["keys"]]
         if search["metric"] != "rsum":
             values.append(f"{abs(ev.score):.1f}")
-        values += [f"{ev.rsum:.1f}" if ev.rsum is not None else "-", r1(ev.i2t), r1(ev.t2i)]
+        values += [f"{ev.rsum:.1f}" if ev.rsum is not None else "-", r1(ev.i2t), r1(ev.t2i), Path(ev.run_dir).name]
         for col, text in enumerate(values):
             item = QTableWidgetItem(text)
             item.setData(Qt.ItemDataRole.UserRole, ev.run_dir)
-            if col:
+            if 0 < col < len(values) - 1:
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             t.setItem(row, col, item)
         self._highlight_best()
@@ -1050,7 +1051,9 @@ class TrainPanel(QWidget):
                 status = read_status(path).get("status", "?")
             except CrossViewError:
                 status = "?"
-            it = QListWidgetItem(f"{path.name}   [{status}]")
+            # a search's trials are named with their search: trial-001 of which search
+            name = path.name if path.parent == self.runs_root else f"{path.parent.name}/{path.name}"
+            it = QListWidgetItem(f"{name}   [{status}]")
             it.setData(Qt.ItemDataRole.UserRole, str(path))
             self.runs_list.addItem(it)
             if str(path) == current:
