@@ -1,11 +1,14 @@
 """The Train panel: pick a method (from the registry, with its card), set its parameters (a form built
-from the card: defaults, tooltips, ranges), the split to evaluate on, the features and the device;
-start / pause / stop / resume; progress with ETA, live curves (:mod:`crossview.gui.curves`: one plot
-per quantity family, R@K / rsum per validation or a note saying why there is none), a log, and the
-runs list (open, open a run folder from anywhere, rename, delete with confirmation).
+from the card: defaults, tooltips, ranges), the split to evaluate on, the features (encoders and their
+normalisation) and the device; start / pause / stop / resume; progress with ETA, live curves
+(:mod:`crossview.gui.curves`: one plot per quantity family, R@K / rsum per validation or a note saying why
+there is none), a log, and the runs list (open, open a run folder from anywhere, rename, delete with
+confirmation). "Search..." (:mod:`crossview.gui.search_dialog`) starts a validation search whose trials
+fill a table as they finish (the best highlighted); a stopped search continues.
 
-The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume`, a generator of events
-driven by an :class:`~crossview.gui.workers.EventTask`; nothing here trains. Methods registered later
+The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume` /
+:func:`crossview.engine.tune.tune`, generators of events driven by an
+:class:`~crossview.gui.workers.EventTask`; nothing here trains. Methods registered later
 appear with no change to this file. Run alone: ``python -m crossview.gui.panels.train_panel``.
 """
 
@@ -1024,12 +1027,12 @@ class TrainPanel(QWidget):
             self.progress.setValue(1000)
             best = res.best or {}
             refit = res.refit or {}
-            line = (f"Search finished in {time.monotonic() - self._t0:.1f} s: best trial {best.get('trial')} "
-                    f"({self._point_label(best.get('point', {}))}), {res.metric} {abs(best.get('score', 0)):.1f}")
-            if refit:
-                line += f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}"
-            self.eta_label.setText(line)
-            self.log.appendPlainText(line)
+            head = (f"Search finished in {time.monotonic() - self._t0:.1f} s: best trial {best.get('trial')}, "
+                    f"{res.metric} {abs(best.get('score', 0)):.1f}")
+            tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}"
+                    if refit else "")
+            self.eta_label.setText(head + tail)
+            self.log.appendPlainText(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
             self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
                                      f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))}"
                                      if refit else ""))
@@ -1051,9 +1054,10 @@ class TrainPanel(QWidget):
                 status = read_status(path).get("status", "?")
             except CrossViewError:
                 status = "?"
-            # a search's trials are named with their search: trial-001 of which search
-            name = path.name if path.parent == self.runs_root else f"{path.parent.name}/{path.name}"
-            it = QListWidgetItem(f"{name}   [{status}]")
+            # a search's trials say which search they belong to (after the status, which matters more)
+            where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
+            it = QListWidgetItem(f"{path.name}   [{status}]{where}")
+            it.setToolTip(str(path))
             it.setData(Qt.ItemDataRole.UserRole, str(path))
             self.runs_list.addItem(it)
             if str(path) == current:
