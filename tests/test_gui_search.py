@@ -59,6 +59,8 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert dialog.count_label.text().startswith("4 trial")
     rows_seen: list[int] = []          # the table's size each time a trial's run is announced
     panel.runs_changed.connect(lambda: rows_seen.append(panel.trials_table.rowCount()))
+    finished_runs: list[str] = []
+    panel.run_finished.connect(finished_runs.append)
     with qtbot.waitSignal(panel.search_finished, timeout=120_000) as sig:
         dialog.start_button.click()
         assert panel.task is not None and panel.search_dialog is None, "the dialog closed and the search runs"
@@ -92,6 +94,7 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert table.item(best, 0).background().color().name() == "#dafbe1"
     assert panel.progress.value() == 1000 and "Search finished" in panel.eta_label.text()
     assert (folder / "best" / "summary.json").is_file() and "refit" in panel.search_info.text()
+    assert finished_runs == [str(folder / "best")], "the app loads the refit of the best point"
     # the trials (and the refit) are in the runs list
     listed = [Path(panel.runs_list.item(i).data(Qt.ItemDataRole.UserRole)) for i in range(panel.runs_list.count())]
     assert {p.name for p in listed if p.parent == folder} == {"trial-001", "trial-002", "trial-003", "trial-004",
@@ -184,8 +187,15 @@ def test_stop_then_continue_search(qtbot, panel: TrainPanel) -> None:
                     timeout=60_000)
     assert "ETA" in panel.eta_label.text() or panel.progress.value() <= 20
     assert not panel.continue_search_button.isEnabled() and not panel.search_button.isEnabled()
+    panel.toggle_pause()          # hold the search in its first trial while the runs list is used
+    panel.refresh_runs()          # tune.json is written at the start: the running trial is listed
+    panel.select_run(panel.search_folder / "trial-001")
+    assert not panel.delete_selected(confirm=False) and "running search" in panel.last_error
+    assert (panel.search_folder / "trial-001" / "config.json").is_file()
+    _close_boxes(panel)
     with qtbot.waitSignal(task.finished, timeout=30_000):
         panel.stop()
+    panel.runs_list.setCurrentRow(-1)
     assert "Search stopped" in panel.eta_label.text()
     assert panel.trials_table.rowCount() == 0 and panel.continue_search_button.isEnabled()
     folder = panel.search_folder

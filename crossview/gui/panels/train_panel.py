@@ -1036,6 +1036,8 @@ class TrainPanel(QWidget):
             self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
                                      f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))}"
                                      if refit else ""))
+            if refit and (search["folder"] / "best" / "summary.json").is_file():
+                self.run_finished.emit(str(search["folder"] / "best"))    # the app loads the refit, as after Start
             self.search_finished.emit(str(search["folder"]))
         elif stopped:
             self.eta_label.setText("Search stopped: press Continue search to run the remaining trials")
@@ -1080,6 +1082,8 @@ class TrainPanel(QWidget):
             return 0
         cfg = self._run_config(Path(run_dir))
         self.curves.reset(cfg.get("method"), self._config_no_validation_reason(cfg))
+        if not (Path(run_dir).parent / "tune.json").is_file():     # a search's trial keeps its table in view
+            self.view_tabs.setCurrentWidget(self.curves)
         self.log.clear()
         self.log.appendPlainText(f"== history of {Path(run_dir).name}")
         n = 0
@@ -1126,13 +1130,18 @@ class TrainPanel(QWidget):
         self.open_run.emit(str(path))
         return path
 
+    def _busy_with(self, path: Path) -> bool:
+        """Whether ``path`` is the run being trained or a trial of the search being run."""
+        running = self.task is not None and self.task.is_running() and self.run_dir is not None
+        return running and (self.run_dir == path or (self._search is not None and self.run_dir == path.parent))
+
     def rename_selected(self, new_name: str | None = None) -> Path | None:
         it = self.runs_list.currentItem()
         if it is None:
             return None
         old = Path(it.data(Qt.ItemDataRole.UserRole))
-        if self.task is not None and self.task.is_running() and self.run_dir == old:
-            self._fail("this run is training; stop it before renaming", "")
+        if self._busy_with(old):
+            self._fail("this run is training (or is a trial of the running search); stop it before renaming", "")
             return None
         if new_name is None:
             new_name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old.name)
@@ -1154,8 +1163,8 @@ class TrainPanel(QWidget):
         if it is None:
             return False
         path = Path(it.data(Qt.ItemDataRole.UserRole))
-        if self.task is not None and self.task.is_running() and self.run_dir == path:
-            self._fail("this run is training; stop it before deleting it", "")
+        if self._busy_with(path):
+            self._fail("this run is training (or is a trial of the running search); stop it before deleting it", "")
             return False
         if confirm:
             answer = QMessageBox.question(self, "Delete run", f"Delete the run folder {path}?\n\nIts checkpoint, "
