@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pytestqt")
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QSpinBox  # noqa: E402
 
 import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method, as a plug-in would)
 from _engine_helpers import make_toy_dataset  # noqa: E402
+from crossview.errors import CrossViewError  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
 from crossview.gui.workers import LatencyProbe  # noqa: E402
 
@@ -293,8 +295,10 @@ def test_the_form_fits_without_a_horizontal_scrollbar(qtbot, panel: TrainPanel, 
         view = panel.form_scroll.viewport().width()
         assert panel.form_inner.minimumSizeHint().width() <= view, method
         assert not panel.form_scroll.horizontalScrollBar().isVisible(), method
-        for b in (panel.start_button, panel.pause_button, panel.stop_button):
+        for b in (panel.start_button, panel.search_button, panel.pause_button, panel.stop_button):
             assert b.width() >= b.fontMetrics().horizontalAdvance(b.text()), f"{b.text()} is cut"
+        for combo in (panel.image_norm, panel.text_norm):
+            assert combo.isVisible() and combo.width() <= view
     for b in (panel.open_folder_button, panel.resume_button, panel.delete_button):
         assert b.width() >= b.fontMetrics().horizontalAdvance(b.text()), f"{b.text()} is cut"
 
@@ -302,6 +306,35 @@ def test_the_form_fits_without_a_horizontal_scrollbar(qtbot, panel: TrainPanel, 
 def QApplicationInstance():
     from PySide6.QtWidgets import QApplication
     return QApplication.instance()
+
+
+# ---------------------------------------------------------------------------- normalisation (issue 11)
+def test_normalisation_choices_name_the_method_default_and_reach_config_json(qtbot, panel: TrainPanel) -> None:
+    from crossview.features.normalize import NORMS
+
+    panel.select_method("cca")
+    assert panel.image_norm.itemText(0) == "method default (ssr)"
+    assert panel.text_norm.itemText(0) == "method default (none)"
+    assert [panel.image_norm.itemData(i) for i in range(panel.image_norm.count())] == [None, *NORMS]
+    for i in range(1, panel.image_norm.count()):
+        assert panel.image_norm.itemData(i, Qt.ItemDataRole.ToolTipRole), "every choice says what it does"
+    assert "signed square root" in panel.image_norm.itemData(0, Qt.ItemDataRole.ToolTipRole)
+    panel.select_method("wsabie")
+    assert panel.image_norm.itemText(0) == "method default (none)", "the default follows the method"
+    panel.select_method("cca")
+    panel.set_param("n_components", 4)
+    assert panel.norms() == (None, None)
+    with qtbot.waitSignal(panel.run_finished, timeout=120_000) as sig:     # the method's default
+        panel.start()
+    cfg = json.loads((Path(sig.args[0]) / "config.json").read_text())
+    assert (cfg["image_norm"], cfg["text_norm"]) == ("ssr", "none")
+    panel.select_norms("whiten", "l2")
+    with qtbot.waitSignal(panel.run_finished, timeout=120_000) as sig:     # an explicit choice
+        panel.start()
+    cfg = json.loads((Path(sig.args[0]) / "config.json").read_text())
+    assert (cfg["image_norm"], cfg["text_norm"]) == ("whiten", "l2")
+    with pytest.raises(CrossViewError, match="not one of"):
+        panel.select_norms("cube")
 
 
 # ---------------------------------------------------------------------------- Open run folder (item 8)

@@ -92,3 +92,50 @@ def test_cli_refuses_a_bad_value_and_prints_the_sorted_table(tmp_path, capsys):
     rows = [ln.split() for ln in out[1:3]]
     assert float(rows[0][2]) >= float(rows[1][2]) and {rows[0][1], rows[1][1]} == {"2", "8"}
     assert out[3].startswith("best: trial") and "split test" in out[3]
+
+
+def test_each_scored_trial_is_a_structured_event(tmp_path):
+    """The app's trials table fills in from these (issue 11): one TrialFinished per trial, in order, with the
+    point, the scores, the run folder and the best trial so far; it survives a metrics.jsonl round trip."""
+    from crossview.engine.events import TrialFinished, event_from_dict
+
+    out = list(tune("cca", make_toy_dataset(), {"n_components": [2, 8]}, out=tmp_path / "s", text_encoder="bow",
+                    cache=False, refit=False))
+    trials = [ev for ev in out if isinstance(ev, TrialFinished)]
+    res = out[-1]
+    assert [t.trial for t in trials] == [1, 2] and all(t.total == 2 for t in trials)
+    assert [t.point for t in trials] == [{"n_components": 2}, {"n_components": 8}]
+    by_trial = {r["trial"]: r for r in res.trials}
+    for t in trials:
+        assert t.score == by_trial[t.trial]["score"] and t.rsum == by_trial[t.trial]["rsum"]
+        assert t.i2t["R@1"] == by_trial[t.trial]["i2t"]["R@1"] and t.run_dir == by_trial[t.trial]["run_dir"]
+    assert trials[-1].best_trial == res.best["trial"]
+    assert event_from_dict(json.loads(json.dumps(trials[0].to_dict()))) == trials[0]
+
+
+def test_parse_grid_types_values_by_the_card_and_splits_on_semicolons(tmp_path):
+    from crossview.engine.tune import parse_grid
+
+    assert parse_grid("cca", ["reg=0.3, 1", "image_norm=none,ssr"]) == {"reg": [0.3, 1.0],
+                                                                        "image_norm": ["none", "ssr"]}
+    assert parse_grid("bitr", ["c_grid=1,10;1e2,1e4"]) == {"c_grid": ["1,10", "1e2,1e4"]}
+    for bad, needle in (("reg=1,-1", "minimum"), ("image_norm=cube", "'cube' is not one of"),
+                        ("regg=1", "no parameter 'regg'"), ("reg", "NAME=V1,V2")):
+        with pytest.raises(CrossViewError, match=needle):
+            parse_grid("cca", [bad])
+
+
+def test_a_search_stopped_in_its_first_trial_is_already_a_listed_search(tmp_path):
+    """tune.json is written when the search starts, so a search stopped before any trial finished is listed
+    (its trial folders in the runs list) and can be continued from the app."""
+    from crossview.engine.events import Progress
+
+    gen = tune("cca", make_toy_dataset(), {"n_components": [2, 4]}, out=tmp_path / "s", text_encoder="bow",
+               cache=False)
+    for ev in gen:
+        if isinstance(ev, Progress) and ev.message.startswith("trial 1/2"):
+            break
+    gen.close()
+    record = json.loads((tmp_path / "s" / "tune.json").read_text())
+    assert record["results"] == [] and record["grid"] == {"n_components": [2, 4]}
+    assert tmp_path / "s" / "trial-001" in list_runs(tmp_path)

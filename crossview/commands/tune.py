@@ -11,35 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from crossview.errors import CrossViewError
+from crossview.engine.tune import parse_grid  # noqa: F401  (moved to the engine: the app's search uses it too)
 
 __all__ = ["register", "cmd_tune", "parse_grid"]
-
-
-def parse_grid(method: str, items: list[str]) -> dict[str, list[Any]]:
-    """``["reg=0.3,1", "image_norm=none,ssr"]`` -> ``{"reg": [0.3, 1.0], "image_norm": ["none", "ssr"]}``,
-    each value typed and range-checked by the method's card."""
-    from crossview.commands.train import parse_set_values
-    from crossview.engine.tune import RUN_KEYS
-
-    grid: dict[str, list[Any]] = {}
-    for item in items:
-        if "=" not in item:
-            raise CrossViewError(f"--grid {item!r}: write NAME=V1,V2,... e.g. --grid reg=0.3,1,3")
-        name, values = (s.strip() for s in item.split("=", 1))
-        name = name.replace("-", "_")
-        raw = [v.strip() for v in values.split(",") if v.strip()]
-        if not raw:
-            raise CrossViewError(f"--grid {item!r}: give at least one value after '='")
-        if name in grid:
-            raise CrossViewError(f"--grid {name} is given twice; put all its values in one --grid")
-        if name in RUN_KEYS:
-            grid[name] = raw
-        else:
-            grid[name] = [parse_set_values(method, [f"{name}={v}"])[name] for v in raw]
-    return grid
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -87,7 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "run folder inside the search folder: open, inspect and compare them in the app. Running the "
                     "same command with the same --out continues an interrupted search.",
         epilog="Grid keys are the method's parameters (typed and range-checked by its card) and image_norm / "
-               "text_norm. Example: crossview tune cca --data D --grid reg=0.3,1,3 --grid image_norm=none,ssr")
+               "text_norm. Separate the values with ';' instead when a value holds commas "
+               "(--grid 'c_grid=1,10;1e2,1e4'). "
+               "Example: crossview tune cca --data D --grid reg=0.3,1,3 --grid image_norm=none,ssr")
     p.add_argument("method", metavar="METHOD", help="method name (see 'crossview train --list')")
     p.add_argument("--data", default="demo", metavar="PATH|demo", help="dataset (default: the built-in demo)")
     _add_dataset_args(p)

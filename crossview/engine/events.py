@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-__all__ = ["Event", "Progress", "Loss", "Validation", "CheckpointSaved", "Log", "Finished",
+__all__ = ["Event", "Progress", "Loss", "Validation", "CheckpointSaved", "Log", "Finished", "TrialFinished",
            "event_from_dict", "EVENT_TYPES"]
 
 
@@ -105,8 +105,28 @@ class Finished(Event):
     kind: ClassVar[str] = "finished"
 
 
+@dataclass
+class TrialFinished(Event):
+    """One trial of a validation search (:func:`crossview.engine.tune.tune`) is scored: trial ``trial`` of
+    ``total`` at ``point`` (``{param: value}``), its ``score`` by ``metric`` (higher is better: MedR / MeanR
+    negated), the run's ``rsum`` and ``i2t`` / ``t2i`` metrics, its ``run_dir``, and ``best_trial``, the
+    number of the best trial so far."""
+
+    trial: int
+    total: int
+    point: dict[str, Any] = field(default_factory=dict)
+    metric: str = "rsum"
+    score: float = 0.0
+    rsum: float | None = None
+    i2t: dict[str, Any] = field(default_factory=dict)
+    t2i: dict[str, Any] = field(default_factory=dict)
+    run_dir: str = ""
+    best_trial: int = 0
+    kind: ClassVar[str] = "trial"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in
-                                       (Progress, Loss, Validation, CheckpointSaved, Log, Finished)}
+                                       (Progress, Loss, Validation, CheckpointSaved, Log, Finished, TrialFinished)}
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:

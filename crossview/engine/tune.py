@@ -30,11 +30,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from crossview.engine.events import Event, Finished, Log, Progress
+from crossview.engine.events import Event, Finished, Log, Progress, TrialFinished
 from crossview.engine.io import atomic_write_json, read_json
 from crossview.errors import CrossViewError
 
-__all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table"]
+__all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table", "parse_grid",
+           "parse_grid_values", "split_values"]
 
 TUNE_FILE = "tune.json"
 #: grid keys that are options of the run rather than parameters of the method
@@ -75,6 +76,58 @@ def _points(grid: dict[str, list[Any]], trials: int | None, seed: int) -> list[d
     if trials < 1:
         raise CrossViewError(f"--trials {trials}: give a positive number")
     return random.Random(seed).sample(every, trials)
+
+
+def split_values(text: str) -> list[str]:
+    """``"0.3, 1,3"`` -> ``["0.3", "1", "3"]``; values are separated by ``;`` instead when the text has one
+    (for a value that itself holds commas, such as BITR's ``c_grid``: ``"1,10;100,1e4"``)."""
+    sep = ";" if ";" in text else ","
+    return [v.strip() for v in text.split(sep) if v.strip()]
+
+
+def parse_grid_values(method: str, name: str, values: list[str]) -> list[Any]:
+    """``values`` (strings) of grid key ``name`` typed and range-checked by ``method``'s card (or by the
+    class default when the card does not list it); ``image_norm`` / ``text_norm`` checked against
+    :data:`crossview.features.normalize.NORMS`. A :class:`CrossViewError` names the key and the bad value."""
+    from crossview.features.normalize import check_norm
+    from crossview.methods import method_class
+    from crossview.methods.cards import ParamSpec, _infer_type, find_card
+
+    if not values:
+        raise CrossViewError(f"--grid {name}: give at least one value")
+    if name in RUN_KEYS:
+        return [check_norm(v, name) for v in values]
+    cls = method_class(method)
+    valid = cls.param_names()
+    if name not in valid:
+        raise CrossViewError(f"--grid {name}: method {method!r} has no parameter {name!r}; its parameters are: "
+                             f"{', '.join(valid)} (and {', '.join(RUN_KEYS)})")
+    card = find_card(method)
+    spec = card.params.get(name) if card is not None else None
+    if spec is None:
+        default = cls.default_params().get(name)
+        spec = ParamSpec(name=name, default=default,
+                         type=_infer_type(default) if default is not None else "str", optional=default is None)
+    return [spec.coerce(v, method) for v in values]
+
+
+def parse_grid(method: str, items: list[str]) -> dict[str, list[Any]]:
+    """``["reg=0.3,1", "image_norm=none,ssr"]`` -> ``{"reg": [0.3, 1.0], "image_norm": ["none", "ssr"]}``,
+    each value typed and range-checked by the method's card (:func:`parse_grid_values`); the values are
+    split by :func:`split_values`. Used by ``crossview tune --grid`` and the app's search dialog."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        if "=" not in item:
+            raise CrossViewError(f"--grid {item!r}: write NAME=V1,V2,... e.g. --grid reg=0.3,1,3")
+        name, values = (s.strip() for s in item.split("=", 1))
+        name = name.replace("-", "_")
+        raw = split_values(values)
+        if not raw:
+            raise CrossViewError(f"--grid {item!r}: give at least one value after '='")
+        if name in grid:
+            raise CrossViewError(f"--grid {name} is given twice; put all its values in one --grid")
+        grid[name] = parse_grid_values(method, name, raw)
+    return grid
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -143,6 +196,8 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
             raise CrossViewError(f"{folder} holds another search; give a new --out folder")
         yield Log(f"continuing the search in {folder}")
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / TUNE_FILE).is_file():     # the folder is a search (listed, continued) from its first trial on
+        atomic_write_json(folder / TUNE_FILE, {**record, "results": []})
 
     from crossview.features import extract_features
     yield Log(f"tuning {method} on {ds.name}: {len(points)} trial(s), scored by {metric} on {val_split}")
@@ -179,11 +234,14 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         row = {"trial": i, "point": point, "score": score, "rsum": summary.get("rsum"), "run_dir": str(run_dir),
                "i2t": summary.get("i2t"), "t2i": summary.get("t2i")}
         results.append(row)
+        atomic_write_json(folder / TUNE_FILE, {**record, "results": results})   # recorded before it is announced
         best = max(results, key=lambda r: r["score"])
         yield Log(f"trial {i}/{len(points)} {_label(point)}: {metric} {abs(score):.1f}  "
                   f"(best {abs(best['score']):.1f}: trial {best['trial']})")
+        yield TrialFinished(trial=i, total=len(points), point=dict(point), metric=metric, score=score,
+                            rsum=summary.get("rsum"), i2t=dict(summary.get("i2t") or {}),
+                            t2i=dict(summary.get("t2i") or {}), run_dir=str(run_dir), best_trial=best["trial"])
         yield Progress(i, len(points), "trials")
-        atomic_write_json(folder / TUNE_FILE, {**record, "results": results})
     ranked = sorted(results, key=lambda r: (-r["score"] if math.isfinite(r["score"]) else math.inf, r["trial"]))
     result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0])
     if refit:

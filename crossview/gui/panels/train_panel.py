@@ -1,11 +1,14 @@
 """The Train panel: pick a method (from the registry, with its card), set its parameters (a form built
-from the card: defaults, tooltips, ranges), the split to evaluate on, the features and the device;
-start / pause / stop / resume; progress with ETA, live curves (:mod:`crossview.gui.curves`: one plot
-per quantity family, R@K / rsum per validation or a note saying why there is none), a log, and the
-runs list (open, open a run folder from anywhere, rename, delete with confirmation).
+from the card: defaults, tooltips, ranges), the split to evaluate on, the features (encoders and their
+normalisation) and the device; start / pause / stop / resume; progress with ETA, live curves
+(:mod:`crossview.gui.curves`: one plot per quantity family, R@K / rsum per validation or a note saying why
+there is none), a log, and the runs list (open, open a run folder from anywhere, rename, delete with
+confirmation). "Search..." (:mod:`crossview.gui.search_dialog`) starts a validation search whose trials
+fill a table as they finish (the best highlighted); a stopped search continues.
 
-The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume`, a generator of events
-driven by an :class:`~crossview.gui.workers.EventTask`; nothing here trains. Methods registered later
+The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume` /
+:func:`crossview.engine.tune.tune`, generators of events driven by an
+:class:`~crossview.gui.workers.EventTask`; nothing here trains. Methods registered later
 appear with no change to this file. Run alone: ``python -m crossview.gui.panels.train_panel``.
 """
 
@@ -18,18 +21,33 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QDoubleValidator
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
-                               QInputDialog, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMessageBox,
-                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSpinBox,
-                               QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtGui import QBrush, QColor, QDoubleValidator
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout,
+                               QGroupBox, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QListWidget,
+                               QListWidgetItem, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea,
+                               QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
+                               QVBoxLayout, QWidget)
 
-from crossview.engine.events import CheckpointSaved, Finished, Log, Loss, Progress, Validation
+from crossview.engine.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
+from crossview.engine.tune import TuneResult
 from crossview.errors import CrossViewError
+from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
+from crossview.gui.search_dialog import SearchDialog, SearchSpec
 from crossview.gui.workers import EventTask, preload_engine_modules
 
 AUTO_SPLIT_TEXT = "auto (test, else val, else a held-out part of train)"
+
+#: what each feature normalisation does (the tooltips of the normalisation choices)
+NORM_HELP = {
+    "none": "the features as extracted",
+    "l2": "each feature vector scaled to unit length",
+    "ssr": "signed square root of every value, then unit length (damps the few channels that dominate "
+           "pooled CNN features)",
+    "center": "the training mean subtracted, then unit length (fitted on the train split)",
+    "whiten": "PCA-whitening fitted on the train split (the components that explain 99% of the variance, "
+              "each scaled to unit variance), then unit length",
+}
 
 
 def _images(n: int) -> str:
@@ -96,11 +114,13 @@ def _param_widget(spec: Any) -> tuple[QWidget, Any]:
 
 
 class TrainPanel(QWidget):
-    """``run_finished(str)`` carries the run folder of a run that finished; ``open_run(str)`` asks to open one."""
+    """``run_finished(str)`` carries the run folder of a run that finished; ``open_run(str)`` asks to open one;
+    ``search_finished(str)`` carries the folder of a validation search that finished (trials and refit)."""
 
     run_finished = Signal(str)
     open_run = Signal(str)
     runs_changed = Signal()
+    search_finished = Signal(str)
 
     def __init__(self, parent: QWidget | None = None, runs_root: str | Path | None = None) -> None:
         super().__init__(parent)
@@ -116,6 +136,12 @@ class TrainPanel(QWidget):
         self._getters: dict[str, Any] = {}
         self._card: Any = None
         self._t0 = 0.0
+        self.search_dialog: SearchDialog | None = None
+        self.search_folder: Path | None = None
+        self.search_result: Any = None       #: the last search's TuneResult (None until one finishes)
+        self.search_best: int | None = None  #: the number of the shown search's best trial so far
+        self._last_search: dict[str, Any] | None = None  # tune()'s arguments of this panel's last search
+        self._search: dict[str, Any] | None = None   # the running search: keys, metric, total, done, rows
         # Loss events can come thousands a second: collect them and redraw the curves 10 times a second,
         # so the GUI thread never spends more than a few ms per frame on plotting.
         self._pending_log: list[str] = []
@@ -138,6 +164,15 @@ class TrainPanel(QWidget):
         self.device_combo = QComboBox()
         self.seed_spin = QSpinBox()
         self.seed_spin.setRange(0, 2**31 - 1)
+        self.image_norm = QComboBox()
+        self.text_norm = QComboBox()
+        for combo, side in ((self.image_norm, "image"), (self.text_norm, "text")):
+            combo.addItem("method default", None)
+            for n in NORMS:
+                combo.addItem(n, n)
+                combo.setItemData(combo.count() - 1, NORM_HELP[n], Qt.ItemDataRole.ToolTipRole)
+            combo.setToolTip(f"How the {side} features are normalised before the method sees them (recorded in "
+                             "the run; center / whiten are fitted on the train split)")
         self.run_name = QLineEdit()
         self.run_name.setPlaceholderText("default: method-dataset-time")
         self.split_combo = QComboBox()
@@ -160,6 +195,8 @@ class TrainPanel(QWidget):
         ff.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         ff.addRow("Image encoder", self.image_encoder)
         ff.addRow("Text encoder", self.text_encoder)
+        ff.addRow("Image normalisation", self.image_norm)
+        ff.addRow("Text normalisation", self.text_norm)
         ff.addRow("Device", self.device_combo)
         ff.addRow("Seed", self.seed_spin)
         ff.addRow("Run name", self.run_name)
@@ -171,14 +208,19 @@ class TrainPanel(QWidget):
         self.resume_button = QPushButton("Resume run")
         self.resume_button.setToolTip("Continue the selected (stopped or interrupted) run from its last checkpoint")
         self.start_button.clicked.connect(self.start)
+        self.search_button = QPushButton("Search...")
+        self.search_button.setToolTip("Try several values of the parameters (a validation search): every "
+                                      "combination is a run scored on val, the best is refitted")
+        self.search_button.clicked.connect(lambda: self.open_search_dialog())
         self.pause_button.clicked.connect(self.toggle_pause)
         self.stop_button.clicked.connect(self.stop)
         self.resume_button.clicked.connect(self.resume_selected)
-        buttons = QHBoxLayout()
-        for b in (self.start_button, self.pause_button, self.stop_button):
-            buttons.addWidget(b)
+        buttons = QGridLayout()       # two rows: four buttons in one row are cut in a 345-px form
+        for i, b in enumerate((self.start_button, self.search_button, self.pause_button, self.stop_button)):
+            buttons.addWidget(b, i // 2, i % 2)
         self.params_form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
-        for combo in (self.method_combo, self.split_combo, self.image_encoder, self.text_encoder, self.device_combo):
+        for combo in (self.method_combo, self.split_combo, self.image_encoder, self.text_encoder, self.device_combo,
+                      self.image_norm, self.text_norm):
             # long entries (device descriptions, encoder names) must not widen the form: elide instead
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(10)
@@ -239,7 +281,10 @@ class TrainPanel(QWidget):
         pr.addWidget(self.progress, 2)
         pr.addWidget(self.eta_label, 3)
         tl.addLayout(pr)
-        tl.addWidget(self.curves, 1)
+        self.view_tabs = QTabWidget()
+        self.view_tabs.addTab(self.curves, "Curves")
+        self.view_tabs.addTab(self._build_search_view(), "Search trials")
+        tl.addWidget(self.view_tabs, 1)
         bottom = QSplitter()
         bottom.addWidget(self.log)
         bottom.addWidget(runs_box)
@@ -263,6 +308,33 @@ class TrainPanel(QWidget):
         self._fill_methods()
         self.refresh_runs()
         self._update_buttons()
+
+    def _build_search_view(self) -> QWidget:
+        """The trials of a validation search: one row per finished trial, the best highlighted."""
+        self.search_info = QLabel("No search yet: press Search... to try several parameter values.")
+        self.search_info.setWordWrap(True)
+        self.search_info.setTextFormat(Qt.TextFormat.RichText)
+        self.trials_table = QTableWidget(0, 0)
+        self.trials_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.trials_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.trials_table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.trials_table.verticalHeader().hide()
+        self.trials_table.setSortingEnabled(False)
+        self.trials_table.setToolTip("Double-click a trial to open its run")
+        self.trials_table.doubleClicked.connect(lambda index: self._open_trial(index.row()))
+        self.continue_search_button = QPushButton("Continue search")
+        self.continue_search_button.setToolTip("Run the search of the selected trial (in the runs list) or of "
+                                               "the stopped search again: finished trials are kept, the rest run")
+        self.continue_search_button.clicked.connect(lambda: self.continue_search())
+        head = QHBoxLayout()
+        head.addWidget(self.search_info, 1)
+        head.addWidget(self.continue_search_button, 0, Qt.AlignmentFlag.AlignTop)
+        w = QWidget()
+        v = QVBoxLayout(w)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addLayout(head)
+        v.addWidget(self.trials_table, 1)
+        return w
 
     # ------------------------------------------------------------------ choices
     def _fill_methods(self) -> None:
@@ -333,6 +405,7 @@ class TrainPanel(QWidget):
         from crossview.methods import cards, method_class
 
         name = self.method_combo.currentData()
+        self._update_norm_defaults(name)
         while self.params_form.rowCount():
             self.params_form.removeRow(0)
         self._getters.clear()
@@ -362,6 +435,27 @@ class TrainPanel(QWidget):
             label.setToolTip(tip)
             self.params_form.addRow(label, w)
             self._getters[pname] = (spec, get)
+
+    def _update_norm_defaults(self, method: str | None) -> None:
+        """Name the method's own normalisations in the first entry of each choice ("method default (ssr)")."""
+        from crossview.features.normalize import default_norms_of
+
+        defaults = default_norms_of(method) if method else ("none", "none")
+        for combo, default in ((self.image_norm, defaults[0]), (self.text_norm, defaults[1])):
+            combo.setItemText(0, f"method default ({default})")
+            combo.setItemData(0, f"this method's default: {NORM_HELP[default]}", Qt.ItemDataRole.ToolTipRole)
+
+    def norms(self) -> tuple[str | None, str | None]:
+        """The chosen ``(image_norm, text_norm)``; ``None`` is the method's default."""
+        return self.image_norm.currentData(), self.text_norm.currentData()
+
+    def select_norms(self, image: str | None = None, text: str | None = None) -> None:
+        """Choose the normalisations (``None`` = the method's default); an unknown name raises CrossViewError."""
+        for combo, value, what in ((self.image_norm, image, "image"), (self.text_norm, text, "text")):
+            i = combo.findData(value) if value is not None else 0
+            if i < 0:
+                raise CrossViewError(f"{what} normalisation {value!r} is not one of: {', '.join(NORMS)}")
+            combo.setCurrentIndex(i)
 
     def _show_card_text(self) -> None:
         """The card's title and first sentence (so the parameters stay in view at 800 px high), or all of
@@ -418,12 +512,14 @@ class TrainPanel(QWidget):
     def _update_buttons(self) -> None:
         running = self.task is not None and self.task.is_running()
         self.start_button.setEnabled(not running and self.dataset is not None and self.method_combo.count() > 0)
+        self.search_button.setEnabled(self.start_button.isEnabled())
+        self.continue_search_button.setEnabled(not running and self._search_to_continue() is not None)
         self.pause_button.setEnabled(running)
         self.stop_button.setEnabled(running)
         self.resume_button.setEnabled(not running and self.runs_list.currentItem() is not None)
         self.pause_button.setText("Continue" if running and self.task.paused else "Pause")
         for w in (self.method_combo, self.params_box, self.split_combo, self.image_encoder, self.text_encoder,
-                  self.device_combo):
+                  self.device_combo, self.image_norm, self.text_norm):
             w.setEnabled(not running)
 
     def _new_run_dir(self, method: str) -> Path:
@@ -456,7 +552,8 @@ class TrainPanel(QWidget):
             it = engine_run.train(method, self.dataset, run_dir=run_dir, params=params, split=split,
                                   image_encoder=self.image_encoder.currentData(),
                                   text_encoder=self.text_encoder.currentData(),
-                                  device=self.device_combo.currentData(), seed=self.seed_spin.value())
+                                  device=self.device_combo.currentData(), seed=self.seed_spin.value(),
+                                  image_norm=self.image_norm.currentData(), text_norm=self.text_norm.currentData())
         except CrossViewError as e:
             self._fail(str(e), "")
             return None
@@ -527,11 +624,17 @@ class TrainPanel(QWidget):
             return False
 
     def _drive(self, factory: Any, run_dir: Path, title: str, method: str | None = None,
-               no_validation_reason: str = "") -> EventTask:
+               no_validation_reason: str = "", search: dict[str, Any] | None = None) -> EventTask:
         self.run_dir = run_dir
         self.last_summary = None
         self.last_error = None
-        self.curves.reset(method, no_validation_reason)
+        self._search = search
+        if search is None:
+            self.curves.reset(method, no_validation_reason)
+            self.view_tabs.setCurrentWidget(self.curves)
+        else:
+            self.search_result = None
+            self.view_tabs.setCurrentIndex(1)
         self.log.appendPlainText(f"== {title} -> {run_dir}")
         self._t0 = time.monotonic()
         self.progress.setValue(0)
@@ -563,8 +666,279 @@ class TrainPanel(QWidget):
             self.eta_label.setText("Stopping...")
             self.task.stop()
 
+    # ------------------------------------------------------------------ search
+    def _search_fields(self) -> dict[str, tuple[Any, str]]:
+        """Each form parameter's card spec and its current value as text (what the search dialog prefills)."""
+        out = {}
+        method = self.method_combo.currentData() or ""
+        for pname, (spec, get) in self._getters.items():
+            value = get()
+            try:
+                value = spec.coerce(value, method)
+            except CrossViewError:
+                pass                     # a bad value is shown as typed: the dialog refuses it with its reason
+            if isinstance(value, list):
+                text = ", ".join(map(str, value))
+            else:
+                text = "none" if value is None else str(value)
+            out[pname] = (spec, text)
+        return out
+
+    def _resolved_norms(self) -> tuple[str, str]:
+        from crossview.features.normalize import default_norms_of
+
+        defaults = default_norms_of(self.method_combo.currentData())
+        img, txt = self.norms()
+        return img or defaults[0], txt or defaults[1]
+
+    def open_search_dialog(self) -> SearchDialog | None:
+        """Open the search dialog for the current method (prefilled from the form); its Start search begins
+        :meth:`start_search`. Returns the dialog (shown window-modal, not blocking)."""
+        method = self.method_combo.currentData()
+        if self.dataset is None or not method or (self.task is not None and self.task.is_running()):
+            return None
+        splits = [n for n in self.dataset.split_names if n != "train"]
+        dialog = SearchDialog(method, self._search_fields(), self._resolved_norms(), splits, parent=self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda d=dialog: self.start_search(d.spec))
+        dialog.finished.connect(lambda _r, d=dialog: self._forget_dialog(d))
+        self.search_dialog = dialog
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        dialog.open()
+        return dialog
+
+    def _forget_dialog(self, dialog: SearchDialog) -> None:
+        if self.search_dialog is dialog:
+            self.search_dialog = None
+
+    def _new_search_dir(self, method: str, name: str) -> Path:
+        if name:
+            if any(ch in name for ch in "/\\") or name in (".", ".."):
+                raise CrossViewError(f"search folder name {name!r}: use letters, digits, '-' and '_' only")
+            path = self.runs_root / name
+            if path.exists() and not (path / "tune.json").is_file() and any(path.iterdir()):
+                raise CrossViewError(f"{path} exists and is not a search folder: choose another search folder name")
+            return path
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.dataset.name) or "data"
+        base = self.runs_root / f"tune-{method}-{safe}-{stamp}"
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        return path
+
+    def start_search(self, spec: SearchSpec | None) -> EventTask | None:
+        """Start a validation search (:func:`crossview.engine.tune.tune`) of the current method on the current
+        dataset with the panel's encoders, device and seed. Every input is checked before anything runs: a bad
+        one gets one message and nothing starts."""
+        if spec is None or self.dataset is None or (self.task is not None and self.task.is_running()):
+            return None
+        method = self.method_combo.currentData()
+        try:
+            folder = self._new_search_dir(method, spec.name)
+        except CrossViewError as e:
+            self._fail(str(e), "", title="Search not started")
+            return None
+        return self._start_tune(dict(method=method, data=self.dataset, grid=spec.grid, params=spec.params,
+                                     metric=spec.metric, trials=spec.trials, out=folder, val_split=spec.val_split,
+                                     image_encoder=self.image_encoder.currentData(),
+                                     text_encoder=self.text_encoder.currentData(),
+                                     image_norm=spec.image_norm, text_norm=spec.text_norm,
+                                     device=self.device_combo.currentData(), seed=self.seed_spin.value()))
+
+    def _start_tune(self, kw: dict[str, Any]) -> EventTask | None:
+        import math
+
+        from crossview.engine.tune import tune
+
+        gen = tune(**kw)
+        try:
+            # the engine checks every input (grid, parameters, split, metric, an existing folder) before its
+            # first event, without extracting or training: doing that step here refuses bad input at once
+            first = next(gen)
+        except CrossViewError as e:
+            gen.close()
+            self._fail(str(e), "", title="Search not started")
+            return None
+        except StopIteration:      # pragma: no cover - tune always yields
+            return None
+        self._last_search = dict(kw)
+        n = math.prod(len(v) for v in kw["grid"].values())
+        total = min(n, kw["trials"]) if kw.get("trials") else n
+        folder = Path(kw["out"])
+        self.search_folder = folder
+        self.search_best = None
+        search = {"folder": folder, "method": kw["method"], "metric": kw["metric"], "keys": list(kw["grid"]),
+                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None}
+        self._setup_trials_table(search)
+        self._update_search_info(search)
+
+        def events():
+            try:
+                yield first
+                yield from gen
+            finally:
+                gen.close()
+
+        return self._drive(events, folder, f"Searching {kw['method']} on {getattr(kw['data'], 'name', kw['data'])} "
+                           f"({total} trials, ranked by {kw['metric']} on {kw['val_split']})", kw["method"],
+                           search=search)
+
+    def _setup_trials_table(self, search: dict[str, Any]) -> None:
+        metric = search["metric"]
+        cols = (["#", *search["keys"]] + ([] if metric == "rsum" else [metric])
+                + ["rsum", "i2t R@1", "t2i R@1", "run"])
+        t = self.trials_table
+        t.clearContents()
+        t.setRowCount(0)
+        t.setColumnCount(len(cols))
+        t.setHorizontalHeaderLabels(cols)
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        t.horizontalHeader().setStretchLastSection(True)
+
+    def _update_search_info(self, search: dict[str, Any]) -> None:
+        best = search["rows"].get(search["best"]) if search["best"] is not None else None
+        text = (f"<b>Search</b> {html.escape(search['folder'].name)}: {search['done']} of {search['total']} trials "
+                f"done, ranked by {html.escape(search['metric'])}")
+        if best is not None:
+            text += (f"; best: trial {best.trial} ({html.escape(self._point_label(best.point))}), "
+                     f"{html.escape(search['metric'])} {abs(best.score):.1f}")
+        self.search_info.setText(text)
+
+    @staticmethod
+    def _point_label(point: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v}" for k, v in point.items())
+
+    def _on_trial(self, ev: TrialFinished) -> None:
+        search = self._search
+        if search is None:
+            return
+        search["rows"][ev.trial] = ev
+        search["done"] = max(search["done"], ev.trial)
+        search["inner"] = 0.0
+        search["best"] = self.search_best = ev.best_trial
+        t = self.trials_table
+        row = t.rowCount()
+        t.insertRow(row)
+        r1 = (lambda d: f"{d['R@1']:.1f}" if isinstance(d, dict) and d.get("R@1") is not None else "-")
+        values = [str(ev.trial)] + [str(ev.point.get(k, "")) for k in search["keys"]]
+        if search["metric"] != "rsum":
+            values.append(f"{abs(ev.score):.1f}")
+        values += [f"{ev.rsum:.1f}" if ev.rsum is not None else "-", r1(ev.i2t), r1(ev.t2i), Path(ev.run_dir).name]
+        for col, text in enumerate(values):
+            item = QTableWidgetItem(text)
+            item.setData(Qt.ItemDataRole.UserRole, ev.run_dir)
+            if 0 < col < len(values) - 1:
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            t.setItem(row, col, item)
+        self._highlight_best()
+        self._update_search_info(search)
+        self.refresh_runs()        # the new trial's run folder appears in the runs list
+        self.runs_changed.emit()
+
+    def _highlight_best(self) -> None:
+        """Bold text on a green background for the best trial's row, plain for the others."""
+        best = self.search_best
+        t = self.trials_table
+        for row in range(t.rowCount()):
+            is_best = t.item(row, 0) is not None and t.item(row, 0).text() == str(best)
+            for col in range(t.columnCount()):
+                item = t.item(row, col)
+                if item is None:
+                    continue
+                font = item.font()
+                font.setBold(is_best)
+                item.setFont(font)
+                item.setBackground(QBrush(QColor("#dafbe1")) if is_best else QBrush())
+                item.setToolTip("the best trial so far" if is_best else "")
+
+    def best_trial_row(self) -> int | None:
+        """The table row of the best trial (``None`` before the first trial finishes)."""
+        if self.search_best is None:
+            return None
+        for row in range(self.trials_table.rowCount()):
+            if self.trials_table.item(row, 0).text() == str(self.search_best):
+                return row
+        return None
+
+    def _open_trial(self, row: int) -> None:
+        item = self.trials_table.item(row, 0)
+        if item is not None and item.data(Qt.ItemDataRole.UserRole):
+            self.open_run.emit(item.data(Qt.ItemDataRole.UserRole))
+
+    def _search_to_continue(self) -> Path | None:
+        """The search folder that Continue search would run: that of the trial selected in the runs list, or
+        this panel's last search when it did not finish."""
+        it = self.runs_list.currentItem() if hasattr(self, "runs_list") else None
+        if it is not None:
+            parent = Path(it.data(Qt.ItemDataRole.UserRole)).parent
+            if (parent / "tune.json").is_file():
+                return parent
+        if self._last_search is not None and self.search_result is None:
+            return Path(self._last_search["out"])
+        return None
+
+    def continue_search(self, folder: str | Path | None = None) -> EventTask | None:
+        """Run the search in ``folder`` (default: :meth:`_search_to_continue`) again, as recorded in its
+        ``tune.json`` (or as this panel started it, when it stopped before its first trial finished): finished
+        trials are read back, an interrupted one resumes, the rest run, then the best is refitted."""
+        from crossview.engine.io import read_json
+
+        folder = Path(folder) if folder is not None else self._search_to_continue()
+        if folder is None or (self.task is not None and self.task.is_running()):
+            return None
+        last = self._last_search
+        if last is not None and Path(last["out"]) == folder and not (folder / "tune.json").is_file():
+            return self._start_tune({**last, "device": self.device_combo.currentData()})
+        try:
+            rec = read_json(folder / "tune.json")
+            if not isinstance(rec, dict) or not isinstance(rec.get("grid"), dict) or not rec.get("method"):
+                raise CrossViewError(f"{folder / 'tune.json'} is not a search record; the folder is damaged")
+            data = self._search_data(folder, rec)
+        except CrossViewError as e:
+            self._fail(str(e), "", title="Search not continued")
+            return None
+        return self._start_tune(dict(method=rec["method"], data=data, grid=rec["grid"], params=rec.get("params") or {},
+                                     metric=rec.get("metric", "rsum"), trials=rec.get("trials"), out=folder,
+                                     val_split=rec.get("val_split", "val"),
+                                     train_split=rec.get("train_split", "train"),
+                                     image_encoder=rec.get("image_encoder"), text_encoder=rec.get("text_encoder"),
+                                     image_norm=rec.get("image_norm"), text_norm=rec.get("text_norm"),
+                                     device=self.device_combo.currentData(), seed=int(rec.get("seed", 0))))
+
+    def _search_data(self, folder: Path, rec: dict[str, Any]) -> Any:
+        """The dataset a recorded search ran on: the panel's own when a trial's fingerprint matches, else the
+        path the record names."""
+        from crossview.engine.io import read_json
+
+        if self.dataset is not None:
+            for cfg_path in sorted(folder.glob("trial-*/config.json")):
+                try:
+                    cfg = read_json(cfg_path)
+                except CrossViewError:
+                    continue
+                if isinstance(cfg, dict) and cfg.get("dataset_fingerprint") == self.dataset.fingerprint():
+                    return self.dataset
+                break
+            if not any(folder.glob("trial-*/config.json")):
+                return self.dataset
+        if isinstance(rec.get("data"), str) and rec["data"]:
+            return rec["data"]
+        raise CrossViewError(f"the search in {folder} ran on another dataset that was not loaded from a file: "
+                             "load that dataset in the Data panel, then press Continue search")
+
     # ------------------------------------------------------------------ events
     def _on_event(self, ev: Any) -> None:
+        if self._search is not None and isinstance(ev, Progress):
+            self._on_search_progress(ev)
+            return
+        if isinstance(ev, TrialFinished):
+            self._on_trial(ev)
+            return
+        if isinstance(ev, TuneResult):
+            self.search_result = ev
+            return
         if isinstance(ev, Progress):
             frac = ev.fraction
             self.progress.setValue(int(1000 * frac))
@@ -592,6 +966,26 @@ class TrainPanel(QWidget):
                     "finished: " + "  ".join(f"{d} " + " ".join(f"{k} {s[d][k]:.1f}" for k in ("R@1", "R@5", "R@10"))
                                              for d in ("i2t", "t2i")) + f"  rsum {s.get('rsum', 0):.1f}")
 
+    def _on_search_progress(self, ev: Progress) -> None:
+        """The bar and ETA over the whole search: finished trials plus the running trial's own progress."""
+        search = self._search
+        total = max(1, search["total"])
+        if ev.message != "trials":
+            search["inner"] = ev.fraction
+        elapsed = time.monotonic() - self._t0
+        if search["done"] >= search["total"]:
+            self.progress.setValue(1000)
+            self.eta_label.setText(f"refitting the best point: {ev.message}" if ev.message != "trials" else
+                                   "refitting the best point")
+            return
+        frac = min(1.0, (search["done"] + search["inner"]) / total)
+        self.progress.setValue(int(1000 * frac))
+        head = f"trial {min(search['done'] + 1, search['total'])}/{search['total']}"
+        if 0.02 < frac < 1:
+            self.eta_label.setText(f"{head}  {100 * frac:.0f}%  ETA {elapsed * (1 - frac) / frac:.0f} s")
+        else:
+            self.eta_label.setText(f"{head}  {100 * frac:.0f}%")
+
     def _flush(self) -> None:
         """Redraw the curves and append the log lines gathered since the last frame."""
         if self._pending_log:
@@ -614,15 +1008,41 @@ class TrainPanel(QWidget):
         self._flush()
         task = self.task
         stopped = task is not None and task.stopped
-        self._update_buttons()
+        search, self._search = self._search, None
         self.refresh_runs()
-        if self.last_summary is not None and self.last_summary.get("status", "finished") == "finished":
+        self._update_buttons()
+        if search is not None:
+            self._on_search_finished(search, stopped)
+        elif self.last_summary is not None and self.last_summary.get("status", "finished") == "finished":
             self.progress.setValue(1000)
             self.eta_label.setText(f"Finished in {time.monotonic() - self._t0:.1f} s")
             self.run_finished.emit(str(self.run_dir))
         elif stopped:
             self.eta_label.setText("Stopped: select the run and press Resume run to continue")
         self.runs_changed.emit()
+
+    def _on_search_finished(self, search: dict[str, Any], stopped: bool) -> None:
+        res = self.search_result
+        if res is not None:
+            self.progress.setValue(1000)
+            best = res.best or {}
+            refit = res.refit or {}
+            head = (f"Search finished in {time.monotonic() - self._t0:.1f} s: best trial {best.get('trial')}, "
+                    f"{res.metric} {abs(best.get('score', 0)):.1f}")
+            tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}"
+                    if refit else "")
+            self.eta_label.setText(head + tail)
+            self.log.appendPlainText(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
+            self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
+                                     f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))}"
+                                     if refit else ""))
+            if refit and (search["folder"] / "best" / "summary.json").is_file():
+                self.run_finished.emit(str(search["folder"] / "best"))    # the app loads the refit, as after Start
+            self.search_finished.emit(str(search["folder"]))
+        elif stopped:
+            self.eta_label.setText("Search stopped: press Continue search to run the remaining trials")
+            self.log.appendPlainText(f"search stopped after {search['done']} of {search['total']} trials; "
+                                     "Continue search runs the rest")
 
     # ------------------------------------------------------------------ runs list
     def refresh_runs(self) -> None:
@@ -636,7 +1056,10 @@ class TrainPanel(QWidget):
                 status = read_status(path).get("status", "?")
             except CrossViewError:
                 status = "?"
-            it = QListWidgetItem(f"{path.name}   [{status}]")
+            # a search's trials say which search they belong to (after the status, which matters more)
+            where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
+            it = QListWidgetItem(f"{path.name}   [{status}]{where}")
+            it.setToolTip(str(path))
             it.setData(Qt.ItemDataRole.UserRole, str(path))
             self.runs_list.addItem(it)
             if str(path) == current:
@@ -659,6 +1082,8 @@ class TrainPanel(QWidget):
             return 0
         cfg = self._run_config(Path(run_dir))
         self.curves.reset(cfg.get("method"), self._config_no_validation_reason(cfg))
+        if not (Path(run_dir).parent / "tune.json").is_file():     # a search's trial keeps its table in view
+            self.view_tabs.setCurrentWidget(self.curves)
         self.log.clear()
         self.log.appendPlainText(f"== history of {Path(run_dir).name}")
         n = 0
@@ -705,13 +1130,18 @@ class TrainPanel(QWidget):
         self.open_run.emit(str(path))
         return path
 
+    def _busy_with(self, path: Path) -> bool:
+        """Whether ``path`` is the run being trained or a trial of the search being run."""
+        running = self.task is not None and self.task.is_running() and self.run_dir is not None
+        return running and (self.run_dir == path or (self._search is not None and self.run_dir == path.parent))
+
     def rename_selected(self, new_name: str | None = None) -> Path | None:
         it = self.runs_list.currentItem()
         if it is None:
             return None
         old = Path(it.data(Qt.ItemDataRole.UserRole))
-        if self.task is not None and self.task.is_running() and self.run_dir == old:
-            self._fail("this run is training; stop it before renaming", "")
+        if self._busy_with(old):
+            self._fail("this run is training (or is a trial of the running search); stop it before renaming", "")
             return None
         if new_name is None:
             new_name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old.name)
@@ -733,8 +1163,8 @@ class TrainPanel(QWidget):
         if it is None:
             return False
         path = Path(it.data(Qt.ItemDataRole.UserRole))
-        if self.task is not None and self.task.is_running() and self.run_dir == path:
-            self._fail("this run is training; stop it before deleting it", "")
+        if self._busy_with(path):
+            self._fail("this run is training (or is a trial of the running search); stop it before deleting it", "")
             return False
         if confirm:
             answer = QMessageBox.question(self, "Delete run", f"Delete the run folder {path}?\n\nIts checkpoint, "
