@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method)
 from _engine_helpers import make_toy_dataset  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
+from crossview.gui.workers import LatencyProbe  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -61,9 +62,12 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     panel.runs_changed.connect(lambda: rows_seen.append(panel.trials_table.rowCount()))
     finished_runs: list[str] = []
     panel.run_finished.connect(finished_runs.append)
+    probe = LatencyProbe().start()
     with qtbot.waitSignal(panel.search_finished, timeout=120_000) as sig:
         dialog.start_button.click()
         assert panel.task is not None and panel.search_dialog is None, "the dialog closed and the search runs"
+    gap = probe.stop()
+    assert gap < 1000, f"the GUI froze for {gap:.0f} ms during the search"
     folder = Path(sig.args[0])
     assert panel.last_error is None
     assert rows_seen[:4] == [1, 2, 3, 4], "the table fills in as each trial finishes"
