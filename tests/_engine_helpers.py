@@ -120,3 +120,13 @@ def write_toy_precomp(folder, ds: PairedDataset, splits=(("train", "train"), ("d
         np.save(folder / f"{prefix}_ims.npy", ds.image_features[idx])
         caps = [c for c, i in zip(ds.captions, ds.caption_image) if int(i) in keep]
         (folder / f"{prefix}_caps.txt").write_text("\n".join(caps) + "\n")
+
+
+class PicklePayload:
+    """Unpickling this runs ``exec``, which creates the file ``marker``: the attack a planted checkpoint makes."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').close()",))

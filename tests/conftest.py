@@ -48,3 +48,16 @@ def demo_dataset():
     """The built-in demo at its default size (rendered once per test session into the session cache)."""
     from crossview.data.demo import load_demo
     return load_demo()
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    """The app's main window, shown, with its user folder in ``tmp_path`` (closed after the test)."""
+    from crossview.gui.main_window import MainWindow
+
+    monkeypatch.setenv("CROSSVIEW_HOME", str(tmp_path / "home"))
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    win.close()

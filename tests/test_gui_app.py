@@ -26,15 +26,6 @@ def small_demo(tmp_path_factory) -> Path:
     return write_demo(out / "demo", n_scenes=400, n_web=0, seed=5)
 
 
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("CROSSVIEW_HOME", str(tmp_path / "home"))
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.show()
-    yield win
-    win.close()
-
 
 def _train(qtbot, win: MainWindow, method: str, **params) -> Path:
     tp = win.train_panel

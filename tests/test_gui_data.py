@@ -33,14 +33,6 @@ def small_dataset(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.fixture
-def window(qtbot):
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.show()
-    yield win
-    win.close()
-
 
 def _open(qtbot, win: MainWindow, source) -> None:
     with qtbot.waitSignal(win.open_dataset(str(source)).finished, timeout=120_000):

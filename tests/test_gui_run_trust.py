@@ -20,12 +20,7 @@ from crossview.gui.main_window import MainWindow  # noqa: E402
 pytestmark = pytest.mark.gui
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (exec, (f"open({self.marker!r}, 'w').close()",))
+_Payload = H.PicklePayload
 
 
 @pytest.fixture
@@ -37,15 +32,6 @@ def run_dir(tmp_path) -> Path:
     assert isinstance(events[-1], Finished)
     return run
 
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("CROSSVIEW_HOME", str(tmp_path / "home"))
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.show()
-    yield win
-    win.close()
 
 
 def _open_and_fail(qtbot, win: MainWindow, run: Path) -> str:

@@ -135,14 +135,7 @@ def test_method_save_is_weights_only_and_loads_back(tmp_path, toy, method, param
 
 
 # ---------------------------------------------------------------------------- a planted pickle never runs
-class _Payload:
-    """Unpickling this runs ``exec``, which creates the marker file."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (exec, (f"open({self.marker!r}, 'w').close()",))
+_Payload = H.PicklePayload
 
 
 @pytest.fixture
