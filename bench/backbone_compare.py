@@ -45,7 +45,7 @@ def cca_scores(train_img, train_txt, train_ci, val_img, val_txt, n_components: i
     import numpy as np
 
     try:
-        from crossview.methods.base import MethodData
+        from crossview.data.method_data import MethodData
         from crossview.methods.cca import CCA
     except ImportError:
         X, Y = train_img[train_ci].astype(np.float64), train_txt.astype(np.float64)

@@ -66,7 +66,7 @@ def part1(n: int, p: int, q: int, d: int) -> None:
 
 def part2(n: int, p: int, q: int, d: int, caps: int) -> None:
     from crossview.methods import create_method
-    from crossview.methods.base import MethodData
+    from crossview.data.method_data import MethodData
     from crossview.methods.cca import fit_cca
 
     t_gen, (X, Y) = _time(lambda: _latent_pairs(n, p, q, latent=64, seed=1, dtype=np.float32))

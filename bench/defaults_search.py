@@ -51,7 +51,7 @@ def _with_splits(ds, splits):
 def score(method: str, point: dict, ds, feats, train_idx, test_idx, seed: int = 0) -> float:
     from crossview.features.normalize import FeatureNorm
     from crossview.methods import create_method
-    from crossview.methods.base import MethodData
+    from crossview.data.method_data import MethodData
 
     d = _with_splits(ds, {"a": np.sort(train_idx), "b": np.sort(test_idx)})
     in_train = np.zeros(ds.n_images, bool)

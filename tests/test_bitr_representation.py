@@ -109,7 +109,7 @@ def test_run_saves_the_representation_and_open_run_queries_it(rep, demo, encoder
     from crossview.engine.io import load_checkpoint
     from crossview.engine.session import open_run
     from crossview.eval.embeddings import load_embeddings
-    from crossview.methods.base import MethodData
+    from crossview.data.method_data import MethodData
 
     run_dir = tmp_path / rep
     summary = _train(demo, run_dir, representation=rep)

@@ -67,7 +67,7 @@ def test_run_folder_contents_and_summary(tmp_path, toy):
     from crossview.features import Features
     from crossview.features.normalize import restore_normalized
     from crossview.methods import Method
-    from crossview.methods.base import MethodData
+    from crossview.data.method_data import MethodData
     method = Method.load(run_dir / "checkpoint.pt")
     spec = load_checkpoint(run_dir / "checkpoint.pt")["features"]
     assert spec["norm_states"]["image"]["kind"] == "ssr" and config["image_norm"] == "ssr"

@@ -22,7 +22,7 @@ import _engine_helpers as H
 from crossview.engine import io as eio
 from crossview.engine.events import Finished, Loss
 from crossview.engine.run import read_status, resume
-from crossview.methods.base import MethodData
+from crossview.data.method_data import MethodData
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 

@@ -119,7 +119,7 @@ def test_fitted_text_encoders_survive_a_weights_only_checkpoint(tmp_path, name, 
 @pytest.mark.parametrize("method, params", [("cca", {"n_components": 4}), ("wsabie", {"max_epochs": 1, "dim": 8})])
 def test_method_save_is_weights_only_and_loads_back(tmp_path, toy, method, params):
     from crossview.methods import create_method
-    from crossview.methods.base import MethodData
+    from crossview.data.method_data import MethodData
 
     ds, (image, text) = toy
     data = MethodData.from_features(ds, image, text, "train")

@@ -12,7 +12,7 @@ import torch
 from crossview.engine.events import Log, Loss, Progress, Validation
 from crossview.errors import CrossViewError
 from crossview.methods import create_method, list_methods, method_class
-from crossview.methods.base import MethodData
+from crossview.data.method_data import MethodData
 from crossview.methods.wsabie import Wsabie
 
 torch.set_num_threads(1)

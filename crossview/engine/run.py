@@ -598,7 +598,7 @@ class _Run:
                                                              self.cfg.text_norm, train_images, train_captions)
 
     def _method_data(self) -> tuple[Any, Any, Any]:
-        from crossview.methods.base import MethodData
+        from crossview.data.method_data import MethodData
 
         f = self.features
         text = f.text

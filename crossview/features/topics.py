@@ -686,7 +686,7 @@ def method_data_for_images(dataset: Any, rep: Representation, images: Sequence[i
                            name: str = "") -> Any:
     """The :class:`~crossview.methods.base.MethodData` of the given images (in that order) and all their
     captions, with ``rep``'s features."""
-    from crossview.methods.base import MethodData
+    from crossview.data.method_data import MethodData
 
     images = np.asarray(images, dtype=np.int64)
     sub = dataset.subset(images)
