@@ -35,6 +35,11 @@ GRIDS = {
                   "weight_power": [0.25, 0.5]},
     "wsabie": {"image_norm": ["none", "ssr"], "dim": [100, 256, 1024], "lr": [0.003, 0.01, 0.03]},
     "wsabie:lowlr": {"image_norm": ["ssr"], "dim": [256, 1024], "lr": [0.001]},
+    # on the shared trainer: both ranking directions, a binding max_norm and one lr drop (epoch 12 of 20)
+    "wsabie:both": {"image_norm": ["ssr"], "dim": [256, 512, 1024], "max_norm": [1.0, 1.5],
+                    "directions": ["both"], "lr": [0.003]},
+    "wsabie:i2t": {"image_norm": ["ssr"], "dim": [256], "max_norm": [1.0, 10.0], "directions": ["i2t"],
+                   "lr": [0.003]},
     "bitr": {"image_norm": ["none", "ssr"], "C": [1e-1, 1e1, 1e3]},
     "bitr:white": {"image_norm": ["ssr", "whiten"], "text_norm": ["none", "whiten"], "C": [1e2, 1e3, 1e4]},
     "bitr:fine": {"image_norm": ["none", "ssr"], "C": [1e3, 1e4, 1e5], "pca_dim": [128, 256]},
@@ -80,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="cca,wsabie,bitr")
     ap.add_argument("--folds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="val rsum is the mean over this many seeds of the method (cv uses --seed only)")
     args = ap.parse_args(argv)
     if not Path(args.data).is_file():
         print(f"no dataset at {args.data}", file=sys.stderr)
@@ -101,9 +108,11 @@ def main(argv=None) -> int:
         for i, point in enumerate(points, 1):
             t = time.time()
             cv = [score(method, point, ds, feats, train_images[a], train_images[b], args.seed) for a, b in folds]
-            val = score(method, point, ds, feats, train_images, val_images, args.seed)
+            vals = [score(method, point, ds, feats, train_images, val_images, args.seed + k)
+                    for k in range(args.seeds)]
+            val = float(np.mean(vals))
             rows.append((float(np.mean(cv)), float(np.std(cv)), val, point))
-            print(f"{method} {i}/{len(points)} {point}: cv {np.mean(cv):.1f} val {val:.1f} "
+            print(f"{method} {i}/{len(points)} {point}: cv {np.mean(cv):.1f} val {val:.1f} {vals} "
                   f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
         rows.sort(key=lambda r: -r[0])
         print(f"\n### {key} ({args.folds}-fold CV on the 600 train images; val = train 600 -> val 100)\n")

@@ -1,4 +1,4 @@
-"""WARP maths: harmonic rank weight, loss and gradients against naive loops, the vectorised sampler's
+"""WARP maths: harmonic rank weight, loss, WSABIE's step against the paper's update and a naive loop, the vectorised sampler's
 distribution against the paper's sequential loop, and the max-norm projection."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import pytest
 import torch
 from scipy import stats
 
-from crossview.methods.wsabie import (caption_gradients, caption_warp_step, label_gradients,
-                                      label_warp_step)
 from crossview.nn.warp import (harmonic_table, max_norm_columns_, rank_weight, sample_violator_sequential,
                                sample_violators, warp_loss)
 
@@ -58,115 +56,142 @@ def test_warp_loss_matches_naive_loop() -> None:
         assert got[i] == pytest.approx(want, abs=1e-12)
 
 
-# ---------------------------------------------------------------------------- gradients
-def test_caption_gradients_match_autograd_and_naive_loop() -> None:
-    g = torch.Generator().manual_seed(1)
-    P, p, q, b = 6, 5, 4, 9
-    V = torch.randn(P, p, generator=g, dtype=torch.float64)
-    Z = torch.randn(P, q, generator=g, dtype=torch.float64)
-    x = torch.randn(b, p, generator=g, dtype=torch.float64)
-    yp = torch.randn(b, q, generator=g, dtype=torch.float64)
-    yn = torch.randn(b, q, generator=g, dtype=torch.float64)
-    n_neg = torch.randint(1, 50, (b,), generator=g)
-    n = torch.clamp(torch.randint(1, 50, (b,), generator=g), max=n_neg)
-    viol = torch.ones(b, dtype=torch.bool)
-    viol[2] = False
-    table = harmonic_table(50, dtype=torch.float64)
-    margin = 1000.0  # keeps every hinge active, so the linear gradient is the whole gradient
-    w = rank_weight(n, n_neg, table) * viol
-
-    dV, dZ = caption_gradients(V, Z, x, yp, yn, w)
-
-    Va, Za = V.clone().requires_grad_(), Z.clone().requires_grad_()
-    u = x @ Va.T
-    loss = warp_loss((yp @ Za.T * u).sum(1), (yn @ Za.T * u).sum(1), n, n_neg, viol, table, margin).sum()
-    loss.backward()
-    torch.testing.assert_close(dV, Va.grad)
-    torch.testing.assert_close(dZ, Za.grad)
-
-    Vn, Zn, xn, ypn, ynn, wn = (t.numpy() for t in (V, Z, x, yp, yn, w))
-    dV_naive, dZ_naive = np.zeros_like(Vn), np.zeros_like(Zn)
-    for i in range(b):  # d/dV and d/dZ of w_i * (m - y+^T Z^T V x + y-^T Z^T V x), one example at a time
-        dV_naive += wn[i] * np.outer(Zn @ (ynn[i] - ypn[i]), xn[i])
-        dZ_naive += wn[i] * np.outer(Vn @ xn[i], ynn[i] - ypn[i])
-    np.testing.assert_allclose(dV.numpy(), dV_naive, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(dZ.numpy(), dZ_naive, rtol=1e-10, atol=1e-12)
-
-
-def test_label_gradients_match_autograd_and_naive_loop() -> None:
-    g = torch.Generator().manual_seed(2)
-    P, p, Y, b = 5, 4, 7, 12
-    V = torch.randn(P, p, generator=g, dtype=torch.float64)
-    W = torch.randn(P, Y, generator=g, dtype=torch.float64)
-    x = torch.randn(b, p, generator=g, dtype=torch.float64)
-    pos = torch.randint(0, Y, (b,), generator=g)
-    neg = (pos + torch.randint(1, Y, (b,), generator=g)) % Y   # repeated labels exercise the accumulation
-    w = torch.rand(b, generator=g, dtype=torch.float64) * 3
-
-    dV, dW = label_gradients(V, W, x, pos, neg, w)
-
-    Va, Wa = V.clone().requires_grad_(), W.clone().requires_grad_()
-    u = x @ Va.T
-    hinge = 10.0 - (Wa[:, pos].T * u).sum(1) + (Wa[:, neg].T * u).sum(1)
-    (w * hinge).sum().backward()
-    torch.testing.assert_close(dV, Va.grad)
-    torch.testing.assert_close(dW, Wa.grad)
-
-    Vn, Wn, xn = V.numpy(), W.numpy(), x.numpy()
-    dV_naive, dW_naive = np.zeros_like(Vn), np.zeros_like(Wn)
-    for i in range(b):
-        ux = Vn @ xn[i]
-        dV_naive += float(w[i]) * np.outer(Wn[:, int(neg[i])] - Wn[:, int(pos[i])], xn[i])
-        dW_naive[:, int(neg[i])] += float(w[i]) * ux
-        dW_naive[:, int(pos[i])] -= float(w[i]) * ux
-    np.testing.assert_allclose(dV.numpy(), dV_naive, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(dW.numpy(), dW_naive, rtol=1e-10, atol=1e-12)
+# ---------------------------------------------------------------------------- WSABIE's step on the trainer
+def _one_sgd_step(method, data, V: torch.Tensor, T: torch.Tensor, batch: list[int]) -> dict:
+    """Set the model to ``V``, ``T``, run the method's training step on ``batch`` and one SGD step with
+    the method's lr, then its projection: what the trainer does for one batch."""
+    spec = method.model_spec(data, False)
+    model = method.build_model(spec).double()
+    with torch.no_grad():
+        model.V.copy_(V)
+        model.text_matrix.copy_(T)
+    method.prepare(data, torch.device("cpu"))
+    method._t = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                 for k, v in method._t.items()}
+    opt = torch.optim.SGD(model.parameters(), lr=method.lr)
+    terms = method.training_step(model, torch.tensor(batch), torch.Generator().manual_seed(0))
+    terms["loss"].backward()
+    opt.step()
+    with torch.no_grad():
+        method.after_step(model)
+    return {"V": model.V.detach(), "T": model.text_matrix.detach(), **{k: float(v.detach()) for k, v in terms.items()}}
 
 
 def test_caption_step_is_one_paper_sgd_step() -> None:
     """Batch of 1, two images with one caption each: the only negative is the other caption (N = 1,
-    weight L(1) = 1), so the step is exactly the paper's update followed by the projection."""
+    weight L(1) = 1), so the step is exactly the paper's update followed by the projection; with
+    ``directions='both'`` the mirror term (the other image as the negative) is added."""
+    from crossview.data.method_data import MethodData
+    from crossview.methods import create_method
+
     g = torch.Generator().manual_seed(3)
     P, p, q = 4, 3, 5
     V = torch.randn(P, p, generator=g, dtype=torch.float64)
     Z = torch.randn(P, q, generator=g, dtype=torch.float64) * 0.1
-    X = torch.randn(2, p, generator=g, dtype=torch.float64)
-    Y = torch.randn(2, q, generator=g, dtype=torch.float64)
-    ci = torch.tensor([0, 1])
+    X = torch.randn(2, p, generator=g, dtype=torch.float32).double()   # features are float32
+    Y = torch.randn(2, q, generator=g, dtype=torch.float32).double()   # features are float32
+    data = MethodData(image_features=X.numpy(), text_features=Y.numpy(), captions=["a", "b"],
+                      caption_image=np.array([0, 1]), name="train")
     lr, lam = 0.3, 1.1
-    Vn, Zn = V.numpy().copy(), Z.numpy().copy()
-    stats_ = caption_warp_step(V, Z, X[[0]], torch.tensor([0]), torch.tensor([0]), Y, ci, torch.tensor([1]),
-                               harmonic_table(1, dtype=torch.float64), lr=lr, max_norm=lam, margin=100.0,
-                               generator=torch.Generator().manual_seed(0))
-    assert stats_.violated == 1.0 and stats_.draws == 1.0
-    x, yp, yn = X[0].numpy(), Y[0].numpy(), Y[1].numpy()
-    dV = np.outer(Zn @ (yn - yp), x)
-    dZ = np.outer(Vn @ x, yn - yp)
-    Vn, Zn = Vn - lr * dV, Zn - lr * dZ
-    for M in (Vn, Zn):
-        norms = np.linalg.norm(M, axis=0)
-        M *= np.minimum(1.0, lam / norms)
-    np.testing.assert_allclose(V.numpy(), Vn, rtol=1e-12)
-    np.testing.assert_allclose(Z.numpy(), Zn, rtol=1e-12)
-    assert float(torch.linalg.vector_norm(V, dim=0).max()) <= lam + 1e-12
+    for directions in ("i2t", "both"):
+        m = create_method("wsabie", dim=P, lr=lr, max_norm=lam, margin=100.0, normalize="none",
+                          directions=directions, device="cpu")
+        out = _one_sgd_step(m, data, V, Z, [0])
+        assert out["violated"] == 1.0 and out["draws"] == 1.0
+        Vn, Zn = V.numpy().copy(), Z.numpy().copy()
+        x0, x1, yp, yn = X[0].numpy(), X[1].numpy(), Y[0].numpy(), Y[1].numpy()
+        # i2t: 100 - (Vx0).(Z y0) + (Vx0).(Z y1); t2i: 100 - (Vx0).(Z y0) + (Vx1).(Z y0), each weight L(1) = 1
+        dV = np.outer(Zn @ (yn - yp), x0)
+        dZ = np.outer(Vn @ x0, yn - yp)
+        if directions == "both":
+            dV += np.outer(Zn @ yp, x1 - x0)
+            dZ += np.outer(Vn @ (x1 - x0), yp)
+        Vn, Zn = Vn - lr * dV, Zn - lr * dZ
+        for M in (Vn, Zn):
+            norms = np.linalg.norm(M, axis=0)
+            M *= np.minimum(1.0, lam / norms)
+        np.testing.assert_allclose(out["V"].numpy(), Vn, rtol=1e-12)
+        np.testing.assert_allclose(out["T"].numpy(), Zn, rtol=1e-12)
+        assert float(torch.linalg.vector_norm(out["V"], dim=0).max()) <= lam + 1e-12
+
+
+def test_caption_step_gradient_matches_naive_loop() -> None:
+    """A batch of several positives: the summed WARP step equals the per-example paper steps added up
+    (each with its own violator and rank weight), computed by a plain loop from the drawn negatives."""
+    from crossview.data.method_data import MethodData
+    from crossview.methods import create_method
+    from crossview.nn import warp
+
+    g = torch.Generator().manual_seed(5)
+    P, p, q, n_img = 3, 4, 6, 6
+    V = torch.randn(P, p, generator=g, dtype=torch.float64)
+    Z = torch.randn(P, q, generator=g, dtype=torch.float64)
+    X = torch.randn(n_img, p, generator=g, dtype=torch.float32).double()   # features are float32
+    ci = np.repeat(np.arange(n_img), 2)
+    Y = torch.randn(len(ci), q, generator=g, dtype=torch.float32).double()   # features are float32
+    data = MethodData(image_features=X.numpy(), text_features=Y.numpy(), captions=[str(j) for j in range(len(ci))],
+                      caption_image=ci, name="train")
+    draws: list = []
+    real = warp.sample_violators
+
+    def spy(*a, **k):
+        d = real(*a, **k)
+        draws.append(d)
+        return d
+
+    lr = 0.01
+    m = create_method("wsabie", dim=P, lr=lr, max_norm=1e6, margin=5.0, normalize="none", directions="i2t",
+                      device="cpu")
+    import crossview.methods.wsabie as W
+    W.sample_violators = spy
+    try:
+        batch = [0, 3, 7, 10]
+        out = _one_sgd_step(m, data, V, Z, batch)
+    finally:
+        W.sample_violators = real
+    d = draws[0]
+    Vn, Zn, Xn, Yn = V.numpy(), Z.numpy(), X.numpy(), Y.numpy()
+    dV, dZ = np.zeros_like(Vn), np.zeros_like(Zn)
+    for r, j in enumerate(batch):
+        if not bool(d.violated[r]):
+            continue
+        x, yp, yn = Xn[ci[j]], Yn[j], Yn[int(d.negative[r])]
+        assert ci[int(d.negative[r])] != ci[j]                 # never a caption of the same image
+        w = _harmonic((len(ci) - 2) // int(d.n_draws[r]))
+        if 5.0 - (Vn @ x) @ (Zn @ yp) + (Vn @ x) @ (Zn @ yn) <= 0:
+            continue
+        dV += w * np.outer(Zn @ (yn - yp), x)
+        dZ += w * np.outer(Vn @ x, yn - yp)
+    assert np.abs(dV).max() > 0.1                            # steps were taken
+    # (the method's rank-weight table is float32: L(k) to ~1e-7 relative)
+    np.testing.assert_allclose(out["V"].numpy(), Vn - lr * dV, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(out["T"].numpy(), Zn - lr * dZ, rtol=1e-6, atol=1e-9)
 
 
 def test_label_step_skips_positives_and_steps_on_a_negative() -> None:
-    """Image 0 has labels {0, 1} of Y = 3: the only negative is label 2 and it is the one stepped on."""
+    """Image 0 has tags {0, 1} of Y = 3, image 1 has tag {2}: for the pair (image 0, label 0) the only
+    label negative is 2, and it is the one stepped on (the positive moves towards V x, the negative away)."""
+    from crossview.data.method_data import MethodData
+    from crossview.methods import create_method
+
+    class _Tags:
+        tags = [["a", "b"], ["c"]]
+
     g = torch.Generator().manual_seed(4)
     P, p = 3, 4
     V = torch.randn(P, p, generator=g, dtype=torch.float64)
     W = torch.zeros(P, 3, dtype=torch.float64)
-    x = torch.randn(1, p, generator=g, dtype=torch.float64)
-    keys = torch.tensor([0, 1])  # image 0 * 3 + label
-    u = (V @ x[0]).clone()
-    st = label_warp_step(V, W, x, torch.tensor([0]), torch.tensor([0]), keys, torch.tensor([1]),
-                         harmonic_table(2, dtype=torch.float64), lr=0.5, max_norm=100.0,
-                         generator=torch.Generator().manual_seed(0))
-    assert st.violated == 1.0 and st.draws == 1.0
-    torch.testing.assert_close(W[:, 0], 0.5 * u)     # the positive moves towards V x
-    torch.testing.assert_close(W[:, 2], -0.5 * u)    # the negative away from it
-    torch.testing.assert_close(W[:, 1], torch.zeros(P, dtype=torch.float64))
+    x = torch.randn(2, p, generator=g, dtype=torch.float32).double()   # features are float32
+    data = MethodData(image_features=x.numpy(), text_features=None, captions=[], caption_image=np.zeros(0, np.int64),
+                      dataset=_Tags(), name="train")
+    m = create_method("wsabie", target="tags", dim=P, lr=0.5, max_norm=100.0, normalize="none", directions="i2t",
+                      device="cpu")
+    out = _one_sgd_step(m, data, V, W, [0])
+    assert out["violated"] == 1.0 and out["draws"] == 1.0
+    u = V @ x[0]
+    torch.testing.assert_close(out["T"][:, 0], 0.5 * u)     # the positive moves towards V x
+    torch.testing.assert_close(out["T"][:, 2], -0.5 * u)    # the negative away from it
+    torch.testing.assert_close(out["T"][:, 1], torch.zeros(P, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------------------- sampling statistics

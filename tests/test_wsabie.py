@@ -202,7 +202,7 @@ def test_learns_on_synthetic_and_early_stopping_keeps_the_best_pass() -> None:
     events = _fit(m, train, noise)
     assert len(m.history_) < 20 and m.stopped_
     assert any(isinstance(e, Log) and "stopping" in e.message for e in events)
-    np.testing.assert_array_equal(np.asarray(m.V_), np.asarray(m.best_params_["V_"]))
+    np.testing.assert_array_equal(np.asarray(m.V_), np.asarray(m.best_state_["V"]))
     best = max(range(len(m.history_)), key=lambda i: m.history_[i]["val"])
     assert m.best_epoch_ == best + 1
 
@@ -247,7 +247,7 @@ def test_resume_continues_exactly(target: str) -> None:
                 break
     it.close()
     state = copy.deepcopy(part.state_dict())
-    assert state["state"]["epoch_"] == 1 and state["state"]["batch_pos_"] > 0
+    assert state["state"]["train_state_"]["epoch"] == 1 and state["state"]["train_state_"]["batch_pos"] > 0
 
     resumed = create_method("wsabie").load_state_dict(state)
     events = list(resumed.fit_iter(train, val, resume=True))
@@ -289,7 +289,7 @@ def test_bad_input_gives_clear_errors() -> None:
         m.encode_images(wrong)
     with pytest.raises(CrossViewError, match="trained on captions.*no label embeddings"):
         m.encode_labels()
-    with pytest.raises(CrossViewError, match="cannot resume.*12-d image features, the data has 7-d"):
+    with pytest.raises(CrossViewError, match="cannot resume: image_dim 12 in the checkpoint, 7 in the data"):
         _fit_resume = list(create_method("wsabie").load_state_dict(
             {**m.state_dict(), "state": {**m.state_dict()["state"], "done_": False}}).fit_iter(wrong, resume=True))
         del _fit_resume
@@ -303,8 +303,8 @@ def test_bad_input_gives_clear_errors() -> None:
 def test_trains_on_gpu() -> None:
     train, val = _synthetic(seed=0), _synthetic(seed=1, name="val")
     m = create_method("wsabie", dim=12, lr=0.01, max_epochs=4, patience=0, device="cuda")
-    _fit(m, train, val)
-    assert m.V_.device.type == "cuda"
+    events = _fit(m, train, val)
+    assert any(isinstance(e, Log) and "device cuda" in e.message for e in events)
     res = m.evaluate(_synthetic(seed=2, name="test"))
     assert res["t2i"]["R@1"] > 5 * 100.0 / 120
 

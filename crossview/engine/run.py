@@ -285,6 +285,33 @@ class _WriterLock:
         self._lock.release(force=True)
 
 
+def _distributed(device: str) -> tuple[int, int]:
+    """``(rank, world_size)``: ``(0, 1)`` for one process; under ``torchrun`` (``WORLD_SIZE`` > 1) the
+    process group is started (gloo on CPUs, NCCL on GPUs) and this process's place in it returned."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    from crossview.engine.devices import torch_device
+    from crossview.nn.trainer import init_distributed
+
+    return init_distributed(torch_device(device))
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _broadcast_path(folder: Path) -> Path:
+    """Rank 0's run folder on every rank (a default folder name carries a time stamp)."""
+    import torch.distributed as dist
+
+    box = [str(folder)]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -454,6 +481,8 @@ class _Run:
         self._ckpt_info: dict[str, Any] = {}   # where the last checkpoint is, for status.json
         self._loaded = checkpoint              # read by resume() before the dataset (see _Loaded)
         self._lock = _WriterLock(run_dir)
+        # under torchrun every process trains; rank 0 alone writes the run folder (see _follow)
+        self.rank, self.world_size = _distributed(self.device)
 
     # ------------------------------------------------------------------ files
     def _path(self, name: str) -> Path:
@@ -666,7 +695,25 @@ class _Run:
                 if dropped else None)
 
     # ------------------------------------------------------------------ the run
+    def _follow(self) -> Iterator[Event]:
+        """A process of rank > 0 under ``torchrun``: the same data, features and training as rank 0 (DDP
+        keeps the weights equal), but nothing written: no folder, lock, log, checkpoint or summary. Its
+        events are yielded to the caller only (the CLI of a rank > 0 prints nothing)."""
+        _seed_everything(self.cfg.seed)
+        _barrier()                        # rank 0 has extracted the features (into the cache) by now
+        if self.features is None:
+            for _ in self._extract():
+                pass
+        self._normalize()
+        train, val, _test = self._method_data()
+        continued = self.resuming and self._restore()
+        if self.phase != "trained":
+            yield from self.method.fit_iter(train, val, resume=continued)
+
     def execute(self) -> Iterator[Event]:
+        if self.rank != 0:
+            yield from self._follow()
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         took_over = self._lock.acquire()      # raises, touching nothing, when another process writes the run
         try:
@@ -709,6 +756,8 @@ class _Run:
             t0 = time.monotonic()
             if self.features is None:
                 yield from self._extract()
+            if self.world_size > 1:
+                _barrier()                # the other ranks now read the features from the cache
             self._normalize()
             f = self.features
             features_seconds = time.monotonic() - t0
@@ -929,7 +978,10 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
                     image_norm=default_norms[0] if image_norm is None else image_norm,
                     text_norm=default_norms[1] if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
-    if (folder / CONFIG).exists():
+    rank, world_size = _distributed(device)
+    if world_size > 1:
+        folder = _broadcast_path(folder)
+    if rank == 0 and (folder / CONFIG).exists():
         raise CrossViewError(f"{folder} already holds a run; continue it with 'crossview train --resume {folder}' "
                              "or choose another --run-dir")
     if folder.exists() and not folder.is_dir():
@@ -958,7 +1010,8 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
     cfg.params = dict(raw.get("user_params", cfg.params))
     if device is not None:
         cfg.device = device
-    holder = run_is_locked(folder)
+    rank, _ = _distributed(cfg.device)
+    holder = run_is_locked(folder) if rank == 0 else None    # under torchrun rank 0 alone writes
     if holder is not None:
         raise CrossViewError(_locked_message(folder, _holder_info(folder)))
     if (folder / SUMMARY).is_file() and (folder / STATUS).is_file() and \

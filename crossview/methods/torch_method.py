@@ -1,0 +1,283 @@
+"""``TorchMethod``: the method contract on top of the one training loop (:mod:`crossview.nn.trainer`).
+
+A torch method supplies only what is its own:
+
+- ``model_spec(train) -> dict`` (plain values: dimensions, vocabulary sizes) and ``build_model(spec)``;
+- ``optimizers(model) -> [optimiser, ...]`` (default: one, from the ``optimizer`` / ``lr`` parameters)
+  and ``schedulers(optimizers)`` (default: ``lr`` divided by ``1 / lr_decay`` after ``lr_decay_epoch``
+  epochs, when the method has those parameters);
+- ``prepare(train, device)``: move what ``training_step`` reads to the device;
+- ``training_step(model, batch, generator) -> {term: loss}``;
+- ``embed_images(data)`` / ``embed_texts(data)`` for inference (float32 numpy).
+
+Here: validation each epoch through ``evaluate`` (rsum; ``validation_score`` may choose another number),
+best-epoch weights, early stopping after ``patience`` epochs without improvement, the checkpointable
+state at every yield (weights, optimiser / scheduler / scaler state, position, best weights, history)
+and resume. Without ``val`` the last epoch's weights are kept (the run's evaluation split is never used
+to choose an epoch).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from crossview.data.method_data import MethodData
+from crossview.engine.events import Log, Validation
+from crossview.errors import CrossViewError
+from crossview.methods.base import Method
+from crossview.nn.trainer import EpochSampler, Trainer, init_distributed, world
+
+__all__ = ["TorchMethod", "tensor_tree", "numpy_tree"]
+
+
+def numpy_tree(obj: Any) -> Any:
+    """A tree with every tensor replaced by a CPU numpy copy (for checkpoints)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy().copy()
+    if isinstance(obj, dict):
+        return {k: numpy_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [numpy_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(numpy_tree(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def tensor_tree(obj: Any) -> Any:
+    """The inverse of :func:`numpy_tree`: numpy arrays become CPU tensors again."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj))
+    if isinstance(obj, dict):
+        return {k: tensor_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [tensor_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(tensor_tree(v) for v in obj)
+    return obj
+
+
+class TorchMethod(Method):
+    """Base of the torch methods (see the module docstring). Parameters it reads when the subclass has
+    them: ``max_epochs``, ``batch_size``, ``lr``, ``optimizer`` (``"sgd"`` | ``"adam"``), ``momentum``,
+    ``weight_decay``, ``lr_decay_epoch``, ``lr_decay``, ``grad_clip``, ``amp``, ``patience``,
+    ``device``, ``seed``, ``log_every``.
+
+    Learned attributes: ``model_spec_``, ``model_state_`` (the weights, numpy), ``train_state_`` (the
+    trainer's position and optimiser state), ``best_state_``, ``best_score_``, ``best_epoch_``,
+    ``bad_epochs_``, ``history_``, ``epoch_``, ``step_``, ``done_``.
+    """
+
+    iterative = True
+    #: group the batches by image (B images x all their captions) instead of one caption per row
+    group_by_image: ClassVar[bool] = False
+    #: the training loss is a sum over rows (per-example SGD) rather than a mean
+    loss_is_sum: ClassVar[bool] = False
+    #: what a non-finite loss should make the user try
+    nan_hint: ClassVar[str] = "lower the learning rate"
+
+    # ------------------------------------------------------------------ what a subclass supplies
+    def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
+        """Plain values that :meth:`build_model` needs (dimensions ...), from the data; ``resume``: the
+        learned state is being continued (keep vocabularies it fixed)."""
+        raise NotImplementedError
+
+    def build_model(self, spec: dict[str, Any]) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def prepare(self, train: MethodData, device: torch.device) -> None:
+        """Put what :meth:`training_step` reads on ``device`` (features, maps) and check the data."""
+
+    def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def n_train_items(self, train: MethodData) -> int:
+        """How many items an epoch visits (default: every caption once)."""
+        return train.n_captions
+
+    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
+        """The one line a fresh (not resumed) training starts with."""
+        return f"{self.name}: {n_items} training items, {n_batches} batches per epoch, device {device}"
+
+    def embed_images(self, data: MethodData) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed_texts(self, data: MethodData) -> np.ndarray:
+        raise NotImplementedError
+
+    def after_step(self, model: torch.nn.Module) -> None:
+        """Runs under ``no_grad`` after every optimiser step (e.g. a norm projection)."""
+
+    def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
+        lr = float(getattr(self, "lr", 1e-3))
+        wd = float(getattr(self, "weight_decay", 0.0) or 0.0)
+        kind = str(getattr(self, "optimizer", "adam"))
+        params = [p for p in model.parameters() if p.requires_grad]
+        if kind == "sgd":
+            return [torch.optim.SGD(params, lr=lr, momentum=float(getattr(self, "momentum", 0.0) or 0.0),
+                                    weight_decay=wd)]
+        if kind == "adam":
+            return [torch.optim.Adam(params, lr=lr, weight_decay=wd)]
+        raise CrossViewError(f"{self.name}: optimizer {kind!r} must be 'sgd' or 'adam'")
+
+    def schedulers(self, optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
+        at = int(getattr(self, "lr_decay_epoch", 0) or 0)
+        if at <= 0:
+            return []
+        gamma = float(getattr(self, "lr_decay", 0.1))
+        return [torch.optim.lr_scheduler.StepLR(o, step_size=at, gamma=gamma) for o in optimizers]
+
+    def validation_score(self, val: MethodData) -> tuple[dict[str, Any], float]:
+        """Validation metrics and the number early stopping maximises (rsum)."""
+        res = self.evaluate(val)
+        res.pop("ranks", None)
+        return res, float(res["rsum"])
+
+    # ------------------------------------------------------------------ state
+    def _fresh_state(self, spec: dict[str, Any]) -> None:
+        self.model_spec_ = dict(spec)
+        self.model_state_ = None
+        self.train_state_ = None
+        self.best_state_ = None
+        self.best_score_ = -math.inf
+        self.best_epoch_ = 0
+        self.bad_epochs_ = 0
+        self.stopped_ = False
+        self.history_: list[dict[str, Any]] = []
+        self.epoch_ = 0
+        self.step_ = 0
+        self.done_ = False
+
+    def _sync(self) -> None:
+        """Copy the live model and trainer into the learned attributes (what a checkpoint holds)."""
+        live = getattr(self, "_live", None)
+        if live is None:
+            return
+        model, trainer = live
+        self.model_state_ = numpy_tree(model.state_dict())
+        self.train_state_ = numpy_tree(trainer.state_dict())
+        self.epoch_, self.step_, self.stopped_ = trainer.epoch, trainer.step, trainer.stopped
+
+    def model(self) -> torch.nn.Module:
+        """The trained model on the CPU (rebuilt from the learned state)."""
+        self.check_is_fitted()
+        live = getattr(self, "_live", None)
+        if live is not None:
+            return live[0]
+        cached = getattr(self, "_model_cache", None)
+        if cached is None or cached[0] is not self.model_state_:
+            m = self.build_model(self.model_spec_)
+            m.load_state_dict(tensor_tree(self.model_state_))
+            m.eval()
+            self._model_cache = (self.model_state_, m)
+        return self._model_cache[1]
+
+    def state_dict(self) -> dict[str, Any]:
+        self._sync()
+        return {"method": self.name, "params": self.get_params(),
+                "state": {k: numpy_tree(getattr(self, k)) for k in self._learned_names()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> "TorchMethod":
+        super().load_state_dict(d)
+        self._live = None
+        self._model_cache = None
+        return self
+
+    # ------------------------------------------------------------------ training
+    def fit_iter(self, train: MethodData, val: MethodData | None = None, *,
+                 resume: bool = False) -> Iterator[Any]:
+        """Train with :class:`~crossview.nn.trainer.Trainer` (see the module docstring)."""
+        from crossview.engine.devices import torch_device
+
+        self.check_params()
+        dev = torch_device(str(getattr(self, "device", "auto")))
+        init_distributed(dev)
+        rank, world_size = world()
+        if world_size > 1 and dev.type == "cuda":
+            dev = torch.device("cuda", torch.cuda.current_device())
+        resume = bool(resume and getattr(self, "model_state_", None) is not None)
+        spec = self.model_spec(train, resume)
+        if resume:
+            if getattr(self, "done_", False):
+                yield Log(f"{self.name}: the loaded state has already finished training", "info")
+                return
+            if dict(self.model_spec_) != dict(spec):
+                diff = [f"{k} {self.model_spec_.get(k)} in the checkpoint, {spec.get(k)} in the data"
+                        for k in sorted(set(spec) | set(self.model_spec_)) if spec.get(k) != self.model_spec_.get(k)]
+                raise CrossViewError(f"{self.name}: cannot resume: {'; '.join(diff)}; use the features (and "
+                                     "parameters) the run was started with")
+        else:
+            self._fresh_state(spec)
+        seed = int(getattr(self, "seed", 0))
+        torch.manual_seed(seed)
+        model = self.build_model(self.model_spec_)
+        if resume:
+            model.load_state_dict(tensor_tree(self.model_state_))
+        model.to(dev)
+        self.prepare(train, dev)
+        opts = self.optimizers(model)
+        scheds = self.schedulers(opts)
+        groups = train.caption_image if self.group_by_image else None
+        sampler = EpochSampler(self.n_train_items(train), int(getattr(self, "batch_size", 128)), seed=seed,
+                               groups=groups, rank=rank, world_size=world_size)
+        trainer = Trainer(model, opts, sampler, max_epochs=int(getattr(self, "max_epochs", 10)), device=dev,
+                          seed=seed, schedulers=scheds, grad_clip=getattr(self, "grad_clip", None),
+                          amp=bool(getattr(self, "amp", False)), loss_is_sum=self.loss_is_sum,
+                          log_every=int(getattr(self, "log_every", 10)), after_step=self.after_step,
+                          nan_hint=f"{self.nan_hint} (lr={getattr(self, 'lr', '?')})")
+        if resume and self.train_state_ is not None:
+            trainer.load_state_dict(tensor_tree(self.train_state_))
+        self._live = (model, trainer)
+        self._model_cache = None
+        patience = int(getattr(self, "patience", 0) or 0)
+        if not resume and rank == 0:
+            yield Log(self.start_message(train, sampler.n_items, len(sampler), dev), "info")
+
+        def on_epoch_end(epoch: int, terms: dict[str, float]) -> tuple[list[Any], bool]:
+            record: dict[str, Any] = {"epoch": epoch, **terms}
+            events: list[Any] = []
+            stop = False
+            if val is not None:
+                model.eval()
+                metrics, score = self.validation_score(val)
+                record["val"] = score
+                if score > self.best_score_:
+                    self.best_score_, self.best_epoch_, self.bad_epochs_ = score, epoch, 0
+                    self.best_state_ = numpy_tree(model.state_dict())
+                else:
+                    self.bad_epochs_ += 1
+                    stop = patience > 0 and self.bad_epochs_ >= patience
+                events.append(Validation(epoch, metrics))
+                if stop:
+                    events.append(Log(f"{self.name}: validation has not improved for {self.bad_epochs_} epochs; "
+                                      f"stopping at epoch {epoch} and keeping epoch {self.best_epoch_}", "info"))
+            self.history_.append(record)
+            return events, stop
+
+        try:
+            for ev in trainer.fit_iter(lambda m, b, g: self.training_step(m, b, g), on_epoch_end):
+                yield ev
+            if self.best_state_ is not None:
+                model.load_state_dict(tensor_tree(self.best_state_))
+            self.done_ = True
+            self._sync()
+        finally:
+            self._sync()
+            model.eval()
+            self._live = None
+            self.model_state_ = numpy_tree(model.state_dict()) if self.model_state_ is None else self.model_state_
+
+    # ------------------------------------------------------------------ inference
+    def encode_images(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        self.check_is_fitted()
+        return np.ascontiguousarray(self.embed_images(data), dtype=np.float32)
+
+    def encode_texts(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
+        self.check_is_fitted()
+        return np.ascontiguousarray(self.embed_texts(data), dtype=np.float32)

@@ -1,0 +1,301 @@
+"""One training loop for every torch method: epochs and batches, seeds, optimiser / scheduler / AMP state,
+clipping, cancellation within a batch, DDP under ``torchrun``, one number per loss term.
+
+The loop knows nothing of methods (ARCHITECTURE.md, "Deep methods: one trainer"). A method hands it
+
+- a model (``torch.nn.Module``) and its optimiser(s) (and optionally epoch schedulers);
+- a :class:`EpochSampler` that cuts each epoch into batches of item ids (captions, or B images x all
+  their captions);
+- ``training_step(model, batch, generator) -> {term: tensor}``: the loss of one batch; the term
+  ``"loss"`` is the one that is back-propagated, every term is reported (mean per epoch and every
+  ``log_every`` steps);
+- ``on_epoch_end(epoch, terms) -> (events, stop)``: validation, best-epoch weights, early stopping (the
+  method's business: :class:`crossview.methods.torch_method.TorchMethod`).
+
+Exact resume without saving generator states: the random numbers of step ``s`` come from a generator
+seeded with ``(seed, rank, s)`` and the order of epoch ``e`` from ``(seed, e)``, so a run restored to
+``(epoch, batch position, step)`` with its weights and optimiser state draws the very numbers an
+uninterrupted run would have drawn, on any number of processes.
+
+Distributed: when ``torch.distributed`` is initialised (``torchrun`` sets the environment;
+:func:`init_distributed` starts the process group, gloo on CPUs, NCCL on GPUs) the model is wrapped in
+``DistributedDataParallel``, each process takes its share of every batch (the global batch is the same
+as on one process), and gradients are averaged by DDP. Only rank 0 should write files; every rank runs
+the same loop and the same validation (the weights are identical), so they stop together.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from crossview.engine.events import Event, Loss, Progress
+from crossview.errors import CrossViewError
+
+__all__ = ["EpochSampler", "Trainer", "TrainingStep", "EpochEnd", "init_distributed", "world", "unwrap",
+           "step_seed"]
+
+TrainingStep = Callable[[torch.nn.Module, torch.Tensor, torch.Generator], dict[str, torch.Tensor]]
+"""``training_step(model, batch_ids, generator) -> {term: scalar tensor}`` (``"loss"`` is optimised)."""
+
+EpochEnd = Callable[[int, dict[str, float]], tuple[Sequence[Event], bool]]
+"""``on_epoch_end(epoch (1-based), mean terms) -> (events to yield, stop?)``."""
+
+
+# ====================================================================== processes
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of this process: ``(0, 1)`` unless ``torch.distributed`` is initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """Start the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) and
+    it is not started yet: gloo for CPUs, NCCL for CUDA (each process on ``cuda:LOCAL_RANK``).
+    Returns :func:`world`. A single process is left alone."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return world()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a ``DistributedDataParallel`` wrapper (the model itself otherwise)."""
+    return getattr(model, "module", model)
+
+
+def step_seed(seed: int, *key: int) -> int:
+    """A 63-bit seed from ``seed`` and a key (e.g. rank and step), well mixed (numpy's SeedSequence)."""
+    words = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, *(int(k) for k in key)]).generate_state(2)
+    return (int(words[0]) << 31 | int(words[1])) & ((1 << 63) - 1)
+
+
+# ====================================================================== batches
+class EpochSampler:
+    """The batches of one epoch as int64 item ids (caption ids for the caption methods).
+
+    ``groups=None``: a seeded permutation of ``range(n_items)`` cut into batches of ``batch_size`` (every
+    item once an epoch: one caption per step row). ``groups`` (the group of each item, e.g. each
+    caption's image): a permutation of the groups cut into batches of ``batch_size`` groups, each batch
+    holding every item of its groups (B images x all their captions). Under DDP, rank ``r`` of ``w``
+    takes items ``r, r + w, ...`` of each batch, so every process sees the same number of batches.
+    """
+
+    def __init__(self, n_items: int, batch_size: int, *, seed: int = 0, groups: np.ndarray | None = None,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if n_items < 1:
+            raise CrossViewError("there is nothing to train on: the training data has no items")
+        if batch_size < 1:
+            raise CrossViewError(f"batch_size must be >= 1, got {batch_size}")
+        self.n_items, self.batch_size, self.seed = int(n_items), int(batch_size), int(seed)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._members: list[np.ndarray] | None = None
+        if groups is not None:
+            groups = np.asarray(groups, dtype=np.int64)
+            if groups.shape != (self.n_items,):
+                raise CrossViewError(f"groups must have one entry per item ({self.n_items}), got {groups.shape}")
+            order = np.argsort(groups, kind="stable")
+            _, starts = np.unique(groups[order], return_index=True)
+            self._members = np.split(order, starts[1:])
+        self._epoch: int | None = None
+        self._perm: np.ndarray | None = None
+
+    @property
+    def n_units(self) -> int:
+        """How many units (items, or groups) an epoch shuffles."""
+        return self.n_items if self._members is None else len(self._members)
+
+    def __len__(self) -> int:
+        return -(-self.n_units // self.batch_size)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._epoch != epoch:
+            g = torch.Generator().manual_seed(step_seed(self.seed, 0x5EED, epoch))
+            self._perm = torch.randperm(self.n_units, generator=g).numpy()
+            self._epoch = epoch
+        assert self._perm is not None
+        return self._perm
+
+    def batch(self, epoch: int, index: int) -> torch.Tensor:
+        """The item ids of batch ``index`` of ``epoch`` on this process."""
+        units = self._order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        if self._members is None:
+            items = units
+        else:
+            items = np.concatenate([self._members[u] for u in units])
+        return torch.from_numpy(np.ascontiguousarray(items[self.rank::self.world_size]))
+
+
+# ====================================================================== the loop
+class Trainer:
+    """The loop (see the module docstring). ``optimizers``: one optimiser or several (stepped in order
+    after one backward pass); ``schedulers``: stepped once at the end of every epoch.
+
+    ``loss_is_sum``: the step's loss is a sum over its rows (WARP's per-example SGD) rather than a mean;
+    under DDP it is then scaled by the world size so that averaged gradients equal the single-process
+    ones. ``after_step(model)`` runs under ``no_grad`` after each optimiser step (e.g. a norm projection).
+    ``amp``: float16 autocast and a gradient scaler on CUDA (ignored on other devices).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+                 sampler: EpochSampler, *, max_epochs: int, device: torch.device, seed: int = 0,
+                 schedulers: Sequence[Any] = (), grad_clip: float | None = None, amp: bool = False,
+                 loss_is_sum: bool = False, log_every: int = 10,
+                 after_step: Callable[[torch.nn.Module], None] | None = None,
+                 nan_hint: str = "lower the learning rate") -> None:
+        self.model = model
+        self.optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        self.schedulers = list(schedulers)
+        self.sampler = sampler
+        self.max_epochs, self.device, self.seed = int(max_epochs), device, int(seed)
+        self.grad_clip = None if not grad_clip else float(grad_clip)
+        self.amp = bool(amp) and device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
+        self.loss_is_sum, self.log_every = bool(loss_is_sum), max(1, int(log_every))
+        self.after_step, self.nan_hint = after_step, nan_hint
+        self.rank, self.world_size = world()
+        self.ddp: torch.nn.Module | None = None
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+                if device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(model, device_ids=ids)
+        # the position: the next batch is ``batch_pos`` of epoch ``epoch`` (0-based); ``step`` batches done
+        self.epoch = 0
+        self.batch_pos = 0
+        self.step = 0
+        self.stopped = False
+        self.epoch_sums: dict[str, float] = {}
+        self.epoch_rows = 0
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The position and the optimiser / scheduler / scaler state (the model's weights are the
+        method's to save)."""
+        return {"epoch": self.epoch, "batch_pos": self.batch_pos, "step": self.step, "stopped": self.stopped,
+                "epoch_sums": dict(self.epoch_sums), "epoch_rows": self.epoch_rows,
+                "optimizers": [o.state_dict() for o in self.optimizers],
+                "schedulers": [s.state_dict() for s in self.schedulers],
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s output."""
+        self.epoch, self.batch_pos, self.step = int(d["epoch"]), int(d["batch_pos"]), int(d["step"])
+        self.stopped = bool(d.get("stopped", False))
+        self.epoch_sums = {str(k): float(v) for k, v in (d.get("epoch_sums") or {}).items()}
+        self.epoch_rows = int(d.get("epoch_rows", 0))
+        opt_states, sched_states = list(d.get("optimizers") or []), list(d.get("schedulers") or [])
+        if len(opt_states) != len(self.optimizers) or len(sched_states) != len(self.schedulers):
+            raise CrossViewError("the training state does not fit this model (different optimisers or "
+                                 "schedulers); start the run again instead of resuming it")
+        for o, s in zip(self.optimizers, opt_states):
+            o.load_state_dict(s)
+        for sch, s in zip(self.schedulers, sched_states):
+            sch.load_state_dict(s)
+        if self.scaler is not None and d.get("scaler"):
+            self.scaler.load_state_dict(d["scaler"])
+
+    @property
+    def total_steps(self) -> int:
+        return self.max_epochs * len(self.sampler)
+
+    # ------------------------------------------------------------------ the loop
+    def _step(self, training_step: TrainingStep, batch: torch.Tensor) -> dict[str, float]:
+        gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
+        gen.manual_seed(step_seed(self.seed, self.rank, self.step))
+        torch.manual_seed(step_seed(self.seed, self.rank, self.step, 1))   # dropout and friends
+        model = self.ddp if self.ddp is not None else self.model
+        model.train()
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+            terms = training_step(model, batch.to(self.device), gen)
+        if "loss" not in terms:
+            raise CrossViewError("training_step must return a 'loss' term")
+        loss = terms["loss"].float()
+        if self.loss_is_sum and self.world_size > 1:
+            loss = loss * self.world_size
+        values = {k: float(v.detach()) for k, v in terms.items()}
+        if self.loss_is_sum:   # report the mean over the rows, whatever is optimised
+            values["loss"] /= max(1, len(batch))
+        bad = [k for k, v in values.items() if not math.isfinite(v)]
+        if bad:
+            raise CrossViewError(f"the {bad[0]} became {values[bad[0]]} at step {self.step}; {self.nan_hint}")
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            for o in self.optimizers:
+                self.scaler.unscale_(o)
+        else:
+            loss.backward()
+        if self.grad_clip:
+            params = [p for o in self.optimizers for g in o.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        for o in self.optimizers:
+            if self.scaler is not None:
+                self.scaler.step(o)
+            else:
+                o.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        if self.after_step is not None:
+            with torch.no_grad():
+                self.after_step(self.model)
+        return values
+
+    def fit_iter(self, training_step: TrainingStep, on_epoch_end: EpochEnd | None = None,
+                 describe: Callable[[int], str] | None = None) -> Iterator[Event]:
+        """Train from the current position to ``max_epochs`` (or until ``on_epoch_end`` says stop),
+        yielding ``Progress`` after every batch, ``Loss`` every ``log_every`` steps and the epoch's mean
+        terms at its end, then whatever ``on_epoch_end`` returns. Stopping the iteration cancels
+        between two batches; the position then says where to resume."""
+        n_batches = len(self.sampler)
+        total = self.total_steps
+        while self.epoch < self.max_epochs and not self.stopped:
+            while self.batch_pos < n_batches:
+                batch = self.sampler.batch(self.epoch, self.batch_pos)
+                values = self._step(training_step, batch)
+                rows = max(1, len(batch))
+                for k, v in values.items():
+                    self.epoch_sums[k] = self.epoch_sums.get(k, 0.0) + v * rows
+                self.epoch_rows += rows
+                self.batch_pos += 1
+                self.step += 1
+                msg = describe(self.epoch) if describe else f"epoch {self.epoch + 1}/{self.max_epochs}"
+                yield Progress(self.step, total, msg)
+                if self.step % self.log_every == 0:
+                    yield Loss(self.step, self.epoch + 1, values)
+            self.epoch += 1
+            self.batch_pos = 0
+            m = max(1, self.epoch_rows)
+            terms = {f"epoch_{k}" if k == "loss" else k: v / m for k, v in self.epoch_sums.items()}
+            self.epoch_sums, self.epoch_rows = {}, 0
+            with warnings.catch_warnings():
+                # after a resume the new scheduler has not seen the optimiser step yet and warns that
+                # the order looks wrong; the loaded state already holds the epoch count, so it is not
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+                for s in self.schedulers:
+                    s.step()
+            events, stop = on_epoch_end(self.epoch, terms) if on_epoch_end is not None else ((), False)
+            if self.world_size > 1:   # every rank validates the same weights; rank 0 has the last word
+                import torch.distributed as dist
+
+                flag = [bool(stop)]
+                dist.broadcast_object_list(flag, src=0)
+                stop = bool(flag[0])
+            self.stopped = bool(stop)
+            yield Loss(self.step, self.epoch, terms)
+            yield from events
