@@ -37,7 +37,6 @@ import functools
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -50,6 +49,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from crossview.data.dataset import PairedDataset
+from crossview.data.text import tokenize
 from crossview.errors import DatasetError
 from crossview.settings import get_settings
 
@@ -663,11 +663,6 @@ def make_captions(scene: Scene, rng: np.random.Generator, n: int = 5) -> list[st
             if len(out) == n:
                 return out
     raise RuntimeError(f"could not make {n} distinct captions for scene {scene.index}")  # pragma: no cover
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-case word tokens (hyphenated words kept whole), as in the Karpathy files."""
-    return re.findall(r"[a-z0-9]+(?:[-'][a-z0-9]+)*", text.lower())
 
 
 # ====================================================================== rendering
