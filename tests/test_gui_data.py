@@ -106,6 +106,22 @@ def test_data_panel_alone(qtbot, small_dataset: Path) -> None:
     assert panel.filter_edit.text() == "" and panel.grid.currentIndex().row() == 0
 
 
+def test_loading_a_dataset_does_not_freeze_the_heap(qtbot, small_dataset: Path) -> None:
+    """Issue 12: a gc.freeze() at every dataset load (added to pass a 50 ms test) kept every replaced
+    dataset's reference cycles for good; only the start-up imports are frozen now."""
+    import gc
+
+    from crossview.data import load_dataset
+    panel = DataPanel()
+    qtbot.addWidget(panel)
+    ds = load_dataset(small_dataset)
+    before = gc.get_freeze_count()
+    gc.collect()
+    panel.set_dataset(ds)
+    panel.set_dataset(load_dataset(small_dataset))
+    assert gc.get_freeze_count() == before
+
+
 def test_opens_the_builtin_demo(qtbot, window: MainWindow, demo_dataset) -> None:
     _open(qtbot, window, "demo")
     assert window.dataset is not None and window.dataset.n_images == demo_dataset.n_images == 2400
