@@ -12,7 +12,6 @@ false positive and missing them not a false negative. ``a|b`` accepts either lem
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -150,18 +149,16 @@ def test_labelled_captions_are_real_flickr8k_captions(flickr8k_sample) -> None:
         assert raw[sid] == caption, sid
 
 
-def test_whole_flickr8k_sample_gets_tags_fast(flickr8k_sample) -> None:
+def test_whole_flickr8k_sample_gets_tags(flickr8k_sample) -> None:
+    # no timing assert (issue 12): a loaded 2-core CI machine cannot promise a speed
     from crossview.data.readers import load_dataset
 
     ds = load_dataset(flickr8k_sample / "dataset_flickr8k_sample.json")
-    t = time.perf_counter()
     tags = caption_tags(ds.captions)
-    elapsed = time.perf_counter() - t
     assert len(tags) == len(ds.captions) == 3500
     assert sum(1 for t_ in tags if t_) >= 0.99 * len(tags)  # nearly every caption names something
     mean = sum(map(len, tags)) / len(tags)
     assert 2.5 <= mean <= 8, mean
-    assert elapsed < 20, elapsed
     # every tag is a lower-case word, never an auxiliary or a determiner
     flat = {t_ for ts in tags for t_ in ts}
     assert not flat & {"be", "is", "have", "a", "the", "do", "two"}
