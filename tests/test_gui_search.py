@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method)
 from _engine_helpers import make_toy_dataset  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
-from crossview.gui.workers import LatencyProbe  # noqa: E402
+from _latency import LatencyProbe  # noqa: E402
 
 pytestmark = pytest.mark.gui
 

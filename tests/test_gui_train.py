@@ -16,7 +16,7 @@ import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method
 from _engine_helpers import make_toy_dataset  # noqa: E402
 from crossview.errors import CrossViewError  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
-from crossview.gui.workers import LatencyProbe  # noqa: E402
+from _latency import LatencyProbe  # noqa: E402
 
 pytestmark = pytest.mark.gui
 

@@ -11,7 +11,8 @@ pytest.importorskip("pytestqt")
 
 from crossview.engine.events import Log, Loss, Progress  # noqa: E402
 from crossview.errors import CrossViewError  # noqa: E402
-from crossview.gui.workers import EventTask, LatencyProbe  # noqa: E402
+from _latency import LatencyProbe  # noqa: E402
+from crossview.gui.workers import EventTask  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -37,32 +38,35 @@ def test_events_arrive_in_order_and_progress_is_throttled(qtbot) -> None:
 def test_pause_holds_the_generator_and_stop_closes_it(qtbot) -> None:
     produced = []
     closed = threading.Event()
+    credit = threading.Semaphore(0)   # the generator makes one item per event the GUI has received
 
     def work():
         try:
             for i in range(10_000):
                 produced.append(i)
                 yield Loss(step=i, epoch=0, terms={"loss": 1.0 / (i + 1)})
-                time.sleep(0.001)
+                credit.acquire()
         finally:
             closed.set()
 
     task = EventTask(work)
     seen = []
-    task.event.connect(seen.append)
+    task.event.connect(lambda ev: (seen.append(ev), credit.release()))
     task.start()
     qtbot.waitUntil(lambda: len(seen) > 5, timeout=5000)
     with qtbot.waitSignal(task.paused_changed):
         task.pause()
-    time.sleep(0.05)
-    qtbot.wait(20)
+    qtbot.waitUntil(lambda: len(seen) == len(produced), timeout=5000)   # what was made has arrived
     n = len(produced)
-    time.sleep(0.1)
+    for _ in range(50):            # all the credit it could want: only the pause holds it now
+        credit.release()
+    qtbot.wait(100)                # a negative check: nothing may arrive while paused
     assert len(produced) <= n + 1, "a paused task must not ask for more work"
     task.resume()
     qtbot.waitUntil(lambda: len(produced) > n + 5, timeout=5000)
     with qtbot.waitSignal(task.finished, timeout=5000):
         task.stop()
+        credit.release()           # the generator may be waiting for credit: let it reach the stop check
     assert closed.is_set(), "stop must close the generator so its clean-up runs"
     assert len(produced) < 10_000
 
@@ -101,7 +105,7 @@ def test_failures_are_reported_not_raised(qtbot) -> None:
 def test_latency_probe_sees_a_blocked_gui_thread(qtbot) -> None:
     probe = LatencyProbe().start()
     qtbot.wait(60)
-    time.sleep(0.6)             # block the GUI thread on purpose
+    time.sleep(0.6)             # the stimulus, not a wait: block the GUI thread on purpose for the probe to see
     qtbot.wait(40)
     blocked = probe.stop()
     assert blocked >= 550 and max(probe.gaps_ms) == blocked

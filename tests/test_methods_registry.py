@@ -164,6 +164,33 @@ def test_card_defaults_equal_the_class_defaults(name):
     assert card.defaults() == cls.default_params()
 
 
+@pytest.mark.parametrize("name", list_cards())
+def test_no_card_states_a_default(name):
+    """Issue 12: defaults were written twice (signature and card); the signature is the one place."""
+    import tomllib
+
+    from crossview.methods.cards import card_path
+
+    raw = tomllib.loads(card_path(name).read_text(encoding="utf-8"))
+    stated = [p for p, spec in (raw.get("params") or {}).items() if "default" in spec]
+    assert not stated, f"models/{name}.toml states defaults for {stated}: delete them (the signature has them)"
+
+
+def test_a_card_that_states_a_default_is_refused_and_defaults_come_from_the_signature(tmp_path, monkeypatch):
+    from crossview.methods import cards
+
+    src = cards.card_path("cca").read_text(encoding="utf-8")
+    folder = tmp_path / "models"
+    _write_card(folder, "cca", src.replace("[params.reg]\n", "[params.reg]\ndefault = 5.0\n"))
+    with pytest.raises(CrossViewError, match=r"cca.toml \[params.reg\]: states a default.*signature"):
+        parse_card(folder / "cca.toml")
+    from crossview.methods.cca import CCA
+
+    assert CCA.__init__.__defaults__ == (256, 5.0, 0.5, "captions")
+    monkeypatch.setattr(CCA.__init__, "__defaults__", (256, 7.5, 0.5, "captions"))   # a new default for reg
+    assert cards.load_card("cca").params["reg"].default == 7.5, "the card follows the signature"
+
+
 def test_cca_card_has_the_papers_numbers():
     card = method_card("cca")
     assert card.paper == "001_637cb05c9b729668.txt"
@@ -182,24 +209,27 @@ def _write_card(folder, name, text):
 
 def test_malformed_cards_name_the_file_and_entry(tmp_path):
     head = '[method]\nname = "m"\ntitle = "M"\ndescription = "D."\n'
-    cases = {
-        "not toml [": "not valid TOML",
-        '[params.a]\ndefault = 1\n': r"no \[method\] table",
-        head.replace('name = "m"', 'name = "other"'): "but the file is m.toml",
-        head + '[params.a]\ntype = "int"\n': r"\[params.a\]: needs a 'default'",
-        head + '[params.a]\ndefault = 1\ntype = "complex"\n': "type 'complex' is not one of",
-        head + '[params.a]\ndefault = 1\nmin = 2\n': "below the minimum 2",
-        head + '[params.a]\ndefault = "x"\nchoices = ["y"]\n': "not one of 'y'",
-        head + '[params.a]\ndefault = 1\nhelpp = "typo"\n': "unknown key",
-        head + '[[paper_results]]\nsetting = "x"\n': "needs at least 'dataset'",
+    cases = {   # (card text, the method's signature defaults, expected message)
+        "not toml [": ({}, "not valid TOML"),
+        '[params.a]\n': ({"a": 1}, r"no \[method\] table"),
+        head.replace('name = "m"', 'name = "other"'): ({}, "but the file is m.toml"),
+        head + '[params.a]\ntype = "int"\n': ({"b": 1}, r"\[params.a\]: the method has no parameter 'a'"),
+        head + '[params.a]\ndefault = 1\n': ({"a": 1}, r"\[params.a\]: states a default"),
+        head + '[params.a]\ntype = "complex"\n': ({"a": 1}, "type 'complex' is not one of"),
+        head + '[params.a]\nmin = 2\n': ({"a": 1}, "below the minimum 2"),
+        head + '[params.a]\nchoices = ["y"]\n': ({"a": "x"}, "not one of 'y'"),
+        head + '[params.a]\nhelpp = "typo"\n': ({"a": 1}, "unknown key"),
+        head + '[[paper_results]]\nsetting = "x"\n': ({}, "needs at least 'dataset'"),
     }
-    for text, msg in cases.items():
+    for text, (defaults, msg) in cases.items():
         path = _write_card(tmp_path, "m", text)
         with pytest.raises(CrossViewError, match=msg) as e:
-            parse_card(path)
+            parse_card(path, defaults)
         assert str(path) in str(e.value)
-    ok = parse_card(_write_card(tmp_path, "m", head + '[params.a]\ndefault = "none"\noptional = true\ntype = "int"\n'
-                                             '[params.b]\ndefault = [1, 2]\nflag = "--bees"\n'))
+    with pytest.raises(CrossViewError, match="no registered method 'm'"):
+        parse_card(_write_card(tmp_path, "m", head + '[params.a]\ntype = "int"\n'))
+    ok = parse_card(_write_card(tmp_path, "m", head + '[params.a]\ntype = "int"\n[params.b]\nflag = "--bees"\n'),
+                    {"a": None, "b": [1, 2]})
     assert ok.params["a"].default is None and ok.params["a"].coerce("none") is None
     assert ok.params["a"].coerce("7") == 7
     assert ok.params["b"].type == "list[int]" and ok.params["b"].flag == "--bees"

@@ -62,9 +62,26 @@ def test_on_a_terminal_a_bar_with_eta_then_the_time():
     clock.t += 10
     p(100, 100)
     text = out.getvalue()
-    assert text.count("\r") == 3 and text.endswith("  20 s\n")
-    assert "[############             ] 50/100 (50%) ETA 10 s" in text
-    assert not p.line_open
+    assert "features: images [#" in text and "51/100" not in text
+    assert "50/100 (50%) 00:10<00:10" in text            # elapsed < ETA, from the injected clock
+    assert text.rstrip("\n").endswith("100/100 (100%) 00:20<00:00") and text.endswith("\n")
+    assert text.count("\n") == 1 and not p.line_open     # one line, redrawn in place, then ended
+
+
+def test_on_a_terminal_notes_go_above_the_bar_and_a_new_stage_ends_the_last():
+    from crossview.commands._common import EventPrinter
+    from crossview.engine.events import Log, Progress
+
+    clock, out = Clock(), Tty()
+    pr = EventPrinter(out, clock=clock, prefix="experiment: ")
+    pr(Progress(1, 10, "epoch 1/10"))
+    pr(Log("fold 1 of 3"))
+    pr(Progress(5, 40, "features: images"))
+    pr.close()
+    lines = [ln.split("\r")[-1] for ln in out.getvalue().split("\n") if ln.strip()]
+    assert any(ln == "experiment: fold 1 of 3" for ln in lines), lines
+    assert lines[-1].startswith("features: images [") and "5/40 (12%)" in lines[-1]
+    assert any(ln.startswith("epoch 1/10 [") for ln in lines)
 
 
 def test_unknown_total_and_a_new_pass_of_the_same_stage():
@@ -81,7 +98,7 @@ def test_format_seconds():
 
 
 def test_train_event_printer_off_a_terminal_reports_each_stage():
-    from crossview.commands.train import _EventPrinter
+    from crossview.commands._common import EventPrinter as _EventPrinter
     from crossview.engine.events import Log, Progress
 
     clock, out = Clock(), io.StringIO()

@@ -7,11 +7,11 @@ import io
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -267,7 +267,17 @@ RESUME_CHILD = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[2])
     import _engine_helpers  # registers toy_iterative
+    import crossview.engine.run as R
     from crossview.cli import main
+
+    real_save = R.save_checkpoint
+
+    def save_and_tell(path, payload):   # the parent waits on these lines, not on a clock
+        out = real_save(path, payload)
+        print("SAVED", payload["events"], flush=True)
+        return out
+
+    R.save_checkpoint = save_and_tell
     sys.exit(main(["train", "--resume", sys.argv[1]]))
 """)
 
@@ -277,7 +287,8 @@ def _loss_steps(run: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL") or not hasattr(os, "pidfd_open"),
+                    reason="needs POSIX signals and pidfd_open (Linux)")
 def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_path, toy):
     ds, _ = toy
     data = _write_precomp(tmp_path / "data", ds)
@@ -293,13 +304,13 @@ def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_p
     tests_dir = str(Path(__file__).resolve().parent)
     # Output to files: a pipe nobody reads would fill up and stall the writer.
     errs = [open(tmp_path / f"stderr{i}.txt", "w+") for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", RESUME_CHILD, str(run), tests_dir], stdout=subprocess.DEVNULL,
-                              stderr=errs[i], env=env) for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RESUME_CHILD, str(run), tests_dir], stdout=subprocess.PIPE,
+                              stderr=errs[i], env=env, text=True) for i in range(2)]
+    pidfds = [os.pidfd_open(p.pid) for p in procs]   # readable once that process has exited
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            time.sleep(0.1)
-        loser = next(p for p in procs if p.poll() is not None)
+        ready, _, _ = select.select(pidfds, [], [], 180)
+        assert ready, "neither process ended within 3 minutes"
+        loser = procs[pidfds.index(ready[0])]
         winner = next(p for p in procs if p is not loser)
         loser.wait(timeout=30)
         err = (tmp_path / f"stderr{procs.index(loser)}.txt").read_text()
@@ -309,10 +320,15 @@ def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_p
         lines = err.strip().splitlines()
         assert len(lines) == 1 and f"PID {winner_pid} " in lines[0] and "wait for it to finish" in lines[0], lines
         assert run_is_locked(run) == winner_pid
-        # Let it train past a checkpoint, then kill it for real.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and read_status(run).get("checkpoint_events", 0) < 100:
-            time.sleep(0.1)
+        # Let it train past a checkpoint at 100+ events and the next one (status.json is rewritten between
+        # the two, so it says >= 100 too), then kill it for real.
+        late_saves = 0
+        for line in winner.stdout:
+            if line.startswith("SAVED") and int(line.split()[1]) >= 100:
+                late_saves += 1
+                if late_saves == 2:
+                    break
+        assert late_saves == 2, (tmp_path / f"stderr{procs.index(winner)}.txt").read_text()[-2000:]
         os.kill(winner.pid, signal.SIGKILL)
         winner.wait(timeout=30)
     finally:
@@ -322,6 +338,10 @@ def test_two_processes_resuming_one_run_then_a_sigkill_then_a_clean_resume(tmp_p
                 p.wait(timeout=30)
         for f in errs:
             f.close()
+        for fd in pidfds:
+            os.close(fd)
+        for p in procs:
+            p.stdout.close()
     assert run_is_locked(run) is None                       # the OS dropped the dead process's lock
     status = read_status(run)
     ckpt = eio.load_checkpoint(run / "checkpoint.pt")

@@ -12,13 +12,12 @@ false positive and missing them not a false negative. ``a|b`` accepts either lem
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from crossview.errors import CrossViewError
 from crossview.features import tags as tags_mod
-from crossview.features.tags import caption_tags, extract_tags, lemmatize, pos_tag, tagger_backend
+from crossview.features.tags import caption_tags, extract_tags, lemmatize, pos_tag
 
 # (sentid in dataset_flickr8k_sample.json, caption, gold tags, optional tags)
 LABELLED = [
@@ -67,8 +66,8 @@ LABELLED = [
      "next"),
 ]
 
-# Labelled with the same policy AFTER the tagger and its rules were written, and never used to tune
-# them: LABELLED above was looked at while writing the rules back end and the perceptron's two
+# Labelled with the same policy AFTER the tagger was written, and never used to tune it: LABELLED
+# above was looked at while writing the (since removed) rules back end and the perceptron's two
 # caption corrections, so its numbers are optimistic; these are the honest ones.
 HELD_OUT = [
     (943, "A dog swims holding a tennis ball in its mouth .", "dog swim hold tennis ball mouth", ""),
@@ -111,14 +110,14 @@ HELD_OUT = [
 ]
 
 
-def score(backend: str, labelled: list = LABELLED) -> tuple[float, float, list[str]]:
+def score(labelled: list = LABELLED) -> tuple[float, float, list[str]]:
     """Micro precision and recall of extract_tags over a labelled set, and the per-caption mistakes."""
     tp = n_pred = n_gold = 0
     mistakes = []
     for sid, caption, gold, optional in labelled:
         items = [set(g.split("|")) for g in gold.split()]
         opt = set(optional.split())
-        pred = extract_tags(caption, backend=backend)
+        pred = extract_tags(caption)
         matched = [any(p in it for p in pred) for it in items]
         extra = [p for p in pred if not any(p in it for it in items) and p not in opt]
         tp += sum(matched)
@@ -132,17 +131,13 @@ def score(backend: str, labelled: list = LABELLED) -> tuple[float, float, list[s
 
 def test_the_example_caption() -> None:
     assert extract_tags("A black dog is running through the grass") == ["dog", "run", "grass"]
-    assert extract_tags("A black dog is running through the grass", backend="rules") == ["dog", "run", "grass"]
 
 
-@pytest.mark.parametrize("backend", ["perceptron", "rules"])
 @pytest.mark.parametrize("which", ["held_out", "development"])
-def test_precision_recall_on_hand_labelled_captions(backend: str, which: str) -> None:
-    if backend == "perceptron" and tagger_backend() != "perceptron":
-        pytest.skip("textblob-aptagger (the POS model) is not installed")
-    p, r, mistakes = score(backend, HELD_OUT if which == "held_out" else LABELLED)
-    print(f"{backend} on {which}: precision {p:.3f} recall {r:.3f}", *mistakes, sep="\n  ")
-    # measured when written: held-out perceptron 0.979 / 0.986, rules 0.993 / 0.978
+def test_precision_recall_on_hand_labelled_captions(which: str) -> None:
+    p, r, mistakes = score(HELD_OUT if which == "held_out" else LABELLED)
+    print(f"{which}: precision {p:.3f} recall {r:.3f}", *mistakes, sep="\n  ")
+    # measured when written: held-out 0.979 / 0.986
     floor = 0.95 if which == "held_out" else 0.97
     assert p >= floor and r >= floor, mistakes
 
@@ -154,65 +149,95 @@ def test_labelled_captions_are_real_flickr8k_captions(flickr8k_sample) -> None:
         assert raw[sid] == caption, sid
 
 
-def test_whole_flickr8k_sample_gets_tags_fast(flickr8k_sample) -> None:
+def test_whole_flickr8k_sample_gets_tags(flickr8k_sample) -> None:
+    # no timing assert (issue 12): a loaded 2-core CI machine cannot promise a speed
     from crossview.data.readers import load_dataset
 
     ds = load_dataset(flickr8k_sample / "dataset_flickr8k_sample.json")
-    t = time.perf_counter()
     tags = caption_tags(ds.captions)
-    elapsed = time.perf_counter() - t
     assert len(tags) == len(ds.captions) == 3500
     assert sum(1 for t_ in tags if t_) >= 0.99 * len(tags)  # nearly every caption names something
     mean = sum(map(len, tags)) / len(tags)
     assert 2.5 <= mean <= 8, mean
-    assert elapsed < 20, elapsed
     # every tag is a lower-case word, never an auxiliary or a determiner
     flat = {t_ for ts in tags for t_ in ts}
     assert not flat & {"be", "is", "have", "a", "the", "do", "two"}
     assert all(t_ == t_.lower() and any(c.isalpha() for c in t_) for t_ in flat)
 
 
-@pytest.mark.parametrize("backend", ["perceptron", "rules"])
-def test_lemmas_and_order(backend: str) -> None:
-    if backend == "perceptron" and tagger_backend() != "perceptron":
-        pytest.skip("POS model not installed")
-    assert extract_tags("Two children are swimming in the sea while dogs ran on the beaches .", backend=backend) \
+def test_lemmas_and_order() -> None:
+    assert extract_tags("Two children are swimming in the sea while dogs ran on the beaches .") \
         == ["child", "swim", "sea", "dog", "run", "beach"]
     # repeated words appear once, in first-seen order
-    assert extract_tags("A dog chases a dog .", backend=backend) == ["dog", "chase"]
+    assert extract_tags("A dog chases a dog .") == ["dog", "chase"]
 
 
 def test_empty_and_punctuation_only_captions() -> None:
     assert extract_tags("") == []
     assert extract_tags(" . , ! ") == []
-    assert extract_tags("", backend="rules") == []
     assert pos_tag("") == []
 
 
 def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(CrossViewError, match="caption string"):
         extract_tags(None)  # type: ignore[arg-type]
-    with pytest.raises(CrossViewError, match="unknown tagger backend 'spacy'"):
-        extract_tags("a dog", backend="spacy")
+    with pytest.raises(TypeError):   # the rule-based back end is gone: no backend to choose
+        extract_tags("a dog", backend="rules")  # type: ignore[call-arg]
 
 
-def test_rule_lemmatiser_by_hand() -> None:
+def test_a_missing_or_broken_tagger_package_is_one_clear_line(monkeypatch, tmp_path) -> None:
+    """Issue 12: no silent rule-based fallback; the dependency is named with the command that fixes it."""
+    import importlib.util
+    import sys
+
+    tags_mod._perceptron_model.cache_clear()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "textblob_aptagger" else real(name, *a))
+    try:
+        with pytest.raises(CrossViewError, match="pip install textblob-aptagger"):
+            extract_tags("A dog runs .")
+        broken = tmp_path / "textblob_aptagger"
+        broken.mkdir()
+        (broken / "trontagger-0.1.0.pickle").write_bytes(b"not a pickle")
+        spec = importlib.util.spec_from_file_location("textblob_aptagger", broken / "__init__.py",
+                                                      submodule_search_locations=[str(broken)])
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: spec if name == "textblob_aptagger" else real(name, *a))
+        tags_mod._perceptron_model.cache_clear()
+        with pytest.raises(CrossViewError, match=r"trontagger-0\.1\.0\.pickle is unreadable.*--force-reinstall"):
+            extract_tags("A dog runs .")
+    finally:
+        tags_mod._perceptron_model.cache_clear()
+    tags_mod._lemminflect.cache_clear()
+    monkeypatch.setitem(sys.modules, "lemminflect", None)    # import fails
+    try:
+        with pytest.raises(CrossViewError, match="pip install lemminflect"):
+            lemmatize("dogs", "NOUN")
+    finally:
+        tags_mod._lemminflect.cache_clear()
+
+
+def test_lemmatiser_by_hand() -> None:
     cases = {("running", "VERB"): "run", ("smiling", "VERB"): "smile", ("carried", "VERB"): "carry",
              ("watches", "VERB"): "watch", ("rides", "VERB"): "ride", ("sat", "VERB"): "sit",
              ("posed", "VERB"): "pose", ("dressed", "VERB"): "dress", ("falling", "VERB"): "fall",
              ("children", "NOUN"): "child", ("puppies", "NOUN"): "puppy", ("benches", "NOUN"): "bench",
-             ("glasses", "NOUN"): "glasses", ("grass", "NOUN"): "grass", ("boys", "NOUN"): "boy",
-             ("horses", "NOUN"): "horse", ("leaves", "NOUN"): "leaf"}
+             ("grass", "NOUN"): "grass", ("boys", "NOUN"): "boy", ("horses", "NOUN"): "horse",
+             ("feet", "NOUN"): "foot", ("4x4", "NOUN"): "4x4"}
     for (word, pos), lemma in cases.items():
-        assert lemmatize(word, pos, backend="rules") == lemma, (word, pos)
+        assert lemmatize(word, pos) == lemma, (word, pos)
+
+
+def test_tagger_tokens_come_from_the_one_tokenizer() -> None:
+    """Hyphenated compounds stay whole for the tagger (its !HYPHEN feature), clitics are split off."""
+    assert tags_mod._tokens("A man's T-shirt isn't red.") == ["A", "man", "'s", "T-shirt", "is", "n't", "red", "."]
 
 
 def test_perceptron_model_is_loaded_without_running_code() -> None:
     import io
     import pickle
 
-    if tagger_backend() != "perceptron":
-        pytest.skip("POS model not installed")
     evil = pickle.dumps(print)  # a global reference: what a tampered model would need to run code
     with pytest.raises(pickle.UnpicklingError):
         tags_mod._SafeUnpickler(io.BytesIO(evil)).load()

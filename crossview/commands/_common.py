@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["ProgressPrinter", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
+__all__ = ["EventPrinter", "ProgressPrinter", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
 
 
 def format_seconds(s: float) -> str:
@@ -22,13 +23,15 @@ def format_seconds(s: float) -> str:
 
 
 class ProgressPrinter:
-    """Progress of one stage on ``stream`` (default stderr), fed with ``printer(done, total)``.
+    """Progress of one stage on ``stream`` (default stderr), fed with ``printer(done, total)``: the CLI's one
+    progress display (the train, tune and experiment event printers and every command use it).
 
-    On a terminal: a one-line bar with the count and an ETA, redrawn at most 5 times a second, ended by
-    the elapsed time. Elsewhere (a log file, a pipe): a plain line such as ``features: images 1,234/3,500
-    (35%) ETA 40 s`` at the first call, then at most every ``interval`` seconds, and a final ``... done in
-    12 s`` line. ``total`` 0 means unknown (counts without percentage or ETA). ``label`` may be changed
-    by a call (``printer(done, total, label="epoch 3/20")``). ``clock`` is for tests.
+    On a terminal: a ``tqdm`` bar with the count, elapsed time and ETA, redrawn at most 5 times a second and
+    left on screen when the stage ends. Elsewhere (a log file, a pipe): a plain line such as ``features:
+    images 1,234/3,500 (35%) ETA 40 s`` at the first call, then at most every ``interval`` seconds, and a
+    final ``... done in 12 s`` line (tqdm off a terminal would write carriage returns into the log). ``total``
+    0 means unknown (counts without percentage or ETA). ``label`` may be changed by a call
+    (``printer(done, total, label="epoch 3/20")``). ``clock`` is for tests.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, *, interval: float = 5.0,
@@ -42,10 +45,15 @@ class ProgressPrinter:
         self._origin: tuple[float, int] | None = None   # (time, done) of the first call: the ETA's rate
         self._last_write: float | None = None
         self._done = -1
+        self._bar: Any = None       # the tqdm bar on a terminal, while the stage runs
         self.finished = False
-        self.line_open = False      # a bar is drawn on the terminal without its newline yet
 
-    # ------------------------------------------------------------------ text
+    @property
+    def line_open(self) -> bool:
+        """A bar is on the terminal and its stage has not ended."""
+        return self._bar is not None
+
+    # ------------------------------------------------------------------ plain lines
     def _eta(self, now: float, done: int, total: int) -> str:
         if self._origin is None or total <= 0 or done >= total:
             return ""
@@ -74,7 +82,7 @@ class ProgressPrinter:
         self._done = done
         final = total > 0 and done >= total
         if self.tty:
-            self._draw(now, done, total, final)
+            self._draw(done, total, final)
         elif final or self._last_write is None or now - self._last_write >= self.interval:
             if final:
                 text = f"{self.label} {self._count(done, total)} done in {format_seconds(now - self.start)}"
@@ -85,34 +93,110 @@ class ProgressPrinter:
             self._last_write = now
         self.finished = final
 
-    def _draw(self, now: float, done: int, total: int, final: bool) -> None:
-        if not final and self._last_write is not None and now - self._last_write < 0.2:
-            return
-        if total > 0:
-            bar = "#" * int(25 * min(done, total) / total)
-            text = f"{self.label} [{bar:<25}] {self._count(done, total)}{self._eta(now, done, total)}"
+    def _draw(self, done: int, total: int, final: bool) -> None:
+        from tqdm import tqdm
+
+        if self._bar is None:
+            self._bar = tqdm(total=total or None, initial=done, desc=self.label, file=self.stream, leave=True,
+                             mininterval=0.2, miniters=1, smoothing=0, dynamic_ncols=True, ascii=True,
+                             bar_format=_BAR if total else _COUNT)
+            # tqdm reads time through this attribute; its own tests swap the timer the same way
+            self._bar._time = self.clock
+            self._bar.start_t = self._bar.last_print_t = self.clock()
         else:
-            text = f"{self.label} {done:,}"
-        self.stream.write(f"\r\033[K{text}")
+            if (total or None) != self._bar.total:
+                self._bar.total = total or None
+                self._bar.bar_format = _BAR if total else _COUNT
+            if self.label != self._bar.desc:
+                self._bar.set_description_str(self.label, refresh=False)
+            self._bar.update(done - self._bar.n)
         if final:
-            self.stream.write(f"  {format_seconds(now - self.start)}\n")
-        self.stream.flush()
-        self._last_write = now
-        self.line_open = not final
+            self.close()
+
+    def close(self) -> None:
+        """End the terminal bar (drawn one last time, then a newline); nothing to do off a terminal."""
+        if self._bar is not None:
+            bar, self._bar = self._bar, None
+            bar.close()
 
     def _restart(self, now: float) -> None:
-        if self.line_open:
-            self.stream.write("\n")
+        self.close()
         self.start, self._origin, self._last_write = now, None, None
-        self._done, self.finished, self.line_open = -1, False, False
+        self._done, self.finished = -1, False
 
     def note(self, text: str) -> None:
-        """A message line of its own (ends an open bar first)."""
-        if self.line_open:
-            self.stream.write("\n")
-            self.line_open = False
-        self.stream.write(text + "\n")
+        """A message line of its own (above an open bar, which is redrawn below it)."""
+        if self._bar is not None:
+            from tqdm import tqdm
+
+            tqdm.write(text, file=self.stream)
+        else:
+            self.stream.write(text + "\n")
         self.stream.flush()
+
+
+_BAR = "{desc} [{bar:25}] {n_fmt}/{total_fmt} ({percentage:.0f}%) {elapsed}<{remaining}"
+_COUNT = "{desc} {n_fmt} {elapsed}"
+
+
+class EventPrinter:
+    """Turns engine events into progress (one :class:`ProgressPrinter` per stage) and log lines on ``stream``
+    (stderr): ``crossview train``, ``tune`` and ``experiment`` print through it. ``prefix`` starts each log
+    line (``"experiment: "``)."""
+
+    def __init__(self, stream: TextIO | None = None, *, interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, prefix: str = "") -> None:
+        self.stream = stream or sys.stderr
+        self.interval = interval
+        self.clock = clock
+        self.prefix = prefix
+        self.stage: tuple[str, int] | None = None
+        self.bar: ProgressPrinter | None = None
+
+    @staticmethod
+    def _family(message: str) -> str:
+        """What one bar covers: ``features: images`` (each feature stage), ``cca`` (its sub-steps), ``epoch``."""
+        if message.startswith("features:"):
+            return message
+        return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
+
+    def __call__(self, ev: Any) -> None:
+        from crossview.engine.events import Log, Progress, Validation
+
+        if isinstance(ev, Progress):
+            message = ev.message or "training"
+            stage = (self._family(message), int(ev.total))
+            if stage != self.stage or self.bar is None:
+                self.close()
+                self.stage = stage
+                self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
+            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message)
+        elif isinstance(ev, Log):
+            if ev.level != "debug":
+                self.line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
+        elif isinstance(ev, Validation):
+            m = ev.metrics
+            if "rsum" in m and isinstance(m.get("i2t"), dict):
+                self.line(f"validation {ev.epoch}: rsum {m['rsum']:.1f}  i2t R@1 {m['i2t']['R@1']:.1f}  "
+                          f"t2i R@1 {m['t2i']['R@1']:.1f}")
+            else:
+                self.line(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                                for k, v in m.items()))
+        # Loss and CheckpointSaved: losses go to metrics.jsonl; progress shows the run is alive
+
+    def line(self, text: str) -> None:
+        """A log line (``prefix`` first), above the current bar if one is open."""
+        text = self.prefix + text
+        if self.bar is not None:
+            self.bar.note(text)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """End the current stage's bar (call before printing results)."""
+        if self.bar is not None:
+            self.bar.close()
 
 
 def render_demo_reporting(stream: TextIO | None = None) -> None:

@@ -11,11 +11,10 @@ import argparse
 import json
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args
+from crossview.commands._common import EventPrinter, ProgressPrinter, _add_dataset_args
 from crossview.errors import CrossViewError
 
 
@@ -70,7 +69,7 @@ def _command_line(args: argparse.Namespace) -> str:
 def cmd_bitr_table(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
-    from crossview.engine.events import Finished, Log, Progress
+    from crossview.engine.events import Finished, Log
     from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
                                                   run_bitr_table)
 
@@ -109,38 +108,27 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     def feature_progress(stage: str, done: int, total: int) -> None:
         bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
 
-    err = sys.stderr
-    tty = getattr(err, "isatty", lambda: False)()
+    printer = EventPrinter(prefix="experiment: ")
     result = None
-    last_line = time.monotonic()
-    for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
-                             split=args.split, ks=ks, corpus=corpus, method_params=params,
-                             representation_params=rep_params, seed=args.seed, feature_progress=feature_progress):
-        if isinstance(ev, Log):
-            if tty:
-                err.write("\r\033[K")
-            err.write(f"experiment: {'warning: ' if ev.level == 'warning' else ''}{ev.message}\n")
-            err.flush()
-            bars.clear()
-            last_line = time.monotonic()
-        elif isinstance(ev, Progress) and tty:
-            err.write(f"\r\033[K{ev.message[:120]}")
-            err.flush()
-        elif isinstance(ev, Progress) and time.monotonic() - last_line >= 5:
-            # Not a terminal (a log file): a progress line at most every 5 s, so long trainings show life.
-            err.write(f"experiment: ... {ev.message}\n")
-            err.flush()
-            last_line = time.monotonic()
-        elif isinstance(ev, Finished):
-            result = ev.summary
-    if tty:
-        err.write("\r\033[K")
+    try:
+        for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
+                                 split=args.split, ks=ks, corpus=corpus, method_params=params,
+                                 representation_params=rep_params, seed=args.seed,
+                                 feature_progress=feature_progress):
+            if isinstance(ev, Finished):
+                result = ev.summary
+            else:
+                if isinstance(ev, Log):
+                    bars.clear()
+                printer(ev)
+    finally:
+        printer.close()
     assert result is not None
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(format_markdown(result, _command_line(args)), encoding="utf-8")
-        print(f"experiment: wrote {out}", file=err)
+        print(f"experiment: wrote {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

