@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features import topics as T
 
 PARAMS = {"n_topics": 6, "n_words": 24, "C": 10.0}

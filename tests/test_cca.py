@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import create_method
 from crossview.methods.base import Method, MethodData
 from crossview.methods.cca import CCA, cca_transform, fit_cca

@@ -14,7 +14,7 @@ from crossview.engine.devices import list_devices, select_device
 from crossview.engine.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
                                      event_from_dict)
 from crossview.engine.run import SUMMARY_KEYS, read_status, resume, train
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 @pytest.fixture(scope="module")

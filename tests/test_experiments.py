@@ -10,7 +10,7 @@ import pytest
 
 from crossview.cli import main
 from crossview.data.dataset import PairedDataset
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval.overlap import SentenceOverlap
 from crossview.experiments import bitr_table as B
 from crossview.features import FeatureCache

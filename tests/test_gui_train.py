@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QSpinBox  # noqa: E402
 
 import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method, as a plug-in would)
 from _engine_helpers import make_toy_dataset  # noqa: E402
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
 from crossview.gui.workers import LatencyProbe  # noqa: E402
 

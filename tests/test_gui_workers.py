@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pytestqt")
 
 from crossview.engine.events import Log, Loss, Progress  # noqa: E402
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 from crossview.gui.workers import EventTask, LatencyProbe  # noqa: E402
 
 pytestmark = pytest.mark.gui

@@ -13,7 +13,7 @@ from crossview.cli import main
 from crossview.engine.events import Finished
 from crossview.engine.run import train
 from crossview.engine.session import open_run
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS, FeatureNorm, check_norm
 
 

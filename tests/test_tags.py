@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features import tags as tags_mod
 from crossview.features.tags import caption_tags, extract_tags, lemmatize, pos_tag, tagger_backend
 

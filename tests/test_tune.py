@@ -12,7 +12,7 @@ from crossview.cli import main
 from crossview.engine.events import Log
 from crossview.engine.session import list_runs
 from crossview.engine.tune import TuneResult, metric_value, tune
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def _run(gen):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from crossview.engine.events import Log, Loss, Progress, Validation
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import create_method, list_methods, method_class
 from crossview.data.method_data import MethodData
 from crossview.methods.wsabie import Wsabie

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.commands._common import ProgressPrinter, _add_dataset_args
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def _parse_params(items: list[str] | None) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from crossview.commands._common import ProgressPrinter, _add_dataset_args, render_demo_reporting
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
 

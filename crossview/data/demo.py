@@ -50,7 +50,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from crossview.data.dataset import PairedDataset
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 from crossview.settings import get_settings
 
 #: Bump when scenes, captions or rendering change: the cache folder is keyed on it.

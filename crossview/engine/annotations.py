@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.engine.io import atomic_write_bytes
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["AnnotationStore", "query_key"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",

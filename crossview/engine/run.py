@@ -53,7 +53,7 @@ import numpy as np
 from crossview.engine.events import CheckpointSaved, Event, Finished, Log, Loss, Progress, Validation
 from crossview.engine.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
                                  load_checkpoint, read_json_object, save_checkpoint)
-from crossview.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 # Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy
 # work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
 from crossview.engine import splits as _splits  # noqa: F401

@@ -32,7 +32,7 @@ from typing import Any
 
 from crossview.engine.events import Event, Finished, Log, Progress, TrialFinished
 from crossview.engine.io import atomic_write_json, read_json
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table", "parse_grid",
            "parse_grid_values", "split_values"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["RunResults", "load_run_results"]
 

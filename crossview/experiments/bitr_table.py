@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from crossview.engine.events import Event, Finished, Log, Progress
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",

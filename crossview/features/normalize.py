@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized", "default_norms_of"]
 

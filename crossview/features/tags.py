@@ -375,10 +375,10 @@ def _resolve(backend: str | None) -> str:
     if backend is None:
         return tagger_backend()
     if backend not in BACKENDS:
-        from crossview.errors import CrossViewError
+        from crossview.core.errors import CrossViewError
         raise CrossViewError(f"unknown tagger backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "perceptron" and _perceptron_model() is None:
-        from crossview.errors import CrossViewError
+        from crossview.core.errors import CrossViewError
         raise CrossViewError("the perceptron POS tagger needs the package textblob-aptagger: "
                              "pip install textblob-aptagger (or use backend='rules')")
     return backend
@@ -404,7 +404,7 @@ def extract_tags(caption: str, *, backend: str | None = None) -> list[str]:
     An empty caption gives ``[]``.
     """
     if not isinstance(caption, str):
-        from crossview.errors import CrossViewError
+        from crossview.core.errors import CrossViewError
         raise CrossViewError(f"extract_tags needs a caption string, got {type(caption).__name__}")
     b = _resolve(backend)
     out: list[str] = []

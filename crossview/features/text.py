@@ -23,7 +23,7 @@ Captions with no known word: ``bow``/``tfidf``/``glove`` give a zero row, ``lda`
 distribution (the prior), the transformers the embedding of the empty sentence (``[CLS] [SEP]``).
 
 Nothing is ever downloaded: the transformers load with ``local_files_only=True`` and
-``HF_HUB_OFFLINE=1``; a missing package or folder raises :class:`~crossview.errors.WeightsNotFoundError`
+``HF_HUB_OFFLINE=1``; a missing package or folder raises :class:`~crossview.core.errors.WeightsNotFoundError`
 that names what to install or where the files must be. scikit-learn, torch and transformers are
 imported only when an encoder needs them, so importing this module is cheap.
 """
@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from crossview.data.text import tokenize
-from crossview.errors import Cancelled, CrossViewError, WeightsNotFoundError
+from crossview.core.errors import Cancelled, CrossViewError, WeightsNotFoundError
 from crossview.features.vocab import Vocabulary
 
 __all__ = ["TextEncoder", "DEFAULT_TEXT_ENCODER", "list_text_encoders", "create_text_encoder",
@@ -214,7 +214,7 @@ class TextEncoder:
         """``(n, dim) float32`` features of ``captions``, ``batch_size`` at a time.
 
         ``progress(done, total)`` is called after each batch; when ``should_stop()`` returns True
-        (checked before each batch) :class:`~crossview.errors.Cancelled` is raised. ``device`` matters
+        (checked before each batch) :class:`~crossview.core.errors.Cancelled` is raised. ``device`` matters
         for the transformers only (the others run on the CPU).
         """
         captions = _check_captions(captions)

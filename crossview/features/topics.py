@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from crossview.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 from crossview.features import Features
 from crossview.features.cache import FeatureCache
 
@@ -578,7 +578,7 @@ def build_representation(dataset: Any, name: str = "default", *,
         seed: k-means and LDA seed.
         cache: a :class:`FeatureCache`, ``None`` for the default one, ``False`` for none.
         progress: ``progress(stage, done, total)``; ``should_stop()`` cancels
-            (:class:`~crossview.errors.Cancelled`).
+            (:class:`~crossview.core.errors.Cancelled`).
 
     Returns:
         A :class:`Representation`; ``image (n_images, p)``, ``text (n_captions, q)`` float32.
@@ -928,7 +928,7 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
     attached (``spec["representation"]`` is its state, which the run's checkpoint keeps).
 
     The local descriptors go through the feature cache; ``progress(stage, done, total)`` reports every
-    stage; ``should_stop()`` cancels (:class:`~crossview.errors.Cancelled`).
+    stage; ``should_stop()`` cancels (:class:`~crossview.core.errors.Cancelled`).
     """
     from crossview.features import image as image_mod
 

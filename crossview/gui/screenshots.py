@@ -17,7 +17,7 @@ def _wait(signal: Any, timeout_ms: int, what: str) -> list[Any]:
     """Run the event loop until ``signal`` fires (its arguments) or raise after ``timeout_ms``."""
     from PySide6.QtCore import QEventLoop, QTimer
 
-    from crossview.errors import CrossViewError
+    from crossview.core.errors import CrossViewError
 
     loop = QEventLoop()
     got: list[Any] = []
@@ -72,7 +72,7 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
                        size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print) -> list[Path]:
     """Write ``data.png``, ``train.png``, ``query_i2t.png``, ``query_t2i.png``, ``inspect.png`` and
     ``presentation.png`` into ``out``; returns their paths."""
-    from crossview.errors import CrossViewError
+    from crossview.core.errors import CrossViewError
     from crossview.gui.launch import ensure_app, has_display
 
     if not has_display():

@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 from typing import Any, Callable, TypeVar
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["register_method", "create_method", "list_methods", "method_class", "method_card", "Method",

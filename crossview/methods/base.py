@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from crossview.data.method_data import MethodData
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["MethodData", "Method", "DIRECTIONS", "check_direction"]
 

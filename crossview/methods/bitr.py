@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods._qp import solve_dual_qp
 from crossview.methods.base import Method, MethodData, check_direction

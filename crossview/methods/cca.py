@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from crossview.engine.events import Event, Log, Progress, Validation
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData, check_direction
 

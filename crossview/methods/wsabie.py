@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from crossview.engine.events import Log, Loss, Progress, Validation
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData
 from crossview.nn.warp import harmonic_table, max_norm_columns_, rank_weight, sample_violators

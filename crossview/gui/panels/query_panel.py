@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QLin
 
 from crossview.engine.annotations import AnnotationStore, query_key
 from crossview.engine.io import atomic_write_bytes
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
 
 from crossview.engine.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
 from crossview.engine.tune import TuneResult
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
 from crossview.gui.search_dialog import SearchDialog, SearchSpec
