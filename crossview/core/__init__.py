@@ -1,4 +1,5 @@
 """The ground floor every layer may use; it imports nothing else of CrossView.
 
 - :mod:`crossview.core.errors`: :class:`~crossview.core.errors.CrossViewError` and its subclasses.
+- :mod:`crossview.core.settings`: where caches, runs and user data live (environment variables override).
 """

@@ -51,7 +51,7 @@ from PIL import Image, ImageDraw
 
 from crossview.data.dataset import PairedDataset
 from crossview.core.errors import DatasetError
-from crossview.settings import get_settings
+from crossview.core.settings import get_settings
 
 #: Bump when scenes, captions or rendering change: the cache folder is keyed on it.
 DEMO_VERSION = 1

@@ -106,7 +106,7 @@ class RunConfig:
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
     """``get_settings().runs_dir / "<method>-<dataset>-<timestamp>"`` (a new, unused name)."""
-    from crossview.settings import get_settings
+    from crossview.core.settings import get_settings
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"

@@ -138,7 +138,7 @@ def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[st
 def list_runs(root: str | Path | None = None) -> list[Path]:
     """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
     (folders with a ``tune.json``) included."""
-    from crossview.settings import get_settings
+    from crossview.core.settings import get_settings
 
     base = Path(root) if root is not None else get_settings().runs_dir
     if not base.is_dir():

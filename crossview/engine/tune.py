@@ -181,7 +181,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     metric_value({"rsum": 0.0, "i2t": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0},
                   "t2i": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0}}, metric)
     if out is None:
-        from crossview.settings import get_settings
+        from crossview.core.settings import get_settings
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in ds.name) or "data"
         out = get_settings().runs_dir / f"tune-{method}-{safe}-{stamp}"

@@ -25,7 +25,7 @@ from crossview.gui.panels.inspect_panel import InspectPanel
 from crossview.gui.panels.query_panel import QueryPanel
 from crossview.gui.panels.train_panel import TrainPanel
 from crossview.gui.workers import Task
-from crossview.settings import get_settings
+from crossview.core.settings import get_settings
 
 MAX_RECENT = 8
 #: The window's first size: this share of the screen's available area, at most MAX_START_SIZE.

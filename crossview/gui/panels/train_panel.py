@@ -124,7 +124,7 @@ class TrainPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None, runs_root: str | Path | None = None) -> None:
         super().__init__(parent)
-        from crossview.settings import get_settings
+        from crossview.core.settings import get_settings
 
         self.runs_root = Path(runs_root) if runs_root is not None else get_settings().runs_dir
         preload_engine_modules()
