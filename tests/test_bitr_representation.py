@@ -183,7 +183,7 @@ def test_run_saves_the_representation_and_open_run_queries_it(rep, demo, encoder
 def test_resume_continues_on_the_saved_representation(demo, encoder, tmp_path, monkeypatch):
     """A cancelled TR run resumes on the representation its checkpoint saved (nothing is refitted)."""
     from crossview.engine import run as run_mod
-    from crossview.engine.events import Finished, Loss
+    from crossview.core.events import Finished, Loss
 
     run_dir = tmp_path / "run"
     it = run_mod.train("bitr", demo, run_dir=run_dir, params={**PARAMS, "representation": "tr"},

@@ -20,7 +20,7 @@ import pytest
 
 import _engine_helpers as H
 from crossview.engine import io as eio
-from crossview.engine.events import Finished, Loss
+from crossview.core.events import Finished, Loss
 from crossview.engine.run import read_status, resume
 from crossview.data.method_data import MethodData
 
@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
     import _engine_helpers as H
     import crossview.engine.io as eio
     from crossview.engine import train
-    from crossview.engine.events import CheckpointSaved
+    from crossview.core.events import CheckpointSaved
 
     saves = 0
     real_write = eio._write_payload

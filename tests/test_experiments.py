@@ -167,7 +167,7 @@ def table(tiny, precomp, tmp_path_factory):
 
 
 def test_table_is_full_and_methods_beat_random_embeddings(table):
-    from crossview.engine.events import Finished, Log, Progress
+    from crossview.core.events import Finished, Log, Progress
 
     assert isinstance(table[-1], Finished) and any(isinstance(e, Progress) for e in table)
     assert any(isinstance(e, Log) and "bitr-c: trained" in e.message for e in table)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from crossview.engine.events import Log, Loss, Progress  # noqa: E402
+from crossview.core.events import Log, Loss, Progress  # noqa: E402
 from crossview.core.errors import CrossViewError  # noqa: E402
 from crossview.gui.workers import EventTask, LatencyProbe  # noqa: E402
 

@@ -10,7 +10,7 @@ import pytest
 
 from _engine_helpers import make_toy_dataset
 from crossview.cli import main
-from crossview.engine.events import Finished
+from crossview.core.events import Finished
 from crossview.engine.run import train
 from crossview.engine.session import open_run
 from crossview.core.errors import CrossViewError

@@ -82,7 +82,7 @@ def test_format_seconds():
 
 def test_train_event_printer_off_a_terminal_reports_each_stage():
     from crossview.commands.train import _EventPrinter
-    from crossview.engine.events import Log, Progress
+    from crossview.core.events import Log, Progress
 
     clock, out = Clock(), io.StringIO()
     pr = _EventPrinter(out, clock=clock)

@@ -70,7 +70,7 @@ def _command_line(args: argparse.Namespace) -> str:
 def cmd_bitr_table(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
-    from crossview.engine.events import Finished, Log, Progress
+    from crossview.core.events import Finished, Log, Progress
     from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
                                                   run_bitr_table)
 

@@ -166,7 +166,7 @@ class _EventPrinter:
         return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
 
     def __call__(self, ev: Any) -> None:
-        from crossview.engine.events import CheckpointSaved, Log, Loss, Progress, Validation
+        from crossview.core.events import CheckpointSaved, Log, Loss, Progress, Validation
 
         if isinstance(ev, Progress):
             message = ev.message or "training"
@@ -217,7 +217,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Run (or resume) a training run and print the metric table."""
     import json
 
-    from crossview.engine.events import Finished
+    from crossview.core.events import Finished
     from crossview.engine.run import read_status, resume, train
 
     if args.list:

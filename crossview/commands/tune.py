@@ -19,7 +19,7 @@ __all__ = ["register", "cmd_tune", "parse_grid"]
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from crossview.commands.train import _EventPrinter, parse_set_values
-    from crossview.engine.events import Log, Progress
+    from crossview.core.events import Log, Progress
     from crossview.engine.tune import TuneResult, format_tune_table, tune
 
     grid = parse_grid(args.method, args.grid)

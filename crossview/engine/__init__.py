@@ -1,6 +1,5 @@
-"""Runs: the training loop, progress events, checkpoints, devices and cancellation.
+"""Runs: the training loop, checkpoints and cancellation (events, io and devices live in crossview.core).
 
-- :mod:`crossview.engine.events`: the plain-dataclass events methods and runs yield.
 - :mod:`crossview.engine.devices`: ``auto | cpu | cuda[:n] | mps`` selection.
 - :mod:`crossview.engine.io`: atomic file writes (JSON, checkpoints) and the events log.
 - :mod:`crossview.engine.run`: :func:`train` (a generator) and :func:`resume`.

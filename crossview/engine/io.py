@@ -78,7 +78,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically (numpy values converted)."""
-    from crossview.engine.events import _jsonable
+    from crossview.core.events import _jsonable
     text = json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n"
     return atomic_write_bytes(path, text.encode("utf-8"))
 
@@ -370,7 +370,7 @@ class EventLog:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, event: Any) -> None:
-        """Append one event (an :class:`~crossview.engine.events.Event` or a plain dict)."""
+        """Append one event (an :class:`~crossview.core.events.Event` or a plain dict)."""
         d = event.to_dict() if hasattr(event, "to_dict") else dict(event)
         d = {**d, "time": round(time.time(), 3), "t": round(time.monotonic() - self._start, 3)}
         self._f.write(json.dumps(d) + "\n")

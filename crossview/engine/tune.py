@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from crossview.engine.events import Event, Finished, Log, Progress, TrialFinished
+from crossview.core.events import Event, Finished, Log, Progress, TrialFinished
 from crossview.engine.io import atomic_write_json, read_json
 from crossview.core.errors import CrossViewError
 

@@ -49,7 +49,7 @@ def _settle(app: Any, ms: int = 300) -> None:
 def train_quick_run(data: str, method: str, run_dir: Path | None,
                     log: Callable[[str], None] = print) -> Path:
     """Train ``method`` on ``data`` with the engine (default parameters) and return the run folder."""
-    from crossview.engine.events import Finished, Progress
+    from crossview.core.events import Finished, Progress
     from crossview.engine.run import train
 
     it = train(method, data, run_dir=run_dir)

@@ -7,7 +7,7 @@ scikit-learn's conventions (STYLE.md 4):
   name (no logic, no validation there); :meth:`Method.get_params` / :meth:`Method.set_params` read
   and write them; learned attributes end in ``_`` (``W_``, ``projections_``).
 - :meth:`Method.fit_iter` is a generator that does the work and yields
-  :mod:`crossview.engine.events` (``Progress``, ``Loss``, ``Validation``, ``Log``); it must yield at
+  :mod:`crossview.core.events` (``Progress``, ``Loss``, ``Validation``, ``Log``); it must yield at
   least once per batch / cutting-plane iteration, because cancelling is the consumer stopping the
   iteration. :meth:`Method.fit` drains it and returns ``self``.
 - :meth:`Method.encode_images` / :meth:`Method.encode_texts` return ``(n, D) float32`` matrices with

@@ -1178,7 +1178,7 @@ class Bitr(Method):
         Yields a ``Loss`` (primal, dual, gap, violation, ...) and a ``Progress`` event every cutting-plane
         iteration, ``Log`` messages, and a ``Validation`` with both directions' metrics on ``val`` at the end.
         """
-        from crossview.engine.events import Log, Loss, Progress, Validation
+        from crossview.core.events import Log, Loss, Progress, Validation
 
         grid = self._check_params()
         dev = _resolve_device(str(self.device))
@@ -1254,7 +1254,7 @@ class Bitr(Method):
 
     def _cross_validate(self, grid: tuple[float, ...], img: np.ndarray, txt: np.ndarray, ci: np.ndarray,
                         dev: torch.device):
-        from crossview.engine.events import Log, Loss, Progress
+        from crossview.core.events import Log, Loss, Progress
 
         k = int(self.cv_folds)
         n_img = img.shape[0]

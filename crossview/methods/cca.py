@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from crossview.engine.events import Event, Log, Progress, Validation
+from crossview.core.events import Event, Log, Progress, Validation
 from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData, check_direction

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from crossview.engine.events import Log, Loss, Progress, Validation
+from crossview.core.events import Log, Loss, Progress, Validation
 from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData

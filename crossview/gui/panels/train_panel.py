@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
                                QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout, QWidget)
 
-from crossview.engine.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
+from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
 from crossview.engine.tune import TuneResult
 from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
@@ -1074,7 +1074,7 @@ class TrainPanel(QWidget):
 
     def show_history(self, run_dir: str | Path) -> int:
         """Draw the curves and log of a past run from its ``metrics.jsonl``; returns the number of events."""
-        from crossview.engine.events import event_from_dict
+        from crossview.core.events import event_from_dict
         from crossview.engine.io import read_events
 
         path = Path(run_dir) / "metrics.jsonl"
