@@ -10,7 +10,7 @@ import pytest
 
 import _engine_helpers as H
 from crossview.engine import io as eio
-from crossview.engine.devices import list_devices, select_device
+from crossview.core.devices import list_devices, select_device
 from crossview.core.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
                                      event_from_dict)
 from crossview.engine.run import SUMMARY_KEYS, read_status, resume, train

@@ -3,4 +3,5 @@
 - :mod:`crossview.core.errors`: :class:`~crossview.core.errors.CrossViewError` and its subclasses.
 - :mod:`crossview.core.settings`: where caches, runs and user data live (environment variables override).
 - :mod:`crossview.core.events`: the plain-dataclass progress events methods and runs yield.
+- :mod:`crossview.core.devices`: ``auto | cpu | cuda[:n] | mps`` selection.
 """

@@ -411,7 +411,7 @@ class _Run:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, dataset: Any, features: Any, resuming: bool,
                  cache: Any = None, checkpoint: _Loaded | None = None, split_note: str | None = None) -> None:
-        from crossview.engine.devices import select_device
+        from crossview.core.devices import select_device
         from crossview.engine.splits import apply_derived_splits, plan_splits
         from crossview.methods import create_method
 

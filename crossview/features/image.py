@@ -141,8 +141,8 @@ def default_num_workers(device: Any = "cpu") -> int:
 
 def resolve_device(device: str | Any = "cpu") -> Any:
     """``"cpu" | "cuda" | "cuda:N" | "mps" | "auto"`` -> a ``torch.device``, checked to exist
-    (:func:`crossview.engine.devices.torch_device`; a device that is not there raises CrossViewError)."""
-    from crossview.engine.devices import torch_device
+    (:func:`crossview.core.devices.torch_device`; a device that is not there raises CrossViewError)."""
+    from crossview.core.devices import torch_device
 
     return torch_device(device)
 

@@ -99,8 +99,8 @@ def create_text_encoder(name: str, **params: Any) -> "TextEncoder":
 
 def resolve_device(device: str | None) -> Any:
     """A ``torch.device`` for ``auto | cpu | cuda[:n] | mps``; a clear error when it is not available
-    (:func:`crossview.engine.devices.torch_device`)."""
-    from crossview.engine.devices import torch_device
+    (:func:`crossview.core.devices.torch_device`)."""
+    from crossview.core.devices import torch_device
 
     return torch_device(device)
 

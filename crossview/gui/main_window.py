@@ -224,7 +224,7 @@ class MainWindow(QMainWindow):
     @staticmethod
     def _device_text() -> str:
         try:
-            from crossview.engine.devices import select_device
+            from crossview.core.devices import select_device
             return f"Device: {select_device('auto')}"
         except Exception:  # noqa: BLE001 - the status bar must never stop the app
             return "Device: cpu"

@@ -204,7 +204,7 @@ def _normalize(a: np.ndarray, how: str) -> np.ndarray:
 
 
 def _resolve_device(device: str) -> torch.device:
-    from crossview.engine.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
+    from crossview.core.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
 
     return torch_device(device)
 

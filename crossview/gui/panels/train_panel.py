@@ -395,7 +395,7 @@ class TrainPanel(QWidget):
         self.text_encoder.setToolTip("Caption features; fitted encoders (tfidf, bow, lda) learn on the train split")
 
     def _fill_devices(self) -> None:
-        from crossview.engine.devices import list_devices
+        from crossview.core.devices import list_devices
 
         self.device_combo.addItem("auto (a GPU when present)", "auto")
         for d in list_devices():
