@@ -106,7 +106,7 @@ def _to_tensors(obj):
 def test_run_saves_the_representation_and_open_run_queries_it(rep, demo, encoder, tmp_path):
     from PIL import Image
 
-    from crossview.engine.io import load_checkpoint
+    from crossview.core.io import load_checkpoint
     from crossview.engine.session import open_run
     from crossview.eval.embeddings import load_embeddings
     from crossview.data.method_data import MethodData

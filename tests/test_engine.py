@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import _engine_helpers as H
-from crossview.engine import io as eio
+from crossview.core import io as eio
 from crossview.core.devices import list_devices, select_device
 from crossview.core.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
                                      event_from_dict)
@@ -63,7 +63,7 @@ def test_run_folder_contents_and_summary(tmp_path, toy):
 
     # The checkpoint rebuilds the method and the run's fitted feature normalisation (CCA's default: ssr on
     # the images): same scores as the run's.
-    from crossview.engine.io import load_checkpoint
+    from crossview.core.io import load_checkpoint
     from crossview.features import Features
     from crossview.features.normalize import restore_normalized
     from crossview.methods import Method

@@ -20,7 +20,7 @@ import torch
 
 import _engine_helpers as H
 from crossview.cli import main
-from crossview.engine import io as eio
+from crossview.core import io as eio
 from crossview.core.events import CheckpointSaved, Finished, Log, Loss
 from crossview.engine.run import read_status, read_summary, resume, run_is_locked, train
 from crossview.engine.session import list_runs, open_run

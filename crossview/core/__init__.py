@@ -4,4 +4,5 @@
 - :mod:`crossview.core.settings`: where caches, runs and user data live (environment variables override).
 - :mod:`crossview.core.events`: the plain-dataclass progress events methods and runs yield.
 - :mod:`crossview.core.devices`: ``auto | cpu | cuda[:n] | mps`` selection.
+- :mod:`crossview.core.io`: atomic file writes, validated JSON readers, checkpoints and the events log.
 """

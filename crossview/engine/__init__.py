@@ -1,6 +1,5 @@
 """Runs: the training loop, checkpoints and cancellation (events, io and devices live in crossview.core).
 
-- :mod:`crossview.engine.io`: atomic file writes (JSON, checkpoints) and the events log.
 - :mod:`crossview.engine.run`: :func:`train` (a generator) and :func:`resume`.
 
 Submodules are imported lazily so that ``import crossview.engine`` never imports torch.

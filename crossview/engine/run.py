@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Progress, Validation
-from crossview.engine.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
+from crossview.core.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
                                  load_checkpoint, read_json_object, save_checkpoint)
 from crossview.core.errors import Cancelled, CrossViewError
 # Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy

@@ -54,7 +54,7 @@ class OpenRun:
 def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
              should_stop: Any = None) -> OpenRun:
     """Load the run in ``run_dir`` (see the module docstring); ``progress(stage, done, total)``."""
-    from crossview.engine.io import load_checkpoint
+    from crossview.core.io import load_checkpoint
     from crossview.engine.run import CHECKPOINT, CONFIG, SUMMARY, _load, read_config, read_summary
     from crossview.features import extract_features
     from crossview.methods import create_method

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.core.events import Event, Finished, Log, Progress, TrialFinished
-from crossview.engine.io import atomic_write_json, read_json
+from crossview.core.io import atomic_write_json, read_json
 from crossview.core.errors import CrossViewError
 
 __all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table", "parse_grid",

@@ -204,14 +204,14 @@ class Method:
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically, in the
-        weights-only format of :func:`crossview.engine.io.save_checkpoint` (``"format": 2``)."""
-        from crossview.engine.io import save_checkpoint
+        weights-only format of :func:`crossview.core.io.save_checkpoint` (``"format": 2``)."""
+        from crossview.core.io import save_checkpoint
         return save_checkpoint(path, {"method_state": self.state_dict(), **(extra or {})})
 
     @classmethod
     def load(cls, path: str | Path) -> "Method":
         """A method rebuilt from a checkpoint written by :meth:`save` or by a run."""
-        from crossview.engine.io import load_checkpoint
+        from crossview.core.io import load_checkpoint
         from crossview.methods import create_method
 
         ckpt = load_checkpoint(path)   # weights-only: the file can hold no code

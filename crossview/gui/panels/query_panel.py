@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QLin
                                QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
 
 from crossview.engine.annotations import AnnotationStore, query_key
-from crossview.engine.io import atomic_write_bytes
+from crossview.core.io import atomic_write_bytes
 from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.thumbnails import ThumbnailCache, placeholder

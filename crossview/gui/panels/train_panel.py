@@ -596,7 +596,7 @@ class TrainPanel(QWidget):
 
     @staticmethod
     def _run_config(run_dir: Path) -> dict[str, Any]:
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
         try:
             cfg = read_json(Path(run_dir) / "config.json")
         except CrossViewError:
@@ -617,7 +617,7 @@ class TrainPanel(QWidget):
         return ""
 
     def _run_dataset_matches(self, run_dir: Path) -> bool:
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
         try:
             return read_json(run_dir / "config.json").get("dataset_fingerprint") == self.dataset.fingerprint()
         except CrossViewError:
@@ -883,7 +883,7 @@ class TrainPanel(QWidget):
         """Run the search in ``folder`` (default: :meth:`_search_to_continue`) again, as recorded in its
         ``tune.json`` (or as this panel started it, when it stopped before its first trial finished): finished
         trials are read back, an interrupted one resumes, the rest run, then the best is refitted."""
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
 
         folder = Path(folder) if folder is not None else self._search_to_continue()
         if folder is None or (self.task is not None and self.task.is_running()):
@@ -910,7 +910,7 @@ class TrainPanel(QWidget):
     def _search_data(self, folder: Path, rec: dict[str, Any]) -> Any:
         """The dataset a recorded search ran on: the panel's own when a trial's fingerprint matches, else the
         path the record names."""
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
 
         if self.dataset is not None:
             for cfg_path in sorted(folder.glob("trial-*/config.json")):
@@ -1075,7 +1075,7 @@ class TrainPanel(QWidget):
     def show_history(self, run_dir: str | Path) -> int:
         """Draw the curves and log of a past run from its ``metrics.jsonl``; returns the number of events."""
         from crossview.core.events import event_from_dict
-        from crossview.engine.io import read_events
+        from crossview.core.io import read_events
 
         path = Path(run_dir) / "metrics.jsonl"
         if not path.is_file() or (self.task is not None and self.task.is_running()):

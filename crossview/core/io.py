@@ -1,4 +1,4 @@
-"""Files of a run, written so that nothing the user made is ever half-written.
+"""Files CrossView writes (run folders, the feature cache, checkpoints), so nothing the user made is ever half-written.
 
 - :func:`atomic_write_bytes` / :func:`atomic_write_json`: a temp file in the same folder, flushed and
   fsync'ed, then ``os.replace``'d over the target (atomic on POSIX and Windows). A crash or SIGKILL at
