@@ -351,7 +351,7 @@ def test_default_run_dir_is_under_the_runs_folder(tmp_path, toy, monkeypatch):
 def test_card_flags_become_train_options(tmp_path, toy, monkeypatch, capsys):
     """A card parameter with ``flag = "--ridge"`` gets its own `crossview train` option."""
     from crossview.cli import main
-    from crossview.resources import models_dir
+    from crossview.core.resources import models_dir
 
     cards = tmp_path / "models"
     cards.mkdir()

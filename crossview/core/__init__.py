@@ -5,4 +5,5 @@
 - :mod:`crossview.core.events`: the plain-dataclass progress events methods and runs yield.
 - :mod:`crossview.core.devices`: ``auto | cpu | cuda[:n] | mps`` selection.
 - :mod:`crossview.core.io`: atomic file writes, validated JSON readers, checkpoints and the events log.
+- :mod:`crossview.core.resources`: where the repository's ``resources/`` and ``models/`` folders are.
 """
