@@ -917,7 +917,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
     from crossview.engine.splits import plan_splits
-    from crossview.features.normalize import default_norms_of
+    from crossview.methods import default_norms_of
 
     default_norms = default_norms_of(method, params)
     ds, source = _load(data, data_format, image_root)

@@ -438,7 +438,7 @@ class TrainPanel(QWidget):
 
     def _update_norm_defaults(self, method: str | None) -> None:
         """Name the method's own normalisations in the first entry of each choice ("method default (ssr)")."""
-        from crossview.features.normalize import default_norms_of
+        from crossview.methods import default_norms_of
 
         defaults = default_norms_of(method) if method else ("none", "none")
         for combo, default in ((self.image_norm, defaults[0]), (self.text_norm, defaults[1])):
@@ -685,7 +685,7 @@ class TrainPanel(QWidget):
         return out
 
     def _resolved_norms(self) -> tuple[str, str]:
-        from crossview.features.normalize import default_norms_of
+        from crossview.methods import default_norms_of
 
         defaults = default_norms_of(self.method_combo.currentData())
         img, txt = self.norms()
