@@ -12,7 +12,7 @@ Paper 001 (section 6) represents both modalities by 100-d vectors:
   k-means, FAISS), counted into a bag-of-visual-words histogram per image, and LDA turns the histogram
   into a topic distribution. Captions use the ``"lda"`` text encoder (:mod:`crossview.features.text`).
 - **CTR** (correlated TR): the TR of each modality projected by CCA into a maximally correlated space
-  (``crossview.methods.cca.fit_cca`` / ``cca_transform``), rows L2-normalised.
+  (``crossview.core.linalg.fit_cca`` / ``cca_transform``), rows L2-normalised.
 - **modern** (section 7.7): pooled CNN features reduced by PCA to 128-d
   (:class:`~crossview.features.image.PCAReducer`) and averaged word vectors (GloVe 6B 50-d here; the
   paper used 300-d word2vec).
@@ -659,7 +659,7 @@ def build_representation(dataset: Any, name: str = "default", *,
         info.update(image_dim=int(image.shape[1]), text_dim=int(text.shape[1]))
         return Representation(name, image, text, encode_tr, fit, info)
 
-    from crossview.methods.cca import cca_transform, fit_cca
+    from crossview.core.linalg import cca_transform, fit_cca
 
     if progress:
         progress("cca", 0, 1)
@@ -759,7 +759,7 @@ class TopicRepresentation:
 
     def encode_local(self, local: np.ndarray) -> np.ndarray:
         """Image features ``(k, dim) float32`` from local descriptors ``(k, m, c)``."""
-        from crossview.methods.cca import cca_transform
+        from crossview.core.linalg import cca_transform
 
         x = self.visual.transform(local)
         return x if self.cca is None else cca_transform(x, self.cca["x_mean"], self.cca["x_proj"])
@@ -769,7 +769,7 @@ class TopicRepresentation:
                         should_stop: Callable[[], bool] | None = None, dataset_name: str = "") -> np.ndarray:
         """Caption features ``(n, dim) float32`` (the fitted ``lda`` topics, CCA-projected for CTR)."""
         from crossview import features as F
-        from crossview.methods.cca import cca_transform
+        from crossview.core.linalg import cca_transform
 
         t, _ = F.encode_captions(list(captions), self.text, cache=cache, device=device, progress=progress,
                                  should_stop=should_stop, dataset_name=dataset_name)
@@ -956,7 +956,7 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
         progress("fit text", 1, 1)
     model = TopicRepresentation(name, _encoder_record(encoder), visual, text_model)
     if name == "ctr":
-        from crossview.methods.cca import fit_cca
+        from crossview.core.linalg import fit_cca
 
         if progress:
             progress("cca", 0, 1)

@@ -1134,7 +1134,7 @@ class Bitr(Method):
             # Both views projected on the top canonical directions of the training pairs (one pair per
             # caption), dimension k weighted by corr_k ** 0.5: CCA's own best setting on real photos
             # (bench/results/defaults_flickr8k.md). The structured SVM then learns W on top of that space.
-            from crossview.methods.cca import fit_cca
+            from crossview.core.linalg import fit_cca
 
             X = np.asarray(train.image_features, dtype=np.float32)[np.asarray(train.caption_image)]
             res = fit_cca(X, np.asarray(text, dtype=np.float32), int(self.cca_dim), CCA_REG)
