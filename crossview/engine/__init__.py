@@ -1,6 +1,7 @@
 """Runs: the training loop, checkpoints and cancellation (events, io and devices live in crossview.core).
 
 - :mod:`crossview.engine.run`: :func:`train` (a generator) and :func:`resume`.
+- :mod:`crossview.engine.results`: a finished run folder's metrics, ranks and its card's paper numbers.
 
 Submodules are imported lazily so that ``import crossview.engine`` never imports torch.
 """

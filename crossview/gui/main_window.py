@@ -391,7 +391,7 @@ class MainWindow(QMainWindow):
         from crossview.data.readers import load_dataset
         from crossview.engine.annotations import AnnotationStore
         from crossview.engine.session import open_run
-        from crossview.eval.runs import load_run_results
+        from crossview.engine.results import load_run_results
 
         if self._run_task is not None and self._run_task.is_running():
             self._run_task.cancel()
@@ -442,7 +442,7 @@ class MainWindow(QMainWindow):
         if task is not self._run_task:
             return
         from crossview.engine.session import list_runs
-        from crossview.eval.runs import load_run_results
+        from crossview.engine.results import load_run_results
 
         run, retriever, annotations, results = res
         try:

@@ -132,7 +132,7 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         shot("query_t2i")
 
         if compare:
-            from crossview.eval.runs import load_run_results
+            from crossview.engine.results import load_run_results
             win.inspect_panel.set_runs([*win.inspect_panel.runs.values(), load_run_results(compare)])
             win.inspect_panel.set_compare(load_run_results(compare))
         win.tabs.setCurrentWidget(win.inspect_panel)
