@@ -638,7 +638,7 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
     from crossview.engine.results import load_run_results
-    from crossview.gui.launch import NO_DISPLAY, _exec, demo_run, ensure_app, has_display
+    from crossview.gui.app import NO_DISPLAY, demo_run, ensure_app, exec_app, has_display
     if not has_display():
         print(NO_DISPLAY, file=sys.stderr)
         sys.exit(1)
@@ -652,4 +652,4 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
         panel.set_compare(runs[1])
     panel.resize(1200, 850)
     panel.show()
-    sys.exit(_exec(app))
+    sys.exit(exec_app(app))

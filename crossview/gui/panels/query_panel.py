@@ -714,7 +714,7 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
     from crossview.engine.session import open_run
-    from crossview.gui.launch import NO_DISPLAY, _exec, demo_run, ensure_app, has_display
+    from crossview.gui.app import NO_DISPLAY, demo_run, ensure_app, exec_app, has_display
     if not has_display():
         print(NO_DISPLAY, file=sys.stderr)
         sys.exit(1)
@@ -728,4 +728,4 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
                         train_split=run.config.get("train_split", "train"))
     panel.resize(1200, 800)
     panel.show()
-    sys.exit(_exec(app))
+    sys.exit(exec_app(app))

@@ -1180,5 +1180,5 @@ class TrainPanel(QWidget):
 if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
-    from crossview.gui.launch import run_panel
+    from crossview.gui.app import run_panel
     sys.exit(run_panel(TrainPanel, sys.argv[1] if len(sys.argv) > 1 else "demo"))
