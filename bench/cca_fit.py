@@ -46,7 +46,7 @@ def _time(fn, repeat: int = 1, key: str = ""):
 def part1(n: int, p: int, q: int, d: int) -> None:
     from sklearn.cross_decomposition import CCA as SkCCA
 
-    from crossview.methods.cca import fit_cca
+    from crossview.core.linalg import fit_cca
 
     X, Y = _latent_pairs(n, p, q, latent=d)
     t_ours, ours = _time(lambda: fit_cca(X, Y, n_components=d, reg=0.0), repeat=3, key="ours")
@@ -67,7 +67,7 @@ def part1(n: int, p: int, q: int, d: int) -> None:
 def part2(n: int, p: int, q: int, d: int, caps: int) -> None:
     from crossview.methods import create_method
     from crossview.data.method_data import MethodData
-    from crossview.methods.cca import fit_cca
+    from crossview.core.linalg import fit_cca
 
     t_gen, (X, Y) = _time(lambda: _latent_pairs(n, p, q, latent=64, seed=1, dtype=np.float32))
     print(f"part 2: n={n:,} pairs, p={p}, q={q}, {d} directions (data generated in {t_gen:.1f} s)")

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from crossview.engine.events import Loss  # noqa: E402
+from crossview.core.events import Loss  # noqa: E402
 from crossview.methods import create_method  # noqa: E402
 from crossview.data.method_data import MethodData  # noqa: E402
 from crossview.nn.warp import harmonic_table, max_norm_columns_  # noqa: E402

@@ -6,6 +6,6 @@ never import Qt; only ``crossview.gui`` does.
 
 __version__ = "0.1.0"
 
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 
 __all__ = ["CrossViewError", "__version__"]

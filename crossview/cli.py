@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from crossview import __version__
 from crossview.commands._common import ProgressPrinter, _add_dataset_args  # noqa: F401 (re-exported)
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 # Command groups that live in their own modules under crossview/commands/; each has
 # ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``.

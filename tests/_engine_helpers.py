@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.engine.events import Event, Loss, Progress, Validation
+from crossview.core.events import Event, Loss, Progress, Validation
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData
 

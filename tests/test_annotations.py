@@ -8,7 +8,7 @@ import json
 import pytest
 
 from crossview.engine.annotations import AnnotationStore, query_key
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def test_marks_persist_and_the_last_one_wins(tmp_path):

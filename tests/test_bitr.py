@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods._qp import dual_objective, solve_dual_qp
 from crossview.methods.bitr import (CuttingPlaneTrainer, delta, delta_matrix, hinge_terms, most_violated,
                                     most_violated_finite, normalize_rows, parse_c_grid, primal_objective)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from crossview.engine.events import Log, Loss, Progress, Validation
-from crossview.errors import CrossViewError
+from crossview.core.events import Log, Loss, Progress, Validation
+from crossview.core.errors import CrossViewError
 from crossview.methods import create_method, method_class
 from crossview.methods.base import Method, MethodData
 from crossview.methods.bitr import Bitr

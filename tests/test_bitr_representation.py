@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features import topics as T
 
 PARAMS = {"n_topics": 6, "n_words": 24, "C": 10.0}
@@ -106,7 +106,7 @@ def _to_tensors(obj):
 def test_run_saves_the_representation_and_open_run_queries_it(rep, demo, encoder, tmp_path):
     from PIL import Image
 
-    from crossview.engine.io import load_checkpoint
+    from crossview.core.io import load_checkpoint
     from crossview.engine.session import open_run
     from crossview.eval.embeddings import load_embeddings
     from crossview.data.method_data import MethodData
@@ -183,7 +183,7 @@ def test_run_saves_the_representation_and_open_run_queries_it(rep, demo, encoder
 def test_resume_continues_on_the_saved_representation(demo, encoder, tmp_path, monkeypatch):
     """A cancelled TR run resumes on the representation its checkpoint saved (nothing is refitted)."""
     from crossview.engine import run as run_mod
-    from crossview.engine.events import Finished, Loss
+    from crossview.core.events import Finished, Loss
 
     run_dir = tmp_path / "run"
     it = run_mod.train("bitr", demo, run_dir=run_dir, params={**PARAMS, "representation": "tr"},

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import create_method
 from crossview.methods.base import Method, MethodData
-from crossview.methods.cca import CCA, cca_transform, fit_cca
+from crossview.core.linalg import cca_transform, fit_cca
+from crossview.methods.cca import CCA
 
 
 def _paired(n=400, p=8, q=6, latent=3, seed=0):

@@ -19,7 +19,7 @@ from PIL import Image
 
 from crossview.data import demo
 from crossview.data.readers import karpathy
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 N, N_WEB = 60, 20
 W = 128  # image size

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import _engine_helpers as H
-from crossview.engine import io as eio
-from crossview.engine.devices import list_devices, select_device
-from crossview.engine.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
+from crossview.core import io as eio
+from crossview.core.devices import list_devices, select_device
+from crossview.core.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
                                      event_from_dict)
 from crossview.engine.run import SUMMARY_KEYS, read_status, resume, train
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_run_folder_contents_and_summary(tmp_path, toy):
 
     # The checkpoint rebuilds the method and the run's fitted feature normalisation (CCA's default: ssr on
     # the images): same scores as the run's.
-    from crossview.engine.io import load_checkpoint
+    from crossview.core.io import load_checkpoint
     from crossview.features import Features
     from crossview.features.normalize import restore_normalized
     from crossview.methods import Method
@@ -351,7 +351,7 @@ def test_default_run_dir_is_under_the_runs_folder(tmp_path, toy, monkeypatch):
 def test_card_flags_become_train_options(tmp_path, toy, monkeypatch, capsys):
     """A card parameter with ``flag = "--ridge"`` gets its own `crossview train` option."""
     from crossview.cli import main
-    from crossview.resources import models_dir
+    from crossview.core.resources import models_dir
 
     cards = tmp_path / "models"
     cards.mkdir()

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import _engine_helpers as H
-from crossview.engine import io as eio
-from crossview.engine.events import Finished, Loss
+from crossview.core import io as eio
+from crossview.core.events import Finished, Loss
 from crossview.engine.run import read_status, resume
 from crossview.data.method_data import MethodData
 
@@ -29,9 +29,9 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, sys.argv[2])
     import _engine_helpers as H
-    import crossview.engine.io as eio
+    import crossview.core.io as eio
     from crossview.engine import train
-    from crossview.engine.events import CheckpointSaved
+    from crossview.core.events import CheckpointSaved
 
     saves = 0
     real_write = eio._write_payload

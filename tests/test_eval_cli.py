@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from crossview.cli import main
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval import evaluate
 from crossview.eval.embeddings import Embeddings, evaluate_embeddings, load_embeddings, save_embeddings
 from crossview.eval.protocols import identity_hits, mean_average_precision, precision_at_k

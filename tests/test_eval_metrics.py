@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval import (
     coco_1k,
     coco_5k,

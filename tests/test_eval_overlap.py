@@ -7,7 +7,7 @@ import pytest
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval import caption_overlap, caption_overlap_i2t, caption_overlap_t2i
 from crossview.eval.overlap import OVERLAP_KEYS, SentenceOverlap
 

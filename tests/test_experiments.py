@@ -10,7 +10,7 @@ import pytest
 
 from crossview.cli import main
 from crossview.data.dataset import PairedDataset
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval.overlap import SentenceOverlap
 from crossview.experiments import bitr_table as B
 from crossview.features import FeatureCache
@@ -167,7 +167,7 @@ def table(tiny, precomp, tmp_path_factory):
 
 
 def test_table_is_full_and_methods_beat_random_embeddings(table):
-    from crossview.engine.events import Finished, Log, Progress
+    from crossview.core.events import Finished, Log, Progress
 
     assert isinstance(table[-1], Finished) and any(isinstance(e, Progress) for e in table)
     assert any(isinstance(e, Log) and "bitr-c: trained" in e.message for e in table)

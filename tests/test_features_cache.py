@@ -206,7 +206,7 @@ def test_nan_rows_in_a_cached_entry_are_extracted_again(store, caplog):
 
 
 def test_an_encoder_that_makes_nan_is_a_clear_error_and_nothing_is_cached(store):
-    from crossview.errors import CrossViewError
+    from crossview.core.errors import CrossViewError
     from crossview.features import encode_captions
 
     model = _tfidf(CAPTIONS)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from crossview.errors import Cancelled, CrossViewError, DatasetError, WeightsNotFoundError
+from crossview.core.errors import Cancelled, CrossViewError, DatasetError, WeightsNotFoundError
 from crossview.features.image import (DEFAULT_IMAGE_ENCODER, PCAReducer, backbone_spec, create_image_encoder,
                                       list_image_encoders, resolve_device)
 from crossview.features.weights import PackagedWeights, resolve_weights

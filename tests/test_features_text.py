@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from crossview.errors import Cancelled, CrossViewError, WeightsNotFoundError
+from crossview.core.errors import Cancelled, CrossViewError, WeightsNotFoundError
 from crossview.features.cache import FeatureCache
 from crossview.features.text import (DEFAULT_TEXT_ENCODER, TextEncoder, create_text_encoder,
                                      list_text_encoders, minilm_path, resolve_device)

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("pytestqt")
 from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
-from crossview.eval.runs import RunResults, load_run_results  # noqa: E402
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.engine.results import RunResults, load_run_results  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 from crossview.gui.panels.inspect_panel import PEN_A, PEN_B, InspectPanel, rank_ticks  # noqa: E402
 
 pytestmark = pytest.mark.gui

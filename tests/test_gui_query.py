@@ -14,7 +14,7 @@ from PySide6.QtCore import QSize, Qt  # noqa: E402
 from PySide6.QtGui import QFontMetrics  # noqa: E402
 
 from crossview.engine.retriever import Retriever  # noqa: E402
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 from crossview.gui.panels.query_panel import FIGURE_SPACE, GOLD, PRESENT_HINT, ItemRole, QueryPanel  # noqa: E402
 from toy import Identity, toy_setup  # noqa: E402
 

@@ -13,7 +13,7 @@ pytest.importorskip("pytestqt")
 import torch  # noqa: E402
 
 import _engine_helpers as H  # noqa: E402
-from crossview.engine.events import Finished  # noqa: E402
+from crossview.core.events import Finished  # noqa: E402
 from crossview.engine.run import train  # noqa: E402
 from crossview.gui.main_window import MainWindow  # noqa: E402
 

@@ -216,7 +216,7 @@ def test_stop_then_continue_search(qtbot, panel: TrainPanel) -> None:
 def test_continue_a_search_selected_in_the_runs_list(qtbot, panel: TrainPanel) -> None:
     """A search interrupted elsewhere (here: the engine's generator closed after its first trial) is continued
     from the panel by selecting one of its trials: the finished trial is read back, not retrained."""
-    from crossview.engine.events import Log
+    from crossview.core.events import Log
     from crossview.engine.tune import tune
 
     folder = panel.runs_root / "tune-elsewhere"

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QSpinBox  # noqa: E402
 
 import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method, as a plug-in would)
 from _engine_helpers import make_toy_dataset  # noqa: E402
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
 from _latency import LatencyProbe  # noqa: E402
 
@@ -241,7 +241,7 @@ def test_bitr_directions_are_separate_series_and_the_note_replaces_validation(qt
 
 
 def test_log_scale_when_values_span_decades(panel: TrainPanel) -> None:
-    from crossview.engine.events import Loss
+    from crossview.core.events import Loss
 
     panel.curves.reset("toy_iterative")
     for step, v in enumerate((5.0, 3.0, 2.0, 1.5, 1.2), start=1):
@@ -257,7 +257,7 @@ def test_log_scale_when_values_span_decades(panel: TrainPanel) -> None:
 def test_cross_validation_and_missing_values_are_not_plotted(panel: TrainPanel) -> None:
     """BITR's cross-validation solves (epoch -1, a cv_fold term, no direction) are counted, not run into the
     final solves' curves; None / NaN values leave no point; an old run's events draw the same way."""
-    from crossview.engine.events import Loss
+    from crossview.core.events import Loss
 
     panel.curves.reset("bitr")
     for it in range(1, 4):

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from crossview.engine.events import Log, Loss, Progress  # noqa: E402
-from crossview.errors import CrossViewError  # noqa: E402
+from crossview.core.events import Log, Loss, Progress  # noqa: E402
+from crossview.core.errors import CrossViewError  # noqa: E402
 from _latency import LatencyProbe  # noqa: E402
 from crossview.gui.workers import EventTask  # noqa: E402
 

@@ -12,7 +12,7 @@ from PIL import Image
 from crossview.data import PairedDataset, detect_format, load_dataset
 from crossview.data.images import open_image, verify_images
 from crossview.data.stats import dataset_info, format_info
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 
 def _image(path: Path, colour=(200, 30, 30)) -> None:

@@ -9,9 +9,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from crossview.engine.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
+from crossview.core.events import (CheckpointSaved, Finished, Log, Loss, Progress, Validation,
                                      event_from_dict)
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import (METHOD_MODULES, Method, MethodData, create_method, list_methods, method_card,
                                method_class, register_method)
 from crossview.methods.cards import coerce_param, list_cards, parse_card

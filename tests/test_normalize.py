@@ -10,10 +10,10 @@ import pytest
 
 from _engine_helpers import make_toy_dataset
 from crossview.cli import main
-from crossview.engine.events import Finished
+from crossview.core.events import Finished
 from crossview.engine.run import train
 from crossview.engine.session import open_run
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS, FeatureNorm, check_norm
 
 

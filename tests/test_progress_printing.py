@@ -70,7 +70,7 @@ def test_on_a_terminal_a_bar_with_eta_then_the_time():
 
 def test_on_a_terminal_notes_go_above_the_bar_and_a_new_stage_ends_the_last():
     from crossview.commands._common import EventPrinter
-    from crossview.engine.events import Log, Progress
+    from crossview.core.events import Log, Progress
 
     clock, out = Clock(), Tty()
     pr = EventPrinter(out, clock=clock, prefix="experiment: ")
@@ -99,7 +99,7 @@ def test_format_seconds():
 
 def test_train_event_printer_off_a_terminal_reports_each_stage():
     from crossview.commands._common import EventPrinter as _EventPrinter
-    from crossview.engine.events import Log, Progress
+    from crossview.core.events import Log, Progress
 
     clock, out = Clock(), io.StringIO()
     pr = _EventPrinter(out, clock=clock)

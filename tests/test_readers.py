@@ -16,7 +16,7 @@ from PIL import Image
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.data.readers import detect_format, load_dataset
 from crossview.data.readers import corpus, cuhk_pedes, folder, labels, precomp, reed, webtags
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 
 # ---------------------------------------------------------------------------------------------- helpers

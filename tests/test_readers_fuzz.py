@@ -2,7 +2,7 @@
 test for each crash, hang or silent acceptance found by the survey of issue 10 (item 5).
 
 The contract, for ANY input: ``load_dataset`` / ``detect_format`` either load it (any warning carries a
-count), or raise :class:`~crossview.errors.CrossViewError` whose message is one line naming the file. Never
+count), or raise :class:`~crossview.core.errors.CrossViewError` whose message is one line naming the file. Never
 another exception, never a hang (every call runs in a thread joined with a timeout).
 
 The examples are mutations of small valid datasets in each format: byte flips, truncation, inserted
@@ -48,7 +48,7 @@ from crossview.data.images import open_image, verify_images
 from crossview.data.readers import READERS, detect_format, load_dataset
 from crossview.data.readers.labels import attach_label_sets
 from crossview.data.stats import dataset_info, format_info
-from crossview.errors import CrossViewError, DatasetError
+from crossview.core.errors import CrossViewError, DatasetError
 
 #: Examples per property test; the default keeps this file well under a minute on 2 cores.
 EXAMPLES = int(os.environ.get("CROSSVIEW_FUZZ_EXAMPLES", "25"))

@@ -7,7 +7,7 @@ import pytest
 
 from crossview.data.dataset import TextCorpus
 from crossview.engine.retriever import Retriever, ranks_of
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval import evaluate
 from toy import BagOfColours, Identity, toy_setup  # noqa: F401
 

@@ -20,11 +20,11 @@ import torch
 
 import _engine_helpers as H
 from crossview.cli import main
-from crossview.engine import io as eio
-from crossview.engine.events import CheckpointSaved, Finished, Log, Loss
+from crossview.core import io as eio
+from crossview.core.events import CheckpointSaved, Finished, Log, Loss
 from crossview.engine.run import read_status, read_summary, resume, run_is_locked, train
 from crossview.engine.session import list_runs, open_run
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from _engine_helpers import make_toy_dataset, write_toy_precomp
 from crossview.cli import main
-from crossview.engine.events import Finished, Log
+from crossview.core.events import Finished, Log
 from crossview.engine.run import train
 from crossview.engine.session import open_run
 from crossview.engine.splits import HELDOUT, MIN_HELDOUT, apply_derived_splits, describe_auto_split, plan_splits
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def _without(ds, *names):

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features import tags as tags_mod
 from crossview.features.tags import caption_tags, extract_tags, lemmatize, pos_tag
 

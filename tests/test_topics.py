@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crossview.data.dataset import PairedDataset
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features import FeatureCache
 from crossview.features import topics as T
 

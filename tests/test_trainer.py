@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from crossview.engine.events import Loss, Progress
-from crossview.errors import CrossViewError
+from crossview.core.events import Loss, Progress
+from crossview.core.errors import CrossViewError
 from crossview.nn.trainer import EpochSampler, Trainer, step_seed
 
 torch.set_num_threads(1)

@@ -9,10 +9,10 @@ import pytest
 
 from _engine_helpers import make_toy_dataset, write_toy_precomp
 from crossview.cli import main
-from crossview.engine.events import Log
+from crossview.core.events import Log
 from crossview.engine.session import list_runs
 from crossview.engine.tune import TuneResult, metric_value, tune
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def _run(gen):
@@ -97,7 +97,7 @@ def test_cli_refuses_a_bad_value_and_prints_the_sorted_table(tmp_path, capsys):
 def test_each_scored_trial_is_a_structured_event(tmp_path):
     """The app's trials table fills in from these (issue 11): one TrialFinished per trial, in order, with the
     point, the scores, the run folder and the best trial so far; it survives a metrics.jsonl round trip."""
-    from crossview.engine.events import TrialFinished, event_from_dict
+    from crossview.core.events import TrialFinished, event_from_dict
 
     out = list(tune("cca", make_toy_dataset(), {"n_components": [2, 8]}, out=tmp_path / "s", text_encoder="bow",
                     cache=False, refit=False))
@@ -128,7 +128,7 @@ def test_parse_grid_types_values_by_the_card_and_splits_on_semicolons(tmp_path):
 def test_a_search_stopped_in_its_first_trial_is_already_a_listed_search(tmp_path):
     """tune.json is written when the search starts, so a search stopped before any trial finished is listed
     (its trial folders in the runs list) and can be continued from the app."""
-    from crossview.engine.events import Progress
+    from crossview.core.events import Progress
 
     gen = tune("cca", make_toy_dataset(), {"n_components": [2, 4]}, out=tmp_path / "s", text_encoder="bow",
                cache=False)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from crossview.engine.events import Log, Loss, Progress, Validation
-from crossview.errors import CrossViewError
+from crossview.core.events import Log, Loss, Progress, Validation
+from crossview.core.errors import CrossViewError
 from crossview.methods import create_method, list_methods, method_class
 from crossview.data.method_data import MethodData
 from crossview.methods.wsabie import Wsabie

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import _engine_helpers as H
-from crossview.engine.events import Finished
+from crossview.core.events import Finished
 from crossview.engine.run import read_status, resume, train
 from crossview.methods.base import Method
 
@@ -29,7 +29,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     import _engine_helpers as H
     from crossview.engine import train
-    from crossview.engine.events import CheckpointSaved
+    from crossview.core.events import CheckpointSaved
 
     ds = H.make_toy_dataset()
     for ev in train("wsabie", ds, run_dir=sys.argv[1], features=H.toy_features(ds), device="cpu",
@@ -92,7 +92,7 @@ TORCHRUN_CHILD = textwrap.dedent("""
     torch.set_num_threads(1)
     import _engine_helpers as H
     from crossview.engine import train
-    from crossview.engine.events import Finished
+    from crossview.core.events import Finished
 
     ds = H.make_toy_dataset()
     last = None

@@ -161,7 +161,7 @@ class EventPrinter:
         return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
 
     def __call__(self, ev: Any) -> None:
-        from crossview.engine.events import Log, Progress, Validation
+        from crossview.core.events import Log, Progress, Validation
 
         if isinstance(ev, Progress):
             message = ev.message or "training"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from crossview.commands._common import ProgressPrinter
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def _run_split(run: Path) -> str:

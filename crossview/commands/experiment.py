@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.commands._common import EventPrinter, ProgressPrinter, _add_dataset_args
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 def _parse_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -69,7 +69,7 @@ def _command_line(args: argparse.Namespace) -> str:
 def cmd_bitr_table(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
-    from crossview.engine.events import Finished, Log
+    from crossview.core.events import Finished, Log
     from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
                                                   run_bitr_table)
 

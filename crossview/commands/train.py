@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from crossview.commands._common import EventPrinter, _add_dataset_args, render_demo_reporting
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
 
@@ -161,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Run (or resume) a training run and print the metric table."""
     import json
 
-    from crossview.engine.events import Finished
+    from crossview.core.events import Finished
     from crossview.engine.run import read_status, resume, train
 
     if args.list:

@@ -20,7 +20,7 @@ __all__ = ["register", "cmd_tune", "parse_grid"]
 def cmd_tune(args: argparse.Namespace) -> int:
     from crossview.commands._common import EventPrinter
     from crossview.commands.train import parse_set_values
-    from crossview.engine.events import Log, Progress
+    from crossview.core.events import Log, Progress
     from crossview.engine.tune import TuneResult, format_tune_table, tune
 
     grid = parse_grid(args.method, args.grid)

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 #: Split names in their canonical order. Readers map other spellings ("dev", "restval") onto these
 #: or keep them as extra splits.

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from PIL import Image, UnidentifiedImageError
 
 from crossview.data.readers._common import one_line, read_bytes
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 
 def open_image(path: str | Path, mode: str = "RGB") -> Image.Image:

@@ -1,9 +1,7 @@
-"""Runs: the training loop, progress events, checkpoints, devices and cancellation.
+"""Runs: the training loop, checkpoints and cancellation (events, io and devices live in crossview.core).
 
-- :mod:`crossview.engine.events`: the plain-dataclass events methods and runs yield.
-- :mod:`crossview.engine.devices`: ``auto | cpu | cuda[:n] | mps`` selection.
-- :mod:`crossview.engine.io`: atomic file writes (JSON, checkpoints) and the events log.
 - :mod:`crossview.engine.run`: :func:`train` (a generator) and :func:`resume`.
+- :mod:`crossview.engine.results`: a finished run folder's metrics, ranks and its card's paper numbers.
 
 Submodules are imported lazily so that ``import crossview.engine`` never imports torch.
 """
@@ -12,14 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["train", "resume", "RunConfig", "select_device", "list_devices"]
+__all__ = ["train", "resume", "RunConfig"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("train", "resume", "RunConfig"):
         from crossview.engine import run
         return getattr(run, name)
-    if name in ("select_device", "list_devices"):
-        from crossview.engine import devices
-        return getattr(devices, name)
     raise AttributeError(f"module 'crossview.engine' has no attribute {name!r}")

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crossview.engine.io import atomic_write_bytes
-from crossview.errors import CrossViewError
+from crossview.core.io import atomic_write_bytes
+from crossview.core.errors import CrossViewError
 
 __all__ = ["AnnotationStore", "query_key"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import MethodData, check_direction
 
 __all__ = ["Ranking", "Retriever", "ranks_of"]

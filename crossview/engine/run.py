@@ -50,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from crossview.engine.events import CheckpointSaved, Event, Finished, Log, Loss, Progress, Validation
-from crossview.engine.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
+from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Progress, Validation
+from crossview.core.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
                                  load_checkpoint, read_json_object, save_checkpoint)
-from crossview.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 # Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy
 # work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
 from crossview.engine import splits as _splits  # noqa: F401
@@ -106,7 +106,7 @@ class RunConfig:
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
     """``get_settings().runs_dir / "<method>-<dataset>-<timestamp>"`` (a new, unused name)."""
-    from crossview.settings import get_settings
+    from crossview.core.settings import get_settings
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
@@ -290,7 +290,7 @@ def _distributed(device: str) -> tuple[int, int]:
     process group is started (gloo on CPUs, NCCL on GPUs) and this process's place in it returned."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
-    from crossview.engine.devices import torch_device
+    from crossview.core.devices import torch_device
     from crossview.nn.trainer import init_distributed
 
     return init_distributed(torch_device(device))
@@ -438,7 +438,7 @@ class _Run:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, dataset: Any, features: Any, resuming: bool,
                  cache: Any = None, checkpoint: _Loaded | None = None, split_note: str | None = None) -> None:
-        from crossview.engine.devices import select_device
+        from crossview.core.devices import select_device
         from crossview.engine.splits import apply_derived_splits, plan_splits
         from crossview.methods import create_method
 
@@ -966,7 +966,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
     from crossview.engine.splits import plan_splits
-    from crossview.features.normalize import default_norms_of
+    from crossview.methods import default_norms_of
 
     default_norms = default_norms_of(method, params)
     ds, source = _load(data, data_format, image_root)

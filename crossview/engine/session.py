@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["OpenRun", "open_run", "list_runs"]
 
@@ -54,7 +54,7 @@ class OpenRun:
 def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
              should_stop: Any = None) -> OpenRun:
     """Load the run in ``run_dir`` (see the module docstring); ``progress(stage, done, total)``."""
-    from crossview.engine.io import load_checkpoint
+    from crossview.core.io import load_checkpoint
     from crossview.engine.run import CHECKPOINT, CONFIG, SUMMARY, _load, read_config, read_summary
     from crossview.features import extract_features
     from crossview.methods import create_method
@@ -138,7 +138,7 @@ def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[st
 def list_runs(root: str | Path | None = None) -> list[Path]:
     """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
     (folders with a ``tune.json``) included."""
-    from crossview.settings import get_settings
+    from crossview.core.settings import get_settings
 
     base = Path(root) if root is not None else get_settings().runs_dir
     if not base.is_dir():

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["SplitPlan", "plan_splits", "apply_derived_splits", "HELDOUT", "HELDOUT_FRACTION", "MIN_HELDOUT",
            "AUTO_SPLIT_HELP", "describe_auto_split"]

@@ -30,9 +30,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from crossview.engine.events import Event, Finished, Log, Progress, TrialFinished
-from crossview.engine.io import atomic_write_json, read_json
-from crossview.errors import CrossViewError
+from crossview.core.events import Event, Finished, Log, Progress, TrialFinished
+from crossview.core.io import atomic_write_json, read_json
+from crossview.core.errors import CrossViewError
 
 __all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table", "parse_grid",
            "parse_grid_values", "split_values"]
@@ -181,7 +181,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     metric_value({"rsum": 0.0, "i2t": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0},
                   "t2i": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0}}, metric)
     if out is None:
-        from crossview.settings import get_settings
+        from crossview.core.settings import get_settings
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in ds.name) or "data"
         out = get_settings().runs_dir / f"tune-{method}-{safe}-{stamp}"

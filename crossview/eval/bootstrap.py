@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["bootstrap_ci", "DEFAULT_RESAMPLES"]
 

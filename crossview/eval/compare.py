@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["RankComparison", "compare_ranks", "sign_test"]
 

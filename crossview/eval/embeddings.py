@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval.metrics import evaluate, rsum_of
 from crossview.eval.protocols import coco_1k, identity_hits, mean_average_precision, precision_at_k
 

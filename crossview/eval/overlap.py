@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval.metrics import as_numpy, check_scores, top_k
 
 __all__ = ["OVERLAP_KEYS", "SentenceOverlap", "caption_overlap", "caption_overlap_i2t",

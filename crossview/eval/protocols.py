@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.eval.metrics import (
     as_numpy,
     evaluate,

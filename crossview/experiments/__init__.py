@@ -4,7 +4,7 @@
   image <-> caption retrieval with CCA, WSABIE and BITR-M/E/C on one representation, plus Im2Text
   against an independent caption corpus.
 
-Runners are plain generators of :mod:`crossview.engine.events` (no Qt); the last event is a
+Runners are plain generators of :mod:`crossview.core.events` (no Qt); the last event is a
 ``Finished`` whose ``summary`` is the result.
 """
 

@@ -22,7 +22,7 @@ images only. A dataset ``val`` split that is not the test split is passed to the
 stopping (WSABIE); otherwise methods get no validation data (WSABIE then runs its ``max_epochs`` passes,
 as the paper stops it after 20).
 
-:func:`run_bitr_table` is a generator of :mod:`crossview.engine.events` (cancel by not iterating further);
+:func:`run_bitr_table` is a generator of :mod:`crossview.core.events` (cancel by not iterating further);
 its last event is ``Finished(summary=result)``. :func:`bitr_table` drains it. :func:`format_table` and
 :func:`format_markdown` lay the result out as the paper's table, with the paper's own numbers (from the
 method cards in ``models/``) beside ours where the representation matches.
@@ -39,8 +39,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from crossview.engine.events import Event, Finished, Log, Progress
-from crossview.errors import CrossViewError
+from crossview.core.events import Event, Finished, Log, Progress
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",

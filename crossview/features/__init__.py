@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
 __all__ = ["Features", "FeatureCache", "extract_features", "encode_captions", "image_set_fingerprint",
@@ -151,7 +151,7 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
     LDA, ...) learn on the captions of split ``fit_on`` only, so test captions never leak into them;
     pass ``text_model`` (an already fitted encoder, e.g. from a checkpoint) to reuse one instead.
     ``cache=False`` disables the cache; ``None`` uses the default folder. Raises
-    :class:`~crossview.errors.Cancelled` when ``should_stop()`` turns True.
+    :class:`~crossview.core.errors.Cancelled` when ``should_stop()`` turns True.
     """
     from crossview.features import image as image_mod
     from crossview.features import text as text_mod

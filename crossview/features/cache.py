@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from crossview.engine.io import atomic_writer
-from crossview.settings import get_settings
+from crossview.core.io import atomic_writer
+from crossview.core.settings import get_settings
 
 __all__ = ["FeatureCache", "MMAP_BYTES", "CHUNK_BYTES", "REBUILD_HINT", "canonical_json"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import Cancelled, CrossViewError, DatasetError, WeightsNotFoundError
+from crossview.core.errors import Cancelled, CrossViewError, DatasetError, WeightsNotFoundError
 from crossview.features.weights import (PackagedWeights, file_sha256, load_state_dict,
                                         missing_weights_message, resolve_weights)
 
@@ -141,8 +141,8 @@ def default_num_workers(device: Any = "cpu") -> int:
 
 def resolve_device(device: str | Any = "cpu") -> Any:
     """``"cpu" | "cuda" | "cuda:N" | "mps" | "auto"`` -> a ``torch.device``, checked to exist
-    (:func:`crossview.engine.devices.torch_device`; a device that is not there raises CrossViewError)."""
-    from crossview.engine.devices import torch_device
+    (:func:`crossview.core.devices.torch_device`; a device that is not there raises CrossViewError)."""
+    from crossview.core.devices import torch_device
 
     return torch_device(device)
 
@@ -289,8 +289,8 @@ class ImageEncoder:
         worker processes (default :func:`default_num_workers`; 0 decodes in this process; a single batch is
         always decoded here, as starting workers would cost more than it saves). ``progress(done, total)``
         is called at the start and after each batch; ``should_stop()`` is checked before each batch and
-        raises :class:`~crossview.errors.Cancelled`. A file that cannot be decoded raises
-        :class:`~crossview.errors.DatasetError` naming it.
+        raises :class:`~crossview.core.errors.Cancelled`. A file that cannot be decoded raises
+        :class:`~crossview.core.errors.DatasetError` naming it.
         """
         import torch
         from torch.utils.data import DataLoader
@@ -462,7 +462,7 @@ def create_image_encoder(name: str, weights: str | os.PathLike[str] | None = Non
                          allow_random: bool = False) -> ImageEncoder:
     """The image encoder ``name`` with weights found offline (user file > hub cache > package).
 
-    No weights found raises :class:`~crossview.errors.WeightsNotFoundError` saying which file to put
+    No weights found raises :class:`~crossview.core.errors.WeightsNotFoundError` saying which file to put
     where, unless ``allow_random`` (then a seeded random init, ``weights_hash == "random"``).
     The file is hashed here; the network itself is loaded on first use.
     """

@@ -23,28 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
-__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized", "default_norms_of"]
+__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
 
 NORMS = ("none", "l2", "ssr", "center", "whiten")
 
 
-def default_norms_of(method: str, params: dict[str, Any] | None = None) -> tuple[str, str]:
-    """``(image_norm, text_norm)`` a run of ``method`` with ``params`` uses unless told otherwise: the
-    method's own ``default_image_norm`` / ``default_text_norm``, chosen on real photos for the encoders'
-    features (``bench/results/defaults_flickr8k.md``), and ``none`` when the method trains on a
-    representation of its own (BITR's TR / CTR topic distributions must stay distributions)."""
-    from crossview.methods import create_method, method_class
-
-    cls = method_class(method)
-    try:
-        own = create_method(method, **(params or {})).feature_representation()
-    except (CrossViewError, AttributeError, TypeError):
-        own = None          # bad parameters are reported by the run's own checks
-    if own:
-        return ("none", "none")
-    return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))
 _EXPLAINED = 0.99
 
 

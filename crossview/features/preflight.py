@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["check_encoders"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from crossview.data.text import tokenize
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["extract_tags", "caption_tags", "pos_tag", "lemmatize"]
 

@@ -12,7 +12,7 @@ Paper 001 (section 6) represents both modalities by 100-d vectors:
   k-means, FAISS), counted into a bag-of-visual-words histogram per image, and LDA turns the histogram
   into a topic distribution. Captions use the ``"lda"`` text encoder (:mod:`crossview.features.text`).
 - **CTR** (correlated TR): the TR of each modality projected by CCA into a maximally correlated space
-  (``crossview.methods.cca.fit_cca`` / ``cca_transform``), rows L2-normalised.
+  (``crossview.core.linalg.fit_cca`` / ``cca_transform``), rows L2-normalised.
 - **modern** (section 7.7): pooled CNN features reduced by PCA to 128-d
   (:class:`~crossview.features.image.PCAReducer`) and averaged word vectors (GloVe 6B 50-d here; the
   paper used 300-d word2vec).
@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from crossview.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 from crossview.features import Features
 from crossview.features.cache import FeatureCache
 
@@ -578,7 +578,7 @@ def build_representation(dataset: Any, name: str = "default", *,
         seed: k-means and LDA seed.
         cache: a :class:`FeatureCache`, ``None`` for the default one, ``False`` for none.
         progress: ``progress(stage, done, total)``; ``should_stop()`` cancels
-            (:class:`~crossview.errors.Cancelled`).
+            (:class:`~crossview.core.errors.Cancelled`).
 
     Returns:
         A :class:`Representation`; ``image (n_images, p)``, ``text (n_captions, q)`` float32.
@@ -659,7 +659,7 @@ def build_representation(dataset: Any, name: str = "default", *,
         info.update(image_dim=int(image.shape[1]), text_dim=int(text.shape[1]))
         return Representation(name, image, text, encode_tr, fit, info)
 
-    from crossview.methods.cca import cca_transform, fit_cca
+    from crossview.core.linalg import cca_transform, fit_cca
 
     if progress:
         progress("cca", 0, 1)
@@ -759,7 +759,7 @@ class TopicRepresentation:
 
     def encode_local(self, local: np.ndarray) -> np.ndarray:
         """Image features ``(k, dim) float32`` from local descriptors ``(k, m, c)``."""
-        from crossview.methods.cca import cca_transform
+        from crossview.core.linalg import cca_transform
 
         x = self.visual.transform(local)
         return x if self.cca is None else cca_transform(x, self.cca["x_mean"], self.cca["x_proj"])
@@ -769,7 +769,7 @@ class TopicRepresentation:
                         should_stop: Callable[[], bool] | None = None, dataset_name: str = "") -> np.ndarray:
         """Caption features ``(n, dim) float32`` (the fitted ``lda`` topics, CCA-projected for CTR)."""
         from crossview import features as F
-        from crossview.methods.cca import cca_transform
+        from crossview.core.linalg import cca_transform
 
         t, _ = F.encode_captions(list(captions), self.text, cache=cache, device=device, progress=progress,
                                  should_stop=should_stop, dataset_name=dataset_name)
@@ -928,7 +928,7 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
     attached (``spec["representation"]`` is its state, which the run's checkpoint keeps).
 
     The local descriptors go through the feature cache; ``progress(stage, done, total)`` reports every
-    stage; ``should_stop()`` cancels (:class:`~crossview.errors.Cancelled`).
+    stage; ``should_stop()`` cancels (:class:`~crossview.core.errors.Cancelled`).
     """
     from crossview.features import image as image_mod
 
@@ -956,7 +956,7 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
         progress("fit text", 1, 1)
     model = TopicRepresentation(name, _encoder_record(encoder), visual, text_model)
     if name == "ctr":
-        from crossview.methods.cca import fit_cca
+        from crossview.core.linalg import fit_cca
 
         if progress:
             progress("cca", 0, 1)

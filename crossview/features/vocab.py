@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from crossview.data.text import tokenize
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["Vocabulary", "PAD", "START", "END", "UNK", "SPECIALS"]
 

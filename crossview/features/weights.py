@@ -10,7 +10,7 @@ Weights are looked up in this order (ARCHITECTURE.md, "Features"), and nothing i
    ``efficientnet-lite0-57934424.pth``. Packages are located with :func:`importlib.util.find_spec`,
    which finds their folder without running their code.
 
-When none is found, :class:`~crossview.errors.WeightsNotFoundError` says which file to put where.
+When none is found, :class:`~crossview.core.errors.WeightsNotFoundError` says which file to put where.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crossview.errors import CrossViewError, WeightsNotFoundError
+from crossview.core.errors import CrossViewError, WeightsNotFoundError
 
 __all__ = ["WeightsSource", "PackagedWeights", "hub_checkpoints_dir", "package_weights_path",
            "resolve_weights", "file_sha256", "load_state_dict", "missing_weights_message"]

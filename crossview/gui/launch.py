@@ -1,40 +1,10 @@
-"""Starting the app: the display check, the QApplication, the main window, and single panels."""
+"""``crossview gui``: open the main window on a dataset and run the event loop."""
 
 from __future__ import annotations
 
-import os
 import sys
 
-NO_DISPLAY = """crossview: no display found (DISPLAY and WAYLAND_DISPLAY are not set), so the window cannot open.
-  - On a desktop, start it from a graphical session (or with ssh -X).
-  - Without a screen, set QT_QPA_PLATFORM=offscreen: the app then runs and renders off screen
-    (what the tests and `crossview screenshot` use), but shows nothing.
-  - Everything the app does is also on the command line: try `crossview --help` or
-    `crossview data info demo`."""
-
-
-def has_display() -> bool:
-    """True when Qt can open a window here (or a platform plugin was chosen explicitly)."""
-    if os.environ.get("QT_QPA_PLATFORM"):
-        return True
-    if sys.platform in ("win32", "darwin"):
-        return True
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-
-
-def ensure_app():
-    """The QApplication (created once), with CrossView's name and look."""
-    from PySide6.QtWidgets import QApplication
-
-    from crossview.gui.style import apply_style
-
-    app = QApplication.instance()
-    if app is None:
-        app = QApplication(sys.argv[:1])
-        app.setApplicationName("CrossView")
-        app.setOrganizationName("CrossView")
-        apply_style(app)
-    return app
+from crossview.gui.app import NO_DISPLAY, ensure_app, has_display
 
 
 def launch(dataset: str | None = "demo") -> int:
@@ -43,53 +13,10 @@ def launch(dataset: str | None = "demo") -> int:
         print(NO_DISPLAY, file=sys.stderr)
         return 1
     app = ensure_app()
-    from crossview.gui.main_window import MainWindow
+    from crossview.gui.main_window import MainWindow   # after the QApplication exists
 
     win = MainWindow()
     win.show()
     if dataset:
         win.open_dataset(dataset)
     return app.exec()
-
-
-def _exec(app) -> int:
-    """Run the event loop; ``CROSSVIEW_EXIT_AFTER_MS`` quits after that long (smoke tests of the panels)."""
-    ms = os.environ.get("CROSSVIEW_EXIT_AFTER_MS")
-    if ms:
-        from PySide6.QtCore import QTimer
-        QTimer.singleShot(int(ms), app.quit)
-    return app.exec()
-
-
-def demo_run(method: str = "cca") -> str:
-    """The newest finished run on the demo in the user's runs folder, or a new one trained now."""
-    import json
-
-    from crossview.engine.session import list_runs
-    for run in list_runs():
-        try:
-            s = json.loads((run / "summary.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if s.get("dataset") == "demo" and s.get("status", "finished") == "finished":
-            return str(run)
-    from crossview.gui.screenshots import train_quick_run
-    print(f"training {method} on the demo first ...", file=sys.stderr)
-    return str(train_quick_run("demo", method, None, lambda m: print(m, file=sys.stderr)))
-
-
-def run_panel(panel_cls, dataset: str | None = "demo") -> int:
-    """Opens one panel alone in a window, on ``dataset`` (``python -m crossview.gui.panels.X``)."""
-    if not has_display():
-        print(NO_DISPLAY, file=sys.stderr)
-        return 1
-    app = ensure_app()
-    from crossview.data import load_dataset
-
-    panel = panel_cls()
-    panel.setWindowTitle(f"CrossView - {panel_cls.__name__}")
-    panel.resize(1200, 800)
-    if dataset and hasattr(panel, "set_dataset"):
-        panel.set_dataset(load_dataset(dataset))
-    panel.show()
-    return _exec(app)

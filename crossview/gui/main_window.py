@@ -25,7 +25,7 @@ from crossview.gui.panels.inspect_panel import InspectPanel
 from crossview.gui.panels.query_panel import QueryPanel
 from crossview.gui.panels.train_panel import TrainPanel
 from crossview.gui.workers import Task
-from crossview.settings import get_settings
+from crossview.core.settings import get_settings
 
 MAX_RECENT = 8
 #: The window's first size: this share of the screen's available area, at most MAX_START_SIZE.
@@ -224,7 +224,7 @@ class MainWindow(QMainWindow):
     @staticmethod
     def _device_text() -> str:
         try:
-            from crossview.engine.devices import select_device
+            from crossview.core.devices import select_device
             return f"Device: {select_device('auto')}"
         except Exception:  # noqa: BLE001 - the status bar must never stop the app
             return "Device: cpu"
@@ -391,7 +391,7 @@ class MainWindow(QMainWindow):
         from crossview.data.readers import load_dataset
         from crossview.engine.annotations import AnnotationStore
         from crossview.engine.session import open_run
-        from crossview.eval.runs import load_run_results
+        from crossview.engine.results import load_run_results
 
         if self._run_task is not None and self._run_task.is_running():
             self._run_task.cancel()
@@ -442,7 +442,7 @@ class MainWindow(QMainWindow):
         if task is not self._run_task:
             return
         from crossview.engine.session import list_runs
-        from crossview.eval.runs import load_run_results
+        from crossview.engine.results import load_run_results
 
         run, retriever, annotations, results = res
         try:

@@ -17,7 +17,7 @@ def _wait(signal: Any, timeout_ms: int, what: str) -> list[Any]:
     """Run the event loop until ``signal`` fires (its arguments) or raise after ``timeout_ms``."""
     from PySide6.QtCore import QEventLoop, QTimer
 
-    from crossview.errors import CrossViewError
+    from crossview.core.errors import CrossViewError
 
     loop = QEventLoop()
     got: list[Any] = []
@@ -46,34 +46,13 @@ def _settle(app: Any, ms: int = 300) -> None:
     app.processEvents()
 
 
-def train_quick_run(data: str, method: str, run_dir: Path | None,
-                    log: Callable[[str], None] = print) -> Path:
-    """Train ``method`` on ``data`` with the engine (default parameters) and return the run folder."""
-    from crossview.engine.events import Finished, Progress
-    from crossview.engine.run import train
-
-    it = train(method, data, run_dir=run_dir)
-    last = -1
-    for ev in it:
-        if isinstance(ev, Progress) and ev.total:
-            pct = int(100 * ev.fraction)
-            if pct // 10 != last:
-                last = pct // 10
-                log(f"  {ev.message} {pct}%")
-        elif isinstance(ev, Finished):
-            s = ev.summary
-            log(f"  trained {method}: i2t R@1 {s['i2t']['R@1']:.1f}, t2i R@1 {s['t2i']['R@1']:.1f}, "
-                f"rsum {s['rsum']:.1f}")
-    return Path(it.run_dir)
-
-
 def render_screenshots(out: str | Path, data: str = "demo", run: str | None = None, compare: str | None = None,
                        method: str = "cca", sentence: str = "a red circle above a blue square",
                        size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print) -> list[Path]:
     """Write ``data.png``, ``train.png``, ``query_i2t.png``, ``query_t2i.png``, ``inspect.png`` and
     ``presentation.png`` into ``out``; returns their paths."""
-    from crossview.errors import CrossViewError
-    from crossview.gui.launch import ensure_app, has_display
+    from crossview.core.errors import CrossViewError
+    from crossview.gui.app import ensure_app, has_display, train_quick_run
 
     if not has_display():
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
@@ -132,7 +111,7 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         shot("query_t2i")
 
         if compare:
-            from crossview.eval.runs import load_run_results
+            from crossview.engine.results import load_run_results
             win.inspect_panel.set_runs([*win.inspect_panel.runs.values(), load_run_results(compare)])
             win.inspect_panel.set_compare(load_run_results(compare))
         win.tabs.setCurrentWidget(win.inspect_panel)

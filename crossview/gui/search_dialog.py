@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout
                                QSpinBox, QVBoxLayout, QWidget)
 
 from crossview.engine.tune import RUN_KEYS, parse_grid_values, split_values
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 
 #: what the trials can be ranked by (``crossview tune --metric``); MedR is lower-is-better, the engine negates it

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crossview.resources import resources_dir
+from crossview.core.resources import resources_dir
 
 
 def apply_style(app) -> None:

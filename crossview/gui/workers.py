@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 Work = Callable[[Callable[[int, int], None], Callable[[], bool]], Any]
 

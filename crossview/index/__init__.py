@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.index.base import Index, TopKResult
 from crossview.index.exact import ExactIndex
 from crossview.index.faiss_index import FAISS_KINDS, FaissIndex

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["TopKResult", "Index", "merge_topk", "as_queries", "order_keys"]
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.index.base import Index, TopKResult, merge_topk
 
 __all__ = ["ExactIndex"]

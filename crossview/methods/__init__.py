@@ -17,11 +17,11 @@ import importlib
 import importlib.util
 from typing import Any, Callable, TypeVar
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
-__all__ = ["register_method", "create_method", "list_methods", "method_class", "method_card", "Method",
-           "MethodData", "METHOD_MODULES"]
+__all__ = ["register_method", "create_method", "list_methods", "method_class", "method_card", "default_norms_of",
+           "Method", "MethodData", "METHOD_MODULES"]
 
 #: Every method module, in the order they are listed to the user. A name whose module does not
 #: exist (yet) is skipped.
@@ -93,3 +93,18 @@ def method_card(name: str) -> Any:
     if name not in list_methods():
         raise CrossViewError(f"unknown method {name!r}; known methods: {', '.join(list_methods()) or 'none'}")
     return find_card(name)
+
+
+def default_norms_of(method: str, params: dict[str, Any] | None = None) -> tuple[str, str]:
+    """``(image_norm, text_norm)`` a run of ``method`` with ``params`` uses unless told otherwise: the
+    method's own ``default_image_norm`` / ``default_text_norm``, chosen on real photos for the encoders'
+    features (``bench/results/defaults_flickr8k.md``), and ``none`` when the method trains on a
+    representation of its own (BITR's TR / CTR topic distributions must stay distributions)."""
+    cls = method_class(method)
+    try:
+        own = create_method(method, **(params or {})).feature_representation()
+    except (CrossViewError, AttributeError, TypeError):
+        own = None          # bad parameters are reported by the run's own checks
+    if own:
+        return ("none", "none")
+    return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))

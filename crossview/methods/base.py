@@ -7,7 +7,7 @@ scikit-learn's conventions (STYLE.md 4):
   name (no logic, no validation there); :meth:`Method.get_params` / :meth:`Method.set_params` read
   and write them; learned attributes end in ``_`` (``W_``, ``projections_``).
 - :meth:`Method.fit_iter` is a generator that does the work and yields
-  :mod:`crossview.engine.events` (``Progress``, ``Loss``, ``Validation``, ``Log``); it must yield at
+  :mod:`crossview.core.events` (``Progress``, ``Loss``, ``Validation``, ``Log``); it must yield at
   least once per batch / cutting-plane iteration, because cancelling is the consumer stopping the
   iteration. :meth:`Method.fit` drains it and returns ``self``.
 - :meth:`Method.encode_images` / :meth:`Method.encode_texts` return ``(n, D) float32`` matrices with
@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from crossview.data.method_data import MethodData
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["MethodData", "Method", "DIRECTIONS", "check_direction"]
 
@@ -204,14 +204,14 @@ class Method:
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically, in the
-        weights-only format of :func:`crossview.engine.io.save_checkpoint` (``"format": 2``)."""
-        from crossview.engine.io import save_checkpoint
+        weights-only format of :func:`crossview.core.io.save_checkpoint` (``"format": 2``)."""
+        from crossview.core.io import save_checkpoint
         return save_checkpoint(path, {"method_state": self.state_dict(), **(extra or {})})
 
     @classmethod
     def load(cls, path: str | Path) -> "Method":
         """A method rebuilt from a checkpoint written by :meth:`save` or by a run."""
-        from crossview.engine.io import load_checkpoint
+        from crossview.core.io import load_checkpoint
         from crossview.methods import create_method
 
         ckpt = load_checkpoint(path)   # weights-only: the file can hold no code

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods._qp import solve_dual_qp
 from crossview.methods.base import Method, MethodData, check_direction
@@ -907,7 +907,7 @@ def _pca_fit_inner(a: np.ndarray, dim: int) -> dict[str, np.ndarray]:
 
 
 def _resolve_device(device: str) -> torch.device:
-    from crossview.engine.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
+    from crossview.core.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
 
     return torch_device(device)
 
@@ -1134,7 +1134,7 @@ class Bitr(Method):
             # Both views projected on the top canonical directions of the training pairs (one pair per
             # caption), dimension k weighted by corr_k ** 0.5: CCA's own best setting on real photos
             # (bench/results/defaults_flickr8k.md). The structured SVM then learns W on top of that space.
-            from crossview.methods.cca import fit_cca
+            from crossview.core.linalg import fit_cca
 
             X = np.asarray(train.image_features, dtype=np.float32)[np.asarray(train.caption_image)]
             res = fit_cca(X, np.asarray(text, dtype=np.float32), int(self.cca_dim), CCA_REG)
@@ -1178,7 +1178,7 @@ class Bitr(Method):
         Yields a ``Loss`` (primal, dual, gap, violation, ...) and a ``Progress`` event every cutting-plane
         iteration, ``Log`` messages, and a ``Validation`` with both directions' metrics on ``val`` at the end.
         """
-        from crossview.engine.events import Log, Loss, Progress, Validation
+        from crossview.core.events import Log, Loss, Progress, Validation
 
         grid = self._check_params()
         dev = _resolve_device(str(self.device))
@@ -1254,7 +1254,7 @@ class Bitr(Method):
 
     def _cross_validate(self, grid: tuple[float, ...], img: np.ndarray, txt: np.ndarray, ci: np.ndarray,
                         dev: torch.device):
-        from crossview.engine.events import Log, Loss, Progress
+        from crossview.core.events import Log, Loss, Progress
 
         k = int(self.cv_folds)
         n_img = img.shape[0]

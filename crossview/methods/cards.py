@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crossview.errors import CrossViewError
-from crossview.resources import models_dir
+from crossview.core.errors import CrossViewError
+from crossview.core.resources import models_dir
 
 __all__ = ["ParamSpec", "MethodCard", "card_path", "load_card", "find_card", "list_cards", "parse_card",
            "PARAM_TYPES", "coerce_param"]

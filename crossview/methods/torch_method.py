@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from crossview.data.method_data import MethodData
-from crossview.engine.events import Log, Validation
-from crossview.errors import CrossViewError
+from crossview.core.events import Log, Validation
+from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method
 from crossview.nn.trainer import EpochSampler, Trainer, init_distributed, world
 
@@ -193,7 +193,7 @@ class TorchMethod(Method):
     def fit_iter(self, train: MethodData, val: MethodData | None = None, *,
                  resume: bool = False) -> Iterator[Any]:
         """Train with :class:`~crossview.nn.trainer.Trainer` (see the module docstring)."""
-        from crossview.engine.devices import torch_device
+        from crossview.core.devices import torch_device
 
         self.check_params()
         dev = torch_device(str(getattr(self, "device", "auto")))

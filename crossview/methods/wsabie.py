@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from crossview.data.method_data import MethodData
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods.torch_method import TorchMethod
 from crossview.nn.trainer import unwrap

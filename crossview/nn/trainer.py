@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from crossview.engine.events import Event, Loss, Progress
-from crossview.errors import CrossViewError
+from crossview.core.events import Event, Loss, Progress
+from crossview.core.errors import CrossViewError
 
 __all__ = ["EpochSampler", "Trainer", "TrainingStep", "EpochEnd", "init_distributed", "world", "unwrap",
            "step_seed"]

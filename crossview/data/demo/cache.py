@@ -19,8 +19,8 @@ from crossview.data.demo.spec import (DEFAULT_N_SCENES, DEFAULT_N_WEB, DEMO_VERS
                                       WEB_ADD_RATE, WEB_DROP_RATE)
 from crossview.data.demo.web import make_web_item
 from crossview.data.text import tokenize
-from crossview.errors import DatasetError
-from crossview.settings import get_settings
+from crossview.core.errors import DatasetError
+from crossview.core.settings import get_settings
 
 
 def _dump_json(obj: object, path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.data.readers._common import check_source, guarded, safe_resolve
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def load_dataset(source: str | Path, format: str | None = None,
                  image_root: str | Path | None = None) -> PairedDataset | TextCorpus:
     """Reads a dataset: ``"demo"`` for the built-in demo, or a file/folder in any supported format.
 
-    Raises :class:`~crossview.errors.DatasetError` (one clear line naming the file) on missing or malformed
+    Raises :class:`~crossview.core.errors.DatasetError` (one clear line naming the file) on missing or malformed
     input, whatever the input; recoverable problems (a missing image, an empty caption) are skipped and
     counted in ``.warnings``.
     """

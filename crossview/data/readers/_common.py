@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from crossview.errors import CrossViewError, DatasetError
+from crossview.core.errors import CrossViewError, DatasetError
 
 _Read = TypeVar("_Read", bound=Callable[..., Any])
 

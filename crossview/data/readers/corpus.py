@@ -12,7 +12,7 @@ from pathlib import Path
 
 from crossview.data.dataset import TextCorpus
 from crossview.data.readers._common import clean_caption, detector, read_text, reader, safe_resolve
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 #: ``.txt`` files that belong to other readers.
 NOT_CORPORA = ("tags.txt", "labels.txt")

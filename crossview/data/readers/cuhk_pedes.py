@@ -21,7 +21,7 @@ import numpy as np
 from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
 from crossview.data.readers._common import guess_image_root, read_head, read_json, reader, safe_resolve
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 JSON_NAME = "reid_raw.json"
 ROOT_CANDIDATES = ("imgs", "")

@@ -33,7 +33,7 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
 from crossview.data.readers._common import generated_splits, iter_csv, iter_jsonl, read_head, reader
 from crossview.data.readers._common import relative_to_root, require_file, safe_resolve, split_tags
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 #: The file names looked for in a folder, in this order.
 CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.tsv")

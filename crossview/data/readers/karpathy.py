@@ -15,7 +15,7 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
 from crossview.data.readers._common import guess_image_root, one_line, read_head, read_json, reader
 from crossview.data.readers._common import safe_resolve, split_tags
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 #: Folders next to the JSON where the images usually are, tried in order.
 ROOT_CANDIDATES = ("images", "Images", "Flicker8k_Dataset", "Flickr8k_Dataset", "flickr30k-images", "")

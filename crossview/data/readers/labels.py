@@ -29,7 +29,7 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import check_images_exist, check_source, detector, guarded, one_line
 from crossview.data.readers._common import reader, safe_resolve
 from crossview.data.readers.webtags import SUFFIXES, find_list_file, read_image_lists
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 
 @detector

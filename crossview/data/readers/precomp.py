@@ -24,7 +24,7 @@ import numpy as np
 from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import clean_caption, detector, one_line, read_text, reader, require_file
 from crossview.data.readers._common import safe_resolve
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 #: (file prefix, split name), in concatenation order.
 SPLITS = (("train", "train"), ("dev", "val"), ("val", "val"), ("test", "test"), ("testall", "testall"))

@@ -25,7 +25,7 @@ import numpy as np
 from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import IMAGE_SUFFIXES, brief, check_images_exist, clean_caption, detector
 from crossview.data.readers._common import read_text, reader, safe_resolve
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 TEXT_DIR = "text_c10"
 #: Image folders beside text_c10, tried in order: CUB's class folders, Flowers' flat folder.

@@ -26,7 +26,7 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import brief, check_images_exist, detector, iter_csv, iter_jsonl
 from crossview.data.readers._common import read_text, reader, relative_to_root, require_file, safe_resolve
 from crossview.data.readers._common import split_tags
-from crossview.errors import DatasetError
+from crossview.core.errors import DatasetError
 
 SUFFIXES = (".jsonl", ".csv", ".txt")
 

@@ -23,7 +23,7 @@ Captions with no known word: ``bow``/``tfidf``/``glove`` give a zero row, ``lda`
 distribution (the prior), the transformers the embedding of the empty sentence (``[CLS] [SEP]``).
 
 Nothing is ever downloaded: the transformers load with ``local_files_only=True`` and
-``HF_HUB_OFFLINE=1``; a missing package or folder raises :class:`~crossview.errors.WeightsNotFoundError`
+``HF_HUB_OFFLINE=1``; a missing package or folder raises :class:`~crossview.core.errors.WeightsNotFoundError`
 that names what to install or where the files must be. scikit-learn, torch and transformers are
 imported only when an encoder needs them, so importing this package is cheap.
 

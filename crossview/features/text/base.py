@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from crossview.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 
 
 Progress = Callable[[int, int], None]
@@ -60,8 +60,8 @@ def create_text_encoder(name: str, **params: Any) -> "TextEncoder":
 
 def resolve_device(device: str | None) -> Any:
     """A ``torch.device`` for ``auto | cpu | cuda[:n] | mps``; a clear error when it is not available
-    (:func:`crossview.engine.devices.torch_device`)."""
-    from crossview.engine.devices import torch_device
+    (:func:`crossview.core.devices.torch_device`)."""
+    from crossview.core.devices import torch_device
 
     return torch_device(device)
 
@@ -175,7 +175,7 @@ class TextEncoder:
         """``(n, dim) float32`` features of ``captions``, ``batch_size`` at a time.
 
         ``progress(done, total)`` is called after each batch; when ``should_stop()`` returns True
-        (checked before each batch) :class:`~crossview.errors.Cancelled` is raised. ``device`` matters
+        (checked before each batch) :class:`~crossview.core.errors.Cancelled` is raised. ``device`` matters
         for the transformers only (the others run on the CPU).
         """
         captions = _check_captions(captions)

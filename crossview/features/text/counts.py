@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from crossview.data.text import tokenize
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features.text.base import TextEncoder, register_text_encoder
 
 

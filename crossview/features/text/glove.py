@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from crossview.data.text import tokenize
-from crossview.errors import WeightsNotFoundError
+from crossview.core.errors import WeightsNotFoundError
 from crossview.features.text.base import GLOVE_PACKAGE, TextEncoder, register_text_encoder
 from crossview.features.text.counts import _normalise_rows
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import Cancelled, CrossViewError, WeightsNotFoundError
+from crossview.core.errors import Cancelled, CrossViewError, WeightsNotFoundError
 from crossview.features.text.base import (MINILM_PACKAGE, Progress, TextEncoder, _check_captions,
                                           register_text_encoder, resolve_device)
 

@@ -331,5 +331,5 @@ class DataPanel(QWidget):
 if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
-    from crossview.gui.launch import run_panel
+    from crossview.gui.app import run_panel
     sys.exit(run_panel(DataPanel, sys.argv[1] if len(sys.argv) > 1 else "demo"))

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
                                QWidget)
 
 from crossview.eval.compare import RankComparison, compare_ranks
-from crossview.eval.runs import RunResults
+from crossview.engine.results import RunResults
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
 DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
@@ -637,8 +637,8 @@ class InspectPanel(QWidget):
 if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
-    from crossview.eval.runs import load_run_results
-    from crossview.gui.launch import NO_DISPLAY, _exec, demo_run, ensure_app, has_display
+    from crossview.engine.results import load_run_results
+    from crossview.gui.app import NO_DISPLAY, demo_run, ensure_app, exec_app, has_display
     if not has_display():
         print(NO_DISPLAY, file=sys.stderr)
         sys.exit(1)
@@ -652,4 +652,4 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
         panel.set_compare(runs[1])
     panel.resize(1200, 850)
     panel.show()
-    sys.exit(_exec(app))
+    sys.exit(exec_app(app))

@@ -28,8 +28,8 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QLin
                                QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
 
 from crossview.engine.annotations import AnnotationStore, query_key
-from crossview.engine.io import atomic_write_bytes
-from crossview.errors import CrossViewError
+from crossview.core.io import atomic_write_bytes
+from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
@@ -714,7 +714,7 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
     from crossview.engine.session import open_run
-    from crossview.gui.launch import NO_DISPLAY, _exec, demo_run, ensure_app, has_display
+    from crossview.gui.app import NO_DISPLAY, demo_run, ensure_app, exec_app, has_display
     if not has_display():
         print(NO_DISPLAY, file=sys.stderr)
         sys.exit(1)
@@ -728,4 +728,4 @@ if __name__ == "__main__":  # pragma: no cover - manual preview
                         train_split=run.config.get("train_split", "train"))
     panel.resize(1200, 800)
     panel.show()
-    sys.exit(_exec(app))
+    sys.exit(exec_app(app))

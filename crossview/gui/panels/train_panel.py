@@ -28,9 +28,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
                                QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout, QWidget)
 
-from crossview.engine.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
+from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
 from crossview.engine.tune import TuneResult
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
 from crossview.gui.search_dialog import SearchDialog, SearchSpec
@@ -124,7 +124,7 @@ class TrainPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None, runs_root: str | Path | None = None) -> None:
         super().__init__(parent)
-        from crossview.settings import get_settings
+        from crossview.core.settings import get_settings
 
         self.runs_root = Path(runs_root) if runs_root is not None else get_settings().runs_dir
         preload_engine_modules()
@@ -395,7 +395,7 @@ class TrainPanel(QWidget):
         self.text_encoder.setToolTip("Caption features; fitted encoders (tfidf, bow, lda) learn on the train split")
 
     def _fill_devices(self) -> None:
-        from crossview.engine.devices import list_devices
+        from crossview.core.devices import list_devices
 
         self.device_combo.addItem("auto (a GPU when present)", "auto")
         for d in list_devices():
@@ -438,7 +438,7 @@ class TrainPanel(QWidget):
 
     def _update_norm_defaults(self, method: str | None) -> None:
         """Name the method's own normalisations in the first entry of each choice ("method default (ssr)")."""
-        from crossview.features.normalize import default_norms_of
+        from crossview.methods import default_norms_of
 
         defaults = default_norms_of(method) if method else ("none", "none")
         for combo, default in ((self.image_norm, defaults[0]), (self.text_norm, defaults[1])):
@@ -596,7 +596,7 @@ class TrainPanel(QWidget):
 
     @staticmethod
     def _run_config(run_dir: Path) -> dict[str, Any]:
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
         try:
             cfg = read_json(Path(run_dir) / "config.json")
         except CrossViewError:
@@ -617,7 +617,7 @@ class TrainPanel(QWidget):
         return ""
 
     def _run_dataset_matches(self, run_dir: Path) -> bool:
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
         try:
             return read_json(run_dir / "config.json").get("dataset_fingerprint") == self.dataset.fingerprint()
         except CrossViewError:
@@ -685,7 +685,7 @@ class TrainPanel(QWidget):
         return out
 
     def _resolved_norms(self) -> tuple[str, str]:
-        from crossview.features.normalize import default_norms_of
+        from crossview.methods import default_norms_of
 
         defaults = default_norms_of(self.method_combo.currentData())
         img, txt = self.norms()
@@ -883,7 +883,7 @@ class TrainPanel(QWidget):
         """Run the search in ``folder`` (default: :meth:`_search_to_continue`) again, as recorded in its
         ``tune.json`` (or as this panel started it, when it stopped before its first trial finished): finished
         trials are read back, an interrupted one resumes, the rest run, then the best is refitted."""
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
 
         folder = Path(folder) if folder is not None else self._search_to_continue()
         if folder is None or (self.task is not None and self.task.is_running()):
@@ -910,7 +910,7 @@ class TrainPanel(QWidget):
     def _search_data(self, folder: Path, rec: dict[str, Any]) -> Any:
         """The dataset a recorded search ran on: the panel's own when a trial's fingerprint matches, else the
         path the record names."""
-        from crossview.engine.io import read_json
+        from crossview.core.io import read_json
 
         if self.dataset is not None:
             for cfg_path in sorted(folder.glob("trial-*/config.json")):
@@ -1074,8 +1074,8 @@ class TrainPanel(QWidget):
 
     def show_history(self, run_dir: str | Path) -> int:
         """Draw the curves and log of a past run from its ``metrics.jsonl``; returns the number of events."""
-        from crossview.engine.events import event_from_dict
-        from crossview.engine.io import read_events
+        from crossview.core.events import event_from_dict
+        from crossview.core.io import read_events
 
         path = Path(run_dir) / "metrics.jsonl"
         if not path.is_file() or (self.task is not None and self.task.is_running()):
@@ -1180,5 +1180,5 @@ class TrainPanel(QWidget):
 if __name__ == "__main__":  # pragma: no cover - manual preview
     import sys
 
-    from crossview.gui.launch import run_panel
+    from crossview.gui.app import run_panel
     sys.exit(run_panel(TrainPanel, sys.argv[1] if len(sys.argv) > 1 else "demo"))

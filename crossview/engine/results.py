@@ -1,8 +1,11 @@
-"""Reading a finished run's results: ``summary.json`` and ``ranks.npz`` (ARCHITECTURE.md, Runs).
+"""A finished run folder's results: ``summary.json`` and ``ranks.npz`` (ARCHITECTURE.md, Runs).
 
 :class:`RunResults` is what the Inspect panel and ``crossview compare`` show: the metrics, the
 per-query ranks of both directions, which dataset items the queries are (when the run recorded them),
 and the paper's numbers from the method's card.
+
+It lives in the engine, not in ``eval``: it reads the run folders the engine writes and joins them with
+the method's card (``crossview.methods.cards``), and ``eval`` sits below the methods.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["RunResults", "load_run_results"]
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["DeviceInfo", "select_device", "torch_device", "list_devices", "DEVICE_CHOICES"]
 

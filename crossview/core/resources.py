@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]   # crossview/core/resources.py -> the repository
 
 
 def resources_dir() -> Path:
+    """The folder of the stylesheet, icons and fonts (``CROSSVIEW_RESOURCES`` overrides it)."""
     return Path(os.environ.get("CROSSVIEW_RESOURCES", REPO_ROOT / "resources"))
 
 
 def models_dir() -> Path:
+    """The folder of the method cards (``CROSSVIEW_MODELS`` overrides it)."""
     return Path(os.environ.get("CROSSVIEW_MODELS", REPO_ROOT / "models"))

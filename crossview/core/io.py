@@ -1,4 +1,4 @@
-"""Files of a run, written so that nothing the user made is ever half-written.
+"""Files CrossView writes (run folders, the feature cache, checkpoints), so nothing the user made is ever half-written.
 
 - :func:`atomic_write_bytes` / :func:`atomic_write_json`: a temp file in the same folder, flushed and
   fsync'ed, then ``os.replace``'d over the target (atomic on POSIX and Windows). A crash or SIGKILL at
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from crossview.errors import CrossViewError
+from crossview.core.errors import CrossViewError
 
 __all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
@@ -78,7 +78,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically (numpy values converted)."""
-    from crossview.engine.events import _jsonable
+    from crossview.core.events import _jsonable
     text = json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n"
     return atomic_write_bytes(path, text.encode("utf-8"))
 
@@ -370,7 +370,7 @@ class EventLog:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, event: Any) -> None:
-        """Append one event (an :class:`~crossview.engine.events.Event` or a plain dict)."""
+        """Append one event (an :class:`~crossview.core.events.Event` or a plain dict)."""
         d = event.to_dict() if hasattr(event, "to_dict") else dict(event)
         d = {**d, "time": round(time.time(), 3), "t": round(time.monotonic() - self._start, 3)}
         self._f.write(json.dumps(d) + "\n")
