@@ -394,3 +394,47 @@ def test_gallery_overlap_matches_a_naive_loop():
     assert got["BLEU-1"] == pytest.approx(np.mean([r["BLEU-1"] for r in rows]))
     with pytest.raises(CrossViewError, match="must be"):
         gallery_overlap_i2t(s, gallery[:3], refs)
+
+
+@pytest.mark.slow
+def test_a_killed_experiment_continues_where_it_died(precomp, tiny, tmp_path):
+    """SIGKILL the command while BITR trains: the next run of the command skips the finished CCA run and
+    resumes the BITR one (which then finishes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from crossview.engine.run import read_status
+
+    exp = tmp_path / "exp"
+    bitr = {"c_grid": "paper", "cv_folds": "5", "max_iter": "200", "normalize": "l2", "pca_dim": "0"}
+    cmd = [sys.executable, "-m", "crossview.cli", "experiment", "bitr-table", "--data", str(precomp),
+           "--representation", "default", "--text-encoder", "tfidf", "--methods", "cca,bitr-c", "--split", "test",
+           "--k", "5", "--cache-dir", str(tmp_path / "cache"), "--exp-dir", str(exp),
+           *[a for k, v in bitr.items() for a in ("--param", f"bitr.{k}={v}")]]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status = exp / "test-bitr-c" / "status.json"
+        deadline = time.monotonic() + 300
+        while not status.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the command ended before BITR started; nothing to kill"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert read_status(exp / "test-cca")["status"] == "finished"
+    assert read_status(exp / "test-bitr-c")["status"] == "running"          # died without a word
+    events, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca", "bitr-c"],
+                                          split="test", ks=(5,), method_params={"bitr": bitr},
+                                          representation_params={**TFIDF, "cache": FeatureCache(tmp_path / "cache")},
+                                          out=exp))
+    messages = [getattr(e, "message", "") for e in events]
+    assert any("test cca: finished earlier" in m for m in messages)
+    assert any("test bitr-c: resuming" in m for m in messages)
+    assert res is not None and read_status(exp / "test-bitr-c")["status"] == "finished"
+    assert res["results"]["bitr-c"]["i2t"]["R@5"] > res["chance"]["i2t"]["R@5"] + 15

@@ -491,6 +491,21 @@ def _run_finished(run_dir: Path) -> bool:
         read_status(run_dir).get("status") == "finished"
 
 
+def _representation_record(rep_kw: dict[str, Any]) -> dict[str, Any]:
+    """What the representation's keyword arguments change (where features are cached and computed, and
+    values equal to :func:`~crossview.features.topics.build_representation`'s defaults, left out), so that
+    the command and the library compare equal when they ask for the same thing."""
+    import inspect
+
+    from crossview.features.topics import build_representation
+
+    defaults = {k: p.default for k, p in inspect.signature(build_representation).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return _plain({k: v for k, v in sorted(rep_kw.items()) if k not in ("cache", "device", "batch_size",
+                                                                         "num_workers")
+                   and not (k in defaults and defaults[k] == v)})
+
+
 def _check_same_experiment(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     """The ``experiment.json`` already in ``folder`` (``{}`` for none); another experiment's is refused."""
     from crossview.engine.io import read_json
@@ -587,7 +602,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     record: dict[str, Any] = {
         "experiment": "bitr-table", "data": getattr(dataset, "source", None) or None, "dataset": dataset.name,
         "dataset_fingerprint": dataset.fingerprint(), "representation": representation,
-        "representation_params": _plain({k: v for k, v in rep_kw.items() if k not in ("cache", "device")}),
+        "representation_params": _representation_record(rep_kw),
         "protocol": {"folds": folds, "split": split, "description": protocol}, "seed": int(seed),
         "method_params": {m: _plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned}}
     old = _check_same_experiment(folder, record)
