@@ -5,9 +5,9 @@ adds ONE averaged constraint ``<W, A> >= b - xi`` with ``A = 1/N sum_i x_i (y_i 
 ``b = 1/N sum_i Delta(y_i, y^_i)``, and re-solves the small dual QP over the working set
 (:mod:`crossview.methods._qp`) with the Gram matrix ``G_jk = <A_j, A_k>_F``.
 
-The QP solver is our own active-set method rather than a QP library: it is exact on the nearly singular
-Gram matrices the cutting planes produce and is warm-started from the previous iteration (see
-:mod:`crossview.methods._qp`).
+The QP solver is our own active-set method rather than a QP library: exact on the nearly singular Gram
+matrices the cutting planes produce, warm-started from the previous iteration, and measured 40-100x
+faster than scipy's SLSQP on such working sets (the numbers are in :mod:`crossview.methods._qp`).
 """
 
 from __future__ import annotations
