@@ -438,3 +438,20 @@ def test_a_killed_experiment_continues_where_it_died(precomp, tiny, tmp_path):
     assert any("test bitr-c: resuming" in m for m in messages)
     assert res is not None and read_status(exp / "test-bitr-c")["status"] == "finished"
     assert res["results"]["bitr-c"]["i2t"]["R@5"] > res["chance"]["i2t"]["R@5"] + 15
+
+
+def test_the_app_opens_an_experiment_trial_on_its_fold(qtbot, window, tiny):
+    """A trial of the table opens in the app like any run, querying the fold's test images."""
+    from crossview.engine.session import list_runs
+
+    _, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca"], split="test", ks=(5,),
+                                     representation_params=TFIDF))
+    run_dir = Path(res["runs"]["cca"][0])
+    assert run_dir in list_runs()                       # in the user's runs folder (the window's home)
+    task = window.open_run(str(run_dir))
+    with qtbot.waitSignal(task.finished, timeout=120_000):
+        pass
+    assert window.run is not None and window.run.name == "test-cca"
+    assert window.query_panel.retriever.gallery_name == B.TEST_SPLIT
+    assert window.query_panel.retriever.dataset.n_images == tiny.n_images
+    np.testing.assert_array_equal(window.run.dataset.splits[B.TEST_SPLIT], tiny.splits["test"])
