@@ -51,7 +51,7 @@ from crossview.methods.base import Method, MethodData, check_direction
 __all__ = [
     "LOSSES", "DOMAINS", "normalize_rows", "delta", "delta_matrix", "vertex_losses", "most_violated",
     "most_violated_finite", "hinge_terms", "primal_objective", "CuttingPlaneTrainer", "IterationInfo",
-    "Bitr", "PAPER_C_GRID", "parse_c_grid",
+    "Bitr", "PAPER_C_GRID", "parse_c_grid", "cv_folds",
 ]
 
 #: How BITR reduces its input features (the ``reduce`` parameter): ``cca`` projects both views on the top
@@ -113,6 +113,16 @@ def parse_c_grid(value: Any) -> tuple[float, ...]:
                                  "c_grid=1e-5,1e-3,1e-1,10,1e3 or c_grid=paper")
         out.append(f)
     return tuple(sorted(set(out)))
+
+
+def cv_folds(n_images: int, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The ``k`` ``(train, test)`` image folds of BITR's cross-validation (a caption stays with its image):
+    scikit-learn's ``KFold`` over a permutation drawn by ``default_rng(seed)``, the same partition as
+    :func:`crossview.engine.splits.fold_splits` (not imported: methods sit below the engine)."""
+    from sklearn.model_selection import KFold
+
+    perm = np.random.default_rng(int(seed)).permutation(int(n_images))
+    return [(np.sort(perm[tr]), np.sort(perm[te])) for tr, te in KFold(n_splits=int(k)).split(perm)]
 
 
 def _pca_fit(a: np.ndarray, dim: int) -> dict[str, np.ndarray]:
@@ -505,12 +515,7 @@ class Bitr(Method):
         if n_img < k:
             raise CrossViewError(f"BITR: {k}-fold cross-validation needs at least {k} training images, "
                                  f"there are {n_img}; lower cv_folds or give a fixed C (c_grid empty)")
-        # Folds of images (a caption stays with its image): scikit-learn's KFold over a seeded permutation
-        # (numpy's Generator, as everywhere in CrossView), the same partition as crossview.engine.splits.
-        from sklearn.model_selection import KFold
-
-        perm = np.random.default_rng(int(self.seed)).permutation(n_img)
-        folds = [(np.sort(perm[tr]), np.sort(perm[te])) for tr, te in KFold(n_splits=k).split(perm)]
+        folds = cv_folds(n_img, k, int(self.seed))
         base = self._trainer_kwargs(torch.device("cpu") if int(self.n_jobs) > 1 else dev)
         jobs = []
         for d in ("i2t", "t2i"):
