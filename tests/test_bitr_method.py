@@ -288,3 +288,18 @@ def test_trains_on_gpu_like_on_cpu() -> None:
     for d in ("i2t", "t2i"):
         a, b = cpu.W_[d], gpu.W_[d]
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(a)
+
+
+def test_cross_validation_folds_are_the_engines_kfold_partition():
+    """One k-fold splitter: BITR's C cross-validation uses the same (KFold) image folds as the engine's
+    experiments, each image held out once, reproducible from the seed."""
+    from crossview.engine.splits import fold_splits
+    from crossview.methods.bitr import cv_folds
+
+    for n, k, seed in ((50, 5, 0), (23, 4, 7)):
+        ours = cv_folds(n, k, seed)
+        for (tr, te), (tr2, te2) in zip(ours, fold_splits(n, k, seed)):
+            np.testing.assert_array_equal(tr, tr2)
+            np.testing.assert_array_equal(te, te2)
+        np.testing.assert_array_equal(np.sort(np.concatenate([te for _, te in ours])), np.arange(n))
+        assert all(not set(tr) & set(te) for tr, te in ours)

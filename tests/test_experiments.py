@@ -162,7 +162,8 @@ def table(tiny, precomp, tmp_path_factory):
     events = list(B.run_bitr_table(
         tiny, representation="default", methods=["cca", "wsabie", "bitr-m", "bitr-e", "bitr-c", "random"],
         split="test", ks=(5, 10), corpus=corpus, method_params=FAST,
-        representation_params={"text_encoder": "tfidf", "cache": FeatureCache(tmp_path_factory.mktemp("c"))}))
+        representation_params={"text_encoder": "tfidf", "cache": FeatureCache(tmp_path_factory.mktemp("c"))},
+        out=tmp_path_factory.mktemp("exp")))
     return events
 
 
@@ -198,7 +199,7 @@ def test_cli_json_and_markdown(precomp, tmp_path, capsys):
     rc = main(["experiment", "bitr-table", "--data", str(precomp), "--representation", "default",
                "--text-encoder", "tfidf", "--methods", "cca,random", "--folds", "3", "--k", "5",
                "--corpus", str(precomp / "corpus.txt"), "--cache-dir", str(tmp_path / "cache"),
-               "--json", "--out", str(out)])
+               "--json", "--out", str(out), "--exp-dir", str(tmp_path / "exp")])
     cap = capsys.readouterr()
     assert rc == 0
     res = json.loads(cap.out)
@@ -208,6 +209,8 @@ def test_cli_json_and_markdown(precomp, tmp_path, capsys):
     assert "experiment 1 on" in cap.err and "fold 3/3 cca: trained" in cap.err   # events on stderr
     md = out.read_text()
     assert "--methods cca,random --k 5 --folds 3" in md and "| CCA |" in md
+    assert {Path(p).name for p in res["runs"]["cca"]} == {"fold01-cca", "fold02-cca", "fold03-cca"}
+    assert all((tmp_path / "exp" / f"fold0{i}-cca" / "summary.json").is_file() for i in (1, 2, 3))
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -253,3 +256,202 @@ def test_paper_numbers_come_from_the_cards():
         rows = B.paper_numbers("modern", ["bitr-m", "bitr-c"])["rows"]
         assert rows["bitr-c"]["i2t"]["R@50"] == pytest.approx(75.10) and rows["bitr-c"]["i2t"]["MedR"] == 18.75
         assert rows["bitr-m"]["i2t"]["R@50"] == pytest.approx(70.50)
+
+
+# ---------------------------------------------------------------------------------- trials are runs
+TFIDF = {"text_encoder": "tfidf"}
+
+
+def _drain(gen):
+    events = list(gen)
+    return events, next((e.summary for e in events if type(e).__name__ == "Finished"), None)
+
+
+def test_fold_splits_are_kfold_partitions_and_reproducible():
+    from sklearn.model_selection import KFold
+
+    from crossview.engine.splits import fold_splits
+
+    a, b = fold_splits(23, 4, seed=5), fold_splits(23, 4, seed=5)
+    assert len(a) == 4
+    for (tr, te), (tr2, te2) in zip(a, b):                      # same seed, same folds
+        np.testing.assert_array_equal(tr, tr2)
+        np.testing.assert_array_equal(te, te2)
+        assert not set(tr) & set(te) and len(tr) + len(te) == 23
+    np.testing.assert_array_equal(np.sort(np.concatenate([te for _, te in a])), np.arange(23))
+    assert [len(te) for _, te in a] == [len(te) for _, te in KFold(4).split(np.arange(23))]   # 6, 6, 6, 5
+    assert any(not np.array_equal(x[1], y[1]) for x, y in zip(a, fold_splits(23, 4, seed=6)))
+    # a subset of images keeps its own indices
+    sub = np.array([3, 8, 9, 14, 20, 21])
+    assert set(np.concatenate([te for _, te in fold_splits(sub, 3)])) == set(sub.tolist())
+    with pytest.raises(CrossViewError, match="at least 2 folds"):
+        fold_splits(10, 1)
+
+
+def test_experiment_trials_are_runs_listed_opened_and_on_their_fold(tiny, tmp_path):
+    from crossview.engine.run import read_config, read_summary
+    from crossview.engine.session import list_runs, open_run
+
+    exp = tmp_path / "runs" / "exp"
+    events, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca", "random"], folds=3,
+                                          ks=(5,), representation_params=TFIDF, out=exp))
+    assert res is not None and res["experiment_dir"] == str(exp)
+    folds, _ = B.make_folds(tiny, folds=3)
+    names = [f"{f.key}-cca" for f in folds]
+    assert [Path(p).name for p in res["runs"]["cca"]] == names and "random" not in res["runs"]
+    listed = {p.name for p in list_runs(tmp_path / "runs")}
+    assert set(names) <= listed                                  # the app's runs list shows every trial
+    record = json.loads((exp / B.EXPERIMENT_FILE).read_text())
+    assert set(record["trials"]) == set(names)
+    for fold, name in zip(folds, names):
+        cfg = read_config(exp / name)
+        assert cfg["split"] == B.TEST_SPLIT and cfg["train_split"] == B.TRAIN_SPLIT
+        assert cfg["derived_splits"][B.TEST_SPLIT] == fold.test.tolist()     # the fold, recorded
+        assert cfg["derived_splits"][B.TRAIN_SPLIT] == fold.train.tolist()
+    opened = open_run(exp / names[1], tiny)
+    assert opened.eval_split == B.TEST_SPLIT
+    np.testing.assert_array_equal(opened.dataset.splits[B.TEST_SPLIT], folds[1].test)
+    test = MethodData.from_features(opened.dataset, opened.features.image, opened.features.text, B.TEST_SPLIT)
+    again = opened.method.evaluate(test, ks=(5,))
+    assert again["i2t"]["R@5"] == pytest.approx(read_summary(exp / names[1])["i2t"]["R@5"])
+    assert again["i2t"]["R@5"] == pytest.approx(res["per_fold"]["cca"][1]["i2t"]["R@5"])   # the table's number
+
+
+@pytest.mark.slow
+def test_experiment_resumes_after_a_stop_and_skips_finished_runs(tiny, tmp_path):
+    from crossview.engine.run import read_status
+
+    kw = dict(representation="default", methods=["cca", "bitr-c"], split="test", ks=(5, 10),
+              method_params={"bitr": {**FAST["bitr"], "max_iter": 60}}, representation_params=TFIDF)
+    _, whole = _drain(B.run_bitr_table(tiny, out=tmp_path / "whole", **kw))
+    exp = tmp_path / "exp"
+    seen = {"n": 0}
+
+    def stop() -> bool:          # stop in the middle of BITR's cutting-plane iterations
+        seen["n"] += 1
+        return (exp / "test-bitr-c" / "checkpoint.pt").is_file() and seen["n"] > 40
+
+    events, res = _drain(B.run_bitr_table(tiny, out=exp, should_stop=stop,
+                                          **{**kw, "method_params": {"bitr": {**kw["method_params"]["bitr"]}}}))
+    assert res is None and any("stopped" in getattr(e, "message", "") for e in events)
+    assert read_status(exp / "test-cca")["status"] == "finished"
+    assert read_status(exp / "test-bitr-c")["status"] == "cancelled"
+    cca_mtime = (exp / "test-cca" / "summary.json").stat().st_mtime_ns
+    events, res = _drain(B.run_bitr_table(tiny, out=exp, **kw))
+    messages = [getattr(e, "message", "") for e in events]
+    assert any("test cca: finished earlier" in m for m in messages)          # skipped, read back
+    assert any("test bitr-c: resuming" in m for m in messages)                # continued from its checkpoint
+    assert (exp / "test-cca" / "summary.json").stat().st_mtime_ns == cca_mtime
+    assert read_status(exp / "test-bitr-c")["status"] == "finished"
+    for m in ("cca", "bitr-c"):
+        for d in ("i2t", "t2i"):
+            for key in ("R@5", "R@10", "MedR", "BLEU-1", "ROUGE-1"):
+                assert res["results"][m][d][key] == pytest.approx(whole["results"][m][d][key]), (m, d, key)
+    # a third time: everything is read back, nothing trained
+    events, again = _drain(B.run_bitr_table(tiny, out=exp, **kw))
+    assert not any("training" in getattr(e, "message", "") for e in events)
+    assert again["results"]["bitr-c"]["i2t"] == res["results"]["bitr-c"]["i2t"]
+
+
+def test_another_experiment_in_the_same_folder_is_refused(tiny, tmp_path):
+    kw = dict(representation="default", methods=["cca"], split="test", ks=(5,), representation_params=TFIDF)
+    _drain(B.run_bitr_table(tiny, out=tmp_path, **kw))
+    with pytest.raises(CrossViewError, match="another seed"):
+        _drain(B.run_bitr_table(tiny, out=tmp_path, seed=3, **kw))
+    with pytest.raises(CrossViewError, match="its cca runs were trained with"):
+        _drain(B.run_bitr_table(tiny, out=tmp_path, method_params={"cca": {"reg": 0.5}}, **kw))
+
+
+def test_bleu_and_rouge_come_from_eval(tiny, tmp_path, monkeypatch):
+    import crossview.eval.overlap as O
+
+    def fixed(self, hypothesis, references):
+        return {"BLEU-1": 12.5, "BLEU-2": 0.0, "BLEU-3": 0.0, "BLEU-4": 0.0, "ROUGE-1": 0.25, "ROUGE-L": 0.0}
+
+    monkeypatch.setattr(O.SentenceOverlap, "__call__", fixed)
+    _, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca", "random"], split="test",
+                                     ks=(5,), corpus=["a red star", "the blue circle"],
+                                     representation_params=TFIDF, out=tmp_path))
+    for m in ("cca", "random"):
+        for d in ("i2t", "t2i", "corpus_i2t"):
+            assert res["results"][m][d]["BLEU-1"] == 12.5 and res["results"][m][d]["ROUGE-1"] == 25.0
+
+
+def test_gallery_overlap_matches_a_naive_loop():
+    from crossview.eval.overlap import gallery_overlap_i2t, gallery_overlap_t2i
+
+    sc = SentenceOverlap()
+    gallery = ["a dog runs", "a cat sits", "the dog sits on grass", "birds fly"]
+    refs = [["a dog runs on grass"], ["a cat on a sofa", "the cat sits"], []]
+    s = np.array([[0.9, 0.1, 0.5, 0.0], [0.0, 0.8, 0.2, 0.3], [1.0, 1.0, 1.0, 1.0]])
+    got = gallery_overlap_i2t(s, gallery, refs, k=2)
+    rows = [sc(gallery[0], refs[0]), sc(gallery[2], refs[0]), sc(gallery[1], refs[1]), sc(gallery[3], refs[1])]
+    assert got["BLEU-1"] == pytest.approx(np.mean([r["BLEU-1"] for r in rows]))       # the empty one skipped
+    s_t2i = np.array([[0.9, 0.1], [0.2, 0.8], [1.0, 1.0]])     # 3 gallery images x 2 query captions
+    got = gallery_overlap_t2i(s_t2i, ["a dog", "a cat"], refs, k=2)
+    rows = [sc("a dog", refs[0]), sc("a cat", refs[1])]                # image 2 (top of both) has no caption
+    assert got["ROUGE-1"] == pytest.approx(np.mean([r["ROUGE-1"] for r in rows]))
+    assert got["BLEU-1"] == pytest.approx(np.mean([r["BLEU-1"] for r in rows]))
+    with pytest.raises(CrossViewError, match="must be"):
+        gallery_overlap_i2t(s, gallery[:3], refs)
+
+
+@pytest.mark.slow
+def test_a_killed_experiment_continues_where_it_died(precomp, tiny, tmp_path):
+    """SIGKILL the command while BITR trains: the next run of the command skips the finished CCA run and
+    resumes the BITR one (which then finishes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from crossview.engine.run import read_status
+
+    exp = tmp_path / "exp"
+    bitr = {"c_grid": "paper", "cv_folds": "5", "max_iter": "200", "normalize": "l2", "pca_dim": "0"}
+    cmd = [sys.executable, "-m", "crossview.cli", "experiment", "bitr-table", "--data", str(precomp),
+           "--representation", "default", "--text-encoder", "tfidf", "--methods", "cca,bitr-c", "--split", "test",
+           "--k", "5", "--cache-dir", str(tmp_path / "cache"), "--exp-dir", str(exp),
+           *[a for k, v in bitr.items() for a in ("--param", f"bitr.{k}={v}")]]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status = exp / "test-bitr-c" / "status.json"
+        deadline = time.monotonic() + 300
+        while not status.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the command ended before BITR started; nothing to kill"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert read_status(exp / "test-cca")["status"] == "finished"
+    assert read_status(exp / "test-bitr-c")["status"] == "running"          # died without a word
+    events, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca", "bitr-c"],
+                                          split="test", ks=(5,), method_params={"bitr": bitr},
+                                          representation_params={**TFIDF, "cache": FeatureCache(tmp_path / "cache")},
+                                          out=exp))
+    messages = [getattr(e, "message", "") for e in events]
+    assert any("test cca: finished earlier" in m for m in messages)
+    assert any("test bitr-c: resuming" in m for m in messages)
+    assert res is not None and read_status(exp / "test-bitr-c")["status"] == "finished"
+    assert res["results"]["bitr-c"]["i2t"]["R@5"] > res["chance"]["i2t"]["R@5"] + 15
+
+
+def test_the_app_opens_an_experiment_trial_on_its_fold(qtbot, window, tiny):
+    """A trial of the table opens in the app like any run, querying the fold's test images."""
+    from crossview.engine.session import list_runs
+
+    _, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca"], split="test", ks=(5,),
+                                     representation_params=TFIDF))
+    run_dir = Path(res["runs"]["cca"][0])
+    assert run_dir in list_runs()                       # in the user's runs folder (the window's home)
+    task = window.open_run(str(run_dir))
+    with qtbot.waitSignal(task.finished, timeout=120_000):
+        pass
+    assert window.run is not None and window.run.name == "test-cca"
+    assert window.query_panel.retriever.gallery_name == B.TEST_SPLIT
+    assert window.query_panel.retriever.dataset.n_images == tiny.n_images
+    np.testing.assert_array_equal(window.run.dataset.splits[B.TEST_SPLIT], tiny.splits["test"])

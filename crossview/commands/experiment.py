@@ -2,7 +2,7 @@
 
 ``crossview experiment bitr-table --data D`` runs Experiment 1 of the BITR paper (image <-> caption
 retrieval with CCA, WSABIE and BITR-M/E/C, :mod:`crossview.experiments.bitr_table`) and prints the
-paper's table. Progress and messages go to stderr; the table (or ``--json``) to stdout.
+paper's table; its trials are run folders under ``--exp-dir`` (resumable, listed in the app). Progress and messages go to stderr; the table (or ``--json``) to stdout.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def _command_line(args: argparse.Namespace) -> str:
         parts += ["--param", p]
     if args.out:
         parts += ["--out", str(args.out)]
+    if args.exp_dir:
+        parts += ["--exp-dir", str(args.exp_dir)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -113,7 +115,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     try:
         for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
                                  split=args.split, ks=ks, corpus=corpus, method_params=params,
-                                 representation_params=rep_params, seed=args.seed,
+                                 representation_params=rep_params, seed=args.seed, out=args.exp_dir,
                                  feature_progress=feature_progress):
             if isinstance(ev, Finished):
                 result = ev.summary
@@ -149,7 +151,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the test set), Im2Text BLEU-1 / ROUGE-1 from an independent caption corpus (--corpus), and "
                     "the paper's own numbers from the method cards. Protocol: --folds N (N partitions, each the "
                     "test set once) or --split NAME (train on 'train', test on NAME); default: the 'test' split "
-                    "when the dataset has one, else 10 folds.")
+                    "when the dataset has one, else 10 folds. Every fold of every method is an ordinary run "
+                    "folder (listed in the app's runs list, opened like any run) under one experiment folder "
+                    "(--exp-dir); running the command again with the same --exp-dir skips the finished runs "
+                    "and resumes an interrupted one. The random row is computed, not trained (no run).")
     p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
     _add_dataset_args(p)
     p.add_argument("--representation", default="modern", choices=["modern", "tr", "ctr", "default"],
@@ -175,4 +180,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     p.add_argument("--out", metavar="FILE.md", help="also write the table and settings as Markdown")
+    p.add_argument("--exp-dir", metavar="DIR",
+                   help="the experiment folder: experiment.json and one run folder per fold and method "
+                        "(default: a new bitr-table-<data>-<representation>-<time> folder in the runs folder); "
+                        "give an existing one to continue it")
     p.set_defaults(func=cmd_bitr_table)

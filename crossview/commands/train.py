@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -193,7 +194,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                     data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
                     checkpoint_seconds=args.checkpoint_seconds, image_norm=args.image_norm,
                     text_norm=args.text_norm)
-    printer = EventPrinter()
+    # under torchrun every process runs this command; rank 0 alone prints and writes (the others train)
+    follower = os.environ.get("RANK", "0") not in ("", "0")
+    printer = EventPrinter(stream=open(os.devnull, "w")) if follower else EventPrinter()
     summary = None
     stop = {"asked": False}
 
@@ -222,6 +225,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         gen.close()  # cancel at this event: the engine checkpoints and records "cancelled"
         print(f"crossview: cancelled; continue with: crossview train --resume {gen.run_dir}", file=sys.stderr)
         return 130
+    if follower:
+        return 0
     if summary is None:  # pragma: no cover - the engine always ends with Finished or raises
         raise CrossViewError("the run ended without a summary")
     if args.json:

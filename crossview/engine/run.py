@@ -949,7 +949,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
           data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
           checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
-          image_norm: str | None = None, text_norm: str | None = None) -> RunIterator:
+          image_norm: str | None = None, text_norm: str | None = None,
+          derived_splits: dict[str, Any] | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -959,8 +960,10 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     stopping when the dataset has it) and evaluated on ``split``; ``split=None`` evaluates on ``test``, else
     ``val``, else a held-out part of train (:mod:`crossview.engine.splits`), and the run records which.
     ``image_norm`` / ``text_norm`` normalise the features first (:mod:`crossview.features.normalize`;
-    default: the method's ``default_image_norm`` / ``default_text_norm``). Stop
-    iterating to cancel.
+    default: the method's ``default_image_norm`` / ``default_text_norm``). ``derived_splits`` (split name
+    -> image indices, e.g. an experiment's fold from :func:`crossview.engine.splits.fold_splits`) are added
+    to the dataset's splits before the split rule runs and recorded in ``config.json``, like ``heldout``, so
+    a resume or ``open_run`` sees them again. Stop iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
@@ -970,11 +973,13 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
 
     default_norms = default_norms_of(method, params)
     ds, source = _load(data, data_format, image_root)
+    given = _splits.checked_derived_splits(ds, derived_splits)
+    ds = _splits.apply_derived_splits(ds, given)
     plan = plan_splits(ds, split, train_split, val_split, seed)
     cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
-                    checkpoint_seconds=checkpoint_seconds, derived_splits=plan.derived or None,
+                    checkpoint_seconds=checkpoint_seconds, derived_splits={**given, **plan.derived} or None,
                     image_norm=default_norms[0] if image_norm is None else image_norm,
                     text_norm=default_norms[1] if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)

@@ -137,7 +137,7 @@ def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[st
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
     """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
-    (folders with a ``tune.json``) included."""
+    (folders with a ``tune.json``) and of experiments (an ``experiment.json``) included."""
     from crossview.core.settings import get_settings
 
     base = Path(root) if root is not None else get_settings().runs_dir
@@ -162,7 +162,8 @@ def list_runs(root: str | Path | None = None) -> list[Path]:
             runs.append((t, p))
         else:
             try:
-                search = (p / "tune.json").is_file()     # a search (crossview tune): its trials are runs too
+                # a search (crossview tune) or an experiment (crossview experiment): its trials are runs too
+                search = (p / "tune.json").is_file() or (p / "experiment.json").is_file()
             except OSError:
                 search = False
             if search:

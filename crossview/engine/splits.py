@@ -11,6 +11,11 @@ to that split. When no evaluation split is named (``split=None``):
    seed, becomes the split ``heldout`` and the training split loses them. Both derived splits are recorded
    in ``config.json`` (``"derived_splits"``) and applied again whenever the run is opened or resumed, so the
    held-out images never leak into training, whichever view asks.
+
+An experiment (:mod:`crossview.experiments`) trains one run per fold: :func:`fold_splits` gives the
+k-fold partitions of the images (scikit-learn's ``KFold``; a caption always goes with its image), and
+:func:`train <crossview.engine.run.train>` records a fold as derived splits (``derived_splits=``) in the
+same way, so a fold's run is reopened, resumed and evaluated on the very images it was tested on.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["SplitPlan", "plan_splits", "apply_derived_splits", "HELDOUT", "HELDOUT_FRACTION", "MIN_HELDOUT",
+__all__ = ["SplitPlan", "plan_splits", "apply_derived_splits", "checked_derived_splits", "fold_splits", "HELDOUT", "HELDOUT_FRACTION", "MIN_HELDOUT",
            "AUTO_SPLIT_HELP", "describe_auto_split"]
 
 HELDOUT = "heldout"
@@ -138,3 +143,38 @@ def describe_auto_split(ds: Any, train_split: str = "train", val_split: str | No
     if plan.eval == HELDOUT:
         return f"no test or val split: evaluates on {n:,} held-out train images (recorded in the run)"
     return f"no test split: evaluates on {plan.eval} ({n:,} images); no early stopping on it"
+
+
+def checked_derived_splits(ds: Any, derived: dict[str, Any] | None) -> dict[str, list[int]]:
+    """``derived`` (split name -> image indices, arrays or lists) as the plain JSON lists ``config.json``
+    records, checked against ``ds``; ``{}`` for none."""
+    if not derived:
+        return {}
+    out: dict[str, list[int]] = {}
+    for name, idx in derived.items():
+        arr = np.asarray(idx)
+        if not isinstance(name, str) or not name or arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise CrossViewError(f"derived split {name!r}: give a split name and a flat list of image indices")
+        out[name] = sorted({int(i) for i in arr.tolist()})
+    apply_derived_splits(ds, out)   # raises on indices outside the dataset
+    return out
+
+
+def fold_splits(images: Any, n_folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``n_folds`` ``(train, test)`` partitions of the image indices ``images`` (or ``range(images)`` for
+    an int), each image in exactly one test part; both sorted ``int64``.
+
+    scikit-learn's ``KFold`` over a permutation drawn by numpy's ``default_rng(seed)`` (the project's
+    generator): the first ``n % n_folds`` parts have one image more. The same ``seed`` always gives the
+    same folds. Folds are of images, so all the captions of an image stay together.
+    """
+    from sklearn.model_selection import KFold
+
+    imgs = np.arange(int(images), dtype=np.int64) if np.ndim(images) == 0 else np.asarray(images, dtype=np.int64)
+    k = int(n_folds)
+    if k < 2:
+        raise CrossViewError(f"k-fold needs at least 2 folds, got {n_folds}")
+    if len(imgs) < k:
+        raise CrossViewError(f"{k} folds need at least {k} images, there are {len(imgs)}")
+    perm = imgs[np.random.default_rng(int(seed)).permutation(len(imgs))]
+    return [(np.sort(perm[tr]), np.sort(perm[te])) for tr, te in KFold(n_splits=k).split(perm)]

@@ -8,7 +8,9 @@
 
 Scores are averaged over the k retrieved items and then over the queries (every query has the same
 k, so this is the plain mean over all (query, item) pairs). Retrieval uses the tie rule of
-:mod:`crossview.eval.metrics`.
+:mod:`crossview.eval.metrics`. :func:`gallery_overlap_i2t` / :func:`gallery_overlap_t2i` do the same when
+the gallery is another set than the queries (the BITR paper's protocol: test queries, the training set or
+an independent caption corpus as the gallery).
 
 BLEU is sacrebleu's *sentence-level* BLEU (``BLEU(effective_order=True).sentence_score``, default
 ``13a`` tokenizer, lower-cased, default ``exp`` smoothing), on a 0-100 scale. BLEU-n is cumulative
@@ -30,7 +32,7 @@ from crossview.core.errors import CrossViewError
 from crossview.eval.metrics import as_numpy, check_scores, top_k
 
 __all__ = ["OVERLAP_KEYS", "SentenceOverlap", "caption_overlap", "caption_overlap_i2t",
-           "caption_overlap_t2i"]
+           "caption_overlap_t2i", "gallery_overlap_i2t", "gallery_overlap_t2i"]
 
 OVERLAP_KEYS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-1", "ROUGE-L")
 
@@ -137,3 +139,42 @@ def caption_overlap(scores: Any, caption_image: Any, captions: Sequence[str],
     """Both directions: ``{"i2t": {...}, "t2i": {...}}`` (see the module docstring)."""
     return {"i2t": caption_overlap_i2t(scores, caption_image, captions, k),
             "t2i": caption_overlap_t2i(scores, caption_image, captions, k)}
+
+
+def gallery_overlap_i2t(scores: Any, gallery_captions: Sequence[str], query_references: Sequence[Sequence[str]],
+                        k: int = 5, scorer: SentenceOverlap | None = None) -> dict[str, float]:
+    """Im2Text over a separate gallery: ``scores (n_query_images, n_gallery_captions)``; each query image's
+    top-``k`` gallery captions scored against ``query_references[q]`` (its gold captions). Queries with no
+    reference caption are skipped. Returns the mean of :data:`OVERLAP_KEYS` over all (query, item) pairs."""
+    s = as_numpy(scores)
+    if s.ndim != 2 or s.shape[0] != len(query_references) or s.shape[1] != len(gallery_captions):
+        raise CrossViewError(f"scores {s.shape} must be (n_queries={len(query_references)}, "
+                             f"n_gallery={len(gallery_captions)})")
+    if k < 1:
+        raise CrossViewError(f"k must be >= 1, got {k}")
+    ranked = top_k(s, k)
+    scorer = scorer or SentenceOverlap()
+    rows = []
+    for q, refs in enumerate(query_references):
+        if refs:
+            rows.extend(scorer(gallery_captions[c], list(refs)) for c in ranked[q].tolist())
+    return _mean(rows)
+
+
+def gallery_overlap_t2i(scores: Any, query_captions: Sequence[str], gallery_references: Sequence[Sequence[str]],
+                        k: int = 5, scorer: SentenceOverlap | None = None) -> dict[str, float]:
+    """Text2Im over a separate gallery: ``scores (n_gallery_images, n_query_captions)``; each query caption
+    scored against the captions (``gallery_references[i]``) of each of its top-``k`` gallery images
+    (images without captions are skipped). Returns the mean of :data:`OVERLAP_KEYS`."""
+    s = as_numpy(scores)
+    if s.ndim != 2 or s.shape[0] != len(gallery_references) or s.shape[1] != len(query_captions):
+        raise CrossViewError(f"scores {s.shape} must be (n_gallery={len(gallery_references)}, "
+                             f"n_queries={len(query_captions)})")
+    if k < 1:
+        raise CrossViewError(f"k must be >= 1, got {k}")
+    ranked = top_k(np.ascontiguousarray(s.T), k)
+    scorer = scorer or SentenceOverlap()
+    rows = []
+    for q, cap in enumerate(query_captions):
+        rows.extend(scorer(cap, list(gallery_references[i])) for i in ranked[q].tolist() if gallery_references[i])
+    return _mean(rows)

@@ -22,8 +22,16 @@ images only. A dataset ``val`` split that is not the test split is passed to the
 stopping (WSABIE); otherwise methods get no validation data (WSABIE then runs its ``max_epochs`` passes,
 as the paper stops it after 20).
 
-:func:`run_bitr_table` is a generator of :mod:`crossview.core.events` (cancel by not iterating further);
-its last event is ``Finished(summary=result)``. :func:`bitr_table` drains it. :func:`format_table` and
+Every (fold, method) is an ordinary run of the engine (:func:`crossview.engine.run.train`): a run folder
+under one experiment folder, listed by :func:`crossview.engine.session.list_runs` (and the app's runs
+list), resumable, its fold recorded as derived splits (:mod:`crossview.engine.splits`). Running the
+experiment again on the same folder skips finished runs and resumes unfinished ones. Every number comes
+from :mod:`crossview.eval` (ranks, R@K and MedR from :mod:`crossview.eval.metrics`, BLEU / ROUGE from
+:mod:`crossview.eval.overlap`). The ``random`` row is not a run: it is computed by the same eval
+functions from seeded random embeddings (:func:`random_baseline`), since it has nothing to train or open.
+
+:func:`run_bitr_table` is a generator of :mod:`crossview.core.events` (cancel by not iterating further;
+the run in progress stays resumable); its last event is ``Finished(summary=result)``. :func:`bitr_table` drains it. :func:`format_table` and
 :func:`format_markdown` lay the result out as the paper's table, with the paper's own numbers (from the
 method cards in ``models/``) beside ours where the representation matches.
 """
@@ -35,6 +43,8 @@ import re
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,9 +55,16 @@ from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",
            "run_bitr_table", "bitr_table", "evaluate_fold", "chance_levels", "paper_numbers", "format_table",
-           "format_markdown", "RandomEmbedding"]
+           "format_markdown", "random_baseline", "default_experiment_dir", "registry_of", "EXPERIMENT_FILE",
+           "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT"]
 
-#: Table rows: name -> (registry name, fixed parameters). ``random`` is the chance-level baseline.
+#: The experiment folder's record: settings and one row of table metrics per finished trial.
+EXPERIMENT_FILE = "experiment.json"
+#: The derived splits a fold's runs record in config.json (crossview.engine.splits).
+TRAIN_SPLIT, TEST_SPLIT, VAL_SPLIT = "exp-train", "exp-test", "exp-val"
+
+#: Table rows: name -> (registry name, fixed parameters). ``random`` is the chance-level baseline
+#: (:func:`random_baseline`, not a registered method).
 TABLE_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "cca": ("cca", {}),
     "wsabie": ("wsabie", {}),
@@ -61,6 +78,8 @@ DEFAULT_METHODS: tuple[str, ...] = ("cca", "wsabie", "bitr-m", "bitr-e", "bitr-c
 METHOD_LABELS = {"cca": "CCA", "wsabie": "WSABIE", "bitr-m": "BITR-M", "bitr-e": "BITR-E", "bitr-c": "BITR-C",
                  "random": "random"}
 OVERLAP_K = 5  # the paper scores the top five retrieved items
+#: Parameters of the ``random`` row (:func:`random_baseline`).
+RANDOM_PARAMS = {"dim": 64, "seed": 0}
 
 
 # ====================================================================== arguments
@@ -95,24 +114,36 @@ def parse_ks(value: int | str | Sequence[int]) -> tuple[int, ...]:
         raise CrossViewError("no K given for R@K (e.g. --k 50)")
     return tuple(sorted(set(out)))
 
-
 class Fold(NamedTuple):
-    """One train / test partition (image indices of the dataset); ``val`` is optional."""
+    """One train / test partition (image indices of the dataset); ``val`` is optional. ``key`` names the
+    fold's run folders (``fold03-cca``, ``val-bitr-c``)."""
 
     name: str
     train: np.ndarray
     test: np.ndarray
     val: np.ndarray | None
+    key: str = ""
+
+    def derived_splits(self) -> dict[str, list[int]]:
+        """The fold as the derived splits its runs record in ``config.json`` (:data:`TRAIN_SPLIT`,
+        :data:`TEST_SPLIT`, :data:`VAL_SPLIT`)."""
+        out = {TRAIN_SPLIT: self.train.tolist(), TEST_SPLIT: self.test.tolist()}
+        if self.val is not None:
+            out[VAL_SPLIT] = self.val.tolist()
+        return out
 
 
 def make_folds(dataset: Any, *, folds: int | None = None, split: str | None = None,
                seed: int = 0) -> tuple[list[Fold], str]:
     """The partitions of the experiment and a description of the protocol.
 
-    ``folds=N``: N seeded random partitions of all images (each the test set once). ``split=NAME``:
-    train on the ``train`` split (plus ``restval`` when present), test on ``NAME``. Neither: the
-    ``test`` split if the dataset has one, else 10 folds.
+    ``folds=N``: N partitions of all images (:func:`crossview.engine.splits.fold_splits`: scikit-learn's
+    ``KFold`` over a seeded permutation; each image tested once). ``split=NAME``: train on the ``train``
+    split (plus ``restval`` when present), test on ``NAME``. Neither: the ``test`` split if the dataset
+    has one, else 10 folds.
     """
+    from crossview.engine.splits import fold_splits
+
     if folds is not None and split is not None:
         raise CrossViewError("give either --folds N (cross-validation over all images) or --split NAME "
                              "(train on 'train', test on NAME), not both")
@@ -146,58 +177,64 @@ def make_folds(dataset: Any, *, folds: int | None = None, split: str | None = No
             val = val if len(val) else None
         desc = f"train on {len(train)} images ({'train' if 'train' in dataset.splits else 'all but ' + split}), " \
                f"test on the {len(test)} images of split {split!r}"
-        return [Fold(split, train, test, val)], desc
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in split)
+        return [Fold(split, np.sort(train), np.sort(test), val, safe)], desc
     folds = int(folds)  # type: ignore[arg-type]
     if folds < 2:
         raise CrossViewError(f"--folds must be at least 2, got {folds}")
     if n < 2 * folds:
         raise CrossViewError(f"dataset {dataset.name!r} has {n} images, too few for {folds} folds (need at least "
                              f"{2 * folds}); lower --folds")
-    perm = np.random.default_rng(seed).permutation(n)
-    parts = np.array_split(perm, folds)
-    out = [Fold(f"fold {f + 1}/{folds}", np.sort(np.concatenate([parts[g] for g in range(folds) if g != f])),
-                np.sort(parts[f]), None) for f in range(folds)]
+    width = len(str(folds))
+    out = [Fold(f"fold {f + 1}/{folds}", train, test, None, f"fold{f + 1:0{max(2, width)}d}")
+           for f, (train, test) in enumerate(fold_splits(n, folds, seed))]
     return out, f"{folds} folds over all {n} images (each fold the test set once, the rest training)"
 
 
 # ====================================================================== the chance baseline
-class RandomEmbedding(Method):
-    """Random Gaussian embeddings (``dim``-d) of every image and caption: the chance-level baseline.
+def _random_rows(n: int, what: str, data: MethodData, dim: int, seed: int) -> np.ndarray:
+    key = zlib.crc32(f"{what}|{data.name}|{n}".encode())
+    return np.random.default_rng([int(seed), key]).standard_normal((n, int(dim))).astype(np.float32)
 
-    Not registered: it exists so that the table can show what no learning gives.
+
+def random_baseline(train: MethodData, test: MethodData, *, ks: Sequence[int] = (50,),
+                    corpus: MethodData | None = None, overlap_k: int = OVERLAP_K, dim: int = RANDOM_PARAMS["dim"],
+                    seed: int = RANDOM_PARAMS["seed"]) -> dict[str, Any]:
+    """The table's ``random`` row: every metric of :func:`evaluate_fold` for seeded random Gaussian
+    ``dim``-d embeddings of every image and caption (what no learning gives).
+
+    Not a method and not a run: there is nothing to train, resume or open, so it is computed here, by
+    the same :mod:`crossview.eval` functions as the methods' rows, in milliseconds. A set's rows depend only
+    on ``seed`` and the set (``train`` / ``test`` / ``corpus``), so a fold always gets the same row.
     """
+    from crossview.eval import metrics as M
 
-    name = "random"
+    def img(d: MethodData) -> np.ndarray:
+        return _random_rows(d.n_images, "image", d, dim, seed)
 
-    def __init__(self, *, dim: int = 64, seed: int = 0) -> None:
-        self.dim = dim
-        self.seed = seed
+    def txt(d: MethodData) -> np.ndarray:
+        return _random_rows(d.n_captions, "text", d, dim, seed)
 
-    def fit_iter(self, train: MethodData, val: MethodData | None = None, *, resume: bool = False) -> Iterator[Event]:
-        """Nothing to learn; yields one ``Log``."""
-        self.fitted_ = True
-        yield Log("random: no training (random embeddings)")
-
-    def _rand(self, n: int, what: str, data: MethodData) -> np.ndarray:
-        key = zlib.crc32(f"{what}|{data.name}|{n}".encode())
-        return np.random.default_rng([int(self.seed), key]).standard_normal((n, int(self.dim))).astype(np.float32)
-
-    def encode_images(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
-        """``(n_images, dim) float32`` random rows."""
-        return self._rand(data.n_images, "image", data)
-
-    def encode_texts(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
-        """``(n_captions, dim) float32`` random rows."""
-        return self._rand(data.n_captions, "text", data)
+    res = M.evaluate(img(test) @ txt(test).T, test.caption_image, tuple(ks))
+    return _with_overlap({d: res[d] for d in ("i2t", "t2i")}, train, test, corpus, overlap_k,
+                         s_i2t=img(test) @ txt(train).T, s_t2i=img(train) @ txt(test).T,
+                         s_corpus=None if corpus is None else img(test) @ txt(corpus).T)
 
 
-def _make_method(table_name: str, params: dict[str, Any]) -> Method:
+def _make_method(table_name: str, params: dict[str, Any]) -> Method | None:
+    """An unfitted method of table row ``table_name`` with ``params`` (checked); ``None`` for ``random``."""
     from crossview.methods import create_method
 
     registry, fixed = TABLE_METHODS[table_name]
     if registry == "random":
-        return RandomEmbedding(**params)
-    return create_method(registry, **{**params, **fixed})
+        bad = sorted(set(params) - set(RANDOM_PARAMS))
+        if bad:
+            raise CrossViewError(f"random has no parameter {bad[0]!r}; its parameters are: "
+                                 f"{', '.join(RANDOM_PARAMS)}")
+        return None
+    method = create_method(registry, **{**params, **fixed})
+    method.check_params()
+    return method
 
 
 def _coerce(registry: str, key: str, value: Any) -> Any:
@@ -235,91 +272,51 @@ def method_params_for(table_name: str, params: dict[str, dict[str, Any]] | None)
                              f"row instead of setting it (e.g. bitr-m, bitr-e, bitr-c)")
     return out
 
-
 # ====================================================================== metrics of one fold
-class _OverlapScorer:
-    """BLEU-1 and ROUGE-1 (percent) of a hypothesis against references, memoised: the same caption is
-    retrieved for many queries and by many methods."""
-
-    def __init__(self) -> None:
-        from crossview.eval.overlap import SentenceOverlap
-
-        self._scorer = SentenceOverlap()
-        self._memo: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {}
-
-    def __call__(self, hyp: str, refs: tuple[str, ...]) -> tuple[float, float]:
-        key = (hyp, refs)
-        got = self._memo.get(key)
-        if got is None:
-            s = self._scorer(hyp, list(refs))
-            got = (float(s["BLEU-1"]), 100.0 * float(s["ROUGE-1"]))
-            self._memo[key] = got
-        return got
-
-
-def _refs_by_image(data: MethodData) -> list[tuple[str, ...]]:
+def _refs_by_image(data: MethodData) -> list[list[str]]:
     out: list[list[str]] = [[] for _ in range(data.n_images)]
     for c, i in enumerate(data.caption_image.tolist()):
         out[i].append(data.captions[c])
-    return [tuple(r) for r in out]
+    return out
 
 
-def _mean_pairs(rows: list[tuple[float, float]]) -> dict[str, float]:
-    if not rows:
-        return {"BLEU-1": float("nan"), "ROUGE-1": float("nan")}
-    a = np.asarray(rows, dtype=np.float64)
-    return {"BLEU-1": float(a[:, 0].mean()), "ROUGE-1": float(a[:, 1].mean())}
+def _bleu_rouge(scores: dict[str, float]) -> dict[str, float]:
+    """BLEU-1 and ROUGE-1 of :mod:`crossview.eval.overlap`, both in percent (as the paper)."""
+    return {"BLEU-1": float(scores["BLEU-1"]), "ROUGE-1": 100.0 * float(scores["ROUGE-1"])}
 
 
-def _overlap_i2t(scores: np.ndarray, gallery_captions: Sequence[str], query_refs: list[tuple[str, ...]],
-                 scorer: _OverlapScorer, k: int) -> dict[str, float]:
-    """Top-``k`` gallery captions of each query image (rows of ``scores``) against its gold captions."""
-    from crossview.eval.metrics import top_k
+def _with_overlap(out: dict[str, Any], train: MethodData, test: MethodData, corpus: MethodData | None,
+                  overlap_k: int, *, s_i2t: np.ndarray, s_t2i: np.ndarray,
+                  s_corpus: np.ndarray | None) -> dict[str, Any]:
+    from crossview.eval.overlap import SentenceOverlap, gallery_overlap_i2t, gallery_overlap_t2i
 
-    ranked = top_k(scores, k)
-    rows = []
-    for q, refs in enumerate(query_refs):
-        if refs:
-            rows.extend(scorer(gallery_captions[c], refs) for c in ranked[q].tolist())
-    return _mean_pairs(rows)
-
-
-def _overlap_t2i(scores: np.ndarray, query_captions: Sequence[str], gallery_refs: list[tuple[str, ...]],
-                 scorer: _OverlapScorer, k: int) -> dict[str, float]:
-    """Each query caption (columns of ``scores (n_gallery_images, n_queries)``) against the captions of
-    its top-``k`` gallery images."""
-    from crossview.eval.metrics import top_k
-
-    ranked = top_k(np.ascontiguousarray(scores.T), k)
-    rows = []
-    for q, cap in enumerate(query_captions):
-        rows.extend(scorer(cap, gallery_refs[i]) for i in ranked[q].tolist() if gallery_refs[i])
-    return _mean_pairs(rows)
+    scorer = SentenceOverlap()
+    out = {d: {key: float(v) for key, v in out[d].items()} for d in ("i2t", "t2i")}
+    test_refs = _refs_by_image(test)
+    out["i2t"].update(_bleu_rouge(gallery_overlap_i2t(s_i2t, train.captions, test_refs, overlap_k, scorer)))
+    out["t2i"].update(_bleu_rouge(gallery_overlap_t2i(s_t2i, test.captions, _refs_by_image(train), overlap_k,
+                                                      scorer)))
+    if corpus is not None and s_corpus is not None:
+        out["corpus_i2t"] = _bleu_rouge(gallery_overlap_i2t(s_corpus, corpus.captions, test_refs, overlap_k, scorer))
+    return out
 
 
 def evaluate_fold(method: Method, train: MethodData, test: MethodData, *, ks: Sequence[int] = (50,),
-                  corpus: MethodData | None = None, scorer: Any = None,
-                  overlap_k: int = OVERLAP_K) -> dict[str, Any]:
-    """The paper's metrics of a fitted method on one fold.
+                  corpus: MethodData | None = None, overlap_k: int = OVERLAP_K) -> dict[str, Any]:
+    """The paper's metrics of a fitted method on one fold, all from :mod:`crossview.eval`.
 
     Returns ``{"i2t": {"BLEU-1", "ROUGE-1", "R@K"..., "MedR", "MeanR"}, "t2i": {...}}`` plus
     ``"corpus_i2t": {"BLEU-1", "ROUGE-1"}`` when a ``corpus`` is given (its ``text_features`` rows are the
-    corpus captions). BLEU/ROUGE are percentages over the top ``overlap_k`` items; retrieval over the test set.
+    corpus captions). Retrieval (R@K, MedR) within the test set (:meth:`Method.evaluate`, i.e.
+    :func:`crossview.eval.metrics.evaluate`); BLEU-1 / ROUGE-1 are percentages over the top ``overlap_k``
+    items retrieved from the training set (and the corpus) (:func:`crossview.eval.overlap.gallery_overlap_i2t`
+    / :func:`~crossview.eval.overlap.gallery_overlap_t2i`).
     """
-    scorer = scorer or _OverlapScorer()
     res = method.evaluate(test, ks=tuple(ks))
-    out: dict[str, Any] = {}
-    for d in ("i2t", "t2i"):
-        out[d] = {key: float(v) for key, v in res[d].items()}
-    test_refs = _refs_by_image(test)
-    s_i2t = method.scores(test, "i2t", texts=train)              # (test images, train captions)
-    out["i2t"].update(_overlap_i2t(s_i2t, train.captions, test_refs, scorer, overlap_k))
-    s_t2i = method.scores(train, "t2i", texts=test)              # (train images, test captions)
-    out["t2i"].update(_overlap_t2i(s_t2i, test.captions, _refs_by_image(train), scorer, overlap_k))
-    if corpus is not None:
-        s_c = method.scores(test, "i2t", texts=corpus)           # (test images, corpus captions)
-        out["corpus_i2t"] = _overlap_i2t(s_c, corpus.captions, test_refs, scorer, overlap_k)
-    return out
+    return _with_overlap({d: res[d] for d in ("i2t", "t2i")}, train, test, corpus, overlap_k,
+                         s_i2t=method.scores(test, "i2t", texts=train),       # (test images, train captions)
+                         s_t2i=method.scores(train, "t2i", texts=test),       # (train images, test captions)
+                         s_corpus=None if corpus is None else method.scores(test, "i2t", texts=corpus))
 
 
 def chance_levels(test: MethodData, ks: Sequence[int]) -> dict[str, dict[str, float]]:
@@ -423,7 +420,6 @@ def paper_numbers(representation: str, methods: Sequence[str], dataset: str = "p
             out["rows"][m] = row
     return out
 
-
 # ====================================================================== the runner
 def _mean_std(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Element-wise mean and standard deviation of nested metric dicts (one per fold)."""
@@ -439,14 +435,119 @@ def _mean_std(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, A
     return mean, std
 
 
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy (numbers, strings, lists, dicts; anything else as its text)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    return str(value)
+
+
+def default_experiment_dir(dataset_name: str, representation: str) -> Path:
+    """``get_settings().runs_dir / "bitr-table-<dataset>-<representation>-<timestamp>"`` (a new name)."""
+    from crossview.core.settings import get_settings
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
+    base = get_settings().runs_dir / f"bitr-table-{safe}-{representation}-{stamp}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
+def _load_fitted(run_dir: Path) -> Method:
+    """The fitted method of a finished run, from its checkpoint (weights-only: data, never code)."""
+    from crossview.core.io import load_checkpoint
+    from crossview.engine.run import CHECKPOINT
+    from crossview.methods import create_method
+
+    state = load_checkpoint(run_dir / CHECKPOINT).get("method_state")
+    if not isinstance(state, dict) or not isinstance(state.get("method"), str):
+        raise CrossViewError(f"{run_dir / CHECKPOINT}: no method state in the checkpoint; the run is damaged: "
+                             f"delete the folder {run_dir} and run the experiment again to retrain it")
+    try:
+        method = create_method(state["method"]).load_state_dict(state)
+    except CrossViewError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a state the method cannot take: damaged
+        raise CrossViewError(f"{run_dir / CHECKPOINT}: the method state is damaged ({type(e).__name__}); delete "
+                             f"the folder {run_dir} and run the experiment again to retrain it") from None
+    if not method.is_fitted:
+        raise CrossViewError(f"{run_dir}: the run finished without a fitted method; delete it and run again")
+    return method
+
+
+def _run_finished(run_dir: Path) -> bool:
+    from crossview.engine.run import STATUS, SUMMARY, read_status
+
+    return (run_dir / SUMMARY).is_file() and (run_dir / STATUS).is_file() and \
+        read_status(run_dir).get("status") == "finished"
+
+
+def _representation_record(rep_kw: dict[str, Any]) -> dict[str, Any]:
+    """What the representation's keyword arguments change (where features are cached and computed, and
+    values equal to :func:`~crossview.features.topics.build_representation`'s defaults, left out), so that
+    the command and the library compare equal when they ask for the same thing."""
+    import inspect
+
+    from crossview.features.topics import build_representation
+
+    defaults = {k: p.default for k, p in inspect.signature(build_representation).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return _plain({k: v for k, v in sorted(rep_kw.items()) if k not in ("cache", "device", "batch_size",
+                                                                         "num_workers")
+                   and not (k in defaults and defaults[k] == v)})
+
+
+def _check_same_experiment(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The ``experiment.json`` already in ``folder`` (``{}`` for none); another experiment's is refused."""
+    from crossview.core.io import read_json
+
+    path = folder / EXPERIMENT_FILE
+    if not path.is_file():
+        return {}
+    old = read_json(path)
+    if not isinstance(old, dict) or old.get("experiment") != record["experiment"]:
+        raise CrossViewError(f"{path}: not a BITR-table experiment (or damaged); give another --out folder")
+    for key in ("dataset_fingerprint", "representation", "representation_params", "protocol", "seed"):
+        if old.get(key) != record[key]:
+            raise CrossViewError(f"{folder} holds a BITR-table experiment with another {key.replace('_', ' ')} "
+                                 f"({old.get(key)!r}, now {record[key]!r}); give a new --out folder to run this one")
+    for m, p in (old.get("method_params") or {}).items():
+        if m in record["method_params"] and p != record["method_params"][m]:
+            raise CrossViewError(f"{folder}: its {m} runs were trained with {p}, now {record['method_params'][m]}; "
+                                 f"give a new --out folder (or the same parameters) to run this one")
+    return old
+
+
 def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Sequence[str] = DEFAULT_METHODS,
                    folds: int | None = None, split: str | None = None, ks: Sequence[int] = (50,),
                    corpus: Sequence[str] | Any = None, method_params: dict[str, dict[str, Any]] | None = None,
                    representation_params: dict[str, Any] | None = None, seed: int = 0,
-                   overlap_k: int = OVERLAP_K,
+                   overlap_k: int = OVERLAP_K, out: str | Path | None = None,
                    feature_progress: Callable[[str, int, int], None] | None = None,
                    should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
     """Run Experiment 1; yields ``Progress`` / ``Log`` events and finally ``Finished(summary=result)``.
+
+    Every (fold, method) is an ordinary run folder made by the engine
+    (:func:`crossview.engine.run.train`) under one experiment folder ``out`` (default
+    :func:`default_experiment_dir`)::
+
+        OUT/
+          experiment.json   the settings and one row of table metrics per finished trial
+          val-cca/ ...      run folders ``<fold>-<method>`` (fold: the test split's name, or fold01 ...)
+
+    A fold is recorded in its runs' ``config.json`` as derived splits (``exp-train`` / ``exp-test`` /
+    ``exp-val``), so a run reopens (``open_run``, the app) on the fold it was trained and tested on.
+    Running again with the same ``out`` skips finished trials and resumes unfinished ones (their
+    checkpoints); stopping (``should_stop`` or closing the generator) leaves a resumable run.
 
     Args:
         dataset: a :class:`~crossview.data.dataset.PairedDataset`.
@@ -458,14 +559,19 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             :class:`~crossview.data.dataset.TextCorpus`) for Im2Text, or ``None``.
         method_params: ``{"bitr": {"C": 100}, "bitr-c": {...}, "wsabie": {...}}``.
         representation_params: keyword arguments of :func:`~crossview.features.topics.build_representation`.
-        seed: the folds' permutation.
+        seed: the folds' permutation, and the runs' seed.
+        out: the experiment folder.
         feature_progress: ``progress(stage, done, total)`` of feature extraction (it runs outside the
             event stream); ``should_stop()`` cancels it.
 
     The result: ``{"dataset", "representation", "protocol", "ks", "methods": [...], "folds": n,
     "results": {method: {"i2t": {...}, "t2i": {...}, "corpus_i2t": {...}, "train_seconds"}},
-    "std": {...}, "per_fold": {...}, "chance": {...}, "paper": {...}, "representation_info": {...}}``.
+    "std": {...}, "per_fold": {...}, "chance": {...}, "paper": {...}, "representation_info": {...},
+    "experiment_dir", "runs": {method: [run folder per fold]}}``.
     """
+    from crossview.core.io import atomic_write_json
+    from crossview.engine.run import SUMMARY, read_summary, resume, train
+    from crossview.features import Features
     from crossview.features.topics import build_representation, check_representation, method_data_for_images
 
     rep_kw = dict(representation_params or {})
@@ -480,7 +586,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             raise CrossViewError(f"parameters given for {key}, but {key} is not among the methods "
                                  f"({', '.join(methods)}); add it to --methods or drop its --param")
     params = {m: method_params_for(m, method_params) for m in methods}
-    for m in methods:  # bad parameter names fail now, not after the first fold's features
+    for m in methods:  # bad parameter names and values fail now, not after the first fold's features
         _make_method(m, params[m])
     corpus_captions = None
     if corpus is not None:
@@ -489,58 +595,132 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             raise CrossViewError("the caption corpus is empty; give a file with one caption a line")
     fold_list, protocol = make_folds(dataset, folds=folds, split=split, seed=seed)
     stop = should_stop or (lambda: False)
+    folder = Path(out) if out is not None else default_experiment_dir(dataset.name, representation)
+    if folder.exists() and not folder.is_dir():
+        raise CrossViewError(f"--out {folder} is a file; give a folder for the experiment's runs")
+    learned = [m for m in methods if TABLE_METHODS[m][0] != "random"]
+    record: dict[str, Any] = {
+        "experiment": "bitr-table", "data": getattr(dataset, "source", None) or None, "dataset": dataset.name,
+        "dataset_fingerprint": dataset.fingerprint(), "representation": representation,
+        "representation_params": _representation_record(rep_kw),
+        "protocol": {"folds": folds, "split": split, "description": protocol}, "seed": int(seed),
+        "method_params": {m: _plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned}}
+    old = _check_same_experiment(folder, record)
+    eval_key = {"ks": list(ks), "overlap_k": int(overlap_k),
+                "corpus": None if corpus_captions is None else
+                zlib.crc32("\n".join(corpus_captions).encode("utf-8", "surrogateescape"))}
+    trials: dict[str, Any] = dict(old.get("trials") or {}) if isinstance(old.get("trials"), dict) else {}
+    method_params_all = {**(old.get("method_params") or {}), **record["method_params"]}
+
+    def save() -> None:   # recorded before it is announced; a kill between leaves the previous file whole
+        atomic_write_json(folder / EXPERIMENT_FILE, {**record, "method_params": method_params_all,
+                                                     "methods": sorted(set(old.get("methods") or []) | set(methods)),
+                                                     "trials": trials})
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save()
     yield Log(f"experiment 1 on {dataset.name}: {protocol}; representation {representation}; methods "
-              f"{', '.join(methods)}" + (f"; corpus of {len(corpus_captions):,} captions" if corpus_captions else ""))
+              f"{', '.join(methods)}" + (f"; corpus of {len(corpus_captions):,} captions" if corpus_captions else "")
+              + f"; runs in {folder}" + ("" if not old else " (continuing: finished trials are read back)"))
 
     total = len(fold_list) * (len(methods) + 1)
     step = 0
     per_fold: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    runs: dict[str, list[str]] = {m: [] for m in learned}
     chance: list[dict[str, Any]] = []
-    rep_info: dict[str, Any] = {}
-    scorer = _OverlapScorer()
+    rep_info: dict[str, Any] = dict(old.get("representation_info") or {})
+    device = str(rep_kw.get("device", "cpu"))
     for fold in fold_list:
-        yield Progress(step, total, f"{fold.name}: {representation} features")
-        t0 = time.monotonic()
-        rep = build_representation(dataset, representation, fit_images=fold.train, **rep_kw,
-                                   progress=feature_progress, should_stop=stop)
-        if not rep_info:
-            rep_info = {k: v for k, v in rep.info.items() if k not in ("cca", "correlations")}
-        train = method_data_for_images(dataset, rep, fold.train, "train")
-        test = method_data_for_images(dataset, rep, fold.test, "test")
-        val = method_data_for_images(dataset, rep, fold.val, "val") if fold.val is not None else None
-        corpus_md = None
-        if corpus_captions is not None:
-            feats = rep.encode_captions(corpus_captions)
-            corpus_md = MethodData(image_features=np.zeros((1, rep.image.shape[1]), np.float32),
-                                   text_features=feats, captions=corpus_captions,
-                                   caption_image=np.zeros(len(corpus_captions), np.int64), name="corpus")
-        chance.append(chance_levels(test, ks))
+        names = {m: f"{fold.key}-{m}" for m in learned}
+        done = {m: names[m] in trials and trials[names[m]].get("eval") == eval_key and _run_finished(folder / names[m])
+                for m in learned}
+        data_needed = not all(done.values()) or "random" in methods
+        train_md = test_md = val_md = corpus_md = feats = None
+        if data_needed:
+            yield Progress(step, total, f"{fold.name}: {representation} features")
+            t0 = time.monotonic()
+            rep = build_representation(dataset, representation, fit_images=fold.train, **rep_kw,
+                                       progress=feature_progress, should_stop=stop)
+            if not rep_info:
+                rep_info = {k: v for k, v in rep.info.items() if k not in ("cca", "correlations")}
+            train_md = method_data_for_images(dataset, rep, fold.train, "train")
+            test_md = method_data_for_images(dataset, rep, fold.test, "test")
+            val_md = method_data_for_images(dataset, rep, fold.val, "val") if fold.val is not None else None
+            if corpus_captions is not None:
+                corpus_md = MethodData(image_features=np.zeros((1, rep.image.shape[1]), np.float32),
+                                       text_features=rep.encode_captions(corpus_captions), captions=corpus_captions,
+                                       caption_image=np.zeros(len(corpus_captions), np.int64), name="corpus")
+            # The runs get the fold's representation as given features; for "default" they are the
+            # encoders' own, so open_run rebuilds them from the encoder names (fitted on exp-train).
+            enc = rep.info.get("image_encoder", "?"), rep.info.get("text_encoder", "?")
+            feats = Features(image=rep.image, text=rep.text,
+                             image_encoder=enc[0] if representation == "default" else f"{enc[0]}+{representation}",
+                             text_encoder=enc[1] if representation == "default" else f"{enc[1]}+{representation}")
+            yield Log(f"{fold.name}: {representation} features {train_md.image_dim}-d images / "
+                      f"{train_md.text_dim}-d captions ({train_md.n_images} train, {test_md.n_images} test images) "
+                      f"in {time.monotonic() - t0:.1f} s")
+        # the chance level needs only the test set's caption counts
+        chance.append(chance_levels(test_md if test_md is not None else
+                                    _caption_counts_only(dataset, fold.test), ks))
         step += 1
-        yield Log(f"{fold.name}: {representation} features {train.image_dim}-d images / {train.text_dim}-d captions "
-                  f"({train.n_images} train, {test.n_images} test images) in {time.monotonic() - t0:.1f} s")
         for m in methods:
             if stop():
                 return
-            yield Progress(step, total, f"{fold.name}: training {m}")
-            method = _make_method(m, params[m])
-            t1 = time.monotonic()
-            for ev in method.fit_iter(train, val):
-                if isinstance(ev, Log) and ev.level in ("warning", "error"):
-                    yield Log(f"{fold.name} {m}: {ev.message}", ev.level)
-                elif isinstance(ev, Progress):
-                    yield Progress(ev.step, ev.total, f"{fold.name} {m}: {ev.message}")
-                if stop():
-                    return
-            secs = time.monotonic() - t1
-            res = evaluate_fold(method, train, test, ks=ks, corpus=corpus_md, scorer=scorer, overlap_k=overlap_k)
-            res["train_seconds"] = secs
-            if m.startswith("bitr") and hasattr(method, "C_"):
-                res["C"] = {d: float(c) for d, c in getattr(method, "C_", {}).items()}
+            if m not in names:           # the random baseline: no run (see random_baseline)
+                assert train_md is not None and test_md is not None
+                res = random_baseline(train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
+                                      **{**RANDOM_PARAMS, **params[m]})
+                res["train_seconds"] = 0.0
+                per_fold[m].append(res)
+                step += 1
+                continue
+            run_dir = folder / names[m]
+            runs[m].append(str(run_dir))
+            if done[m]:
+                per_fold[m].append(trials[names[m]]["metrics"])
+                step += 1
+                yield Log(f"{fold.name} {m}: finished earlier ({run_dir.name}), read back")
+                continue
+            if not _run_finished(run_dir):
+                registry, fixed = TABLE_METHODS[m]
+                if (run_dir / "config.json").is_file():
+                    yield Log(f"{fold.name} {m}: resuming {run_dir.name}")
+                    it = resume(run_dir, data=dataset, features=feats)
+                else:
+                    it = train(registry, dataset, run_dir=run_dir, params={**params[m], **fixed}, split=TEST_SPLIT,
+                               train_split=TRAIN_SPLIT, val_split=VAL_SPLIT if fold.val is not None else None,
+                               derived_splits=fold.derived_splits(), device=device, seed=seed, features=feats,
+                               image_encoder=feats.image_encoder if representation == "default" else None,
+                               text_encoder=feats.text_encoder if representation == "default" else None,
+                               image_norm="none", text_norm="none")
+                yield Progress(step, total, f"{fold.name}: training {m}")
+                try:
+                    for ev in it:
+                        if isinstance(ev, Log) and ev.level in ("warning", "error"):
+                            yield Log(f"{fold.name} {m}: {ev.message}", ev.level)
+                        elif isinstance(ev, Progress):
+                            yield Progress(ev.step, ev.total, f"{fold.name} {m}: {ev.message}")
+                        if stop():
+                            yield Log(f"{fold.name} {m}: stopped; run the experiment again with --out {folder} "
+                                      "to continue", "warning")
+                            return
+                finally:
+                    it.close()       # a stop leaves the run cancelled at its last event: resumable
+            assert train_md is not None and test_md is not None
+            method = _load_fitted(run_dir)
+            res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k)
+            res["train_seconds"] = float(read_summary(run_dir).get("train_seconds", float("nan")))
+            if registry_of(m) == "bitr" and isinstance(getattr(method, "C_", None), dict):
+                res["C"] = {d: float(c) for d, c in method.C_.items()}
             per_fold[m].append(res)
+            trials[names[m]] = {"fold": fold.name, "method": m, "run_dir": run_dir.name, "eval": eval_key,
+                                "metrics": _plain(res)}
+            save()
             step += 1
             k0 = f"R@{ks[-1]}"
-            yield Log(f"{fold.name} {m}: trained in {secs:.1f} s; i2t {k0} {res['i2t'][k0]:.1f} MedR "
-                      f"{res['i2t']['MedR']:g}, t2i {k0} {res['t2i'][k0]:.1f} MedR {res['t2i']['MedR']:g}")
+            yield Log(f"{fold.name} {m}: trained in {res['train_seconds']:.1f} s ({run_dir.name}); i2t {k0} "
+                      f"{res['i2t'][k0]:.1f} MedR {res['i2t']['MedR']:g}, t2i {k0} {res['t2i'][k0]:.1f} MedR "
+                      f"{res['t2i']['MedR']:g}")
     results, stds = {}, {}
     for m in methods:
         rows = [{k: v for k, v in r.items() if k != "C"} for r in per_fold[m]]
@@ -559,9 +739,26 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
               "per_fold": per_fold if len(fold_list) > 1 else {},
               "method_params": {m: {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
                                     for k, v in params[m].items()} for m in methods},
-              "paper": paper_numbers(representation, methods)}
+              "paper": paper_numbers(representation, methods),
+              "experiment_dir": str(folder), "runs": runs}
+    atomic_write_json(folder / EXPERIMENT_FILE, {**record, "method_params": method_params_all,
+                                                 "methods": sorted(set(old.get("methods") or []) | set(methods)),
+                                                 "representation_info": _plain(rep_info), "trials": trials})
     yield Progress(total, total, "done")
     yield Finished(summary=result)
+
+
+def _caption_counts_only(dataset: Any, images: np.ndarray) -> MethodData:
+    """A featureless :class:`MethodData` of ``images`` (what :func:`chance_levels` reads: captions per image)."""
+    sub = dataset.subset(np.asarray(images, dtype=np.int64))
+    return MethodData(image_features=np.zeros((sub.n_images, 1), np.float32),
+                      text_features=np.zeros((sub.n_captions, 1), np.float32), captions=list(sub.captions),
+                      caption_image=sub.caption_image, name="test")
+
+
+def registry_of(table_name: str) -> str:
+    """The registry name of table row ``table_name`` (``"bitr-c"`` -> ``"bitr"``)."""
+    return TABLE_METHODS[table_name][0]
 
 
 def bitr_table(dataset: Any, **kwargs: Any) -> dict[str, Any]:
@@ -571,7 +768,8 @@ def bitr_table(dataset: Any, **kwargs: Any) -> dict[str, Any]:
         if isinstance(ev, Finished):
             result = ev.summary
     if result is None:
-        raise CrossViewError("the experiment stopped before it finished")
+        raise CrossViewError("the experiment stopped before it finished; run it again with the same --out "
+                             "folder to continue")
     return result
 
 
