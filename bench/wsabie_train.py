@@ -119,8 +119,10 @@ def main() -> None:
     runs = []            # (max_draws, seconds per pass, total seconds, passes, held-out metrics)
     state_after_one = None
     for cap in args.max_draws:
+        # the paper's algorithm: one ranking direction, a constant learning rate, lambda 10
         m = create_method("wsabie", dim=args.embed_dim, batch_size=args.batch_size, max_epochs=args.epochs,
-                          patience=0, device=args.device, seed=args.seed, max_draws=cap)
+                          patience=0, device=args.device, seed=args.seed, max_draws=cap, directions="i2t",
+                          lr_decay_epoch=0, max_norm=10.0)
         print(f"ours, max_draws={cap} ({'exact: up to every negative' if cap == 0 else 'capped'}):", flush=True)
         pass_times: list[float] = []
         t0 = last = time.perf_counter()
@@ -136,7 +138,7 @@ def main() -> None:
         if not runs:
             exact_times, final_state = list(pass_times), m.state_dict()
         runs.append((cap, float(np.median(pass_times)), time.perf_counter() - t0, len(pass_times),
-                     m.evaluate(test), str(m.V_.device)))
+                     m.evaluate(test), args.device))
 
     # The sequential baseline continues from the first variant's model after pass 1 and after its last
     # pass, and is compared with that variant's next / last pass (N grows as the model improves).
@@ -148,8 +150,8 @@ def main() -> None:
     seq = []
     for label, state, ours_time in (("after pass 1", state_after_one[0], exact_times[min(1, len(exact_times) - 1)]),
                                     (f"after pass {len(exact_times)}", final_state, exact_times[-1])):
-        V = torch.from_numpy(np.array(state["state"]["V_"]))   # state_dict gives CPU numpy arrays
-        Z = torch.from_numpy(np.array(state["state"]["Z_"]))
+        V = torch.from_numpy(np.array(state["state"]["model_state_"]["V"]))   # CPU numpy arrays
+        Z = torch.from_numpy(np.array(state["state"]["model_state_"]["Z"]))
         order = rng.permutation(train.n_captions)[:args.baseline_examples]
         t = time.perf_counter()
         steps, draws = sequential_warp(V, Z, X, Y, train.caption_image, order, m.lr, m.max_norm, m.margin, rng)
