@@ -30,10 +30,16 @@ def _as_float32_2d(x: Any, what: str) -> np.ndarray:
 
 @dataclass
 class MethodData:
-    """The inputs of a method for one split: features, captions and the caption -> image map.
+    """The inputs of a method for one split: features and / or image files, captions and the caption ->
+    image map.
+
+    A method trains on cached feature rows (``image_features``) or end to end on the image files
+    (``image_paths`` decoded with ``image_transform``, e.g. by :func:`crossview.nn.images.image_loader`);
+    a split may carry both. Data with neither (a typed query sentence, a text-only corpus) has no images:
+    its ``caption_image`` entries are -1.
 
     Attributes:
-        image_features: ``(n_images, p) float32``.
+        image_features: ``(n_images, p) float32``, or ``None`` when the images come as files only.
         text_features: ``(n_captions, q) float32``, or ``None`` for methods that read the captions
             themselves (the deep methods tokenise ``captions``).
         captions: ``n_captions`` caption strings.
@@ -44,9 +50,12 @@ class MethodData:
             one dataset, so ids mean the same thing in train and test).
         dataset: the source :class:`~crossview.data.dataset.PairedDataset` of this split (or ``None``).
         name: the split's name (``"train"``), for messages.
+        image_paths: the image files, one per image (``None`` when only feature rows are given).
+        image_transform: what turns a decoded ``PIL.Image`` into a model input (a torchvision transform),
+            or ``None``.
     """
 
-    image_features: np.ndarray
+    image_features: np.ndarray | None
     text_features: np.ndarray | None
     captions: list[str]
     caption_image: np.ndarray
@@ -56,19 +65,34 @@ class MethodData:
     dataset: Any = None
     name: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    image_paths: list[str] | None = None
+    image_transform: Any = None
 
     def __post_init__(self) -> None:
-        self.image_features = _as_float32_2d(self.image_features, "image_features")
-        n_img = self.image_features.shape[0]
+        n_img = 0
+        if self.image_features is not None:
+            self.image_features = _as_float32_2d(self.image_features, "image_features")
+            n_img = self.image_features.shape[0]
+        if self.image_paths is not None:
+            self.image_paths = [str(p) for p in self.image_paths]
+            if self.image_features is not None and len(self.image_paths) != n_img:
+                raise CrossViewError(f"image_paths has {len(self.image_paths)} files for {n_img} image feature "
+                                     "rows; they must match one to one")
+            n_img = len(self.image_paths)
+        self._n_images = n_img
         self.captions = list(self.captions)
         ci = np.asarray(self.caption_image)
         if ci.ndim != 1 or len(ci) != len(self.captions):
             raise CrossViewError(f"caption_image must have one entry per caption ({len(self.captions)}), "
                                  f"got shape {ci.shape}")
         self.caption_image = ci.astype(np.int64, copy=False)
-        if len(ci) and (ci.min() < 0 or ci.max() >= n_img):
-            raise CrossViewError(f"caption_image refers to image {int(ci.max())} but there are only "
-                                 f"{n_img} image feature rows")
+        if self.has_images:
+            if len(ci) and (ci.min() < 0 or ci.max() >= n_img):
+                bad = int(ci.min()) if ci.min() < 0 else int(ci.max())
+                raise CrossViewError(f"caption_image refers to image {bad} but there are only {n_img} images")
+        elif len(ci) and np.any(ci != -1):
+            raise CrossViewError("caption_image must be -1 (no image) for data without images (neither "
+                                 "image_features nor image_paths)")
         if self.text_features is not None:
             self.text_features = _as_float32_2d(self.text_features, "text_features")
             if self.text_features.shape[0] != len(self.captions):
@@ -85,7 +109,12 @@ class MethodData:
     # ------------------------------------------------------------------ sizes
     @property
     def n_images(self) -> int:
-        return int(self.image_features.shape[0])
+        return int(self._n_images)
+
+    @property
+    def has_images(self) -> bool:
+        """Whether the data has images at all (feature rows or files)."""
+        return self.image_features is not None or self.image_paths is not None
 
     @property
     def n_captions(self) -> int:
@@ -93,7 +122,16 @@ class MethodData:
 
     @property
     def image_dim(self) -> int:
-        return int(self.image_features.shape[1])
+        return int(self.require_image_features("this").shape[1])
+
+    def require_image_features(self, method: str) -> np.ndarray:
+        """``image_features``, or a :class:`CrossViewError` saying that ``method`` needs feature rows."""
+        if self.image_features is None:
+            what = "image files only" if self.image_paths is not None else "no images"
+            raise CrossViewError(f"method {method!r} needs image feature rows but the {self.name or 'given'} data "
+                                 f"has {what}; extract features with an image encoder (e.g. --image-encoder "
+                                 "efficientnet_lite0)")
+        return self.image_features
 
     @property
     def text_dim(self) -> int | None:
@@ -109,22 +147,31 @@ class MethodData:
     def caption_pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """``(image_rows, text_rows)``: the paired feature rows of every caption,
         ``(n_captions, p)`` and ``(n_captions, q)``."""
-        return self.image_features[self.caption_image], self.require_text_features("this")
+        return self.require_image_features("this")[self.caption_image], self.require_text_features("this")
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_features(cls, dataset: Any, image: np.ndarray, text: np.ndarray | None,
+    def from_features(cls, dataset: Any, image: np.ndarray | None, text: np.ndarray | None,
                       split: str | Sequence[str] | None = None,
-                      label_set_names: list[str] | None = None) -> "MethodData":
+                      label_set_names: list[str] | None = None, *, with_paths: bool = False,
+                      image_transform: Any = None) -> "MethodData":
         """The data of one split (or the whole dataset when ``split`` is None).
 
         ``dataset`` is a :class:`~crossview.data.dataset.PairedDataset`; ``image (n_images, p)`` and
         ``text (n_captions, q)`` are the feature matrices of the *whole* dataset in its numbering (what
-        :func:`crossview.features.extract_features` returns). Label sets are mapped to ids through
+        :func:`crossview.features.extract_features` returns); ``image=None`` gives the split's image files
+        only (end-to-end training). ``with_paths`` adds the image files next to the feature rows, and
+        ``image_transform`` is what decodes them into model inputs. Label sets are mapped to ids through
         ``label_set_names`` (built from the whole dataset when not given).
         """
-        image = np.asarray(image)
-        if image.shape[0] != dataset.n_images:
+        if image is None and not with_paths:
+            with_paths = True
+        if with_paths and getattr(dataset, "image_paths", None) is None:
+            raise CrossViewError(f"dataset {dataset.name!r} has no image files (precomputed features only); "
+                                 "train on its feature rows")
+        if image is not None:
+            image = np.asarray(image)
+        if image is not None and image.shape[0] != dataset.n_images:
             raise CrossViewError(f"image features have {image.shape[0]} rows for the {dataset.n_images} "
                                  f"images of dataset {dataset.name!r}; extract features of this dataset")
         if text is not None and np.asarray(text).shape[0] != dataset.n_captions:
@@ -145,11 +192,13 @@ class MethodData:
         if sub.label_sets is not None and label_set_names is not None:
             lookup = {n: i for i, n in enumerate(label_set_names)}
             label_sets = [[lookup[str(x)] for x in s if str(x) in lookup] for s in sub.label_sets]
-        return cls(image_features=np.asarray(image[img_rows], dtype=np.float32),
+        return cls(image_features=None if image is None else np.asarray(image[img_rows], dtype=np.float32),
                    text_features=None if text is None else np.asarray(np.asarray(text)[cap_rows],
                                                                       dtype=np.float32),
                    captions=list(sub.captions), caption_image=sub.caption_image, labels=sub.labels,
-                   label_sets=label_sets, label_set_names=label_set_names, dataset=sub, name=split_name)
+                   label_sets=label_sets, label_set_names=label_set_names, dataset=sub, name=split_name,
+                   image_paths=[str(p) for p in sub.image_paths] if with_paths else None,
+                   image_transform=image_transform)
 
 
 def _positions(parent_ids: np.ndarray, child_ids: np.ndarray) -> np.ndarray:

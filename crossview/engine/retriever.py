@@ -165,12 +165,10 @@ class Retriever:
         from crossview.index import build_index
 
         ds, f = self.dataset, self.features
-        p = f.image.shape[1]
         if self.corpus is not None:
             caps = list(self.corpus.captions)
-            data = MethodData(image_features=np.zeros((1, p), np.float32),
-                              text_features=self._corpus_features(caps), captions=caps,
-                              caption_image=np.zeros(len(caps), np.int64), name="corpus")
+            data = MethodData(image_features=None, text_features=self._corpus_features(caps), captions=caps,
+                              caption_image=np.full(len(caps), -1, np.int64), name="corpus")   # text only
         else:
             gi, gc = self.gallery_images, self.gallery_captions
             pos = np.full(ds.n_images, -1, dtype=np.int64)
@@ -265,9 +263,8 @@ class Retriever:
             if same:      # a typed sentence that is a dataset caption has that caption's ground truth
                 query["caption"] = same[0]
         feats = self._text_rows([sentence], rows)
-        data = MethodData(image_features=np.zeros((1, self.features.image.shape[1]), np.float32),
-                          text_features=feats, captions=[sentence], caption_image=np.zeros(1, np.int64),
-                          name="query")
+        data = MethodData(image_features=None, text_features=feats, captions=[sentence],
+                          caption_image=np.full(1, -1, np.int64), name="query")                  # text only
         q = np.asarray(self.method.encode_texts(data, direction="t2i"), np.float32)
         res = self._image_index.search(q, k)
         assert self._image_emb is not None

@@ -217,7 +217,8 @@ class Wsabie(TorchMethod):
     # ------------------------------------------------------------------ the model and its data
     def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
         self._check_params()
-        spec: dict[str, Any] = {"dim": int(self.dim), "image_dim": int(train.image_dim), "text_dim": None,
+        spec: dict[str, Any] = {"dim": int(self.dim),
+                                "image_dim": int(train.require_image_features("wsabie").shape[1]), "text_dim": None,
                                 "n_labels": None}
         if self.target == "captions":
             spec["text_dim"] = int(train.require_text_features("wsabie").shape[1])
@@ -261,7 +262,7 @@ class Wsabie(TorchMethod):
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """The training tensors on ``device``: features, positives, negative counts and the L table."""
-        X = torch.as_tensor(_normalize(train.image_features, self.normalize)).to(device)
+        X = torch.as_tensor(_normalize(train.require_image_features("wsabie"), self.normalize)).to(device)
         n_img = X.shape[0]
         t: dict[str, Any] = {"X": X, "n_img": n_img}
         if self.target == "captions":
@@ -455,7 +456,7 @@ class Wsabie(TorchMethod):
 
     def embed_images(self, data: MethodData) -> np.ndarray:
         """``(n_images, P)``: ``V x`` of every image (both directions use it)."""
-        x = _normalize(data.image_features, self.normalize)
+        x = _normalize(data.require_image_features("wsabie"), self.normalize)
         V = _np(self.V_)
         if x.shape[1] != V.shape[1]:
             raise CrossViewError(f"wsabie: the model expects {V.shape[1]}-d image features, the "

@@ -1,0 +1,75 @@
+"""MethodData carries image files (paths + transform) as well as feature rows; text-only data has no images;
+the image loader decodes in worker processes and names an unreadable file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from crossview.core.errors import CrossViewError
+from crossview.data.method_data import MethodData
+from crossview.methods import create_method
+from crossview.nn.images import image_loader
+
+
+def _transform():
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor()])
+
+
+def test_a_split_as_image_files(demo_dataset) -> None:
+    ds = demo_dataset
+    text = np.zeros((ds.n_captions, 3), np.float32)
+    files = MethodData.from_features(ds, None, text, "val", image_transform=_transform())
+    assert files.image_features is None and files.has_images
+    assert files.n_images == len(ds.splits["val"]) and len(files.image_paths) == files.n_images
+    assert files.caption_image.max() == files.n_images - 1
+    with pytest.raises(CrossViewError, match="needs image feature rows but the val data has image files only"):
+        files.require_image_features("wsabie")
+    with pytest.raises(CrossViewError, match="needs image feature rows"):
+        create_method("wsabie", device="cpu").fit(files)
+    both = MethodData.from_features(ds, np.ones((ds.n_images, 4), np.float32), text, "val", with_paths=True)
+    assert both.image_dim == 4 and both.image_paths == files.image_paths
+
+
+def test_text_only_data_has_no_images() -> None:
+    q = MethodData(image_features=None, text_features=np.ones((2, 3), np.float32), captions=["a", "b"],
+                   caption_image=np.full(2, -1))
+    assert q.n_images == 0 and not q.has_images and q.text_dim == 3
+    with pytest.raises(CrossViewError, match="must be -1"):
+        MethodData(image_features=None, text_features=None, captions=["a"], caption_image=np.zeros(1))
+    with pytest.raises(CrossViewError, match="refers to image -1 but there are only 2 images"):
+        MethodData(image_features=np.ones((2, 3)), text_features=None, captions=["a"], caption_image=np.full(1, -1))
+    with pytest.raises(CrossViewError, match="image_paths has 1 files for 2 image feature rows"):
+        MethodData(image_features=np.ones((2, 3)), text_features=None, captions=[], caption_image=np.zeros(0),
+                   image_paths=["x.png"])
+
+
+@pytest.mark.slow
+def test_the_loader_decodes_in_workers_in_order(demo_dataset) -> None:
+    from PIL import Image
+
+    data = MethodData.from_features(demo_dataset, None, None, "val", image_transform=_transform())
+    batches = list(image_loader(data, 8, workers=2, indices=range(20)))
+    ids = torch.cat([b[1] for b in batches])
+    assert ids.tolist() == list(range(20)) and batches[0][0].shape == (8, 3, 32, 32)
+    with Image.open(data.image_paths[5]) as im:
+        want = _transform()(im.convert("RGB"))
+    torch.testing.assert_close(batches[0][0][5], want)
+    shuffled = torch.cat([b[1] for b in image_loader(data, 8, workers=0, shuffle=True, seed=1, indices=range(20))])
+    assert sorted(shuffled.tolist()) == list(range(20)) and shuffled.tolist() != list(range(20))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_unreadable_image_is_named(tmp_path, workers: int) -> None:
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not a jpeg")
+    data = MethodData(image_features=None, text_features=None, captions=[], caption_image=np.zeros(0),
+                      image_paths=[str(bad)], image_transform=_transform())
+    with pytest.raises(CrossViewError, match="broken.jpg: cannot read this image"):
+        list(image_loader(data, 1, workers=workers))
+    with pytest.raises(CrossViewError, match="no image files"):
+        image_loader(MethodData(image_features=np.ones((1, 2)), text_features=None, captions=[],
+                                caption_image=np.zeros(0)), 1)
