@@ -262,6 +262,7 @@ class TorchMethod(Method):
 
         try:
             for ev in trainer.fit_iter(lambda m, b, g: self.training_step(m, b, g), on_epoch_end):
+                self.epoch_, self.step_ = trainer.epoch, trainer.step     # the position, readable live
                 yield ev
             if self.best_state_ is not None:
                 model.load_state_dict(tensor_tree(self.best_state_))
