@@ -199,7 +199,9 @@ def test_wsabie_counts_and_fractions_are_not_on_the_loss_axis(qtbot, panel: Trai
     with qtbot.waitSignal(panel.run_finished, timeout=120_000):
         panel.start()
     c = panel.curves
-    assert c.family_terms("loss") == {"loss", "loss (pass mean)"}
+    # the summed WARP loss and its two directions (WSABIE ranks both ways for captions)
+    assert c.family_terms("loss") == {"loss", "loss (pass mean)", "i2t", "i2t (pass mean)", "t2i",
+                                      "t2i (pass mean)"}
     assert c.family_terms("count") == {"draws", "draws (pass mean)"}
     assert c.family_terms("fraction") == {"violated", "violated (pass mean)"}
     # each family has its own plot and axis: the loss plot's y range is set by losses only
