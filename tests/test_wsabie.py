@@ -331,3 +331,13 @@ def test_card_matches_the_method() -> None:
     assert table7[("Pascal", "i2t")] == {"BLEU-1": 32.98, "ROUGE-1": 23.43, "R@50": 35.40, "MedR": 28.30}
     assert table7[("SBU", "t2i")]["MedR"] == 194.50
     assert {r["table"] for r in card.paper_results} == {"Table 2", "Table 4", "Table 5", "Table 6", "Table 7"}
+
+
+def test_label_names_are_matched_on_the_projects_words() -> None:
+    """Caption -> label matching (label targets) uses the one tokenizer: hyphenated compounds split, case and
+    punctuation ignored, a possessive 's dropped; a name must occur as a contiguous run of whole words."""
+    from crossview.methods.wsabie import _mentioned, _words
+
+    names = [_words(n) for n in ("red circle", "dog", "ball", "circ")]
+    assert _mentioned(_words("The dog's Red circle, by a red-ball."), names) == [0, 1, 2]
+    assert _mentioned(_words("a circle that is red"), names) == []

@@ -41,7 +41,6 @@ no label gets the zero vector. :meth:`Wsabie.encode_labels` gives the label embe
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,11 +73,12 @@ def _normalize(a: np.ndarray, how: str) -> np.ndarray:
     return a / np.maximum(norms, 1e-12)
 
 
-_WORD = re.compile(r"[a-z0-9]+")
-
-
 def _words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+    """The project's words of ``text`` (:func:`crossview.data.text.tokenize`), a possessive ``'s`` dropped so
+    that "the dog's ball" names the label "dog"."""
+    from crossview.data.text import tokenize
+
+    return [w[:-2] if w.endswith("'s") else w for w in tokenize(text)]
 
 
 def _mentioned(caption_words: list[str], name_words: list[list[str]]) -> list[int]:
