@@ -87,6 +87,17 @@ def _step(X: torch.Tensor, y: torch.Tensor, reduce: str = "mean", noise: float =
     return step
 
 
+def _step_direct(X: torch.Tensor, y: torch.Tensor):
+    """The same summed loss computed from the parameters directly, never calling the model's forward (as
+    WSABIE's sampled rows do): DDP must still average its gradients."""
+    def step(model: torch.nn.Module, batch: torch.Tensor, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        first, last = model[0], model[2]
+        h = torch.nn.functional.linear(X[batch], first.weight, first.bias)
+        err = torch.nn.functional.linear(h, last.weight, last.bias).squeeze(1) - y[batch]
+        return {"loss": (err ** 2).sum()}
+    return step
+
+
 def test_events_clipping_and_the_loss_goes_down() -> None:
     X, y = _data()
     t, model = _make(max_epochs=4)
@@ -171,10 +182,11 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         X, y = _data()
-        t, model = _make(rank_world=(rank, world), dropout=0.0, loss_is_sum=True)
-        assert t.ddp is not None and t.world_size == world
-        list(t.fit_iter(_step(X, y, "sum", noise=0.0), lambda e, terms: ([], rank == 0 and e == 2)))
-        torch.save({"weights": model.state_dict(), "epoch": t.epoch}, f"{out}/rank{rank}.pt")
+        for name, step in (("forward", _step(X, y, "sum", noise=0.0)), ("direct", _step_direct(X, y))):
+            t, model = _make(rank_world=(rank, world), dropout=0.0, loss_is_sum=True)
+            assert t.ddp is not None and t.world_size == world
+            list(t.fit_iter(step, lambda e, terms: ([], rank == 0 and e == 2)))
+            torch.save({"weights": model.state_dict(), "epoch": t.epoch}, f"{out}/{name}{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -193,9 +205,10 @@ def test_ddp_with_two_cpu_processes_matches_one_process(tmp_path) -> None:
     list(single.fit_iter(_step(X, y, "sum", noise=0.0), lambda e, terms: ([], e == 2)))
 
     mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
-    assert got[0]["epoch"] == got[1]["epoch"] == 2
-    for k, v in single_model.state_dict().items():
-        torch.testing.assert_close(got[0]["weights"][k], got[1]["weights"][k], rtol=0, atol=0)
-        # (no dropout or noise here: their random numbers come from per-rank seeds) to rounding: sums split
-        torch.testing.assert_close(got[0]["weights"][k], v, rtol=1e-6, atol=1e-8)
+    for name in ("forward", "direct"):      # the step calls the model, or reads its parameters directly
+        got = [torch.load(tmp_path / f"{name}{r}.pt", weights_only=True) for r in range(2)]
+        assert got[0]["epoch"] == got[1]["epoch"] == 2
+        for k, v in single_model.state_dict().items():
+            torch.testing.assert_close(got[0]["weights"][k], got[1]["weights"][k], rtol=0, atol=0)
+            # (no dropout or noise here: their random numbers come from per-rank seeds) to rounding: sums split
+            torch.testing.assert_close(got[0]["weights"][k], v, rtol=1e-6, atol=1e-8)

@@ -83,6 +83,19 @@ def step_seed(seed: int, *key: int) -> int:
     return (int(words[0]) << 31 | int(words[1])) & ((1 << 63) - 1)
 
 
+class _Stepper(torch.nn.Module):
+    """What ``DistributedDataParallel`` wraps: its forward *is* the training step, so DDP's gradient
+    averaging (armed by its own forward) covers every parameter the step uses, whether the step calls the
+    model's forward or reads its parameters directly (WSABIE's sampled rows)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = model
+
+    def forward(self, training_step: Any, batch: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return training_step(self.module, batch, generator)
+
+
 # ====================================================================== batches
 class EpochSampler:
     """The batches of one epoch as int64 item ids (caption ids for the caption methods).
@@ -173,7 +186,7 @@ class Trainer:
 
             ids = [device.index if device.index is not None else torch.cuda.current_device()] \
                 if device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(model, device_ids=ids)
+            self.ddp = DistributedDataParallel(_Stepper(model), device_ids=ids)
         # the position: the next batch is ``batch_pos`` of epoch ``epoch`` (0-based); ``step`` batches done
         self.epoch = 0
         self.batch_pos = 0
@@ -218,12 +231,14 @@ class Trainer:
         gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
         gen.manual_seed(step_seed(self.seed, self.rank, self.step))
         torch.manual_seed(step_seed(self.seed, self.rank, self.step, 1))   # dropout and friends
-        model = self.ddp if self.ddp is not None else self.model
-        model.train()
+        self.model.train()
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
-            terms = training_step(model, batch.to(self.device), gen)
+            if self.ddp is not None:     # through DDP's forward, which arms its gradient averaging
+                terms = self.ddp(training_step, batch.to(self.device), gen)
+            else:
+                terms = training_step(self.model, batch.to(self.device), gen)
         if "loss" not in terms:
             raise CrossViewError("training_step must return a 'loss' term")
         loss = terms["loss"].float()
