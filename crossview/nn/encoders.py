@@ -1,0 +1,212 @@
+"""Encoders into a joint embedding space, shared by the deep methods (VSE++ first; SmoothAP, webly and TIMAM
+reuse them): every one ends in an L2-normalised row, so dot products are cosines.
+
+- :class:`FeatureImageEncoder` -- precomputed features (CNN features, sentence embeddings) -> FC -> L2, the
+  FC initialised as VSE++'s ``EncoderImagePrecomp`` (uniform Xavier, zero bias);
+- :class:`BackboneImageEncoder` -- a torchvision / timm backbone over decoded images -> FC -> L2, the
+  backbone frozen (BatchNorm statistics included) or fine-tuned;
+- :class:`GRUTextEncoder` -- word embeddings -> a GRU over packed sequences -> the state at each caption's
+  last real token -> L2 (VSE++'s ``EncoderText``); embeddings learned from uniform(-0.1, 0.1) or
+  initialised from given vectors (GloVe);
+- :class:`TransformerTextEncoder` -- a local BERT-like model (``transformers``' ``AutoModel``) over word
+  pieces, mean-pooled over the real tokens (sentence-transformers' pooling) -> FC -> L2; frozen, or its top
+  ``train_layers`` layers fine-tuned. The frozen bottom's states do not change during training, so a method
+  may compute them once per caption (:meth:`TransformerTextEncoder.frozen_hidden`) and pass them back in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["l2norm", "FeatureImageEncoder", "BackboneImageEncoder", "GRUTextEncoder", "TransformerTextEncoder"]
+
+
+def l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``x`` scaled to unit L2 norm along ``dim`` (a zero row stays zero)."""
+    return F.normalize(x, p=2.0, dim=dim, eps=1e-12)
+
+
+def _xavier_fc(in_dim: int, out_dim: int) -> nn.Linear:
+    fc = nn.Linear(int(in_dim), int(out_dim))
+    r = math.sqrt(6.0) / math.sqrt(in_dim + out_dim)
+    nn.init.uniform_(fc.weight, -r, r)
+    nn.init.zeros_(fc.bias)
+    return fc
+
+
+class FeatureImageEncoder(nn.Module):
+    """``(n, in_dim)`` feature rows -> ``(n, embed_dim)`` unit rows: one FC layer, then L2 (``normalize``)."""
+
+    def __init__(self, in_dim: int, embed_dim: int = 1024, *, normalize: bool = True) -> None:
+        super().__init__()
+        self.fc = _xavier_fc(in_dim, embed_dim)
+        self.normalize = bool(normalize)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return l2norm(y) if self.normalize else y
+
+
+class BackboneImageEncoder(nn.Module):
+    """Decoded images ``(n, 3, H, W)`` -> ``backbone`` -> ``(n, feat_dim)`` -> FC -> L2.
+
+    ``finetune=False`` keeps the backbone frozen: no gradients, and always in eval mode (its BatchNorm
+    running statistics never move), run under ``no_grad`` so no activations are kept for it."""
+
+    def __init__(self, backbone: nn.Module, feat_dim: int, embed_dim: int = 1024, *, finetune: bool = False,
+                 normalize: bool = True) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.finetune = bool(finetune)
+        for p in self.backbone.parameters():
+            p.requires_grad_(self.finetune)
+        self.head = FeatureImageEncoder(feat_dim, embed_dim, normalize=normalize)
+
+    def train(self, mode: bool = True) -> "BackboneImageEncoder":
+        super().train(mode)
+        if not self.finetune:
+            self.backbone.eval()
+        return self
+
+    def backbone_parameters(self) -> Any:
+        """The pretrained backbone's parameters (a method gives them their own learning rate)."""
+        return self.backbone.parameters()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.finetune:
+            f = self.backbone(images)
+        else:
+            with torch.no_grad():
+                f = self.backbone(images)
+        return self.head(f.flatten(1))
+
+
+class GRUTextEncoder(nn.Module):
+    """Token ids ``(n, L)`` padded with 0 and ``lengths`` ``(n,)`` -> ``(n, embed_dim)`` unit rows: word
+    embeddings, a GRU run over packed sequences (padding is never read), the last layer's state at each
+    caption's last real token, L2.
+
+    ``init``: ``(vocab_size, word_dim)`` vectors to start the embeddings from (e.g. GloVe); else
+    uniform(-0.1, 0.1) as VSE++. ``freeze_words`` keeps the embeddings fixed."""
+
+    def __init__(self, vocab_size: int, word_dim: int = 300, embed_dim: int = 1024, *, num_layers: int = 1,
+                 init: Any = None, freeze_words: bool = False, normalize: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(int(vocab_size), int(word_dim))
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+        if init is not None:
+            init = torch.as_tensor(init, dtype=self.embed.weight.dtype)
+            if tuple(init.shape) != tuple(self.embed.weight.shape):
+                raise ValueError(f"init has shape {tuple(init.shape)}, the embeddings "
+                                 f"{tuple(self.embed.weight.shape)}")
+            with torch.no_grad():
+                self.embed.weight.copy_(init)
+        self.embed.weight.requires_grad_(not freeze_words)
+        self.gru = nn.GRU(int(word_dim), int(embed_dim), int(num_layers), batch_first=True)
+        self.normalize = bool(normalize)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if ids.shape[0] == 0:
+            return self.embed.weight.new_zeros((0, self.gru.hidden_size))
+        lengths = lengths.clamp(min=1)            # an empty caption reads its one (pad) token
+        # the rows of the embedding table by index_select rather than nn.Embedding's forward: the same values
+        # and gradient, but its backward (index_add) never waits for the GPU, while the embedding backward
+        # syncs the device once a step (it counts the distinct ids on the host)
+        x = self.embed.weight.index_select(0, ids.reshape(-1)).view(*ids.shape, -1)
+        if x.device.type == "cpu" and _cpu_autocast():
+            # bfloat16 on the CPU: the padded run is faster than the packed one (AMX), and gives the same
+            # states: a one-way GRU's output at a caption's last real token has not read the padding after it
+            out_all, _ = self.gru(x)
+            out = out_all[torch.arange(len(ids)), (lengths - 1).to(torch.int64)]
+        else:
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            _, h = self.gru(packed)               # h: (layers, n, hidden), rows back in input order
+            out = h[-1]
+        out = out.float()
+        return l2norm(out) if self.normalize else out
+
+
+class TransformerTextEncoder(nn.Module):
+    """Word-piece ids and attention ``mask`` ``(n, L)`` -> a BERT-like ``model`` -> mean over the real tokens
+    -> FC -> L2. ``train_layers`` top layers are fine-tuned; the embeddings and the layers below stay frozen
+    (eval mode, no gradients). ``model`` is a ``transformers`` ``AutoModel`` with ``.embeddings`` and
+    ``.encoder.layer`` (BERT, MiniLM, RoBERTa...)."""
+
+    def __init__(self, model: nn.Module, embed_dim: int = 1024, *, train_layers: int = 0,
+                 normalize: bool = True) -> None:
+        super().__init__()
+        layers = _layers_of(model)
+        if not 0 <= int(train_layers) <= len(layers):
+            raise ValueError(f"train_layers={train_layers}: the model has {len(layers)} layers")
+        self.model = model
+        self.train_layers = int(train_layers)
+        self.n_frozen = len(layers) - self.train_layers
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        for layer in self.top_layers():
+            for p in layer.parameters():
+                p.requires_grad_(True)
+        self.head = FeatureImageEncoder(int(model.config.hidden_size), embed_dim, normalize=normalize)
+
+    def top_layers(self) -> list[nn.Module]:
+        return list(_layers_of(self.model))[self.n_frozen:]
+
+    def transformer_parameters(self) -> list[nn.Parameter]:
+        """The fine-tuned layers' parameters (a method gives them their own learning rate)."""
+        return [p for layer in self.top_layers() for p in layer.parameters()]
+
+    def train(self, mode: bool = True) -> "TransformerTextEncoder":
+        super().train(mode)
+        self.model.eval()                  # frozen parts: no dropout
+        for layer in self.top_layers():
+            layer.train(mode)
+        return self
+
+    def _mask4(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The additive ``(n, 1, 1, L)`` attention mask every layer reads (0 on tokens, a large negative on
+        padding)."""
+        m = mask[:, None, None, :].to(dtype)
+        return (1.0 - m) * torch.finfo(dtype).min
+
+    def _run_layers(self, h: torch.Tensor, mask: torch.Tensor, layers: list[nn.Module]) -> torch.Tensor:
+        ext = self._mask4(mask, h.dtype)
+        for layer in layers:
+            out = layer(h, attention_mask=ext)
+            h = out[0] if isinstance(out, (tuple, list)) else out
+        return h
+
+    def frozen_hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(n, L, hidden)``: the states after the frozen bottom (embeddings and layers below the fine-tuned
+        ones), which training never changes."""
+        with torch.no_grad():
+            h = self.model.embeddings(input_ids=ids)
+            return self._run_layers(h, mask, list(_layers_of(self.model))[:self.n_frozen])
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor,
+                frozen_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.frozen_hidden(ids, mask) if frozen_hidden is None else frozen_hidden
+        if self.train_layers:
+            h = self._run_layers(h, mask, self.top_layers())
+        m = mask.to(h.dtype).unsqueeze(-1)
+        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return self.head(pooled)
+
+
+def _cpu_autocast() -> bool:
+    try:
+        return bool(torch.is_autocast_enabled("cpu"))
+    except TypeError:                              # torch < 2.4
+        return bool(torch.is_autocast_cpu_enabled())
+
+
+def _layers_of(model: nn.Module) -> nn.ModuleList:
+    enc = getattr(model, "encoder", None)
+    layers = getattr(enc, "layer", None)
+    if layers is None or not hasattr(model, "embeddings"):
+        raise ValueError(f"{type(model).__name__} is not a BERT-like encoder (no .embeddings / .encoder.layer)")
+    return layers
