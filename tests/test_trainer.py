@@ -154,9 +154,35 @@ def test_resume_mid_epoch_is_exact() -> None:
 def test_a_non_finite_loss_is_one_clear_error() -> None:
     X, y = _data()
     y[3] = float("nan")
-    t, _ = _make(nan_hint="lower the learning rate (lr=0.05)")
+    seen: list[dict[str, torch.Tensor]] = []
+    t, model = _make(nan_hint="lower the learning rate (lr=0.05)",
+                     after_step=lambda m: seen.append({k: v.clone() for k, v in m.state_dict().items()}))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CrossViewError, match=r"the loss became nan at step \d+; lower the learning rate \(lr=0.05\)"):
         list(t.fit_iter(_step(X, y)))
+    # the bad step moved no weight: the model is as the last good step (or the start) left it
+    before = seen[-1] if seen else initial
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_amp_on_the_cpu_is_bfloat16_autocast_where_the_cpu_has_it() -> None:
+    """amp=True on a CPU: bfloat16 autocast inside the step when the CPU has bfloat16 matrix units, else
+    plain float32; never a gradient scaler (that is float16's)."""
+    from crossview.nn.trainer import amp_dtype
+
+    X, y = _data()
+    t, _ = _make(max_epochs=1, amp=True)
+    seen = []
+
+    def step(model, batch, gen):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return _step(X, y)(model, batch, gen)
+
+    list(t.fit_iter(step))
+    assert t.scaler is None
+    assert t.amp_dtype == amp_dtype(torch.device("cpu"))
+    assert seen and all(v == (t.amp_dtype == torch.bfloat16) for v in seen)
 
 
 def test_a_state_from_other_optimisers_is_refused() -> None:

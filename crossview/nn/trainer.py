@@ -38,7 +38,7 @@ import torch
 from crossview.core.events import Event, Loss, Progress
 from crossview.core.errors import CrossViewError
 
-__all__ = ["EpochSampler", "Trainer", "TrainingStep", "EpochEnd", "init_distributed", "world", "unwrap",
+__all__ = ["EpochSampler", "Trainer", "TrainingStep", "EpochEnd", "init_distributed", "world", "unwrap", "amp_dtype",
            "step_seed"]
 
 TrainingStep = Callable[[torch.nn.Module, torch.Tensor, torch.Generator], dict[str, torch.Tensor]]
@@ -72,9 +72,57 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     return world()
 
 
+def amp_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast type of mixed precision on ``device``: float16 on CUDA, bfloat16 on a CPU that has
+    bfloat16 matrix instructions (AMX tiles or AVX512-BF16), None where it would be slower than float32."""
+    if device.type == "cuda":
+        return torch.float16
+    if device.type == "cpu":
+        cpu = getattr(torch, "cpu", None)
+        probes = [getattr(cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+        try:
+            if any(p is not None and p() for p in probes):
+                return torch.bfloat16
+        except RuntimeError:
+            return None
+    return None
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a ``DistributedDataParallel`` wrapper (the model itself otherwise)."""
     return getattr(model, "module", model)
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every process's rows of ``x`` in rank order (the global batch), gradients flowing back to each
+    process's own rows (``torch.distributed.nn.all_gather``); ``x`` itself in a single process. Shares may
+    differ in size by a few rows (the last batch of an epoch): they are padded for the exchange and trimmed.
+
+    A loss computed on the gathered rows is the same on every process; return it divided by the world size
+    from a ``loss_is_sum`` step, so that DDP's averaging gives exactly the single-process gradient."""
+    rank, world_size = world()
+    if world_size == 1:
+        return x
+    import torch.distributed as dist
+    import torch.distributed.nn as dist_nn
+
+    n = torch.tensor([x.shape[0]], device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(world_size)]
+    dist.all_gather(sizes, n)
+    counts = [int(c) for c in sizes]
+    most = max(counts)
+    if x.shape[0] < most:
+        x = torch.cat([x, x.new_zeros((most - x.shape[0], *x.shape[1:]))])
+    parts = dist_nn.all_gather(x) if x.requires_grad else _all_gather_plain(x, world_size)
+    return torch.cat([p[:c] for p, c in zip(parts, counts)])
+
+
+def _all_gather_plain(x: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    import torch.distributed as dist
+
+    out = [torch.empty_like(x) for _ in range(world_size)]
+    dist.all_gather(out, x.contiguous())
+    return out
 
 
 def step_seed(seed: int, *key: int) -> int:
@@ -160,7 +208,9 @@ class Trainer:
     ``loss_is_sum``: the step's loss is a sum over its rows (WARP's per-example SGD) rather than a mean;
     under DDP it is then scaled by the world size so that averaged gradients equal the single-process
     ones. ``after_step(model)`` runs under ``no_grad`` after each optimiser step (e.g. a norm projection).
-    ``amp``: float16 autocast and a gradient scaler on CUDA (ignored on other devices).
+    ``amp``: mixed precision: float16 autocast and a gradient scaler on CUDA; bfloat16 autocast on a CPU with
+    bfloat16 matrix units (AMX or AVX512-BF16: about twice as fast for a GRU); ignored elsewhere (see
+    :func:`amp_dtype`). The weights and the optimiser stay in float32 either way.
     """
 
     def __init__(self, model: torch.nn.Module, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
@@ -175,11 +225,14 @@ class Trainer:
         self.sampler = sampler
         self.max_epochs, self.device, self.seed = int(max_epochs), device, int(seed)
         self.grad_clip = None if not grad_clip else float(grad_clip)
-        self.amp = bool(amp) and device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
+        self.amp_dtype = amp_dtype(device) if amp else None
+        self.amp = self.amp_dtype is not None
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp and device.type == "cuda" else None
         self.loss_is_sum, self.log_every = bool(loss_is_sum), max(1, int(log_every))
         self.after_step, self.nan_hint = after_step, nan_hint
         self.rank, self.world_size = world()
+        self._gen: torch.Generator | None = None
+        self.batch_cpu: torch.Tensor | None = None   #: the current step's item ids, on the host
         self.ddp: torch.nn.Module | None = None
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -228,34 +281,46 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def _step(self, training_step: TrainingStep, batch: torch.Tensor) -> dict[str, float]:
-        gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
+        if self._gen is None:     # one generator, re-seeded every step: (seed, rank, step) fixes the draws
+            self._gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
+        gen = self._gen
         gen.manual_seed(step_seed(self.seed, self.rank, self.step))
         torch.manual_seed(step_seed(self.seed, self.rank, self.step, 1))   # dropout and friends
         self.model.train()
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+        self.batch_cpu = batch    # the step's item ids on the host (a step reads host-side tables without a sync)
+        on_device = batch.to(self.device, non_blocking=True)
+        with torch.autocast(self.device.type if self.amp else "cpu", dtype=self.amp_dtype or torch.bfloat16,
+                            enabled=self.amp):
             if self.ddp is not None:     # through DDP's forward, which arms its gradient averaging
-                terms = self.ddp(training_step, batch.to(self.device), gen)
+                terms = self.ddp(training_step, on_device, gen)
             else:
-                terms = training_step(self.model, batch.to(self.device), gen)
+                terms = training_step(self.model, on_device, gen)
         if "loss" not in terms:
             raise CrossViewError("training_step must return a 'loss' term")
         loss = terms["loss"].float()
         if self.loss_is_sum and self.world_size > 1:
             loss = loss * self.world_size
-        values = {k: float(v.detach()) for k, v in terms.items()}
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        # the step's terms come to the host once, after the backward pass is queued (one wait per step, which
+        # overlaps the queueing with the forward pass); a non-finite term stops before any weight moves
+        names = list(terms)
+        got = torch.stack([terms[k].detach().float().reshape(()) for k in names]).tolist()
+        values = dict(zip(names, got))
         if self.loss_is_sum:   # report the mean over the rows, whatever is optimised
             values["loss"] /= max(1, len(batch))
         bad = [k for k, v in values.items() if not math.isfinite(v)]
         if bad:
+            for o in self.optimizers:
+                o.zero_grad(set_to_none=True)
             raise CrossViewError(f"the {bad[0]} became {values[bad[0]]} at step {self.step}; {self.nan_hint}")
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
             for o in self.optimizers:
                 self.scaler.unscale_(o)
-        else:
-            loss.backward()
         if self.grad_clip:
             params = [p for o in self.optimizers for g in o.param_groups for p in g["params"] if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
