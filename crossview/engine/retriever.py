@@ -176,7 +176,7 @@ class Retriever:
             data = MethodData(image_features=np.asarray(f.image[gi], np.float32),
                               text_features=self._text_rows([ds.captions[c] for c in gc], gc),
                               captions=[ds.captions[c] for c in gc], caption_image=pos[ds.caption_image[gc]],
-                              name=self.gallery_name)
+                              name=self.gallery_name, image_paths=self._files([int(i) for i in gi]))
         self._caption_emb = np.ascontiguousarray(self.method.encode_texts(data, direction="i2t"), np.float32)
         self._caption_index = build_index(self._caption_emb, self.index_backend)
         if len(self.gallery_images):
@@ -225,11 +225,20 @@ class Retriever:
             x = self.features.image_transform(x)
         return np.asarray(x, np.float32), {"file": str(path)}
 
+    def _files(self, images: list[int]) -> list[str] | None:
+        """The files of dataset images ``images`` when the method encodes image files itself (end to end)."""
+        paths = getattr(self.dataset, "image_paths", None)
+        if not getattr(self.method, "wants_image_files", False) or paths is None:
+            return None
+        return [str(paths[i]) for i in images]
+
     def query_image(self, image: int | str | Path, k: int = 10) -> Ranking:
         """Captions of the gallery ranked for ``image`` (a dataset image index or an image file)."""
         x, query = self._image_query_features(image)
+        files = self._files([query["image"]]) if "image" in query else (
+            [query["file"]] if getattr(self.method, "wants_image_files", False) else None)
         data = MethodData(image_features=x, text_features=None, captions=[],
-                          caption_image=np.zeros(0, np.int64), name="query")
+                          caption_image=np.zeros(0, np.int64), name="query", image_paths=files)
         q = np.asarray(self.method.encode_images(data, direction="i2t"), np.float32)
         res = self._caption_index.search(q, k)
         scores = self._caption_emb @ q[0]

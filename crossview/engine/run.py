@@ -459,6 +459,12 @@ class _Run:
         self.device = select_device(cfg.device)
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.check_params()
+        self.text_note: str | None = None
+        if not self.method.needs_text_features and cfg.text_encoder != "none":
+            if cfg.text_encoder:
+                self.text_note = (f"text encoder {cfg.text_encoder!r} is not used: {cfg.method} with these parameters "
+                                  "reads the captions itself")
+            cfg.text_encoder = "none"      # no caption features to make (nor to record in config.json)
         self.representation = self._check_representation()
         if self.representation is not None:
             self.features = None   # TR / CTR build their own; given encoder features (tune passes them) don't apply
@@ -635,12 +641,15 @@ class _Run:
         names = None
         if ds.label_sets is not None:
             names = sorted({str(x) for s in ds.label_sets for x in s})
-        train = MethodData.from_features(ds, f.image, text, self.cfg.train_split, label_set_names=names)
+        # a method that trains end to end (vsepp image_model=cnn) gets the image files beside the feature rows
+        files = bool(getattr(self.method, "wants_image_files", False)) and getattr(ds, "image_paths", None) is not None
+        train = MethodData.from_features(ds, f.image, text, self.cfg.train_split, label_set_names=names,
+                                         with_paths=files)
         val = None
         vs = self.cfg.val_split
         if vs and vs in ds.splits and vs not in (self.cfg.split, self.cfg.train_split):
-            val = MethodData.from_features(ds, f.image, text, vs, label_set_names=names)
-        test = MethodData.from_features(ds, f.image, text, self.cfg.split, label_set_names=names)
+            val = MethodData.from_features(ds, f.image, text, vs, label_set_names=names, with_paths=files)
+        test = MethodData.from_features(ds, f.image, text, self.cfg.split, label_set_names=names, with_paths=files)
         return train, val, test
 
     def _continues(self, ckpt: dict[str, Any] | None) -> bool:
@@ -747,6 +756,8 @@ class _Run:
                     yield self._emit(Log(note, "warning" if note is took_over else "info"))
             if self.split_note:
                 yield self._emit(Log(self.split_note))
+            if self.text_note:
+                yield self._emit(Log(self.text_note))
             yield self._emit(Log(f"splits: training on {self.cfg.train_split} "
                                  f"({len(self.dataset.splits[self.cfg.train_split]):,} images), "
                                  + (f"early stopping on {self.cfg.val_split}, " if self.cfg.val_split and

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: The "encoder" name of features that come with the dataset (VSE++ ``*_precomp`` folders).
 PRECOMP = "precomp"
+#: the text encoder name of runs whose method reads the captions itself (no caption features are made)
+NO_TEXT = "none"
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)`` with stage ``"images"``, ``"fit text"`` or ``"captions"``."""
@@ -44,7 +46,7 @@ class Features:
     """
 
     image: np.ndarray
-    text: np.ndarray
+    text: np.ndarray | None   #: None when the run's method reads the captions itself (text encoder 'none')
     image_encoder: str
     text_encoder: str
     text_model: Any = None  #: the fitted TextEncoder, needed to encode new captions (queries, corpora)
@@ -199,6 +201,11 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
         raise Cancelled("feature extraction cancelled")
 
     # ---------------------------------------------------------------- captions
+    if text_encoder == NO_TEXT and text_model is None:      # the method reads the captions itself
+        return Features(image=image, text=None, image_encoder=image_name, text_encoder=NO_TEXT,
+                        image_cache_hit=image_hit, spec={"image": image_spec, "text": {"name": NO_TEXT},
+                                                         "fit_on": fit_on,
+                                                         "dataset_fingerprint": dataset.fingerprint()})
     if text_model is None:
         text_name = text_encoder or text_mod.DEFAULT_TEXT_ENCODER
         text_model = text_mod.create_text_encoder(text_name, **(text_params or {}))

@@ -32,4 +32,5 @@ def check_encoders(dataset: Any, image_encoder: str | None = None, text_encoder:
             raise CrossViewError(f"dataset {dataset.name!r} has no precomputed image features; "
                                  f"choose an image encoder ({', '.join(image_mod.list_image_encoders())})")
         image_mod.create_image_encoder(name)   # resolves the weights offline; says where to put missing ones
-    text_mod.create_text_encoder(text_encoder or text_mod.DEFAULT_TEXT_ENCODER).check_available()
+    if text_encoder != "none":     # "none": the method reads the captions itself
+        text_mod.create_text_encoder(text_encoder or text_mod.DEFAULT_TEXT_ENCODER).check_available()

@@ -61,6 +61,8 @@ class Method:
         directions_differ: True when the i2t and t2i models differ (BITR).
         iterative: True when ``fit_iter(..., resume=True)`` continues from a loaded state.
         needs_text_features: False for methods that encode the captions themselves.
+        wants_image_files: True for methods that train on the image files (end to end); the engine
+            then builds their data with ``image_paths`` beside the feature rows.
         has_epoch_validation: False when the method does not score ``val`` per epoch / iteration
             (closed form, or parameters chosen another way); ``validation_note`` then says how it
             validates, in one sentence for the Train panel.
@@ -70,6 +72,7 @@ class Method:
     directions_differ: ClassVar[bool] = False
     iterative: ClassVar[bool] = False
     needs_text_features: ClassVar[bool] = True
+    wants_image_files: ClassVar[bool] = False
     has_epoch_validation: ClassVar[bool] = True
     validation_note: ClassVar[str] = ""
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise

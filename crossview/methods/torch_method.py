@@ -114,6 +114,10 @@ class TorchMethod(Method):
     def after_step(self, model: torch.nn.Module) -> None:
         """Runs under ``no_grad`` after every optimiser step (e.g. a norm projection)."""
 
+    def end_training(self) -> None:
+        """Runs when training stops (finished, cancelled or failed): release loaders, workers, caches."""
+        self._t = None
+
     def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
         lr = float(getattr(self, "lr", 1e-3))
         wd = float(getattr(self, "weight_decay", 0.0) or 0.0)
@@ -270,6 +274,7 @@ class TorchMethod(Method):
             self._sync()
         finally:
             self._sync()
+            self.end_training()
             model.eval()
             self._live = None
             self.model_state_ = numpy_tree(model.state_dict()) if self.model_state_ is None else self.model_state_

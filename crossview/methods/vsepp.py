@@ -1,0 +1,523 @@
+"""VSE0 / VSE++ (Faghri, Fleet, Kiros & Fidler, BMVC 2018): a visual-semantic embedding trained with a hinge
+loss over the negatives of a minibatch; VSE++ keeps only the hardest negative of each query.
+
+One 1024-d space, dot-product (cosine) scores, the one model for both directions:
+
+- image: precomputed CNN features (the run's image encoder, the feature cache or a ``*_precomp`` folder) ->
+  FC -> L2 (the paper's frozen-CNN setting);
+- text (``text_model``): ``gru`` a 1-layer GRU over learned 300-d word embeddings, the state at the last real
+  token (the paper's); ``gru_glove`` the same with the embeddings initialised from GloVe 6B 50-d (offline);
+  ``features`` the run's caption features (by default all-MiniLM-L6-v2 sentence embeddings, frozen: the
+  feature cache serves them) -> FC; ``transformer`` a local BERT-like model (MiniLM, or ``bert_path``) over
+  tokens, mean-pooled -> FC, its top ``train_layers`` layers fine-tuned (the frozen bottom is run once per
+  caption and cached, so an epoch runs only the top layers).
+
+Defaults: ``loss="vse0"`` over ``text_model="features"`` (frozen MiniLM sentence embeddings) -- the best of
+loss x text encoder on real photos of Flickr8k size (bench/results/vsepp_flickr8k.md: val rsum ~370 against
+~352 for VSE++ and ~250-295 for GRUs learned from 3,000 captions); the paper's hardest negative and GRU
+(``loss="vsepp", text_model="gru"``) are for much larger training sets.
+
+The loss (:func:`crossview.nn.losses.contrastive_loss`) is summed over a batch of ``batch_size`` captions with
+their images; two captions of one image in a batch are not counted as each other's negatives. Adam, the
+paper's schedule (lr 2e-4, /10 after 15 of 30 epochs), gradient norm clipped at 2, the epoch with the best
+validation rsum kept. Every caption of every training image is seen once an epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from crossview.core.errors import CrossViewError
+from crossview.data.method_data import MethodData
+from crossview.methods import register_method
+from crossview.methods.torch_method import TorchMethod
+from crossview.nn.encoders import BackboneImageEncoder, FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder
+from crossview.nn.losses import contrastive_loss
+from crossview.nn.trainer import gather_rows, unwrap, world
+
+__all__ = ["Vsepp", "VseModel", "LOSSES", "TEXT_MODELS", "IMAGE_MODELS"]
+
+LOSSES = ("vsepp", "vse0")
+#: the image side: the run's image features -> FC (the paper's frozen CNN), or a CNN over the image files (end to end)
+IMAGE_MODELS = ("features", "cnn")
+#: the text side: GRU over learned words (the paper's), GRU from GloVe, the run's caption features -> FC, or a
+#: local transformer over tokens (top layers fine-tuned)
+TEXT_MODELS = ("gru", "gru_glove", "features", "transformer")
+_EMBED_BATCH = 512
+
+
+class VseModel(torch.nn.Module):
+    """``image`` and ``text`` encoders into one L2-normalised space (see the module docstring)."""
+
+    def __init__(self, image: torch.nn.Module, text: torch.nn.Module) -> None:
+        super().__init__()
+        self.image = image
+        self.text = text
+
+    def forward(self, images: torch.Tensor, rows: torch.Tensor | None = None,
+                **text: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(image embeddings, text embeddings)``: ``images`` are feature rows or decoded image tensors;
+        ``rows`` picks the image of each text row among them (a batch decodes each distinct image once)."""
+        im = self.image(images)
+        return (im if rows is None else im[rows]), self.text(**text)
+
+
+class _CaptionImages:
+    """Picklable ``k -> image ids of batch k`` of one epoch (for loader workers)."""
+
+    def __init__(self, sampler: Any, caption_image: np.ndarray, epoch: int) -> None:
+        self.sampler, self.caption_image, self.epoch = sampler, caption_image, int(epoch)
+
+    def __call__(self, k: int) -> np.ndarray:
+        return self.caption_image[self.sampler.batch(self.epoch, k).numpy()]
+
+
+class _AugmentSeed:
+    """Picklable ``k -> the augmentation seed of batch k`` (seed, rank, epoch)."""
+
+    def __init__(self, seed: int, rank: int, epoch: int) -> None:
+        self.seed, self.rank, self.epoch = seed, rank, epoch
+
+    def __call__(self, k: int) -> int:
+        from crossview.nn.trainer import step_seed
+
+        return step_seed(self.seed, self.rank, self.epoch, k, 7) & 0xFFFFFFFF
+
+
+def _load_transformer_model(path: str) -> torch.nn.Module:
+    """A private copy of the local transformer at ``path`` (``"minilm"``: all-MiniLM-L6-v2 of its package)."""
+    from crossview.features.text.transformer import _check_model_folder, _load_transformer, minilm_path
+
+    folder = str(minilm_path()) if path == "minilm" else path
+    _check_model_folder(__import__("pathlib").Path(folder), "vsepp transformer (bert_path)")
+    return copy.deepcopy(_load_transformer(folder)[1])
+
+
+def _tokenizer(path: str) -> Any:
+    from crossview.features.text.transformer import _load_transformer, minilm_path
+
+    return _load_transformer(str(minilm_path()) if path == "minilm" else path)[0]
+
+
+@register_method("vsepp")
+class Vsepp(TorchMethod):
+    """VSE0 / VSE++ (see the module docstring). Learned attributes besides :class:`TorchMethod`'s: none; the
+    vocabulary of the GRU text models lives in ``model_spec_["vocab"]``."""
+
+    loss_is_sum = True
+    nan_hint = "lower the learning rate or keep grad_clip at 2"
+
+    def __init__(self, *, loss: str = "vse0", margin: float = 0.2, embed_dim: int = 1024,
+                 text_model: str = "features", image_model: str = "features", backbone: str = "efficientnet_lite0",
+                 finetune_cnn: bool = False, workers: int = 2, word_dim: int = 300, min_count: int = 1, max_len: int = 64,
+                 bert_path: str = "", train_layers: int = 0, max_epochs: int = 30, batch_size: int = 128,
+                 lr: float = 2e-4, lr_decay_epoch: int = 15, lr_decay: float = 0.1, grad_clip: float = 2.0,
+                 optimizer: str = "adam", weight_decay: float = 0.0, patience: int = 10, amp: bool = False,
+                 device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+        self.loss = loss
+        self.margin = margin
+        self.embed_dim = embed_dim
+        self.text_model = text_model
+        self.image_model = image_model
+        self.backbone = backbone
+        self.finetune_cnn = finetune_cnn
+        self.workers = workers
+        self.word_dim = word_dim
+        self.min_count = min_count
+        self.max_len = max_len
+        self.bert_path = bert_path
+        self.train_layers = train_layers
+        self.max_epochs = max_epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.lr_decay_epoch = lr_decay_epoch
+        self.lr_decay = lr_decay
+        self.grad_clip = grad_clip
+        self.optimizer = optimizer
+        self.weight_decay = weight_decay
+        self.patience = patience
+        self.amp = amp
+        self.device = device
+        self.seed = seed
+        self.log_every = log_every
+
+    # ------------------------------------------------------------------ the text side decides what the run extracts
+    @property
+    def needs_text_features(self) -> bool:   # type: ignore[override]
+        """Only ``text_model="features"`` reads the run's caption features; the others read the captions."""
+        return self.text_model == "features"
+
+    @property
+    def wants_image_files(self) -> bool:
+        """``image_model="cnn"`` trains on the image files (the engine then hands them over with the features)."""
+        return self.image_model == "cnn"
+
+    # ------------------------------------------------------------------ checks
+    def _check_params(self) -> None:
+        if self.loss not in LOSSES:
+            raise CrossViewError(f"vsepp: loss {self.loss!r} must be 'vsepp' (hardest negative) or 'vse0' (sum)")
+        if self.image_model not in IMAGE_MODELS:
+            raise CrossViewError(f"vsepp: image_model {self.image_model!r} must be 'features' (the run's image "
+                                 "features) or 'cnn' (end to end on the image files)")
+        if self.text_model not in TEXT_MODELS:
+            raise CrossViewError(f"vsepp: text_model {self.text_model!r} must be one of {', '.join(TEXT_MODELS)}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise CrossViewError(f"vsepp: optimizer {self.optimizer!r} must be 'adam' (the paper's) or 'sgd'")
+        for name in ("embed_dim", "word_dim", "min_count", "batch_size", "max_epochs", "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise CrossViewError(f"vsepp: {name} must be a whole number >= 1, got {v!r}")
+        if not isinstance(self.max_len, (int, np.integer)) or self.max_len < 3:
+            raise CrossViewError(f"vsepp: max_len must be a whole number >= 3 (tokens per caption), got {self.max_len!r}")
+        for name in ("patience", "lr_decay_epoch", "train_layers", "workers"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise CrossViewError(f"vsepp: {name} must be a whole number >= 0, got {v!r}")
+        for name in ("lr", "margin", "lr_decay"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise CrossViewError(f"vsepp: {name} must be a positive number, got {v!r}")
+        if self.grad_clip is not None and (not isinstance(self.grad_clip, (int, float)) or self.grad_clip < 0):
+            raise CrossViewError(f"vsepp: grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
+        if self.bert_path and self.text_model != "transformer":
+            raise CrossViewError("vsepp: bert_path is only read with text_model=transformer")
+
+    # ------------------------------------------------------------------ the model
+    def _transformer_name(self) -> str:
+        return str(self.bert_path) if self.bert_path else "minilm"
+
+    def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
+        self._check_params()
+        if train.n_images < 2:
+            raise CrossViewError("vsepp needs captions of at least 2 training images (the loss ranks negatives)")
+        spec: dict[str, Any] = {"embed_dim": int(self.embed_dim), "text_model": self.text_model}
+        if self.image_model == "cnn":
+            if train.image_paths is None:
+                raise CrossViewError("vsepp image_model=cnn trains on the image files, but the training data has "
+                                     "feature rows only (a precomputed-features dataset); use image_model=features")
+            from crossview.features.image import backbone_spec
+
+            spec.update(image_model="cnn", backbone=str(self.backbone), finetune=bool(self.finetune_cnn),
+                        feat_dim=int(backbone_spec(str(self.backbone)).dim))
+        else:
+            spec["image_dim"] = int(train.require_image_features("vsepp").shape[1])
+        if self.text_model in ("gru", "gru_glove"):
+            from crossview.features.vocab import Vocabulary
+
+            if resume and getattr(self, "model_spec_", None) and self.model_spec_.get("vocab"):
+                vocab = list(self.model_spec_["vocab"])
+            else:
+                vocab = Vocabulary.from_captions(train.captions, min_count=int(self.min_count)).words
+            word_dim = int(self.word_dim)
+            if self.text_model == "gru_glove":
+                from crossview.features.text.glove import _glove_tables
+
+                word_dim = int(_glove_tables()[0].shape[1])
+            spec.update(vocab=vocab, word_dim=word_dim)
+        elif self.text_model == "features":
+            spec["text_dim"] = int(train.require_text_features("vsepp").shape[1])
+        else:
+            spec.update(transformer=self._transformer_name(), train_layers=int(self.train_layers))
+        return spec
+
+    def _glove_init(self, vocab: list[str]) -> np.ndarray:
+        """GloVe vectors of the vocabulary's words; words GloVe lacks (and the special tokens) keep the
+        paper's uniform(-0.1, 0.1) draw."""
+        from crossview.features.text.glove import _glove_tables
+
+        emb, index, _ = _glove_tables()
+        rng = np.random.default_rng(int(self.seed))
+        out = rng.uniform(-0.1, 0.1, size=(len(vocab), emb.shape[1])).astype(np.float32)
+        rows = [(i, index[w]) for i, w in enumerate(vocab) if w in index]
+        if rows:
+            mine, theirs = zip(*rows)
+            out[list(mine)] = np.asarray(emb[np.asarray(theirs)], dtype=np.float32)
+        out[0] = 0.0                                      # <pad>
+        return out
+
+    def build_model(self, spec: dict[str, Any]) -> torch.nn.Module:
+        d = int(spec["embed_dim"])
+        image = self._cnn(spec) if spec.get("image_model") == "cnn" else FeatureImageEncoder(int(spec["image_dim"]), d)
+        kind = spec["text_model"]
+        text: torch.nn.Module
+        if kind in ("gru", "gru_glove"):
+            vocab = list(spec["vocab"])
+            init = self._glove_init(vocab) if kind == "gru_glove" else None
+            text = GRUTextEncoder(len(vocab), int(spec["word_dim"]), d, init=init)
+        elif kind == "features":
+            text = FeatureImageEncoder(int(spec["text_dim"]), d)
+        else:
+            text = TransformerTextEncoder(_load_transformer_model(str(spec["transformer"])), d,
+                                          train_layers=int(spec["train_layers"]))
+        return VseModel(image, text)
+
+    @staticmethod
+    def _cnn(spec: dict[str, Any]) -> torch.nn.Module:
+        """The backbone from its local weights (never downloaded) -> FC -> L2."""
+        from crossview.features.image import create_image_encoder
+
+        mods = create_image_encoder(str(spec["backbone"])).load()
+        body = torch.nn.Sequential(copy.deepcopy(mods["body"]), copy.deepcopy(mods["head"]))
+        return BackboneImageEncoder(body, int(spec["feat_dim"]), int(spec["embed_dim"]),
+                                    finetune=bool(spec["finetune"]))
+
+    def _transforms(self) -> tuple[Any, Any]:
+        """``(train, eval)`` image transforms of the backbone: the paper's random resized crop and flip for
+        training, the encoder's own resize + centre crop otherwise; its normalisation in both."""
+        from torchvision import transforms as T
+
+        from crossview.features.image import backbone_spec, create_image_encoder
+
+        bs = backbone_spec(str(self.model_spec_["backbone"]))
+        train = T.Compose([T.RandomResizedCrop(bs.crop), T.RandomHorizontalFlip(), T.ToTensor(),
+                           T.Normalize(bs.mean, bs.std)])
+        return train, create_image_encoder(str(self.model_spec_["backbone"])).make_transform()
+
+    # ------------------------------------------------------------------ text inputs
+    def _text_inputs(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        """What the text encoder reads for ``captions``: ids + lengths (GRU) or ids + mask (transformer)."""
+        spec = self.model_spec_
+        if spec["text_model"] in ("gru", "gru_glove"):
+            from crossview.features.vocab import Vocabulary
+
+            vocab = getattr(self, "_vocab", None)
+            if vocab is None or vocab.words != list(spec["vocab"]):
+                vocab = Vocabulary(list(spec["vocab"])[4:])
+                self._vocab = vocab
+            ids, lengths = vocab.encode_batch(captions, max_len=int(self.max_len))
+            return {"ids": torch.as_tensor(ids), "lengths": torch.as_tensor(lengths)}
+        tok = _tokenizer(str(spec["transformer"]))
+        enc = tok(list(captions), padding=True, truncation=True, max_length=int(self.max_len), return_tensors="pt")
+        return {"ids": enc["input_ids"].to(torch.int64), "mask": enc["attention_mask"].to(torch.int64)}
+
+    def _text_batch(self, t: dict[str, torch.Tensor], rows: torch.Tensor,
+                    rows_cpu: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The text encoder's keyword inputs for training rows ``rows`` of the prepared tensors ``t`` (token
+        tensors trimmed to the batch's longest caption, found from the host-side copy of the lengths, so
+        that no step waits on the device for it)."""
+        kind = self.model_spec_["text_model"]
+        if kind == "features":
+            return {"x": t["txt"][rows]}
+        host = rows.cpu() if rows_cpu is None else rows_cpu
+        width = int(t["width_cpu"][host].max()) if len(host) else 1
+        if kind in ("gru", "gru_glove"):
+            return {"ids": t["ids"][rows, :width], "lengths": t["width_cpu"][host]}
+        hidden = t.get("hidden")
+        return {"ids": t["ids"][rows, :width], "mask": t["mask"][rows, :width],
+                "frozen_hidden": None if hidden is None else hidden[rows, :width]}
+
+    # ------------------------------------------------------------------ training
+    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
+        spec = self.model_spec_
+        what = {"gru": f"GRU over learned {spec.get('word_dim')}-d words ({len(spec.get('vocab', []))} ids)",
+                "gru_glove": f"GRU over GloVe-initialised words ({len(spec.get('vocab', []))} ids)",
+                "features": f"the run's {spec.get('text_dim')}-d caption features",
+                "transformer": f"transformer {spec.get('transformer')} "
+                               + (f"(top {spec.get('train_layers')} layers fine-tuned)" if spec.get("train_layers")
+                                  else "(frozen)")}[spec["text_model"]]
+        return (f"vsepp ({'VSE++ hardest negative' if self.loss == 'vsepp' else 'VSE0 sum of negatives'}, "
+                f"margin {self.margin}): {n_items} captions, {n_batches} batches per epoch, text: {what}, "
+                f"{self.embed_dim}-d, device {device}{self._amp_note(device)}")
+
+    def _amp_note(self, device: torch.device) -> str:
+        from crossview.nn.trainer import amp_dtype
+
+        if not self.amp:
+            return ""
+        dtype = amp_dtype(device)
+        return f", mixed precision {str(dtype).replace('torch.', '')}" if dtype is not None else \
+            " (amp ignored: this device has no fast half-precision arithmetic)"
+
+    def prepare(self, train: MethodData, device: torch.device) -> None:
+        t: dict[str, Any] = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)}
+        if self.model_spec_.get("image_model") == "cnn":
+            self._files = (list(train.image_paths or []), self._transforms()[0], train.caption_image.copy())
+            self._prefetch = None
+        else:
+            t["img"] = torch.as_tensor(train.require_image_features("vsepp")).to(device)
+        kind = self.model_spec_["text_model"]
+        if kind == "features":
+            t["txt"] = torch.as_tensor(train.require_text_features("vsepp")).to(device)
+        else:
+            inputs = self._text_inputs(train.captions)
+            # tokens per caption, on the host: each batch is trimmed to its longest caption without a sync
+            t["width_cpu"] = (inputs["lengths"] if "lengths" in inputs else inputs["mask"].sum(1)).cpu()
+            t.update({k: v.to(device) for k, v in inputs.items()})
+        self._t = t
+
+    def _frozen_hidden(self, enc: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """The frozen bottom's hidden states of every training caption, computed once (None when too large to
+        keep: above ~2 GB the top layers run from the tokens each step)."""
+        n, width = ids.shape
+        parts = []
+        with torch.no_grad():
+            first = enc.frozen_hidden(ids[:256], mask[:256])
+            if n * width * first.shape[-1] * first.element_size() > (2 << 30):
+                return None
+            parts.append(first)
+            for a in range(256, n, 256):
+                parts.append(enc.frozen_hidden(ids[a:a + 256], mask[a:a + 256]))
+        return torch.cat(parts)
+
+    def _batch_images(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoded (augmented) images of the batch the trainer is at, from loader workers that decode the
+        batches of the epoch ahead; ``rows`` maps the batch's captions onto them."""
+        from crossview.nn.images import BatchImages, batch_image_loader
+
+        trainer = self._live[1]
+        epoch, pos = trainer.epoch, trainer.batch_pos
+        pre = getattr(self, "_prefetch", None)
+        if pre is None or pre[0] != (epoch, pos):
+            paths, transform, ci = self._files
+            rank = world()[0]
+            ds = BatchImages(paths, transform, _CaptionImages(trainer.sampler, ci, epoch),
+                             _AugmentSeed(int(self.seed), rank, epoch), pos, len(trainer.sampler))
+            pre = [(epoch, pos), iter(batch_image_loader(ds, int(self.workers)))]
+        k, images, rows = next(pre[1])
+        if k != pos or len(rows) != len(batch):   # cannot happen unless the sampler changed under the loader
+            raise CrossViewError(f"vsepp: image loader out of step (batch {k}, expected {pos})")
+        pre[0] = (epoch, pos + 1)
+        self._prefetch = pre
+        dev = self._t["ci"].device
+        return images.to(dev, non_blocking=True), rows
+
+    def end_training(self) -> None:
+        self._prefetch = None          # its worker processes exit with the iterator
+        super().end_training()
+
+    def _live_model(self) -> torch.nn.Module | None:
+        live = getattr(self, "_live", None)
+        return None if live is None else live[0]
+
+    def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
+        """Adam (the paper's) or SGD; the pretrained parts that are fine-tuned (CNN, transformer layers) learn at
+        lr / 10."""
+        m = unwrap(model)
+        pretrained = []
+        if hasattr(m.image, "backbone_parameters"):
+            pretrained += list(m.image.backbone_parameters())
+        if hasattr(m.text, "transformer_parameters"):
+            pretrained += list(m.text.transformer_parameters())
+        ids = {id(p) for p in pretrained}
+        head = [p for p in m.parameters() if p.requires_grad and id(p) not in ids]
+        body = [p for p in pretrained if p.requires_grad]
+        groups = [{"params": head, "lr": float(self.lr)}]
+        if body:
+            groups.append({"params": body, "lr": float(self.lr) / 10})
+        if self.optimizer == "sgd":
+            return [torch.optim.SGD(groups, lr=float(self.lr), momentum=0.9, weight_decay=float(self.weight_decay))]
+        # on a GPU the fused kernel updates every parameter in a few launches (the same Adam)
+        fused = all(p.is_cuda for g in groups for p in g["params"])
+        return [torch.optim.Adam(groups, lr=float(self.lr), weight_decay=float(self.weight_decay), fused=fused)]
+
+    def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The summed VSE0 / VSE++ loss of a batch of captions and their images."""
+        t = self._t
+        if self.model_spec_["text_model"] == "transformer" and int(self.model_spec_["train_layers"]) > 0 \
+                and "hidden" not in t:      # once per training session: the frozen bottom of every caption
+            t["hidden"] = self._frozen_hidden(unwrap(model).text, t["ids"], t["mask"])
+        img_ids = t["ci"][batch]
+        host = self._live[1].batch_cpu if getattr(self, "_live", None) is not None else None
+        text = self._text_batch(t, batch, host if host is not None and len(host) == len(batch) else None)
+        if "img" in t:
+            im, s = model(t["img"][img_ids], **text)
+        else:
+            images, rows = self._batch_images(batch)
+            im, s = model(images, rows.to(img_ids.device), **text)
+        # under torchrun the loss ranks the global batch (every process's rows), as one process would
+        im, s, img_ids = gather_rows(im), gather_rows(s), gather_rows(img_ids)
+        i2t, t2i = contrastive_loss(im, s, margin=float(self.margin), hardest=self.loss == "vsepp",
+                                    image_ids=img_ids)
+        b = max(1, int(img_ids.numel()))
+        world_size = world()[1]
+        return {"loss": (i2t + t2i) / world_size, "i2t": i2t.detach() / b, "t2i": t2i.detach() / b}
+
+    # ------------------------------------------------------------------ inference
+    def _embed_device(self) -> torch.device:
+        model = self._live_model()
+        if model is not None:
+            return next(model.parameters()).device
+        return torch.device("cpu")
+
+    def embed_images(self, data: MethodData) -> np.ndarray:
+        if self.model_spec_.get("image_model") == "cnn":
+            return self._embed_image_files(data)
+        x = data.require_image_features("vsepp")
+        want = int(self.model_spec_["image_dim"])
+        if x.shape[1] != want:
+            raise CrossViewError(f"vsepp: the model expects {want}-d image features, the {data.name or 'given'} "
+                                 f"data has {x.shape[1]}-d; use the image encoder it was trained with")
+        enc = unwrap(self.model()).image
+        dev = self._embed_device()
+        out = []
+        was = enc.training
+        enc.eval()
+        try:
+            with torch.no_grad():
+                for a in range(0, len(x), _EMBED_BATCH):
+                    out.append(enc(torch.as_tensor(x[a:a + _EMBED_BATCH]).to(dev)).float().cpu().numpy())
+        finally:
+            enc.train(was)
+        return np.concatenate(out) if out else np.zeros((0, int(self.model_spec_["embed_dim"])), np.float32)
+
+    def _embed_image_files(self, data: MethodData) -> np.ndarray:
+        from crossview.nn.images import ImageFiles
+
+        if data.image_paths is None:
+            raise CrossViewError(f"vsepp: this model encodes image files (image_model=cnn) but the "
+                                 f"{data.name or 'given'} data has feature rows only")
+        enc = unwrap(self.model()).image
+        dev = self._embed_device()
+        files = ImageFiles(data.image_paths, self._transforms()[1])
+        workers = int(self.workers) if len(files) > 64 else 0
+        loader = torch.utils.data.DataLoader(files, batch_size=64, num_workers=workers,
+                                             pin_memory=dev.type == "cuda")
+        out = []
+        was = enc.training
+        enc.eval()
+        try:
+            with torch.no_grad():
+                for images, _ in loader:
+                    out.append(enc(images.to(dev, non_blocking=True)).float().cpu().numpy())
+        finally:
+            enc.train(was)
+        return np.concatenate(out) if out else np.zeros((0, int(self.model_spec_["embed_dim"])), np.float32)
+
+    def embed_texts(self, data: MethodData) -> np.ndarray:
+        spec = self.model_spec_
+        model = self.model()
+        enc = unwrap(model).text
+        dev = self._embed_device()
+        n = data.n_captions
+        out = []
+        was = enc.training
+        enc.eval()
+        try:
+            with torch.no_grad():
+                if spec["text_model"] == "features":
+                    y = data.require_text_features("vsepp")
+                    if y.shape[1] != int(spec["text_dim"]):
+                        raise CrossViewError(f"vsepp: the model expects {spec['text_dim']}-d caption features, "
+                                             f"the {data.name or 'given'} data has {y.shape[1]}-d; use the text "
+                                             "encoder it was trained with")
+                    for a in range(0, n, _EMBED_BATCH):
+                        out.append(enc(torch.as_tensor(y[a:a + _EMBED_BATCH]).to(dev)).float().cpu().numpy())
+                else:
+                    for a in range(0, n, _EMBED_BATCH):
+                        t = {k: v.to(dev) for k, v in self._text_inputs(data.captions[a:a + _EMBED_BATCH]).items()}
+                        if spec["text_model"] == "transformer":
+                            width = int(t["mask"].sum(1).max())
+                            e = enc(t["ids"][:, :width], t["mask"][:, :width])
+                        else:
+                            width = int(t["lengths"].max())
+                            e = enc(t["ids"][:, :width], t["lengths"])
+                        out.append(e.float().cpu().numpy())
+        finally:
+            enc.train(was)
+        return np.concatenate(out) if out else np.zeros((0, int(spec["embed_dim"])), np.float32)
