@@ -167,12 +167,15 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "config.json").write_text((runs["cca"] / "config.json").read_text())
+    fake = tmp_path / "photo.jpg"
+    fake.write_text("not a JPEG")
     binary = tmp_path / "corpus.txt"
     binary.write_bytes(b"\xff\xfe\x00\x81 not text \x00\xc3")
     cases = [
         ([str(tmp_path / "nope"), "--image", "1"], "no such run folder"),
         ([str(unfinished), "--image", "1"], "no checkpoint"),
         ([run, "--image", str(tmp_path / "missing.jpg")], "no such image file"),
+        ([run, "--image", str(fake)], "not an image file"),
         ([run, "--image", "80"], "index out of range"),
         ([run, "--caption", "-1"], "index out of range"),
         ([run, "--image", "1", "--split", "holdout"], "--split 'holdout'"),

@@ -109,6 +109,18 @@ def resolve_image(ds: Any, value: str) -> int | Path:
     raise CrossViewError(f"--image {text}: no such image file, nor {names} dataset {ds.name!r} ({n:,} images)")
 
 
+def _check_image_file(path: Path) -> None:
+    """Refuse a file that is not a readable image with one line naming it (before any encoder loads)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
+        raise CrossViewError(f"--image {path}: not an image file Pillow can read ({type(e).__name__}); give a "
+                             "JPEG, PNG, BMP or WebP file, or a dataset image by index or name") from None
+
+
 def _describe_query(ds: Any, query: dict[str, Any], corpus: bool) -> str:
     if "file" in query:
         return f"image file {query['file']}"
@@ -213,6 +225,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise CrossViewError(f"--split {args.split!r}: dataset {ds.name!r} has splits "
                              f"{', '.join(ds.split_names) or 'none'}; use one of them or 'all'")
     image = resolve_image(ds, args.image) if args.image is not None else None
+    if isinstance(image, Path):
+        _check_image_file(image)
     if args.caption is not None and not 0 <= args.caption < ds.n_captions:
         raise CrossViewError(f"--caption {args.caption}: index out of range; dataset {ds.name!r} has "
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
@@ -233,10 +247,15 @@ def cmd_query(args: argparse.Namespace) -> int:
                "ground_truth": [{"item": int(i), "rank": int(r)}
                                 for i, r in sorted(zip(ranking.gold.tolist(), ranking.gold_ranks.tolist()),
                                                    key=lambda ir: ir[1])]}
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        text = json.dumps(doc, indent=2, ensure_ascii=False)
     else:
-        print(_format_table(run, retriever, ranking, rows, corpus is not None))
-    sys.stdout.flush()
+        text = _format_table(run, retriever, ranking, rows, corpus is not None)
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:     # `crossview query ... | head`: the reader has what it wanted
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
