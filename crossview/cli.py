@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.train",
     "crossview.commands.tune",
     "crossview.commands.experiment",
+    "crossview.commands.query",
     "crossview.commands.screenshot",
 ]
 

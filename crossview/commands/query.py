@@ -1,0 +1,295 @@
+"""``crossview query RUN``: ask a trained run one question and print the ranked answer.
+
+::
+
+    crossview query runs/cca-flickr8k --text "a dog runs on the beach"        # t2i: ranked images
+    crossview query runs/cca-flickr8k --image 12                              # i2t: ranked captions
+    crossview query runs/cca-flickr8k --image photo.jpg --corpus corpus.txt   # i2t over a caption corpus
+    crossview query runs/cca-flickr8k --caption 1234 --k 5 --json             # a dataset caption, as JSON
+
+Everything goes through :class:`crossview.engine.retriever.Retriever` (the Query panel's engine), so every
+registered method answers the same way and the ground truth and its ranks follow the evaluation's tie rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from crossview.commands._common import ProgressPrinter
+from crossview.core.errors import CrossViewError
+
+__all__ = ["register", "cmd_query", "resolve_image"]
+
+#: The ground-truth mark in the table.
+GT_MARK = "*"
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse contradictory or missing options before anything is loaded (one line each)."""
+    given = [flag for flag, value in (("--text", args.text), ("--image", args.image), ("--caption", args.caption))
+             if value is not None]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(given)
+        raise CrossViewError(f"give exactly one query: --text SENTENCE, --image PATH|INDEX|NAME or --caption INDEX "
+                             f"(got {what})")
+    if args.split is not None and args.corpus is not None:
+        raise CrossViewError("give --split or --corpus, not both: the gallery is a split of the run's dataset or "
+                             "a caption corpus")
+    if args.corpus is not None and args.image is None:
+        raise CrossViewError(f"--corpus {args.corpus}: a caption corpus has no images to rank for {given[0]}; "
+                             "query it with --image, or rank a split's images with --split")
+    if args.k < 1:
+        raise CrossViewError(f"--k {args.k}: give a positive number of results")
+    if args.text is not None and not args.text.strip():
+        raise CrossViewError("--text is empty: give a sentence to search for")
+
+
+def _load_corpus(path: str) -> Any:
+    """The caption corpus in ``path`` (one caption a line), or one line saying why it cannot be read."""
+    from crossview.data import load_dataset
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise CrossViewError(f"--corpus {p}: no such file; give a text file with one caption a line")
+    try:
+        return load_dataset(p, format="corpus")
+    except CrossViewError as e:
+        raise CrossViewError(f"--corpus: {e}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CrossViewError(f"--corpus {p}: cannot read it ({type(e).__name__}: {e}); give a UTF-8 text file "
+                             "with one caption a line") from None
+
+
+def _check_run_dir(path: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CrossViewError(f"{p}: no such run folder; give a folder written by 'crossview train'")
+    if not p.is_dir():
+        raise CrossViewError(f"{p}: not a folder; give a run folder written by 'crossview train'")
+    return p
+
+
+def _image_name(ds: Any, i: int) -> str | None:
+    """An image's file name, or None when the dataset holds feature rows only."""
+    return Path(ds.image_paths[i]).name if ds.image_paths is not None else None
+
+
+def resolve_image(ds: Any, value: str) -> int | Path:
+    """What ``--image VALUE`` names: a dataset image index (an integer, an image file name or path of the
+    dataset) or a new image file (a :class:`~pathlib.Path`)."""
+    text = value.strip()
+    n = ds.n_images
+    if text.lstrip("-").isdigit() and not Path(text).is_file():
+        i = int(text)
+        if not 0 <= i < n:
+            raise CrossViewError(f"--image {text}: index out of range; dataset {ds.name!r} has {n:,} images "
+                                 f"(0 to {n - 1:,})")
+        return i
+    path = Path(text).expanduser()
+    if ds.image_paths is not None:
+        if path.is_file():     # a dataset image given by its path: answer with its ground truth
+            resolved = str(path.resolve())
+            for i, p in enumerate(ds.image_paths):
+                if str(Path(p).resolve()) == resolved:
+                    return i
+            return path
+        matches = [i for i, p in enumerate(ds.image_paths) if Path(p).name == text or str(p).endswith("/" + text)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise CrossViewError(f"--image {text}: {len(matches)} images of dataset {ds.name!r} have this name; "
+                                 "give its index or a longer path")
+    elif path.is_file():
+        return path
+    names = "an image index or file name of" if ds.image_paths is not None else "an image index of"
+    raise CrossViewError(f"--image {text}: no such image file, nor {names} dataset {ds.name!r} ({n:,} images)")
+
+
+def _check_image_file(path: Path) -> None:
+    """Refuse a file that is not a readable image with one line naming it (before any encoder loads)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
+        raise CrossViewError(f"--image {path}: not an image file Pillow can read ({type(e).__name__}); give a "
+                             "JPEG, PNG, BMP or WebP file, or a dataset image by index or name") from None
+
+
+def _describe_query(ds: Any, query: dict[str, Any], corpus: bool) -> str:
+    if "file" in query:
+        return f"image file {query['file']}"
+    if "image" in query:
+        name = _image_name(ds, query["image"])
+        return f"image {query['image']}" + (f" ({name})" if name else "")
+    if "text" in query:
+        same = f" (= caption {query['caption']})" if "caption" in query else ""
+        return f"sentence {query['text']!r}{same}"
+    return f"caption {query['caption']} {ds.captions[query['caption']]!r}"
+
+
+def _results(retriever: Any, ranking: Any) -> list[dict[str, Any]]:
+    ds = retriever.dataset
+    out = []
+    for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
+        row: dict[str, Any] = {"rank": rank, "score": float(score), "item": int(item)}
+        if ranking.direction == "i2t":
+            row["text"] = retriever.gallery_caption_text(item)
+        else:
+            row["file"] = ds.image_paths[item] if ds.image_paths is not None else None
+        row["gt"] = ranking.is_gold(item)
+        out.append(row)
+    return out
+
+
+def _gallery_info(retriever: Any, corpus_path: str | None) -> dict[str, Any]:
+    info: dict[str, Any] = {"name": retriever.gallery_name, "images": retriever.n_gallery_images,
+                            "captions": retriever.n_gallery_captions}
+    if corpus_path is not None:
+        info["corpus"] = str(corpus_path)
+    return info
+
+
+def _format_table(run: Any, retriever: Any, ranking: Any, rows: list[dict[str, Any]], corpus: bool) -> str:
+    ds = retriever.dataset
+    if corpus:
+        gallery = f"{retriever.gallery_name} ({retriever.n_gallery_captions:,} captions)"
+    else:
+        name = "all images" if retriever.gallery_name == "all" else f"{retriever.gallery_name} split"
+        gallery = (f"{name} ({retriever.n_gallery_images:,} images, "
+                   f"{retriever.n_gallery_captions:,} captions)")
+    what = "captions" if ranking.direction == "i2t" else "images"
+    lines = [f"run {run.name} ({run.method.name} on {ds.name})  gallery {gallery}",
+             f"query {_describe_query(ds, ranking.query, corpus)} -> ranked {what} ({ranking.direction})"]
+    signed = any(r["score"] < 0 for r in rows)
+    width = max(4, len(str(len(rows))))
+    item_width = max(4, len(str(max((r["item"] for r in rows), default=0))))
+    head = "line" if corpus else ("caption" if ranking.direction == "i2t" else "image")
+    item_width = max(item_width, len(head))
+    score_width = 7 + signed
+    # the item's text (i2t) or file name (t2i; none for a dataset of precomputed features)
+    last = "text" if ranking.direction == "i2t" else ("file" if ds.image_paths is not None else "")
+    lines.append(f"{'rank':>{width}}  {'score':>{score_width}}  gt  {head:>{item_width}}  {last}".rstrip())
+    for r in rows:
+        label = r["text"] if ranking.direction == "i2t" else (_image_name(ds, r["item"]) or "")
+        mark = GT_MARK if r["gt"] else ""
+        lines.append(f"{r['rank']:>{width}}  {r['score']:>{score_width}.4f}  {mark:^2}  {r['item']:>{item_width}}  "
+                     f"{label}".rstrip())
+    lines.append(_gold_line(ranking, corpus))
+    if not ranking.exact:
+        lines.append("(approximate index: the top results may differ from an exact search)")
+    return "\n".join(lines)
+
+
+def _gold_line(ranking: Any, corpus: bool) -> str:
+    """Where the ground truth is over the whole gallery, or why there is none."""
+    kind = "caption" if ranking.direction == "i2t" else "image"
+    n = len(ranking.gold)
+    if n == 0:
+        if corpus:
+            why = "a caption corpus has no ground truth"
+        elif "file" in ranking.query:
+            why = "a new image file has no ground truth"
+        elif "caption" in ranking.query or "image" in ranking.query:
+            why = f"its true {kind}s are not in this gallery"
+        else:
+            why = "the sentence is not a dataset caption"
+        return f"ground truth: none ({why})"
+    pairs = sorted(zip(ranking.gold_ranks.tolist(), ranking.gold.tolist()))
+    shown = ", ".join(f"{kind} {item} at rank {rank:,}" for rank, item in pairs[:10])
+    more = f", and {n - 10} more" if n > 10 else ""
+    return (f"ground truth ({GT_MARK}): {shown}{more} of {ranking.gallery_size:,}")
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from crossview.core.devices import select_device
+    from crossview.engine.session import open_run
+
+    _check_args(args)
+    run_dir = _check_run_dir(args.run)
+    corpus = _load_corpus(args.corpus) if args.corpus is not None else None
+    device = select_device(args.device)
+    bars: dict[str, ProgressPrinter] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
+
+    run = open_run(run_dir, progress=progress)
+    ds = run.dataset
+    if args.split is not None and args.split != "all" and args.split not in ds.splits:
+        raise CrossViewError(f"--split {args.split!r}: dataset {ds.name!r} has splits "
+                             f"{', '.join(ds.split_names) or 'none'}; use one of them or 'all'")
+    image = resolve_image(ds, args.image) if args.image is not None else None
+    if isinstance(image, Path):
+        _check_image_file(image)
+    if args.caption is not None and not 0 <= args.caption < ds.n_captions:
+        raise CrossViewError(f"--caption {args.caption}: index out of range; dataset {ds.name!r} has "
+                             f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
+    gallery = corpus if corpus is not None else args.split
+    retriever = run.retriever(gallery=gallery, device=device, progress=progress)
+    for bar in bars.values():
+        bar.close()
+    if image is not None:
+        ranking = retriever.query_image(image, args.k)
+    else:
+        ranking = retriever.query_text(args.caption if args.caption is not None else args.text, args.k)
+    rows = _results(retriever, ranking)
+    if args.json:
+        doc = {"run": str(run_dir), "method": run.method.name, "dataset": ds.name,
+               "gallery": _gallery_info(retriever, args.corpus),
+               "query": {"direction": ranking.direction, **ranking.query}, "k": args.k, "exact": ranking.exact,
+               "results": rows,
+               "ground_truth": [{"item": int(i), "rank": int(r)}
+                                for i, r in sorted(zip(ranking.gold.tolist(), ranking.gold_ranks.tolist()),
+                                                   key=lambda ir: ir[1])]}
+        text = json.dumps(doc, indent=2, ensure_ascii=False)
+    else:
+        text = _format_table(run, retriever, ranking, rows, corpus is not None)
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:     # `crossview query ... | head`: the reader has what it wanted
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``query`` command to the ``crossview`` parser."""
+    p = sub.add_parser(
+        "query", help="rank a run's gallery for a sentence or an image",
+        description="Ask a trained run one question, as the app's Query panel does, and print the ranked "
+                    "results with their scores; ground-truth items are marked '*'. --text or --caption ranks "
+                    "the gallery's images (t2i); --image ranks its captions (i2t). The gallery is a split of "
+                    "the run's dataset (default: the split the run was evaluated on, so ranks match its "
+                    "metrics) or, for --image, a caption corpus file.",
+        epilog="Examples: crossview query RUN --text 'a dog runs on grass' | crossview query RUN --image 12 "
+               "--k 5 | crossview query RUN --image photo.jpg --corpus corpus_captions.txt --json")
+    p.add_argument("run", metavar="RUN", help="a run folder written by 'crossview train' (it needs its checkpoint)")
+    q = p.add_argument_group("query (exactly one)")
+    q.add_argument("--text", metavar="SENTENCE",
+                   help="a sentence: ranks the gallery's images (a sentence equal to a dataset caption gets "
+                        "that caption's image as ground truth)")
+    q.add_argument("--image", metavar="PATH|INDEX|NAME",
+                   help="an image file, or a dataset image by index or file name: ranks the gallery's captions "
+                        "(a dataset image's own captions are the ground truth)")
+    q.add_argument("--caption", type=int, metavar="INDEX",
+                   help="a dataset caption by index: ranks the gallery's images, its own image is the "
+                        "ground truth")
+    g = p.add_argument_group("gallery (at most one)")
+    g.add_argument("--split", default=None, metavar="S",
+                   help="a split of the run's dataset, or 'all' (default: the split the run was evaluated on)")
+    g.add_argument("--corpus", metavar="FILE",
+                   help="a caption corpus, a UTF-8 text file with one caption a line (with --image only)")
+    p.add_argument("--k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps, for encoding the query "
+                   "and a corpus (default: cpu)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (run, method, gallery, query, results with rank, score, item, "
+                        "text or file, gt; ground_truth with the true items' ranks over the whole gallery)")
+    p.set_defaults(func=cmd_query)
