@@ -1,4 +1,4 @@
-"""``crossview query``: tiny cca / wsabie / bitr runs on a toy precomp folder, queried through the command."""
+"""``crossview query``: tiny cca / wsabie / bitr / vsepp runs on a toy precomp folder, queried through the command."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 # Small settings so each run trains in about a second on a CPU.
 METHOD_SETS = {"cca": ["n_components=6"],
                "wsabie": ["max_epochs=2", "dim=8"],
-               "bitr": ["max_iter=5", "max_candidates=100"]}
+               "bitr": ["max_iter=5", "max_candidates=100"],
+               # reads the captions itself (a GRU): the run makes no caption features, typed sentences still work
+               "vsepp": ["max_epochs=2", "embed_dim=16", "word_dim=8", "text_model=gru", "batch_size=32"]}
 
 
 @pytest.fixture(scope="module")
