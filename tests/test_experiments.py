@@ -366,6 +366,34 @@ def test_modern_trials_reopen_query_and_give_the_recorded_metrics(tiny, tmp_path
         r.query_image(str(tmp_path / "exp" / B.EXPERIMENT_FILE))
 
 
+def test_a_run_on_a_recorded_representation_builds_it_itself(tiny, tmp_path):
+    """train(representation=...) without given features: the engine builds the representation fitted on the
+    training split, records it in config.json, and open_run rebuilds the same features; bad records fail in
+    one line before the folder exists."""
+    from crossview.engine.run import read_config, read_summary, train
+    from crossview.engine.session import open_run
+    from crossview.features.topics import build_representation
+
+    run_dir = tmp_path / "run"
+    events = list(train("cca", tiny, run_dir=run_dir, split="test", representation={"name": "modern", "pca_dim": 8},
+                        checkpoint_seconds=1e9, image_norm="none", text_norm="none"))
+    assert type(events[-1]).__name__ == "Finished"
+    assert read_config(run_dir)["representation"] == {"name": "modern", "pca_dim": 8}
+    rep = build_representation(tiny, "modern", fit_images="train", pca_dim=8)
+    opened = open_run(run_dir, tiny)
+    np.testing.assert_allclose(opened.features.image, rep.image, atol=1e-6)
+    np.testing.assert_allclose(opened.features.text, rep.text, atol=1e-6)
+    test = MethodData.from_features(opened.dataset, opened.features.image, opened.features.text, "test")
+    assert opened.method.evaluate(test)["i2t"]["R@5"] == pytest.approx(read_summary(run_dir)["i2t"]["R@5"])
+    for bad, message in (({"name": "sift"}, "unknown representation 'sift'"),
+                         ({"name": "tr"}, "needs image files"),
+                         ({"name": "modern", "pca_dim": "big"}, "pca_dim is 'big', not a whole number"),
+                         ({"name": "modern", "colour": 1}, "unknown setting 'colour'")):
+        with pytest.raises(CrossViewError, match=message):
+            train("cca", tiny, run_dir=tmp_path / "bad", split="test", representation=bad)
+        assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("representation", ["tr", "ctr"])
 def test_topic_trials_reopen_query_and_give_the_recorded_metrics(representation, tmp_path, monkeypatch):
     """TR / CTR trials (on image files; a fast patch encoder stands in for the CNN) reopen on their fold's

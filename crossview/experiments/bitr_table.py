@@ -545,7 +545,9 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
           val-cca/ ...      run folders ``<fold>-<method>`` (fold: the test split's name, or fold01 ...)
 
     A fold is recorded in its runs' ``config.json`` as derived splits (``exp-train`` / ``exp-test`` /
-    ``exp-val``), so a run reopens (``open_run``, the app) on the fold it was trained and tested on.
+    ``exp-val``), so a run reopens (``open_run``, the app) on the fold it was trained and tested on; the
+    ``modern`` / ``tr`` / ``ctr`` representation is recorded there too (``representation``: its name and
+    settings), and ``open_run`` rebuilds it fitted on the fold's ``exp-train`` images (the same features).
     Running again with the same ``out`` skips finished trials and resumes unfinished ones (their
     checkpoints); stopping (``should_stop`` or closing the generator) leaves a resumable run.
 

@@ -1062,8 +1062,8 @@ def check_representation_record(record: Any, where: str = "representation") -> t
             raise CrossViewError(f"{where}: the representation has an unknown setting {k!r}; known: "
                                  f"{', '.join(_RECORD_PARAMS)}")
         if v is not None and (not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds)):
-            raise CrossViewError(f"{where}: the representation's {k} is {v!r}, not a "
-                                 f"{' or '.join(t.__name__ for t in kinds)}")
+            want = {str: "text", bool: "true / false", int: "whole number"}.get(kinds[0], "number")
+            raise CrossViewError(f"{where}: the representation's {k} is {v!r}, not a {want}")
     return str(record["name"]), params
 
 
