@@ -681,10 +681,13 @@ def build_representation(dataset: Any, name: str = "default", *,
 
     def encode_tr_images(paths: Sequence[str], *, device: str = device) -> np.ndarray:
         """Topics of new image files. The visual words are refitted once, exactly as the features above
-        were made (same descriptors, training images and seed), since those may have come from the cache."""
+        were made (same descriptors, training images and seed), since those may have come from the cache;
+        the descriptors are read again then (a cache hit) rather than kept in memory all along."""
         if "model" not in visual:
+            again, _, _ = local_descriptors(dataset, encoder, cache=store, device=device, batch_size=batch_size,
+                                            num_workers=num_workers, should_stop=stop)
             visual["model"] = VisualTopics(n_words=n_words, n_topics=n_topics, descriptor_dim=descriptor_dim,
-                                           seed=seed).fit(local, fit)
+                                           seed=seed).fit(again, fit)
         new = encoder.encode_paths([str(p) for p in paths], local=True, num_workers=0, device=device)
         return visual["model"].transform(np.asarray(new, dtype=np.float32))
 
