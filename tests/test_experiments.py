@@ -317,6 +317,114 @@ def test_experiment_trials_are_runs_listed_opened_and_on_their_fold(tiny, tmp_pa
     assert again["i2t"]["R@5"] == pytest.approx(res["per_fold"]["cca"][1]["i2t"]["R@5"])   # the table's number
 
 
+def _reopened_metrics(run_dir, dataset, ks):
+    """A trial opened with the engine's open_run (the app's path), evaluated on its fold as the table did."""
+    from crossview.engine.session import open_run
+
+    opened = open_run(run_dir, dataset)
+    f = opened.features
+    train = MethodData.from_features(opened.dataset, f.image, f.text, B.TRAIN_SPLIT)
+    test = MethodData.from_features(opened.dataset, f.image, f.text, B.TEST_SPLIT)
+    return opened, B.evaluate_fold(opened.method, train, test, ks=ks)
+
+
+def _assert_same_metrics(got, recorded):
+    for d in ("i2t", "t2i"):
+        assert set(recorded[d]) <= set(got[d])
+        for k, v in recorded[d].items():
+            assert got[d][k] == pytest.approx(v, abs=1e-6), (d, k)
+
+
+def test_modern_trials_reopen_query_and_give_the_recorded_metrics(tiny, tmp_path):
+    """Trials on the modern representation record it in config.json; open_run rebuilds the fold's features
+    (PCA and GloVe fitted on exp-train), so the method, the Retriever and the metrics are the table's."""
+    from crossview.engine.run import read_config
+
+    exp = tmp_path / "exp"
+    cache = FeatureCache(tmp_path / "cache")
+    _, res = _drain(B.run_bitr_table(tiny, representation="modern", methods=["cca", "bitr-c"], folds=2, ks=(5,),
+                                     method_params={"bitr": {**FAST["bitr"], "max_iter": 40}},
+                                     representation_params={"cache": cache}, out=exp))
+    record = json.loads((exp / B.EXPERIMENT_FILE).read_text())
+    assert len(record["trials"]) == 4
+    for name, trial in record["trials"].items():
+        cfg = read_config(exp / name)
+        assert cfg["representation"] == {"name": "modern"} and cfg["image_encoder"] is None
+        opened, got = _reopened_metrics(exp / name, tiny, (5,))
+        _assert_same_metrics(got, trial["metrics"])
+        assert opened.features.image.shape[1] == 16 and opened.features.text.shape[1] == 50   # PCA'd, GloVe
+    # The Retriever over the trial's test fold ranks as the evaluation did, and takes new sentences.
+    name = next(iter(record["trials"]))
+    opened, _ = _reopened_metrics(exp / name, tiny, (5,))
+    r = opened.retriever()
+    assert r.gallery_name == B.TEST_SPLIT
+    hits = [r.query_image(int(i), k=5).best_gold_rank <= 5 for i in opened.dataset.splits[B.TEST_SPLIT]]
+    assert 100.0 * np.mean(hits) == pytest.approx(record["trials"][name]["metrics"]["i2t"]["R@5"])
+    ranking = r.query_text("a red circle at the beach", k=3)
+    assert len(ranking.items) == 3 and set(ranking.items) <= set(opened.dataset.splits[B.TEST_SPLIT].tolist())
+    with pytest.raises(CrossViewError, match="precomputed image features"):
+        r.query_image(str(tmp_path / "exp" / B.EXPERIMENT_FILE))
+
+
+def test_a_run_on_a_recorded_representation_builds_it_itself(tiny, tmp_path):
+    """train(representation=...) without given features: the engine builds the representation fitted on the
+    training split, records it in config.json, and open_run rebuilds the same features; bad records fail in
+    one line before the folder exists."""
+    from crossview.engine.run import read_config, read_summary, train
+    from crossview.engine.session import open_run
+    from crossview.features.topics import build_representation
+
+    run_dir = tmp_path / "run"
+    events = list(train("cca", tiny, run_dir=run_dir, split="test", representation={"name": "modern", "pca_dim": 8},
+                        checkpoint_seconds=1e9, image_norm="none", text_norm="none"))
+    assert type(events[-1]).__name__ == "Finished"
+    assert read_config(run_dir)["representation"] == {"name": "modern", "pca_dim": 8}
+    rep = build_representation(tiny, "modern", fit_images="train", pca_dim=8)
+    opened = open_run(run_dir, tiny)
+    np.testing.assert_allclose(opened.features.image, rep.image, atol=1e-6)
+    np.testing.assert_allclose(opened.features.text, rep.text, atol=1e-6)
+    test = MethodData.from_features(opened.dataset, opened.features.image, opened.features.text, "test")
+    assert opened.method.evaluate(test)["i2t"]["R@5"] == pytest.approx(read_summary(run_dir)["i2t"]["R@5"])
+    for bad, message in (({"name": "sift"}, "unknown representation 'sift'"),
+                         ({"name": "tr"}, "needs image files"),
+                         ({"name": "modern", "pca_dim": "big"}, "pca_dim is 'big', not a whole number"),
+                         ({"name": "modern", "colour": 1}, "unknown setting 'colour'")):
+        with pytest.raises(CrossViewError, match=message):
+            train("cca", tiny, run_dir=tmp_path / "bad", split="test", representation=bad)
+        assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("representation", ["tr", "ctr"])
+def test_topic_trials_reopen_query_and_give_the_recorded_metrics(representation, tmp_path, monkeypatch):
+    """TR / CTR trials (on image files; a fast patch encoder stands in for the CNN) reopen on their fold's
+    visual words and topics; a new image file is encoded as the dataset's own row was."""
+    from crossview.data.demo import load_demo
+    from crossview.engine.run import read_config
+    from crossview.features import image as image_mod
+    from test_bitr_representation import PatchEncoder
+
+    monkeypatch.setattr(image_mod, "create_image_encoder", lambda name, **kw: PatchEncoder())
+    ds = load_demo(n_scenes=40, n_web=0)
+    exp = tmp_path / "exp"
+    _, res = _drain(B.run_bitr_table(ds, representation=representation, methods=["cca", "bitr-c"], split="test",
+                                     ks=(5,), method_params={"bitr": {**FAST["bitr"], "max_iter": 40}},
+                                     representation_params={"n_topics": 6, "n_words": 24,
+                                                            "cache": FeatureCache(tmp_path / "cache")}, out=exp))
+    record = json.loads((exp / B.EXPERIMENT_FILE).read_text())
+    assert set(record["trials"]) == {"test-cca", "test-bitr-c"}
+    for name, trial in record["trials"].items():
+        assert read_config(exp / name)["representation"] == {"name": representation, "n_topics": 6, "n_words": 24}
+        opened, got = _reopened_metrics(exp / name, ds, (5,))
+        _assert_same_metrics(got, trial["metrics"])
+    r = opened.retriever()
+    i = int(opened.dataset.splits[B.TEST_SPLIT][0])
+    new = opened.features.encode_new_images([ds.image_paths[i]])
+    np.testing.assert_allclose(new[0], opened.features.image[i], atol=1e-5)
+    by_file = r.query_image(ds.image_paths[i], k=5)
+    np.testing.assert_array_equal(by_file.items, r.query_image(i, k=5).items)
+    assert len(r.query_text("a red circle", k=2).items) == 2
+
+
 @pytest.mark.slow
 def test_experiment_resumes_after_a_stop_and_skips_finished_runs(tiny, tmp_path):
     from crossview.engine.run import read_status
@@ -440,12 +548,14 @@ def test_a_killed_experiment_continues_where_it_died(precomp, tiny, tmp_path):
     assert res["results"]["bitr-c"]["i2t"]["R@5"] > res["chance"]["i2t"]["R@5"] + 15
 
 
-def test_the_app_opens_an_experiment_trial_on_its_fold(qtbot, window, tiny):
-    """A trial of the table opens in the app like any run, querying the fold's test images."""
+@pytest.mark.parametrize("representation", ["default", "modern"])
+def test_the_app_opens_an_experiment_trial_on_its_fold(qtbot, window, tiny, representation):
+    """A trial of the table opens in the app like any run, querying the fold's test images (on the
+    encoders' features, or on the modern representation the trial recorded)."""
     from crossview.engine.session import list_runs
 
-    _, res = _drain(B.run_bitr_table(tiny, representation="default", methods=["cca"], split="test", ks=(5,),
-                                     representation_params=TFIDF))
+    _, res = _drain(B.run_bitr_table(tiny, representation=representation, methods=["cca"], split="test", ks=(5,),
+                                     representation_params=TFIDF if representation == "default" else {}))
     run_dir = Path(res["runs"]["cca"][0])
     assert run_dir in list_runs()                       # in the user's runs folder (the window's home)
     task = window.open_run(str(run_dir))
@@ -455,3 +565,5 @@ def test_the_app_opens_an_experiment_trial_on_its_fold(qtbot, window, tiny):
     assert window.query_panel.retriever.gallery_name == B.TEST_SPLIT
     assert window.query_panel.retriever.dataset.n_images == tiny.n_images
     np.testing.assert_array_equal(window.run.dataset.splits[B.TEST_SPLIT], tiny.splits["test"])
+    ranking = window.query_panel.retriever.query_image(int(tiny.splits["test"][0]), k=5)
+    assert len(ranking.items) == 5 and ranking.best_gold_rank is not None

@@ -145,6 +145,12 @@ class Retriever:
         from crossview.features import FeatureCache, encode_captions
 
         model = self.features.text_model
+        encode = getattr(self.features, "encode_new_captions", None)   # a representation's own text side
+        if model is None and encode is not None:     # CTR: topics projected by CCA; not cached
+            self.corpus_cache_hit = False
+            x = np.asarray(encode(captions, device=self.device), dtype=np.float32)
+            transform = getattr(self.features, "text_transform", None)
+            return x if transform is None else np.asarray(transform(x), dtype=np.float32)
         if model is None:
             raise CrossViewError("this run has no text encoder to encode the corpus's captions with")
         progress = self._progress

@@ -102,6 +102,9 @@ class RunConfig:
     checkpoint_seconds: float = 60.0
     #: splits the run made itself (a held-out part of train), applied whenever the run is opened or resumed
     derived_splits: dict[str, list[int]] | None = None
+    #: the representation the run's features are built on instead of its encoders' (``{"name": "modern" |
+    #: "tr" | "ctr", ...}``, crossview.features.topics.representation_record), rebuilt by resume and open_run
+    representation: dict[str, Any] | None = None
 
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
@@ -468,7 +471,8 @@ class _Run:
         self.representation = self._check_representation()
         if self.representation is not None:
             self.features = None   # TR / CTR build their own; given encoder features (tune passes them) don't apply
-        if self.features is None and self.representation is None:
+        self.built = self._check_built_representation()
+        if self.features is None and self.representation is None and self.built is None:
             from crossview.features.preflight import check_encoders
             check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
         if "device" in self.method.param_names() and "device" not in cfg.params:
@@ -567,6 +571,11 @@ class _Run:
             try:
                 if self.representation is not None:
                     result["features"] = self._representation_features(progress, stop.is_set)
+                elif self.built is not None:
+                    from crossview.features.topics import rebuild_representation_features
+                    result["features"] = rebuild_representation_features(
+                        self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
+                        progress=progress, should_stop=stop.is_set, where=f"{self._path(CONFIG)}")
                 else:
                     result["features"] = extract_features(
                         self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
@@ -602,6 +611,28 @@ class _Run:
             check_run_representation(self.dataset, req, image_encoder=self.cfg.image_encoder,
                                      text_encoder=self.cfg.text_encoder)
         return req
+
+    def _check_built_representation(self) -> dict[str, Any] | None:
+        """The run's recorded representation (``cfg.representation``: modern / TR / CTR built by
+        :func:`crossview.features.topics.build_representation`), checked against the data, the encoders and
+        the method; ``None`` when the run is on its encoders' features."""
+        from crossview.features.topics import check_representation, check_representation_record
+
+        record = self.cfg.representation
+        if record is None:
+            return None
+        name, params = check_representation_record(record)
+        if self.representation is not None:
+            raise CrossViewError(f"{self.cfg.method} is set to build its own representation "
+                                 f"({self.representation.get('name')}) and the run is on representation {name}; "
+                                 f"drop one of them")
+        if self.cfg.image_encoder is not None and self.cfg.image_encoder != params.get("image_encoder"):
+            raise CrossViewError(f"the run is on representation {name}, which names its own image encoder "
+                                 f"({params.get('image_encoder') or 'the default'}); drop --image-encoder "
+                                 f"{self.cfg.image_encoder} or put it in the representation")
+        check_representation(self.dataset, name, image_encoder=params.get("image_encoder"),
+                             text_encoder=self.cfg.text_encoder)
+        return dict(record)
 
     def _representation_features(self, progress: Any, should_stop: Any) -> Any:
         """TR / CTR features fitted on the training split; the fitted state goes into the feature spec
@@ -961,7 +992,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
           checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
           image_norm: str | None = None, text_norm: str | None = None,
-          derived_splits: dict[str, Any] | None = None) -> RunIterator:
+          derived_splits: dict[str, Any] | None = None,
+          representation: dict[str, Any] | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -974,7 +1006,11 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     default: the method's ``default_image_norm`` / ``default_text_norm``). ``derived_splits`` (split name
     -> image indices, e.g. an experiment's fold from :func:`crossview.engine.splits.fold_splits`) are added
     to the dataset's splits before the split rule runs and recorded in ``config.json``, like ``heldout``, so
-    a resume or ``open_run`` sees them again. Stop iterating to cancel.
+    a resume or ``open_run`` sees them again. ``representation`` (``{"name": "modern" | "tr" | "ctr", ...}``,
+    :func:`crossview.features.topics.representation_record`) builds the features on that representation of
+    paper 001 (fitted on ``train_split``) instead of the encoders', and is recorded in ``config.json`` so that
+    a resume and ``open_run`` rebuild them; given ``features`` must then be that representation's. Stop
+    iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
@@ -991,6 +1027,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
                     checkpoint_seconds=checkpoint_seconds, derived_splits={**given, **plan.derived} or None,
+                    representation=None if representation is None else dict(representation),
                     image_norm=default_norms[0] if image_norm is None else image_norm,
                     text_norm=default_norms[1] if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)

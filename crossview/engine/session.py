@@ -102,7 +102,14 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
                                  f"{e}); train again") from None
     spec = ckpt.get("features")
     spec = spec if isinstance(spec, dict) else {}
-    if spec.get("representation"):
+    record, where = config.get("representation"), f"{folder / CONFIG}"
+    if record is None and not spec.get("representation") and _old_experiment_trial(spec, config):
+        record, where = _old_trial_representation(folder, spec), f"{folder.parent / 'experiment.json'}"
+    if record is not None:      # modern / TR / CTR, rebuilt as the run built them
+        from crossview.features.topics import rebuild_representation_features
+        features = rebuild_representation_features(dataset, record, fit_on=config.get("train_split", "train"),
+                                                   progress=progress, should_stop=should_stop, where=where)
+    elif spec.get("representation"):
         features = _representation_features(dataset, config, spec, progress, should_stop)
     else:
         features = extract_features(dataset, spec.get("image_encoder") or config.get("image_encoder"),
@@ -124,6 +131,35 @@ def _load_method_state(method: Any, state: dict[str, Any], path: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
         raise CrossViewError(f"{path}: the method state does not fit {method.name!r} ({type(e).__name__}: "
                              f"{str(e)[:160]}); the checkpoint is damaged: train again") from None
+
+
+def _old_experiment_trial(spec: dict[str, Any], config: dict[str, Any]) -> bool:
+    """A trial written by ``crossview experiment bitr-table`` before its runs recorded their representation:
+    features named ``<encoder>+modern`` (or ``+tr`` / ``+ctr``), which no encoder is."""
+    name = str(spec.get("image_encoder") or config.get("image_encoder") or "")
+    return name.rsplit("+", 1)[-1] in ("modern", "tr", "ctr") and "+" in name
+
+
+def _old_trial_representation(folder: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """The representation of an older trial, from its experiment's ``experiment.json`` (the folder above)."""
+    from crossview.core.io import read_json
+    from crossview.features.topics import check_representation_record
+
+    path = folder.parent / "experiment.json"
+    try:
+        exp = read_json(path) if path.is_file() else None
+    except CrossViewError:
+        exp = None
+    if isinstance(exp, dict) and isinstance(exp.get("representation_params"), dict):
+        record = {"name": exp.get("representation"), **exp["representation_params"]}
+        try:
+            check_representation_record(record)
+            return record
+        except CrossViewError:
+            pass
+    raise CrossViewError(f"{folder}: a trial of a BITR-table experiment whose features ({spec.get('image_encoder')}) "
+                         f"cannot be rebuilt without its experiment's {path.name} (missing or damaged); run the "
+                         "experiment again with a new --out folder")
 
 
 def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[str, Any], progress: Any,

@@ -545,7 +545,9 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
           val-cca/ ...      run folders ``<fold>-<method>`` (fold: the test split's name, or fold01 ...)
 
     A fold is recorded in its runs' ``config.json`` as derived splits (``exp-train`` / ``exp-test`` /
-    ``exp-val``), so a run reopens (``open_run``, the app) on the fold it was trained and tested on.
+    ``exp-val``), so a run reopens (``open_run``, the app) on the fold it was trained and tested on; the
+    ``modern`` / ``tr`` / ``ctr`` representation is recorded there too (``representation``: its name and
+    settings), and ``open_run`` rebuilds it fitted on the fold's ``exp-train`` images (the same features).
     Running again with the same ``out`` skips finished trials and resumes unfinished ones (their
     checkpoints); stopping (``should_stop`` or closing the generator) leaves a resumable run.
 
@@ -572,7 +574,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     from crossview.core.io import atomic_write_json
     from crossview.engine.run import SUMMARY, read_summary, resume, train
     from crossview.features import Features
-    from crossview.features.topics import build_representation, check_representation, method_data_for_images
+    from crossview.features.topics import (build_representation, built_representation_features,
+                                           check_representation, method_data_for_images, representation_record)
 
     rep_kw = dict(representation_params or {})
     check_representation(dataset, representation, image_encoder=rep_kw.get("image_encoder"),
@@ -606,6 +609,9 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         "protocol": {"folds": folds, "split": split, "description": protocol}, "seed": int(seed),
         "method_params": {m: _plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned}}
     old = _check_same_experiment(folder, record)
+    # what each trial's config.json records to rebuild its features (None: the encoders', by name)
+    rep_record = None if representation == "default" else \
+        representation_record(representation, record["representation_params"])
     eval_key = {"ks": list(ks), "overlap_k": int(overlap_k),
                 "corpus": None if corpus_captions is None else
                 zlib.crc32("\n".join(corpus_captions).encode("utf-8", "surrogateescape"))}
@@ -650,12 +656,15 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 corpus_md = MethodData(image_features=np.zeros((1, rep.image.shape[1]), np.float32),
                                        text_features=rep.encode_captions(corpus_captions), captions=corpus_captions,
                                        caption_image=np.zeros(len(corpus_captions), np.int64), name="corpus")
-            # The runs get the fold's representation as given features; for "default" they are the
-            # encoders' own, so open_run rebuilds them from the encoder names (fitted on exp-train).
-            enc = rep.info.get("image_encoder", "?"), rep.info.get("text_encoder", "?")
-            feats = Features(image=rep.image, text=rep.text,
-                             image_encoder=enc[0] if representation == "default" else f"{enc[0]}+{representation}",
-                             text_encoder=enc[1] if representation == "default" else f"{enc[1]}+{representation}")
+            # The runs get the fold's representation as given features. For "default" they are the
+            # encoders' own, so open_run rebuilds them from the encoder names (fitted on exp-train); the
+            # others are recorded in config.json as the run's representation (rep_record), which open_run
+            # and a resume rebuild with build_representation fitted on exp-train: the same features.
+            if representation == "default":
+                feats = Features(image=rep.image, text=rep.text, image_encoder=rep.info.get("image_encoder", "?"),
+                                 text_encoder=rep.info.get("text_encoder", "?"))
+            else:
+                feats = built_representation_features(rep, rep_record)
             yield Log(f"{fold.name}: {representation} features {train_md.image_dim}-d images / "
                       f"{train_md.text_dim}-d captions ({train_md.n_images} train, {test_md.n_images} test images) "
                       f"in {time.monotonic() - t0:.1f} s")
@@ -692,7 +701,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                                derived_splits=fold.derived_splits(), device=device, seed=seed, features=feats,
                                image_encoder=feats.image_encoder if representation == "default" else None,
                                text_encoder=feats.text_encoder if representation == "default" else None,
-                               image_norm="none", text_norm="none")
+                               representation=rep_record, image_norm="none", text_norm="none")
                 yield Progress(step, total, f"{fold.name}: training {m}")
                 try:
                     for ev in it:

@@ -55,7 +55,9 @@ __all__ = ["REPRESENTATIONS", "Representation", "RepresentationSplits", "build_r
            "bovw_histograms", "fit_topic_model", "topic_distributions", "prepare_descriptors",
            "local_descriptors", "DescriptorReducer", "VisualTopics", "lda_state", "lda_from_state",
            "RUN_REPRESENTATIONS", "TopicRepresentation", "RepresentationFeatures", "representation_request",
-           "check_run_representation", "representation_features", "restore_representation_features"]
+           "check_run_representation", "representation_features", "restore_representation_features",
+           "BUILT_REPRESENTATIONS", "representation_record", "check_representation_record", "BuiltRepresentation",
+           "built_representation_features", "rebuild_representation_features"]
 
 #: Representation names, as ``crossview experiment bitr-table --representation`` spells them.
 REPRESENTATIONS: dict[str, str] = {
@@ -424,6 +426,10 @@ class Representation:
             fitted text side.
         fit_images: ``(n_fit,) int64``, the images (and their captions) everything was fitted on.
         info: what was used (encoders, dimensions, vocabulary sizes, cache hits), for reports.
+        encode_images: new image files -> ``(k, p) float32`` through the same fitted image side
+            (``encode_images(paths, device=...)``), or ``None`` where images come as precomputed features.
+        text_model: the fitted text encoder whose output *is* the text side (``modern``: GloVe, ``tr``: LDA;
+            ``None`` for ``ctr``, whose text side is further projected by CCA).
     """
 
     name: str
@@ -432,6 +438,8 @@ class Representation:
     encode_captions: Callable[[Sequence[str]], np.ndarray]
     fit_images: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
+    encode_images: Callable[..., np.ndarray] | None = None
+    text_model: Any = None
 
 
 class RepresentationSplits(NamedTuple):
@@ -622,13 +630,27 @@ def build_representation(dataset: Any, name: str = "default", *,
         text = np.asarray(feats.text, dtype=np.float32)
         info.update(image_encoder=feats.image_encoder, text_encoder=feats.text_encoder,
                     image_cache_hit=feats.image_cache_hit, text_cache_hit=feats.text_cache_hit)
+        pca = None
         if name == "modern":
             k = min(int(pca_dim), image.shape[1], len(fit))
             pca = image_mod.PCAReducer(n_components=k).fit(image[fit])
             image = pca.transform(image)
             info.update(pca_dim=k, pca_explained=float(pca.explained_variance_ratio_.sum()))
         info.update(image_dim=int(image.shape[1]), text_dim=int(text.shape[1]))
-        return Representation(name, image, text, encode_with(text_model, "corpus"), fit, info)
+        encode_images = None
+        if dataset.image_paths is not None and feats.image_encoder != F.PRECOMP:
+            backbone: dict[str, Any] = {}
+
+            def encode_images(paths: Sequence[str], *, device: str = device) -> np.ndarray:
+                """New image files through the backbone (and the PCA fitted on the training images)."""
+                if "encoder" not in backbone:
+                    backbone["encoder"] = image_mod.create_image_encoder(
+                        feats.image_encoder, weights=image_weights, allow_random=allow_random)
+                x = np.asarray(backbone["encoder"].encode_paths([str(p) for p in paths], num_workers=0,
+                                                                device=device), dtype=np.float32)
+                return x if pca is None else np.asarray(pca.transform(x), dtype=np.float32)
+        return Representation(name, image, text, encode_with(text_model, "corpus"), fit, info,
+                              encode_images=encode_images, text_model=text_model)
 
     # ---------------------------------------------------------------- TR / CTR
     enc_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
@@ -655,9 +677,24 @@ def build_representation(dataset: Any, name: str = "default", *,
                 descriptors_per_image=int(local.shape[1]), descriptor_dim=int(descriptor_dim),
                 local_cache_hit=local_hit, image_cache_hit=image_hit,
                 text_vocabulary=len(lda_text.vocabulary_))
+    visual: dict[str, VisualTopics] = {}
+
+    def encode_tr_images(paths: Sequence[str], *, device: str = device) -> np.ndarray:
+        """Topics of new image files. The visual words are refitted once, exactly as the features above
+        were made (same descriptors, training images and seed), since those may have come from the cache;
+        the descriptors are read again then (a cache hit) rather than kept in memory all along."""
+        if "model" not in visual:
+            again, _, _ = local_descriptors(dataset, encoder, cache=store, device=device, batch_size=batch_size,
+                                            num_workers=num_workers, should_stop=stop)
+            visual["model"] = VisualTopics(n_words=n_words, n_topics=n_topics, descriptor_dim=descriptor_dim,
+                                           seed=seed).fit(again, fit)
+        new = encoder.encode_paths([str(p) for p in paths], local=True, num_workers=0, device=device)
+        return visual["model"].transform(np.asarray(new, dtype=np.float32))
+
     if name == "tr":
         info.update(image_dim=int(image.shape[1]), text_dim=int(text.shape[1]))
-        return Representation(name, image, text, encode_tr, fit, info)
+        return Representation(name, image, text, encode_tr, fit, info, encode_images=encode_tr_images,
+                              text_model=lda_text)
 
     from crossview.core.linalg import cca_transform, fit_cca
 
@@ -674,9 +711,12 @@ def build_representation(dataset: Any, name: str = "default", *,
     def encode_ctr(captions: Sequence[str]) -> np.ndarray:
         return cca_transform(encode_tr(captions), res.y_mean, res.y_proj)
 
+    def encode_ctr_images(paths: Sequence[str], *, device: str = device) -> np.ndarray:
+        return cca_transform(encode_tr_images(paths, device=device), res.x_mean, res.x_proj)
+
     info.update(image_dim=int(img_ctr.shape[1]), text_dim=int(txt_ctr.shape[1]), cca_reg=float(cca_reg),
                 correlations=[float(c) for c in res.correlations])
-    rep = Representation(name, img_ctr, txt_ctr, encode_ctr, fit, info)
+    rep = Representation(name, img_ctr, txt_ctr, encode_ctr, fit, info, encode_images=encode_ctr_images)
     rep.info["cca"] = res  # the fitted projections, for inspection and tests
     return rep
 
@@ -991,3 +1031,89 @@ def restore_representation_features(dataset: Any, state: Any, *, fit_on: str | N
                                             progress=_stage(progress, "local descriptors"), should_stop=stop)
     return _representation_result(dataset, model, local, encoder=encoder, fit_on=fit_on, cache=store, device=device,
                                   hits={"image": local_hit}, progress=progress, should_stop=stop)
+
+
+# ====================================================================== modern / TR / CTR as a run's recorded representation
+#: The representations a run can record in ``config.json`` and the engine builds (and ``open_run``
+#: rebuilds) with :func:`build_representation`: the trials of ``crossview experiment bitr-table``.
+BUILT_REPRESENTATIONS = ("modern", "tr", "ctr")
+#: The keyword arguments of :func:`build_representation` such a record may hold, with their types.
+_RECORD_PARAMS: dict[str, tuple[type, ...]] = {
+    "image_encoder": (str,), "image_weights": (str,), "allow_random": (bool,), "n_topics": (int,),
+    "n_words": (int,), "descriptor_dim": (int,), "pca_dim": (int,), "cca_reg": (int, float), "seed": (int,)}
+
+
+def representation_record(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"name": name, **params}``: what a run records in ``config.json`` (``representation``) to be built
+    on representation ``name`` with :func:`build_representation`'s ``params`` (checked)."""
+    record = {"name": name, **(params or {})}
+    check_representation_record(record)
+    return record
+
+
+def check_representation_record(record: Any, where: str = "representation") -> tuple[str, dict[str, Any]]:
+    """``(name, build_representation keyword arguments)`` of a recorded representation, checked (a run
+    folder is data): one :class:`CrossViewError` naming ``where`` when it is not one."""
+    if not isinstance(record, dict) or record.get("name") not in BUILT_REPRESENTATIONS:
+        name = record.get("name") if isinstance(record, dict) else record
+        raise CrossViewError(f"{where}: unknown representation {name!r}; a run can be built on "
+                             f"{', '.join(BUILT_REPRESENTATIONS)} (or its encoders' features)")
+    params = {k: v for k, v in record.items() if k != "name"}
+    for k, v in params.items():
+        kinds = _RECORD_PARAMS.get(k)
+        if kinds is None:
+            raise CrossViewError(f"{where}: the representation has an unknown setting {k!r}; known: "
+                                 f"{', '.join(_RECORD_PARAMS)}")
+        if v is not None and (not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds)):
+            want = {str: "text", bool: "true / false", int: "whole number"}.get(kinds[0], "number")
+            raise CrossViewError(f"{where}: the representation's {k} is {v!r}, not a {want}")
+    return str(record["name"]), params
+
+
+class BuiltRepresentation:
+    """A :class:`Representation` built for a run from its recorded settings: encodes new queries (image
+    files through the same backbone and fitted image side, sentences through the fitted text side)."""
+
+    def __init__(self, rep: Representation, record: dict[str, Any]) -> None:
+        self.rep = rep
+        self.record = dict(record)
+        self.name = rep.name
+
+    def encode_captions(self, captions: Sequence[str], *, device: str = "cpu") -> np.ndarray:
+        return np.asarray(self.rep.encode_captions(list(captions)), dtype=np.float32)
+
+    def encode_image_files(self, paths: Sequence[str], *, device: str = "cpu") -> np.ndarray:
+        if self.rep.encode_images is None:
+            raise CrossViewError(f"this run's {self.name} features come from precomputed image features, so a new "
+                                 "image file cannot be encoded; query with an image of the dataset instead")
+        return np.asarray(self.rep.encode_images([str(p) for p in paths], device=device), dtype=np.float32)
+
+
+def built_representation_features(rep: Representation, record: dict[str, Any]) -> RepresentationFeatures:
+    """``rep`` as a run's :class:`RepresentationFeatures` (``spec["built_representation"]`` = ``record``)."""
+    info = rep.info
+    return RepresentationFeatures(image=np.asarray(rep.image, dtype=np.float32),
+                                  text=np.asarray(rep.text, dtype=np.float32),
+                                  image_encoder=str(info.get("image_encoder", "?")),
+                                  text_encoder=str(info.get("text_encoder", "?")), text_model=rep.text_model,
+                                  image_cache_hit=bool(info.get("image_cache_hit", False)),
+                                  text_cache_hit=bool(info.get("text_cache_hit", False)),
+                                  spec={"built_representation": dict(record)},
+                                  representation=BuiltRepresentation(rep, record))
+
+
+def rebuild_representation_features(dataset: Any, record: Any, *, fit_on: str = "train",
+                                    cache: FeatureCache | None | bool = None, device: str = "cpu",
+                                    progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+                                    where: str = "representation") -> RepresentationFeatures:
+    """The features of a run recorded on representation ``record`` (:func:`representation_record`): built
+    by :func:`build_representation` fitted on the images of split ``fit_on``, so a run, its resume and
+    ``open_run`` get the very features the run was trained on (deterministic, seeded; the expensive parts
+    come from the feature cache)."""
+    name, params = check_representation_record(record, where)
+    if fit_on not in dataset.splits:
+        raise CrossViewError(f"{where}: dataset {dataset.name!r} has no split {fit_on!r} to fit the {name} "
+                             "representation on")
+    rep = build_representation(dataset, name, fit_images=np.asarray(dataset.splits[fit_on], dtype=np.int64),
+                               cache=cache, device=device, progress=progress, should_stop=should_stop, **params)
+    return built_representation_features(rep, record)
