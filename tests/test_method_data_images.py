@@ -73,3 +73,26 @@ def test_an_unreadable_image_is_named(tmp_path, workers: int) -> None:
     with pytest.raises(CrossViewError, match="no image files"):
         image_loader(MethodData(image_features=np.ones((1, 2)), text_features=None, captions=[],
                                 caption_image=np.zeros(0)), 1)
+
+
+def test_subset_by_image_carries_rows_captions_files_and_labels(demo_dataset) -> None:
+    """``subset`` keeps the given images in the given order with all their captions (in their order), and the
+    feature rows, files, labels and the caption -> image map follow them."""
+    ds = demo_dataset
+    text = np.arange(ds.n_captions * 2, dtype=np.float32).reshape(ds.n_captions, 2)
+    image = np.arange(ds.n_images * 3, dtype=np.float32).reshape(ds.n_images, 3)
+    full = MethodData.from_features(ds, image, text, "val", with_paths=True)
+    full.labels = np.arange(full.n_images) * 10
+    pick = np.array([4, 1, 7])
+    sub = full.subset(pick, "held")
+    assert sub.name == "held" and sub.n_images == 3
+    np.testing.assert_array_equal(sub.image_features, full.image_features[pick])
+    assert sub.image_paths == [full.image_paths[i] for i in pick]
+    np.testing.assert_array_equal(sub.labels, [40, 10, 70])
+    want = [c for i in pick for c in np.flatnonzero(full.caption_image == i)]      # image by image, in order
+    assert sub.captions == [full.captions[c] for c in want]
+    np.testing.assert_array_equal(sub.text_features, full.text_features[want])
+    np.testing.assert_array_equal(pick[sub.caption_image], full.caption_image[want])
+    assert sub.n_captions == sum(int(np.sum(full.caption_image == i)) for i in pick)
+    with pytest.raises(CrossViewError, match="without images"):
+        MethodData(None, None, ["a"], np.array([-1])).subset([0])

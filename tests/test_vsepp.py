@@ -19,7 +19,7 @@ import torch
 
 import _engine_helpers as H
 from crossview.core.errors import CrossViewError
-from crossview.core.events import CheckpointSaved, Finished, Validation
+from crossview.core.events import CheckpointSaved, Finished, Log, Validation
 from crossview.data.method_data import MethodData
 from crossview.engine.run import read_status, resume, train
 from crossview.methods import create_method
@@ -247,6 +247,38 @@ def test_torchrun_two_cpu_processes_equal_one_process(tmp_path) -> None:
     assert abs(s1["rsum"] - s2["rsum"]) < 1.0
 
 
+# ---------------------------------------------------------------------------- no validation split: holdout
+def test_without_val_holdout_chooses_the_epoch_on_held_out_training_images() -> None:
+    """``holdout`` > 0 and no val: that fraction of the training images (drawn with the seed) is held out,
+    scored every epoch, and the best epoch's weights are kept -- their rsum on exactly those images is the
+    best score; the rest (and only the rest) trains. With a val split, or holdout=0, nothing is held out."""
+    ds = H.make_toy_dataset()
+    train_d = _toy("train", ds)                          # 96 images, 192 captions
+    m = create_method("vsepp", text_model="features", holdout=0.25, **FAST)
+    logs = [e.message for e in m.fit_iter(train_d) if isinstance(e, Log)]
+    assert any("24 of the 96 training images (holdout=0.25) are held out" in x for x in logs), logs
+    assert any(": 144 captions," in x for x in logs), logs              # 72 images x 2 captions train
+    held = train_d.subset(np.sort(np.random.default_rng(FAST.get("seed", 0)).choice(96, 24, replace=False)))
+    scores = [h["val"] for h in m.history_]
+    assert len(scores) == FAST["max_epochs"] and m.best_score_ == max(scores)
+    assert m.best_epoch_ == 1 + int(np.argmax(scores))
+    assert _rsum(m, held) == pytest.approx(m.best_score_)                 # the kept weights are that epoch's
+    with_val = create_method("vsepp", text_model="features", holdout=0.25, **FAST)
+    logs = [e.message for e in with_val.fit_iter(train_d, _toy("val", ds)) if isinstance(e, Log)]
+    assert not any("held out" in x for x in logs) and any(": 192 captions," in x for x in logs), logs
+    none = create_method("vsepp", text_model="features", **FAST)              # holdout=0 (the default)
+    none.fit(train_d)
+    assert "val" not in none.history_[-1] and none.best_epoch_ == 0
+
+
+def test_holdout_on_too_few_images_says_so_and_trains_on_all() -> None:
+    ds = H.make_toy_dataset(n_images=30)                 # 18 training images: 0.1 of them is 2
+    m = create_method("vsepp", text_model="features", holdout=0.1, **{**FAST, "max_epochs": 1})
+    logs = [e.message for e in m.fit_iter(_toy("train", ds)) if isinstance(e, Log)]
+    assert any("too few training images (18) to hold 0.1 of them out" in x for x in logs), logs
+    assert m.best_epoch_ == 0
+
+
 # ---------------------------------------------------------------------------- the demo and real photos
 @pytest.mark.slow
 def test_learns_on_the_demo(tmp_path) -> None:
@@ -259,12 +291,13 @@ def test_learns_on_the_demo(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_learns_on_real_photos(tmp_path, flickr8k_sample) -> None:
-    """The Flickr8k sample (train 600 -> val 100): the default configuration in a few epochs clearly beats
-    chance (rsum ~ 2 * (1+5+10) = 32 for 100 images)."""
-    events = list(train("vsepp", str(flickr8k_sample), run_dir=tmp_path / "f8k", device="cpu",
-                        params={"max_epochs": 5, "lr_decay_epoch": 4}))
+    """The Flickr8k sample (train 600 -> val 100, no test split, so nothing may choose the epoch): the
+    default configuration, no flags, reaches what bench/results/vsepp_flickr8k.md reports (val rsum ~368
+    over 3 seeds, spread ~4; chance is ~32 for 100 images)."""
+    events = list(train("vsepp", str(flickr8k_sample), run_dir=tmp_path / "f8k", device="cpu"))
     assert isinstance(events[-1], Finished)
-    assert events[-1].summary["rsum"] > 200, events[-1].summary["rsum"]
+    assert events[-1].summary["rsum"] > 345, events[-1].summary["rsum"]
+    assert not any(isinstance(e, Validation) for e in events)          # val is the evaluation split here
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

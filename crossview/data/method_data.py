@@ -149,6 +149,26 @@ class MethodData:
         ``(n_captions, p)`` and ``(n_captions, q)``."""
         return self.require_image_features("this")[self.caption_image], self.require_text_features("this")
 
+    def subset(self, images: Sequence[int] | np.ndarray, name: str | None = None) -> "MethodData":
+        """The data of the given image rows (in that order) and all their captions (in their order here),
+        renumbered from 0; feature rows, files, labels and label sets follow. ``dataset`` is not carried."""
+        if not self.has_images:
+            raise CrossViewError("data without images cannot be subset by image")
+        images = np.asarray(images, dtype=np.int64)
+        remap = np.full(self.n_images, -1, dtype=np.int64)
+        remap[images] = np.arange(len(images))
+        keep = np.flatnonzero(remap[self.caption_image] >= 0)
+        keep = keep[np.argsort(remap[self.caption_image[keep]], kind="stable")]
+        return MethodData(
+            image_features=None if self.image_features is None else self.image_features[images],
+            text_features=None if self.text_features is None else self.text_features[keep],
+            captions=[self.captions[i] for i in keep], caption_image=remap[self.caption_image[keep]],
+            labels=None if self.labels is None else self.labels[images],
+            label_sets=None if self.label_sets is None else [self.label_sets[i] for i in images],
+            label_set_names=self.label_set_names, dataset=None, name=self.name if name is None else name,
+            meta=dict(self.meta), image_paths=None if self.image_paths is None else [self.image_paths[i] for i in images],
+            image_transform=self.image_transform)
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_features(cls, dataset: Any, image: np.ndarray | None, text: np.ndarray | None,

@@ -13,8 +13,9 @@ A torch method supplies only what is its own:
 Here: validation each epoch through ``evaluate`` (rsum; ``validation_score`` may choose another number),
 best-epoch weights, early stopping after ``patience`` epochs without improvement, the checkpointable
 state at every yield (weights, optimiser / scheduler / scaler state, position, best weights, history)
-and resume. Without ``val`` the last epoch's weights are kept (the run's evaluation split is never used
-to choose an epoch).
+and resume. Without ``val`` (a run whose val split is its evaluation split), a method with a ``holdout``
+parameter holds that fraction of the training images out to choose the epoch; otherwise the last
+epoch's weights are kept (the run's evaluation split is never used to choose an epoch).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from crossview.methods.base import Method
 from crossview.nn.trainer import EpochSampler, Trainer, init_distributed, world
 
 __all__ = ["TorchMethod", "tensor_tree", "numpy_tree"]
+
+#: the fewest images on either side of a ``holdout`` split
+MIN_HOLDOUT = 10
 
 
 def numpy_tree(obj: Any) -> Any:
@@ -66,7 +70,7 @@ class TorchMethod(Method):
     """Base of the torch methods (see the module docstring). Parameters it reads when the subclass has
     them: ``max_epochs``, ``batch_size``, ``lr``, ``optimizer`` (``"sgd"`` | ``"adam"``), ``momentum``,
     ``weight_decay``, ``lr_decay_epoch``, ``lr_decay``, ``grad_clip``, ``amp``, ``patience``,
-    ``device``, ``seed``, ``log_every``.
+    ``holdout``, ``device``, ``seed``, ``log_every``.
 
     Learned attributes: ``model_spec_``, ``model_state_`` (the weights, numpy), ``train_state_`` (the
     trainer's position and optimiser state), ``best_state_``, ``best_score_``, ``best_epoch_``,
@@ -224,6 +228,7 @@ class TorchMethod(Method):
         if resume:
             model.load_state_dict(tensor_tree(self.model_state_))
         model.to(dev)
+        train, val, note = self._holdout(train, val, seed)
         self.prepare(train, dev)
         opts = self.optimizers(model)
         scheds = self.schedulers(opts)
@@ -241,6 +246,8 @@ class TorchMethod(Method):
         self._model_cache = None
         patience = int(getattr(self, "patience", 0) or 0)
         if not resume and rank == 0:
+            if note:
+                yield Log(note, "info")
             yield Log(self.start_message(train, sampler.n_items, len(sampler), dev), "info")
 
         def on_epoch_end(epoch: int, terms: dict[str, float]) -> tuple[list[Any], bool]:
@@ -278,6 +285,25 @@ class TorchMethod(Method):
             model.eval()
             self._live = None
             self.model_state_ = numpy_tree(model.state_dict()) if self.model_state_ is None else self.model_state_
+
+    def _holdout(self, train: MethodData, val: MethodData | None,
+                 seed: int) -> tuple[MethodData, MethodData | None, str]:
+        """``(fit, val, note)``: without a validation split, ``holdout`` (a fraction) of the training images,
+        drawn with ``seed`` (the same on every process and on resume), choose the epoch and stop early;
+        the rest train. Too few images (under 10 either side) or ``holdout=0``: all train, the last epoch."""
+        frac = float(getattr(self, "holdout", 0.0) or 0.0)
+        if val is not None or frac <= 0:
+            return train, val, ""
+        n = train.n_images
+        n_out = int(round(frac * n))
+        if n_out < MIN_HOLDOUT or n - n_out < MIN_HOLDOUT:
+            return train, None, (f"{self.name}: no validation split and too few training images ({n}) to hold "
+                                 f"{frac:g} of them out; training on all of them and keeping the last epoch")
+        held = np.sort(np.random.default_rng(seed).choice(n, size=n_out, replace=False))
+        rest = np.setdiff1d(np.arange(n), held)
+        note = (f"{self.name}: no validation split: {n_out} of the {n} training images (holdout={frac:g}) are "
+                "held out to choose the epoch and stop early; holdout=0 trains on all and keeps the last epoch")
+        return train.subset(rest), train.subset(held, f"{train.name or 'train'} (held out)"), note
 
     # ------------------------------------------------------------------ inference
     def encode_images(self, data: MethodData, direction: str = "i2t") -> np.ndarray:
