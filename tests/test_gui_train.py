@@ -189,6 +189,8 @@ def test_training_from_the_panel_on_a_dataset_without_test(qtbot, panel: TrainPa
     assert "recall" not in c.shown_plots() and c.validation_note.isVisible()
     assert "No validation curve" in c.validation_note.text()
     assert panel.show_history(run_dir) > 0 and "No validation curve" in panel.curves.validation_note.text()
+    why = {"val": "Val was this run's evaluation split", "heldout": "This run had no validation split"}[evaluated]
+    assert why in panel.curves.validation_note.text(), panel.curves.validation_note.text()
 
 
 # ---------------------------------------------------------------------------- plots (issue 9, item 4)
@@ -385,3 +387,24 @@ def test_training_cca_from_the_panel_on_the_flickr8k_sample(qtbot, panel: TrainP
     chance = 2 * 100 * (1 + 5 + 10) / 30          # rsum of random rankings of 30 images
     assert summary["split"] == "val" and summary["rsum"] > 1.5 * chance, summary["rsum"]
     assert "closed-form: no loss curve" in panel.curves.loss_note.text()
+
+
+def test_screenshots_show_the_form_of_the_run_they_show(qtbot, panel: TrainPanel, tmp_path) -> None:
+    """`crossview screenshot --run R`: the Train form shows R's method and parameters, not the first method;
+    a config.json that is not JSON, or names no known method, leaves the form as it was."""
+    from crossview.gui.screenshots import _show_run_settings
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "vsepp", "params": {
+        "loss": "vsepp", "max_epochs": 4, "lr": 0.001, "finetune_cnn": True, "no_such_param": 1}}))
+    panel.select_method("cca")
+    _show_run_settings(panel, run)
+    assert panel.method_combo.currentData() == "vsepp"
+    p = panel.params()
+    assert (p["loss"], p["max_epochs"], p["lr"], p["finetune_cnn"]) == ("vsepp", 4, 0.001, True)
+    for bad in ("{not json", json.dumps({"method": "no_such_method"})):
+        panel.select_method("cca")
+        (run / "config.json").write_text(bad)
+        _show_run_settings(panel, run)
+        assert panel.method_combo.currentData() == "cca"

@@ -473,7 +473,8 @@ class CurveBoard(QWidget):
                 parts.append("After fitting, on val: " + html.escape(", ".join(
                     f"{k} {v:.1f}" for k, v in f.items())))
         elif self.no_validation_reason:
-            parts.append(f"<b>No validation curve.</b> {html.escape(self.no_validation_reason)}")
+            reason = self.no_validation_reason[:1].upper() + self.no_validation_reason[1:]
+            parts.append(f"<b>No validation curve.</b> {html.escape(reason, quote=False)}")
         elif self.method_name:
             parts.append("Validation R@K and rsum appear here after the first validation pass.")
         else:

@@ -46,6 +46,22 @@ def _settle(app: Any, ms: int = 300) -> None:
     app.processEvents()
 
 
+def _show_run_settings(panel: Any, run: Path) -> None:
+    """The Train form shows the method and parameters that trained ``run`` (not the panel's first method)."""
+    import json
+
+    try:
+        cfg = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if panel.method_combo.findData(cfg.get("method")) < 0:
+        return
+    panel.select_method(cfg["method"])
+    for name, value in (cfg.get("params") or {}).items():
+        if name in panel._getters:
+            panel.set_param(name, value)
+
+
 def render_screenshots(out: str | Path, data: str = "demo", run: str | None = None, compare: str | None = None,
                        method: str = "cca", sentence: str = "a red circle above a blue square",
                        size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print) -> list[Path]:
@@ -96,6 +112,7 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         win.train_panel.refresh_runs()
         win.train_panel.select_run(run)
         win.train_panel.show_history(run)
+        _show_run_settings(win.train_panel, Path(run))
         shot("train")
 
         qp = win.query_panel

@@ -609,6 +609,9 @@ class TrainPanel(QWidget):
         if not cfg:
             return ""
         vs, split = cfg.get("val_split"), cfg.get("split")
+        if not vs and split == "val":
+            return ("val was this run's evaluation split (the dataset has no test split), so it was not used for "
+                    "per-epoch validation or early stopping.")
         if not vs:
             return "this run had no validation split, so no per-epoch validation or early stopping."
         if vs == split:
