@@ -10,7 +10,9 @@ Protocols:
 
 Text encoders: ``gru`` (learned 300-d words, the paper's), ``gru_glove`` (GloVe 6B 50-d initialised),
 ``minilm`` (frozen all-MiniLM-L6-v2 sentence embeddings from the feature cache -> FC: ``text_model=features``),
-``minilm_ft`` (MiniLM over word pieces, its top 2 layers fine-tuned: ``text_model=transformer``).
+``minilm_ft`` (MiniLM over word pieces, its top 2 layers fine-tuned: ``text_model=transformer``). Losses:
+``vsepp`` / ``vse0`` (method ``vsepp``), ``smoothap`` / ``infonce`` (method ``smoothap``: batches of images with all
+their captions).
 
     python bench/vsepp_quality.py --configs vse0:minilm,vsepp:minilm --seeds 3
     python bench/vsepp_quality.py --export f8k.npz            # features + captions + GloVe rows, for a GPU box
@@ -86,6 +88,11 @@ def data_for(d: SimpleNamespace, images: np.ndarray, image: np.ndarray, name: st
                       caption_image=np.array([pos[int(d.caption_image[c])] for c in caps]), name=name)
 
 
+def method_of(params: dict) -> str:
+    """``smoothap`` for the ranking losses (SmoothAP, InfoNCE), ``vsepp`` for the hinge losses."""
+    return "smoothap" if params.get("loss") in ("smoothap", "infonce") else "vsepp"
+
+
 def trial(d: SimpleNamespace, train_ids: np.ndarray, test_ids: np.ndarray, params: dict, select: bool = True,
           refit: bool = False) -> dict:
     from crossview.features.normalize import FeatureNorm
@@ -93,13 +100,14 @@ def trial(d: SimpleNamespace, train_ids: np.ndarray, test_ids: np.ndarray, param
 
     norm = FeatureNorm("ssr").fit(d.image[train_ids])
     image = norm.transform(d.image).astype(np.float32)
-    m = create_method("vsepp", **params)
+    method = method_of(params)
+    m = create_method(method, **params)
     tr, te = data_for(d, train_ids, image, "train"), data_for(d, test_ids, image, "val")
     if not select:      # as a run without a validation split (holdout of train, else the last epoch), scored once
         m.fit(tr)
         epoch = int(m.best_epoch_) or len(m.history_)
         if refit and m.best_epoch_:     # the chosen number of epochs again on all the training images
-            m = create_method("vsepp", **{**params, "holdout": 0.0, "max_epochs": epoch}).fit(tr)
+            m = create_method(method, **{**params, "holdout": 0.0, "max_epochs": epoch}).fit(tr)
         last = float(m.evaluate(te)["rsum"])
         return {"best": last, "best_epoch": epoch, "last": last}
     m.fit(tr, te)

@@ -220,6 +220,29 @@ def test_wsabie_counts_and_fractions_are_not_on_the_loss_axis(qtbot, panel: Trai
     assert c.is_shown("draws")
 
 
+def test_smoothap_plots_its_ap_loss_and_validation_map(qtbot, panel: TrainPanel) -> None:
+    """smoothap from its card (loss choices, tau): the AP loss per direction on the loss plot, and validation
+    mAP both ways beside R@K, the plot titled so."""
+    panel.select_method("smoothap")
+    assert "SmoothAP" in panel.method_info.text()
+    assert {"loss", "tau", "temperature", "text_model", "image_model"} <= set(panel.params())
+    for k, v in {"max_epochs": 2, "log_every": 1, "batch_size": 16, "embed_dim": 16}.items():
+        panel.set_param(k, v)
+    with qtbot.waitSignal(panel.run_finished, timeout=120_000):
+        panel.start()
+    c = panel.curves
+    assert {"loss", "i2t", "t2i"} <= c.family_terms("loss")
+    assert all(0 <= y <= 1 for y in c.points("i2t")[1]), "1 - AP lies in [0, 1]"
+    assert c.points("i2t mAP")[0] == [1.0, 2.0] and c.points("t2i mAP")[0] == [1.0, 2.0]
+    assert all(0 < y <= 100 for y in c.points("i2t mAP")[1])
+    assert c.plots["recall"].plotItem.titleLabel.text == "Validation R@K and mAP"
+    panel.select_method("cca")
+    c.reset("cca")
+    c.add_validation(1, {"i2t": {"R@1": 10.0}, "t2i": {"R@1": 5.0}, "rsum": 15.0})
+    c.flush()
+    assert c.plots["recall"].plotItem.titleLabel.text == "Validation R@K"
+
+
 def test_bitr_directions_are_separate_series_and_the_note_replaces_validation(qtbot, panel: TrainPanel) -> None:
     panel.select_method("bitr")
     panel.set_param("max_iter", 15)

@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (QGridLayout, QLabel, QListWidget, QListWidgetItem
 
 CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#116329",
                  "#cf222e", "#1b7c83"]
-VALIDATION_KEYS = ("R@1", "R@5", "R@10")
-VAL_COLOURS = {"R@1": "#0969da", "R@5": "#e16f24", "R@10": "#1a7f37", "val:rsum": "#bf8700"}
+VALIDATION_KEYS = ("R@1", "R@5", "R@10", "mAP")        # mAP: the ranking losses' validation (smoothap)
+VAL_COLOURS = {"R@1": "#0969da", "R@5": "#e16f24", "R@10": "#1a7f37", "mAP": "#8250df", "val:rsum": "#bf8700"}
 DIRECTIONS = ("i2t", "t2i")
 #: values spanning more than this ratio (max / smallest positive) get a log y-axis
 LOG_SPAN = 100.0
@@ -370,6 +370,10 @@ class CurveBoard(QWidget):
         use += [k for k in ("recall", "rsum") if any(s.family == k for s in self.val_series.values())]
         if use != self._in_use or self.grid.count() == 0:
             self._place(use)
+        title = "Validation R@K and mAP" if any(k.endswith(" mAP") for k in self.val_series) else "Validation R@K"
+        if title != getattr(self, "_recall_title", "Validation R@K"):
+            self.plots["recall"].setTitle(title, color="#24292f", size="10pt")
+            self._recall_title = title
         self._rebuild_series_list()
 
     def _place(self, use: list[str]) -> None:

@@ -163,38 +163,41 @@ class Vsepp(TorchMethod):
         return self.image_model == "cnn"
 
     # ------------------------------------------------------------------ checks
-    def _check_params(self) -> None:
+    def _check_loss(self) -> None:
         if self.loss not in LOSSES:
             raise CrossViewError(f"vsepp: loss {self.loss!r} must be 'vsepp' (hardest negative) or 'vse0' (sum)")
+
+    def _check_params(self) -> None:
+        self._check_loss()
         if self.image_model not in IMAGE_MODELS:
-            raise CrossViewError(f"vsepp: image_model {self.image_model!r} must be 'features' (the run's image "
+            raise CrossViewError(f"{self.name}: image_model {self.image_model!r} must be 'features' (the run's image "
                                  "features) or 'cnn' (end to end on the image files)")
         if self.text_model not in TEXT_MODELS:
-            raise CrossViewError(f"vsepp: text_model {self.text_model!r} must be one of {', '.join(TEXT_MODELS)}")
+            raise CrossViewError(f"{self.name}: text_model {self.text_model!r} must be one of {', '.join(TEXT_MODELS)}")
         if self.optimizer not in ("adam", "sgd"):
-            raise CrossViewError(f"vsepp: optimizer {self.optimizer!r} must be 'adam' (the paper's) or 'sgd'")
+            raise CrossViewError(f"{self.name}: optimizer {self.optimizer!r} must be 'adam' (the paper's) or 'sgd'")
         for name in ("embed_dim", "word_dim", "min_count", "batch_size", "max_epochs", "log_every"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise CrossViewError(f"vsepp: {name} must be a whole number >= 1, got {v!r}")
+                raise CrossViewError(f"{self.name}: {name} must be a whole number >= 1, got {v!r}")
         if not isinstance(self.max_len, (int, np.integer)) or self.max_len < 3:
-            raise CrossViewError(f"vsepp: max_len must be a whole number >= 3 (tokens per caption), got {self.max_len!r}")
+            raise CrossViewError(f"{self.name}: max_len must be a whole number >= 3 (tokens per caption), got {self.max_len!r}")
         for name in ("patience", "lr_decay_epoch", "train_layers", "workers"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
-                raise CrossViewError(f"vsepp: {name} must be a whole number >= 0, got {v!r}")
+                raise CrossViewError(f"{self.name}: {name} must be a whole number >= 0, got {v!r}")
         for name in ("lr", "margin", "lr_decay"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-                raise CrossViewError(f"vsepp: {name} must be a positive number, got {v!r}")
+                raise CrossViewError(f"{self.name}: {name} must be a positive number, got {v!r}")
         if (not isinstance(self.holdout, (int, float)) or isinstance(self.holdout, bool)
                 or not 0 <= self.holdout <= 0.5):
-            raise CrossViewError(f"vsepp: holdout must be a fraction from 0 to 0.5 (0 = keep the last epoch when "
+            raise CrossViewError(f"{self.name}: holdout must be a fraction from 0 to 0.5 (0 = keep the last epoch when "
                                  f"there is no validation split), got {self.holdout!r}")
         if self.grad_clip is not None and (not isinstance(self.grad_clip, (int, float)) or self.grad_clip < 0):
-            raise CrossViewError(f"vsepp: grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
+            raise CrossViewError(f"{self.name}: grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
         if self.bert_path and self.text_model != "transformer":
-            raise CrossViewError("vsepp: bert_path is only read with text_model=transformer")
+            raise CrossViewError(f"{self.name}: bert_path is only read with text_model=transformer")
 
     # ------------------------------------------------------------------ the model
     def _transformer_name(self) -> str:
@@ -203,18 +206,18 @@ class Vsepp(TorchMethod):
     def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
         self._check_params()
         if train.n_images < 2:
-            raise CrossViewError("vsepp needs captions of at least 2 training images (the loss ranks negatives)")
+            raise CrossViewError(f"{self.name} needs captions of at least 2 training images (the loss ranks negatives)")
         spec: dict[str, Any] = {"embed_dim": int(self.embed_dim), "text_model": self.text_model}
         if self.image_model == "cnn":
             if train.image_paths is None:
-                raise CrossViewError("vsepp image_model=cnn trains on the image files, but the training data has "
+                raise CrossViewError(f"{self.name} image_model=cnn trains on the image files, but the training data has "
                                      "feature rows only (a precomputed-features dataset); use image_model=features")
             from crossview.features.image import backbone_spec
 
             spec.update(image_model="cnn", backbone=str(self.backbone), finetune=bool(self.finetune_cnn),
                         feat_dim=int(backbone_spec(str(self.backbone)).dim))
         else:
-            spec["image_dim"] = int(train.require_image_features("vsepp").shape[1])
+            spec["image_dim"] = int(train.require_image_features(self.name).shape[1])
         if self.text_model in ("gru", "gru_glove"):
             from crossview.features.vocab import Vocabulary
 
@@ -229,7 +232,7 @@ class Vsepp(TorchMethod):
                 word_dim = int(_glove_tables()[0].shape[1])
             spec.update(vocab=vocab, word_dim=word_dim)
         elif self.text_model == "features":
-            spec["text_dim"] = int(train.require_text_features("vsepp").shape[1])
+            spec["text_dim"] = int(train.require_text_features(self.name).shape[1])
         else:
             spec.update(transformer=self._transformer_name(), train_layers=int(self.train_layers))
         return spec
@@ -321,17 +324,19 @@ class Vsepp(TorchMethod):
                 "frozen_hidden": None if hidden is None else hidden[rows, :width]}
 
     # ------------------------------------------------------------------ training
-    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
+    def _text_description(self) -> str:
         spec = self.model_spec_
-        what = {"gru": f"GRU over learned {spec.get('word_dim')}-d words ({len(spec.get('vocab', []))} ids)",
+        return {"gru": f"GRU over learned {spec.get('word_dim')}-d words ({len(spec.get('vocab', []))} ids)",
                 "gru_glove": f"GRU over GloVe-initialised words ({len(spec.get('vocab', []))} ids)",
                 "features": f"the run's {spec.get('text_dim')}-d caption features",
                 "transformer": f"transformer {spec.get('transformer')} "
                                + (f"(top {spec.get('train_layers')} layers fine-tuned)" if spec.get("train_layers")
                                   else "(frozen)")}[spec["text_model"]]
+
+    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
         return (f"vsepp ({'VSE++ hardest negative' if self.loss == 'vsepp' else 'VSE0 sum of negatives'}, "
-                f"margin {self.margin}): {n_items} captions, {n_batches} batches per epoch, text: {what}, "
-                f"{self.embed_dim}-d, device {device}{self._amp_note(device)}")
+                f"margin {self.margin}): {n_items} captions, {n_batches} batches per epoch, "
+                f"text: {self._text_description()}, {self.embed_dim}-d, device {device}{self._amp_note(device)}")
 
     def _amp_note(self, device: torch.device) -> str:
         from crossview.nn.trainer import amp_dtype
@@ -348,10 +353,10 @@ class Vsepp(TorchMethod):
             self._files = (list(train.image_paths or []), self._transforms()[0], train.caption_image.copy())
             self._prefetch = None
         else:
-            t["img"] = torch.as_tensor(train.require_image_features("vsepp")).to(device)
+            t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
         kind = self.model_spec_["text_model"]
         if kind == "features":
-            t["txt"] = torch.as_tensor(train.require_text_features("vsepp")).to(device)
+            t["txt"] = torch.as_tensor(train.require_text_features(self.name)).to(device)
         else:
             inputs = self._text_inputs(train.captions)
             # tokens per caption, on the host: each batch is trimmed to its longest caption without a sync
@@ -389,7 +394,7 @@ class Vsepp(TorchMethod):
             pre = [(epoch, pos), iter(batch_image_loader(ds, int(self.workers)))]
         k, images, rows = next(pre[1])
         if k != pos or len(rows) != len(batch):   # cannot happen unless the sampler changed under the loader
-            raise CrossViewError(f"vsepp: image loader out of step (batch {k}, expected {pos})")
+            raise CrossViewError(f"{self.name}: image loader out of step (batch {k}, expected {pos})")
         pre[0] = (epoch, pos + 1)
         self._prefetch = pre
         dev = self._t["ci"].device
@@ -424,9 +429,11 @@ class Vsepp(TorchMethod):
         fused = all(p.is_cuda for g in groups for p in g["params"])
         return [torch.optim.Adam(groups, lr=float(self.lr), weight_decay=float(self.weight_decay), fused=fused)]
 
-    def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
-                      generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """The summed VSE0 / VSE++ loss of a batch of captions and their images."""
+    def _embed_batch(self, model: torch.nn.Module, batch: torch.Tensor, *,
+                     distinct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(image embeddings, their image ids, caption embeddings, the captions' image ids)`` of the training
+        captions ``batch``: one image row per caption, or with ``distinct`` one per distinct image (each image
+        encoded once: the ranking losses' B images x all their captions)."""
         t = self._t
         if self.model_spec_["text_model"] == "transformer" and int(self.model_spec_["train_layers"]) > 0 \
                 and "hidden" not in t:      # once per training session: the frozen bottom of every caption
@@ -435,10 +442,25 @@ class Vsepp(TorchMethod):
         host = self._live[1].batch_cpu if getattr(self, "_live", None) is not None else None
         text = self._text_batch(t, batch, host if host is not None and len(host) == len(batch) else None)
         if "img" in t:
+            if distinct:
+                uniq = torch.unique(img_ids)
+                im, s = model(t["img"][uniq], **text)
+                return im, uniq, s, img_ids
             im, s = model(t["img"][img_ids], **text)
-        else:
-            images, rows = self._batch_images(batch)
-            im, s = model(images, rows.to(img_ids.device), **text)
+            return im, img_ids, s, img_ids
+        images, rows = self._batch_images(batch)      # the batch's distinct images, rows: caption -> image
+        rows = rows.to(img_ids.device)
+        if distinct:
+            im, s = model(images, **text)
+            ids = torch.zeros(len(im), dtype=img_ids.dtype, device=img_ids.device).scatter_(0, rows, img_ids)
+            return im, ids, s, img_ids
+        im, s = model(images, rows, **text)
+        return im, img_ids, s, img_ids
+
+    def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The summed VSE0 / VSE++ loss of a batch of captions and their images."""
+        im, _, s, img_ids = self._embed_batch(model, batch)
         # under torchrun the loss ranks the global batch (every process's rows), as one process would
         im, s, img_ids = gather_rows(im), gather_rows(s), gather_rows(img_ids)
         i2t, t2i = contrastive_loss(im, s, margin=float(self.margin), hardest=self.loss == "vsepp",
@@ -457,10 +479,10 @@ class Vsepp(TorchMethod):
     def embed_images(self, data: MethodData) -> np.ndarray:
         if self.model_spec_.get("image_model") == "cnn":
             return self._embed_image_files(data)
-        x = data.require_image_features("vsepp")
+        x = data.require_image_features(self.name)
         want = int(self.model_spec_["image_dim"])
         if x.shape[1] != want:
-            raise CrossViewError(f"vsepp: the model expects {want}-d image features, the {data.name or 'given'} "
+            raise CrossViewError(f"{self.name}: the model expects {want}-d image features, the {data.name or 'given'} "
                                  f"data has {x.shape[1]}-d; use the image encoder it was trained with")
         enc = unwrap(self.model()).image
         dev = self._embed_device()
@@ -479,7 +501,7 @@ class Vsepp(TorchMethod):
         from crossview.nn.images import ImageFiles
 
         if data.image_paths is None:
-            raise CrossViewError(f"vsepp: this model encodes image files (image_model=cnn) but the "
+            raise CrossViewError(f"{self.name}: this model encodes image files (image_model=cnn) but the "
                                  f"{data.name or 'given'} data has feature rows only")
         enc = unwrap(self.model()).image
         dev = self._embed_device()
@@ -510,9 +532,9 @@ class Vsepp(TorchMethod):
         try:
             with torch.no_grad():
                 if spec["text_model"] == "features":
-                    y = data.require_text_features("vsepp")
+                    y = data.require_text_features(self.name)
                     if y.shape[1] != int(spec["text_dim"]):
-                        raise CrossViewError(f"vsepp: the model expects {spec['text_dim']}-d caption features, "
+                        raise CrossViewError(f"{self.name}: the model expects {spec['text_dim']}-d caption features, "
                                              f"the {data.name or 'given'} data has {y.shape[1]}-d; use the text "
                                              "encoder it was trained with")
                     for a in range(0, n, _EMBED_BATCH):

@@ -1,0 +1,120 @@
+"""SmoothAP for image-caption retrieval (Bleeker & de Rijke, ECIR 2022; paper 004), and the InfoNCE / NT-Xent
+loss it compares against, on the VSE++ model (:mod:`crossview.methods.vsepp`: the same image and text encoders
+and options).
+
+A batch is ``batch_size`` *images* with all their captions (the sampler keeps an image's captions together).
+Each image is encoded once; the batch's score matrix is ``(B images, ~5B captions)``:
+
+- ``loss="smoothap"``: ``1 - AP`` with the sigmoid relaxation of temperature ``tau``
+  (:func:`crossview.nn.losses.smooth_ap_loss`), i2t (each image ranks its ~5 captions among the batch's
+  captions) and t2i (each caption ranks its image among the B images), averaged;
+- ``loss="infonce"``: InfoNCE with ``temperature`` (:func:`crossview.nn.losses.info_nce_loss`) both ways,
+  averaged; an image's other captions are not its negatives. Paper 004 trains NT-Xent on ordinary batches of
+  image-caption pairs; with all captions of each image in the batch its t2i term is the same, and its i2t term
+  counts each of an image's captions as a positive instead of one.
+
+Validation reports mean average precision both ways beside R@K (the epoch is still chosen by rsum, as for
+``vsepp``, so that the losses are compared on one criterion). Under torchrun the loss is computed on the
+global batch (an image whose captions fall on two processes is counted once).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from crossview.core.errors import CrossViewError
+from crossview.data.method_data import MethodData
+from crossview.methods import register_method
+from crossview.methods.vsepp import Vsepp
+from crossview.nn.losses import info_nce_loss, smooth_ap_loss
+from crossview.nn.trainer import gather_rows, world
+
+__all__ = ["SmoothAP", "LOSSES"]
+
+LOSSES = ("smoothap", "infonce")
+
+
+def _first_of_each(ids: torch.Tensor) -> torch.Tensor:
+    """Indices of the first occurrence of each distinct value of ``ids`` (in order of the values)."""
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    first = torch.full((len(uniq),), len(ids), dtype=torch.int64, device=ids.device)
+    return first.scatter_reduce(0, inverse, torch.arange(len(ids), device=ids.device), reduce="amin")
+
+
+@register_method("smoothap")
+class SmoothAP(Vsepp):
+    """SmoothAP / InfoNCE on the VSE++ model (see the module docstring)."""
+
+    group_by_image = True
+    nan_hint = "lower the learning rate, or raise tau / temperature"
+
+    def __init__(self, *, loss: str = "smoothap", tau: float = 0.01, temperature: float = 0.1,
+                 embed_dim: int = 1024, text_model: str = "features", image_model: str = "features",
+                 backbone: str = "efficientnet_lite0", finetune_cnn: bool = False, workers: int = 2,
+                 word_dim: int = 300, min_count: int = 1, max_len: int = 64, bert_path: str = "",
+                 train_layers: int = 0, max_epochs: int = 30, batch_size: int = 128, lr: float = 2e-4,
+                 lr_decay_epoch: int = 20, lr_decay: float = 0.1, grad_clip: float = 2.0, optimizer: str = "adam",
+                 weight_decay: float = 0.0, patience: int = 10, holdout: float = 0.0, amp: bool = False,
+                 device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+        super().__init__(embed_dim=embed_dim, text_model=text_model, image_model=image_model, backbone=backbone,
+                         finetune_cnn=finetune_cnn, workers=workers, word_dim=word_dim, min_count=min_count,
+                         max_len=max_len, bert_path=bert_path, train_layers=train_layers, max_epochs=max_epochs,
+                         batch_size=batch_size, lr=lr, lr_decay_epoch=lr_decay_epoch, lr_decay=lr_decay,
+                         grad_clip=grad_clip, optimizer=optimizer, weight_decay=weight_decay, patience=patience,
+                         holdout=holdout, amp=amp, device=device, seed=seed, log_every=log_every)
+        self.loss = loss
+        self.tau = tau
+        self.temperature = temperature
+
+    def _check_loss(self) -> None:
+        if self.loss not in LOSSES:
+            raise CrossViewError(f"smoothap: loss {self.loss!r} must be 'smoothap' (smoothed average precision) "
+                                 "or 'infonce' (InfoNCE / NT-Xent)")
+        for name in ("tau", "temperature"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise CrossViewError(f"smoothap: {name} must be a positive number, got {v!r}")
+
+    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
+        what = (f"SmoothAP, tau {self.tau}" if self.loss == "smoothap"
+                else f"InfoNCE, temperature {self.temperature}")
+        return (f"smoothap ({what}): {train.n_images} images ({n_items} captions) in {n_batches} batches of "
+                f"{self.batch_size} images with all their captions, text: {self._text_description()}, "
+                f"{self.embed_dim}-d, device {device}{self._amp_note(device)}")
+
+    def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The mean of the i2t and t2i ranking losses of a batch of images and all their captions."""
+        im, im_ids, s, cap_ids = self._embed_batch(model, batch, distinct=True)
+        world_size = world()[1]
+        if world_size > 1:          # the global batch, each image once (its captions may sit on two processes)
+            im, im_ids, s, cap_ids = gather_rows(im), gather_rows(im_ids), gather_rows(s), gather_rows(cap_ids)
+            keep = _first_of_each(im_ids)
+            im, im_ids = im[keep], im_ids[keep]
+        scores = im @ s.T                                       # (images, captions)
+        pos = im_ids[:, None] == cap_ids[None, :]
+        if self.loss == "smoothap":
+            i2t = smooth_ap_loss(scores, pos, tau=float(self.tau))
+            t2i = smooth_ap_loss(scores.T, pos.T, tau=float(self.tau))
+        else:
+            i2t = info_nce_loss(scores, pos, temperature=float(self.temperature))
+            t2i = info_nce_loss(scores.T, pos.T, temperature=float(self.temperature))
+        return {"loss": (i2t + t2i) / (2 * world_size), "i2t": i2t.detach(), "t2i": t2i.detach()}
+
+    def validation_score(self, val: MethodData) -> tuple[dict[str, Any], float]:
+        """R@K both ways and rsum (the number the epoch is chosen by), with mean average precision both ways
+        (``mAP`` in percent; t2i has one relevant image per caption, so its mAP is the mean reciprocal rank)."""
+        from crossview.eval import metrics as M
+        from crossview.eval.protocols import mean_average_precision
+
+        scores = self.scores(val)
+        res = M.evaluate(scores, val.caption_image)
+        res.pop("ranks", None)
+        rel = np.arange(val.n_images)[:, None] == np.asarray(val.caption_image)[None, :]
+        res["i2t"]["mAP"] = mean_average_precision(scores, rel)["mAP"]
+        res["t2i"]["mAP"] = mean_average_precision(scores.T, rel.T)["mAP"]
+        return res, float(res["rsum"])
