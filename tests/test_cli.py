@@ -33,6 +33,24 @@ def test_every_command_has_help(capsys) -> None:
         assert out.startswith("usage: crossview") and len(out) > 80, cmd
 
 
+@pytest.mark.parametrize("method", ["cca", "wsabie", "bitr", "vsepp", "smoothap"])
+def test_train_method_help_lists_the_cards_parameters(method: str, capsys) -> None:
+    """``crossview train METHOD --help``: every parameter of the card, with its default from the signature."""
+    from crossview.methods import method_card
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", method, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    card = method_card(method)
+    assert f"Parameters of {method}" in out
+    for spec in card.params.values():
+        assert f"  {spec.name} ({spec.type}, default {spec.default!r})" in out, spec.name
+    with pytest.raises(SystemExit):
+        main(["train", "no_such_method", "--help"])
+    assert "no method 'no_such_method'" in capsys.readouterr().out
+
+
 def test_data_info_flickr8k(flickr8k_sample: Path, capsys) -> None:
     assert main(["data", "info", str(flickr8k_sample / "dataset_flickr8k_sample.json")]) == 0
     out = capsys.readouterr().out

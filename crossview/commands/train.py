@@ -40,16 +40,63 @@ def _card_flags() -> dict[str, list[tuple[str, Any]]]:
     return flags
 
 
+def method_help(name: str) -> str:
+    """The parameters of method ``name`` from its card: name, type, default, range or choices, help."""
+    import textwrap
+
+    from crossview.methods import method_class
+    from crossview.methods.cards import find_card
+
+    card = find_card(name)
+    if card is None:
+        defaults = method_class(name).default_params()
+        return f"Parameters of {name} (no card; from its signature): " + ", ".join(
+            f"{k}={v!r}" for k, v in defaults.items())
+    lines = [f"Parameters of {name} ({card.title}; --set NAME=VALUE):"]
+    for spec in card.params.values():
+        if spec.choices:
+            rng = f" {{{', '.join(map(str, spec.choices))}}}"
+        elif spec.min is not None and spec.max is not None:
+            rng = f" [{spec.min}, {spec.max}]"
+        elif spec.min is not None or spec.max is not None:
+            rng = f" >= {spec.min}" if spec.min is not None else f" <= {spec.max}"
+        else:
+            rng = ""
+        lines.append(f"  {spec.name} ({spec.type}, default {spec.default!r}){rng}")
+        lines += textwrap.wrap(spec.help, width=100, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+class _MethodHelp(argparse.Action):
+    """``-h``: the command's help; after a METHOD, that method's parameters from its card as well."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.print_help()
+        name = getattr(namespace, "method", None)
+        if name:
+            from crossview.methods import list_methods
+
+            if name in list_methods():
+                print("\n" + method_help(name))
+            else:
+                print(f"\nno method {name!r}: 'crossview train --list' shows the registered methods")
+        parser.exit()
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``train`` command to the ``crossview`` parser."""
     p = sub.add_parser(
-        "train", help="train a retrieval method in a run folder",
+        "train", help="train a retrieval method in a run folder", add_help=False,
         description="Train METHOD on a dataset: features are extracted (and cached), the method is fitted on "
                     "the train split (val for early stopping), evaluated on --split, and the run folder gets "
                     "config.json, metrics.jsonl, checkpoint.pt, ranks.npz and summary.json. Ctrl-C cancels "
                     "cleanly (checkpoint kept); --resume continues.",
         epilog="Method parameters: --set NAME=VALUE (repeatable), typed by the method's card in models/ "
-               "(lists: comma-separated). 'crossview train --list' shows the methods.")
+               "(lists: comma-separated). 'crossview train --list' shows the methods; 'crossview train METHOD --help' "
+               "lists METHOD's parameters with their defaults, ranges and help.")
+    p.add_argument("-h", "--help", action=_MethodHelp, nargs=0,
+                   help="show this help message (after METHOD: with that method's parameters) and exit")
     p.add_argument("method", nargs="?", metavar="METHOD", help="method name (see --list)")
     p.add_argument("--list", action="store_true", help="list the registered methods and exit")
     p.add_argument("--data", default="demo", metavar="PATH|demo", help="dataset (default: the built-in demo)")
