@@ -115,9 +115,15 @@ def test_engine_run_writes_opens_and_says_what_trains(tmp_path) -> None:
     start = next(e.message for e in events if isinstance(e, Log) and e.message.startswith("smoothap ("))
     assert "InfoNCE, temperature 0.1" in start and "batches of 16 images with all their captions" in start
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["image_norm"] == "ssr", "the normalisation the defaults were chosen under (as vsepp)"
     m = Method.load(tmp_path / "r" / "checkpoint.pt")
     assert m.name == "smoothap" and m.loss == "infonce"
-    assert m.evaluate(_toy("test", ds))["rsum"] == pytest.approx(summary["rsum"], abs=1e-6)
+    from crossview.features.normalize import FeatureNorm
+
+    test = _toy("test", ds)
+    test.image_features = FeatureNorm("ssr").fit(test.image_features).transform(test.image_features)  # stateless
+    assert m.evaluate(test)["rsum"] == pytest.approx(summary["rsum"], abs=1e-4)
 
 
 # ---------------------------------------------------------------------------- torchrun, end to end

@@ -133,7 +133,7 @@ def test_engine_run_reads_the_captions_itself_and_reopens(tmp_path) -> None:
 
     ds = H.make_toy_dataset()
     img, _ = H.toy_features(ds)
-    events = list(train("vsepp", ds, run_dir=tmp_path / "r", features=H.toy_features(ds),
+    events = list(train("vsepp", ds, run_dir=tmp_path / "r", features=H.toy_features(ds), image_norm="none",
                         device="cpu", params={**FAST, "max_epochs": 3, "text_model": "gru"}))
     assert isinstance(events[-1], Finished)
     assert any(isinstance(e, Validation) for e in events)
