@@ -2,7 +2,9 @@
 
 ``crossview experiment bitr-table --data D`` runs Experiment 1 of the BITR paper (image <-> caption
 retrieval with CCA, WSABIE and BITR-M/E/C, :mod:`crossview.experiments.bitr_table`) and prints the
-paper's table; its trials are run folders under ``--exp-dir`` (resumable, listed in the app). Progress and messages go to stderr; the table (or ``--json``) to stdout.
+paper's table; ``crossview experiment loss-compare --data D`` trains the VSE++ model with each loss of paper 004
+(:mod:`crossview.experiments.loss_compare`) and compares them. Their trials are run folders under ``--exp-dir``
+(resumable, listed in the app). Progress and messages go to stderr; the table (or ``--json``) to stdout.
 """
 
 from __future__ import annotations
@@ -138,8 +140,68 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loss_compare_command(args: argparse.Namespace, exp_dir: Path) -> str:
+    parts = ["crossview", "experiment", "loss-compare", "--data", str(args.data)]
+    for flag, v in (("--format", args.format), ("--image-root", args.image_root), ("--split", args.split),
+                    ("--image-encoder", args.image_encoder), ("--text-encoder", args.text_encoder)):
+        if v:
+            parts += [flag, str(v)]
+    parts += ["--losses", args.losses, "--seeds", str(args.seeds)]
+    if args.epochs is not None:
+        parts += ["--epochs", str(args.epochs)]
+    for item in args.set_values or []:
+        parts += ["--set", item]
+    parts += ["--exp-dir", str(exp_dir)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_loss_compare(args: argparse.Namespace) -> int:
+    from crossview.core.events import Finished, Log
+    from crossview.core.io import atomic_write_json
+    from crossview.data import load_dataset
+    from crossview.data.dataset import PairedDataset
+    from crossview.experiments.loss_compare import (default_experiment_dir, format_markdown, format_table,
+                                                    parse_loss_params, parse_losses, run_loss_compare)
+
+    losses = parse_losses(args.losses)
+    params = parse_loss_params(args.set_values, losses)
+    if args.seeds < 1:
+        raise CrossViewError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.epochs is not None and args.epochs < 1:
+        raise CrossViewError(f"--epochs must be >= 1, got {args.epochs}")
+    ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
+    if not isinstance(ds, PairedDataset):
+        raise CrossViewError(f"{args.data}: this is a caption corpus without images; --data needs an image-caption "
+                             "dataset")
+    exp_dir = Path(args.exp_dir) if args.exp_dir else default_experiment_dir(ds.name)
+    printer = EventPrinter(prefix="experiment: ")
+    result = None
+    try:
+        for ev in run_loss_compare(ds, losses=losses, seeds=args.seeds, epochs=args.epochs, params=params,
+                                   split=args.split, out=exp_dir, device=args.device,
+                                   image_encoder=args.image_encoder, text_encoder=args.text_encoder):
+            if isinstance(ev, Finished):
+                result = ev.summary
+            else:
+                printer(ev)
+    finally:
+        printer.close()
+    assert result is not None
+    report = format_markdown(result, _loss_compare_command(args, exp_dir))
+    (exp_dir / "results.md").write_text(report, encoding="utf-8")
+    atomic_write_json(exp_dir / "results.json", json.loads(json.dumps(result, default=str)))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report, encoding="utf-8")
+    print(f"experiment: wrote {exp_dir / 'results.md'} and results.json" + (f" and {args.out}" if args.out else ""),
+          file=sys.stderr)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    exp = sub.add_parser("experiment", help="run the papers' experiments (BITR table ...)",
+    exp = sub.add_parser("experiment", help="run the papers' experiments (BITR table, loss comparison)",
                          description="Run the papers' experiments and print their tables.")
     esub = exp.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)
 
@@ -185,3 +247,39 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: a new bitr-table-<data>-<representation>-<time> folder in the runs folder); "
                         "give an existing one to continue it")
     p.set_defaults(func=cmd_bitr_table)
+
+    p = esub.add_parser(
+        "loss-compare", help="paper 004: the VSE++ model trained with each loss (triplet, SmoothAP, InfoNCE)",
+        description="Paper 004's question: does the hardest-negative triplet loss still win for image-caption "
+                    "retrieval? Trains the same model (the VSE++ model with the run's encoders) with each loss, "
+                    "once per seed: vsepp (triplet, hardest negative: the baseline), vse0 (triplet, sum of "
+                    "negatives), smoothap (SmoothAP) and infonce (InfoNCE / NT-Xent), each with its method's "
+                    "defaults (see 'crossview train vsepp --help' and 'crossview train smoothap --help'). "
+                    "Evaluates on the test split (val then chooses each run's epoch), else on val (the last "
+                    "epoch kept), and prints R@1/5/10 both ways and rsum, mean and spread over the seeds, and "
+                    "a paired comparison per query against vsepp: the queries each loss wins, loses and ties, "
+                    "with sign and Wilcoxon tests. Every (loss, seed) is an ordinary run folder in --exp-dir "
+                    "(listed in the app; its Inspect panel compares any two); running again with the same "
+                    "--exp-dir reads finished runs back and resumes an interrupted one. Writes results.md and "
+                    "results.json into --exp-dir.")
+    p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
+    _add_dataset_args(p)
+    p.add_argument("--losses", default="vsepp,vse0,smoothap,infonce",
+                   help="comma-separated: vsepp, vse0, smoothap, infonce (default: all four)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per loss, 0..N-1 (default 3)")
+    p.add_argument("--epochs", type=int, metavar="E",
+                   help="max_epochs of every loss (default: each method's own); each lr_decay_epoch moves in "
+                        "proportion to its method's default schedule")
+    p.add_argument("--split", metavar="NAME", help="evaluate on this split (default: test, else val)")
+    p.add_argument("--set", dest="set_values", action="append", metavar="[LOSS.]NAME=VALUE",
+                   help="a parameter, repeatable: smoothap.tau=0.01 (one loss), embed_dim=512 (every loss whose "
+                        "method has it)")
+    p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
+    p.add_argument("--text-encoder", metavar="NAME", help="caption features for text_model=features (default minilm)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    p.add_argument("--exp-dir", metavar="DIR",
+                   help="the experiment folder (default: a new loss-compare-<data>-<time> folder in the runs "
+                        "folder); give an existing one to continue it")
+    p.add_argument("--out", metavar="FILE.md", help="also write the Markdown report here")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    p.set_defaults(func=cmd_loss_compare)
