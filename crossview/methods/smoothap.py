@@ -54,6 +54,9 @@ class SmoothAP(Vsepp):
     """SmoothAP / InfoNCE on the VSE++ model (see the module docstring)."""
 
     group_by_image = True
+    #: the loss is a mean (1 - mAP, or InfoNCE averaged), reported as it is; under DDP every process computes it
+    #: on the gathered batch and the all-gather's backward sums each process's share, so DDP's average is exact
+    loss_is_sum = False
     nan_hint = "lower the learning rate, or raise tau / temperature"
 
     def __init__(self, *, loss: str = "smoothap", tau: float = 0.1, temperature: float = 0.1,
@@ -107,7 +110,7 @@ class SmoothAP(Vsepp):
         else:
             i2t = info_nce_loss(scores, pos, temperature=float(self.temperature))
             t2i = info_nce_loss(scores.T, pos.T, temperature=float(self.temperature))
-        return {"loss": (i2t + t2i) / (2 * world_size), "i2t": i2t.detach(), "t2i": t2i.detach()}
+        return {"loss": (i2t + t2i) / 2, "i2t": i2t.detach(), "t2i": t2i.detach()}
 
     def validation_score(self, val: MethodData) -> tuple[dict[str, Any], float]:
         """R@K both ways and rsum (the number the epoch is chosen by), with mean average precision both ways
