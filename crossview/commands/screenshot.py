@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", metavar="RUN_DIR", help="a trained run to show (default: train one)")
     p.add_argument("--compare", metavar="RUN_DIR", help="a second run to compare with in Inspect")
     p.add_argument("--method", default="cca", help="method to train when no --run is given (default cca)")
-    p.add_argument("--sentence", default="a red circle above a blue square", help="the text query to show")
+    p.add_argument("--sentence", default=None,
+                   help="the text query to show (default: a demo sentence on the demo, else a caption of the "
+                        "run's evaluation split)")
     p.add_argument("--width", type=int, default=1440)
     p.add_argument("--height", type=int, default=900)
     p.set_defaults(func=cmd_screenshot)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def _wait(signal: Any, timeout_ms: int, what: str) -> list[Any]:
     """Run the event loop until ``signal`` fires (its arguments) or raise after ``timeout_ms``."""
@@ -63,10 +65,12 @@ def _show_run_settings(panel: Any, run: Path) -> None:
 
 
 def render_screenshots(out: str | Path, data: str = "demo", run: str | None = None, compare: str | None = None,
-                       method: str = "cca", sentence: str = "a red circle above a blue square",
+                       method: str = "cca", sentence: str | None = None,
                        size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print) -> list[Path]:
     """Write ``data.png``, ``train.png``, ``query_i2t.png``, ``query_t2i.png``, ``inspect.png`` and
-    ``presentation.png`` into ``out``; returns their paths."""
+    ``presentation.png`` into ``out``; returns their paths. ``sentence``: the text query (default: a demo
+    sentence on the demo, else a caption of an image of the run's evaluation split, the one after the image
+    queried by image)."""
     from crossview.core.errors import CrossViewError
     from crossview.gui.app import ensure_app, has_display, train_quick_run
 
@@ -122,6 +126,12 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         qp.query_image(int(gallery[0]) if len(gallery) else first)
         _wait(qp.answered, 60_000, "the image query")
         shot("query_i2t")
+        if sentence is None:
+            if data == "demo" or len(gallery) < 2:
+                sentence = "a red circle above a blue square"
+            else:
+                rows = np.flatnonzero(np.asarray(ds.caption_image) == int(gallery[1]))
+                sentence = str(ds.captions[int(rows[0])]) if len(rows) else "a dog runs on the grass"
         qp.sentence.setText(sentence)
         qp.query_text(sentence)
         _wait(qp.answered, 60_000, "the sentence query")
