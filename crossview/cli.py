@@ -70,6 +70,20 @@ def cmd_data_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_make_web(args: argparse.Namespace) -> int:
+    from crossview.data import load_dataset
+    from crossview.features.web_set import make_web_set
+
+    ds = load_dataset(args.dataset, format=args.format, image_root=args.image_root)
+    path = make_web_set(ds, args.out, split=args.split, drop=args.drop, add=args.add, seed=args.seed,
+                        progress=ProgressPrinter(f"tags of the {args.split} captions"))
+    info = json.loads((path.parent / "web.json").read_text(encoding="utf-8"))
+    print(f"wrote {path} ({info['images']} images, {info['true_tags_per_image']:.1f} true and "
+          f"{info['noisy_tags_per_image']:.1f} noisy tags per image; {info['what']})")
+    print(f"read it with: crossview data info {path.parent}")
+    return 0
+
+
 def cmd_data_formats(args: argparse.Namespace) -> int:
     from crossview.data import READERS
     print(f"{'demo':<12} the built-in synthetic demo (rendered on first use, then cached)")
@@ -120,6 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-scenes", type=int, default=2400, help="image-caption scenes (default 2400)")
     p.add_argument("--n-web", type=int, default=800, help="noisy web image-tag scenes (default 800)")
     p.set_defaults(func=cmd_data_demo)
+
+    p = dsub.add_parser(
+        "make-web", help="build a noisy web image-tag set from a caption dataset (for webly Stage II)",
+        description="Write a web image-tag set (tags.jsonl + web.json) for a dataset that has none: the images "
+                    "of --split, tags = the nouns and verbs of their captions, each dropped with probability "
+                    "--drop, plus Binomial(n, --add) wrong tags drawn from the set's tags by frequency. It is not "
+                    "independent web data (the images are the dataset's own); web.json says so.")
+    p.add_argument("dataset", metavar="PATH", help="image-caption dataset file or folder")
+    _add_dataset_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="new folder for tags.jsonl and web.json")
+    p.add_argument("--split", default="train", help="the images to use (default: train)")
+    p.add_argument("--drop", type=float, default=0.2, help="probability of dropping each true tag (default 0.2)")
+    p.add_argument("--add", type=float, default=0.2,
+                   help="wrong tags added per true tag, on average (default 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    p.set_defaults(func=cmd_data_make_web)
 
     p = dsub.add_parser("formats", help="list the dataset formats CrossView reads",
                         description="List the dataset formats and what each expects.")

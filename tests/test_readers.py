@@ -224,6 +224,38 @@ def test_webtags_txt_and_csv(tmp_path: Path) -> None:
     assert ds.tags == [["x", "y"]]
 
 
+def test_webtags_folder_of_images_with_a_tag_file_each(tmp_path: Path) -> None:
+    root = tmp_path / "crawl"
+    for n in ("a/1.jpg", "a/2.png", "b/3.jpg", "4.jpg"):
+        make_image(root / n)
+    write(root / "a" / "1.tags", "Dog, beach\nsea")
+    write(root / "a" / "2.txt", "cat sofa cat")
+    write(root / "b" / "3.tags", "")                      # empty: kept
+    write(root / "orphan.tags", "nothing")               # no image beside it: ignored
+    assert detect_format(root) == "webtags"
+    ds = load_dataset(root)
+    assert ds.format == "webtags" and ds.meta["layout"] == "sidecar" and ds.captions == []
+    assert [Path(p).relative_to(root).as_posix() for p in ds.image_paths] == ["4.jpg", "a/1.jpg", "a/2.png", "b/3.jpg"]
+    assert ds.tags == [[], ["dog", "beach", "sea"], ["cat", "sofa"], []]
+    joined = " | ".join(ds.warnings)
+    assert "1 of 4 image(s) have no tag file" in joined and "1 of 4 image(s) have an empty tag file" in joined
+
+
+def test_webtags_sidecar_folder_errors(tmp_path: Path) -> None:
+    make_image(tmp_path / "only" / "1.jpg")
+    assert "none of the 1 images has a tag file" in error_of(webtags.read, tmp_path / "only")
+    (tmp_path / "empty").mkdir()
+    assert "no images in the folder" in error_of(webtags.read, tmp_path / "empty")
+    make_image(tmp_path / "bin" / "1.jpg")
+    (tmp_path / "bin" / "1.tags").write_bytes(b"\x00\x01\xff\xfe")
+    msg = error_of(webtags.read, tmp_path / "bin")
+    assert "1.tags" in msg and ("binary" in msg or "text" in msg)
+    make_image(tmp_path / "caps" / "1.jpg")
+    write(tmp_path / "caps" / "1.tags", "x")
+    write(tmp_path / "caps" / "captions.csv", "image,caption\n1.jpg,a thing\n")
+    assert detect_format(tmp_path / "caps") == "folder", "a captions file makes it a caption folder"
+
+
 def test_webtags_errors(tmp_path: Path) -> None:
     make_image(tmp_path / "a.jpg")
     f = write_jsonl(tmp_path / "tags.jsonl", [{"image": "a.jpg", "tags": ["x"]}, {"image": "b.jpg", "tags": []},

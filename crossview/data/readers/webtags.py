@@ -6,7 +6,11 @@ Reads a folder that holds one of these files, or the file itself when it is name
 - ``tags.csv``: a header ``image,tags`` then ``img/001.jpg,"dog,beach"`` (tags separated by ``,;|``
   or spaces);
 - ``tags.txt``: ``img/001.jpg<TAB>dog,beach`` or ``img/001.jpg dog beach`` (the first space-separated
-  word is the path when there is no tab).
+  word is the path when there is no tab);
+- no list file: a folder (and its subfolders) of images, each with its tags in a file beside it of the same
+  name, ``001.jpg`` + ``001.tags`` (or ``001.txt``): tags separated by commas, semicolons, ``|``, spaces or
+  lines -- how web crawls and Flickr downloads are often stored. An image without such a file is kept with no
+  tags (counted in a warning); a tag file without its image is ignored.
 
 Image paths are relative to the file's folder unless ``image_root`` is given. Tags are lower-cased and
 de-duplicated. The result has no captions (``captions=[]``), per-image ``tags`` and one split,
@@ -25,17 +29,99 @@ import numpy as np
 from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import brief, check_images_exist, detector, iter_csv, iter_jsonl
 from crossview.data.readers._common import read_text, reader, relative_to_root, require_file, safe_resolve
-from crossview.data.readers._common import split_tags
+from crossview.data.readers._common import IMAGE_SUFFIXES, split_tags
 from crossview.core.errors import DatasetError
 
 SUFFIXES = (".jsonl", ".csv", ".txt")
+#: the tag files beside the images of the sidecar layout, in the order they are looked for
+SIDECAR_SUFFIXES = (".tags", ".txt")
+#: the most images a sidecar folder is scanned for (a larger crawl wants a tags.jsonl)
+MAX_SIDECAR_IMAGES = 2_000_000
 
 
 @detector
 def detect(path: Path) -> bool:
     if path.is_dir():
-        return any((path / f"tags{s}").is_file() for s in SUFFIXES)
+        if any((path / f"tags{s}").is_file() for s in SUFFIXES):
+            return True
+        if any((path / n).is_file() for n in ("captions.jsonl", "captions.csv", "captions.tsv")):
+            return False            # a caption folder (the folder reader)
+        return _first_sidecar(path) is not None
     return path.name.lower() in {f"tags{s}" for s in SUFFIXES}
+
+
+def _sidecar(image: Path) -> Path | None:
+    for suffix in SIDECAR_SUFFIXES:
+        side = image.with_suffix(suffix)
+        if side.is_file():
+            return side
+    return None
+
+
+def _images_under(folder: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if Path(name).suffix.lower() in IMAGE_SUFFIXES and not name.startswith("."):
+                out.append(Path(dirpath) / name)
+                if len(out) > MAX_SIDECAR_IMAGES:
+                    raise DatasetError(f"more than {MAX_SIDECAR_IMAGES:,} images under the folder", folder,
+                                       hint="List a collection this large in one tags.jsonl (image, tags)")
+    return out
+
+
+def _first_sidecar(folder: Path, limit: int = 200) -> Path | None:
+    """An image among the first ``limit`` under ``folder`` with a tag file beside it (a quick detection)."""
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if Path(name).suffix.lower() in IMAGE_SUFFIXES:
+                seen += 1
+                if _sidecar(Path(dirpath) / name) is not None:
+                    return Path(dirpath) / name
+                if seen >= limit:
+                    return None
+    return None
+
+
+def _read_sidecar(side: Path) -> list[str]:
+    text = read_text(side)
+    if "\x00" in text:
+        raise DatasetError("not a text file of tags (it holds binary data)", side,
+                           hint="A tag file holds the image's tags, separated by commas, spaces or lines")
+    return split_tags(",".join(line for line in text.splitlines() if line.strip()))
+
+
+def read_sidecar_folder(folder: Path) -> PairedDataset:
+    """The sidecar layout (see the module docstring): images under ``folder`` with a tag file each."""
+    images = _images_under(folder)
+    if not images:
+        raise DatasetError("no images in the folder (and no tags.jsonl, tags.csv or tags.txt)", folder,
+                           hint="Give a folder of images with a .tags file beside each, or a tags.jsonl")
+    tags: list[list[str]] = []
+    n_no_file = 0
+    for image in images:
+        side = _sidecar(image)
+        if side is None:
+            n_no_file += 1
+            tags.append([])
+        else:
+            tags.append(_read_sidecar(side))
+    if n_no_file == len(images):
+        raise DatasetError(f"none of the {len(images)} images has a tag file beside it (name.tags or name.txt)",
+                           folder, hint="Write each image's tags into a file of its name with .tags")
+    warnings: list[str] = []
+    if n_no_file:
+        warnings.append(f"{n_no_file} of {len(images)} image(s) have no tag file beside them (kept without tags)")
+    n_empty = sum(1 for t in tags if not t) - n_no_file
+    if n_empty:
+        warnings.append(f"{n_empty} of {len(images)} image(s) have an empty tag file (kept)")
+    return PairedDataset(
+        name=folder.name or "web", captions=[], caption_image=np.zeros(0, dtype=np.int64),
+        image_paths=[str(p) for p in images], tags=tags, splits={"train": np.arange(len(images), dtype=np.int64)},
+        source=str(folder), format="webtags", warnings=warnings, meta={"image_root": str(folder), "layout": "sidecar"})
 
 
 def find_list_file(path: Path, stem: str) -> Path:
@@ -105,8 +191,12 @@ def read_image_lists(path: Path, key: str, split_values: Callable[[Any], list[st
 
 @reader
 def read(path: Path, image_root: Path | None = None) -> PairedDataset:
-    """Reads a tags file (or the folder holding it) into a :class:`PairedDataset` with no captions."""
-    path = find_list_file(safe_resolve(path), "tags")
+    """Reads a tags file (or the folder holding it, or a folder of images with a tag file each) into a
+    :class:`PairedDataset` with no captions."""
+    path = safe_resolve(path)
+    if path.is_dir() and not any((path / f"tags{s}").is_file() for s in SUFFIXES):
+        return read_sidecar_folder(path)
+    path = find_list_file(path, "tags")
     root = safe_resolve(image_root if image_root is not None else path.parent)
     if not root.is_dir():
         raise DatasetError("image root is not a folder", root, hint="Pass --image-root FOLDER")
