@@ -6,11 +6,6 @@ files, and torchrun with 2 CPU processes (an image's captions split between them
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +19,7 @@ from crossview.engine.run import train
 from crossview.methods import create_method
 from crossview.methods.base import Method
 from crossview.methods.torch_method import numpy_tree
-from test_vsepp import TESTS, _env, _jpegs, _rsum, _toy, _weights
+from test_vsepp import _jpegs, _rsum, _toy, _weights, torchrun_child, torchrun_one_and_two
 
 FAST = {"embed_dim": 32, "word_dim": 16, "batch_size": 16, "max_epochs": 12, "lr": 0.003, "lr_decay_epoch": 9,
         "device": "cpu", "log_every": 5}
@@ -129,22 +124,8 @@ def test_engine_run_writes_opens_and_says_what_trains(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------- torchrun, end to end
-TORCHRUN_CHILD = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, sys.argv[2])
-    import torch
-    torch.set_num_threads(1)
-    import _engine_helpers as H
-    from crossview.engine import train
-
-    ds = H.make_toy_dataset()
-    last = None
-    for ev in train("smoothap", ds, run_dir=sys.argv[1], features=H.toy_features(ds), device="cpu",
-                    params=dict(PARAMS)):
-        last = ev
-    print("RANK", os.environ.get("RANK", "0"), type(last).__name__, flush=True)
-""").replace("dict(PARAMS)", repr({**FAST, "max_epochs": 3, "lr_decay_epoch": 2, "batch_size": 8, "optimizer": "sgd",
-                                              "lr": 0.05}))
+TORCHRUN_CHILD = torchrun_child("smoothap", {**FAST, "max_epochs": 3, "lr_decay_epoch": 2, "batch_size": 8,
+                                             "optimizer": "sgd", "lr": 0.05})
 
 
 @pytest.mark.slow
@@ -152,18 +133,7 @@ def test_torchrun_two_cpu_processes_equal_one_process(tmp_path) -> None:
     """``torchrun --nproc_per_node 2`` (gloo): the two captions of every image go to different processes, so
     each image is embedded on both; the loss on the gathered batch counts it once and the weights equal one
     process's to rounding (SGD, whose steps show the gradient's scale as Adam's would not)."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if torchrun is None:
-        pytest.skip("torchrun is not installed next to this Python")
-    script = tmp_path / "child.py"
-    script.write_text(TORCHRUN_CHILD)
-    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), str(TESTS)], capture_output=True,
-                         text=True, env=_env(), timeout=600)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path / "two"),
-                          str(TESTS)], capture_output=True, text=True, env=_env(), timeout=600)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "RANK 0 Finished" in two.stdout and "RANK 1 Finished" not in two.stdout
+    torchrun_one_and_two(tmp_path, TORCHRUN_CHILD)
     a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-3, atol=1e-5, err_msg=k)

@@ -205,33 +205,37 @@ def test_sigkill_mid_epoch_then_resume_is_exact(tmp_path) -> None:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-TORCHRUN_CHILD = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, sys.argv[2])
-    import torch
-    torch.set_num_threads(1)
-    import _engine_helpers as H
-    from crossview.engine import train
+def torchrun_child(method: str, params: dict) -> str:
+    """A script that trains ``method`` with ``params`` on the toy data in the run folder ``argv[1]`` and prints
+    its rank and last event (run alone or under torchrun)."""
+    return textwrap.dedent("""
+        import os, sys
+        sys.path.insert(0, sys.argv[2])
+        import torch
+        torch.set_num_threads(1)
+        import _engine_helpers as H
+        from crossview.engine import train
 
-    ds = H.make_toy_dataset()
-    last = None
-    for ev in train("vsepp", ds, run_dir=sys.argv[1], features=H.toy_features(ds), device="cpu",
-                    params=dict(PARAMS)):
-        last = ev
-    print("RANK", os.environ.get("RANK", "0"), type(last).__name__, flush=True)
-""").replace("dict(PARAMS)", repr({**PARAMS, "lr_decay_epoch": 2}))
+        ds = H.make_toy_dataset()
+        last = None
+        for ev in train(METHOD, ds, run_dir=sys.argv[1], features=H.toy_features(ds), device="cpu",
+                        params=dict(PARAMS)):
+            last = ev
+        print("RANK", os.environ.get("RANK", "0"), type(last).__name__, flush=True)
+    """).replace("METHOD", repr(method)).replace("dict(PARAMS)", repr(params))
 
 
-@pytest.mark.slow
-def test_torchrun_two_cpu_processes_equal_one_process(tmp_path) -> None:
-    """``torchrun --nproc_per_node 2`` (gloo): each process embeds half of every batch, the loss ranks the
-    gathered global batch, DDP averages the gradients: the weights equal one process's to rounding, and rank 0
-    alone writes the run."""
+TORCHRUN_CHILD = torchrun_child("vsepp", {**PARAMS, "lr_decay_epoch": 2})
+
+
+def torchrun_one_and_two(tmp_path: Path, child: str) -> None:
+    """Run the training script ``child`` once in one process (run folder ``tmp_path/one``) and under
+    ``torchrun --nproc_per_node 2`` (``tmp_path/two``); both must finish, rank 0 alone reporting."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this Python")
     script = tmp_path / "child.py"
-    script.write_text(TORCHRUN_CHILD)
+    script.write_text(child)
     one = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), str(TESTS)], capture_output=True,
                          text=True, env=_env(), timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
@@ -239,6 +243,14 @@ def test_torchrun_two_cpu_processes_equal_one_process(tmp_path) -> None:
                           str(TESTS)], capture_output=True, text=True, env=_env(), timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "RANK 0 Finished" in two.stdout and "RANK 1 Finished" not in two.stdout
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_processes_equal_one_process(tmp_path) -> None:
+    """``torchrun --nproc_per_node 2`` (gloo): each process embeds half of every batch, the loss ranks the
+    gathered global batch, DDP averages the gradients: the weights equal one process's to rounding, and rank 0
+    alone writes the run."""
+    torchrun_one_and_two(tmp_path, TORCHRUN_CHILD)
     a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-3, atol=1e-5, err_msg=k)

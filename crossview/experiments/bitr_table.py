@@ -43,7 +43,6 @@ import re
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -51,6 +50,7 @@ import numpy as np
 
 from crossview.core.events import Event, Finished, Log, Progress
 from crossview.core.errors import CrossViewError
+from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",
@@ -421,45 +421,9 @@ def paper_numbers(representation: str, methods: Sequence[str], dataset: str = "p
     return out
 
 # ====================================================================== the runner
-def _mean_std(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Element-wise mean and standard deviation of nested metric dicts (one per fold)."""
-    mean: dict[str, Any] = {}
-    std: dict[str, Any] = {}
-    for key in values[0]:
-        if isinstance(values[0][key], dict):
-            mean[key], std[key] = _mean_std([v[key] for v in values])
-        else:
-            a = np.asarray([float(v[key]) for v in values], dtype=np.float64)
-            mean[key] = float(a.mean())
-            std[key] = float(a.std()) if len(a) > 1 else 0.0
-    return mean, std
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-safe copy (numbers, strings, lists, dicts; anything else as its text)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if value is None or isinstance(value, (int, float, str, bool)):
-        return value
-    return str(value)
-
-
 def default_experiment_dir(dataset_name: str, representation: str) -> Path:
     """``get_settings().runs_dir / "bitr-table-<dataset>-<representation>-<timestamp>"`` (a new name)."""
-    from crossview.core.settings import get_settings
-
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
-    base = get_settings().runs_dir / f"bitr-table-{safe}-{representation}-{stamp}"
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
+    return new_experiment_dir("bitr-table", f"{dataset_name}-{representation}")
 
 
 def _load_fitted(run_dir: Path) -> Method:
@@ -484,13 +448,6 @@ def _load_fitted(run_dir: Path) -> Method:
     return method
 
 
-def _run_finished(run_dir: Path) -> bool:
-    from crossview.engine.run import STATUS, SUMMARY, read_status
-
-    return (run_dir / SUMMARY).is_file() and (run_dir / STATUS).is_file() and \
-        read_status(run_dir).get("status") == "finished"
-
-
 def _representation_record(rep_kw: dict[str, Any]) -> dict[str, Any]:
     """What the representation's keyword arguments change (where features are cached and computed, and
     values equal to :func:`~crossview.features.topics.build_representation`'s defaults, left out), so that
@@ -501,7 +458,7 @@ def _representation_record(rep_kw: dict[str, Any]) -> dict[str, Any]:
 
     defaults = {k: p.default for k, p in inspect.signature(build_representation).parameters.items()
                 if p.default is not inspect.Parameter.empty}
-    return _plain({k: v for k, v in sorted(rep_kw.items()) if k not in ("cache", "device", "batch_size",
+    return plain({k: v for k, v in sorted(rep_kw.items()) if k not in ("cache", "device", "batch_size",
                                                                          "num_workers")
                    and not (k in defaults and defaults[k] == v)})
 
@@ -607,7 +564,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         "dataset_fingerprint": dataset.fingerprint(), "representation": representation,
         "representation_params": _representation_record(rep_kw),
         "protocol": {"folds": folds, "split": split, "description": protocol}, "seed": int(seed),
-        "method_params": {m: _plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned}}
+        "method_params": {m: plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned}}
     old = _check_same_experiment(folder, record)
     # what each trial's config.json records to rebuild its features (None: the encoders', by name)
     rep_record = None if representation == "default" else \
@@ -638,7 +595,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     device = str(rep_kw.get("device", "cpu"))
     for fold in fold_list:
         names = {m: f"{fold.key}-{m}" for m in learned}
-        done = {m: names[m] in trials and trials[names[m]].get("eval") == eval_key and _run_finished(folder / names[m])
+        done = {m: names[m] in trials and trials[names[m]].get("eval") == eval_key and run_finished(folder / names[m])
                 for m in learned}
         data_needed = not all(done.values()) or "random" in methods
         train_md = test_md = val_md = corpus_md = feats = None
@@ -690,7 +647,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 step += 1
                 yield Log(f"{fold.name} {m}: finished earlier ({run_dir.name}), read back")
                 continue
-            if not _run_finished(run_dir):
+            if not run_finished(run_dir):
                 registry, fixed = TABLE_METHODS[m]
                 if (run_dir / "config.json").is_file():
                     yield Log(f"{fold.name} {m}: resuming {run_dir.name}")
@@ -703,18 +660,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                                text_encoder=feats.text_encoder if representation == "default" else None,
                                representation=rep_record, image_norm="none", text_norm="none")
                 yield Progress(step, total, f"{fold.name}: training {m}")
-                try:
-                    for ev in it:
-                        if isinstance(ev, Log) and ev.level in ("warning", "error"):
-                            yield Log(f"{fold.name} {m}: {ev.message}", ev.level)
-                        elif isinstance(ev, Progress):
-                            yield Progress(ev.step, ev.total, f"{fold.name} {m}: {ev.message}")
-                        if stop():
-                            yield Log(f"{fold.name} {m}: stopped; run the experiment again with --out {folder} "
-                                      "to continue", "warning")
-                            return
-                finally:
-                    it.close()       # a stop leaves the run cancelled at its last event: resumable
+                if (yield from relay_run(it, f"{fold.name} {m}", folder, stop)):
+                    return
             assert train_md is not None and test_md is not None
             method = _load_fitted(run_dir)
             res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k)
@@ -723,7 +670,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 res["C"] = {d: float(c) for d, c in method.C_.items()}
             per_fold[m].append(res)
             trials[names[m]] = {"fold": fold.name, "method": m, "run_dir": run_dir.name, "eval": eval_key,
-                                "metrics": _plain(res)}
+                                "metrics": plain(res)}
             save()
             step += 1
             k0 = f"R@{ks[-1]}"
@@ -733,11 +680,11 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     results, stds = {}, {}
     for m in methods:
         rows = [{k: v for k, v in r.items() if k != "C"} for r in per_fold[m]]
-        results[m], stds[m] = _mean_std(rows)
+        results[m], stds[m] = mean_std(rows)
         cs = [r["C"] for r in per_fold[m] if "C" in r]
         if cs:
             results[m]["C"] = cs[0] if len(cs) == 1 else {d: [c[d] for c in cs] for d in cs[0]}
-    chance_mean, _ = _mean_std(chance)
+    chance_mean, _ = mean_std(chance)
     result = {"dataset": dataset.name, "source": getattr(dataset, "source", ""), "representation": representation,
               "representation_info": rep_info, "protocol": protocol, "folds": len(fold_list),
               "ks": list(ks), "methods": methods, "overlap_k": overlap_k,
@@ -752,7 +699,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
               "experiment_dir": str(folder), "runs": runs}
     atomic_write_json(folder / EXPERIMENT_FILE, {**record, "method_params": method_params_all,
                                                  "methods": sorted(set(old.get("methods") or []) | set(methods)),
-                                                 "representation_info": _plain(rep_info), "trials": trials})
+                                                 "representation_info": plain(rep_info), "trials": trials})
     yield Progress(total, total, "done")
     yield Finished(summary=result)
 

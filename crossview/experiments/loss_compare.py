@@ -29,9 +29,7 @@ lay the result out.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Progress
+from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
 
 __all__ = ["LOSSES", "DEFAULT_LOSSES", "BASELINE", "EXPERIMENT_FILE", "parse_losses", "parse_loss_params",
            "paired", "run_loss_compare", "loss_compare", "format_table", "format_markdown",
@@ -161,33 +160,7 @@ def paired(ranks_loss: Sequence[np.ndarray], ranks_base: Sequence[np.ndarray],
 
 def default_experiment_dir(dataset_name: str) -> Path:
     """``<runs folder>/loss-compare-<dataset>-<timestamp>`` (a new name)."""
-    from crossview.core.settings import get_settings
-
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
-    base = get_settings().runs_dir / f"loss-compare-{safe}-{stamp}"
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    return value
-
-
-def _finished(run_dir: Path) -> bool:
-    from crossview.engine.run import STATUS, SUMMARY, read_status
-
-    return (run_dir / SUMMARY).is_file() and (run_dir / STATUS).is_file() and \
-        read_status(run_dir).get("status") == "finished"
+    return new_experiment_dir("loss-compare", dataset_name)
 
 
 def _check_same(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -263,7 +236,7 @@ def run_loss_compare(dataset: Any, *, losses: Sequence[str] = DEFAULT_LOSSES, se
     record = {"experiment": "loss-compare", "data": getattr(dataset, "source", None) or None,
               "dataset": dataset.name, "dataset_fingerprint": dataset.fingerprint(), "split": split,
               "val_split": val_split, "encoders": {"image": image_encoder, "text": text_encoder},
-              "params": _plain(per_loss)}
+              "params": plain(per_loss)}
     old = _check_same(folder, record)
     params_all = {**(old.get("params") or {}), **record["params"]}
     folder.mkdir(parents=True, exist_ok=True)
@@ -283,7 +256,7 @@ def run_loss_compare(dataset: Any, *, losses: Sequence[str] = DEFAULT_LOSSES, se
             run_dir = folder / f"{loss}-seed{seed}"
             runs[loss].append(str(run_dir))
             yield Progress(k, total, f"{loss} seed {seed}")
-            if _finished(run_dir):
+            if run_finished(run_dir):
                 yield Log(f"{loss} seed {seed}: finished earlier ({run_dir.name}), read back")
             else:
                 if (run_dir / "config.json").is_file():
@@ -293,19 +266,9 @@ def run_loss_compare(dataset: Any, *, losses: Sequence[str] = DEFAULT_LOSSES, se
                     it = train(method, dataset, run_dir=run_dir, params={**per_loss[loss], "seed": seed},
                                split=split, train_split="train", val_split=val_split, device=device, seed=seed,
                                image_encoder=image_encoder, text_encoder=text_encoder)
-                try:
-                    for ev in it:
-                        if isinstance(ev, Log) and ev.level in ("warning", "error"):
-                            yield Log(f"{loss} seed {seed}: {ev.message}", ev.level)
-                        elif isinstance(ev, Progress):
-                            yield Progress(ev.step, ev.total, f"{loss} seed {seed}: {ev.message}")
-                        if stop():
-                            yield Log(f"{loss} seed {seed}: stopped; run the experiment again with --exp-dir "
-                                      f"{folder} to continue", "warning")
-                            return
-                finally:
-                    it.close()        # a stop leaves the run resumable
-                if not _finished(run_dir):
+                if (yield from relay_run(it, f"{loss} seed {seed}", folder, stop)):
+                    return
+                if not run_finished(run_dir):
                     raise CrossViewError(f"{run_dir}: the run did not finish; see its metrics.jsonl, then run the "
                                          f"experiment again with --exp-dir {folder} to resume it")
             s = read_summary(run_dir)
@@ -321,7 +284,7 @@ def run_loss_compare(dataset: Any, *, losses: Sequence[str] = DEFAULT_LOSSES, se
     base = BASELINE if BASELINE in losses else losses[0]
     results, stds = {}, {}
     for loss in losses:
-        results[loss], stds[loss] = _mean_std(summaries[loss])
+        results[loss], stds[loss] = mean_std(summaries[loss])
     pairs = {loss: {d: paired([r[d] for r in ranks[loss]], [r[d] for r in ranks[base]], query_ids.get(d))
                     for d in ("i2t", "t2i")} for loss in losses if loss != base}
     n_img = len(query_ids.get("i2t", ()))
@@ -330,22 +293,10 @@ def run_loss_compare(dataset: Any, *, losses: Sequence[str] = DEFAULT_LOSSES, se
               "val_split": val_split, "selection": selection, "train_images": len(splits["train"]),
               "test_images": n_img, "test_captions": n_cap, "losses": losses, "seeds": int(seeds),
               "baseline": base, "results": results, "std": stds, "per_seed": summaries, "paired": pairs,
-              "params": _plain(per_loss), "experiment_dir": str(folder), "runs": runs}
-    atomic_write_json(folder / EXPERIMENT_FILE, {**record, "params": params_all, "result": _plain(result)})
+              "params": plain(per_loss), "experiment_dir": str(folder), "runs": runs}
+    atomic_write_json(folder / EXPERIMENT_FILE, {**record, "params": params_all, "result": plain(result)})
     yield Progress(total, total, "done")
     yield Finished(summary=result)
-
-
-def _mean_std(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    mean: dict[str, Any] = {}
-    std: dict[str, Any] = {}
-    for key, v in rows[0].items():
-        if isinstance(v, dict):
-            mean[key], std[key] = _mean_std([r[key] for r in rows])
-        else:
-            a = np.asarray([float(r[key]) for r in rows])
-            mean[key], std[key] = float(a.mean()), float(a.std()) if len(a) > 1 else 0.0
-    return mean, std
 
 
 def loss_compare(dataset: Any, **kwargs: Any) -> dict[str, Any]:
