@@ -1,4 +1,4 @@
-"""Comparing two runs' per-query ranks: deltas, counts, orders, the sign test."""
+"""Comparing two runs' per-query ranks: deltas, counts, orders, the sign and Wilcoxon tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crossview.core.errors import CrossViewError
-from crossview.eval.compare import compare_ranks, sign_test
+from crossview.eval.compare import compare_ranks, sign_test, wilcoxon_test
 
 
 def test_hand_worked_comparison():
@@ -28,6 +28,15 @@ def test_sign_test_against_the_binomial_by_hand():
     # 9 better, 1 worse: p = 2 * P(X <= 1), X ~ Bin(10, 1/2)
     assert sign_test(9, 1) == pytest.approx(2 * (comb(10, 0) + comb(10, 1)) / 2 ** 10)
     assert sign_test(0, 0) == 1.0 and sign_test(5, 5) == pytest.approx(1.0)
+
+
+def test_wilcoxon_by_hand():
+    # five rank changes, all one way, all different sizes: the exact two-sided p is 2 / 2^5
+    assert wilcoxon_test([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)
+    assert wilcoxon_test([0, 1, -2, 3, 0, 4, 5]) == pytest.approx(wilcoxon_test([1, -2, 3, 4, 5]))  # zeros dropped
+    assert wilcoxon_test([0, 0]) == 1.0 and wilcoxon_test([]) == 1.0
+    c = compare_ranks([3, 4, 5, 6, 7], [2, 2, 2, 2, 2])            # B better on every query, by 1 to 5
+    assert c.summary["wilcoxon_p"] == pytest.approx(2 / 32)
 
 
 def test_mismatched_runs_are_refused():

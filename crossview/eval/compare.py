@@ -2,8 +2,9 @@
 
 ``compare_ranks(a, b)`` takes two ``(n_queries,)`` 1-based rank arrays of the same queries (same split,
 same order) and returns the per-query change and a summary: how many queries improved, got worse or
-stayed, the median change, and a two-sided sign test (exact binomial over the queries whose rank
-changed) saying whether the difference is more than chance.
+stayed, the median change, a two-sided sign test (exact binomial over the queries whose rank
+changed) and a Wilcoxon signed-rank test (which also weighs how far each rank moved; ties dropped), saying
+whether the difference is more than chance.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["RankComparison", "compare_ranks", "sign_test"]
+__all__ = ["RankComparison", "compare_ranks", "sign_test", "wilcoxon_test"]
 
 
 def sign_test(n_better: int, n_worse: int) -> float:
@@ -25,6 +26,17 @@ def sign_test(n_better: int, n_worse: int) -> float:
         return 1.0
     from scipy.stats import binomtest
     return float(binomtest(n_better, n, 0.5, alternative="two-sided").pvalue)
+
+
+def wilcoxon_test(delta: Any) -> float:
+    """Two-sided Wilcoxon signed-rank p-value of rank differences ``delta`` (zeros dropped; 1.0 when none is
+    left)."""
+    d = np.asarray(delta, dtype=np.float64).ravel()
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0
+    from scipy.stats import wilcoxon
+    return float(wilcoxon(d, zero_method="wilcox").pvalue)
 
 
 @dataclass
@@ -61,6 +73,7 @@ def compare_ranks(rank_a: Any, rank_b: Any, ks: tuple[int, ...] = (1, 5, 10)) ->
         "n_queries": int(a.size), "b_better": better, "b_worse": worse, "same": int(a.size - better - worse),
         "median_delta": float(np.median(delta)) if a.size else 0.0,
         "sign_test_p": sign_test(better, worse),
+        "wilcoxon_p": wilcoxon_test(delta),
     }
     for k in ks:
         summary[f"R@{k}_a"] = float(100.0 * np.mean(a <= k)) if a.size else 0.0

@@ -133,9 +133,7 @@ def paired(ranks_loss: Sequence[np.ndarray], ranks_base: Sequence[np.ndarray],
     pooled: ``won`` / ``lost`` / ``tied`` (the loss ranks the ground truth higher / lower / the same), the
     two-sided sign test and Wilcoxon signed-rank p-values of the rank differences (ties dropped), the median
     difference, and the queries with the largest mean gain and loss over the seeds (``query_ids`` names them)."""
-    from scipy.stats import wilcoxon
-
-    from crossview.eval.compare import sign_test
+    from crossview.eval.compare import sign_test, wilcoxon_test
 
     if len(ranks_loss) != len(ranks_base) or not ranks_loss:
         raise CrossViewError("paired comparison needs the same seeds for both losses")
@@ -146,8 +144,7 @@ def paired(ranks_loss: Sequence[np.ndarray], ranks_base: Sequence[np.ndarray],
     delta = np.stack(a) - np.stack(b)                     # (seeds, queries): negative = the loss ranks higher
     flat = delta.ravel()
     won, lost = int((flat < 0).sum()), int((flat > 0).sum())
-    nz = flat[flat != 0]
-    wil = float(wilcoxon(nz, zero_method="wilcox").pvalue) if nz.size else 1.0
+    wil = wilcoxon_test(flat)
     mean = delta.mean(axis=0)
     ids = np.arange(delta.shape[1]) if query_ids is None else np.asarray(query_ids)
     order = np.argsort(mean, kind="stable")

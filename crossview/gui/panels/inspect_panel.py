@@ -482,7 +482,7 @@ class InspectPanel(QWidget):
             self.compare_label.setText(
                 f"{d}: B ranks the ground truth higher for <b>{s['b_better']}</b> queries, lower for "
                 f"<b>{s['b_worse']}</b>, the same for {s['same']}; median change {s['median_delta']:+g}; "
-                f"sign test p = {s['sign_test_p']:.3g}")
+                f"sign test p = {s['sign_test_p']:.3g}, Wilcoxon signed-rank p = {s['wilcoxon_p']:.3g}")
             self.scatter.setData(x=np.log10(comp.rank_a), y=np.log10(comp.rank_b), data=np.arange(len(ra)))
             top = int(max(comp.rank_a.max(), comp.rank_b.max()))
             self.diagonal.setData(x=[0.0, float(np.log10(top * 1.2))], y=[0.0, float(np.log10(top * 1.2))])
