@@ -234,6 +234,20 @@ def cmd_train(args: argparse.Namespace) -> int:
                     raise CrossViewError(f"{flag} is not an option of method {args.method!r}")
                 params[spec.name] = spec.coerce(value, args.method)
         if args.data == "demo" or args.format == "demo":
+            # bad values cost nothing: refused before the demo's first rendering (~10 s), not after it
+            from crossview.core.devices import select_device
+            from crossview.features.image import list_image_encoders
+            from crossview.methods import create_method
+
+            create_method(args.method, **params).check_params()
+            select_device(args.device)
+            if args.image_encoder and args.image_encoder not in (*list_image_encoders(), "precomp"):
+                raise CrossViewError(f"unknown image encoder {args.image_encoder!r}; choose one of: "
+                                     f"{', '.join(list_image_encoders())}")
+            if args.text_encoder and args.text_encoder != "none":
+                from crossview.features.text import create_text_encoder
+
+                create_text_encoder(args.text_encoder).check_available()
             render_demo_reporting()      # the first use renders it (~10 s): say so, with progress
         gen = train(args.method, args.data, run_dir=args.run_dir, params=params, split=args.split,
                     train_split=args.train_split, val_split=args.val_split or None,
