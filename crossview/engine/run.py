@@ -557,29 +557,73 @@ class _Run:
 
     # ------------------------------------------------------------------ stages
     def _extract(self) -> Iterator[Event]:
-        """Features in a worker thread so that progress flows out and a cancel stops it between batches."""
+        """The run's features (see :meth:`_features_in_thread`)."""
         from crossview.features import extract_features
 
+        def make(progress: Any, should_stop: Any) -> Any:
+            if self.representation is not None:
+                return self._representation_features(progress, should_stop)
+            if self.built is not None:
+                from crossview.features.topics import rebuild_representation_features
+                return rebuild_representation_features(
+                    self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
+                    progress=progress, should_stop=should_stop, where=f"{self._path(CONFIG)}")
+            return extract_features(self.dataset, self.cfg.image_encoder, self.cfg.text_encoder,
+                                    fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
+                                    progress=progress, should_stop=should_stop)
+
+        result: dict[str, Any] = {}
+        yield from self._features_in_thread(make, result, "features")
+        self.features = result["value"]
+
+    def _auxiliary(self) -> Iterator[Event]:
+        """The second datasets a method trains on besides the run's (``auxiliary_datasets()``: name -> path,
+        e.g. webly's web image-tag set): loaded, their images encoded with the run's image encoder (the feature
+        cache serves a resume) and normalised as the run's, then handed to ``set_auxiliary``."""
+        want = getattr(self.method, "auxiliary_datasets", None)
+        if want is None or not want():
+            return
+        from crossview.features import extract_features
+
+        for name, source in want().items():
+            if source == "demo":
+                from crossview.data.demo import load_demo_web
+                ds = load_demo_web()
+            else:
+                from crossview.data import load_dataset
+                ds = load_dataset(str(source), format=getattr(self.method, "auxiliary_format", {}).get(name))
+            if not getattr(ds, "image_paths", None):
+                raise CrossViewError(f"{name} set {source}: no image files to encode (a {ds.format} dataset of "
+                                     "feature rows); give a folder or list of images with their tags")
+            encoder = self.features.image_encoder
+            from crossview.features.image import list_image_encoders
+            if encoder not in list_image_encoders():
+                raise CrossViewError(f"{name} set {source}: its images must be encoded as the run's are, but this "
+                                     f"run's image features are {encoder!r} (precomputed); train on a dataset of "
+                                     "image files with an image encoder")
+            result: dict[str, Any] = {}
+            yield from self._features_in_thread(
+                lambda progress, should_stop: extract_features(
+                    ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device, progress=progress,
+                    should_stop=should_stop), result, f"{name} set features")
+            rows = result["value"].image
+            if self.features.image_transform is not None:
+                rows = self.features.image_transform(rows)
+            self.method.set_auxiliary(name, ds, rows)
+            yield self._emit(Log(f"{name} set: {ds.name} ({ds.n_images:,} images, {encoder} features) from {source}"))
+
+    def _features_in_thread(self, make: Any, result: dict[str, Any], what: str) -> Iterator[Event]:
+        """``make(progress, should_stop)`` in a worker thread so that progress flows out and a cancel stops it
+        between batches; its value lands in ``result["value"]``."""
         q: queue.Queue[Event | None] = queue.Queue()
         stop = threading.Event()
-        result: dict[str, Any] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
-            q.put(Progress(done, total, f"features: {stage}"))
+            q.put(Progress(done, total, f"{what}: {stage}"))
 
         def work() -> None:
             try:
-                if self.representation is not None:
-                    result["features"] = self._representation_features(progress, stop.is_set)
-                elif self.built is not None:
-                    from crossview.features.topics import rebuild_representation_features
-                    result["features"] = rebuild_representation_features(
-                        self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                        progress=progress, should_stop=stop.is_set, where=f"{self._path(CONFIG)}")
-                else:
-                    result["features"] = extract_features(
-                        self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
-                        cache=self.cache, device=self.device, progress=progress, should_stop=stop.is_set)
+                result["value"] = make(progress, stop.is_set)
             except BaseException as e:  # noqa: BLE001 - handed to the generator's thread below
                 result["error"] = e
             finally:
@@ -599,7 +643,6 @@ class _Run:
                 th.join()
         if "error" in result:
             raise result["error"]
-        self.features = result["features"]
 
     def _check_representation(self) -> dict[str, Any] | None:
         """The representation the method asks its features to be (BITR's ``representation=tr|ctr``),
@@ -746,6 +789,8 @@ class _Run:
                 pass
         self._normalize()
         train, val, _test = self._method_data()
+        for _ in self._auxiliary():
+            pass
         continued = self.resuming and self._restore()
         if self.phase != "trained":
             yield from self.method.fit_iter(train, val, resume=continued)
@@ -816,6 +861,7 @@ class _Run:
             yield self._emit(Log(f"features: image {f.image_encoder} {f.image.shape[1]}-d, text {f.text_encoder} "
                                  f"{None if f.text is None else f.text.shape[1]}-d ({features_seconds:.1f} s)"))
             train, val, test = self._method_data()
+            yield from self._auxiliary()
 
             continued = self.resuming and self._restore()
             if self.resuming:

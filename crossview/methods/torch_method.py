@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from crossview.data.method_data import MethodData
-from crossview.core.events import Log, Validation
+from crossview.core.events import Log, Loss, Validation
 from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method
 from crossview.nn.trainer import EpochSampler, Trainer, init_distributed, world
@@ -100,6 +100,23 @@ class TorchMethod(Method):
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def run_offsets(self) -> tuple[int, int]:
+        """``(epochs, steps)`` trained before this call of :meth:`fit_iter` in the same run (a method that trains
+        in stages continues its curves and epoch numbers from the earlier stages); ``(0, 0)`` by default."""
+        return 0, 0
+
+    def n_epochs(self) -> int:
+        """How many epochs the trainer runs (default: the ``max_epochs`` parameter); a method that trains in
+        stages answers for the stage it is in."""
+        return int(getattr(self, "max_epochs", 10))
+
+    def make_sampler(self, train: MethodData, seed: int, rank: int, world_size: int) -> EpochSampler:
+        """The batches of an epoch (default: every caption once, or ``batch_size`` images with all their
+        captions when ``group_by_image``)."""
+        groups = train.caption_image if self.group_by_image else None
+        return EpochSampler(self.n_train_items(train), int(getattr(self, "batch_size", 128)), seed=seed,
+                            groups=groups, rank=rank, world_size=world_size)
 
     def n_train_items(self, train: MethodData) -> int:
         """How many items an epoch visits (default: every caption once)."""
@@ -232,10 +249,8 @@ class TorchMethod(Method):
         self.prepare(train, dev)
         opts = self.optimizers(model)
         scheds = self.schedulers(opts)
-        groups = train.caption_image if self.group_by_image else None
-        sampler = EpochSampler(self.n_train_items(train), int(getattr(self, "batch_size", 128)), seed=seed,
-                               groups=groups, rank=rank, world_size=world_size)
-        trainer = Trainer(model, opts, sampler, max_epochs=int(getattr(self, "max_epochs", 10)), device=dev,
+        sampler = self.make_sampler(train, seed, rank, world_size)
+        trainer = Trainer(model, opts, sampler, max_epochs=self.n_epochs(), device=dev,
                           seed=seed, schedulers=scheds, grad_clip=getattr(self, "grad_clip", None),
                           amp=bool(getattr(self, "amp", False)), loss_is_sum=self.loss_is_sum,
                           log_every=int(getattr(self, "log_every", 10)), after_step=self.after_step,
@@ -250,7 +265,10 @@ class TorchMethod(Method):
                 yield Log(note, "info")
             yield Log(self.start_message(train, sampler.n_items, len(sampler), dev), "info")
 
+        off_epochs, off_steps = self.run_offsets()
+
         def on_epoch_end(epoch: int, terms: dict[str, float]) -> tuple[list[Any], bool]:
+            epoch += off_epochs
             record: dict[str, Any] = {"epoch": epoch, **terms}
             events: list[Any] = []
             stop = False
@@ -274,6 +292,8 @@ class TorchMethod(Method):
         try:
             for ev in trainer.fit_iter(lambda m, b, g: self.training_step(m, b, g), on_epoch_end):
                 self.epoch_, self.step_ = trainer.epoch, trainer.step     # the position, readable live
+                if off_steps and isinstance(ev, Loss):       # a later stage continues the curves
+                    ev = Loss(ev.step + off_steps, ev.epoch + off_epochs, ev.terms)
                 yield ev
             if self.best_state_ is not None:
                 model.load_state_dict(tensor_tree(self.best_state_))

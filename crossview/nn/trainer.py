@@ -200,6 +200,39 @@ class EpochSampler:
         return torch.from_numpy(np.ascontiguousarray(items[self.rank::self.world_size]))
 
 
+class CurriculumSampler(EpochSampler):
+    """An :class:`EpochSampler` over items in curriculum order (the first ones the easiest): epoch ``e`` draws
+    from the first ``fraction(e)`` of them, growing linearly from ``start`` to all of them at epoch ``ramp``;
+    an epoch always has as many items as the whole set (the drawn prefix repeated in fresh permutations), so
+    every epoch has the same number of batches and a resume lands on the same batch."""
+
+    def __init__(self, n_items: int, batch_size: int, *, start: float = 0.5, ramp: int = 3, seed: int = 0,
+                 rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(n_items, batch_size, seed=seed, rank=rank, world_size=world_size)
+        if not 0 < start <= 1:
+            raise CrossViewError(f"curriculum start must be a fraction in (0, 1], got {start}")
+        self.start, self.ramp = float(start), max(0, int(ramp))
+
+    def fraction(self, epoch: int) -> float:
+        """The share of the items epoch ``epoch`` (0-based) draws from."""
+        if self.ramp == 0 or epoch >= self.ramp:
+            return 1.0
+        return self.start + (1.0 - self.start) * epoch / self.ramp
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._epoch != epoch:
+            k = max(1, int(round(self.fraction(epoch) * self.n_units)))
+            g = torch.Generator().manual_seed(step_seed(self.seed, 0x5EED, epoch))
+            parts, have = [], 0
+            while have < self.n_units:
+                parts.append(torch.randperm(k, generator=g).numpy())
+                have += k
+            self._perm = np.concatenate(parts)[:self.n_units]
+            self._epoch = epoch
+        assert self._perm is not None
+        return self._perm
+
+
 # ====================================================================== the loop
 class Trainer:
     """The loop (see the module docstring). ``optimizers``: one optimiser or several (stepped in order

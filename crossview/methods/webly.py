@@ -1,0 +1,287 @@
+"""Webly supervised two-stage training (Mithun, Panda, Papalexakis & Roy-Chowdhury, ACM MM 2018; paper 003).
+
+Three branches into one space, on the VSE++ model (:mod:`crossview.methods.vsepp`):
+image (features -> FC -> L2), sentence (the vsepp text encoders), tags (the average GloVe 6B 50-d vector of the
+tags' words -> FC -> L2).
+
+- Stage I, clean image-caption data: each caption's tags are its nouns and verbs
+  (:func:`crossview.features.tags.extract_tags`); ``loss = lambda1 * L_IS + lambda2 * L_IT`` (VSE0 or VSE++
+  form, :func:`crossview.nn.losses.contrastive_loss`), ``max_epochs`` epochs.
+- Stage II, a web image-tag set (``fit_iter(..., web=MethodData)`` whose "captions" are the tag lists): ``L_IT``
+  only (lambda1 = 0) at ``stage2_lr`` for ``stage2_epochs`` epochs, with the curriculum: web images ordered by
+  how frequent their tags are in the clean captions (common concepts first), the set growing from the most
+  common ``curriculum_start`` fraction to all of it over ``curriculum_epochs`` epochs.
+
+The epoch with the best validation rsum over both stages is kept (Stage II must beat Stage I to count); the
+curves and epoch numbers of Stage II continue Stage I's, and a resume lands in the stage it stopped in (``stage_``).
+The web set comes from the engine (``web`` = a path, or ``demo``): it reads it as a webtags collection, encodes its
+images with the run's image encoder and normalisation, and hands it over (:meth:`Webly.set_auxiliary`); library
+callers pass ``fit_iter(..., web=web_method_data(rows, tags))``.
+
+Not yet (issue 15): the ablation command, the tag branch replaced by the sentence branch, end to end images,
+the GUI's second dataset slot (the Train form has ``web`` as a path field) and the Query panel's tag query;
+the defaults are the paper's, not yet chosen on real photos.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from crossview.core.errors import CrossViewError
+from crossview.core.events import Log
+from crossview.data.method_data import MethodData
+from crossview.methods import register_method
+from crossview.methods.vsepp import Vsepp, VseModel
+from crossview.nn.encoders import FeatureImageEncoder
+from crossview.nn.losses import contrastive_loss
+from crossview.nn.trainer import gather_rows, world
+
+__all__ = ["Webly", "tag_vectors", "curriculum_order", "web_method_data"]
+
+
+def tag_vectors(tag_lists: list[list[str]]) -> np.ndarray:
+    """``(n, 50) float32``: the mean GloVe 6B 50-d vector of the words of each tag list (multi-word tags count
+    each word; words GloVe lacks are skipped; a list with none left is the zero vector)."""
+    from crossview.data.text import tokenize
+    from crossview.features.text.glove import _glove_tables
+
+    emb, index, _ = _glove_tables()
+    out = np.zeros((len(tag_lists), emb.shape[1]), dtype=np.float32)
+    for r, tags in enumerate(tag_lists):
+        ids = [index[w] for t in tags for w in tokenize(t) if w in index]
+        if ids:
+            out[r] = np.asarray(emb[np.asarray(ids)], dtype=np.float32).mean(axis=0)
+    return out
+
+
+def curriculum_order(web_tags: list[list[str]], clean_counts: Counter) -> np.ndarray:
+    """Web items from the most to the least familiar: by the mean count of their tags in the clean captions
+    (ties by position); items with no known tag last."""
+    score = np.array([np.mean([clean_counts.get(t, 0) for t in tags]) if tags else 0.0 for tags in web_tags])
+    return np.argsort(-score, kind="stable")
+
+
+def web_method_data(image_features: np.ndarray, tags: list[list[str]], name: str = "web") -> MethodData:
+    """A web image-tag set as :class:`MethodData`: one "caption" per image, its tags joined by commas."""
+    if len(tags) != len(image_features):
+        raise CrossViewError(f"web set: {len(image_features)} images but {len(tags)} tag lists")
+    return MethodData(image_features=np.asarray(image_features, dtype=np.float32), text_features=None,
+                      captions=[",".join(t) for t in tags], caption_image=np.arange(len(tags)), name=name)
+
+
+class WeblyModel(VseModel):
+    """:class:`VseModel` with a tag branch (``tags``: FC over averaged word vectors -> L2)."""
+
+    def __init__(self, image: torch.nn.Module, text: torch.nn.Module, tags: torch.nn.Module) -> None:
+        super().__init__(image, text)
+        self.tags = tags
+
+
+@register_method("webly")
+class Webly(Vsepp):
+    """Two-stage webly supervised training (see the module docstring)."""
+
+    def __init__(self, *, web: str = "", loss: str = "vsepp", margin: float = 0.2, lambda1: float = 1.0,
+                 lambda2: float = 1.0,
+                 stage2_epochs: int = 5, stage2_lr: float = 2e-5, curriculum: str = "frequency",
+                 curriculum_start: float = 0.5, curriculum_epochs: int = 3, embed_dim: int = 1024,
+                 text_model: str = "features", image_model: str = "features", backbone: str = "efficientnet_lite0",
+                 finetune_cnn: bool = False, workers: int = 2, word_dim: int = 300, min_count: int = 1,
+                 max_len: int = 64, bert_path: str = "", train_layers: int = 0, max_epochs: int = 10,
+                 batch_size: int = 128, lr: float = 2e-4, lr_decay_epoch: int = 7, lr_decay: float = 0.1,
+                 grad_clip: float = 2.0, optimizer: str = "adam", weight_decay: float = 0.0, patience: int = 10,
+                 holdout: float = 0.0, amp: bool = False, device: str = "auto", seed: int = 0,
+                 log_every: int = 10) -> None:
+        super().__init__(loss=loss, margin=margin, embed_dim=embed_dim, text_model=text_model,
+                         image_model=image_model, backbone=backbone, finetune_cnn=finetune_cnn, workers=workers,
+                         word_dim=word_dim, min_count=min_count, max_len=max_len, bert_path=bert_path,
+                         train_layers=train_layers, max_epochs=max_epochs, batch_size=batch_size, lr=lr,
+                         lr_decay_epoch=lr_decay_epoch, lr_decay=lr_decay, grad_clip=grad_clip, optimizer=optimizer,
+                         weight_decay=weight_decay, patience=patience, holdout=holdout, amp=amp, device=device,
+                         seed=seed, log_every=log_every)
+        self.web = web
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.stage2_epochs = stage2_epochs
+        self.stage2_lr = stage2_lr
+        self.curriculum = curriculum
+        self.curriculum_start = curriculum_start
+        self.curriculum_epochs = curriculum_epochs
+
+    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
+        form = "VSE++ hardest negative" if self.loss == "vsepp" else "VSE0 sum of negatives"
+        web = getattr(self, "_web", None)
+        return (f"webly Stage I ({form}, {self.lambda1} x L_IS + {self.lambda2} x L_IT): {n_items} captions with their "
+                f"nouns and verbs as tags, {n_batches} batches per epoch, {self.max_epochs} epochs; text: "
+                f"{self._text_description()}; "
+                + (f"then Stage II on {web.n_images} web images ({self.stage2_epochs} epochs, lr {self.stage2_lr}, "
+                   f"curriculum {self.curriculum})" if web is not None and int(self.stage2_epochs) > 0
+                   else "no Stage II (no web set)")
+                + f", {self.embed_dim}-d, device {device}{self._amp_note(device)}")
+
+    # ------------------------------------------------------------------ the web set (from the engine)
+    #: the reader of each auxiliary dataset (the engine reads the web set as a web image-tag collection)
+    auxiliary_format = {"web": "webtags"}
+
+    def auxiliary_datasets(self) -> dict[str, str]:
+        """``{"web": path}`` when a web set is named: the engine loads it, encodes its images with the run's
+        image encoder and normalisation, and hands it over (:meth:`set_auxiliary`)."""
+        return {"web": str(self.web)} if self.web else {}
+
+    def set_auxiliary(self, name: str, dataset: Any, image_rows: np.ndarray) -> None:
+        if name != "web":
+            raise CrossViewError(f"webly: no auxiliary dataset {name!r}")
+        tags = list(dataset.tags) if getattr(dataset, "tags", None) is not None else []
+        if len(tags) != len(image_rows) or not any(tags):
+            raise CrossViewError(f"webly: the web set {self.web} has no tags for its images; give an image-tag "
+                                 "collection (tags.jsonl, or a folder of images with .tags files)")
+        self._web = web_method_data(image_rows, [list(t) for t in tags], name=getattr(dataset, "name", "web"))
+
+    # ------------------------------------------------------------------ stages
+    def _stage(self) -> int:
+        return int(getattr(self, "_stage_now", 1))
+
+    def run_offsets(self) -> tuple[int, int]:
+        if self._stage() == 2:
+            return int(getattr(self, "stage1_epochs_", 0)), int(getattr(self, "stage1_steps_", 0))
+        return 0, 0
+
+    def n_epochs(self) -> int:
+        return int(self.stage2_epochs) if self._stage() == 2 else int(self.max_epochs)
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        if self.image_model != "features":
+            raise CrossViewError("webly: image_model must be 'features' for now (end to end is not wired yet)")
+        for name in ("lambda1", "lambda2"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise CrossViewError(f"webly: {name} must be a number >= 0, got {v!r}")
+        if self.lambda1 == 0 and self.lambda2 == 0:
+            raise CrossViewError("webly: lambda1 and lambda2 are both 0; Stage I would learn nothing")
+        if self.web and self.web != "demo" and not __import__("pathlib").Path(str(self.web)).expanduser().exists():
+            raise CrossViewError(f"webly: web set {self.web}: no such file or folder; give a tags.jsonl / .csv / "
+                                 "folder of images with .tags files, 'demo' for the demo's web set, or nothing "
+                                 "(no Stage II)")
+        if self.curriculum not in ("frequency", "none"):
+            raise CrossViewError(f"webly: curriculum {self.curriculum!r} must be 'frequency' or 'none'")
+        if not 0 < float(self.curriculum_start) <= 1:
+            raise CrossViewError(f"webly: curriculum_start must be a fraction in (0, 1], got {self.curriculum_start!r}")
+
+    def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
+        if self._stage() == 2:                       # Stage II trains the Stage I model on other data
+            return dict(self.model_spec_)
+        spec = super().model_spec(train, resume)
+        spec["tag_dim"] = 50
+        return spec
+
+    def build_model(self, spec: dict[str, Any]) -> torch.nn.Module:
+        base = super().build_model(spec)
+        return WeblyModel(base.image, base.text, FeatureImageEncoder(int(spec["tag_dim"]), int(spec["embed_dim"])))
+
+    def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
+        opts = super().optimizers(model)
+        if self._stage() == 2:
+            for o in opts:
+                for g in o.param_groups:
+                    g["lr"] = g["lr"] / float(self.lr) * float(self.stage2_lr)
+        return opts
+
+    def schedulers(self, optimizers: Any) -> list[Any]:
+        return [] if self._stage() == 2 else super().schedulers(optimizers)
+
+    def prepare(self, train: MethodData, device: torch.device) -> None:
+        if self._stage() == 1:
+            from crossview.features.tags import extract_tags
+
+            super().prepare(train, device)
+            tags = [extract_tags(c) for c in train.captions]
+            self._clean_counts = Counter(t for ts in tags for t in ts)
+        else:                          # the web set: images and their tag lists (its "captions"), no sentences
+            self._t = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device),
+                       "img": torch.as_tensor(train.require_image_features(self.name)).to(device)}
+            tags = [[t for t in c.split(",") if t] for c in train.captions]
+        self._t["tagv"] = torch.as_tensor(tag_vectors(tags)).to(device)
+
+    def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Stage I: ``lambda1 * L_IS + lambda2 * L_IT`` over a batch of captions, their images and their tags;
+        Stage II: ``lambda2 * L_IT`` over a batch of web images and their tags."""
+        from crossview.nn.trainer import unwrap
+
+        m = unwrap(model)
+        tg = m.tags(self._t["tagv"][batch])
+        if self._stage() == 1:
+            im, _, s, img_ids = self._embed_batch(model, batch)
+        else:
+            img_ids = self._t["ci"][batch]
+            im, s = m.image(self._t["img"][img_ids]), None
+        im, tg, img_ids = gather_rows(im), gather_rows(tg), gather_rows(img_ids)
+        hardest = self.loss == "vsepp"
+        b = max(1, int(img_ids.numel()))
+        it_i2t, it_t2i = contrastive_loss(im, tg, margin=float(self.margin), hardest=hardest, image_ids=img_ids)
+        l_it = it_i2t + it_t2i
+        out = {"L_IT": l_it.detach() / b}
+        loss = float(self.lambda2) * l_it
+        if s is not None:
+            s = gather_rows(s)
+            is_i2t, is_t2i = contrastive_loss(im, s, margin=float(self.margin), hardest=hardest, image_ids=img_ids)
+            l_is = is_i2t + is_t2i
+            loss = loss + float(self.lambda1) * l_is
+            out["L_IS"] = l_is.detach() / b
+        return {"loss": loss / world()[1], **out}
+
+    # ------------------------------------------------------------------ two stages
+    def fit_iter(self, train: MethodData, val: MethodData | None = None, *, resume: bool = False,
+                 web: MethodData | None = None) -> Iterator[Any]:
+        web = web if web is not None else getattr(self, "_web", None)
+        stage = int(getattr(self, "stage_", 1)) if resume else 1
+        if stage == 1:
+            self._stage_now = 1
+            self.stage_ = 1
+            yield from super().fit_iter(train, val, resume=resume)
+            if web is None or int(self.stage2_epochs) <= 0 or getattr(self, "stopped_", False):
+                return
+            if int(self.epoch_) < int(self.max_epochs) and not self.done_:
+                return                               # cancelled inside Stage I: resume continues it
+            self.stage1_epochs_, self.stage1_steps_ = len(self.history_), int(self.step_)
+            self.stage_ = 2
+            self.train_state_ = None
+            self.done_ = False
+            self.bad_epochs_ = 0
+            resume = True
+            yield Log(f"webly: Stage II starts at step {self.step_}: {web.n_images} web images, L_IT only, "
+                      f"lr {self.stage2_lr}", "info")
+        if web is None:
+            raise CrossViewError("webly: this run is in Stage II and needs its web set again")
+        self._stage_now = 2
+        try:
+            yield from super().fit_iter(self._curriculum_data(web), val, resume=resume)
+        finally:
+            self._stage_now = 1
+
+    def make_sampler(self, train: MethodData, seed: int, rank: int, world_size: int) -> Any:
+        if self._stage() == 2 and self.curriculum == "frequency":
+            from crossview.nn.trainer import CurriculumSampler
+
+            return CurriculumSampler(train.n_captions, int(self.batch_size), start=float(self.curriculum_start),
+                                     ramp=int(self.curriculum_epochs), seed=seed, rank=rank, world_size=world_size)
+        return super().make_sampler(train, seed, rank, world_size)
+
+    def _curriculum_data(self, web: MethodData) -> MethodData:
+        """The web set as training data (its "captions" are tag lists, one per image), in curriculum order."""
+        tags = [[t.strip() for t in c.split(",") if t.strip()] for c in web.captions]
+        if len(tags) != web.n_images or np.any(np.asarray(web.caption_image) != np.arange(web.n_images)):
+            raise CrossViewError("webly: the web set must have one tag list per image (web_method_data builds it)")
+        if self.curriculum == "frequency":
+            order = curriculum_order(tags, getattr(self, "_clean_counts", Counter()))
+        else:
+            order = np.arange(len(tags))
+        return MethodData(image_features=np.asarray(web.image_features)[order], text_features=None,
+                          captions=[",".join(tags[i]) for i in order], caption_image=np.arange(len(order)),
+                          name="web")

