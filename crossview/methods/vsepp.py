@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,7 @@ def _load_transformer_model(path: str) -> torch.nn.Module:
     from crossview.features.text.transformer import _check_model_folder, _load_transformer, minilm_path
 
     folder = str(minilm_path()) if path == "minilm" else path
-    _check_model_folder(__import__("pathlib").Path(folder), "vsepp transformer (bert_path)")
+    _check_model_folder(Path(folder), "vsepp transformer (bert_path)")
     return copy.deepcopy(_load_transformer(folder)[1])
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -164,7 +165,7 @@ class Webly(Vsepp):
                 raise CrossViewError(f"webly: {name} must be a number >= 0, got {v!r}")
         if self.lambda1 == 0 and self.lambda2 == 0:
             raise CrossViewError("webly: lambda1 and lambda2 are both 0; Stage I would learn nothing")
-        if self.web and self.web != "demo" and not __import__("pathlib").Path(str(self.web)).expanduser().exists():
+        if self.web and self.web != "demo" and not Path(str(self.web)).expanduser().exists():
             raise CrossViewError(f"webly: web set {self.web}: no such file or folder; give a tags.jsonl / .csv / "
                                  "folder of images with .tags files, 'demo' for the demo's web set, or nothing "
                                  "(no Stage II)")
