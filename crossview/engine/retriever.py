@@ -129,14 +129,9 @@ class Retriever:
             return None
         if rows is not None:
             return np.asarray(self.features.text[rows], dtype=np.float32)
-        model = self.features.text_model
-        encode = getattr(self.features, "encode_new_captions", None)   # a representation's own text side (TR/CTR)
-        if model is None and encode is None:
-            raise CrossViewError("this run has no text encoder to encode new sentences with")
-        x = np.asarray(encode(list(captions), device=self.device) if encode is not None else
-                       model.encode(list(captions), device=self.device), dtype=np.float32)
-        transform = getattr(self.features, "text_transform", None)
-        return x if transform is None else np.asarray(transform(x), dtype=np.float32)
+        from crossview.features import encode_texts
+
+        return encode_texts(self.features, captions, device=self.device)
 
     def _corpus_features(self, captions: list[str]) -> np.ndarray | None:
         """The corpus's caption features, through the feature cache when the encoder has a cache key."""

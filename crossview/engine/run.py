@@ -504,7 +504,8 @@ class _Run:
                                                "updated": _now(), **self._ckpt_info, **extra})
 
     def _emit(self, ev: Event) -> Event:
-        assert self._log is not None
+        if self._log is None:          # a process of rank > 0 under torchrun writes nothing
+            return ev
         if isinstance(ev, Progress):
             now = time.monotonic()
             if now - self._last_progress_log < _PROGRESS_LOG_SECONDS and ev.step not in (0, ev.total):
@@ -580,6 +581,7 @@ class _Run:
         """The second datasets a method trains on besides the run's (``auxiliary_datasets()``: name -> path,
         e.g. webly's web image-tag set): loaded, their images encoded with the run's image encoder (the feature
         cache serves a resume) and normalised as the run's, then handed to ``set_auxiliary``."""
+        self._text_encoder()
         want = getattr(self.method, "auxiliary_datasets", None)
         if want is None or not want():
             return
@@ -611,6 +613,49 @@ class _Run:
                 rows = self.features.image_transform(rows)
             self.method.set_auxiliary(name, ds, rows)
             yield self._emit(Log(f"{name} set: {ds.name} ({ds.n_images:,} images, {encoder} features) from {source}"))
+
+    def _text_encoder(self) -> None:
+        """Hand a method that encodes strings of its own as the run's captions are (``set_text_encoder``, e.g.
+        webly's tag strings through the sentence branch) the run's text encoder and normalisation."""
+        take = getattr(self.method, "set_text_encoder", None)
+        if take is None:
+            return
+        from crossview.features import encode_texts
+
+        features, device = self.features, self.device
+        take(lambda captions: encode_texts(features, captions, device=device))
+
+    def _initial_state(self) -> Iterator[Event]:
+        """A fresh run of a method that starts from another run's trained state (``initial_run()`` names its
+        folder, e.g. webly's ``init_from``: Stage II from a finished Stage I run): that run's checkpoint is read
+        as data, its features must be this run's (encoders, dimensions, normalisations), and the method takes
+        its state (``set_initial_state``)."""
+        want = getattr(self.method, "initial_run", None)
+        source = str(want() or "") if want is not None else ""
+        if not source:
+            return
+        src = Path(source).expanduser()
+        path = src / CHECKPOINT
+        if not path.is_file():
+            raise CrossViewError(f"init_from {source}: no {CHECKPOINT} there; give the folder of a finished run")
+        ckpt = load_checkpoint(path)
+        _check_checkpoint(ckpt, path)
+        theirs = ckpt.get("features") if isinstance(ckpt.get("features"), dict) else {}
+        cfg = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+        f = self.features
+        mine = {"image_encoder": f.image_encoder, "text_encoder": f.text_encoder, "image_dim": int(f.image.shape[1]),
+                "text_dim": None if f.text is None else int(f.text.shape[1])}
+        differ = [f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} here" for k in
+                  ("image_encoder", "text_encoder", "image_dim", "text_dim") if theirs.get(k) != mine.get(k)]
+        differ += [f"{k} {cfg.get(k, 'none')!r} there, {getattr(self.cfg, k)!r} here" for k in
+                   ("image_norm", "text_norm") if cfg.get(k, "none") != getattr(self.cfg, k)]
+        if differ:
+            raise CrossViewError(f"init_from {source}: that run's features are not this run's ({'; '.join(differ)});"
+                                 " start this run with the same encoders and normalisations")
+        note = self.method.set_initial_state(ckpt["method_state"], str(src))
+        if cfg.get("data") and self.cfg.data and str(cfg.get("data")) != str(self.cfg.data):
+            note = f"{note}; note: that run trained on {cfg.get('data')}, this one on {self.cfg.data}"
+        yield self._emit(Log(note))
 
     def _features_in_thread(self, make: Any, result: dict[str, Any], what: str) -> Iterator[Event]:
         """``make(progress, should_stop)`` in a worker thread so that progress flows out and a cancel stops it
@@ -792,6 +837,9 @@ class _Run:
         for _ in self._auxiliary():
             pass
         continued = self.resuming and self._restore()
+        if not continued:
+            for _ in self._initial_state():
+                pass
         if self.phase != "trained":
             yield from self.method.fit_iter(train, val, resume=continued)
 
@@ -867,6 +915,8 @@ class _Run:
             if self.resuming:
                 yield self._emit(Log("continuing from the last checkpoint" if continued else
                                      "no usable checkpoint state: training from the start"))
+            if not continued:
+                yield from self._initial_state()
             if self.phase != "trained":
                 self.phase = "training"
                 yield from self._fit(train, val, resume=continued)

@@ -23,7 +23,7 @@ import numpy as np
 from crossview.core.errors import Cancelled, CrossViewError
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
-__all__ = ["Features", "FeatureCache", "extract_features", "encode_captions", "image_set_fingerprint",
+__all__ = ["Features", "FeatureCache", "extract_features", "encode_captions", "encode_texts", "image_set_fingerprint",
            "PRECOMP"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,19 @@ class Features:
     image_transform: Any = None
     text_transform: Any = None
 
+
+def encode_texts(features: Any, captions: Sequence[str], device: str = "cpu") -> np.ndarray:
+    """``(n, e) float32``: new captions (queries, tag strings) encoded as a run's caption features are: through
+    ``features``' fitted text encoder (or a representation's own text side, ``encode_new_captions``), then the
+    run's text normalisation (``text_transform``)."""
+    model = getattr(features, "text_model", None)
+    encode = getattr(features, "encode_new_captions", None)   # a representation's own text side (TR/CTR)
+    if model is None and encode is None:
+        raise CrossViewError("this run has no text encoder to encode new sentences with")
+    x = np.asarray(encode(list(captions), device=device) if encode is not None else
+                   model.encode(list(captions), device=device), dtype=np.float32)
+    transform = getattr(features, "text_transform", None)
+    return x if transform is None else np.asarray(transform(x), dtype=np.float32)
 
 def image_set_fingerprint(paths: Sequence[str]) -> str:
     """A hash of the image files: paths, sizes and modification times (changed files -> new key)."""

@@ -42,7 +42,10 @@ from crossview.nn.encoders import FeatureImageEncoder
 from crossview.nn.losses import contrastive_loss
 from crossview.nn.trainer import gather_rows, world
 
-__all__ = ["Webly", "tag_vectors", "curriculum_order", "web_method_data"]
+__all__ = ["Webly", "tag_vectors", "tag_sentences", "caption_tags", "clean_tag_counts", "curriculum_order", "web_method_data", "TAG_BRANCHES"]
+
+#: how tags reach the joint space: their own branch (averaged GloVe -> FC) or the sentence branch on the tag string
+TAG_BRANCHES = ("glove", "sentence")
 
 
 def tag_vectors(tag_lists: list[list[str]]) -> np.ndarray:
@@ -60,11 +63,35 @@ def tag_vectors(tag_lists: list[list[str]]) -> np.ndarray:
     return out
 
 
+def tag_sentences(tag_lists: list[list[str]]) -> list[str]:
+    """The tags of each list as one string for the sentence branch (``tag_branch="sentence"``): "dog grass run"."""
+    return [" ".join(t.replace("_", " ") for t in tags) for tags in tag_lists]
+
+
 def curriculum_order(web_tags: list[list[str]], clean_counts: Counter) -> np.ndarray:
     """Web items from the most to the least familiar: by the mean count of their tags in the clean captions
     (ties by position); items with no known tag last."""
     score = np.array([np.mean([clean_counts.get(t, 0) for t in tags]) if tags else 0.0 for tags in web_tags])
     return np.argsort(-score, kind="stable")
+
+
+def caption_tags(captions: list[str], memo: dict[str, list[str]] | None = None) -> list[list[str]]:
+    """The tags (nouns and verbs, :func:`crossview.features.tags.extract_tags`) of each caption; ``memo`` keeps
+    them between calls (tagging takes ~1 ms a caption)."""
+    from crossview.features.tags import extract_tags
+
+    memo = {} if memo is None else memo
+    out = []
+    for c in captions:
+        if c not in memo:
+            memo[c] = extract_tags(c)
+        out.append(memo[c])
+    return out
+
+
+def clean_tag_counts(tag_lists: list[list[str]]) -> Counter:
+    """How often each tag occurs in the clean training captions' tag lists: the curriculum's familiarity."""
+    return Counter(t for ts in tag_lists for t in ts)
 
 
 def web_method_data(image_features: np.ndarray, tags: list[list[str]], name: str = "web") -> MethodData:
@@ -76,9 +103,10 @@ def web_method_data(image_features: np.ndarray, tags: list[list[str]], name: str
 
 
 class WeblyModel(VseModel):
-    """:class:`VseModel` with a tag branch (``tags``: FC over averaged word vectors -> L2)."""
+    """:class:`VseModel` with a tag branch (``tags``: FC over averaged word vectors -> L2; None when the sentence
+    branch reads the tags, ``tag_branch="sentence"``)."""
 
-    def __init__(self, image: torch.nn.Module, text: torch.nn.Module, tags: torch.nn.Module) -> None:
+    def __init__(self, image: torch.nn.Module, text: torch.nn.Module, tags: torch.nn.Module | None) -> None:
         super().__init__(image, text)
         self.tags = tags
 
@@ -87,8 +115,8 @@ class WeblyModel(VseModel):
 class Webly(Vsepp):
     """Two-stage webly supervised training (see the module docstring)."""
 
-    def __init__(self, *, web: str = "", loss: str = "vsepp", margin: float = 0.2, lambda1: float = 1.0,
-                 lambda2: float = 1.0,
+    def __init__(self, *, web: str = "", init_from: str = "", loss: str = "vsepp", margin: float = 0.2,
+                 lambda1: float = 1.0, lambda2: float = 1.0, tag_branch: str = "glove",
                  stage2_epochs: int = 5, stage2_lr: float = 2e-5, curriculum: str = "frequency",
                  curriculum_start: float = 0.5, curriculum_epochs: int = 3, embed_dim: int = 1024,
                  text_model: str = "features", image_model: str = "features", backbone: str = "efficientnet_lite0",
@@ -106,8 +134,10 @@ class Webly(Vsepp):
                          weight_decay=weight_decay, patience=patience, holdout=holdout, amp=amp, device=device,
                          seed=seed, log_every=log_every)
         self.web = web
+        self.init_from = init_from
         self.lambda1 = lambda1
         self.lambda2 = lambda2
+        self.tag_branch = tag_branch
         self.stage2_epochs = stage2_epochs
         self.stage2_lr = stage2_lr
         self.curriculum = curriculum
@@ -169,6 +199,15 @@ class Webly(Vsepp):
             raise CrossViewError(f"webly: web set {self.web}: no such file or folder; give a tags.jsonl / .csv / "
                                  "folder of images with .tags files, 'demo' for the demo's web set, or nothing "
                                  "(no Stage II)")
+        if self.tag_branch not in TAG_BRANCHES:
+            raise CrossViewError(f"webly: tag_branch {self.tag_branch!r} must be 'glove' (the tag branch: averaged GloVe "
+                                 "vectors -> FC) or 'sentence' (the sentence branch reads the tags as a string)")
+        if self.init_from and not Path(str(self.init_from)).expanduser().is_dir():
+            raise CrossViewError(f"webly: init_from {self.init_from}: no such run folder; give the folder of a "
+                                 "finished webly run whose Stage I is done (e.g. one trained with stage2_epochs=0)")
+        if self.init_from and not self.web:
+            raise CrossViewError("webly: init_from starts Stage II from a finished Stage I run, which needs a web set; "
+                                 "give web=PATH (or demo)")
         if self.curriculum not in ("frequency", "none"):
             raise CrossViewError(f"webly: curriculum {self.curriculum!r} must be 'frequency' or 'none'")
         if not 0 < float(self.curriculum_start) <= 1:
@@ -178,12 +217,57 @@ class Webly(Vsepp):
         if self._stage() == 2:                       # Stage II trains the Stage I model on other data
             return dict(self.model_spec_)
         spec = super().model_spec(train, resume)
-        spec["tag_dim"] = 50
+        spec["tag_dim"] = 50 if self.tag_branch == "glove" else 0     # 0: the sentence branch reads the tags
         return spec
 
     def build_model(self, spec: dict[str, Any]) -> torch.nn.Module:
         base = super().build_model(spec)
-        return WeblyModel(base.image, base.text, FeatureImageEncoder(int(spec["tag_dim"]), int(spec["embed_dim"])))
+        dim = int(spec.get("tag_dim", 50))
+        return WeblyModel(base.image, base.text, FeatureImageEncoder(dim, int(spec["embed_dim"])) if dim else None)
+
+    def _sentence_tags(self) -> bool:
+        """Whether the tags go through the sentence branch (the model has no tag branch of its own)."""
+        return int(self.model_spec_.get("tag_dim", 50)) == 0
+
+    # ------------------------------------------------------------------ what the engine hands over
+    def set_text_encoder(self, encode: Any) -> None:
+        """``encode(strings) -> (n, e) features`` as the run's caption features are (its text encoder and
+        normalisation): ``tag_branch="sentence"`` over ``text_model="features"`` encodes the tag strings with it."""
+        self._encode_text = encode
+
+    def initial_run(self) -> str:
+        """The run folder Stage II starts from (``init_from``), read by the engine (:meth:`set_initial_state`)."""
+        return str(self.init_from or "")
+
+    def set_initial_state(self, method_state: Any, source: str) -> str:
+        """Take a finished Stage I (a webly run's checkpoint state, read as data by the engine): this run starts
+        in Stage II from its weights; its epochs and steps continue that run's. Returns the line to log."""
+        st = method_state.get("state") if isinstance(method_state, dict) else None
+        if not isinstance(st, dict) or method_state.get("method") != "webly":
+            raise CrossViewError(f"init_from {source}: not a webly run (its checkpoint holds "
+                                 f"{method_state.get('method') if isinstance(method_state, dict) else 'no method'!r}); "
+                                 "give a webly run whose Stage I finished")
+        stage, done = st.get("stage_", 1), bool(st.get("done_", False))
+        if stage != 1 or not done:
+            why = "it went on into Stage II" if stage == 2 else "its Stage I did not finish"
+            raise CrossViewError(f"init_from {source}: {why}; give a run whose Stage I finished and stopped there "
+                                 "(stage2_epochs=0, or no web set), or resume that run instead")
+        spec = st.get("model_spec_")
+        if not isinstance(spec, dict) or spec.get("text_model") != self.text_model or \
+                int(spec.get("embed_dim", -1)) != int(self.embed_dim) or \
+                int(spec.get("tag_dim", 50)) != (50 if self.tag_branch == "glove" else 0):
+            raise CrossViewError(f"init_from {source}: that model (text_model {spec.get('text_model') if isinstance(spec, dict) else '?'}, "
+                                 f"embed_dim {spec.get('embed_dim') if isinstance(spec, dict) else '?'}, tag branch "
+                                 f"{'glove' if not isinstance(spec, dict) or spec.get('tag_dim', 50) else 'sentence'}) is not "
+                                 "this run's; set text_model, embed_dim and tag_branch as that run had them")
+        from crossview.methods.torch_method import tensor_tree  # noqa: F401 - the state stays numpy until fit
+
+        self._initial = {k: v for k, v in st.items() if k.endswith("_")}
+        hist = st.get("history_") or []
+        best = st.get("best_score_")
+        return (f"webly: Stage II starts from {source} (Stage I: {len(hist)} epochs, step {st.get('step_')}"
+                + (f", best validation rsum {float(best):.1f}" if isinstance(best, (int, float)) and
+                   np.isfinite(best) else "") + ")")
 
     def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
         opts = super().optimizers(model)
@@ -198,16 +282,33 @@ class Webly(Vsepp):
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         if self._stage() == 1:
-            from crossview.features.tags import extract_tags
-
             super().prepare(train, device)
-            tags = [extract_tags(c) for c in train.captions]
-            self._clean_counts = Counter(t for ts in tags for t in ts)
+            tags = caption_tags(train.captions, getattr(self, "_tag_memo", None))
         else:                          # the web set: images and their tag lists (its "captions"), no sentences
             self._t = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device),
                        "img": torch.as_tensor(train.require_image_features(self.name)).to(device)}
             tags = [[t for t in c.split(",") if t] for c in train.captions]
-        self._t["tagv"] = torch.as_tensor(tag_vectors(tags)).to(device)
+        if self._sentence_tags():
+            self._t["tagtext"] = self._tag_text(tag_sentences(tags), device)
+        else:
+            self._t["tagv"] = torch.as_tensor(tag_vectors(tags)).to(device)
+
+    def _tag_text(self, strings: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+        """What the sentence branch reads for the tag strings (``tag_branch="sentence"``), shaped as
+        :meth:`Vsepp._text_batch` takes it: the run's caption features of the strings, or their tokens."""
+        if self.model_spec_["text_model"] == "features":
+            encode = getattr(self, "_encode_text", None)
+            if encode is None:
+                raise CrossViewError("webly: tag_branch=sentence over text_model=features encodes the tag strings with "
+                                     "the run's text encoder; train through the engine (crossview train, the app) or "
+                                     "use text_model=gru / transformer")
+            uniq, inverse = np.unique(np.asarray(strings, dtype=object).astype(str), return_inverse=True)
+            x = np.asarray(encode([str(u) for u in uniq]), dtype=np.float32)[inverse.reshape(-1)]
+            return {"txt": torch.as_tensor(x).to(device)}
+        inputs = self._text_inputs(strings)
+        t = {"width_cpu": (inputs["lengths"] if "lengths" in inputs else inputs["mask"].sum(1)).cpu()}
+        t.update({k: v.to(device) for k, v in inputs.items()})
+        return t
 
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -216,7 +317,12 @@ class Webly(Vsepp):
         from crossview.nn.trainer import unwrap
 
         m = unwrap(model)
-        tg = m.tags(self._t["tagv"][batch])
+        if self._sentence_tags():
+            host = self._live[1].batch_cpu if getattr(self, "_live", None) is not None else None
+            tg = m.text(**self._text_batch(self._t["tagtext"], batch,
+                                           host if host is not None and len(host) == len(batch) else None))
+        else:
+            tg = m.tags(self._t["tagv"][batch])
         if self._stage() == 1:
             im, _, s, img_ids = self._embed_batch(model, batch)
         else:
@@ -241,7 +347,19 @@ class Webly(Vsepp):
     def fit_iter(self, train: MethodData, val: MethodData | None = None, *, resume: bool = False,
                  web: MethodData | None = None) -> Iterator[Any]:
         web = web if web is not None else getattr(self, "_web", None)
-        stage = int(getattr(self, "stage_", 1)) if resume else 1
+        self._tag_memo: dict[str, list[str]] = {}
+        # the curriculum's order: from every training caption, the same on resume
+        self._clean_counts = clean_tag_counts(caption_tags(train.captions, self._tag_memo))
+        initial, self._initial = getattr(self, "_initial", None), None
+        if resume and getattr(self, "model_state_", None) is not None:
+            initial = None                           # a resume continues its own state, wherever it began
+        if initial is not None:                      # Stage II from a finished Stage I run (init_from)
+            self.check_params()
+            for k, v in initial.items():
+                setattr(self, k, v)
+            stage, resume = 2, True
+        else:
+            stage = int(getattr(self, "stage_", 1)) if resume else 1
         if stage == 1:
             self._stage_now = 1
             self.stage_ = 1
@@ -250,16 +368,17 @@ class Webly(Vsepp):
                 return
             if int(self.epoch_) < int(self.max_epochs) and not self.done_:
                 return                               # cancelled inside Stage I: resume continues it
+            resume = True
+        if web is None:
+            raise CrossViewError("webly: this run is in Stage II and needs its web set again (web=PATH or demo)")
+        if int(getattr(self, "stage_", 1)) == 1:     # Stage I has just finished (here, or in the init_from run)
             self.stage1_epochs_, self.stage1_steps_ = len(self.history_), int(self.step_)
             self.stage_ = 2
             self.train_state_ = None
-            self.done_ = False
+            self.done_ = self.stopped_ = False
             self.bad_epochs_ = 0
-            resume = True
-            yield Log(f"webly: Stage II starts at step {self.step_}: {web.n_images} web images, L_IT only, "
-                      f"lr {self.stage2_lr}", "info")
-        if web is None:
-            raise CrossViewError("webly: this run is in Stage II and needs its web set again")
+            yield Log(f"webly: Stage II starts at step {self.step_}" + (f" from {self.init_from}" if initial else "")
+                      + f": {web.n_images} web images, L_IT only, lr {self.stage2_lr}", "info")
         self._stage_now = 2
         try:
             yield from super().fit_iter(self._curriculum_data(web), val, resume=resume)
@@ -280,7 +399,7 @@ class Webly(Vsepp):
         if len(tags) != web.n_images or np.any(np.asarray(web.caption_image) != np.arange(web.n_images)):
             raise CrossViewError("webly: the web set must have one tag list per image (web_method_data builds it)")
         if self.curriculum == "frequency":
-            order = curriculum_order(tags, getattr(self, "_clean_counts", Counter()))
+            order = curriculum_order(tags, getattr(self, "_clean_counts", None) or Counter())
         else:
             order = np.arange(len(tags))
         return MethodData(image_features=np.asarray(web.image_features)[order], text_features=None,
