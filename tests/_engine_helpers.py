@@ -130,3 +130,31 @@ class PicklePayload:
 
     def __reduce__(self):
         return (exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+def image_folders_with_web(tmp_path):
+    """A clean caption folder (24 coloured squares, train / val / test) and a web folder (9 images with .tags)."""
+    import json
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    colours = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+    clean, web = tmp_path / "clean", tmp_path / "web"
+    clean.mkdir()
+    web.mkdir()
+    rows = []
+    for i in range(24):
+        name = list(colours)[i % 3]
+        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(clean / f"{i}.jpg")
+        split = "train" if i < 16 else "val" if i < 20 else "test"
+        rows += [{"image": f"{i}.jpg", "caption": f"a {name} square on a wall", "split": split},
+                 {"image": f"{i}.jpg", "caption": f"the {name} colour fills the picture", "split": split}]
+    (clean / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for i in range(9):
+        name = list(colours)[i % 3]
+        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(web / f"w{i}.jpg")
+        (web / f"w{i}.tags").write_text(f"{name}, square")
+    return clean, web

@@ -135,34 +135,6 @@ def test_web_method_data_checks_its_lengths() -> None:
     assert torch.is_tensor(torch.as_tensor(d.image_features))
 
 
-def _image_folders(tmp_path):
-    """A clean caption folder (24 coloured squares, train / val / test) and a web folder (9 images with .tags)."""
-    import json
-
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    colours = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
-    clean, web = tmp_path / "clean", tmp_path / "web"
-    clean.mkdir()
-    web.mkdir()
-    rows = []
-    for i in range(24):
-        name = list(colours)[i % 3]
-        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
-        Image.fromarray(img).save(clean / f"{i}.jpg")
-        split = "train" if i < 16 else "val" if i < 20 else "test"
-        rows += [{"image": f"{i}.jpg", "caption": f"a {name} square on a wall", "split": split},
-                 {"image": f"{i}.jpg", "caption": f"the {name} colour fills the picture", "split": split}]
-    (clean / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for i in range(9):
-        name = list(colours)[i % 3]
-        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
-        Image.fromarray(img).save(web / f"w{i}.jpg")
-        (web / f"w{i}.tags").write_text(f"{name}, square")
-    return clean, web
-
-
 def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> None:
     """``--set web=PATH``: the engine reads the web set (a folder of images with .tags files here), encodes it
     with the run's image encoder, and a run stopped inside Stage II resumes there."""
@@ -171,7 +143,7 @@ def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> 
     from crossview.data import load_dataset
     from crossview.engine.run import read_status, resume, train
 
-    clean, web = _image_folders(tmp_path)
+    clean, web = H.image_folders_with_web(tmp_path)
     ds = load_dataset(clean)
     params = {**FAST, "web": str(web), "max_epochs": 2, "stage2_epochs": 3, "batch_size": 4}
     it = train("webly", ds, run_dir=tmp_path / "r", device="cpu", params=params, text_encoder="tfidf",
@@ -202,7 +174,7 @@ def test_stage_two_from_a_finished_stage_one_run_and_the_sentence_branch_on_tags
     from crossview.data import load_dataset
     from crossview.engine.run import read_summary, train
 
-    clean, web = _image_folders(tmp_path)
+    clean, web = H.image_folders_with_web(tmp_path)
     ds = load_dataset(clean)
     base = {**FAST, "max_epochs": 2, "batch_size": 4, "stage2_epochs": 2, "tag_branch": "sentence"}
     first = list(train("webly", ds, run_dir=tmp_path / "s1", device="cpu", text_encoder="tfidf",

@@ -3,7 +3,8 @@
 ``crossview experiment bitr-table --data D`` runs Experiment 1 of the BITR paper (image <-> caption
 retrieval with CCA, WSABIE and BITR-M/E/C, :mod:`crossview.experiments.bitr_table`) and prints the
 paper's table; ``crossview experiment loss-compare --data D`` trains the VSE++ model with each loss of paper 004
-(:mod:`crossview.experiments.loss_compare`) and compares them. Their trials are run folders under ``--exp-dir``
+(:mod:`crossview.experiments.loss_compare`) and compares them; ``crossview experiment webly-ablation --data D --web W``
+runs paper 003's ablations (:mod:`crossview.experiments.webly_ablation`). Their trials are run folders under ``--exp-dir``
 (resumable, listed in the app). Progress and messages go to stderr; the table (or ``--json``) to stdout.
 """
 
@@ -140,13 +141,15 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def _loss_compare_command(args: argparse.Namespace, exp_dir: Path) -> str:
-    parts = ["crossview", "experiment", "loss-compare", "--data", str(args.data)]
+def _study_command(args: argparse.Namespace, exp_dir: Path, name: str, chosen: str) -> str:
+    """The command that reproduces a study (loss-compare, webly-ablation), for its Markdown report."""
+    parts = ["crossview", "experiment", name, "--data", str(args.data)]
     for flag, v in (("--format", args.format), ("--image-root", args.image_root), ("--split", args.split),
-                    ("--image-encoder", args.image_encoder), ("--text-encoder", args.text_encoder)):
+                    ("--web", getattr(args, "web", None)), ("--image-encoder", args.image_encoder),
+                    ("--text-encoder", args.text_encoder)):
         if v:
             parts += [flag, str(v)]
-    parts += ["--losses", args.losses, "--seeds", str(args.seeds)]
+    parts += [chosen, getattr(args, chosen[2:]), "--seeds", str(args.seeds)]
     if args.epochs is not None:
         parts += ["--epochs", str(args.epochs)]
     for item in args.set_values or []:
@@ -155,16 +158,17 @@ def _loss_compare_command(args: argparse.Namespace, exp_dir: Path) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def cmd_loss_compare(args: argparse.Namespace) -> int:
-    from crossview.core.events import Finished, Log
+def _run_study_command(args: argparse.Namespace, study: Any, chosen: str) -> int:
+    """Load the dataset, run the study's trials (progress on stderr), write results.md / results.json into the
+    experiment folder and print the table (or --json)."""
+    from crossview.core.events import Finished
     from crossview.core.io import atomic_write_json
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
-    from crossview.experiments.loss_compare import (default_experiment_dir, format_markdown, format_table,
-                                                    parse_loss_params, parse_losses, run_loss_compare)
+    from crossview.experiments import variants as V
 
-    losses = parse_losses(args.losses)
-    params = parse_loss_params(args.set_values, losses)
+    names = V.parse_variants(study, getattr(args, chosen[2:]))
+    params = V.parse_variant_params(study, args.set_values, names)
     if args.seeds < 1:
         raise CrossViewError(f"--seeds must be >= 1, got {args.seeds}")
     if args.epochs is not None and args.epochs < 1:
@@ -173,13 +177,15 @@ def cmd_loss_compare(args: argparse.Namespace) -> int:
     if not isinstance(ds, PairedDataset):
         raise CrossViewError(f"{args.data}: this is a caption corpus without images; --data needs an image-caption "
                              "dataset")
-    exp_dir = Path(args.exp_dir) if args.exp_dir else default_experiment_dir(ds.name)
+    from crossview.experiments._common import new_experiment_dir
+
+    exp_dir = Path(args.exp_dir) if args.exp_dir else new_experiment_dir(study.kind, ds.name)
     printer = EventPrinter(prefix="experiment: ")
     result = None
     try:
-        for ev in run_loss_compare(ds, losses=losses, seeds=args.seeds, epochs=args.epochs, params=params,
-                                   split=args.split, out=exp_dir, device=args.device,
-                                   image_encoder=args.image_encoder, text_encoder=args.text_encoder):
+        for ev in V.run_study(study, ds, variants=names, seeds=args.seeds, epochs=args.epochs, params=params,
+                              split=args.split, out=exp_dir, device=args.device,
+                              image_encoder=args.image_encoder, text_encoder=args.text_encoder):
             if isinstance(ev, Finished):
                 result = ev.summary
             else:
@@ -187,7 +193,9 @@ def cmd_loss_compare(args: argparse.Namespace) -> int:
     finally:
         printer.close()
     assert result is not None
-    report = format_markdown(result, _loss_compare_command(args, exp_dir))
+    if study.plural == "losses":
+        result = {**result, "losses": result["variants"]}
+    report = V.format_markdown(study, result, _study_command(args, exp_dir, study.kind, chosen))
     (exp_dir / "results.md").write_text(report, encoding="utf-8")
     atomic_write_json(exp_dir / "results.json", json.loads(json.dumps(result, default=str)))
     if args.out:
@@ -196,12 +204,45 @@ def cmd_loss_compare(args: argparse.Namespace) -> int:
         out.write_text(report, encoding="utf-8")
     print(f"experiment: wrote {exp_dir / 'results.md'} and results.json" + (f" and {args.out}" if args.out else ""),
           file=sys.stderr)
-    print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
+    print(json.dumps(result, indent=2, default=str) if args.json else V.format_table(study, result))
     return 0
 
 
+def cmd_loss_compare(args: argparse.Namespace) -> int:
+    from crossview.experiments.loss_compare import STUDY
+
+    return _run_study_command(args, STUDY, "--losses")
+
+
+def cmd_webly_ablation(args: argparse.Namespace) -> int:
+    from crossview.experiments.webly_ablation import study_for
+
+    web = args.web or ("demo" if str(args.data) == "demo" else "")
+    args.web = web
+    return _run_study_command(args, study_for(web), "--variants")
+
+
+def _add_study_args(p: argparse.ArgumentParser, noun: str, example: str) -> None:
+    p.add_argument("--seeds", type=int, default=3, help=f"seeds per {noun}, 0..N-1 (default 3)")
+    p.add_argument("--epochs", type=int, metavar="E",
+                   help=f"max_epochs of every {noun} (default: the method's own); lr_decay_epoch moves in "
+                        "proportion to the method's default schedule")
+    p.add_argument("--split", metavar="NAME", help="evaluate on this split (default: test, else val)")
+    p.add_argument("--set", dest="set_values", action="append", metavar=f"[{noun.upper()}.]NAME=VALUE",
+                   help=f"a parameter, repeatable: {example} (one {noun}), embed_dim=512 (every {noun} whose method "
+                        "has it)")
+    p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
+    p.add_argument("--text-encoder", metavar="NAME", help="caption features for text_model=features (default minilm)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    p.add_argument("--exp-dir", metavar="DIR",
+                   help="the experiment folder (default: a new folder in the runs folder); give an existing one to "
+                        "continue it")
+    p.add_argument("--out", metavar="FILE.md", help="also write the Markdown report here")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    exp = sub.add_parser("experiment", help="run the papers' experiments (BITR table, loss comparison)",
+    exp = sub.add_parser("experiment", help="run the papers' experiments (BITR table, loss comparison, ablations)",
                          description="Run the papers' experiments and print their tables.")
     esub = exp.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)
 
@@ -266,20 +307,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_dataset_args(p)
     p.add_argument("--losses", default="vsepp,vse0,smoothap,infonce",
                    help="comma-separated: vsepp, vse0, smoothap, infonce (default: all four)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per loss, 0..N-1 (default 3)")
-    p.add_argument("--epochs", type=int, metavar="E",
-                   help="max_epochs of every loss (default: each method's own); each lr_decay_epoch moves in "
-                        "proportion to its method's default schedule")
-    p.add_argument("--split", metavar="NAME", help="evaluate on this split (default: test, else val)")
-    p.add_argument("--set", dest="set_values", action="append", metavar="[LOSS.]NAME=VALUE",
-                   help="a parameter, repeatable: smoothap.tau=0.01 (one loss), embed_dim=512 (every loss whose "
-                        "method has it)")
-    p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
-    p.add_argument("--text-encoder", metavar="NAME", help="caption features for text_model=features (default minilm)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
-    p.add_argument("--exp-dir", metavar="DIR",
-                   help="the experiment folder (default: a new loss-compare-<data>-<time> folder in the runs "
-                        "folder); give an existing one to continue it")
-    p.add_argument("--out", metavar="FILE.md", help="also write the Markdown report here")
-    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    _add_study_args(p, "loss", "smoothap.tau=0.01")
     p.set_defaults(func=cmd_loss_compare)
+
+    p = esub.add_parser(
+        "webly-ablation", help="paper 003: which parts of webly supervised training carry its gain",
+        description="Paper 003's ablations: method webly on the same features and web set, once per seed, as "
+                    "full (Stage I, then Stage II on the web set with the curriculum: the baseline), no-stage2 "
+                    "(Stage I only: does the web data help?), no-curriculum (Stage II over the whole web set at "
+                    "once), no-lit (no image-tag loss in Stage I), sentence-tags (no tag branch: the sentence "
+                    "branch reads the tags as a string) and sentence-only (no tags, no web data: the VSE model "
+                    "alone). Evaluates on the test split (val then chooses each run's epoch), else on val (the "
+                    "last epoch kept); prints R@1/5/10 both ways and rsum, mean and spread over the seeds, and a "
+                    "paired comparison per query against full (won / lost / tied, sign and Wilcoxon tests). "
+                    "Every (variant, seed) is an ordinary run folder in --exp-dir (listed in the app); the same "
+                    "--exp-dir again reads finished runs back and resumes an interrupted one. Writes results.md "
+                    "and results.json into --exp-dir.")
+    p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
+    _add_dataset_args(p)
+    p.add_argument("--web", metavar="PATH|demo",
+                   help="the web image-tag set of Stage II (a webtags collection; 'crossview data make-web D --out "
+                        "DIR' builds one from D's own training images); default with --data demo: the demo's")
+    p.add_argument("--variants", default=",".join(["full", "no-stage2", "no-curriculum", "no-lit", "sentence-tags",
+                                                   "sentence-only"]),
+                   help="comma-separated: full, no-stage2, no-curriculum, no-lit, sentence-tags, sentence-only "
+                        "(default: all)")
+    _add_study_args(p, "variant", "no-curriculum.stage2_lr=1e-4")
+    p.set_defaults(func=cmd_webly_ablation)

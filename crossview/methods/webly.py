@@ -160,9 +160,9 @@ class Webly(Vsepp):
     auxiliary_format = {"web": "webtags"}
 
     def auxiliary_datasets(self) -> dict[str, str]:
-        """``{"web": path}`` when a web set is named: the engine loads it, encodes its images with the run's
+        """``{"web": path}`` when a web set is named and Stage II runs: the engine loads it, encodes its images with the run's
         image encoder and normalisation, and hands it over (:meth:`set_auxiliary`)."""
-        return {"web": str(self.web)} if self.web else {}
+        return {"web": str(self.web)} if self.web and int(self.stage2_epochs) > 0 else {}
 
     def set_auxiliary(self, name: str, dataset: Any, image_rows: np.ndarray) -> None:
         if name != "web":
@@ -313,7 +313,7 @@ class Webly(Vsepp):
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Stage I: ``lambda1 * L_IS + lambda2 * L_IT`` over a batch of captions, their images and their tags;
-        Stage II: ``lambda2 * L_IT`` over a batch of web images and their tags."""
+        Stage II: ``L_IT`` over a batch of web images and their tags."""
         from crossview.nn.trainer import unwrap
 
         m = unwrap(model)
@@ -334,7 +334,9 @@ class Webly(Vsepp):
         it_i2t, it_t2i = contrastive_loss(im, tg, margin=float(self.margin), hardest=hardest, image_ids=img_ids)
         l_it = it_i2t + it_t2i
         out = {"L_IT": l_it.detach() / b}
-        loss = float(self.lambda2) * l_it
+        # Stage II trains L_IT alone at its own rate (lambda1 = 0); lambda2 weighs it against L_IS in Stage I only,
+        # so lambda2=0 (the ablation "no L_IT in Stage I") still has a Stage II
+        loss = float(self.lambda2) * l_it if s is not None else l_it
         if s is not None:
             s = gather_rows(s)
             is_i2t, is_t2i = contrastive_loss(im, s, margin=float(self.margin), hardest=hardest, image_ids=img_ids)

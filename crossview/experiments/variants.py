@@ -1,0 +1,407 @@
+"""One experiment shape shared by the papers' comparisons: several *variants* of a method (paper 004's losses,
+paper 003's ablations, paper 002's ablations), each trained once per seed through the run engine, compared on
+one evaluation split, with a paired per-query test of each variant against a baseline variant.
+
+A :class:`Study` names the variants (each a registered method and the parameters that make it that variant),
+their labels, the baseline, and the words its messages use. Every (variant, seed) is an ordinary run folder
+``<variant>-seed<N>`` under one experiment folder (with an ``experiment.json``), so the app's runs list shows
+them and its Inspect panel compares any two; running the experiment again on the same folder reads finished
+runs back and resumes unfinished ones. Each variant keeps its method's defaults (chosen by cross-validation on
+real photos, see the cards) unless ``epochs`` or ``params`` say otherwise; ``epochs`` sets every variant's
+``max_epochs`` and moves its ``lr_decay_epoch`` in proportion.
+
+The evaluation split is the dataset's ``test`` split (``val`` then chooses each run's epoch), else ``val``
+(nothing then chooses the epoch: the last one is kept, as ``crossview train`` does). The result: R@1/5/10 both
+ways and rsum, mean and standard deviation over the seeds, and a paired comparison per query against the
+baseline: for each query, the rank of its first ground truth under the variant and under the baseline trained
+with the same seed; how many queries each variant wins, loses and ties (pooled over the seeds), the two-sided
+sign test and the Wilcoxon signed-rank test (ties dropped) of those rank differences, and the queries it wins
+and loses most (by the mean rank difference over the seeds).
+
+:func:`run_study` is a generator of :mod:`crossview.core.events` whose last event is
+``Finished(summary=result)``; :func:`format_table` and :func:`format_markdown` lay the result out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.core.errors import CrossViewError
+from crossview.core.events import Event, Finished, Log, Progress
+from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
+
+__all__ = ["Study", "EXPERIMENT_FILE", "KS", "parse_variants", "parse_variant_params", "variant_params",
+           "paired", "run_study", "drain", "format_table", "format_markdown"]
+
+EXPERIMENT_FILE = "experiment.json"
+KS = (1, 5, 10)
+N_EXTREMES = 10
+
+
+@dataclass(frozen=True)
+class Study:
+    """What one comparison varies (see the module docstring)."""
+
+    kind: str                                        #: the experiment's name: "loss-compare", "webly-ablation"
+    title: str                                       #: "Loss comparison (paper 004)"
+    variants: dict[str, tuple[str, dict[str, Any]]]  #: name -> (registered method, the parameters that make it)
+    labels: dict[str, str]                           #: name -> what it is, for the reports
+    baseline: str                                    #: the variant every other one is paired against
+    noun: str = "variant"                            #: "loss": what the messages call a variant
+    plural: str = "variants"                         #: "losses"
+    flag: str = "--variants"                         #: the command-line option that chooses them
+    varied: tuple[str, ...] = ()                     #: parameters only the variants set (refused in --set)
+    #: parameters every variant gets from the experiment itself (e.g. webly's web set), recorded with the runs
+    shared: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted({m for m, _ in self.variants.values()})
+
+    def with_shared(self, **params: Any) -> "Study":
+        return Study(self.kind, self.title, self.variants, self.labels, self.baseline, self.noun, self.plural,
+                     self.flag, self.varied, {**self.shared, **params})
+
+
+def parse_variants(study: Study, value: str | Sequence[str]) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]`` (checked against the study, duplicates dropped, order kept)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for raw in items:
+        name = str(raw).strip().lower()
+        if not name:
+            continue
+        if name not in study.variants:
+            raise CrossViewError(f"unknown {study.noun} {name!r}; choose from {', '.join(study.variants)}")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise CrossViewError(f"no {study.noun} to compare; give {study.flag} from {', '.join(study.variants)}")
+    return out
+
+
+def parse_variant_params(study: Study, items: Sequence[str] | None,
+                         chosen: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``["b.tau=0.01", "embed_dim=512"]`` -> ``{"b": {"tau": "0.01"}, "*": {"embed_dim": "512"}}``
+    (``VARIANT.NAME=VALUE`` for one variant, ``NAME=VALUE`` for every one)."""
+    out: dict[str, dict[str, str]] = {}
+    example = f"--set {chosen[-1] if chosen else list(study.variants)[-1]}.margin=0.1"
+    for item in items or []:
+        left, eq, value = item.partition("=")
+        name, dot, key = left.rpartition(".") if "." in left else ("*", "", left)
+        name, key = name.strip().lower(), key.strip()
+        if not eq or not key:
+            raise CrossViewError(f"--set {item!r}: write NAME=VALUE (every {study.noun}) or "
+                                 f"{study.noun.upper()}.NAME=VALUE, e.g. {example}")
+        if name != "*" and name not in chosen:
+            raise CrossViewError(f"--set {item!r}: {name!r} is not among the {study.plural} compared "
+                                 f"({', '.join(chosen)})")
+        if key in study.varied:
+            raise CrossViewError(f"--set {item!r}: the {key} is what the experiment varies; choose it with "
+                                 f"{study.flag}")
+        out.setdefault(name, {})[key] = value.strip()
+    return out
+
+
+def _coerce(method: str, key: str, value: Any) -> Any:
+    """A parameter value from the command line, typed by the method's card."""
+    if not isinstance(value, str):
+        return value
+    from crossview.methods import method_card
+
+    card = method_card(method)
+    if card is None or key not in card.params:
+        raise CrossViewError(f"{method} has no parameter {key!r}; 'crossview train {method} --help' lists them")
+    return card.params[key].coerce(value, method)
+
+
+def variant_params(study: Study, name: str, given: dict[str, dict[str, Any]] | None,
+                   epochs: int | None) -> dict[str, Any]:
+    """The parameters of ``name``'s runs: the method's defaults, the study's shared ones, ``epochs``
+    (max_epochs, and lr_decay_epoch in proportion to the method's default schedule), then those given for every
+    variant, then for this one; the variant's own parameters last (they make it that variant)."""
+    from crossview.methods import method_class
+
+    method, fixed = study.variants[name]
+    out: dict[str, Any] = {k: _coerce(method, k, v) for k, v in study.shared.items()}
+    if epochs is not None:
+        if int(epochs) < 1:
+            raise CrossViewError(f"--epochs must be >= 1, got {epochs}")
+        d = method_class(method).default_params()
+        out["max_epochs"] = int(epochs)
+        if d.get("lr_decay_epoch") and d.get("max_epochs"):
+            out["lr_decay_epoch"] = max(1, round(int(epochs) * d["lr_decay_epoch"] / d["max_epochs"]))
+    names = method_class(method).param_names()
+    for k, v in ((given or {}).get("*") or {}).items():     # every variant whose method has the parameter
+        if k in names:
+            out[k] = _coerce(method, k, v)
+    for k, v in ((given or {}).get(name) or {}).items():
+        out[k] = _coerce(method, k, v)
+    return {**out, **fixed}
+
+
+def paired(ranks_a: Sequence[np.ndarray], ranks_base: Sequence[np.ndarray],
+           query_ids: np.ndarray | None = None) -> dict[str, Any]:
+    """Per-query comparison of one variant against the baseline, seed by seed (rank arrays of the same queries),
+    pooled: ``won`` / ``lost`` / ``tied`` (the variant ranks the ground truth higher / lower / the same), the
+    two-sided sign test and Wilcoxon signed-rank p-values of the rank differences (ties dropped), the median
+    difference, and the queries with the largest mean gain and loss over the seeds (``query_ids`` names them)."""
+    from crossview.eval.compare import sign_test, wilcoxon_test
+
+    if len(ranks_a) != len(ranks_base) or not ranks_a:
+        raise CrossViewError("paired comparison needs the same seeds for both")
+    a = [np.asarray(r, dtype=np.int64) for r in ranks_a]
+    b = [np.asarray(r, dtype=np.int64) for r in ranks_base]
+    if any(x.shape != y.shape or x.ndim != 1 for x, y in zip(a, b)) or len({x.shape for x in a}) != 1:
+        raise CrossViewError("the runs ranked different query sets; compare runs evaluated on the same split")
+    delta = np.stack(a) - np.stack(b)                     # (seeds, queries): negative = the variant ranks higher
+    flat = delta.ravel()
+    won, lost = int((flat < 0).sum()), int((flat > 0).sum())
+    wil = wilcoxon_test(flat)
+    mean = delta.mean(axis=0)
+    ids = np.arange(delta.shape[1]) if query_ids is None else np.asarray(query_ids)
+    order = np.argsort(mean, kind="stable")
+    best = [(int(ids[i]), float(mean[i])) for i in order[:N_EXTREMES] if mean[i] < 0]
+    worst = [(int(ids[i]), float(mean[i])) for i in order[::-1][:N_EXTREMES] if mean[i] > 0]
+    return {"n": int(flat.size), "seeds": int(delta.shape[0]), "won": won, "lost": lost,
+            "tied": int(flat.size - won - lost), "sign_p": sign_test(won, lost), "wilcoxon_p": wil,
+            "median_delta": float(np.median(flat)), "most_won": best, "most_lost": worst}
+
+
+def _check_same(study: Study, folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The experiment record already in ``folder`` (``{}`` for none); another experiment's is refused."""
+    from crossview.core.io import read_json
+
+    path = folder / EXPERIMENT_FILE
+    if not path.is_file():
+        if folder.is_dir() and any(folder.iterdir()):
+            raise CrossViewError(f"{folder} is not empty and holds no {study.kind} experiment; give a new or empty "
+                                 "--exp-dir")
+        return {}
+    try:
+        old = read_json(path)
+    except Exception:  # noqa: BLE001 - damaged JSON: one line
+        old = None
+    if not isinstance(old, dict) or old.get("experiment") != study.kind:
+        raise CrossViewError(f"{path}: not a {study.kind} experiment (or damaged); give another --exp-dir")
+    for key in ("dataset_fingerprint", "split", "val_split", "encoders"):
+        if old.get(key) != record[key]:
+            raise CrossViewError(f"{folder} holds a {study.kind} experiment with another {key.replace('_', ' ')} "
+                                 f"({old.get(key)!r}, now {record[key]!r}); give a new --exp-dir")
+    for name, p in (old.get("params") or {}).items():
+        if name in record["params"] and p != record["params"][name]:
+            raise CrossViewError(f"{folder}: its {name} runs were trained with {p}, now {record['params'][name]}; "
+                                 "give a new --exp-dir, or the same --epochs / --set")
+    return old
+
+
+def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = None, seeds: int = 3,
+              epochs: int | None = None, params: dict[str, dict[str, Any]] | None = None,
+              split: str | None = None, out: str | Path | None = None, device: str = "auto",
+              image_encoder: str | None = None, text_encoder: str | None = None,
+              should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+    """Train every variant with every seed and compare them (see the module docstring). ``params``:
+    ``{"*": {...}, "<variant>": {...}}`` (every variant; one). Yields events; the last is
+    ``Finished(summary=result)`` with ``{"experiment", "dataset", "split", "selection", "variants", "seeds",
+    "baseline", "results": {name: {"i2t", "t2i", "rsum", "train_seconds"}}, "std": {...}, "per_seed": {...},
+    "paired": {name: {"i2t": ..., "t2i": ...}}, "params", "experiment_dir", "runs"}``."""
+    from crossview.core.io import atomic_write_json
+    from crossview.engine.run import RANKS, read_summary, resume, train
+    from crossview.methods import create_method, method_class
+
+    names = parse_variants(study, list(variants) if variants is not None else list(study.variants))
+    if not isinstance(seeds, (int, np.integer)) or isinstance(seeds, bool) or seeds < 1:
+        raise CrossViewError(f"--seeds must be a whole number >= 1, got {seeds!r}")
+    for k in ((params or {}).get("*") or {}):
+        if not any(k in method_class(study.variants[n][0]).param_names() for n in names):
+            raise CrossViewError(f"--set {k}=...: no method of the {study.plural} compared has a parameter {k!r}; "
+                                 + " and ".join(f"'crossview train {m} --help'" for m in study.methods) + " list them")
+    per = {n: variant_params(study, n, params, epochs) for n in names}
+    for n, p in per.items():                # bad names and values fail now, before any training
+        create_method(study.variants[n][0], **p).check_params()
+    splits = dict(getattr(dataset, "splits", {}) or {})
+    if "train" not in splits:
+        raise CrossViewError(f"dataset {dataset.name!r} has no train split; the {study.plural} need one to train on")
+    if split is None:
+        split = "test" if "test" in splits else "val" if "val" in splits else None
+        if split is None:
+            raise CrossViewError(f"dataset {dataset.name!r} has neither a test nor a val split to compare on; "
+                                 "give --split")
+    if split not in splits or split == "train":
+        raise CrossViewError(f"--split {split!r}: choose a held-out split of {dataset.name!r} "
+                             f"({', '.join(s for s in splits if s != 'train') or 'none'})")
+    val_split = "val" if "val" in splits and split != "val" else None
+    selection = (f"the epoch with the best {val_split} rsum is kept" if val_split else
+                 f"no epoch selection ({split} is the evaluation split): the last epoch is kept")
+    folder = Path(out) if out is not None else new_experiment_dir(study.kind, dataset.name)
+    if folder.exists() and not folder.is_dir():
+        raise CrossViewError(f"--exp-dir {folder} is a file; give a folder for the experiment's runs")
+    record = {"experiment": study.kind, "data": getattr(dataset, "source", None) or None,
+              "dataset": dataset.name, "dataset_fingerprint": dataset.fingerprint(), "split": split,
+              "val_split": val_split, "encoders": {"image": image_encoder, "text": text_encoder},
+              "params": plain(per)}
+    old = _check_same(study, folder, record)
+    params_all = {**(old.get("params") or {}), **record["params"]}
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(folder / EXPERIMENT_FILE, {**record, "params": params_all})
+    stop = should_stop or (lambda: False)
+    yield Log(f"{study.title} on {dataset.name}: {', '.join(names)} x {seeds} seed(s), evaluated on {split} "
+              f"({selection}); runs in {folder}" + (" (continuing: finished runs are read back)" if old else ""))
+    total = len(names) * seeds
+    summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    ranks: dict[str, list[dict[str, np.ndarray]]] = {n: [] for n in names}
+    runs: dict[str, list[str]] = {n: [] for n in names}
+    query_ids: dict[str, np.ndarray] = {}
+    k = 0
+    for seed in range(int(seeds)):
+        for n in names:
+            method, _ = study.variants[n]
+            run_dir = folder / f"{n}-seed{seed}"
+            runs[n].append(str(run_dir))
+            yield Progress(k, total, f"{n} seed {seed}")
+            if run_finished(run_dir):
+                yield Log(f"{n} seed {seed}: finished earlier ({run_dir.name}), read back")
+            else:
+                if (run_dir / "config.json").is_file():
+                    yield Log(f"{n} seed {seed}: resuming {run_dir.name}")
+                    it = resume(run_dir, data=dataset)
+                else:
+                    it = train(method, dataset, run_dir=run_dir, params={**per[n], "seed": seed},
+                               split=split, train_split="train", val_split=val_split, device=device, seed=seed,
+                               image_encoder=image_encoder, text_encoder=text_encoder)
+                if (yield from relay_run(it, f"{n} seed {seed}", folder, stop)):
+                    return
+                if not run_finished(run_dir):
+                    raise CrossViewError(f"{run_dir}: the run did not finish; see its metrics.jsonl, then run the "
+                                         f"experiment again with --exp-dir {folder} to resume it")
+            s = read_summary(run_dir)
+            with np.load(run_dir / RANKS, allow_pickle=False) as z:
+                ranks[n].append({"i2t": z["i2t"].copy(), "t2i": z["t2i"].copy()})
+                query_ids.setdefault("i2t", z["image_ids"].copy())
+                query_ids.setdefault("t2i", z["caption_ids"].copy())
+            summaries[n].append({"i2t": {f"R@{q}": float(s["i2t"][f"R@{q}"]) for q in KS},
+                                 "t2i": {f"R@{q}": float(s["t2i"][f"R@{q}"]) for q in KS},
+                                 "rsum": float(s["rsum"]), "train_seconds": float(s.get("train_seconds") or 0)})
+            k += 1
+            yield Log(f"{n} seed {seed}: rsum {s['rsum']:.1f} ({run_dir.name})")
+    base = study.baseline if study.baseline in names else names[0]
+    results, stds = {}, {}
+    for n in names:
+        results[n], stds[n] = mean_std(summaries[n])
+    pairs = {n: {d: paired([r[d] for r in ranks[n]], [r[d] for r in ranks[base]], query_ids.get(d))
+                 for d in ("i2t", "t2i")} for n in names if n != base}
+    result = {"experiment": study.kind, "dataset": dataset.name, "source": getattr(dataset, "source", ""),
+              "split": split, "val_split": val_split, "selection": selection, "train_images": len(splits["train"]),
+              "test_images": len(query_ids.get("i2t", ())), "test_captions": len(query_ids.get("t2i", ())),
+              "variants": names, "seeds": int(seeds), "baseline": base, "results": results, "std": stds,
+              "per_seed": summaries, "paired": pairs, "params": plain(per), "experiment_dir": str(folder),
+              "runs": runs}
+    atomic_write_json(folder / EXPERIMENT_FILE, {**record, "params": params_all, "result": plain(result)})
+    yield Progress(total, total, "done")
+    yield Finished(summary=result)
+
+
+def drain(events: Iterator[Event], what: str) -> dict[str, Any]:
+    """The result of a runner's events (``Finished``'s summary); one line when it stopped before the end."""
+    result = None
+    for ev in events:
+        if isinstance(ev, Finished):
+            result = ev.summary
+    if result is None:
+        raise CrossViewError(f"the {what} stopped before it finished; run it again to continue")
+    return result
+
+
+# ====================================================================== layout
+def _p(p: float) -> str:
+    return "<0.001" if p < 1e-3 else f"{p:.3f}"
+
+
+def _cell(mean: float, sd: float, n: int) -> str:
+    return f"{mean:.1f}" if n < 2 else f"{mean:.1f} ± {sd:.1f}"
+
+
+def _names(result: dict[str, Any]) -> list[str]:
+    return list(result.get("variants") or result.get("losses") or [])
+
+
+def _rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    n = int(result["seeds"])
+    for name in _names(result):
+        r, s = result["results"][name], result["std"][name]
+        rows.append([name, *[_cell(r[d][f"R@{q}"], s[d][f"R@{q}"], n) for d in ("i2t", "t2i") for q in KS],
+                     _cell(r["rsum"], s["rsum"], n), f"{r['train_seconds']:.0f}"])
+    return rows
+
+
+def _paired_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, pr in result["paired"].items():
+        cells = [name]
+        for d in ("i2t", "t2i"):
+            p = pr[d]
+            cells += [f"{p['won']} / {p['lost']} / {p['tied']}", _p(p["sign_p"]), _p(p["wilcoxon_p"])]
+        rows.append(cells)
+    return rows
+
+
+def _title(study: Study, result: dict[str, Any]) -> str:
+    return (f"{study.title} on {result['dataset']}: train {result['train_images']} images, evaluated "
+            f"on {result['split']} ({result['test_images']} images, {result['test_captions']} captions); "
+            f"{result['selection']}; mean ± sd over {result['seeds']} seed(s)")
+
+
+def _heads(study: Study) -> tuple[list[str], list[str]]:
+    return ([study.noun, "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum", "train s"],
+            [study.noun, "i2t won / lost / tied", "sign p", "Wilcoxon p", "t2i won / lost / tied", "sign p",
+             "Wilcoxon p"])
+
+
+def format_table(study: Study, result: dict[str, Any]) -> str:
+    """The result as plain text: the metric table, then the paired comparison against the baseline."""
+    def table(head: list[str], rows: list[list[str]]) -> list[str]:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)] if rows else \
+            [len(h) for h in head]
+        fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                      for i, (c, w) in enumerate(zip(cells, widths)))
+        return [fmt(head), *[fmt(r) for r in rows]]
+
+    head, phead = _heads(study)
+    lines = [_title(study, result), "", *table(head, _rows(result))]
+    if result["paired"]:
+        lines += ["", f"Per query against {result['baseline']} (same seed; won: the {study.noun} ranks the first "
+                      f"ground truth higher; pooled over {result['seeds']} seed(s)):", *table(phead, _paired_rows(result))]
+    lines += ["", f"runs: {result['experiment_dir']}"]
+    return "\n".join(lines)
+
+
+def format_markdown(study: Study, result: dict[str, Any], command: str | None = None) -> str:
+    """The result as a Markdown report (with the command that made it)."""
+    def md(head: list[str], rows: list[list[str]]) -> list[str]:
+        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *["| " + " | ".join(r) + " |" for r in rows]]
+
+    head, phead = _heads(study)
+    out = [f"## {_title(study, result)}", ""]
+    if command:
+        out += ["```", command, "```", ""]
+    rows = [[f"{r[0]} ({study.labels[r[0]]})" if r[0] in study.labels else r[0], *r[1:]] for r in _rows(result)]
+    out += md(head, rows)
+    if result["paired"]:
+        out += ["", f"Per query against **{result['baseline']}** trained with the same seed: won / lost / tied = "
+                    f"queries whose first ground truth the {study.noun} ranks higher / lower / the same, pooled over "
+                    f"{result['seeds']} seed(s); two-sided sign test and Wilcoxon signed-rank test of the rank "
+                    "differences (ties dropped).", "", *md(phead, _paired_rows(result)), ""]
+        for name, pr in result["paired"].items():
+            for d, what in (("i2t", "images"), ("t2i", "captions")):
+                won = ", ".join(f"{q} ({v:+.1f})" for q, v in pr[d]["most_won"][:5]) or "none"
+                lost = ", ".join(f"{q} ({v:+.1f})" for q, v in pr[d]["most_lost"][:5]) or "none"
+                out.append(f"- {name} {d}: {what} it wins most (mean rank change): {won}; loses most: {lost}")
+    params = "; ".join(f"{n}: " + ", ".join(f"{k}={v}" for k, v in p.items()) for n, p in result["params"].items())
+    out += ["", f"Parameters besides the methods' defaults: {params}.", f"Runs: `{result['experiment_dir']}`.", ""]
+    return "\n".join(out)
