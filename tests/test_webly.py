@@ -12,7 +12,7 @@ import torch
 
 import _engine_helpers as H
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Log, Loss, Validation
+from crossview.core.events import Log, Loss, Phase, Validation
 from crossview.data.method_data import MethodData
 from crossview.methods import create_method
 from crossview.methods.webly import curriculum_order, tag_vectors, web_method_data
@@ -72,6 +72,9 @@ def test_two_stages_in_one_fit() -> None:
     stage2 = [e for e in losses if "L_IS" not in e.terms]
     assert stage1 and stage2 and all("L_IT" in e.terms for e in losses)
     assert min(e.step for e in stage2) > max(e.step for e in stage1), "Stage II continues the curves"
+    phases = [e for e in events if isinstance(e, Phase)]
+    assert [(p.step, p.epoch, p.name) for p in phases] == [(max(e.step for e in stage1), FAST["max_epochs"],
+                                                             "Stage II (web)")]
     epochs = [e.epoch for e in events if isinstance(e, Validation)]
     assert epochs == list(range(1, FAST["max_epochs"] + FAST["stage2_epochs"] + 1))
     assert m.stage_ == 2 and len(m.history_) == 7 and m.best_score_ == max(h["val"] for h in m.history_)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-__all__ = ["Event", "Progress", "Loss", "Validation", "CheckpointSaved", "Log", "Finished", "TrialFinished",
+__all__ = ["Event", "Progress", "Loss", "Validation", "Phase", "CheckpointSaved", "Log", "Finished", "TrialFinished",
            "event_from_dict", "EVENT_TYPES"]
 
 
@@ -80,6 +80,17 @@ class Validation(Event):
 
 
 @dataclass
+class Phase(Event):
+    """A stage of training begins (webly's Stage II on the web set, a language model unfrozen ...): the curves
+    draw a marker at ``step`` (loss plots) and after epoch ``epoch`` (validation plots), labelled ``name``."""
+
+    step: int
+    epoch: int
+    name: str
+    kind: ClassVar[str] = "phase"
+
+
+@dataclass
 class CheckpointSaved(Event):
     """A checkpoint was written (atomically) to ``path`` at ``step``."""
 
@@ -126,7 +137,8 @@ class TrialFinished(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in
-                                       (Progress, Loss, Validation, CheckpointSaved, Log, Finished, TrialFinished)}
+                                       (Progress, Loss, Validation, Phase, CheckpointSaved, Log, Finished,
+                                        TrialFinished)}
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:

@@ -7,7 +7,7 @@ cannot have (no loss curve for a closed-form method, no per-epoch validation for
 parameters another way).
 
 :class:`CurveBoard` only stores and draws; :class:`~crossview.gui.panels.train_panel.TrainPanel` feeds it
-``Loss`` / ``Validation`` events and calls :meth:`CurveBoard.flush` from its 100 ms timer, so thousands
+``Loss`` / ``Validation`` / ``Phase`` events and calls :meth:`CurveBoard.flush` from its 100 ms timer, so thousands
 of events a second cost a list append each and one redraw per frame.
 """
 
@@ -158,6 +158,9 @@ class CurveBoard(QWidget):
         self._log: dict[str, bool] = {}
         self._labels: dict[tuple[str, str], str] = {}
         self._in_use: list[str] = []
+        #: stages of training (``Phase`` events: webly's Stage II ...): (step, epoch, name), drawn as markers
+        self.phases: list[tuple[int, int, str]] = []
+        self._phase_items: dict[tuple[str, int], Any] = {}
         self._dirty = False
         self._layout_dirty = False
 
@@ -216,6 +219,8 @@ class CurveBoard(QWidget):
         self.val_series.clear()
         self.final_validation = {}
         self.cv_events = 0
+        self.phases.clear()
+        self._phase_items.clear()      # plot.clear() above removed the markers themselves
         self._first_step.clear()
         self._route.clear()
         self._colours.clear()
@@ -271,6 +276,34 @@ class CurveBoard(QWidget):
                 s = route[(term, direction, summary)] = self._new_series(term, direction, summary)
             s.add(x, y)
         self._dirty = True
+
+    def add_phase(self, step: int, epoch: int, name: str) -> None:
+        """A stage of training begins (a ``Phase`` event): a labelled vertical marker at ``step`` on the loss
+        plots and between epochs ``epoch`` and ``epoch + 1`` on the validation plots."""
+        self.phases.append((int(step), int(epoch), str(name)))
+        self._dirty = True
+
+    def phase_markers(self, plot_key: str) -> list[tuple[float, str]]:
+        """``(x, label)`` of the markers drawn on a plot (a family key, ``"recall"`` or ``"rsum"``)."""
+        return [(float(item.value()), item.label.toPlainText() if item.label is not None else "")
+                for (key, _), item in self._phase_items.items() if key == plot_key]
+
+    def _draw_phases(self) -> None:
+        if self.directions_differ:                    # iterations of each solve: a step is not one axis
+            return
+        for plot_key in self._in_use:
+            plot = self.plots[plot_key]
+            is_val = plot_key in ("recall", "rsum")
+            for i, (step, epoch, name) in enumerate(self.phases):
+                if (plot_key, i) in self._phase_items:
+                    continue
+                x = epoch + 0.5 if is_val else step + 0.5
+                line = pg.InfiniteLine(pos=x, angle=90, movable=False,
+                                       pen=pg.mkPen("#57606a", width=1, style=Qt.PenStyle.DashLine),
+                                       label=name, labelOpts={"position": 0.92, "color": "#57606a",
+                                                              "anchors": [(0, 0.5), (0, 0.5)]})
+                plot.addItem(line, ignoreBounds=True)
+                self._phase_items[(plot_key, i)] = line
 
     def _new_series(self, term: str, direction: str | None, summary: bool) -> Series:
         label = f"{term.removeprefix('epoch_')} (pass mean)" if summary else term
@@ -493,6 +526,7 @@ class CurveBoard(QWidget):
             return
         self._dirty = False
         self._notes()
+        self._draw_phases()
         toggles = self._toggles()
         by_plot: dict[str, list[Series]] = {}
         for key, s in self.series.items():

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Log
+from crossview.core.events import Log, Phase
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.vsepp import Vsepp, VseModel
@@ -381,6 +381,8 @@ class Webly(Vsepp):
             self.bad_epochs_ = 0
             yield Log(f"webly: Stage II starts at step {self.step_}" + (f" from {self.init_from}" if initial else "")
                       + f": {web.n_images} web images, L_IT only, lr {self.stage2_lr}", "info")
+            if world()[0] == 0:
+                yield Phase(int(self.step_), len(self.history_), "Stage II (web)")
         self._stage_now = 2
         try:
             yield from super().fit_iter(self._curriculum_data(web), val, resume=resume)

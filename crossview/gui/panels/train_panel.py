@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
                                QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout, QWidget)
 
-from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Progress, TrialFinished, Validation
+from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Progress, TrialFinished, Validation
 from crossview.engine.tune import TuneResult
 from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
@@ -953,6 +953,9 @@ class TrainPanel(QWidget):
                 self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%" if ev.total else ev.message)
         elif isinstance(ev, Loss):
             self.curves.add_loss(ev.step, ev.epoch, ev.terms)
+        elif isinstance(ev, Phase):
+            self.curves.add_phase(ev.step, ev.epoch, ev.name)
+            self._pending_log.append(f"{ev.name} begins at step {ev.step} (after epoch {ev.epoch})")
         elif isinstance(ev, Validation):
             flat = self.curves.add_validation(ev.epoch, ev.metrics)
             if flat:

@@ -1,0 +1,39 @@
+"""Stages of training on the curves (``Phase`` events, e.g. webly's Stage II): a labelled marker at the step
+the stage begins on every loss plot and between the epochs on the validation plots, live and from a run's
+metrics.jsonl alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from crossview.core.events import Loss, Phase, Validation, event_from_dict  # noqa: E402
+from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
+
+pytestmark = pytest.mark.gui
+
+
+def test_a_stage_marker_on_loss_and_validation_plots(qtbot, tmp_path: Path) -> None:
+    panel = TrainPanel(runs_root=tmp_path / "runs")
+    qtbot.addWidget(panel)
+    panel.curves.reset("webly")
+    for step in range(1, 7):
+        panel._on_event(Loss(step, (step - 1) // 2, {"L_IS": 1.0 / step, "L_IT": 2.0 / step}))
+        if step % 2 == 0:
+            panel._on_event(Validation(step // 2, {"i2t": {"R@1": 10.0 * step}, "t2i": {"R@1": 5.0}, "rsum": 20.0}))
+    ev = event_from_dict(Phase(6, 3, "Stage II (web)").to_dict())     # as a run's metrics.jsonl gives it back
+    panel._on_event(ev)
+    for step in range(7, 10):
+        panel._on_event(Loss(step, 3, {"L_IT": 0.1}))
+    panel._flush()
+    c = panel.curves
+    assert c.phase_markers("loss") == [(6.5, "Stage II (web)")]
+    assert c.phase_markers("recall") == [(3.5, "Stage II (web)")] and c.phase_markers("rsum") == [(3.5, "Stage II (web)")]
+    panel._flush()
+    assert len(c.phase_markers("loss")) == 1, "drawn once, not once a frame"
+    assert "Stage II (web) begins at step 6" in panel.log.toPlainText()
+    c.reset("webly")
+    assert c.phases == [] and c.phase_markers("loss") == []
