@@ -18,9 +18,12 @@ The web set comes from the engine (``web`` = a path, or ``demo``): it reads it a
 images with the run's image encoder and normalisation, and hands it over (:meth:`Webly.set_auxiliary`); library
 callers pass ``fit_iter(..., web=web_method_data(rows, tags))``.
 
-Not yet (issue 15): the ablation command, the tag branch replaced by the sentence branch, end to end images,
-the GUI's second dataset slot (the Train form has ``web`` as a path field) and the Query panel's tag query;
-the defaults are the paper's, not yet chosen on real photos.
+``init_from`` (a run folder): Stage II starts from that finished Stage I run (the engine reads its checkpoint as
+data and checks that its features are this run's); the new run's epochs and steps continue that run's.
+``tag_branch="sentence"`` (paper 003's ablation): no tag branch; the sentence branch reads the tags as a string
+("dog grass run"); over caption features the engine hands the method the run's text encoder
+(:meth:`Webly.set_text_encoder`). A :class:`~crossview.core.events.Phase` event marks Stage II on the curves.
+``crossview experiment webly-ablation`` (:mod:`crossview.experiments.webly_ablation`) runs the ablations.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ class WeblyModel(VseModel):
 class Webly(Vsepp):
     """Two-stage webly supervised training (see the module docstring)."""
 
-    def __init__(self, *, web: str = "", init_from: str = "", loss: str = "vsepp", margin: float = 0.2,
+    def __init__(self, *, web: str = "", init_from: str = "", loss: str = "vse0", margin: float = 0.2,
                  lambda1: float = 1.0, lambda2: float = 1.0, tag_branch: str = "glove",
                  stage2_epochs: int = 5, stage2_lr: float = 2e-5, curriculum: str = "frequency",
                  curriculum_start: float = 0.5, curriculum_epochs: int = 3, embed_dim: int = 1024,
