@@ -40,15 +40,27 @@ def make_word_dataset(n_images: int = 160, seed: int = 0) -> PairedDataset:
                          tags=[list(CONCEPTS[c]) for c in classes])
 
 
+class WordCounts:
+    """A text 'encoder': counts of the dataset's caption words (what :func:`word_features` gives its captions),
+    so new sentences can be queried too."""
+
+    name = "word-counts"
+
+    def __init__(self, ds: PairedDataset) -> None:
+        self.index = {w: j for j, w in enumerate(sorted({w for c in ds.captions for w in c.split()}))}
+
+    def encode(self, captions: list[str], device: str = "cpu", **_: object) -> np.ndarray:
+        out = np.zeros((len(captions), len(self.index)), dtype=np.float32)
+        for r, c in enumerate(captions):
+            for w in c.lower().replace(",", " ").split():
+                if w in self.index:
+                    out[r, self.index[w]] += 1
+        return out
+
+
 def word_features(ds: PairedDataset) -> tuple[np.ndarray, np.ndarray]:
     """``(image, text)``: the dataset's image rows and bag-of-words counts of its captions."""
-    vocab = sorted({w for c in ds.captions for w in c.split()})
-    index = {w: j for j, w in enumerate(vocab)}
-    text = np.zeros((ds.n_captions, len(vocab)), dtype=np.float32)
-    for r, c in enumerate(ds.captions):
-        for w in c.split():
-            text[r, index[w]] += 1
-    return np.asarray(ds.image_features), text
+    return np.asarray(ds.image_features), WordCounts(ds).encode(ds.captions)
 
 
 def trained_webly(ds: PairedDataset, **params):
