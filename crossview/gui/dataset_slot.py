@@ -94,6 +94,7 @@ class DatasetSlot(QGroupBox):
         self.browse_file_action = menu.addAction("File...", self.browse_file)
         self.browse_folder_action = menu.addAction("Folder...", self.browse_folder)
         self.browse.setMenu(menu)
+        self.browse.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")   # "Browse..." whole
         # what the slot is for, from the card's help ("The web image-tag set of Stage II: ..." -> its first clause)
         self.lead = QLabel(help_text.split(":", 1)[0].strip().rstrip(".") if help_text else "")
         self.lead.setWordWrap(True)
