@@ -65,6 +65,17 @@ def test_retriever_ranks_images_for_a_tag_list_through_the_tag_branch(words) -> 
         r.query_tags(" , ;")
     with pytest.raises(CrossViewError, match="none of their words"):
         r.query_tags("qqzzxx")
+    # a webly model whose tags went through the sentence branch (tag_dim 0) has no tag branch to query
+    import copy
+    sentence_tags = copy.copy(m)
+    sentence_tags.model_spec_ = {**m.model_spec_, "tag_dim": 0}
+    assert m.has_tag_branch and not sentence_tags.has_tag_branch
+    with pytest.raises(CrossViewError, match="no tag branch"):
+        sentence_tags.embed_tags([["dog"]])
+    r2 = Retriever(sentence_tags, ds, feats, gallery="test")
+    assert not r2.has_tag_branch
+    with pytest.raises(CrossViewError, match="no tag branch"):
+        r2.query_tags("dog")
     plain = Retriever(Identity().fit(None), ds, feats, gallery="test")
     assert not plain.has_tag_branch
     with pytest.raises(CrossViewError, match="no tag branch"):

@@ -287,8 +287,9 @@ class Retriever:
 
     @property
     def has_tag_branch(self) -> bool:
-        """Whether the method embeds tag lists (``embed_tags``, e.g. webly's tag branch): :meth:`query_tags` works."""
-        return callable(getattr(self.method, "embed_tags", None))
+        """Whether the method embeds tag lists (``embed_tags``, e.g. webly's tag branch) and its fitted model has
+        that branch (``has_tag_branch``, default True): :meth:`query_tags` works."""
+        return callable(getattr(self.method, "embed_tags", None)) and bool(getattr(self.method, "has_tag_branch", True))
 
     def query_tags(self, tags: str | list[str], k: int = 10) -> Ranking:
         """Gallery images ranked for a tag list (``"dog, grass, run"`` or ``["dog", "grass"]``; a string is split
