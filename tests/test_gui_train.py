@@ -534,6 +534,24 @@ def test_browse_fills_the_slot_and_says_what_the_set_holds(qtbot, panel: TrainPa
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: ("", ""))      # cancelled: unchanged
     slot.browse_file_action.trigger()
     assert panel.params()["web"] == str(listed / "tags.jsonl")
+    # a value changed while its set is still being read: the older answer (made to come last) is dropped
+    import time
+
+    from crossview.gui import dataset_slot
+    real = dataset_slot.describe_dataset
+
+    def slow_for_the_list(source, fmt, label):      # runs in the worker thread
+        if source.endswith("tags.jsonl"):
+            time.sleep(1.0)
+        return real(source, fmt, label)
+
+    monkeypatch.setattr(dataset_slot, "describe_dataset", slow_for_the_list)
+    with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "6 images" in t):
+        panel.set_param("web", str(listed / "tags.jsonl"))
+        panel.set_param("web", str(folder))
+    slot.wait()
+    QApplicationInstance().processEvents()
+    assert slot.info.text() == "web set: 6 images, 4 distinct tags" and not slot.is_loading()
 
 
 def test_training_webly_from_the_panel_feeds_the_slot_to_the_run(qtbot, panel: TrainPanel, tmp_path) -> None:
