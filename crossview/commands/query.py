@@ -6,6 +6,7 @@
     crossview query runs/cca-flickr8k --image 12                              # i2t: ranked captions
     crossview query runs/cca-flickr8k --image photo.jpg --corpus corpus.txt   # i2t over a caption corpus
     crossview query runs/cca-flickr8k --caption 1234 --k 5 --json             # a dataset caption, as JSON
+    crossview query runs/webly-flickr8k --tags "dog, grass, run"              # a tag list (webly's tag branch)
 
 Everything goes through :class:`crossview.engine.retriever.Retriever` (the Query panel's engine), so every
 registered method answers the same way and the ground truth and its ranks follow the evaluation's tie rule.
@@ -30,12 +31,13 @@ GT_MARK = "*"
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse contradictory or missing options before anything is loaded (one line each)."""
-    given = [flag for flag, value in (("--text", args.text), ("--image", args.image), ("--caption", args.caption))
+    given = [flag for flag, value in (("--text", args.text), ("--image", args.image), ("--caption", args.caption),
+                                      ("--tags", args.tags))
              if value is not None]
     if len(given) != 1:
         what = "none" if not given else " and ".join(given)
-        raise CrossViewError(f"give exactly one query: --text SENTENCE, --image PATH|INDEX|NAME or --caption INDEX "
-                             f"(got {what})")
+        raise CrossViewError(f"give exactly one query: --text SENTENCE, --image PATH|INDEX|NAME, --caption INDEX or "
+                             f"--tags 'TAG, TAG' (got {what})")
     if args.split is not None and args.corpus is not None:
         raise CrossViewError("give --split or --corpus, not both: the gallery is a split of the run's dataset or "
                              "a caption corpus")
@@ -46,6 +48,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise CrossViewError(f"--k {args.k}: give a positive number of results")
     if args.text is not None and not args.text.strip():
         raise CrossViewError("--text is empty: give a sentence to search for")
+    if args.tags is not None and not args.tags.replace(",", " ").replace(";", " ").replace("|", " ").strip():
+        raise CrossViewError("--tags is empty: give a tag list, e.g. --tags 'dog, grass, run'")
 
 
 def _load_corpus(path: str) -> Any:
@@ -130,6 +134,8 @@ def _describe_query(ds: Any, query: dict[str, Any], corpus: bool) -> str:
     if "text" in query:
         same = f" (= caption {query['caption']})" if "caption" in query else ""
         return f"sentence {query['text']!r}{same}"
+    if "tags" in query:
+        return f"tags {query['tags']!r} (the tag branch)"
     return f"caption {query['caption']} {ds.captions[query['caption']]!r}"
 
 
@@ -197,6 +203,8 @@ def _gold_line(ranking: Any, corpus: bool) -> str:
             why = "a new image file has no ground truth"
         elif "caption" in ranking.query or "image" in ranking.query:
             why = f"its true {kind}s are not in this gallery"
+        elif "tags" in ranking.query:
+            why = "a free tag list has no ground truth"
         else:
             why = "the sentence is not a dataset caption"
         return f"ground truth: none ({why})"
@@ -204,6 +212,17 @@ def _gold_line(ranking: Any, corpus: bool) -> str:
     shown = ", ".join(f"{kind} {item} at rank {rank:,}" for rank, item in pairs[:10])
     more = f", and {n - 10} more" if n > 10 else ""
     return (f"ground truth ({GT_MARK}): {shown}{more} of {ranking.gallery_size:,}")
+
+
+def _check_tag_branch(run_dir: Path) -> None:
+    """Refuse ``--tags`` for a run whose method has no tag branch (one line naming the run and its method)."""
+    from crossview.engine.run import read_config
+    from crossview.methods import list_methods, method_class
+
+    method = read_config(run_dir).get("method")
+    if method in list_methods() and not callable(getattr(method_class(method), "embed_tags", None)):
+        raise CrossViewError(f"--tags: run {run_dir} ({method}) has no tag branch; tag queries need a webly run "
+                             "(query this one with --text)")
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -219,6 +238,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     def progress(stage: str, done: int, total: int) -> None:
         bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
 
+    if args.tags is not None:
+        _check_tag_branch(run_dir)       # before the dataset and its features load
     run = open_run(run_dir, progress=progress)
     ds = run.dataset
     if args.split is not None and args.split != "all" and args.split not in ds.splits:
@@ -236,6 +257,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         bar.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)
+    elif args.tags is not None:
+        ranking = retriever.query_tags(args.tags, args.k)
     else:
         ranking = retriever.query_text(args.caption if args.caption is not None else args.text, args.k)
     rows = _results(retriever, ranking)
@@ -265,7 +288,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "query", help="rank a run's gallery for a sentence or an image",
         description="Ask a trained run one question, as the app's Query panel does, and print the ranked "
                     "results with their scores; ground-truth items are marked '*'. --text or --caption ranks "
-                    "the gallery's images (t2i); --image ranks its captions (i2t). The gallery is a split of "
+                    "the gallery's images (t2i), as does --tags through a webly run's tag branch; --image ranks its "
+                    "captions (i2t). The gallery is a split of "
                     "the run's dataset (default: the split the run was evaluated on, so ranks match its "
                     "metrics) or, for --image, a caption corpus file.",
         epilog="Examples: crossview query RUN --text 'a dog runs on grass' | crossview query RUN --image 12 "
@@ -281,6 +305,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--caption", type=int, metavar="INDEX",
                    help="a dataset caption by index: ranks the gallery's images, its own image is the "
                         "ground truth")
+    q.add_argument("--tags", metavar="'TAG, TAG'",
+                   help="a tag list (separated by commas, or by spaces when there is no comma): ranks the "
+                        "gallery's images through the run's tag branch (webly runs); no ground truth")
     g = p.add_argument_group("gallery (at most one)")
     g.add_argument("--split", default=None, metavar="S",
                    help="a split of the run's dataset, or 'all' (default: the split the run was evaluated on)")

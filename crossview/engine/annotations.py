@@ -33,13 +33,13 @@ FILE_NAME = "annotations.jsonl"
 
 def query_key(query: dict[str, Any]) -> str:
     """A stable string for a query dict (``{"image": 3}`` -> ``image:3``)."""
-    for kind in ("image", "caption", "file", "text"):
+    for kind in ("image", "caption", "file", "text", "tags"):
         if kind in query:
             return f"{kind}:{query[kind]}"
     raise CrossViewError(f"not a query: {query!r}")
 
 
-_QUERY_TYPES = {"image": int, "caption": int, "file": str, "text": str}   # in query_key's order
+_QUERY_TYPES = {"image": int, "caption": int, "file": str, "text": str, "tags": str}   # in query_key's order
 
 
 def _parse_line(raw: bytes) -> tuple[tuple[str, str, int], dict[str, Any]] | None:

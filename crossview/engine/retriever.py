@@ -1,4 +1,5 @@
-"""Answer queries with a trained method: an image -> ranked captions, a sentence -> ranked images.
+"""Answer queries with a trained method: an image -> ranked captions, a sentence (or, with a tag branch, a tag
+list) -> ranked images.
 
 :class:`Retriever` holds a fitted method, its dataset and features, and a *gallery*: the images and
 captions of one split (``"test"`` by default), of the whole dataset (``"all"``), or an independent
@@ -43,7 +44,8 @@ class Ranking:
         gold_ranks: ``(g,) int64`` their 1-based ranks among all gallery items.
         gallery_size: number of items ranked.
         exact: False when an approximate index produced ``items``.
-        query: what was asked (``{"image": i}``, ``{"caption": c}``, ``{"text": "..."}``, ``{"file": p}``).
+        query: what was asked (``{"image": i}``, ``{"caption": c}``, ``{"text": "..."}``, ``{"file": p}``,
+            ``{"tags": "dog, grass"}`` for a tag list through a method's tag branch).
     """
 
     direction: str
@@ -276,6 +278,38 @@ class Retriever:
         data = MethodData(image_features=None, text_features=feats, captions=[sentence],
                           caption_image=np.full(1, -1, np.int64), name="query")                  # text only
         q = np.asarray(self.method.encode_texts(data, direction="t2i"), np.float32)
+        return self._rank_images(q, query, k)
+
+    @property
+    def has_tag_branch(self) -> bool:
+        """Whether the method embeds tag lists (``embed_tags``, e.g. webly's tag branch) and its fitted model has
+        that branch (``has_tag_branch``, default True): :meth:`query_tags` works."""
+        return callable(getattr(self.method, "embed_tags", None)) and bool(getattr(self.method, "has_tag_branch", True))
+
+    def query_tags(self, tags: str | list[str], k: int = 10) -> Ranking:
+        """Gallery images ranked for a tag list (``"dog, grass, run"`` or ``["dog", "grass"]``; a string is split
+        as a web set's tags are: commas, semicolons, ``|``, else spaces) embedded through the method's tag
+        branch, scored against the same image embeddings as a sentence. A free tag list has no ground truth."""
+        from crossview.data.readers._common import split_tags
+
+        check_direction("t2i")
+        if not self.has_tag_branch:
+            raise CrossViewError(f"this run's method {self.method.name!r} has no tag branch, so it cannot rank "
+                                 "images for a tag list; query with a sentence, or open a webly run")
+        if self._image_index is None:
+            raise CrossViewError("a caption-corpus gallery has no images to rank; choose a split as the gallery")
+        tag_list = split_tags(tags)
+        if not tag_list:
+            raise CrossViewError("give at least one tag, e.g. dog, grass, run")
+        q = np.asarray(self.method.embed_tags([tag_list]), np.float32)
+        if not q.any():
+            raise CrossViewError(f"tags {', '.join(tag_list)}: none of their words is in the tag branch's "
+                                 "vocabulary (GloVe 6B); try common English words")
+        return self._rank_images(q, {"tags": ", ".join(tag_list)}, k)
+
+    def _rank_images(self, q: np.ndarray, query: dict[str, Any], k: int) -> Ranking:
+        """The gallery's images for one query embedding ``q (1, d)``; a ``"caption"`` in ``query`` names the
+        ground truth (its image)."""
         res = self._image_index.search(q, k)
         assert self._image_emb is not None
         scores = self._image_emb @ q[0]

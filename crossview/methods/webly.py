@@ -176,6 +176,38 @@ class Webly(Vsepp):
                                  "collection (tags.jsonl, or a folder of images with .tags files)")
         self._web = web_method_data(image_rows, [list(t) for t in tags], name=getattr(dataset, "name", "web"))
 
+    # ------------------------------------------------------------------ the tag branch as a query
+    @property
+    def has_tag_branch(self) -> bool:
+        """Whether the fitted model has a tag branch of its own, so :meth:`embed_tags` works (a model whose
+        tags went through the sentence branch, ``tag_dim`` 0, has none)."""
+        return int((getattr(self, "model_spec_", None) or {}).get("tag_dim", 50)) > 0
+
+    def embed_tags(self, tag_lists: list[list[str]]) -> np.ndarray:
+        """``(n, embed_dim) float32`` on the CPU: each tag list through the tag branch (the mean GloVe vector of
+        its words, :func:`tag_vectors`, then ``model.tags``), L2-normalised, so ``images @ row`` ranks images
+        for a tag query as ``encode_images`` rows are scored. A list with no word GloVe knows is a zero row."""
+        from crossview.nn.trainer import unwrap
+
+        self.check_is_fitted()
+        branch = getattr(unwrap(self.model()), "tags", None)
+        if branch is None or not self.has_tag_branch:
+            raise CrossViewError("webly: this run's model has no tag branch (its tags went through the sentence "
+                                 "branch), so it cannot embed a tag list; query it with a sentence")
+        v = tag_vectors([[str(t) for t in tags] for tags in tag_lists])
+        dev = next(branch.parameters()).device
+        was = branch.training
+        branch.eval()
+        try:
+            with torch.no_grad():
+                out = branch(torch.as_tensor(v).to(dev)).float().cpu().numpy()
+        finally:
+            branch.train(was)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = np.where(norms > 0, out / np.maximum(norms, 1e-12), 0.0)
+        out[~v.any(axis=1)] = 0.0                   # no known word: no direction, not the branch's bias
+        return np.ascontiguousarray(out, dtype=np.float32)
+
     # ------------------------------------------------------------------ stages
     def _stage(self) -> int:
         return int(getattr(self, "_stage_now", 1))

@@ -1,5 +1,9 @@
 """The Query panel: image -> ranked captions, sentence -> ranked images, with ground truth and marks.
 
+When the run's method has a tag branch (webly), a "Sentence | Tags" switch beside the query box turns it into
+a tag-list box: ``dog, grass, run`` is embedded through the tag branch and ranks the same images a sentence
+does (no ground truth: a free tag list has none).
+
 It is a view onto a :class:`crossview.engine.retriever.Retriever` (set with :meth:`QueryPanel.set_retriever`);
 every query runs in a worker and a superseded answer is dropped. Results show rank, score, the
 caption's own image, ground truth highlighted, and the ground truth's rank however far down it is.
@@ -24,8 +28,9 @@ from typing import Any
 import numpy as np
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
-                               QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView,
+                               QListWidget, QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout,
+                               QWidget)
 
 from crossview.engine.annotations import AnnotationStore, query_key
 from crossview.core.io import atomic_write_bytes
@@ -40,6 +45,8 @@ PRESENT_HINT = "Presentation mode: F11 or Esc to leave"
 MARK_YES = QColor("#1a7f37")
 MARK_NO = QColor("#cf222e")
 ItemRole = Qt.ItemDataRole.UserRole + 1
+SENTENCE_HINT = "Type a sentence and press Enter to find images, e.g. a red circle left of a blue square"
+TAGS_HINT = "Type tags separated by commas and press Enter to find images, e.g. dog, grass, run"
 
 
 class QueryPanel(QWidget):
@@ -88,9 +95,29 @@ class QueryPanel(QWidget):
         self.gallery_combo.activated.connect(self._on_gallery_choice)
 
         self.sentence = QLineEdit()
-        self.sentence.setPlaceholderText("Type a sentence and press Enter to find images, e.g. a red circle left of a "
-                                         "blue square")
+        self.sentence.setPlaceholderText(SENTENCE_HINT)
         self.sentence.returnPressed.connect(self._ask_sentence)
+        # "Sentence | Tags": shown only for a run whose method has a tag branch (webly)
+        self.mode_sentence = QPushButton("Sentence")
+        self.mode_tags = QPushButton("Tags")
+        self.mode_sentence.setToolTip("The query box is a sentence, embedded by the sentence branch")
+        self.mode_tags.setToolTip("The query box is a tag list (dog, grass, run), embedded by the run's tag branch "
+                                  "(the mean GloVe vector of the tags' words); there is no ground truth")
+        self.mode_group = QButtonGroup(self)
+        self.mode_group.setExclusive(True)
+        for b in (self.mode_sentence, self.mode_tags):
+            b.setCheckable(True)
+            b.setObjectName("modeSwitch")
+            self.mode_group.addButton(b)
+        self.mode_sentence.setChecked(True)
+        self.mode_group.buttonToggled.connect(self._on_mode)
+        self.mode_bar = QWidget()
+        mb = QHBoxLayout(self.mode_bar)
+        mb.setContentsMargins(0, 0, 0, 0)
+        mb.setSpacing(0)
+        mb.addWidget(self.mode_sentence)
+        mb.addWidget(self.mode_tags)
+        self.mode_bar.hide()
         self.image_button = QPushButton("Query by image file...")
         self.image_button.setToolTip("Pick an image file (or drop one on this panel) to rank the captions")
         self.image_button.clicked.connect(self._choose_image_file)
@@ -159,6 +186,7 @@ class QueryPanel(QWidget):
         back.activated.connect(self.go_back)
 
         ask = QHBoxLayout()
+        ask.addWidget(self.mode_bar)
         ask.addWidget(self.sentence, 1)
         ask.addWidget(self.image_button)
         ask.addWidget(self.k_spin)
@@ -200,7 +228,7 @@ class QueryPanel(QWidget):
     # ------------------------------------------------------------------ set-up
     def _set_enabled(self, on: bool) -> None:
         for w in (self.sentence, self.image_button, self.mark_yes, self.mark_no, self.mark_clear,
-                  self.export_button, self.k_spin):
+                  self.export_button, self.k_spin, self.mode_bar):
             w.setEnabled(on)
         self.back_button.setEnabled(on and len(self.history) > 1)
         self._update_query_with()
@@ -233,6 +261,10 @@ class QueryPanel(QWidget):
         self._query_pixmap = None
         self.query_title.clear()
         self.gold_label.clear()
+        tags = retriever is not None and bool(getattr(retriever, "has_tag_branch", False))
+        self.mode_bar.setVisible(tags)
+        if not tags:
+            self.mode_sentence.setChecked(True)      # a run without a tag branch takes sentences only
         if retriever is None:
             self.header.setText("No run loaded: train one in the Train panel or open a run.")
             self.gallery_note.clear()
@@ -244,6 +276,7 @@ class QueryPanel(QWidget):
         self._set_enabled(True)
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
+        self.mode_bar.setEnabled(retriever.n_gallery_images > 0)
         self._update_marks_label()
 
     def training_images_in_gallery(self, retriever: Retriever | None = None) -> int:
@@ -322,9 +355,33 @@ class QueryPanel(QWidget):
         """Rank the gallery's images for a sentence, or for dataset caption ``text`` (int)."""
         return self._ask({"caption": text} if isinstance(text, int) else {"text": text})
 
+    def query_tags(self, tags: str) -> Task | None:
+        """Rank the gallery's images for a tag list (``"dog, grass, run"``) through the run's tag branch."""
+        return self._ask({"tags": str(tags)})
+
+    @property
+    def tag_mode(self) -> bool:
+        """Whether the query box takes a tag list (the "Tags" switch, for a run with a tag branch)."""
+        return self.mode_bar.isVisibleTo(self) and self.mode_tags.isChecked()
+
+    def set_query_mode(self, mode: str) -> None:
+        """``"sentence"`` or ``"tags"`` (the latter only when the run has a tag branch: else a CrossViewError)."""
+        if mode == "tags" and not (self.retriever is not None and getattr(self.retriever, "has_tag_branch", False)):
+            raise CrossViewError("this run's method has no tag branch: tag queries need a webly run")
+        if mode not in ("sentence", "tags"):
+            raise CrossViewError(f"query mode {mode!r}: use 'sentence' or 'tags'")
+        (self.mode_tags if mode == "tags" else self.mode_sentence).setChecked(True)
+
+    def _on_mode(self, *_: object) -> None:
+        self.sentence.setPlaceholderText(TAGS_HINT if self.mode_tags.isChecked() else SENTENCE_HINT)
+        self.sentence.setFocus()
+
     def _ask_sentence(self) -> None:
         if self.sentence.text().strip():
-            self.query_text(self.sentence.text())
+            if self.tag_mode:
+                self.query_tags(self.sentence.text())
+            else:
+                self.query_text(self.sentence.text())
 
     def _choose_image_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Query by image", "", "Images (*.jpg *.jpeg *.png *.bmp *.webp)")
@@ -341,6 +398,8 @@ class QueryPanel(QWidget):
         if "image" in query or "file" in query:
             target = query.get("image", query.get("file"))
             work = lambda progress, should_stop: r.query_image(target, k)  # noqa: E731
+        elif "tags" in query:
+            work = lambda progress, should_stop: r.query_tags(query["tags"], k)  # noqa: E731
         else:
             target = query.get("caption", query.get("text"))
             work = lambda progress, should_stop: r.query_text(target, k)  # noqa: E731
@@ -423,6 +482,8 @@ class QueryPanel(QWidget):
             title = f"Image {int(ds.image_ids[q['image']])}"
         elif "file" in q:
             path, title = q["file"], Path(q["file"]).name
+        elif "tags" in q:
+            title = f"Tags: {html.escape(q['tags'])}"
         elif "caption" in q and "text" not in q:
             title = f"Caption {int(ds.caption_ids[q['caption']])}: “{html.escape(ds.captions[q['caption']])}”"
         else:
@@ -445,6 +506,8 @@ class QueryPanel(QWidget):
             shown = ", ".join(f"<b>{x}</b>" if x <= len(ranking.items) else str(x) for x in ranks)
             self.gold_label.setText(f"Ground truth {what}{'s' if len(ranks) > 1 else ''} at rank {shown} "
                                     f"of {n:,}")
+        elif "tags" in q:
+            self.gold_label.setText(f"No ground truth for a tag list ({n:,} images ranked through the tag branch)")
         else:
             self.gold_label.setText(f"No ground truth for this query ({n:,} {what}s ranked)")
 
@@ -594,6 +657,8 @@ class QueryPanel(QWidget):
                     caption = ds.captions[c]
             elif "text" in query:
                 caption = str(query["text"])
+            elif "tags" in query:
+                caption = f"tags: {query['tags']}"
         except (TypeError, ValueError):
             pass            # a hand-edited mark: its index columns still say what it is
         return image, caption

@@ -1,5 +1,7 @@
 """The Train panel: pick a method (from the registry, with its card), set its parameters (a form built
-from the card: defaults, tooltips, ranges), the split to evaluate on, the features (encoders and their
+from the card: defaults, tooltips, ranges), a second dataset where the method trains on one besides the run's
+(its ``auxiliary_format``: webly's web set, :class:`~crossview.gui.dataset_slot.DatasetSlot`), the split to
+evaluate on, the features (encoders and their
 normalisation) and the device; start / pause / stop / resume; progress with ETA, live curves
 (:mod:`crossview.gui.curves`: one plot per quantity family, R@K / rsum per validation or a note saying why
 there is none), a log, and the runs list (open, open a run folder from anywhere, rename, delete with
@@ -33,6 +35,7 @@ from crossview.engine.tune import TuneResult
 from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
+from crossview.gui.dataset_slot import DatasetSlot
 from crossview.gui.search_dialog import SearchDialog, SearchSpec
 from crossview.gui.workers import EventTask, preload_engine_modules
 
@@ -135,6 +138,9 @@ class TrainPanel(QWidget):
         self.last_error: str | None = None
         self._getters: dict[str, Any] = {}
         self._card: Any = None
+        #: the second dataset slots, per (method, parameter): kept while the panel lives, so a set being read
+        #: in a worker is never destroyed under it; only the selected method's are shown
+        self._slots: dict[tuple[str, str], DatasetSlot] = {}
         self._t0 = 0.0
         self.search_dialog: SearchDialog | None = None
         self.search_folder: Path | None = None
@@ -157,6 +163,9 @@ class TrainPanel(QWidget):
         self.method_info.setTextFormat(Qt.TextFormat.RichText)
         self.method_info.linkActivated.connect(self._toggle_card_text)
         self._card_full = False
+        self.slots_box = QWidget()
+        self.slots_layout = QVBoxLayout(self.slots_box)
+        self.slots_layout.setContentsMargins(0, 0, 0, 0)
         self.params_box = QGroupBox("Parameters")
         self.params_form = QFormLayout(self.params_box)
         self.image_encoder = QComboBox()
@@ -230,6 +239,7 @@ class TrainPanel(QWidget):
         ll.addWidget(QLabel("<b>Method</b>"))
         ll.addWidget(self.method_combo)
         ll.addWidget(self.method_info)
+        ll.addWidget(self.slots_box)
         ll.addWidget(self.params_box)
         ll.addWidget(evaluation)
         ll.addWidget(feats)
@@ -427,7 +437,11 @@ class TrainPanel(QWidget):
             from crossview.methods.cards import ParamSpec, _infer_type
             specs = {k: ParamSpec(k, v, _infer_type(v)) for k, v in cls.default_params().items()
                      if isinstance(v, (int, float, str, bool))}
+        slots = self._show_slots(name, specs)
         for pname, spec in specs.items():
+            if pname in slots:
+                self._getters[pname] = (spec, slots[pname].value)
+                continue
             w, get = _param_widget(spec)
             tip = spec.help + (f" (default {spec.default})" if spec.help else f"default {spec.default}")
             w.setToolTip(tip)
@@ -435,6 +449,42 @@ class TrainPanel(QWidget):
             label.setToolTip(tip)
             self.params_form.addRow(label, w)
             self._getters[pname] = (spec, get)
+
+    def _show_slots(self, method: str, specs: dict[str, Any]) -> dict[str, DatasetSlot]:
+        """Show the method's second dataset slots (its ``auxiliary_format``: parameter -> reader format) that
+        its form has as parameters; hide the others. Returns them by parameter."""
+        from crossview.methods import method_class
+
+        try:
+            formats = dict(getattr(method_class(method), "auxiliary_format", {}) or {})
+        except CrossViewError:
+            formats = {}
+        shown: dict[str, DatasetSlot] = {}
+        for pname, fmt in formats.items():
+            if pname not in specs:
+                continue
+            key = (method, pname)
+            slot = self._slots.get(key)
+            if slot is None:
+                spec = specs[pname]
+                slot = DatasetSlot(pname, fmt, spec.help, parent=self.slots_box)
+                slot.set_demo_available(self._dataset_is_demo())
+                slot.set_value(spec.default)
+                self._slots[key] = slot
+                self.slots_layout.addWidget(slot)
+            shown[pname] = slot
+        for slot in self._slots.values():
+            slot.setVisible(slot in shown.values())
+        self.slots_box.setVisible(bool(shown))
+        return shown
+
+    def slots(self) -> dict[str, DatasetSlot]:
+        """The current method's second dataset slots, by parameter (webly: ``{"web": ...}``)."""
+        method = self.method_combo.currentData()
+        return {p: s for (m, p), s in self._slots.items() if m == method}
+
+    def _dataset_is_demo(self) -> bool:
+        return self.dataset is not None and "demo" in (getattr(self.dataset, "meta", None) or {})
 
     def _update_norm_defaults(self, method: str | None) -> None:
         """Name the method's own normalisations in the first entry of each choice ("method default (ssr)")."""
@@ -483,8 +533,12 @@ class TrainPanel(QWidget):
         return out
 
     def set_param(self, name: str, value: Any) -> None:
-        """Set one form field (for tests and scripted demos)."""
+        """Set one form field (for tests and scripted demos); a second dataset slot takes "", "demo" or a path."""
         spec, _ = self._getters[name]
+        slot = self.slots().get(name)
+        if slot is not None:
+            slot.set_value(value)
+            return
         for row in range(self.params_form.rowCount()):
             label = self.params_form.itemAt(row, QFormLayout.ItemRole.LabelRole).widget()
             if label.text() == name:
@@ -505,6 +559,8 @@ class TrainPanel(QWidget):
     def set_dataset(self, ds: Any) -> None:
         """Train on ``ds`` from now on (the split choices follow its splits)."""
         self.dataset = ds
+        for slot in self._slots.values():
+            slot.set_demo_available(self._dataset_is_demo())
         self._fill_splits()
         self._update_buttons()
 
@@ -518,8 +574,8 @@ class TrainPanel(QWidget):
         self.stop_button.setEnabled(running)
         self.resume_button.setEnabled(not running and self.runs_list.currentItem() is not None)
         self.pause_button.setText("Continue" if running and self.task.paused else "Pause")
-        for w in (self.method_combo, self.params_box, self.split_combo, self.image_encoder, self.text_encoder,
-                  self.device_combo, self.image_norm, self.text_norm):
+        for w in (self.method_combo, self.slots_box, self.params_box, self.split_combo, self.image_encoder,
+                  self.text_encoder, self.device_combo, self.image_norm, self.text_norm):
             w.setEnabled(not running)
 
     def _new_run_dir(self, method: str) -> Path:
@@ -544,6 +600,7 @@ class TrainPanel(QWidget):
             return None
         method = self.method_combo.currentData()
         try:
+            self._check_slots()
             params = self.params()
             run_dir = self._new_run_dir(method)
             split = self.split()
@@ -559,6 +616,13 @@ class TrainPanel(QWidget):
             return None
         self._drive(lambda: it, run_dir, f"Training {method} on {self.dataset.name}", method, no_val)
         return self.task
+
+    def _check_slots(self) -> None:
+        """Refuse a second dataset the slot already knows is wrong (a missing path, no tags) before anything runs."""
+        for slot in self.slots().values():
+            problem = slot.problem()
+            if problem:
+                raise CrossViewError(problem)
 
     def _no_validation_reason(self, split: str | None) -> str:
         """Why a run on the current dataset with evaluation split ``split`` has no validation curve ('' if it has)."""
