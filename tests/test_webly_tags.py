@@ -65,17 +65,24 @@ def test_retriever_ranks_images_for_a_tag_list_through_the_tag_branch(words) -> 
         r.query_tags(" , ;")
     with pytest.raises(CrossViewError, match="none of their words"):
         r.query_tags("qqzzxx")
-    # a webly model whose tags went through the sentence branch (tag_dim 0) has no tag branch to query
-    import copy
-    sentence_tags = copy.copy(m)
-    sentence_tags.model_spec_ = {**m.model_spec_, "tag_dim": 0}
-    assert m.has_tag_branch and not sentence_tags.has_tag_branch
+    # a webly model trained with its tags through the sentence branch (tag_dim 0) has no tag branch of its own:
+    # embed_tags refuses, and a tag query is the tag string through the sentence branch, as it was trained
+    from _webly_words import WordCounts
+    from crossview.methods import create_method
+
+    enc = WordCounts(ds)
+    st = create_method("webly", **{**FAST, "tag_branch": "sentence"})
+    st.set_text_encoder(enc.encode)
+    st.fit(MethodData.from_features(ds, img, txt, "train"))
+    assert m.has_tag_branch and not st.has_tag_branch and st.tags_as_sentences
     with pytest.raises(CrossViewError, match="no tag branch"):
-        sentence_tags.embed_tags([["dog"]])
-    r2 = Retriever(sentence_tags, ds, feats, gallery="test")
-    assert not r2.has_tag_branch
-    with pytest.raises(CrossViewError, match="no tag branch"):
-        r2.query_tags("dog")
+        st.embed_tags([["dog"]])
+    r2 = Retriever(st, ds, SimpleNamespace(image=img, text=txt, text_model=enc, image_encoder="precomp", spec={}),
+                   gallery="test")
+    assert r2.has_tag_branch
+    through = r2.query_tags("horse, field", k=5)
+    assert through.query == {"tags": "horse, field"} and len(through.gold) == 0
+    assert (ds.labels[through.items[:4]] == horse).sum() >= 3, through.items
     plain = Retriever(Identity().fit(None), ds, feats, gallery="test")
     assert not plain.has_tag_branch
     with pytest.raises(CrossViewError, match="no tag branch"):

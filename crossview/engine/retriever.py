@@ -282,14 +282,18 @@ class Retriever:
 
     @property
     def has_tag_branch(self) -> bool:
-        """Whether the method embeds tag lists (``embed_tags``, e.g. webly's tag branch) and its fitted model has
-        that branch (``has_tag_branch``, default True): :meth:`query_tags` works."""
-        return callable(getattr(self.method, "embed_tags", None)) and bool(getattr(self.method, "has_tag_branch", True))
+        """Whether :meth:`query_tags` works: the method embeds tag lists (``embed_tags``, e.g. webly's tag branch)
+        and its fitted model has that branch (``has_tag_branch``, default True), or it was trained reading tags
+        through its sentence branch (``tags_as_sentences``)."""
+        m = self.method
+        return callable(getattr(m, "embed_tags", None)) and (bool(getattr(m, "has_tag_branch", True))
+                                                             or bool(getattr(m, "tags_as_sentences", False)))
 
     def query_tags(self, tags: str | list[str], k: int = 10) -> Ranking:
         """Gallery images ranked for a tag list (``"dog, grass, run"`` or ``["dog", "grass"]``; a string is split
         as a web set's tags are: commas, semicolons, ``|``, else spaces) embedded through the method's tag
-        branch, scored against the same image embeddings as a sentence. A free tag list has no ground truth."""
+        branch (or, for a model trained with its tags through the sentence branch, as the tag string through that
+        branch), scored against the same image embeddings as a sentence. A free tag list has no ground truth."""
         from crossview.data.readers._common import split_tags
 
         check_direction("t2i")
@@ -301,6 +305,14 @@ class Retriever:
         tag_list = split_tags(tags)
         if not tag_list:
             raise CrossViewError("give at least one tag, e.g. dog, grass, run")
+        if not bool(getattr(self.method, "has_tag_branch", True)):    # tags through the sentence branch
+            from crossview.methods.webly import tag_sentences
+
+            sentence = tag_sentences([tag_list])[0]
+            data = MethodData(image_features=None, text_features=self._text_rows([sentence], None),
+                              captions=[sentence], caption_image=np.full(1, -1, np.int64), name="query")
+            q = np.asarray(self.method.encode_texts(data, direction="t2i"), np.float32)
+            return self._rank_images(q, {"tags": ", ".join(tag_list)}, k)
         q = np.asarray(self.method.embed_tags([tag_list]), np.float32)
         if not q.any():
             raise CrossViewError(f"tags {', '.join(tag_list)}: none of their words is in the tag branch's "

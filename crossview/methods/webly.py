@@ -183,6 +183,12 @@ class Webly(Vsepp):
         tags went through the sentence branch, ``tag_dim`` 0, has none)."""
         return int((getattr(self, "model_spec_", None) or {}).get("tag_dim", 50)) > 0
 
+    @property
+    def tags_as_sentences(self) -> bool:
+        """Whether the fitted model reads tags through its sentence branch (``tag_branch="sentence"``): a tag query
+        is then the sentence query of the tag string (:func:`tag_sentences`), as it was trained."""
+        return self.is_fitted and not self.has_tag_branch
+
     def embed_tags(self, tag_lists: list[list[str]]) -> np.ndarray:
         """``(n, embed_dim) float32`` on the CPU: each tag list through the tag branch (the mean GloVe vector of
         its words, :func:`tag_vectors`, then ``model.tags``), L2-normalised, so ``images @ row`` ranks images
