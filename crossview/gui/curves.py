@@ -285,7 +285,7 @@ class CurveBoard(QWidget):
 
     def phase_markers(self, plot_key: str) -> list[tuple[float, str]]:
         """``(x, label)`` of the markers drawn on a plot (a family key, ``"recall"`` or ``"rsum"``)."""
-        return [(float(item.value()), item.label.toPlainText() if item.label is not None else "")
+        return [(float(item.value()), item.label.toPlainText().strip() if item.label is not None else "")
                 for (key, _), item in self._phase_items.items() if key == plot_key]
 
     def _draw_phases(self) -> None:
@@ -298,10 +298,16 @@ class CurveBoard(QWidget):
                 if (plot_key, i) in self._phase_items:
                     continue
                 x = epoch + 0.5 if is_val else step + 0.5
+                # the label on the side with room: left of the line when curves lie before it (a stage that
+                # begins late, at the right edge), right of it when the plot starts there (Stage II from init_from)
+                series = self.val_series.values() if is_val else (v for v in self.series.values()
+                                                                  if v.family == plot_key)
+                before = any(v.xs and v.xs[0] < x for v in series)
+                anchor = (1, 0.5) if before else (0, 0.5)
                 line = pg.InfiniteLine(pos=x, angle=90, movable=False,
                                        pen=pg.mkPen("#57606a", width=1, style=Qt.PenStyle.DashLine),
-                                       label=name, labelOpts={"position": 0.92, "color": "#57606a",
-                                                              "anchors": [(0, 0.5), (0, 0.5)]})
+                                       label=name + " " if before else " " + name,
+                                       labelOpts={"position": 0.92, "color": "#57606a", "anchors": [anchor, anchor]})
                 plot.addItem(line, ignoreBounds=True)
                 self._phase_items[(plot_key, i)] = line
 
