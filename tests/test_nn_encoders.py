@@ -76,6 +76,35 @@ def test_transformer_frozen_bottom_plus_top_equals_the_whole_model(train_layers)
     assert torch.allclose(cached, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("train_layers", [0, 2])
+def test_bilstm_pool_is_the_max_over_each_captions_real_tokens(train_layers) -> None:
+    """TIMAM's text branch: token states -> Bi-LSTM -> max over the real tokens -> FC; each caption alone
+    (unpadded, one at a time) gives the same row, so padding is never read; the LSTM and FC learn."""
+    bert = _tiny_bert()
+    enc = TransformerTextEncoder(bert, 8, train_layers=train_layers, pool="bilstm", lstm_hidden=5,
+                                 normalize=False).eval()
+    ids = torch.randint(1, 50, (3, 6))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5])
+    ids = ids * mask
+    with torch.no_grad():
+        got = enc(ids, mask)
+        cached = enc(ids, mask, frozen_hidden=enc.frozen_hidden(ids, mask))
+        for r in range(3):
+            n = int(mask[r].sum())
+            h = bert(input_ids=ids[r:r + 1, :n], attention_mask=mask[r:r + 1, :n]).last_hidden_state
+            out, _ = enc.lstm(h)                       # (1, n, 10): forward and backward halves
+            assert out.shape == (1, n, 10)
+            want = enc.head(out[0].max(0).values[None])
+            assert torch.allclose(got[r:r + 1], want, atol=1e-5), r
+    assert torch.allclose(cached, got, atol=1e-5)
+    enc.train()
+    enc(ids, mask).sum().backward()
+    assert enc.lstm.weight_ih_l0.grad is not None and enc.head.fc.weight.grad is not None
+    assert (bert.encoder.layer[2].attention.self.query.weight.grad is not None) == (train_layers > 0)
+    with pytest.raises(ValueError, match="pool"):
+        TransformerTextEncoder(_tiny_bert(), 8, pool="max")
+
+
 def test_transformer_trains_only_its_top_layers() -> None:
     bert = _tiny_bert()
     enc = TransformerTextEncoder(bert, 8, train_layers=1).train()

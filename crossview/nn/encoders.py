@@ -10,7 +10,8 @@ reuse them): every one ends in an L2-normalised row, so dot products are cosines
   initialised from given vectors (GloVe);
 - :class:`TransformerTextEncoder` -- a local BERT-like model (``transformers``' ``AutoModel``) over word
   pieces, mean-pooled over the real tokens (sentence-transformers' pooling) -> FC -> L2; frozen, or its top
-  ``train_layers`` layers fine-tuned. The frozen bottom's states do not change during training, so a method
+  ``train_layers`` layers fine-tuned. ``pool="bilstm"`` (TIMAM's text branch, after CMPM): the token states ->
+  a bidirectional LSTM -> the maximum over the real tokens of its concatenated outputs -> FC. The frozen bottom's states do not change during training, so a method
   may compute them once per caption (:meth:`TransformerTextEncoder.frozen_hidden`) and pass them back in.
 """
 
@@ -135,10 +136,16 @@ class TransformerTextEncoder(nn.Module):
     """Word-piece ids and attention ``mask`` ``(n, L)`` -> a BERT-like ``model`` -> mean over the real tokens
     -> FC -> L2. ``train_layers`` top layers are fine-tuned; the embeddings and the layers below stay frozen
     (eval mode, no gradients). ``model`` is a ``transformers`` ``AutoModel`` with ``.embeddings`` and
-    ``.encoder.layer`` (BERT, MiniLM, RoBERTa...)."""
+    ``.encoder.layer`` (BERT, MiniLM, RoBERTa...).
+
+    ``pool="bilstm"``: instead of the mean, the token states go through a bidirectional LSTM of ``lstm_hidden``
+    units a direction, over packed sequences (padding is never read), and the element-wise maximum over each
+    caption's real tokens of the concatenated ``(2 * lstm_hidden)`` outputs goes to the FC (the CMPM code's
+    ``reduce_max`` over the Bi-LSTM outputs; there the padded steps' zero outputs join the maximum, here only
+    real tokens do)."""
 
     def __init__(self, model: nn.Module, embed_dim: int = 1024, *, train_layers: int = 0,
-                 normalize: bool = True) -> None:
+                 normalize: bool = True, pool: str = "mean", lstm_hidden: int = 512) -> None:
         super().__init__()
         layers = _layers_of(model)
         if not 0 <= int(train_layers) <= len(layers):
@@ -151,7 +158,14 @@ class TransformerTextEncoder(nn.Module):
         for layer in self.top_layers():
             for p in layer.parameters():
                 p.requires_grad_(True)
-        self.head = FeatureImageEncoder(int(model.config.hidden_size), embed_dim, normalize=normalize)
+        if pool not in ("mean", "bilstm"):
+            raise ValueError(f"pool={pool!r}: 'mean' or 'bilstm'")
+        self.pool = pool
+        width = int(model.config.hidden_size)
+        self.lstm = nn.LSTM(width, int(lstm_hidden), batch_first=True, bidirectional=True) if pool == "bilstm" \
+            else None
+        self.head = FeatureImageEncoder(2 * int(lstm_hidden) if self.lstm is not None else width, embed_dim,
+                                        normalize=normalize)
 
     def top_layers(self) -> list[nn.Module]:
         return list(_layers_of(self.model))[self.n_frozen:]
@@ -192,9 +206,23 @@ class TransformerTextEncoder(nn.Module):
         h = self.frozen_hidden(ids, mask) if frozen_hidden is None else frozen_hidden
         if self.train_layers:
             h = self._run_layers(h, mask, self.top_layers())
+        if self.lstm is not None:
+            return self.head(self._bilstm_max(h, mask))
         m = mask.to(h.dtype).unsqueeze(-1)
         pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return self.head(pooled)
+
+    def _bilstm_max(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(n, 2 * lstm_hidden)``: the Bi-LSTM over each caption's real tokens, maximum over them."""
+        assert self.lstm is not None
+        if h.shape[0] == 0:
+            return h.new_zeros((0, 2 * self.lstm.hidden_size))
+        lengths = mask.sum(1).clamp(min=1)
+        packed = nn.utils.rnn.pack_padded_sequence(h.float(), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, padding_value=float("-inf"),
+                                                  total_length=h.shape[1])
+        return out.amax(1)
 
 
 def _cpu_autocast() -> bool:
