@@ -11,13 +11,18 @@ VSE0 sums over every negative; VSE++ keeps only the largest term of each query (
 each query adds at most one term. Negatives are the off-diagonal pairs; with ``image_ids``, pairs whose image
 is the same (two captions of one image in a batch) are not negatives of each other either -- the official
 code counts them, which pushes apart a caption and its own image's other caption.
+
+The TIMAM losses (paper 002, Sarafianos et al. 2019) are further down: :func:`cmpm_loss`,
+:func:`norm_softmax_id_loss`, and the modality discriminator's :func:`discriminator_loss`,
+:func:`generator_loss` and :func:`discriminator_accuracy`.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["contrastive_loss", "info_nce_loss", "negative_mask", "smooth_ap_loss"]
+__all__ = ["cmpm_loss", "contrastive_loss", "info_nce_loss", "negative_mask", "smooth_ap_loss"]
 
 
 def negative_mask(n: int, image_ids: torch.Tensor | None = None, device: torch.device | None = None) -> torch.Tensor:
@@ -124,3 +129,47 @@ def info_nce_loss(scores: torch.Tensor, positives: torch.Tensor, *, temperature:
     neg_lse = torch.logsumexp(x.masked_fill(pos, float("-inf")), dim=1, keepdim=True)   # (q, 1); -inf: none
     terms = torch.logaddexp(neg_lse, x) - x                                             # (q, m)
     return terms[pos].mean()
+
+
+# ====================================================================== TIMAM (paper 002)
+def cmpm_loss(image_emb: torch.Tensor, text_emb: torch.Tensor, labels: torch.Tensor, *,
+              eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(i2t, t2i)``: Cross-Modal Projection Matching (Zhang & Lu, ECCV 2018), TIMAM's ``L_M^V`` and ``L_M^T``.
+
+    ``image_emb`` ``v`` and ``text_emb`` ``t``: ``(n, d)`` embeddings of ``n`` (image, text) pairs; ``labels``:
+    ``(n,)`` the identity / class / image of each pair. For i2t each image is scalar-projected on the
+    L2-normalised texts, ``t_bar_j = t_j / |t_j|`` (the image is *not* normalised, so its norm acts as an inverse
+    temperature), and the projections are turned into a matching distribution over the batch::
+
+        p_ij = softmax_j(v_i . t_bar_j)        q_ij = [y_i == y_j] / sum_k [y_i == y_k]
+        i2t  = 1/n sum_i sum_j p_ij (log p_ij - log(q_ij + eps))
+
+    the KL divergence ``KL(p_i || q_i)`` of each row, averaged over the rows; ``eps`` keeps ``log q`` finite
+    where ``q_ij = 0`` (such a term costs ``p_ij (log p_ij - log eps)``, which drives ``p_ij`` to 0). t2i is the
+    same with the roles swapped: ``p_ij = softmax_j(t_i . v_bar_j)``. ``q`` is the paper's "true matching
+    probability", ``q`` row-normalised to sum 1 (the original TensorFlow code divides the label mask by its row
+    sum too; one PyTorch port divides by the row's L2 norm, which is not a distribution).
+
+    The mean over rows (not a sum) is what the original code does (``reduce_mean(reduce_sum(., 1))``). It writes
+    the log as ``log(1e-8 + p / (q + 1e-8))``; here ``log p`` comes from ``log_softmax``, which stays finite when
+    ``p`` underflows, and the two agree to about ``1e-16`` per term. Scores are computed in float32 at least.
+    """
+    if image_emb.ndim != 2 or text_emb.ndim != 2 or image_emb.shape != text_emb.shape:
+        raise ValueError(f"cmpm_loss needs two (n, d) embeddings of one shape, got {tuple(image_emb.shape)} "
+                         f"and {tuple(text_emb.shape)}")
+    n = image_emb.shape[0]
+    y = labels.reshape(-1).to(image_emb.device)
+    if y.numel() != n:
+        raise ValueError(f"labels has {y.numel()} entries for a batch of {n} pairs")
+    if n == 0:
+        raise ValueError("cmpm_loss needs a batch of at least one pair, got 0")
+    dtype = torch.promote_types(image_emb.dtype, torch.float32)
+    v, t = image_emb.to(dtype), text_emb.to(dtype)
+    mask = (y[:, None] == y[None, :]).to(dtype)
+    log_q = torch.log(mask / mask.sum(dim=1, keepdim=True) + eps)     # symmetric: one q serves both ways
+
+    def kl(query: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
+        log_p = torch.log_softmax(query @ F.normalize(gallery, dim=1).t(), dim=1)
+        return (log_p.exp() * (log_p - log_q)).sum(dim=1).mean()
+
+    return kl(v, t), kl(t, v)

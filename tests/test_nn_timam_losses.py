@@ -1,0 +1,203 @@
+"""crossview.nn.losses, the TIMAM losses (paper 002): cmpm_loss, checked against a naive double loop, the
+original code's formula, hand-worked 2x2 cases, its limits (one class, identity matching) and
+autograd.gradcheck in float64."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crossview.nn.losses import cmpm_loss
+
+
+def _randn(*shape: int, gen: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------ CMPM
+def naive_cmpm(v: torch.Tensor, t: torch.Tensor, labels: torch.Tensor, eps: float) -> tuple[float, float]:
+    """CMPM written out pair by pair in Python floats: p from an explicit softmax, q from counting labels."""
+    n = v.shape[0]
+    y = [int(k) for k in labels]
+
+    def one_way(a: torch.Tensor, b: torch.Tensor) -> float:
+        total = 0.0
+        for i in range(n):
+            s = [sum(float(a[i, k]) * float(b[j, k]) for k in range(a.shape[1])) / math.sqrt(
+                sum(float(b[j, k]) ** 2 for k in range(a.shape[1]))) for j in range(n)]
+            m = max(s)
+            z = sum(math.exp(x - m) for x in s)
+            same = sum(1 for j in range(n) if y[j] == y[i])
+            for j in range(n):
+                p = math.exp(s[j] - m) / z
+                q = (1.0 if y[j] == y[i] else 0.0) / same
+                if p > 0:
+                    total += p * (math.log(p) - math.log(q + eps))
+        return total / n
+
+    return one_way(v, t), one_way(t, v)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 7), d=st.integers(1, 5), n_classes=st.integers(1, 7), seed=st.integers(0, 10_000),
+       eps=st.sampled_from([1e-8, 1e-3, 0.1]))
+def test_cmpm_matches_a_naive_double_loop(n, d, n_classes, seed, eps) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    v, t = _randn(n, d, gen=gen) * 2, _randn(n, d, gen=gen) * 2
+    labels = torch.randint(0, n_classes, (n,), generator=gen)
+    got = cmpm_loss(v, t, labels, eps=eps)
+    want = naive_cmpm(v, t, labels, eps)
+    assert float(got[0]) == pytest.approx(want[0], rel=1e-9, abs=1e-9)
+    assert float(got[1]) == pytest.approx(want[1], rel=1e-9, abs=1e-9)
+
+
+def test_cmpm_agrees_with_the_original_codes_formula() -> None:
+    """The TensorFlow code: q = mask / row sum, loss = mean_i sum_j p log(1e-8 + p / (q + 1e-8))."""
+    gen = torch.Generator().manual_seed(11)
+    v, t = _randn(16, 8, gen=gen), _randn(16, 8, gen=gen)
+    labels = torch.randint(0, 5, (16,), generator=gen)
+    vn, tn, y = v.numpy(), t.numpy(), labels.numpy()
+    mask = (y[:, None] == y[None, :]).astype(np.float64)
+    q = mask / mask.sum(axis=1, keepdims=True)
+
+    def tf_way(a: np.ndarray, b: np.ndarray) -> float:
+        s = a @ (b / np.linalg.norm(b, axis=1, keepdims=True)).T
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        return float(np.mean(np.sum(p * np.log(1e-8 + p / (q + 1e-8)), axis=1)))
+
+    i2t, t2i = cmpm_loss(v, t, labels)
+    assert float(i2t) == pytest.approx(tf_way(vn, tn), abs=1e-7)
+    assert float(t2i) == pytest.approx(tf_way(tn, vn), abs=1e-7)
+
+
+# Hand-worked 2x2: v = [[ln 3, 0], [0, 1]], t = [[2, 0], [0, 3]], so t_bar = I and v_bar = I.
+# i2t scores v @ t_bar.T = [[ln 3, 0], [0, 1]]: p_0 = (3/4, 1/4), p_1 = (a, b) with a = 1/(1+e), b = e/(1+e).
+# t2i scores t @ v_bar.T = [[2, 0], [0, 3]]:      p_0 = (e^2, 1)/(1+e^2),   p_1 = (1, e^3)/(1+e^3).
+# One class (labels 7, 7): q = (1/2, 1/2) in both rows, eps = 0, so each row is sum_j p_j ln(2 p_j):
+#   i2t row 0 = 3/4 ln(3/2) + 1/4 ln(1/2) = 3/4 ln 3 - ln 2.
+# Two classes (labels 0, 1): q = I; with eps = 0.01 a row is sum_j p_j (ln p_j - ln(q_j + 0.01)):
+#   i2t row 0 = 3/4 ln((3/4) / 1.01) + 1/4 ln((1/4) / 0.01) = 3/4 ln(75/101) + 1/4 ln 25.
+V2 = torch.tensor([[math.log(3.0), 0.0], [0.0, 1.0]], dtype=torch.float64)
+T2 = torch.tensor([[2.0, 0.0], [0.0, 3.0]], dtype=torch.float64)
+E = math.e
+
+
+def _row(p: tuple[float, float], q: tuple[float, float], eps: float) -> float:
+    return sum(pj * (math.log(pj) - math.log(qj + eps)) for pj, qj in zip(p, q))
+
+
+def test_cmpm_hand_worked_2x2_one_class() -> None:
+    a, b = 1 / (1 + E), E / (1 + E)
+    i2t = (0.75 * math.log(3) - math.log(2) + a * math.log(2 * a) + b * math.log(2 * b)) / 2
+    t2i = (_row((E**2 / (1 + E**2), 1 / (1 + E**2)), (0.5, 0.5), 0.0)
+           + _row((1 / (1 + E**3), E**3 / (1 + E**3)), (0.5, 0.5), 0.0)) / 2
+    got = cmpm_loss(V2, T2, torch.tensor([7, 7]), eps=0.0)
+    assert (float(got[0]), float(got[1])) == pytest.approx((i2t, t2i), abs=1e-12)
+
+
+def test_cmpm_hand_worked_2x2_two_classes() -> None:
+    a, b = 1 / (1 + E), E / (1 + E)
+    i2t = (0.75 * math.log(75 / 101) + 0.25 * math.log(25) + a * math.log(a / 0.01) + b * math.log(b / 1.01)) / 2
+    t2i = (_row((E**2 / (1 + E**2), 1 / (1 + E**2)), (1.0, 0.0), 0.01)
+           + _row((1 / (1 + E**3), E**3 / (1 + E**3)), (0.0, 1.0), 0.01)) / 2
+    got = cmpm_loss(V2, T2, torch.tensor([0, 1]), eps=0.01)
+    assert (float(got[0]), float(got[1])) == pytest.approx((i2t, t2i), abs=1e-12)
+
+
+def test_cmpm_one_class_is_the_kl_to_the_uniform_distribution() -> None:
+    """q_ij = 1/n everywhere: each row is KL(p_i || uniform) = sum_j p_ij ln p_ij + ln n (eps = 0)."""
+    gen = torch.Generator().manual_seed(5)
+    v, t = _randn(6, 3, gen=gen), _randn(6, 3, gen=gen)
+    p = torch.softmax(v @ (t / t.norm(dim=1, keepdim=True)).t(), dim=1)
+    want = float((p * p.log()).sum(dim=1).mean()) + math.log(6)
+    assert float(cmpm_loss(v, t, torch.full((6,), 3), eps=0.0)[0]) == pytest.approx(want, abs=1e-12)
+
+
+def test_cmpm_with_distinct_labels_is_identity_matching_whatever_the_label_values() -> None:
+    """All labels distinct: q = I, the pairs themselves are the matches; the values of the labels do not
+    matter, and a row is -ln p_ii + sum_{j != i} p_ij ln(p_ij / eps) (up to ln(1 + eps) on the diagonal)."""
+    gen = torch.Generator().manual_seed(6)
+    v, t = _randn(5, 4, gen=gen), _randn(5, 4, gen=gen)
+    a = cmpm_loss(v, t, torch.arange(5))
+    b = cmpm_loss(v, t, torch.tensor([40, 3, 17, 8, 0]))
+    assert (float(a[0]), float(a[1])) == (float(b[0]), float(b[1]))
+    eps = 1e-3
+    p = torch.softmax(v @ (t / t.norm(dim=1, keepdim=True)).t(), dim=1)
+    off = ~torch.eye(5, dtype=torch.bool)
+    rows = (p * p.log()).sum(dim=1) - p.diagonal() * math.log(1 + eps) - (p * off).sum(dim=1) * math.log(eps)
+    assert float(cmpm_loss(v, t, torch.arange(5), eps=eps)[0]) == pytest.approx(float(rows.mean()), abs=1e-12)
+
+
+def test_cmpm_normalises_the_gallery_side_only() -> None:
+    """i2t is unchanged when each text is rescaled (t is normalised) and changes when the images are (v is
+    not); t2i the other way round."""
+    gen = torch.Generator().manual_seed(8)
+    v, t = _randn(6, 4, gen=gen), _randn(6, 4, gen=gen)
+    labels = torch.tensor([0, 0, 1, 2, 2, 2])
+    scale = torch.rand(6, 1, generator=gen, dtype=torch.float64) * 3 + 0.5
+    base = cmpm_loss(v, t, labels)
+    text_scaled = cmpm_loss(v, t * scale, labels)
+    image_scaled = cmpm_loss(v * scale, t, labels)
+    assert float(text_scaled[0]) == pytest.approx(float(base[0]), abs=1e-12)
+    assert float(image_scaled[1]) == pytest.approx(float(base[1]), abs=1e-12)
+    assert abs(float(image_scaled[0]) - float(base[0])) > 1e-3
+    assert abs(float(text_scaled[1]) - float(base[1])) > 1e-3
+
+
+def test_cmpm_swapping_the_modalities_swaps_i2t_and_t2i() -> None:
+    gen = torch.Generator().manual_seed(9)
+    v, t = _randn(7, 3, gen=gen), _randn(7, 3, gen=gen)
+    labels = torch.tensor([1, 2, 1, 3, 3, 0, 2])
+    i2t, t2i = cmpm_loss(v, t, labels)
+    t2i_swapped, i2t_swapped = cmpm_loss(t, v, labels)
+    assert (float(i2t), float(t2i)) == (float(i2t_swapped), float(t2i_swapped))
+    assert float(i2t) != pytest.approx(float(t2i), abs=1e-6)
+
+
+def test_cmpm_is_near_zero_when_p_matches_q() -> None:
+    """Images far along their own class's (orthogonal) text direction: p_i puts ~1/|class| on each of its
+    class's texts, which is q_i, so the KL is ~0; the same images pointing at another class cost a lot."""
+    t = torch.eye(3, dtype=torch.float64).repeat_interleave(2, dim=0)     # texts of classes 0, 0, 1, 1, 2, 2
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    good, _ = cmpm_loss(40 * t, t, labels)
+    bad, _ = cmpm_loss(40 * t.roll(2, dims=0), t, labels)
+    assert abs(float(good)) < 1e-6      # eps makes it a touch negative: ln(1/2 / (1/2 + eps)) = -2e-8
+    assert float(bad) > 10
+
+
+def test_cmpm_gradcheck_float64() -> None:
+    gen = torch.Generator().manual_seed(3)
+    v = _randn(6, 4, gen=gen).requires_grad_()
+    t = _randn(6, 4, gen=gen).requires_grad_()
+    labels = torch.tensor([0, 0, 1, 2, 3, 3])
+
+    def f(a, b):
+        i2t, t2i = cmpm_loss(a, b, labels, eps=1e-3)
+        return i2t + 2 * t2i
+
+    assert torch.autograd.gradcheck(f, (v, t), eps=1e-6, atol=1e-6)
+
+
+def test_cmpm_half_precision_inputs_give_a_float32_loss() -> None:
+    gen = torch.Generator().manual_seed(0)
+    v, t = _randn(8, 5, gen=gen, dtype=torch.float32), _randn(8, 5, gen=gen, dtype=torch.float32)
+    labels = torch.tensor([0, 1, 1, 2, 3, 3, 3, 4])
+    ref = cmpm_loss(v, t, labels)
+    half = cmpm_loss(v.half(), t.half(), labels)
+    assert half[0].dtype == torch.float32
+    assert float(half[0]) == pytest.approx(float(ref[0]), abs=2e-2)
+
+
+def test_cmpm_refuses_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        cmpm_loss(torch.zeros(3, 2), torch.zeros(4, 2), torch.zeros(3))
+    with pytest.raises(ValueError, match="labels"):
+        cmpm_loss(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(2))
+    with pytest.raises(ValueError, match="at least one"):
+        cmpm_loss(torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0))
