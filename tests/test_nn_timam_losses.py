@@ -1,6 +1,6 @@
-"""crossview.nn.losses, the TIMAM losses (paper 002): cmpm_loss, checked against a naive double loop, the
-original code's formula, hand-worked 2x2 cases, its limits (one class, identity matching) and
-autograd.gradcheck in float64."""
+"""crossview.nn.losses, the TIMAM losses (paper 002): cmpm_loss (against a naive double loop, the original
+code's formula, hand-worked 2x2 cases, its limits: one class, identity matching) and norm_softmax_id_loss
+(against a naive loop and by hand), each also with autograd.gradcheck in float64."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossview.nn.losses import cmpm_loss
+from crossview.nn.losses import cmpm_loss, norm_softmax_id_loss
 
 
 def _randn(*shape: int, gen: torch.Generator, dtype=torch.float64) -> torch.Tensor:
@@ -201,3 +201,84 @@ def test_cmpm_refuses_bad_shapes() -> None:
         cmpm_loss(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(2))
     with pytest.raises(ValueError, match="at least one"):
         cmpm_loss(torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0))
+
+
+# ------------------------------------------------------------------------------------------------ norm-softmax
+def naive_norm_softmax(x: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, scale: float,
+                       normalize_features: bool) -> float:
+    """-log softmax of the true class, sample by sample in Python floats, each class row divided by its norm."""
+    n, d = x.shape
+    total = 0.0
+    for i in range(n):
+        xi = [float(x[i, k]) for k in range(d)]
+        if normalize_features:
+            r = math.sqrt(sum(v * v for v in xi))
+            xi = [v / r for v in xi]
+        logits = []
+        for c in range(w.shape[0]):
+            wc = [float(w[c, k]) for k in range(d)]
+            logits.append(scale * sum(a * b for a, b in zip(xi, wc)) / math.sqrt(sum(b * b for b in wc)))
+        m = max(logits)
+        total += -(logits[int(labels[i])] - m - math.log(sum(math.exp(z - m) for z in logits)))
+    return total / n
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 8), d=st.integers(1, 5), n_classes=st.integers(1, 6), seed=st.integers(0, 10_000),
+       scale=st.sampled_from([1.0, 4.0, 30.0]), normalize_features=st.booleans())
+def test_norm_softmax_matches_a_naive_loop(n, d, n_classes, seed, scale, normalize_features) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x, w = _randn(n, d, gen=gen) * 2, _randn(n_classes, d, gen=gen) * 3
+    labels = torch.randint(0, n_classes, (n,), generator=gen)
+    got = norm_softmax_id_loss(x, w, labels, scale=scale, normalize_features=normalize_features)
+    want = naive_norm_softmax(x, w, labels, scale, normalize_features)
+    assert float(got) == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+# Hand-worked: x = (3, 4), class rows W = [(1, 0), (0, 2)] -> normalised to [(1, 0), (0, 1)], logits (3, 4).
+#   label 1: -ln(e^4 / (e^3 + e^4)) = ln(1 + e^-1);  label 0: -ln(e^3 / (e^3 + e^4)) = ln(1 + e).
+#   The batch [(x, 1), (x, 0)] averages them. Unnormalised W would give logits (3, 8) instead.
+# With normalize_features and scale 10: x -> (0.6, 0.8), logits (6, 8); label 1: ln(1 + e^-2).
+def test_norm_softmax_hand_worked() -> None:
+    x = torch.tensor([[3.0, 4.0], [3.0, 4.0]], dtype=torch.float64)
+    w = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    got = norm_softmax_id_loss(x, w, torch.tensor([1, 0]))
+    assert float(got) == pytest.approx((math.log(1 + math.exp(-1)) + math.log(1 + math.e)) / 2, abs=1e-12)
+    got = norm_softmax_id_loss(x[:1], w, torch.tensor([1]), scale=10.0, normalize_features=True)
+    assert float(got) == pytest.approx(math.log(1 + math.exp(-2)), abs=1e-12)
+
+
+def test_norm_softmax_ignores_the_length_of_each_class_vector_but_not_of_the_features() -> None:
+    gen = torch.Generator().manual_seed(12)
+    x, w = _randn(9, 4, gen=gen), _randn(5, 4, gen=gen)
+    labels = torch.randint(0, 5, (9,), generator=gen)
+    base = float(norm_softmax_id_loss(x, w, labels))
+    lengths = torch.rand(5, 1, generator=gen, dtype=torch.float64) * 10 + 0.1
+    assert float(norm_softmax_id_loss(x, w * lengths, labels)) == pytest.approx(base, abs=1e-12)
+    assert abs(float(norm_softmax_id_loss(3 * x, w, labels)) - base) > 1e-3      # features are not normalised
+    assert float(norm_softmax_id_loss(3 * x, w, labels, normalize_features=True)) == pytest.approx(
+        float(norm_softmax_id_loss(x, w, labels, normalize_features=True)), abs=1e-12)
+
+
+def test_norm_softmax_with_one_class_is_zero() -> None:
+    gen = torch.Generator().manual_seed(13)
+    assert float(norm_softmax_id_loss(_randn(4, 3, gen=gen), _randn(1, 3, gen=gen), torch.zeros(4))) == 0.0
+
+
+def test_norm_softmax_gradcheck_float64() -> None:
+    gen = torch.Generator().manual_seed(4)
+    x = _randn(5, 3, gen=gen).requires_grad_()
+    w = _randn(4, 3, gen=gen).requires_grad_()
+    labels = torch.tensor([0, 3, 3, 1, 2])
+    for normalize_features in (False, True):
+        def f(a, b):
+            return norm_softmax_id_loss(a, b, labels, scale=2.0, normalize_features=normalize_features)
+
+        assert torch.autograd.gradcheck(f, (x, w), eps=1e-6, atol=1e-6)
+
+
+def test_norm_softmax_refuses_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="n_classes, d"):
+        norm_softmax_id_loss(torch.zeros(3, 4), torch.zeros(4, 5), torch.zeros(3))
+    with pytest.raises(ValueError, match="labels"):
+        norm_softmax_id_loss(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(2))

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["cmpm_loss", "contrastive_loss", "info_nce_loss", "negative_mask", "smooth_ap_loss"]
+__all__ = ["cmpm_loss", "contrastive_loss", "info_nce_loss", "negative_mask", "norm_softmax_id_loss",
+           "smooth_ap_loss"]
 
 
 def negative_mask(n: int, image_ids: torch.Tensor | None = None, device: torch.device | None = None) -> torch.Tensor:
@@ -173,3 +174,39 @@ def cmpm_loss(image_emb: torch.Tensor, text_emb: torch.Tensor, labels: torch.Ten
         return (log_p.exp() * (log_p - log_q)).sum(dim=1).mean()
 
     return kl(v, t), kl(t, v)
+
+
+def norm_softmax_id_loss(emb: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, scale: float = 1.0,
+                         normalize_features: bool = False) -> torch.Tensor:
+    """Mean norm-softmax cross-entropy of classifying each embedding into its identity / class: TIMAM's
+    identification losses ``L_I^V`` (image embeddings) and ``L_I^T`` (text embeddings).
+
+    ``emb``: ``(n, d)``; ``weight``: ``(n_classes, d)``, one row per class (the layout of ``nn.Linear(d,
+    n_classes, bias=False).weight``); ``labels``: ``(n,)`` int64 in ``[0, n_classes)``. Each class's weight
+    vector is L2-normalised before the product, so a class cannot win by the length of its vector, only by its
+    direction::
+
+        loss = -1/n sum_i log softmax_c(scale * x_i . W_c / |W_c|)[y_i]       (no bias)
+
+    The paper names the loss ("Norm-softmax cross entropy loss used for identification", supplementary Table 1)
+    and refers to CMPM for it; CMPM's code (``W_norm = l2_normalize(W, dim=0)``, logits = features @ W_norm, no
+    bias) normalises the weights only, with no scale: the defaults here. So the feature's norm stays free and
+    acts as an inverse temperature. ``normalize_features=True`` also normalises ``x_i`` (cosine logits, NormFace),
+    which then needs a ``scale`` well above 1 (e.g. 16-32) to reach a low loss. CMPM shares one ``W`` between the
+    image and the text classifier; whether to share is the caller's choice (pass the same tensor twice).
+    Logits are computed in float32 at least.
+    """
+    if emb.ndim != 2 or weight.ndim != 2 or emb.shape[1] != weight.shape[1]:
+        raise ValueError(f"norm_softmax_id_loss needs (n, d) embeddings and (n_classes, d) weights, got "
+                         f"{tuple(emb.shape)} and {tuple(weight.shape)}")
+    y = labels.reshape(-1).to(emb.device)
+    if y.numel() != emb.shape[0]:
+        raise ValueError(f"labels has {y.numel()} entries for {emb.shape[0]} embeddings")
+    if emb.shape[0] == 0:
+        raise ValueError("norm_softmax_id_loss needs at least one embedding, got 0")
+    dtype = torch.promote_types(torch.promote_types(emb.dtype, weight.dtype), torch.float32)
+    x = emb.to(dtype)
+    if normalize_features:
+        x = F.normalize(x, dim=1)
+    logits = scale * (x @ F.normalize(weight.to(dtype), dim=1).t())
+    return F.cross_entropy(logits, y.long())
