@@ -1,6 +1,8 @@
 """crossview.nn.losses, the TIMAM losses (paper 002): cmpm_loss (against a naive double loop, the original
 code's formula, hand-worked 2x2 cases, its limits: one class, identity matching) and norm_softmax_id_loss
-(against a naive loop and by hand), each also with autograd.gradcheck in float64."""
+(against a naive loop and by hand), and the modality discriminator's targets, discriminator_loss, generator_loss
+and discriminator_accuracy (against the BCE written out, by hand, the flip rate over many draws, reproducibility
+with a seeded generator); the losses also with autograd.gradcheck in float64."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossview.nn.losses import cmpm_loss, norm_softmax_id_loss
+import torch.nn.functional as F
+
+from crossview.nn.losses import (cmpm_loss, discriminator_accuracy, discriminator_loss, discriminator_targets,
+                                 generator_loss, norm_softmax_id_loss)
 
 
 def _randn(*shape: int, gen: torch.Generator, dtype=torch.float64) -> torch.Tensor:
@@ -282,3 +287,146 @@ def test_norm_softmax_refuses_bad_shapes() -> None:
         norm_softmax_id_loss(torch.zeros(3, 4), torch.zeros(4, 5), torch.zeros(3))
     with pytest.raises(ValueError, match="labels"):
         norm_softmax_id_loss(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(2))
+
+
+# ------------------------------------------------------------------------------------------------ discriminator
+def naive_bce(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """-[y log s + (1 - y) log(1 - s)], s = 1 / (1 + e^-x), averaged, in Python floats."""
+    terms = []
+    for x, y in zip(logits.reshape(-1).tolist(), targets.reshape(-1).tolist()):
+        s = 1.0 / (1.0 + math.exp(-x))
+        terms.append(-(y * math.log(s) + (1.0 - y) * math.log(1.0 - s)))
+    return sum(terms) / len(terms)
+
+
+def _rng(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_torch_bce_with_logits_takes_targets_outside_0_1() -> None:
+    """Soft targets reach 1.2: the loss is the formula, and can be negative (here softplus(-5) - 0.2 * 5)."""
+    x = torch.tensor([5.0, -2.0, 0.3, 1.0], dtype=torch.float64)
+    y = torch.tensor([1.2, 1.2, 0.8, -0.1], dtype=torch.float64)
+    per = F.binary_cross_entropy_with_logits(x, y, reduction="none")
+    for k in range(4):
+        assert float(per[k]) == pytest.approx(naive_bce(x[k:k + 1], y[k:k + 1]), abs=1e-12)
+    assert float(per[0]) == pytest.approx(math.log1p(math.exp(-5.0)) - 1.0, abs=1e-12)
+    assert float(per[0]) < 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_image=st.integers(1, 9), n_text=st.integers(1, 9), seed=st.integers(0, 10_000), soft=st.booleans(),
+       flip=st.sampled_from([0.0, 0.2, 0.5, 1.0]))
+def test_discriminator_loss_is_the_bce_against_the_drawn_targets(n_image, n_text, seed, soft, flip) -> None:
+    """The targets of one seed, fed to the BCE written out: the loss uses them, image batch and text batch each
+    averaged, the two added."""
+    gen = _rng(seed + 1)
+    li, lt = _randn(n_image, 1, gen=gen) * 3, _randn(n_text, gen=gen) * 3
+    yi, yt = discriminator_targets(n_image, n_text, rng=_rng(seed), soft=soft, flip=flip)
+    want = naive_bce(li, yi) + naive_bce(lt, yt)
+    got = discriminator_loss(li, lt, rng=_rng(seed), soft=soft, flip=flip)
+    assert float(got) == pytest.approx(want, rel=1e-6, abs=1e-6)     # the targets are float32
+
+
+# Hand-worked, soft=False and flip=0 (plain BCE, image -> 1, text -> 0):
+#   image logits (0, ln 3): -ln s(0) = ln 2, -ln s(ln 3) = -ln(3/4) = ln(4/3); mean (ln 2 + ln(4/3)) / 2
+#   text logits (0, -ln 3): -ln(1 - s(0)) = ln 2, -ln(1 - s(-ln 3)) = -ln(3/4);  mean the same
+#   loss = ln 2 + ln(4/3) = ln(8/3)
+def test_discriminator_loss_hand_worked_plain_bce() -> None:
+    li = torch.tensor([0.0, math.log(3)], dtype=torch.float64)
+    got = discriminator_loss(li, -li, rng=_rng(0), soft=False, flip=0.0)
+    assert float(got) == pytest.approx(math.log(8 / 3), abs=1e-7)
+    # rng=None (the global generator) is fine when nothing is random
+    assert float(discriminator_loss(li, -li, rng=None, soft=False, flip=0.0)) == pytest.approx(math.log(8 / 3),
+                                                                                                abs=1e-7)
+
+
+def test_discriminator_hard_targets_and_full_flip_is_the_generator_loss() -> None:
+    gen = _rng(21)
+    li, lt = _randn(7, 1, gen=gen), _randn(5, 1, gen=gen)
+    yi, yt = discriminator_targets(7, 5, rng=_rng(1), soft=False, flip=0.0)
+    assert yi.tolist() == [1.0] * 7 and yt.tolist() == [0.0] * 5
+    flipped = discriminator_loss(li, lt, rng=_rng(1), soft=False, flip=1.0)
+    assert float(flipped) == pytest.approx(float(generator_loss(li, lt)), abs=1e-6)
+
+
+def test_soft_targets_lie_in_the_papers_ranges_and_fill_them() -> None:
+    yi, yt = discriminator_targets(20_000, 20_000, rng=_rng(2), soft=True, flip=0.0)
+    assert 0.8 <= float(yi.min()) < 0.805 and 1.195 < float(yi.max()) <= 1.2
+    assert 0.0 <= float(yt.min()) < 0.005 and 0.295 < float(yt.max()) <= 0.3
+    assert float(yi.mean()) == pytest.approx(1.0, abs=0.005)
+    assert float(yt.mean()) == pytest.approx(0.15, abs=0.004)
+
+
+@pytest.mark.parametrize("flip", [0.2, 0.5])
+def test_the_flipped_share_is_flip_over_many_draws(flip) -> None:
+    """100 000 labels per modality: the binomial share's standard deviation is <= 0.0016, the bound is 5 of it.
+    A flipped image label is 0 (hard) or drawn from the text range (soft), and the other way round."""
+    n = 100_000
+    yi, yt = discriminator_targets(n, n, rng=_rng(3), soft=False, flip=flip)
+    assert float((yi == 0).double().mean()) == pytest.approx(flip, abs=0.008)
+    assert float((yt == 1).double().mean()) == pytest.approx(flip, abs=0.008)
+    si, st_ = discriminator_targets(n, n, rng=_rng(3), soft=True, flip=flip)
+    assert bool(((si >= 0.8) | (si <= 0.3)).all()) and bool(((st_ >= 0.8) | (st_ <= 0.3)).all())
+    # the flips of a seed do not depend on soft: the same samples are flipped
+    assert torch.equal(si <= 0.3, yi == 0) and torch.equal(st_ >= 0.8, yt == 1)
+
+
+def test_the_draws_are_reproducible_with_a_seeded_generator() -> None:
+    a = discriminator_targets(50, 40, rng=_rng(4))
+    b = discriminator_targets(50, 40, rng=_rng(4))
+    c = discriminator_targets(50, 40, rng=_rng(5))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+    li, lt = torch.linspace(-2, 2, 50), torch.linspace(-1, 3, 40)
+    assert float(discriminator_loss(li, lt, rng=_rng(4))) == float(discriminator_loss(li, lt, rng=_rng(4)))
+    # one generator carried across steps gives a new draw each step
+    g = _rng(4)
+    assert float(discriminator_loss(li, lt, rng=g)) != float(discriminator_loss(li, lt, rng=g))
+
+
+def test_generator_loss_by_hand() -> None:
+    """Every logit 0 (D cannot tell): ln 2 + ln 2. An image logit ln 3 (D says image at 3/4): -ln(1/4) = ln 4;
+    a text logit -ln 3 (D says text at 3/4): -ln(1/4) = ln 4; the two batches averaged then added."""
+    z = torch.zeros(3, dtype=torch.float64)
+    assert float(generator_loss(z, z[:2])) == pytest.approx(2 * math.log(2), abs=1e-7)
+    li = torch.tensor([0.0, math.log(3)], dtype=torch.float64)
+    lt = torch.tensor([-math.log(3)], dtype=torch.float64)
+    assert float(generator_loss(li, lt)) == pytest.approx((math.log(2) + math.log(4)) / 2 + math.log(4), abs=1e-7)
+    gen = _rng(6)
+    li, lt = _randn(6, 1, gen=gen) * 2, _randn(4, 1, gen=gen) * 2
+    assert float(generator_loss(li, lt)) == pytest.approx(naive_bce(li, torch.zeros(6)) + naive_bce(lt, torch.ones(4)),
+                                                          abs=1e-9)
+
+
+def test_discriminator_and_generator_gradcheck_float64() -> None:
+    gen = _rng(7)
+    li = _randn(5, 1, gen=gen).requires_grad_()
+    lt = _randn(4, 1, gen=gen).requires_grad_()
+
+    def d(a, b):
+        return discriminator_loss(a, b, rng=_rng(9), soft=True, flip=0.3)
+
+    assert torch.autograd.gradcheck(d, (li, lt), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(generator_loss, (li, lt), eps=1e-6, atol=1e-6)
+
+
+def test_discriminator_accuracy_on_hand_logits() -> None:
+    """Images (2, -1, 0.5, 0): right on 2 and 0.5 (a logit of 0 counts as text); texts (-3, 0.1, 0.4): right on
+    -3. 3 of 7. All logits 0: every text right, every image wrong."""
+    acc = discriminator_accuracy(torch.tensor([[2.0], [-1.0], [0.5], [0.0]]), torch.tensor([-3.0, 0.1, 0.4]))
+    assert acc.dtype == torch.float32 and acc.ndim == 0
+    assert float(acc) == pytest.approx(3 / 7)
+    assert float(discriminator_accuracy(torch.zeros(2), torch.zeros(3))) == pytest.approx(3 / 5)
+    assert float(discriminator_accuracy(torch.ones(3), -torch.ones(5))) == 1.0
+    assert float(discriminator_accuracy(-torch.ones(3), torch.ones(5))) == 0.0
+
+
+def test_discriminator_functions_refuse_bad_input() -> None:
+    with pytest.raises(ValueError, match="flip"):
+        discriminator_targets(3, 3, rng=_rng(0), flip=1.5)
+    with pytest.raises(ValueError, match="image_range"):
+        discriminator_targets(3, 3, rng=_rng(0), image_range=(1.2, 0.8))
+    for f in (lambda a, b: discriminator_loss(a, b, rng=None), generator_loss, discriminator_accuracy):
+        with pytest.raises(ValueError, match="both modalities"):
+            f(torch.zeros(0), torch.zeros(3))

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["cmpm_loss", "contrastive_loss", "info_nce_loss", "negative_mask", "norm_softmax_id_loss",
-           "smooth_ap_loss"]
+__all__ = ["cmpm_loss", "contrastive_loss", "discriminator_accuracy", "discriminator_loss", "discriminator_targets",
+           "generator_loss", "info_nce_loss", "negative_mask", "norm_softmax_id_loss", "smooth_ap_loss"]
 
 
 def negative_mask(n: int, image_ids: torch.Tensor | None = None, device: torch.device | None = None) -> torch.Tensor:
@@ -210,3 +210,105 @@ def norm_softmax_id_loss(emb: torch.Tensor, weight: torch.Tensor, labels: torch.
         x = F.normalize(x, dim=1)
     logits = scale * (x @ F.normalize(weight.to(dtype), dim=1).t())
     return F.cross_entropy(logits, y.long())
+
+
+# The modality discriminator. TIMAM's supplementary: "labels were smoothed by replacing each positive label
+# (visual domain) with a random number in [0.8, 1.2], and each label equal to zero (textual domain) with a random
+# number in [0, 0.3], and (iii) labels were flipped with 20% probability to introduce some noise."
+IMAGE_TARGETS = (0.8, 1.2)
+TEXT_TARGETS = (0.0, 0.3)
+
+
+def discriminator_targets(n_image: int, n_text: int, *, rng: torch.Generator | None, soft: bool = True,
+                          flip: float = 0.2, image_range: tuple[float, float] = IMAGE_TARGETS,
+                          text_range: tuple[float, float] = TEXT_TARGETS) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(image_targets, text_targets)``: ``(n_image,)`` and ``(n_text,)`` float32 BCE targets of the modality
+    discriminator, image = 1 ("positive label (visual domain)"), text = 0, with TIMAM's two tricks.
+
+    Each sample's label is flipped to the other modality's with probability ``flip`` (independently, so the
+    flipped share is ``flip`` on average, not exactly); then, with ``soft``, a label 1 becomes a uniform draw from
+    ``image_range`` and a label 0 one from ``text_range`` (a flipped image sample draws from ``text_range``), and
+    without it stays exactly 1 or 0. ``rng`` makes the draws reproducible (``None``: torch's global generator);
+    they are made on ``rng``'s device, in this order: image flips, image uniforms, text flips, text uniforms (the
+    uniforms are drawn even when ``soft`` is off, so the flips of a seed do not depend on ``soft``).
+    """
+    if not 0.0 <= flip <= 1.0:
+        raise ValueError(f"flip is a probability in [0, 1], got {flip}")
+    for name, (lo, hi) in (("image_range", image_range), ("text_range", text_range)):
+        if not lo <= hi:
+            raise ValueError(f"{name} must be (low, high) with low <= high, got {(lo, hi)}")
+    device = rng.device if rng is not None else None
+
+    def draw(n: int, own: tuple[float, float], other: tuple[float, float], own_hard: float) -> torch.Tensor:
+        flipped = torch.rand(n, generator=rng, device=device) < flip
+        u = torch.rand(n, generator=rng, device=device)
+        if not soft:
+            return torch.where(flipped, 1.0 - own_hard, own_hard)
+        lo = torch.where(flipped, other[0], own[0])
+        hi = torch.where(flipped, other[1], own[1])
+        return lo + u * (hi - lo)
+
+    return draw(n_image, image_range, text_range, 1.0), draw(n_text, text_range, image_range, 0.0)
+
+
+def _bce_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean of ``-[y log s + (1 - y) log(1 - s)]``, ``s = sigmoid(x)``, in float32 at least. It equals
+    ``softplus(-x) + (1 - y) x`` for any ``y``; torch takes targets outside [0, 1] (1.2) without complaint."""
+    x = logits.reshape(-1)
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    return F.binary_cross_entropy_with_logits(x, targets.to(x.device, x.dtype))
+
+
+def _check_logits(name: str, logits_image: torch.Tensor, logits_text: torch.Tensor) -> None:
+    if logits_image.numel() == 0 or logits_text.numel() == 0:
+        raise ValueError(f"{name} needs logits of both modalities, got {logits_image.numel()} image and "
+                         f"{logits_text.numel()} text logits")
+
+
+def discriminator_loss(logits_image: torch.Tensor, logits_text: torch.Tensor, *, rng: torch.Generator | None,
+                       soft: bool = True, flip: float = 0.2, image_range: tuple[float, float] = IMAGE_TARGETS,
+                       text_range: tuple[float, float] = TEXT_TARGETS) -> torch.Tensor:
+    """The modality discriminator's loss (TIMAM's ``L_D``, the discriminator's side): BCE-with-logits of its
+    outputs on image embeddings against targets near 1 and on text embeddings against targets near 0.
+
+    ``logits_image``: ``(n_image,)`` or ``(n_image, 1)`` the discriminator's logits on a batch of image embeddings
+    (detached from the encoders for a discriminator step); ``logits_text`` the same for texts. The two are
+    separate batches (the paper's first trick: "different mini-batches were constructed for the features of
+    each domain"), so the loss is the mean over the image batch plus the mean over the text batch, as a DCGAN's
+    ``errD_real + errD_fake``. Targets come from :func:`discriminator_targets` (soft labels, ``flip``);
+    ``soft=False, flip=0`` is the plain BCE ``-mean log s(x_img) - mean log(1 - s(x_txt))``.
+
+    A soft target ``y > 1`` has no finite minimiser (the per-sample loss ``softplus(-x) + (1 - y) x`` keeps falling
+    as ``x`` grows), so with the soft labels the loss can go below 0; it is the paper's recipe all the same.
+    """
+    _check_logits("discriminator_loss", logits_image, logits_text)
+    y_image, y_text = discriminator_targets(logits_image.numel(), logits_text.numel(), rng=rng, soft=soft, flip=flip,
+                                            image_range=image_range, text_range=text_range)
+    return _bce_logits(logits_image, y_image) + _bce_logits(logits_text, y_text)
+
+
+def generator_loss(logits_image: torch.Tensor, logits_text: torch.Tensor) -> torch.Tensor:
+    """The encoders' side of the modality game: the discriminator's BCE with the hard labels swapped, image
+    embeddings against 0 and text embeddings against 1, each averaged over its batch and the two added::
+
+        -mean log(1 - s(x_img)) - mean log s(x_txt)
+
+    Minimised by embeddings the discriminator takes for the other modality; 2 ln 2 when it cannot tell (every
+    logit 0). This is the non-saturating generator loss of Goodfellow et al. (2014), for alternating updates;
+    the paper only writes ``L = L_D + L_I^V + L_I^T + L_M^V + L_M^T`` and says the encoders try to fool ``D``. A
+    gradient-reversal layer (minimising ``-discriminator_loss`` through the encoders) is the other reading.
+    The GAN tricks (soft labels, flips) are for the discriminator's targets only, as in Chintala's list.
+    """
+    _check_logits("generator_loss", logits_image, logits_text)
+    x_image, x_text = logits_image.reshape(-1), logits_text.reshape(-1)
+    return _bce_logits(x_image, torch.zeros_like(x_image)) + _bce_logits(x_text, torch.ones_like(x_text))
+
+
+def discriminator_accuracy(logits_image: torch.Tensor, logits_text: torch.Tensor) -> torch.Tensor:
+    """0-d float32: the share of the ``n_image + n_text`` embeddings whose modality the discriminator gets
+    right at threshold 0.5, i.e. an image when ``sigmoid(logit) > 0.5`` (``logit > 0``), else a text (a logit of
+    exactly 0 counts as text). 0.5 means it cannot tell the modalities apart. No gradient."""
+    _check_logits("discriminator_accuracy", logits_image, logits_text)
+    with torch.no_grad():
+        right = (logits_image.reshape(-1) > 0).sum() + (logits_text.reshape(-1) <= 0).sum()
+        return right.to(torch.float32) / (logits_image.numel() + logits_text.numel())
