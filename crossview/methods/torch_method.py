@@ -135,6 +135,11 @@ class TorchMethod(Method):
     def after_step(self, model: torch.nn.Module) -> None:
         """Runs under ``no_grad`` after every optimiser step (e.g. a norm projection)."""
 
+    def after_epoch(self, record: dict[str, Any]) -> list[Any]:
+        """Runs at the end of every epoch with its record (the epoch's mean terms, ``val``: the validation score
+        when there is one); returns events to report (e.g. a learning rate cut on a plateau). Default: none."""
+        return []
+
     def end_training(self) -> None:
         """Runs when training stops (finished, cancelled or failed): release loaders, workers, caches."""
         self._t = None
@@ -287,6 +292,7 @@ class TorchMethod(Method):
                     events.append(Log(f"{self.name}: validation has not improved for {self.bad_epochs_} epochs; "
                                       f"stopping at epoch {epoch} and keeping epoch {self.best_epoch_}", "info"))
             self.history_.append(record)
+            events.extend(self.after_epoch(record))
             return events, stop
 
         try:

@@ -39,7 +39,7 @@ from crossview.core.events import Event, Loss, Progress
 from crossview.core.errors import CrossViewError
 
 __all__ = ["EpochSampler", "Trainer", "TrainingStep", "EpochEnd", "init_distributed", "world", "unwrap", "amp_dtype",
-           "step_seed"]
+           "step_seed", "PlateauScheduler"]
 
 TrainingStep = Callable[[torch.nn.Module, torch.Tensor, torch.Generator], dict[str, torch.Tensor]]
 """``training_step(model, batch_ids, generator) -> {term: scalar tensor}`` (``"loss"`` is optimised)."""
@@ -231,6 +231,35 @@ class CurriculumSampler(EpochSampler):
             self._epoch = epoch
         assert self._perm is not None
         return self._perm
+
+
+class PlateauScheduler:
+    """The learning rate of an optimiser divided by ``1 / factor`` when a watched number stops improving
+    (torch's ``ReduceLROnPlateau``), in the trainer's scheduler list so that its state is checkpointed: the
+    trainer's end-of-epoch ``step()`` does nothing; the method calls :meth:`observe` with the epoch's number
+    (a validation score, ``mode="max"``, or a training loss, ``mode="min"``) once the epoch is scored."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, mode: str = "max", factor: float = 0.1,
+                 patience: int = 2, min_lr: float = 0.0) -> None:
+        self.inner = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode, factor=factor,
+                                                                patience=int(patience), min_lr=min_lr)
+        self.optimizer = optimizer
+
+    def step(self) -> None:
+        """The trainer's end of epoch: nothing (:meth:`observe` decides)."""
+
+    def observe(self, value: float) -> list[float] | None:
+        """Take the epoch's number; returns the new learning rates when they were cut, else None."""
+        before = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self.inner.step(float(value))
+        after = [float(g["lr"]) for g in self.optimizer.param_groups]
+        return after if after != before else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.inner.load_state_dict(d)
 
 
 # ====================================================================== the loop

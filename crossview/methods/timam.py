@@ -1,0 +1,410 @@
+"""TIMAM: Text-Image Modality Adversarial Matching (Sarafianos, Xu & Kakadiaris, ICCV 2019; paper 002).
+
+Two branches into one 512-d space, on the VSE++ model's encoders (:mod:`crossview.methods.vsepp`):
+
+- image: the run's image features (a pooled CNN feature) -> FC, or end to end (``image_model="cnn"``: the backbone
+  over the image files -> pooled -> FC);
+- text (``text_model="bilstm"``, the paper's): a transformer's token states (all-MiniLM-L6-v2 offline, or any
+  local BERT folder, ``bert_path``) -> a bidirectional LSTM (``lstm_hidden`` units a direction) -> the maximum
+  over the real tokens -> FC (:class:`crossview.nn.encoders.TransformerTextEncoder` with ``pool="bilstm"``); or
+  any of the vsepp text encoders.
+
+The embeddings are not L2-normalised in training (CMPM projects an image on the *normalised* texts and reads the
+image's norm as an inverse temperature); retrieval ranks by cosine (the rows are normalised when embedded).
+Every caption of every training image once an epoch, ``batch_size`` captions with their images; each pair's
+label ``Y_i`` is its image's identity / class (``labels="identity"``, e.g. CUHK-PEDES, or the demo's layout
+classes) or the image itself (``labels="image"``, Flickr); ``auto`` takes identities on the identity / class
+datasets (CUHK-PEDES, CUB / Flowers) and images elsewhere.
+The loss (:mod:`crossview.nn.losses`), summed as the paper's Algorithm 1:
+
+- identification ``L_I = L_I^V + L_I^T``: norm-softmax cross-entropy of each embedding over the training labels,
+  one classifier (class vectors L2-normalised) shared by both modalities as in CMPM's code
+  (:func:`~crossview.nn.losses.norm_softmax_id_loss`), weight ``id_weight``;
+- cross-modal projection matching ``L_M = L_M^V + L_M^T`` (:func:`~crossview.nn.losses.cmpm_loss`), weight
+  ``cmpm_weight``;
+- the modality game, weight ``adv_weight`` (0 = no discriminator): a discriminator ``D`` =
+  FC(256)-BN-LeakyReLU(0.2)-FC(1) tells image embeddings (1) from text embeddings (0) with the paper's tricks
+  (a separate batch per modality, soft labels in [0.8, 1.2] / [0, 0.3], 20% of the labels flipped:
+  :func:`~crossview.nn.losses.discriminator_loss`, on the embeddings detached from the encoders), while the
+  encoders learn to fool it (:func:`~crossview.nn.losses.generator_loss`, the non-saturating form, through
+  ``D`` with its weights held). Both updates come from one backward pass and one step of every optimiser
+  (simultaneous gradient play rather than alternating steps: the trainer's one-backward contract); the
+  discriminator's accuracy on the batch, ``D_acc``, is reported beside the losses: 0.5 means it cannot tell.
+
+Optimisers as the paper: SGD with momentum 0.9 for the image branch, the classifier and the discriminator
+(``image_optimizer="adam"`` puts them on Adam too), Adam for the text branch; lr divided by 10 when the
+validation rsum plateaus (the epoch's loss without a validation split), down to ``min_lr``; weight decay.
+Two phases in one run, as the paper: the language model frozen (its token states computed once per caption)
+for ``max_epochs``, then its top ``finetune_layers`` layers unfrozen and the whole network fine-tuned at
+``finetune_lr`` for ``finetune_epochs`` (0 = frozen throughout: an ablation); the curves mark where the second
+phase begins, its epochs continue the first's, a resume lands in the phase it stopped in, and the epoch with the
+best validation rsum over both phases is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from crossview.core.errors import CrossViewError
+from crossview.core.events import Log, Phase
+from crossview.data.method_data import MethodData
+from crossview.methods import register_method
+from crossview.methods.vsepp import TEXT_MODELS, Vsepp, VseModel, _load_transformer_model
+from crossview.nn.encoders import FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder, _xavier_fc, l2norm
+from crossview.nn.losses import (cmpm_loss, discriminator_accuracy, discriminator_loss, generator_loss,
+                                 norm_softmax_id_loss)
+from crossview.nn.trainer import PlateauScheduler, gather_rows, unwrap, world
+
+__all__ = ["Timam", "TimamModel", "Discriminator", "LABELS", "TIMAM_TEXT_MODELS", "IDENTITY_FORMATS", "pair_labels"]
+
+#: where each pair's label comes from: the dataset's identities / classes, the image itself, or the first when given
+LABELS = ("auto", "identity", "image")
+#: the text side: the paper's Bi-LSTM over a transformer's token states, or the vsepp text encoders
+TIMAM_TEXT_MODELS = ("bilstm",) + TEXT_MODELS
+
+
+#: dataset formats whose labels are identities / classes that the evaluation counts by (CUHK-PEDES; CUB and
+#: Flowers in Reed et al.'s layout): ``labels="auto"`` trains with them there
+IDENTITY_FORMATS = ("cuhk-pedes", "reed")
+
+
+def pair_labels(data: MethodData, kind: str) -> tuple[np.ndarray, str]:
+    """``(labels of the images, what they are)``: ``(n_images,) int64`` ids in ``[0, n_classes)``.
+
+    ``identity``: the dataset's labels (identities, classes), refused when they do not group its images (a
+    dataset without labels numbers its images); ``image``: each image its own label; ``auto``: identities for the
+    identity / class datasets (:data:`IDENTITY_FORMATS`, whose evaluation counts a hit by identity), else images
+    (Flickr, COCO, the demo: an image and its own captions are the matches that count)."""
+    labels = getattr(data, "labels", None)
+    groups = labels is not None and len(labels) == data.n_images and \
+        len(np.unique(np.asarray(labels))) < data.n_images
+    if kind == "identity" and not groups:
+        raise CrossViewError(f"timam: labels=identity needs identity / class labels shared by several images, and "
+                             f"the {data.name or 'training'} data has none; use labels=image (each image its own "
+                             "label, as on Flickr) or auto")
+    fmt = str(getattr(getattr(data, "dataset", None), "format", "") or "")
+    if kind == "identity" or (kind == "auto" and groups and fmt in IDENTITY_FORMATS):
+        _, ids = np.unique(np.asarray(labels), return_inverse=True)
+        return ids.reshape(-1).astype(np.int64), "identity"
+    return np.arange(data.n_images, dtype=np.int64), "image"
+
+
+class Discriminator(nn.Module):
+    """The modality discriminator: FC(hidden)-BN-LeakyReLU(0.2)-FC(1), one logit per embedding (> 0: image)."""
+
+    def __init__(self, embed_dim: int, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = nn.Sequential(_xavier_fc(embed_dim, hidden), nn.BatchNorm1d(hidden), nn.LeakyReLU(0.2),
+                                 _xavier_fc(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).reshape(-1)
+
+
+class TimamModel(VseModel):
+    """:class:`VseModel` (image and text encoders, not normalised) with the shared norm-softmax classifier
+    (``classifier``: ``(n_classes, embed_dim)``) and the modality discriminator (``disc``)."""
+
+    def __init__(self, image: nn.Module, text: nn.Module, n_classes: int, embed_dim: int, d_hidden: int) -> None:
+        super().__init__(image, text)
+        self.classifier = nn.Parameter(torch.empty(int(n_classes), int(embed_dim)))
+        bound = math.sqrt(6.0 / (int(n_classes) + int(embed_dim)))
+        nn.init.uniform_(self.classifier, -bound, bound)
+        self.disc = Discriminator(int(embed_dim), int(d_hidden))
+
+
+def _held(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` with its weights held: the gradient reaches ``x`` only, and its BatchNorm running statistics
+    are not updated (copies are used); batch statistics as in training."""
+    params = {k: v.detach() for k, v in module.named_parameters()}
+    buffers = {k: v.clone() for k, v in module.named_buffers()}
+    return torch.func.functional_call(module, {**params, **buffers}, (x,))
+
+
+@register_method("timam")
+class Timam(Vsepp):
+    """TIMAM (see the module docstring)."""
+
+    def __init__(self, *, labels: str = "auto", id_weight: float = 1.0, cmpm_weight: float = 1.0,
+                 adv_weight: float = 1.0, d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
+                 embed_dim: int = 512, text_model: str = "bilstm", lstm_hidden: int = 512,
+                 image_model: str = "features", backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
+                 workers: int = 2, word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
+                 finetune_layers: int = 6, finetune_epochs: int = 0, finetune_lr: float = 2e-6,
+                 max_epochs: int = 30, batch_size: int = 64, lr: float = 2e-4, image_optimizer: str = "sgd",
+                 momentum: float = 0.9, plateau_patience: int = 2, min_lr: float = 2e-6, weight_decay: float = 4e-4,
+                 grad_clip: float = 0.0, patience: int = 0, holdout: float = 0.0, amp: bool = False,
+                 device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+        for name, value in dict(embed_dim=embed_dim, text_model=text_model, image_model=image_model,
+                                backbone=backbone, finetune_cnn=finetune_cnn, workers=workers, word_dim=word_dim,
+                                min_count=min_count, max_len=max_len, bert_path=bert_path, max_epochs=max_epochs,
+                                batch_size=batch_size, lr=lr, grad_clip=grad_clip, weight_decay=weight_decay,
+                                patience=patience, holdout=holdout, amp=amp, device=device, seed=seed,
+                                log_every=log_every).items():
+            setattr(self, name, value)
+        self.labels = labels
+        self.id_weight = id_weight
+        self.cmpm_weight = cmpm_weight
+        self.adv_weight = adv_weight
+        self.d_hidden = d_hidden
+        self.soft_labels = soft_labels
+        self.flip = flip
+        self.lstm_hidden = lstm_hidden
+        self.finetune_layers = finetune_layers
+        self.finetune_epochs = finetune_epochs
+        self.finetune_lr = finetune_lr
+        self.image_optimizer = image_optimizer
+        self.momentum = momentum
+        self.plateau_patience = plateau_patience
+        self.min_lr = min_lr
+
+    # vsepp's parameters that timam does not have (read by the shared vsepp code)
+    loss = "vsepp"
+    margin = 0.2
+    optimizer = "adam"
+    lr_decay_epoch = 0
+    lr_decay = 0.1
+
+    @property
+    def train_layers(self) -> int:        # vsepp's name for the transformer layers that are fine-tuned
+        return int(self.finetune_layers) if self._uses_transformer() else 0
+
+    # ------------------------------------------------------------------ checks
+    def _uses_transformer(self) -> bool:
+        return self.text_model in ("bilstm", "transformer")
+
+    def _check_loss(self) -> None:
+        pass
+
+    def _check_params(self) -> None:
+        if self.text_model not in TIMAM_TEXT_MODELS:
+            raise CrossViewError(f"timam: text_model {self.text_model!r} must be one of {', '.join(TIMAM_TEXT_MODELS)}")
+        if self.labels not in LABELS:
+            raise CrossViewError(f"timam: labels {self.labels!r} must be auto, identity (the dataset's identities / "
+                                 "classes) or image (each image its own label)")
+        if self.image_optimizer not in ("sgd", "adam"):
+            raise CrossViewError(f"timam: image_optimizer {self.image_optimizer!r} must be 'sgd' (the paper's, "
+                                 "momentum 0.9) or 'adam'")
+        text_model, self.text_model = self.text_model, ("transformer" if self.text_model == "bilstm" else self.text_model)
+        try:
+            super()._check_params()
+        finally:
+            self.text_model = text_model
+        for name in ("id_weight", "cmpm_weight", "adv_weight", "finetune_lr", "min_lr", "momentum"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise CrossViewError(f"timam: {name} must be a number >= 0, got {v!r}")
+        if self.id_weight == 0 and self.cmpm_weight == 0:
+            raise CrossViewError("timam: id_weight and cmpm_weight are both 0; nothing would match the modalities")
+        if not isinstance(self.flip, (int, float)) or isinstance(self.flip, bool) or not 0 <= self.flip <= 1:
+            raise CrossViewError(f"timam: flip must be a probability from 0 to 1, got {self.flip!r}")
+        for name in ("d_hidden", "lstm_hidden"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise CrossViewError(f"timam: {name} must be a whole number >= 1, got {v!r}")
+        for name in ("finetune_layers", "finetune_epochs", "plateau_patience"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+                raise CrossViewError(f"timam: {name} must be a whole number >= 0, got {v!r}")
+
+    # ------------------------------------------------------------------ phases
+    def _stage(self) -> int:
+        return int(getattr(self, "_stage_now", 1))
+
+    def run_offsets(self) -> tuple[int, int]:
+        if self._stage() == 2:
+            return int(getattr(self, "stage1_epochs_", 0)), int(getattr(self, "stage1_steps_", 0))
+        return 0, 0
+
+    def n_epochs(self) -> int:
+        return int(self.finetune_epochs) if self._stage() == 2 else int(self.max_epochs)
+
+    # ------------------------------------------------------------------ the model
+    def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
+        if self._stage() == 2:                       # the second phase trains the first phase's model
+            return dict(self.model_spec_)
+        text_model, self.text_model = self.text_model, ("transformer" if self.text_model == "bilstm" else self.text_model)
+        try:
+            spec = super().model_spec(train, resume)
+        finally:
+            self.text_model = text_model
+        ids, kind = pair_labels(train, str(self.labels))
+        spec.update(n_classes=int(ids.max()) + 1 if len(ids) else 1, label_kind=kind, d_hidden=int(self.d_hidden))
+        if text_model == "bilstm":
+            spec.update(pool="bilstm", lstm_hidden=int(self.lstm_hidden))
+        return spec
+
+    def build_model(self, spec: dict[str, Any]) -> nn.Module:
+        d = int(spec["embed_dim"])
+        if spec.get("image_model") == "cnn":
+            image = self._cnn({**spec})
+            image.head.normalize = False
+        else:
+            image = FeatureImageEncoder(int(spec["image_dim"]), d, normalize=False)
+        kind = spec["text_model"]
+        text: nn.Module
+        if kind in ("gru", "gru_glove"):
+            vocab = list(spec["vocab"])
+            text = GRUTextEncoder(len(vocab), int(spec["word_dim"]), d,
+                                  init=self._glove_init(vocab) if kind == "gru_glove" else None, normalize=False)
+        elif kind == "features":
+            text = FeatureImageEncoder(int(spec["text_dim"]), d, normalize=False)
+        else:    # the language model's top layers learn in the second phase only
+            layers = int(spec["train_layers"]) if self._stage() == 2 else 0
+            text = TransformerTextEncoder(_load_transformer_model(str(spec["transformer"])), d, train_layers=layers,
+                                          normalize=False, pool=str(spec.get("pool", "mean")),
+                                          lstm_hidden=int(spec.get("lstm_hidden", 512)))
+        return TimamModel(image, text, int(spec["n_classes"]), d, int(spec["d_hidden"]))
+
+    def _text_description(self) -> str:
+        spec = self.model_spec_
+        if spec.get("pool") == "bilstm":
+            layers = int(spec.get("train_layers", 0))
+            return (f"{spec.get('transformer')} token states -> Bi-LSTM ({spec.get('lstm_hidden')} a direction) -> max "
+                    + (f"(its top {layers} layers fine-tuned in phase 2)" if layers and int(self.finetune_epochs)
+                       else "(frozen)"))
+        return super()._text_description()
+
+    def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
+        spec = self.model_spec_
+        what = "identities" if spec.get("label_kind") == "identity" else "images"
+        parts = [f"{w} x {n}" for w, n in ((self.id_weight, "L_I"), (self.cmpm_weight, "L_M"),
+                                            (self.adv_weight, "adversarial")) if w]
+        return (f"timam ({' + '.join(parts)}; labels: {spec.get('n_classes')} {what}): {n_items} captions, "
+                f"{n_batches} batches per epoch, {self.max_epochs} epochs with the language model frozen"
+                + (f", then {self.finetune_epochs} fine-tuning it at lr {self.finetune_lr}" if self.finetune_epochs
+                   and self._uses_transformer() else "")
+                + f"; text: {self._text_description()}; {self.embed_dim}-d, device {device}{self._amp_note(device)}")
+
+    # ------------------------------------------------------------------ training
+    def prepare(self, train: MethodData, device: torch.device) -> None:
+        super().prepare(train, device)
+        ids, _ = pair_labels(train, str(self.labels))
+        if len(ids) and int(ids.max()) + 1 != int(self.model_spec_["n_classes"]):
+            raise CrossViewError(f"timam: the training data has {int(ids.max()) + 1} labels, the model "
+                                 f"{self.model_spec_['n_classes']}; train on the data the run started with")
+        self._t["lab"] = torch.as_tensor(ids).to(device)
+
+    def _embed_batch(self, model: nn.Module, batch: torch.Tensor, *,
+                     distinct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = self._t
+        if self.model_spec_["text_model"] == "transformer" and "hidden" not in t:
+            # the frozen part of the language model (all of it in the first phase) once per caption
+            t["hidden"] = self._frozen_hidden(unwrap(model).text, t["ids"], t["mask"])
+        return super()._embed_batch(model, batch, distinct=distinct)
+
+    def training_step(self, model: nn.Module, batch: torch.Tensor,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """``id_weight L_I + cmpm_weight L_M + L_D + adv_weight L_G`` of a batch of captions and their images."""
+        m = unwrap(model)
+        im, _, s, img_ids = self._embed_batch(model, batch)
+        im, s, img_ids = gather_rows(im), gather_rows(s), gather_rows(img_ids)
+        lab = self._t["lab"][img_ids]
+        out: dict[str, torch.Tensor] = {}
+        loss = im.new_zeros(())
+        if self.cmpm_weight:
+            i2t, t2i = cmpm_loss(im, s, lab)
+            loss = loss + float(self.cmpm_weight) * (i2t + t2i)
+            out["L_M"] = (i2t + t2i).detach()
+        if self.id_weight:
+            l_i = norm_softmax_id_loss(im, m.classifier, lab) + norm_softmax_id_loss(s, m.classifier, lab)
+            loss = loss + float(self.id_weight) * l_i
+            out["L_I"] = l_i.detach()
+        if self.adv_weight:
+            d_im, d_tx = m.disc(im.detach()), m.disc(s.detach())        # one batch per modality
+            l_d = discriminator_loss(d_im, d_tx, rng=generator, soft=bool(self.soft_labels), flip=float(self.flip))
+            l_g = generator_loss(_held(m.disc, im), _held(m.disc, s))
+            loss = loss + l_d + float(self.adv_weight) * l_g
+            out["L_D"], out["L_G"] = l_d.detach(), l_g.detach()
+            out["D_acc"] = discriminator_accuracy(d_im, d_tx)
+        return {"loss": loss / world()[1], **out}
+
+    def optimizers(self, model: nn.Module) -> list[torch.optim.Optimizer]:
+        """SGD (momentum) for the image branch, the classifier and the discriminator, Adam for the text branch
+        (the paper's split); the pretrained parts that learn (a fine-tuned CNN) at lr / 10; in the second phase
+        every part at ``finetune_lr``."""
+        m = unwrap(model)
+        lr = float(self.finetune_lr) if self._stage() == 2 else float(self.lr)
+        wd = float(self.weight_decay)
+        backbone = {id(p) for p in (m.image.backbone_parameters() if hasattr(m.image, "backbone_parameters") else [])}
+        image = [p for p in m.image.parameters() if p.requires_grad and id(p) not in backbone]
+        cnn = [p for p in m.image.parameters() if p.requires_grad and id(p) in backbone]
+        image += [m.classifier] + [p for p in m.disc.parameters()]
+        groups = [{"params": image, "lr": lr}] + ([{"params": cnn, "lr": lr if self._stage() == 2 else lr / 10}]
+                                                   if cnn else [])
+        text = [p for p in m.text.parameters() if p.requires_grad]
+        fused = all(p.is_cuda for p in text)
+        first = (torch.optim.SGD(groups, lr=lr, momentum=float(self.momentum), weight_decay=wd)
+                 if self.image_optimizer == "sgd" else torch.optim.Adam(groups, lr=lr, weight_decay=wd))
+        return [first, torch.optim.Adam([{"params": text, "lr": lr}], lr=lr, weight_decay=wd, fused=fused)]
+
+    def schedulers(self, optimizers: Any) -> list[Any]:
+        if self._stage() == 2 or not int(self.plateau_patience):
+            return []
+        mode = "max" if self._has_val else "min"
+        return [PlateauScheduler(o, mode=mode, factor=0.1, patience=int(self.plateau_patience),
+                                 min_lr=float(self.min_lr)) for o in optimizers]
+
+    def after_epoch(self, record: dict[str, Any]) -> list[Any]:
+        """The plateau schedule: the validation rsum (or, without validation, the epoch's loss) watched."""
+        live = getattr(self, "_live", None)
+        if live is None:
+            return []
+        value = record.get("val", record.get("epoch_loss"))
+        if value is None or not math.isfinite(float(value)):
+            return []
+        cut = None
+        for s in live[1].schedulers:
+            if isinstance(s, PlateauScheduler):
+                cut = s.observe(float(value)) or cut
+        if cut and world()[0] == 0:
+            what = "validation rsum" if self._has_val else "training loss"
+            return [Log(f"timam: the {what} has not improved for {self.plateau_patience} epochs; learning rate "
+                        f"now {cut[0]:.1e}", "info")]
+        return []
+
+    def fit_iter(self, train: MethodData, val: MethodData | None = None, *, resume: bool = False) -> Iterator[Any]:
+        self._has_val = val is not None or float(self.holdout or 0) > 0
+        second = int(self.finetune_epochs) > 0 and self._uses_transformer() and int(self.finetune_layers) > 0
+        stage = int(getattr(self, "stage_", 1)) if resume and getattr(self, "model_state_", None) is not None else 1
+        if stage == 1:
+            self._stage_now = 1
+            self.stage_ = 1
+            yield from super().fit_iter(train, val, resume=resume)
+            if not second or not self.done_:
+                return
+            resume = True
+        if int(getattr(self, "stage_", 1)) == 1:      # the first phase has just finished
+            self.stage1_epochs_, self.stage1_steps_ = len(self.history_), int(self.step_)
+            self.stage_ = 2
+            self.train_state_ = None
+            self.done_ = self.stopped_ = False
+            self.bad_epochs_ = 0
+            yield Log(f"timam: phase 2 at step {self.step_}: the language model's top {self.finetune_layers} layers "
+                      f"unfrozen, the whole network fine-tuned at lr {self.finetune_lr} for {self.finetune_epochs} "
+                      "epochs", "info")
+            if world()[0] == 0:
+                yield Phase(int(self.step_), len(self.history_), "language model fine-tuned")
+        self._stage_now = 2
+        try:
+            yield from super().fit_iter(train, val, resume=resume)
+        finally:
+            self._stage_now = 1
+
+    # ------------------------------------------------------------------ inference: cosine
+    def embed_images(self, data: MethodData) -> np.ndarray:
+        return _unit_rows(super().embed_images(data))
+
+    def embed_texts(self, data: MethodData) -> np.ndarray:
+        return _unit_rows(super().embed_texts(data))
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.ascontiguousarray(np.where(n > 0, x / np.maximum(n, 1e-12), 0.0), dtype=np.float32)
