@@ -37,3 +37,26 @@ def test_a_stage_marker_on_loss_and_validation_plots(qtbot, tmp_path: Path) -> N
     assert "Stage II (web) begins at step 6" in panel.log.toPlainText()
     c.reset("webly")
     assert c.phases == [] and c.phase_markers("loss") == []
+
+
+def test_timam_terms_split_into_losses_and_the_discriminators_accuracy(qtbot, tmp_path: Path) -> None:
+    """TIMAM reports identification, CMPM, discriminator and generator losses and the discriminator's accuracy:
+    the losses share the loss plot, the accuracy gets its own (a fraction, not a loss), and the language
+    model's fine-tuning phase is marked on both."""
+    from crossview.gui.curves import term_family
+
+    assert [term_family(t) for t in ("L_I", "L_M", "L_D", "L_G", "D_acc", "epoch_D_acc")] == \
+        ["loss", "loss", "loss", "loss", "accuracy", "accuracy"]
+    panel = TrainPanel(runs_root=tmp_path / "runs")
+    qtbot.addWidget(panel)
+    panel.curves.reset("timam")
+    for step in range(1, 5):
+        panel._on_event(Loss(step, 0, {"loss": 3.0 / step, "L_I": 2.0 / step, "L_M": 1.0 / step, "L_D": 1.4,
+                                       "L_G": 0.7, "D_acc": 0.5 + step / 20}))
+    panel._on_event(Phase(4, 1, "language model fine-tuned"))
+    panel._on_event(Loss(5, 1, {"loss": 0.5, "L_I": 0.3, "L_M": 0.2, "L_D": 1.4, "L_G": 0.7, "D_acc": 0.6}))
+    panel._flush()
+    c = panel.curves
+    assert {"loss", "accuracy"} <= set(c.shown_plots())
+    assert {"L_I", "L_M", "L_D", "L_G"} <= c.family_terms("loss") and c.family_terms("accuracy") == {"D_acc"}
+    assert c.phase_markers("accuracy") == [(4.5, "language model fine-tuned")]

@@ -52,6 +52,7 @@ FAMILIES = {f.key: f for f in (
     Family("gap", "Gap and violation", "objective units"),
     Family("count", "Counts", "count"),
     Family("fraction", "Fractions", "fraction of rows"),
+    Family("accuracy", "Accuracy (a discriminator's: 0.5 = it cannot tell)", "fraction right"),
     Family("norm", "Weight norm", "||W||"),
     Family("time", "Time per iteration", "seconds"),
 )}
@@ -70,7 +71,8 @@ NOT_PLOTTED = {"cv_fold"}
 
 def term_family(term: str) -> str:
     """The family key of a loss term: known names first, then by the name's form (``*_seconds`` -> time,
-    ``n_*`` / ``*_steps`` / ``*_count`` -> count, ``*frac*`` / ``*rate`` -> fraction, ``*norm*`` -> norm),
+    ``n_*`` / ``*_steps`` / ``*_count`` -> count, ``*_acc`` / ``*accuracy`` -> accuracy (TIMAM's ``D_acc``),
+    ``*frac*`` / ``*rate`` -> fraction, ``*norm*`` -> norm),
     else ``loss``."""
     base = term.lower().strip()
     if base.endswith(" (pass mean)"):
@@ -82,6 +84,8 @@ def term_family(term: str) -> str:
         return "time"
     if base.startswith("n_") or base.endswith(("_steps", "_count", "count", "draws")):
         return "count"
+    if base.endswith(("_acc", "accuracy")):
+        return "accuracy"
     if "frac" in base or base.endswith("rate"):
         return "fraction"
     if "norm" in base:
