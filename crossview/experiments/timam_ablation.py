@@ -1,0 +1,66 @@
+"""Paper 002's ablations as one experiment: what do TIMAM's parts add?
+
+Every variant is method ``timam`` on the same features, once per seed, through the run engine
+(:mod:`crossview.experiments.variants`: runs in one experiment folder, resumable, listed in the app; R@K and rsum
+mean ± sd; a paired per-query test against the full method):
+
+- ``full``: TIMAM with its defaults (identification + CMPM + the modality discriminator): the baseline every
+  other variant is paired against;
+- ``no-discriminator``: no adversarial game (``adv_weight=0``): the paper's claim is that the discriminator helps
+  (~3 R@1 on CUHK-PEDES, ~1.8 on Flickr30K, supplementary);
+- ``no-identification``: no identification losses (``id_weight=0``): CMPM (and the discriminator) alone;
+- ``lm-frozen``: the language model frozen throughout (``finetune_epochs=0``);
+- ``lm-finetuned``: a second phase fine-tuning the language model's top layers (``finetune_epochs=5``).
+
+One of the last two is the defaults (``full``) and is left out of the default list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from crossview.core.events import Event
+from crossview.experiments import variants as V
+
+__all__ = ["VARIANTS", "default_variants", "BASELINE", "STUDY", "run_timam_ablation", "timam_ablation"]
+
+#: epochs of the second phase in the lm-finetuned variant
+FINETUNE_EPOCHS = 5
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "full": ("timam", {}),
+    "no-discriminator": ("timam", {"adv_weight": 0.0}),
+    "no-identification": ("timam", {"id_weight": 0.0}),
+    "lm-frozen": ("timam", {"finetune_epochs": 0}),
+    "lm-finetuned": ("timam", {"finetune_epochs": FINETUNE_EPOCHS}),
+}
+LABELS = {"full": "identification + CMPM + discriminator", "no-discriminator": "no modality discriminator",
+          "no-identification": "no identification losses", "lm-frozen": "language model frozen throughout",
+          "lm-finetuned": f"language model's top layers fine-tuned ({FINETUNE_EPOCHS} epochs)"}
+BASELINE = "full"
+
+
+def default_variants() -> tuple[str, ...]:
+    """Every variant but the one that is the method's defaults already (imports the method: call it late)."""
+    from crossview.methods import method_class
+
+    ft = int(method_class("timam").default_params().get("finetune_epochs", 0))
+    same = "lm-frozen" if ft == 0 else "lm-finetuned" if ft == FINETUNE_EPOCHS else ""
+    return tuple(v for v in VARIANTS if v != same)
+
+
+STUDY = V.Study(kind="timam-ablation", title="TIMAM ablation (paper 002)", variants=VARIANTS, labels=LABELS,
+                baseline=BASELINE, noun="variant", plural="variants", flag="--variants")
+
+
+def run_timam_ablation(dataset: Any, *, variants: Sequence[str] | None = None, **kwargs: Any) -> Iterator[Event]:
+    """Train every variant (default: :func:`default_variants`) with every seed and compare them with ``full`` (see
+    the module docstring and :func:`crossview.experiments.variants.run_study` for the keyword arguments and the
+    result)."""
+    yield from V.run_study(STUDY, dataset, variants=list(variants or default_variants()), **kwargs)
+
+
+def timam_ablation(dataset: Any, **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_timam_ablation` drained; returns its result."""
+    return V.drain(run_timam_ablation(dataset, **kwargs), "timam ablation")
