@@ -313,3 +313,38 @@ def test_a_webly_run_takes_a_tag_list_in_tags_mode(qtbot, panel: QueryPanel, web
     ds2, feats2, _ = _toy(tmp_path)
     panel.set_retriever(Retriever(Identity().fit(None), ds2, feats2, gallery="test"), tmp_path / "run")
     assert not panel.mode_bar.isVisible() and not panel.tag_mode and panel.mode_sentence.isChecked()
+
+
+def test_identity_datasets_show_each_results_identity(qtbot, tmp_path: Path) -> None:
+    """CUHK-PEDES-like data (labels shared by several images): the query's identity in its title, each result's
+    beside its score (images and captions), and how many of the top K show the query's identity -- what the
+    identity protocol counts. Data whose images are each their own label shows none."""
+    ds, feats, colours = _toy(tmp_path)
+    ds.labels = np.asarray(colours, dtype=np.int64)
+    ds.label_names = ["p-red", "p-green", "p-blue"]
+    ds.format = "cuhk-pedes"
+    w = QueryPanel()
+    qtbot.addWidget(w)
+    w.set_retriever(Retriever(Identity().fit(None), ds, feats, gallery="test"), tmp_path / "run", title="t",
+                    eval_split="test", train_split="train")
+    w.show()
+    with qtbot.waitSignal(w.answered, timeout=10_000) as sig:
+        w.query_image(22)
+    ranking = sig.args[0]
+    mine = ds.label_names[colours[22]]
+    assert f"identity {mine}" in w.query_title.text()
+    rows = [w.caption_list.item(r).text() for r in range(w.caption_list.count())]
+    want = [ds.label_names[colours[ds.caption_image[c]]] for c in ranking.items]
+    assert all(f"id {x}" in row for x, row in zip(want, rows)), rows[:3]
+    same = sum(x == mine for x in want)
+    assert f"{same} of the top {len(rows)} show identity {mine}" in w.gold_label.text()
+    with qtbot.waitSignal(w.answered, timeout=10_000) as sig:
+        w.query_text(ds.caption_image.tolist().index(25) + 1)            # a caption of image 25: its identity
+    grid = [w.image_grid.item(r).text() for r in range(w.image_grid.count())]
+    assert all(f"id {ds.label_names[colours[i]]}" in row for i, row in zip(sig.args[0].items, grid))
+    ds.labels = np.arange(ds.n_images)                                    # each image its own: nothing shown
+    w.set_retriever(Retriever(Identity().fit(None), ds, feats, gallery="test"), tmp_path / "run", title="t",
+                    eval_split="test", train_split="train")
+    with qtbot.waitSignal(w.answered, timeout=10_000):
+        w.query_image(22)
+    assert "identity" not in w.query_title.text() and " id " not in w.caption_list.item(0).text()

@@ -280,6 +280,46 @@ class Retriever:
         q = np.asarray(self.method.encode_texts(data, direction="t2i"), np.float32)
         return self._rank_images(q, query, k)
 
+    # ------------------------------------------------------------------ identities
+    @property
+    def identity_word(self) -> str | None:
+        """``"identity"`` (person datasets: CUHK-PEDES) or ``"class"`` when the dataset's labels group its images
+        (several images a label: identities, classes, the demo's layouts), else None (each image its own)."""
+        labels = getattr(self.dataset, "labels", None)
+        if labels is None or len(labels) != self.dataset.n_images:
+            return None
+        cached = getattr(self, "_groups", None)
+        if cached is None:
+            cached = self._groups = bool(len(np.unique(np.asarray(labels))) < self.dataset.n_images)
+        if not cached:
+            return None
+        return "identity" if getattr(self.dataset, "format", "") == "cuhk-pedes" else "class"
+
+    def identity_of(self, image: int) -> str | None:
+        """The label of dataset image ``image`` as shown (its name when the dataset names its labels), or None
+        when the dataset's labels do not group images (:attr:`identity_word`)."""
+        if self.identity_word is None:
+            return None
+        v = int(self.dataset.labels[int(image)])
+        names = getattr(self.dataset, "label_names", None)
+        return str(names[v]) if names is not None and 0 <= v < len(names) else str(v)
+
+    def query_identity(self, ranking: "Ranking") -> str | None:
+        """The identity of what was asked (a dataset image, or a dataset caption's image), else None."""
+        q = ranking.query
+        if "image" in q:
+            return self.identity_of(int(q["image"]))
+        if "caption" in q:
+            return self.identity_of(int(self.dataset.caption_image[int(q["caption"])]))
+        return None
+
+    def result_identities(self, ranking: "Ranking") -> list[str | None]:
+        """The identity of each result (an image, or a caption's image; None for a corpus gallery's lines)."""
+        if self.identity_word is None or (ranking.direction == "i2t" and self.corpus is not None):
+            return [None] * len(ranking.items)
+        images = ranking.items if ranking.direction == "t2i" else self.dataset.caption_image[ranking.items]
+        return [self.identity_of(int(i)) for i in images]
+
     @property
     def has_tag_branch(self) -> bool:
         """Whether :meth:`query_tags` works: the method embeds tag lists (``embed_tags``, e.g. webly's tag branch)

@@ -433,6 +433,10 @@ class QueryPanel(QWidget):
         self._show_query(ranking)
         marks = self.annotations.marks_for(ranking.direction, ranking.query) if self.annotations else {}
         width = len(str(len(ranking.items)))
+        # identity datasets (CUHK-PEDES) and labelled classes: each result's identity / class beside its score
+        ids = r.result_identities(ranking)
+        short = "id" if r.identity_word == "identity" else "class"
+        tag = [f"   {short} {x}" if x is not None else "" for x in ids]
         signed = bool(len(ranking.scores) and float(ranking.scores.min()) < 0)
         if ranking.direction == "i2t":
             view = self.caption_list
@@ -443,7 +447,8 @@ class QueryPanel(QWidget):
                 it.setData(ItemRole, item)
                 text = r.gallery_caption_text(item)
                 it.setToolTip(text)
-                it.setData(Qt.ItemDataRole.UserRole + 2, f"{_rank_score(rank, score, width, signed)}   {text}")
+                it.setData(Qt.ItemDataRole.UserRole + 2,
+                           f"{_rank_score(rank, score, width, signed)}{tag[rank - 1]}   {text}")
                 if r.corpus is None and ds.image_paths is not None:
                     it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[int(ds.caption_image[item])])
                 self._style_item(it, ranking, item, marks.get(item))
@@ -456,7 +461,7 @@ class QueryPanel(QWidget):
             for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
                 it = QListWidgetItem()
                 it.setData(ItemRole, item)
-                it.setData(Qt.ItemDataRole.UserRole + 2, _rank_score(rank, score, width, signed))
+                it.setData(Qt.ItemDataRole.UserRole + 2, _rank_score(rank, score, width, signed) + tag[rank - 1])
                 if ds.image_paths is not None:
                     it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[item])
                 caps = ds.captions_of(item)
@@ -498,6 +503,9 @@ class QueryPanel(QWidget):
             self.query_view.clear()
             self.query_view.hide()
         self._fit_layout()
+        mine = r.query_identity(ranking)
+        if mine is not None:
+            title += f" &nbsp;·&nbsp; {r.identity_word} {html.escape(mine)}"
         self.query_title.setText(f"<b>{title}</b>")
         what = "caption" if ranking.direction == "i2t" else "image"
         n = ranking.gallery_size
@@ -505,11 +513,20 @@ class QueryPanel(QWidget):
             ranks = sorted(int(x) for x in ranking.gold_ranks)
             shown = ", ".join(f"<b>{x}</b>" if x <= len(ranking.items) else str(x) for x in ranks)
             self.gold_label.setText(f"Ground truth {what}{'s' if len(ranks) > 1 else ''} at rank {shown} "
-                                    f"of {n:,}")
+                                    f"of {n:,}" + self._same_identity(ranking, mine))
         elif "tags" in q:
             self.gold_label.setText(f"No ground truth for a tag list ({n:,} images ranked through the tag branch)")
         else:
-            self.gold_label.setText(f"No ground truth for this query ({n:,} {what}s ranked)")
+            self.gold_label.setText(f"No ground truth for this query ({n:,} {what}s ranked)"
+                                    + self._same_identity(ranking, mine))
+
+    def _same_identity(self, ranking: Ranking, mine: str | None) -> str:
+        """"; 7 of the top 10 show identity 12": what the identity protocol counts, for a query with one."""
+        r = self.retriever
+        if mine is None or r is None or not len(ranking.items):
+            return ""
+        same = sum(x == mine for x in r.result_identities(ranking))
+        return f"; {same} of the top {len(ranking.items)} show {r.identity_word} {html.escape(mine)}"
 
     def _style_item(self, it: QListWidgetItem, ranking: Ranking, item: int, mark: bool | None) -> None:
         label = it.data(Qt.ItemDataRole.UserRole + 2)
