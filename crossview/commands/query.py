@@ -150,6 +150,10 @@ def _results(retriever: Any, ranking: Any) -> list[dict[str, Any]]:
             row["file"] = ds.image_paths[item] if ds.image_paths is not None else None
         row["gt"] = ranking.is_gold(item)
         out.append(row)
+    word = retriever.identity_word        # identity datasets: each result's identity / class
+    if word is not None:
+        for row, ident in zip(out, retriever.result_identities(ranking)):
+            row[word] = ident
     return out
 
 
@@ -180,13 +184,21 @@ def _format_table(run: Any, retriever: Any, ranking: Any, rows: list[dict[str, A
     score_width = 7 + signed
     # the item's text (i2t) or file name (t2i; none for a dataset of precomputed features)
     last = "text" if ranking.direction == "i2t" else ("file" if ds.image_paths is not None else "")
-    lines.append(f"{'rank':>{width}}  {'score':>{score_width}}  gt  {head:>{item_width}}  {last}".rstrip())
+    word = retriever.identity_word
+    ident_width = max([len(word or "")] + [len(str(r.get(word) or "")) for r in rows]) if word else 0
+    ident_head = f"{word:>{ident_width}}  " if word else ""
+    lines.append(f"{'rank':>{width}}  {'score':>{score_width}}  gt  {head:>{item_width}}  {ident_head}{last}".rstrip())
     for r in rows:
         label = r["text"] if ranking.direction == "i2t" else (_image_name(ds, r["item"]) or "")
         mark = GT_MARK if r["gt"] else ""
+        ident = f"{str(r.get(word) or ''):>{ident_width}}  " if word else ""
         lines.append(f"{r['rank']:>{width}}  {r['score']:>{score_width}.4f}  {mark:^2}  {r['item']:>{item_width}}  "
-                     f"{label}".rstrip())
+                     f"{ident}{label}".rstrip())
     lines.append(_gold_line(ranking, corpus))
+    mine = retriever.query_identity(ranking) if word else None
+    if mine is not None:
+        same = sum(r.get(word) == mine for r in rows)
+        lines.append(f"{word} of the query: {mine}; {same} of the top {len(rows)} share it")
     if not ranking.exact:
         lines.append("(approximate index: the top results may differ from an exact search)")
     return "\n".join(lines)
