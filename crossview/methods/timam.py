@@ -133,11 +133,11 @@ class Timam(Vsepp):
 
     def __init__(self, *, labels: str = "auto", id_weight: float = 1.0, cmpm_weight: float = 1.0,
                  adv_weight: float = 1.0, d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
-                 embed_dim: int = 512, text_model: str = "bilstm", lstm_hidden: int = 512,
+                 embed_dim: int = 512, text_model: str = "bilstm", lstm_hidden: int = 256,
                  image_model: str = "features", backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
                  workers: int = 2, word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
                  finetune_layers: int = 6, finetune_epochs: int = 0, finetune_lr: float = 2e-6,
-                 max_epochs: int = 30, batch_size: int = 64, lr: float = 2e-4, image_optimizer: str = "sgd",
+                 max_epochs: int = 10, batch_size: int = 64, lr: float = 2e-4, image_optimizer: str = "adam",
                  momentum: float = 0.9, plateau_patience: int = 2, min_lr: float = 2e-6, weight_decay: float = 4e-4,
                  grad_clip: float = 0.0, patience: int = 0, holdout: float = 0.0, amp: bool = False,
                  device: str = "auto", seed: int = 0, log_every: int = 10) -> None:

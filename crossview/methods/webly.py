@@ -125,7 +125,7 @@ class Webly(Vsepp):
     """Two-stage webly supervised training (see the module docstring)."""
 
     def __init__(self, *, web: str = "", init_from: str = "", loss: str = "vse0", margin: float = 0.2,
-                 lambda1: float = 1.0, lambda2: float = 1.0, tag_branch: str = "glove",
+                 lambda1: float = 1.0, lambda2: float = 0.1, tag_branch: str = "glove",
                  stage2_epochs: int = 5, stage2_lr: float = 2e-5, curriculum: str = "frequency",
                  curriculum_start: float = 0.5, curriculum_epochs: int = 3, embed_dim: int = 1024,
                  text_model: str = "features", image_model: str = "features", backbone: str = "efficientnet_lite0",
