@@ -31,9 +31,12 @@ The loss (:mod:`crossview.nn.losses`), summed as the paper's Algorithm 1:
   (simultaneous gradient play rather than alternating steps: the trainer's one-backward contract); the
   discriminator's accuracy on the batch, ``D_acc``, is reported beside the losses: 0.5 means it cannot tell.
 
-Optimisers as the paper: SGD with momentum 0.9 for the image branch, the classifier and the discriminator
-(``image_optimizer="adam"`` puts them on Adam too), Adam for the text branch; lr divided by 10 when the
-validation rsum plateaus (the epoch's loss without a validation split), down to ``min_lr``; weight decay.
+Optimisers: Adam for the text branch; for the image branch, the classifier and the discriminator Adam by default, or
+the paper's SGD with momentum 0.9 (``image_optimizer="sgd"``: at the paper's lr 2e-4 the image side then learns
+several times slower on a CPU-sized budget); lr divided by 10 when the validation rsum plateaus (the epoch's loss
+without a validation split), down to ``min_lr``; weight decay 4e-4. Defaults for a CPU (3-fold cross-validation on
+the Flickr8k sample's training photos, bench/results/timam_flickr8k.md): a 256-unit Bi-LSTM (the paper: 512) and
+10 epochs.
 Two phases in one run, as the paper: the language model frozen (its token states computed once per caption)
 for ``max_epochs``, then its top ``finetune_layers`` layers unfrozen and the whole network fine-tuned at
 ``finetune_lr`` for ``finetune_epochs`` (0 = frozen throughout: an ablation); the curves mark where the second
