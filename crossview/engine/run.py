@@ -906,8 +906,10 @@ class _Run:
                     self.text_model_state = {"name": tm.name, "state": tm.state_dict()}
                 except Exception:  # noqa: BLE001 - optional: queries can re-fit the encoder
                     self.text_model_state = None
-            yield self._emit(Log(f"features: image {f.image_encoder} {f.image.shape[1]}-d, text {f.text_encoder} "
-                                 f"{None if f.text is None else f.text.shape[1]}-d ({features_seconds:.1f} s)"))
+            text = (f"text {f.text_encoder} {f.text.shape[1]}-d" if f.text is not None
+                    else "no caption features (the method reads the captions itself)")
+            yield self._emit(Log(f"features: image {f.image_encoder} {f.image.shape[1]}-d, {text} "
+                                 f"({features_seconds:.1f} s)"))
             train, val, test = self._method_data()
             yield from self._auxiliary()
 

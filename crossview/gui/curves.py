@@ -52,7 +52,7 @@ FAMILIES = {f.key: f for f in (
     Family("gap", "Gap and violation", "objective units"),
     Family("count", "Counts", "count"),
     Family("fraction", "Fractions", "fraction of rows"),
-    Family("accuracy", "Accuracy (a discriminator's: 0.5 = it cannot tell)", "fraction right"),
+    Family("accuracy", "Accuracy (0.5: chance)", "fraction right"),
     Family("norm", "Weight norm", "||W||"),
     Family("time", "Time per iteration", "seconds"),
 )}
