@@ -41,6 +41,18 @@ def parse_configs(text: str) -> list[dict]:
     return out
 
 
+def fold_data(ds, text: np.ndarray, images: np.ndarray, image: np.ndarray, name: str):
+    """The :class:`MethodData` of dataset images ``images`` (their rows of ``image``, their captions and caption
+    features ``text``), renumbered from 0: a fold's training or held-out part."""
+    from crossview.data.method_data import MethodData
+
+    pos = {int(i): k for k, i in enumerate(images)}
+    caps = np.flatnonzero(np.isin(ds.caption_image, images))
+    return MethodData(image_features=image[images], text_features=np.asarray(text[caps], np.float32),
+                      captions=[ds.captions[c] for c in caps],
+                      caption_image=np.array([pos[int(ds.caption_image[c])] for c in caps]), name=name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", required=True)
@@ -72,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     norm_name = getattr(method_class(args.method), "default_image_norm", "none") or "none"
 
     def data_for(images: np.ndarray, image: np.ndarray, name: str) -> MethodData:
-        pos = {int(i): k for k, i in enumerate(images)}
-        caps = np.flatnonzero(np.isin(ds.caption_image, images))
-        return MethodData(image_features=image[images], text_features=np.asarray(f.text[caps], np.float32),
-                          captions=[ds.captions[c] for c in caps],
-                          caption_image=np.array([pos[int(ds.caption_image[c])] for c in caps]), name=name)
+        return fold_data(ds, f.text, images, image, name)
 
     print(f"| {args.method} config | {args.protocol} rsum per fold / seed | mean | sd | train s |")
     print("|---|---|---|---|---|")

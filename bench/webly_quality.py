@@ -26,23 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
-
-
-def _value(v: str):
-    try:
-        return json.loads(v)
-    except json.JSONDecodeError:
-        return v
-
-
-def parse_configs(text: str) -> list[dict]:
-    """``"loss=vsepp;loss=vse0,stage2_lr=2e-4"`` -> ``[{"loss": "vsepp"}, {"loss": "vse0", "stage2_lr": 2e-4}]``."""
-    out = []
-    for cfg in text.split(";"):
-        cfg = cfg.strip()
-        out.append({k.strip(): _value(v.strip()) for k, v in (p.split("=", 1) for p in cfg.split(",") if p)}
-                   if cfg else {})
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from method_cv import fold_data, parse_configs  # noqa: E402  (bench/method_cv.py: shared with it)
 
 
 def fold_web(ds, images: np.ndarray, seed: int) -> tuple[np.ndarray, list[list[str]]]:
@@ -80,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     from sklearn.model_selection import KFold
 
     from crossview.data import load_dataset
-    from crossview.data.method_data import MethodData
     from crossview.features import encode_texts, extract_features
     from crossview.features.normalize import FeatureNorm
     from crossview.methods import create_method
@@ -94,12 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         splits = [(train, np.asarray(ds.splits["val"]))]
 
-    def data_for(images: np.ndarray, image: np.ndarray, name: str) -> MethodData:
-        pos = {int(i): k for k, i in enumerate(images)}
-        caps = np.flatnonzero(np.isin(ds.caption_image, images))
-        return MethodData(image_features=image[images], text_features=np.asarray(f.text[caps], np.float32),
-                          captions=[ds.captions[c] for c in caps],
-                          caption_image=np.array([pos[int(ds.caption_image[c])] for c in caps]), name=name)
+    def data_for(images: np.ndarray, image: np.ndarray, name: str):
+        return fold_data(ds, f.text, images, image, name)
 
     print(f"| config | {args.protocol} rsum per fold | mean | train s |")
     print("|---|---|---|---|")
