@@ -399,6 +399,29 @@ def test_generator_loss_by_hand() -> None:
                                                           abs=1e-9)
 
 
+def test_confusion_generator_loss_by_hand() -> None:
+    """Against 0.5: every logit 0 gives ln 2 + ln 2 and no gradient (the minimum); a logit +-ln 3 gives
+    (-ln(3/4) - ln(1/4)) / 2 = ln(4 / sqrt 3) for either sign; a naive loop on random logits."""
+    z = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    loss = generator_loss(z, z[:2], target="confusion")
+    assert float(loss) == pytest.approx(2 * math.log(2), abs=1e-7)
+    loss.backward()
+    assert torch.allclose(z.grad, torch.zeros(3, dtype=torch.float64), atol=1e-12)
+    li = torch.tensor([math.log(3)], dtype=torch.float64)
+    lt = torch.tensor([-math.log(3)], dtype=torch.float64)
+    want = 2 * math.log(4 / math.sqrt(3))
+    assert float(generator_loss(li, lt, target="confusion")) == pytest.approx(want, abs=1e-7)
+    assert float(generator_loss(-li, -lt, target="confusion")) == pytest.approx(want, abs=1e-7)
+    gen = _rng(16)
+    li, lt = _randn(6, 1, gen=gen) * 2, _randn(4, 1, gen=gen) * 2
+    assert float(generator_loss(li, lt, target="confusion")) == pytest.approx(
+        naive_bce(li, torch.full((6,), 0.5)) + naive_bce(lt, torch.full((4,), 0.5)), abs=1e-9)
+    # any logit away from 0 costs more than the minimum, on either side
+    assert float(generator_loss(li, lt, target="confusion")) > 2 * math.log(2)
+    with pytest.raises(ValueError, match="target"):
+        generator_loss(li, lt, target="reversed")
+
+
 def test_discriminator_and_generator_gradcheck_float64() -> None:
     gen = _rng(7)
     li = _randn(5, 1, gen=gen).requires_grad_()
@@ -409,6 +432,8 @@ def test_discriminator_and_generator_gradcheck_float64() -> None:
 
     assert torch.autograd.gradcheck(d, (li, lt), eps=1e-6, atol=1e-6)
     assert torch.autograd.gradcheck(generator_loss, (li, lt), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(lambda a, b: generator_loss(a, b, target="confusion"), (li, lt), eps=1e-6,
+                                    atol=1e-6)
 
 
 def test_discriminator_accuracy_on_hand_logits() -> None:

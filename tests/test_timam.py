@@ -34,12 +34,13 @@ def _prepared(data: MethodData, **params) -> tuple[Timam, torch.nn.Module]:
     return m, model
 
 
-def test_the_step_is_the_pure_losses_and_each_player_learns_from_its_own() -> None:
+@pytest.mark.parametrize("target", ["swapped", "confusion"])
+def test_the_step_is_the_pure_losses_and_each_player_learns_from_its_own(target: str) -> None:
     """The step's loss is ``L_I + L_M + L_D + L_G`` of its embeddings; the discriminator's gradient is that of
     ``L_D`` alone (the encoders' losses never move it) and the encoders' that of ``L_I + L_M + L_G`` (``L_D`` sees
     the embeddings detached): checked against each loss differentiated on its own."""
     data = _toy("train")
-    m, model = _prepared(data, adv_weight=0.7, id_weight=1.3)
+    m, model = _prepared(data, adv_weight=0.7, id_weight=1.3, adv_target=target)
     batch = torch.arange(12)
     gen = torch.Generator().manual_seed(5)
     terms = m.training_step(model, batch, gen)
@@ -58,7 +59,7 @@ def test_the_step_is_the_pure_losses_and_each_player_learns_from_its_own() -> No
     enc = list(model.image.parameters()) + list(model.text.parameters()) + [model.classifier]
     d_grads = torch.autograd.grad(discriminator_loss(model.disc(im.detach()), model.disc(s.detach()),
                                                      rng=torch.Generator().manual_seed(5), soft=True, flip=0.2), disc)
-    l_g = generator_loss(model.disc(im), model.disc(s))
+    l_g = generator_loss(model.disc(im), model.disc(s), target=target)
     e_grads = torch.autograd.grad(1.3 * l_i + l_m + 0.7 * l_g, enc, allow_unused=True)
     names = {id(p): n for n, p in model.named_parameters()}
     for p, g in zip(disc, d_grads):
@@ -141,7 +142,8 @@ def test_plateau_schedule_cuts_the_learning_rate() -> None:
                                             ({"flip": 1.5}, "flip must be a probability"),
                                             ({"id_weight": 0.0, "cmpm_weight": 0.0}, "both 0"),
                                             ({"finetune_epochs": -1}, "finetune_epochs must be"),
-                                            ({"adv_weight": -1.0}, "adv_weight must be")])
+                                            ({"adv_weight": -1.0}, "adv_weight must be"),
+                                            ({"adv_target": "reversal"}, "adv_target 'reversal'")])
 def test_bad_parameters_get_one_line(params, needle) -> None:
     with pytest.raises(CrossViewError, match=needle):
         create_method("timam", **{**FAST, **params}).check_params()

@@ -360,3 +360,50 @@ def test_end_to_end_on_image_files_is_the_same_with_or_without_loader_workers(tm
                           caption_image=np.zeros(0, np.int64), name="features only")
     with pytest.raises(CrossViewError, match="image files"):
         a.encode_images(no_files, direction="i2t")
+
+
+# ---------------------------------------------------------------------------- batches of similar length
+def test_length_batches_cover_every_row_once_shortest_first() -> None:
+    from crossview.methods.vsepp import length_batches
+
+    lengths = torch.tensor([5, 1, 9, 1, 3, 7, 2])
+    batches = length_batches(lengths, 3)
+    assert [len(b) for b in batches] == [3, 3, 1]
+    assert sorted(torch.cat(batches).tolist()) == list(range(7))
+    assert torch.cat(batches).tolist() == [1, 3, 6, 4, 0, 5, 2]       # stable: ties keep their order
+    assert length_batches(torch.zeros(0, dtype=torch.long), 4) == []
+
+
+@pytest.mark.parametrize("text_model", ["gru", "transformer"])
+def test_embedding_captions_in_length_batches_equals_each_caption_alone(text_model: str, monkeypatch) -> None:
+    """embed_texts sorts captions into batches of similar length and puts each embedding back in its row: the
+    same numbers as encoding every caption on its own (padding never read), in the captions' order; the frozen
+    transformer states cached for training equal each caption's own."""
+    import crossview.methods.vsepp as V
+    from crossview.nn.trainer import unwrap
+
+    monkeypatch.setattr(V, "_EMBED_BATCH", 3)
+    caps = ["a dog", "a red car parked by the old wall", "two dogs", "the car is red and very shiny today",
+            "one", "a dog runs on the green grass in the park"]
+    data = MethodData(image_features=np.eye(6, 8, dtype=np.float32), text_features=None, captions=caps,
+                      caption_image=np.arange(6), name="train")
+    params = {**FAST, "text_model": text_model, "max_epochs": 1}
+    if text_model == "transformer":
+        params.update(train_layers=1)              # all-MiniLM-L6-v2, its top layer fine-tuned
+    m = create_method("vsepp", **params)
+    m.fit(data)
+    together = m.embed_texts(data)
+    alone = np.concatenate([m.embed_texts(MethodData(image_features=None, text_features=None, captions=[c],
+                                                     caption_image=np.array([-1]), name="q")) for c in caps])
+    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-5)
+    if text_model == "transformer":
+        enc = unwrap(m.model()).text
+        t = m._text_inputs(caps)
+        hidden = m._frozen_hidden(enc, t["ids"], t["mask"])
+        for i in range(len(caps)):
+            w = int(t["mask"][i].sum())
+            own = enc.frozen_hidden(t["ids"][i:i + 1, :w], t["mask"][i:i + 1, :w])[0]
+            torch.testing.assert_close(hidden[i, :w], own, rtol=1e-4, atol=1e-5)
+        with torch.no_grad():    # what a training step reads from the cache: the encoder's own output
+            torch.testing.assert_close(enc(t["ids"], t["mask"], frozen_hidden=hidden), enc(t["ids"], t["mask"]),
+                                       rtol=1e-4, atol=1e-5)

@@ -26,8 +26,9 @@ The loss (:mod:`crossview.nn.losses`), summed as the paper's Algorithm 1:
   FC(256)-BN-LeakyReLU(0.2)-FC(1) tells image embeddings (1) from text embeddings (0) with the paper's tricks
   (a separate batch per modality, soft labels in [0.8, 1.2] / [0, 0.3], 20% of the labels flipped:
   :func:`~crossview.nn.losses.discriminator_loss`, on the embeddings detached from the encoders), while the
-  encoders learn to fool it (:func:`~crossview.nn.losses.generator_loss`, the non-saturating form, through
-  ``D`` with its weights held). Both updates come from one backward pass and one step of every optimiser
+  encoders learn to fool it (:func:`~crossview.nn.losses.generator_loss` through ``D`` with its weights held:
+  ``adv_target="swapped"`` the non-saturating form, each modality labelled as the other; ``"confusion"`` both
+  labelled 0.5, at rest where ``D`` cannot tell). Both updates come from one backward pass and one step of every optimiser
   (simultaneous gradient play rather than alternating steps: the trainer's one-backward contract); the
   discriminator's accuracy on the batch, ``D_acc``, is reported beside the losses: 0.5 means it cannot tell.
 
@@ -135,7 +136,7 @@ class Timam(Vsepp):
     """TIMAM (see the module docstring)."""
 
     def __init__(self, *, labels: str = "auto", id_weight: float = 1.0, cmpm_weight: float = 1.0,
-                 adv_weight: float = 1.0, d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
+                 adv_weight: float = 1.0, adv_target: str = "swapped", d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
                  embed_dim: int = 512, text_model: str = "bilstm", lstm_hidden: int = 256,
                  image_model: str = "features", backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
                  workers: int = 2, word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
@@ -155,6 +156,7 @@ class Timam(Vsepp):
         self.id_weight = id_weight
         self.cmpm_weight = cmpm_weight
         self.adv_weight = adv_weight
+        self.adv_target = adv_target
         self.d_hidden = d_hidden
         self.soft_labels = soft_labels
         self.flip = flip
@@ -205,6 +207,9 @@ class Timam(Vsepp):
                 raise CrossViewError(f"timam: {name} must be a number >= 0, got {v!r}")
         if self.id_weight == 0 and self.cmpm_weight == 0:
             raise CrossViewError("timam: id_weight and cmpm_weight are both 0; nothing would match the modalities")
+        if self.adv_target not in ("swapped", "confusion"):
+            raise CrossViewError(f"timam: adv_target {self.adv_target!r} must be 'swapped' (the encoders' embeddings "
+                                 "labelled as the other modality) or 'confusion' (both labelled 0.5)")
         if not isinstance(self.flip, (int, float)) or isinstance(self.flip, bool) or not 0 <= self.flip <= 1:
             raise CrossViewError(f"timam: flip must be a probability from 0 to 1, got {self.flip!r}")
         for name in ("d_hidden", "lstm_hidden"):
@@ -322,7 +327,7 @@ class Timam(Vsepp):
         if self.adv_weight:
             d_im, d_tx = m.disc(im.detach()), m.disc(s.detach())        # one batch per modality
             l_d = discriminator_loss(d_im, d_tx, rng=generator, soft=bool(self.soft_labels), flip=float(self.flip))
-            l_g = generator_loss(_held(m.disc, im), _held(m.disc, s))
+            l_g = generator_loss(_held(m.disc, im), _held(m.disc, s), target=str(self.adv_target))
             loss = loss + l_d + float(self.adv_weight) * l_g
             out["L_D"], out["L_G"] = l_d.detach(), l_g.detach()
             out["D_acc"] = discriminator_accuracy(d_im, d_tx)

@@ -103,6 +103,13 @@ def _load_transformer_model(path: str) -> torch.nn.Module:
     return copy.deepcopy(_load_transformer(folder)[1])
 
 
+def length_batches(lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Row indices in batches of at most ``size``, shortest sequences first (stable): a batch trimmed to its
+    longest member then pads little."""
+    order = torch.argsort(torch.as_tensor(lengths).cpu(), stable=True)
+    return list(order.split(int(size))) if len(order) else []
+
+
 def _tokenizer(path: str) -> Any:
     from crossview.features.text.transformer import _load_transformer, minilm_path
 
@@ -370,17 +377,24 @@ class Vsepp(TorchMethod):
 
     def _frozen_hidden(self, enc: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """The frozen bottom's hidden states of every training caption, computed once (None when too large to
-        keep: above ~2 GB the top layers run from the tokens each step)."""
+        keep: above ~2 GB the top layers run from the tokens each step). Captions go through in batches of
+        similar length, each trimmed to its longest (half the work of padding every batch to the longest
+        caption of all, on captions like Flickr's)."""
         n, width = ids.shape
-        parts = []
+        lengths = mask.sum(1).cpu()
+        batches = length_batches(lengths, 256)
         with torch.no_grad():
-            first = enc.frozen_hidden(ids[:256], mask[:256])
-            if n * width * first.shape[-1] * first.element_size() > (2 << 30):
-                return None
-            parts.append(first)
-            for a in range(256, n, 256):
-                parts.append(enc.frozen_hidden(ids[a:a + 256], mask[a:a + 256]))
-        return torch.cat(parts)
+            out = None
+            for rows in batches:
+                w = int(lengths[rows].max())
+                r = rows.to(ids.device)
+                h = enc.frozen_hidden(ids[r, :w], mask[r, :w])
+                if out is None:
+                    if n * width * h.shape[-1] * h.element_size() > (2 << 30):
+                        return None
+                    out = h.new_zeros((n, width, h.shape[-1]))
+                out[r, :w] = h
+        return out if out is not None else torch.zeros((0, width, 1))
 
     def _batch_images(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoded (augmented) images of the batch the trainer is at, from loader workers that decode the
@@ -543,16 +557,21 @@ class Vsepp(TorchMethod):
                                              "encoder it was trained with")
                     for a in range(0, n, _EMBED_BATCH):
                         out.append(enc(torch.as_tensor(y[a:a + _EMBED_BATCH]).to(dev)).float().cpu().numpy())
-                else:
-                    for a in range(0, n, _EMBED_BATCH):
-                        t = {k: v.to(dev) for k, v in self._text_inputs(data.captions[a:a + _EMBED_BATCH]).items()}
+                else:                     # batches of similar length, each trimmed to its longest caption
+                    res = np.zeros((n, int(spec["embed_dim"])), np.float32)
+                    if not n:
+                        return res
+                    inputs = self._text_inputs(list(data.captions))
+                    lengths = inputs["lengths"] if "lengths" in inputs else inputs["mask"].sum(1)
+                    for rows in length_batches(lengths, _EMBED_BATCH):
+                        width = max(int(lengths[rows].max()), 1)
+                        t = {k: v[rows].to(dev) for k, v in inputs.items()}
                         if spec["text_model"] == "transformer":
-                            width = int(t["mask"].sum(1).max())
                             e = enc(t["ids"][:, :width], t["mask"][:, :width])
                         else:
-                            width = int(t["lengths"].max())
                             e = enc(t["ids"][:, :width], t["lengths"])
-                        out.append(e.float().cpu().numpy())
+                        res[rows.numpy()] = e.float().cpu().numpy()
+                    return res
         finally:
             enc.train(was)
         return np.concatenate(out) if out else np.zeros((0, int(spec["embed_dim"])), np.float32)

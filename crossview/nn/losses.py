@@ -287,9 +287,10 @@ def discriminator_loss(logits_image: torch.Tensor, logits_text: torch.Tensor, *,
     return _bce_logits(logits_image, y_image) + _bce_logits(logits_text, y_text)
 
 
-def generator_loss(logits_image: torch.Tensor, logits_text: torch.Tensor) -> torch.Tensor:
-    """The encoders' side of the modality game: the discriminator's BCE with the hard labels swapped, image
-    embeddings against 0 and text embeddings against 1, each averaged over its batch and the two added::
+def generator_loss(logits_image: torch.Tensor, logits_text: torch.Tensor, target: str = "swapped") -> torch.Tensor:
+    """The encoders' side of the modality game, the discriminator's BCE of each batch averaged and the two added.
+
+    ``target="swapped"``: the hard labels swapped, image embeddings against 0 and text embeddings against 1::
 
         -mean log(1 - s(x_img)) - mean log s(x_txt)
 
@@ -297,11 +298,24 @@ def generator_loss(logits_image: torch.Tensor, logits_text: torch.Tensor) -> tor
     logit 0). This is the non-saturating generator loss of Goodfellow et al. (2014), for alternating updates;
     the paper only writes ``L = L_D + L_I^V + L_I^T + L_M^V + L_M^T`` and says the encoders try to fool ``D``. A
     gradient-reversal layer (minimising ``-discriminator_loss`` through the encoders) is the other reading.
+
+    ``target="confusion"``: both modalities against 0.5 (the "maximal confusion" target of Tzeng et al., 2015)::
+
+        -mean [log s(x_img) + log(1 - s(x_img))] / 2 - mean [log s(x_txt) + log(1 - s(x_txt))] / 2
+
+    Minimised, at 2 ln 2 with zero gradient, exactly where ``D`` cannot tell (logit 0), so the encoders stop
+    pushing once they fool it instead of overshooting to the other side (the swapped form keeps pushing, and
+    the discriminator's accuracy drops below chance).
+
     The GAN tricks (soft labels, flips) are for the discriminator's targets only, as in Chintala's list.
     """
     _check_logits("generator_loss", logits_image, logits_text)
     x_image, x_text = logits_image.reshape(-1), logits_text.reshape(-1)
-    return _bce_logits(x_image, torch.zeros_like(x_image)) + _bce_logits(x_text, torch.ones_like(x_text))
+    if target == "swapped":
+        return _bce_logits(x_image, torch.zeros_like(x_image)) + _bce_logits(x_text, torch.ones_like(x_text))
+    if target == "confusion":
+        return _bce_logits(x_image, torch.full_like(x_image, 0.5)) + _bce_logits(x_text, torch.full_like(x_text, 0.5))
+    raise ValueError(f"generator_loss: target {target!r} must be 'swapped' or 'confusion'")
 
 
 def discriminator_accuracy(logits_image: torch.Tensor, logits_text: torch.Tensor) -> torch.Tensor:
