@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Log, Phase
+from crossview.core.events import Log
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.vsepp import TEXT_MODELS, Vsepp, VseModel, _load_transformer_model
@@ -134,6 +134,8 @@ def _held(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 @register_method("timam")
 class Timam(Vsepp):
     """TIMAM (see the module docstring)."""
+
+    second_stage_epochs = "finetune_epochs"
 
     def __init__(self, *, labels: str = "auto", id_weight: float = 1.0, cmpm_weight: float = 1.0,
                  adv_weight: float = 1.0, adv_target: str = "swapped", d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
@@ -220,18 +222,6 @@ class Timam(Vsepp):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
                 raise CrossViewError(f"timam: {name} must be a whole number >= 0, got {v!r}")
-
-    # ------------------------------------------------------------------ phases
-    def _stage(self) -> int:
-        return int(getattr(self, "_stage_now", 1))
-
-    def run_offsets(self) -> tuple[int, int]:
-        if self._stage() == 2:
-            return int(getattr(self, "stage1_epochs_", 0)), int(getattr(self, "stage1_steps_", 0))
-        return 0, 0
-
-    def n_epochs(self) -> int:
-        return int(self.finetune_epochs) if self._stage() == 2 else int(self.max_epochs)
 
     # ------------------------------------------------------------------ the model
     def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
@@ -382,28 +372,13 @@ class Timam(Vsepp):
         second = int(self.finetune_epochs) > 0 and self._uses_transformer() and int(self.finetune_layers) > 0
         stage = int(getattr(self, "stage_", 1)) if resume and getattr(self, "model_state_", None) is not None else 1
         if stage == 1:
-            self._stage_now = 1
-            self.stage_ = 1
-            yield from super().fit_iter(train, val, resume=resume)
+            yield from self._train_first_stage(train, val, resume)
             if not second or not self.done_:
                 return
-            resume = True
-        if int(getattr(self, "stage_", 1)) == 1:      # the first phase has just finished
-            self.stage1_epochs_, self.stage1_steps_ = len(self.history_), int(self.step_)
-            self.stage_ = 2
-            self.train_state_ = None
-            self.done_ = self.stopped_ = False
-            self.bad_epochs_ = 0
-            yield Log(f"timam: phase 2 at step {self.step_}: the language model's top {self.finetune_layers} layers "
-                      f"unfrozen, the whole network fine-tuned at lr {self.finetune_lr} for {self.finetune_epochs} "
-                      "epochs", "info")
-            if world()[0] == 0:
-                yield Phase(int(self.step_), len(self.history_), "language model fine-tuned")
-        self._stage_now = 2
-        try:
-            yield from super().fit_iter(train, val, resume=resume)
-        finally:
-            self._stage_now = 1
+        yield from self._train_second_stage(
+            train, val, phase="language model fine-tuned",
+            log=f"timam: phase 2 at step {self.step_}: the language model's top {self.finetune_layers} layers "
+                f"unfrozen, the whole network fine-tuned at lr {self.finetune_lr} for {self.finetune_epochs} epochs")
 
     # ------------------------------------------------------------------ inference: cosine
     def embed_images(self, data: MethodData) -> np.ndarray:

@@ -101,15 +101,58 @@ class TorchMethod(Method):
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ two stages in one run
+    #: A method that trains in two stages within one run (webly: Stage I, then the web set; timam: the language
+    #: model frozen, then fine-tuned) names the parameter holding the second stage's epochs; its ``fit_iter``
+    #: calls :meth:`_train_first_stage` and then :meth:`_train_second_stage`. The second stage's curves and epoch
+    #: numbers continue the first's (:meth:`run_offsets`), a Phase event marks the change, and ``stage_`` (kept
+    #: in the checkpoint) sends a resume into the stage it stopped in.
+    second_stage_epochs: ClassVar[str | None] = None
+
+    def _stage(self) -> int:
+        """2 while the second stage trains, else 1."""
+        return int(getattr(self, "_stage_now", 1))
+
     def run_offsets(self) -> tuple[int, int]:
-        """``(epochs, steps)`` trained before this call of :meth:`fit_iter` in the same run (a method that trains
-        in stages continues its curves and epoch numbers from the earlier stages); ``(0, 0)`` by default."""
+        """``(epochs, steps)`` trained before this call of :meth:`fit_iter` in the same run: the first stage's,
+        while the second trains; ``(0, 0)`` otherwise."""
+        if self._stage() == 2:
+            return int(getattr(self, "stage1_epochs_", 0)), int(getattr(self, "stage1_steps_", 0))
         return 0, 0
 
     def n_epochs(self) -> int:
-        """How many epochs the trainer runs (default: the ``max_epochs`` parameter); a method that trains in
-        stages answers for the stage it is in."""
+        """How many epochs the trainer runs: the ``max_epochs`` parameter, or in the second stage the parameter
+        :attr:`second_stage_epochs` names."""
+        if self._stage() == 2 and self.second_stage_epochs:
+            return int(getattr(self, self.second_stage_epochs))
         return int(getattr(self, "max_epochs", 10))
+
+    def _train_first_stage(self, train: MethodData, val: MethodData | None, resume: bool) -> Iterator[Any]:
+        self._stage_now = 1
+        self.stage_ = 1
+        yield from TorchMethod.fit_iter(self, train, val, resume=resume)
+
+    def _train_second_stage(self, train: MethodData, val: MethodData | None, *, log: str,
+                            phase: str) -> Iterator[Any]:
+        """Train the second stage on ``train``, continuing the first stage's model. Straight after the first
+        stage (not on a resume inside the second) its epochs and steps are recorded as the offsets, the
+        trainer's state and early stopping start afresh, and ``log`` and a Phase marker named ``phase`` go out."""
+        from crossview.core.events import Phase
+
+        if int(getattr(self, "stage_", 1)) == 1:
+            self.stage1_epochs_, self.stage1_steps_ = len(self.history_), int(self.step_)
+            self.stage_ = 2
+            self.train_state_ = None
+            self.done_ = self.stopped_ = False
+            self.bad_epochs_ = 0
+            yield Log(log, "info")
+            if world()[0] == 0:
+                yield Phase(int(self.step_), len(self.history_), phase)
+        self._stage_now = 2
+        try:
+            yield from TorchMethod.fit_iter(self, train, val, resume=True)
+        finally:
+            self._stage_now = 1
 
     def make_sampler(self, train: MethodData, seed: int, rank: int, world_size: int) -> EpochSampler:
         """The batches of an epoch (default: every caption once, or ``batch_size`` images with all their

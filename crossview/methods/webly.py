@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Log, Phase
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.vsepp import Vsepp, VseModel
@@ -123,6 +122,8 @@ class WeblyModel(VseModel):
 @register_method("webly")
 class Webly(Vsepp):
     """Two-stage webly supervised training (see the module docstring)."""
+
+    second_stage_epochs = "stage2_epochs"
 
     def __init__(self, *, web: str = "", init_from: str = "", loss: str = "vse0", margin: float = 0.2,
                  lambda1: float = 1.0, lambda2: float = 0.1, tag_branch: str = "glove",
@@ -223,17 +224,6 @@ class Webly(Vsepp):
         return np.ascontiguousarray(out, dtype=np.float32)
 
     # ------------------------------------------------------------------ stages
-    def _stage(self) -> int:
-        return int(getattr(self, "_stage_now", 1))
-
-    def run_offsets(self) -> tuple[int, int]:
-        if self._stage() == 2:
-            return int(getattr(self, "stage1_epochs_", 0)), int(getattr(self, "stage1_steps_", 0))
-        return 0, 0
-
-    def n_epochs(self) -> int:
-        return int(self.stage2_epochs) if self._stage() == 2 else int(self.max_epochs)
-
     def _check_params(self) -> None:
         super()._check_params()
         for name in ("lambda1", "lambda2"):
@@ -422,31 +412,17 @@ class Webly(Vsepp):
         else:
             stage = int(getattr(self, "stage_", 1)) if resume else 1
         if stage == 1:
-            self._stage_now = 1
-            self.stage_ = 1
-            yield from super().fit_iter(train, val, resume=resume)
+            yield from self._train_first_stage(train, val, resume)
             if web is None or int(self.stage2_epochs) <= 0 or getattr(self, "stopped_", False):
                 return
             if int(self.epoch_) < int(self.max_epochs) and not self.done_:
                 return                               # cancelled inside Stage I: resume continues it
-            resume = True
         if web is None:
             raise CrossViewError("webly: this run is in Stage II and needs its web set again (web=PATH or demo)")
-        if int(getattr(self, "stage_", 1)) == 1:     # Stage I has just finished (here, or in the init_from run)
-            self.stage1_epochs_, self.stage1_steps_ = len(self.history_), int(self.step_)
-            self.stage_ = 2
-            self.train_state_ = None
-            self.done_ = self.stopped_ = False
-            self.bad_epochs_ = 0
-            yield Log(f"webly: Stage II starts at step {self.step_}" + (f" from {self.init_from}" if initial else "")
-                      + f": {web.n_images} web images, L_IT only, lr {self.stage2_lr}", "info")
-            if world()[0] == 0:
-                yield Phase(int(self.step_), len(self.history_), "Stage II (web)")
-        self._stage_now = 2
-        try:
-            yield from super().fit_iter(self._curriculum_data(web), val, resume=resume)
-        finally:
-            self._stage_now = 1
+        yield from self._train_second_stage(
+            self._curriculum_data(web), val, phase="Stage II (web)",
+            log=f"webly: Stage II starts at step {self.step_}" + (f" from {self.init_from}" if initial else "")
+            + f": {web.n_images} web images, L_IT only, lr {self.stage2_lr}")
 
     def make_sampler(self, train: MethodData, seed: int, rank: int, world_size: int) -> Any:
         if self._stage() == 2 and self.curriculum == "frequency":
