@@ -86,9 +86,9 @@ def cmd_data_make_web(args: argparse.Namespace) -> int:
 
 def cmd_data_formats(args: argparse.Namespace) -> int:
     from crossview.data import READERS
-    print(f"{'demo':<12} the built-in synthetic demo (rendered on first use, then cached)")
+    print(f"{'demo':<17} the built-in synthetic demo (rendered on first use, then cached)")
     for name, info in READERS.items():
-        print(f"{name:<12} {info.description}")
+        print(f"{name:<17} {info.description}")
     return 0
 
 

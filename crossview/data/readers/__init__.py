@@ -25,13 +25,21 @@ class ReaderInfo:
 
 #: In detection order: the more specific layouts first.
 READERS: dict[str, ReaderInfo] = {r.name: r for r in (
+    # Before karpathy, which takes any JSON object file: sbu-captions-all.json given by itself.
+    ReaderInfo("sbu", "sbu", "SBU Captioned Photo Dataset: the URL and caption files (or sbu-captions-all.json) "
+               "with the photos on disk"),
     ReaderInfo("karpathy", "karpathy", "Karpathy split JSON (Flickr8k, Flickr30K, MS-COCO) with an image root"),
     ReaderInfo("cuhk-pedes", "cuhk_pedes", "CUHK-PEDES reid_raw.json (identity ids, 2 captions per image)"),
     ReaderInfo("reed", "reed", "CUB-200 / Oxford-102 Flowers in the Reed et al. layout (images/, text_c10/, class splits)"),
+    ReaderInfo("iapr-tc12", "iapr_tc12", "IAPR TC-12: images/ and annotations_complete_eng/ .eng records "
+               "(TagProp label lists and rows when present)"),
     ReaderInfo("precomp", "precomp", "VSE++ *_precomp folder ({split}_ims.npy + {split}_caps.txt)"),
     ReaderInfo("folder", "folder", "a folder (or file) with captions.jsonl or captions.csv: image, caption[, label, tags, split]"),
     ReaderInfo("webtags", "webtags", "a web image-tag collection: tags.jsonl / tags.csv / tags.txt (image + tags)"),
     ReaderInfo("labels", "labels", "label / phrase annotations: labels.jsonl / labels.csv / labels.txt (image -> labels)"),
+    # After the readers named by a file: a folder of theirs may also hold images/ and sentences/ folders.
+    ReaderInfo("pascal-sentences", "pascal_sentences", "UIUC Pascal Sentences: dataset/<class>/ images, "
+               "sentence/<class>/ files of 5 sentences"),
     ReaderInfo("corpus", "corpus", "a text-only caption corpus, one caption a line (.txt)"),
 )}
 

@@ -413,3 +413,35 @@ def generated_splits(n: int, seed: int = 0, fractions: tuple[float, float] = (0.
         n_train = min(n_train, n - n_val - 1)
     return {"train": np.sort(perm[:n_train]), "val": np.sort(perm[n_train:n_train + n_val]),
             "test": np.sort(perm[n_train + n_val:])}
+
+
+def image_index(base: Path) -> tuple[dict[tuple[str, str], Path], dict[str, Path]]:
+    """Images in ``base/<class>/`` keyed on (class, stem), and directly in ``base`` keyed on stem."""
+    nested: dict[tuple[str, str], Path] = {}
+    flat: dict[str, Path] = {}
+    if not base.is_dir():
+        return nested, flat
+    for entry in sorted(base.iterdir()):
+        if entry.is_dir():
+            for f in sorted(entry.iterdir()):
+                if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file():
+                    nested.setdefault((entry.name, f.stem), f)
+        elif entry.suffix.lower() in IMAGE_SUFFIXES:
+            flat.setdefault(entry.stem, entry)
+    return nested, flat
+
+
+def read_text_or_latin1(path: Path) -> tuple[str, bool]:
+    """A text file as UTF-8, else as Latin-1 (ISO-8859-1), and whether it was Latin-1. UTF-16 and binary
+    data (a NUL byte) are errors naming the file; a UTF-8 byte-order mark is dropped."""
+    data = read_bytes(path)
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DatasetError("UTF-16 text, not UTF-8 or Latin-1", path, hint="Save the file as UTF-8")
+    if b"\x00" in data:
+        raise DatasetError("not a text file (it holds NUL bytes)", path, hint="Check that this is the dataset's file")
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return data.decode("latin-1"), True

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import IMAGE_SUFFIXES, brief, check_images_exist, clean_caption, detector
-from crossview.data.readers._common import read_text, reader, safe_resolve
+from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import image_index, read_text, reader, safe_resolve
 from crossview.core.errors import DatasetError
 
 TEXT_DIR = "text_c10"
@@ -35,22 +35,6 @@ IMAGE_DIRS = ("images", "jpg")
 @detector
 def detect(path: Path) -> bool:
     return path.is_dir() and ((path / TEXT_DIR).is_dir() or path.name == TEXT_DIR)
-
-
-def _image_index(base: Path) -> tuple[dict[tuple[str, str], Path], dict[str, Path]]:
-    """Images in ``base/<class>/`` keyed on (class, stem), and directly in ``base`` keyed on stem."""
-    nested: dict[tuple[str, str], Path] = {}
-    flat: dict[str, Path] = {}
-    if not base.is_dir():
-        return nested, flat
-    for entry in sorted(base.iterdir()):
-        if entry.is_dir():
-            for f in sorted(entry.iterdir()):
-                if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file():
-                    nested.setdefault((entry.name, f.stem), f)
-        elif entry.suffix.lower() in IMAGE_SUFFIXES:
-            flat.setdefault(entry.stem, entry)
-    return nested, flat
 
 
 def _read_class_file(path: Path, classes: dict[str, int]) -> list[str]:
@@ -115,7 +99,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             raise DatasetError("image root is not a folder", base, hint="Pass --image-root FOLDER")
     else:
         base = next((root / d for d in IMAGE_DIRS if (root / d).is_dir()), root)
-    nested, flat = _image_index(base)
+    nested, flat = image_index(base)
 
     # One entry per caption file; the image path is the one found, else where it was expected.
     flat_layout = bool(flat) and not nested if (flat or nested) else base.name == "jpg"
