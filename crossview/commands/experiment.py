@@ -56,6 +56,12 @@ def _command_line(args: argparse.Namespace) -> str:
         parts += ["--split", args.split]
     if args.corpus:
         parts += ["--corpus", str(args.corpus)]
+    if args.test_data:
+        parts += ["--test-data", str(args.test_data)]
+        if args.test_format:
+            parts += ["--test-format", args.test_format]
+        if args.test_parts != 10:
+            parts += ["--test-parts", str(args.test_parts)]
     for flag, v in (("--image-encoder", args.image_encoder), ("--text-encoder", args.text_encoder)):
         if v:
             parts += [flag, v]
@@ -91,6 +97,12 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     if not isinstance(ds, PairedDataset):
         raise CrossViewError(f"{args.data}: this is a caption corpus without images; --data needs an image-caption "
                              f"dataset (pass the corpus with --corpus)")
+    test_ds = None
+    if args.test_data:
+        test_ds = load_dataset(args.test_data, format=args.test_format)
+        if not isinstance(test_ds, PairedDataset):
+            raise CrossViewError(f"--test-data {args.test_data}: a caption corpus without images; the cross-dataset "
+                                 "test needs an image-caption dataset")
     corpus = None
     if args.corpus:
         corpus = load_dataset(args.corpus)
@@ -120,6 +132,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
                                  split=args.split, ks=ks, corpus=corpus, method_params=params,
                                  representation_params=rep_params, seed=args.seed, out=args.exp_dir,
+                                 test_dataset=test_ds, test_parts=args.test_parts,
                                  feature_progress=feature_progress):
             if isinstance(ev, Finished):
                 result = ev.summary
@@ -255,7 +268,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     esub = exp.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)
 
     p = esub.add_parser(
-        "bitr-table", help="Experiment 1 of the BITR paper: CCA, WSABIE, BITR-M/E/C, image <-> caption",
+        "bitr-table", help="Experiments 1 and 2 of the BITR paper: CCA, WSABIE, BITR-M/E/C, image <-> caption "
+                           "(within a dataset, or trained on one and tested on another)",
         description="Experiment 1 of the BITR paper (Tables 2 and 7): image <-> caption retrieval with CCA, "
                     "WSABIE and BITR with the M, E and C losses on one representation. Prints Im2Text and "
                     "Text2Im BLEU-1 and ROUGE-1 (top 5 retrieved from the training set), R@K and MedR (within "
@@ -265,7 +279,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "when the dataset has one, else 10 folds. Every fold of every method is an ordinary run "
                     "folder (listed in the app's runs list, opened like any run) under one experiment folder "
                     "(--exp-dir); running the command again with the same --exp-dir skips the finished runs "
-                    "and resumes an interrupted one. The random row is computed, not trained (no run).")
+                    "and resumes an interrupted one. The random row is computed, not trained (no run). "
+                    "Experiment 2 (Table 4): --test-data D2 evaluates the models trained on --data (its train "
+                    "split) on another dataset, unchanged: R@K and MedR within each of --test-parts parts of D2, "
+                    "BLEU-1 / ROUGE-1 with D2's images and captions as queries over all of --data.")
     p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
     _add_dataset_args(p)
     p.add_argument("--representation", default="modern", choices=["modern", "tr", "ctr", "default"],
@@ -278,6 +295,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train' (e.g. val or test)")
     p.add_argument("--k", default="50", metavar="K[,K...]", help="K of R@K, one or more (default 50, as the paper)")
     p.add_argument("--corpus", metavar="PATH", help="independent caption corpus (one caption a line) for Im2Text")
+    p.add_argument("--test-data", metavar="PATH|demo",
+                   help="Experiment 2: test the models on this other dataset (cross-dataset; the paper trains on SBU "
+                        "and tests on Pascal and IAPR)")
+    p.add_argument("--test-format", metavar="FORMAT", help="format of --test-data when it cannot be told from the path")
+    p.add_argument("--test-parts", type=int, default=10, metavar="N",
+                   help="partitions of --test-data that R@K and MedR are computed within (default 10, as the paper)")
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
                    help="a method parameter, repeatable: bitr.C=100 (all BITR rows), bitr-c.c_grid=paper, "
                         "wsabie.lr=0.01, cca.reg=0.1")

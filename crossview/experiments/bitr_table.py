@@ -351,6 +351,84 @@ def chance_levels(test: MethodData, ks: Sequence[int]) -> dict[str, dict[str, fl
     return {"i2t": i2t, "t2i": t2i}
 
 
+# ====================================================================== Experiment 2: another dataset
+def cross_parts(n_images: int, parts: int, seed: int = 0) -> list[np.ndarray]:
+    """The image partitions of the test dataset that R@K and MedR are computed within (the paper: its ten
+    partitions of Pascal / IAPR, "for direct comparison with Experiment 1"): scikit-learn's ``KFold`` over a
+    seeded permutation, as the folds of Experiment 1; one part (all images) when ``parts`` is 1."""
+    from crossview.engine.splits import fold_splits
+
+    if int(parts) <= 1:
+        return [np.arange(n_images)]
+    if n_images < 2 * int(parts):
+        raise CrossViewError(f"the test dataset has {n_images} images, too few for {parts} parts; lower "
+                             "--test-parts")
+    return [np.sort(test) for _, test in fold_splits(n_images, int(parts), seed)]
+
+
+def cross_metrics(score: Callable[[MethodData, MethodData, str], np.ndarray], source: MethodData,
+                  target: MethodData, parts: Sequence[np.ndarray], *, ks: Sequence[int] = (50,),
+                  corpus: MethodData | None = None, overlap_k: int = OVERLAP_K,
+                  same_directions: bool = True) -> dict[str, Any]:
+    """Experiment 2's metrics of a model trained on ``source``'s dataset, on another dataset ``target``.
+
+    ``score(images, texts, direction)`` gives the ``(n_images, n_captions)`` scores. R@K and MedR: within
+    each part of ``target`` (:func:`cross_parts`), averaged over the parts; BLEU-1 / ROUGE-1: every image
+    (caption) of ``target`` a query, the top ``overlap_k`` captions (images) retrieved from the whole
+    ``source`` collection (the paper: "retrieval on all the captions of SBU dataset"), scored against the
+    query's gold captions as in Experiment 1; the corpus row likewise."""
+    from crossview.eval import metrics as M
+
+    per = []
+    for k, rows in enumerate(parts):
+        part = target.subset(rows, name=f"{target.name}-part{k + 1:02d}")
+        s_i2t = score(part, part, "i2t")
+        s_t2i = s_i2t if same_directions else score(part, part, "t2i")
+        per.append({"i2t": M.rank_metrics(M.i2t_ranks(s_i2t, part.caption_image), ks),
+                    "t2i": M.rank_metrics(M.t2i_ranks(s_t2i, part.caption_image), ks)})
+    mean, _ = mean_std(per)
+    return _with_overlap(mean, source, target, corpus, overlap_k,
+                         s_i2t=score(target, source, "i2t"),        # (target images, source captions)
+                         s_t2i=score(source, target, "t2i"),        # (source images, target captions)
+                         s_corpus=None if corpus is None else score(target, corpus, "i2t"))
+
+
+def _method_scorer(method: Method) -> Callable[[MethodData, MethodData, str], np.ndarray]:
+    return lambda images, texts, direction: method.scores(images, direction, texts=texts)
+
+
+def _random_scorer(dim: int, seed: int) -> Callable[[MethodData, MethodData, str], np.ndarray]:
+    def score(images: MethodData, texts: MethodData, direction: str) -> np.ndarray:
+        return _random_rows(images.n_images, "image", images, dim, seed) @ \
+            _random_rows(texts.n_captions, "text", texts, dim, seed).T
+    return score
+
+
+def foreign_method_data(dataset: Any, rep: Any, name: str = "target", *, device: str = "cpu") -> MethodData:
+    """All images and captions of another ``dataset`` in ``rep``, the representation fitted on the training
+    dataset's images: its image files through ``rep.encode_images`` (or, for the ``default`` representation
+    over precomputed features, its own feature rows: the same CNN's, e.g. two VSE++ ``*_precomp`` folders),
+    its captions through ``rep.encode_captions`` (the fitted parts of the training data: nothing is refitted)."""
+    from crossview.features import PRECOMP
+
+    if rep.encode_images is not None and getattr(dataset, "image_paths", None) is not None:
+        image = np.asarray(rep.encode_images(list(dataset.image_paths), device=device), dtype=np.float32)
+    elif rep.name == "default" and rep.info.get("image_encoder") == PRECOMP and dataset.image_features is not None:
+        image = np.asarray(dataset.image_features, dtype=np.float32)
+        if image.shape[1] != rep.image.shape[1]:
+            raise CrossViewError(f"dataset {dataset.name!r} has {image.shape[1]}-d image features, the training "
+                                 f"data {rep.image.shape[1]}-d; both must come from the same CNN")
+    else:
+        raise CrossViewError(f"dataset {dataset.name!r}: a cross-dataset test encodes its images with the training "
+                             "data's representation; it needs image files (or, with --representation default, "
+                             "precomputed features of the same CNN on both sides)")
+    text = np.asarray(rep.encode_captions(list(dataset.captions)), dtype=np.float32)
+    return MethodData(image_features=image, text_features=text, captions=list(dataset.captions),
+                      caption_image=np.asarray(dataset.caption_image, dtype=np.int64), name=name,
+                      image_paths=None if dataset.image_paths is None else list(dataset.image_paths),
+                      meta={"representation": rep.name})
+
+
 # ====================================================================== the paper's numbers
 _PAPER_METRICS = ("BLEU-1", "ROUGE-1", "R@50", "MedR")
 
@@ -375,7 +453,8 @@ def _variant_matches(entry: dict[str, Any], table_name: str) -> bool:
     return loss in named or not named
 
 
-def paper_numbers(representation: str, methods: Sequence[str], dataset: str = "pascal") -> dict[str, Any]:
+def paper_numbers(representation: str, methods: Sequence[str], dataset: str = "pascal",
+                  table: str | None = None) -> dict[str, Any]:
     """The paper's Experiment-1 numbers for ``methods`` from their cards' ``paper_results``
     (``models/<method>.toml``, read by :mod:`crossview.methods.cards`), in the setting closest to
     ``representation``: Table 7 (CNN + word2vec) for ``modern`` / ``default``, Table 2 for ``tr`` / ``ctr``
@@ -383,9 +462,10 @@ def paper_numbers(representation: str, methods: Sequence[str], dataset: str = "p
     10 folds, the closest to small sets).
 
     Returns ``{"table", "dataset", "setting", "rows": {method: {"i2t": {...}, "t2i": {...}}}}``; ``rows``
-    is empty when the cards are not there.
+    is empty when the cards are not there. ``table="table 4"``: Experiment 2 (trained on SBU, tested on
+    ``dataset``), whatever the representation.
     """
-    table = "table 7" if representation in ("modern", "default") else "table 2"
+    table = (table or ("table 7" if representation in ("modern", "default") else "table 2")).lower()
     out: dict[str, Any] = {"setting": "", "table": table.title(), "dataset": dataset, "rows": {}}
     try:
         from crossview.methods.cards import find_card
@@ -419,6 +499,11 @@ def paper_numbers(representation: str, methods: Sequence[str], dataset: str = "p
         if row:
             out["rows"][m] = row
     return out
+
+def _paper_dataset(name: str) -> str:
+    """The paper's dataset closest to a test dataset's name: IAPR when it says so, else Pascal."""
+    return "iapr" if "iapr" in name.lower() else "pascal"
+
 
 # ====================================================================== the runner
 def default_experiment_dir(dataset_name: str, representation: str) -> Path:
@@ -473,7 +558,8 @@ def _check_same_experiment(folder: Path, record: dict[str, Any]) -> dict[str, An
     old = read_json(path)
     if not isinstance(old, dict) or old.get("experiment") != record["experiment"]:
         raise CrossViewError(f"{path}: not a BITR-table experiment (or damaged); give another --out folder")
-    for key in ("dataset_fingerprint", "representation", "representation_params", "protocol", "seed"):
+    for key in ("dataset_fingerprint", "representation", "representation_params", "protocol", "seed",
+                "test_dataset_fingerprint", "test_parts"):
         if old.get(key) != record[key]:
             raise CrossViewError(f"{folder} holds a BITR-table experiment with another {key.replace('_', ' ')} "
                                  f"({old.get(key)!r}, now {record[key]!r}); give a new --out folder to run this one")
@@ -489,6 +575,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                    corpus: Sequence[str] | Any = None, method_params: dict[str, dict[str, Any]] | None = None,
                    representation_params: dict[str, Any] | None = None, seed: int = 0,
                    overlap_k: int = OVERLAP_K, out: str | Path | None = None,
+                   test_dataset: Any = None, test_parts: int = 10,
                    feature_progress: Callable[[str, int, int], None] | None = None,
                    should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
     """Run Experiment 1; yields ``Progress`` / ``Log`` events and finally ``Finished(summary=result)``.
@@ -520,6 +607,11 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         representation_params: keyword arguments of :func:`~crossview.features.topics.build_representation`.
         seed: the folds' permutation, and the runs' seed.
         out: the experiment folder.
+        test_dataset: Experiment 2 (cross-dataset): another dataset the models trained on ``dataset`` are
+            evaluated on, unchanged (its images and captions through the representation fitted on
+            ``dataset``'s training images; :func:`cross_metrics`). One model per method, trained on the
+            ``train`` split (``split`` names the held-out one; default ``test``, else ``val``).
+        test_parts: the partitions of ``test_dataset`` that R@K and MedR are computed within (the paper: 10).
         feature_progress: ``progress(stage, done, total)`` of feature extraction (it runs outside the
             event stream); ``should_stop()`` cancels it.
 
@@ -553,7 +645,24 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         corpus_captions = list(getattr(corpus, "captions", corpus))
         if not corpus_captions:
             raise CrossViewError("the caption corpus is empty; give a file with one caption a line")
+    cross = test_dataset is not None
+    if cross:
+        if folds is not None:
+            raise CrossViewError("a cross-dataset test (--test-data) trains one model per method on the training "
+                                 "split; drop --folds (use --split NAME to name the held-out split)")
+        if split is None:
+            split = next((s for s in ("test", "val") if s in dataset.splits), None)
+            if split is None:
+                raise CrossViewError(f"dataset {dataset.name!r} has no test or val split to hold out; name one with "
+                                     "--split")
+        if int(test_parts) < 1:
+            raise CrossViewError(f"--test-parts must be at least 1, got {test_parts}")
+        cross_parts(test_dataset.n_images, test_parts, seed)      # too few images: fail now
     fold_list, protocol = make_folds(dataset, folds=folds, split=split, seed=seed)
+    if cross:
+        protocol += (f"; evaluated on {test_dataset.name} ({test_dataset.n_images} images, "
+                     f"{test_dataset.n_captions} captions): R@K and MedR within each of {int(test_parts)} parts, "
+                     f"BLEU-1 / ROUGE-1 of the top {overlap_k} from all of {dataset.name}")
     stop = should_stop or (lambda: False)
     folder = Path(out) if out is not None else default_experiment_dir(dataset.name, representation)
     if folder.exists() and not folder.is_dir():
@@ -564,7 +673,10 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         "dataset_fingerprint": dataset.fingerprint(), "representation": representation,
         "representation_params": _representation_record(rep_kw),
         "protocol": {"folds": folds, "split": split, "description": protocol}, "seed": int(seed),
-        "method_params": {m: plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned}}
+        "method_params": {m: plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned},
+        "test_dataset": None if not cross else test_dataset.name,
+        "test_dataset_fingerprint": None if not cross else test_dataset.fingerprint(),
+        "test_parts": None if not cross else int(test_parts)}
     old = _check_same_experiment(folder, record)
     # what each trial's config.json records to rebuild its features (None: the encoders', by name)
     rep_record = None if representation == "default" else \
@@ -572,6 +684,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     eval_key = {"ks": list(ks), "overlap_k": int(overlap_k),
                 "corpus": None if corpus_captions is None else
                 zlib.crc32("\n".join(corpus_captions).encode("utf-8", "surrogateescape"))}
+    if cross:
+        eval_key["test"] = [record["test_dataset_fingerprint"], int(test_parts)]
     trials: dict[str, Any] = dict(old.get("trials") or {}) if isinstance(old.get("trials"), dict) else {}
     method_params_all = {**(old.get("method_params") or {}), **record["method_params"]}
 
@@ -598,7 +712,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         done = {m: names[m] in trials and trials[names[m]].get("eval") == eval_key and run_finished(folder / names[m])
                 for m in learned}
         data_needed = not all(done.values()) or "random" in methods
-        train_md = test_md = val_md = corpus_md = feats = None
+        train_md = test_md = val_md = corpus_md = feats = source_md = target_md = None
+        parts = cross_parts(test_dataset.n_images, test_parts, seed) if cross else []
         if data_needed:
             yield Progress(step, total, f"{fold.name}: {representation} features")
             t0 = time.monotonic()
@@ -609,6 +724,10 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             train_md = method_data_for_images(dataset, rep, fold.train, "train")
             test_md = method_data_for_images(dataset, rep, fold.test, "test")
             val_md = method_data_for_images(dataset, rep, fold.val, "val") if fold.val is not None else None
+            if cross:
+                yield Progress(step, total, f"{test_dataset.name}: {representation} features")
+                source_md = method_data_for_images(dataset, rep, np.arange(dataset.n_images), dataset.name)
+                target_md = foreign_method_data(test_dataset, rep, test_dataset.name, device=device)
             if corpus_captions is not None:
                 corpus_md = MethodData(image_features=np.zeros((1, rep.image.shape[1]), np.float32),
                                        text_features=rep.encode_captions(corpus_captions), captions=corpus_captions,
@@ -626,16 +745,25 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                       f"{train_md.text_dim}-d captions ({train_md.n_images} train, {test_md.n_images} test images) "
                       f"in {time.monotonic() - t0:.1f} s")
         # the chance level needs only the test set's caption counts
-        chance.append(chance_levels(test_md if test_md is not None else
-                                    _caption_counts_only(dataset, fold.test), ks))
+        if cross:
+            chance.append(mean_std([chance_levels(_caption_counts_only(test_dataset, rows), ks) for rows in parts])[0])
+        else:
+            chance.append(chance_levels(test_md if test_md is not None else
+                                        _caption_counts_only(dataset, fold.test), ks))
         step += 1
         for m in methods:
             if stop():
                 return
             if m not in names:           # the random baseline: no run (see random_baseline)
                 assert train_md is not None and test_md is not None
-                res = random_baseline(train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
-                                      **{**RANDOM_PARAMS, **params[m]})
+                if cross:
+                    assert source_md is not None and target_md is not None
+                    rp = {**RANDOM_PARAMS, **params[m]}
+                    res = cross_metrics(_random_scorer(int(rp["dim"]), int(rp["seed"])), source_md, target_md, parts,
+                                        ks=ks, corpus=corpus_md, overlap_k=overlap_k)
+                else:
+                    res = random_baseline(train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
+                                          **{**RANDOM_PARAMS, **params[m]})
                 res["train_seconds"] = 0.0
                 per_fold[m].append(res)
                 step += 1
@@ -664,7 +792,12 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                     return
             assert train_md is not None and test_md is not None
             method = _load_fitted(run_dir)
-            res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k)
+            if cross:
+                assert source_md is not None and target_md is not None
+                res = cross_metrics(_method_scorer(method), source_md, target_md, parts, ks=ks, corpus=corpus_md,
+                                    overlap_k=overlap_k, same_directions=not method.directions_differ)
+            else:
+                res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k)
             res["train_seconds"] = float(read_summary(run_dir).get("train_seconds", float("nan")))
             if registry_of(m) == "bitr" and isinstance(getattr(method, "C_", None), dict):
                 res["C"] = {d: float(c) for d, c in method.C_.items()}
@@ -690,12 +823,16 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
               "ks": list(ks), "methods": methods, "overlap_k": overlap_k,
               "corpus_size": len(corpus_captions) if corpus_captions else 0,
               "train_images": int(np.mean([len(f.train) for f in fold_list])),
-              "test_images": int(np.mean([len(f.test) for f in fold_list])),
+              "test_images": int(np.mean([len(f.test) for f in fold_list])) if not cross else
+              int(np.mean([len(p) for p in cross_parts(test_dataset.n_images, test_parts, seed)])),
+              "test_dataset": None if not cross else test_dataset.name,
+              "test_parts": None if not cross else int(test_parts),
               "results": results, "std": stds, "chance": chance_mean,
               "per_fold": per_fold if len(fold_list) > 1 else {},
               "method_params": {m: {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
                                     for k, v in params[m].items()} for m in methods},
-              "paper": paper_numbers(representation, methods),
+              "paper": paper_numbers(representation, methods) if not cross else
+              paper_numbers(representation, methods, _paper_dataset(test_dataset.name), table="table 4"),
               "experiment_dir": str(folder), "runs": runs}
     atomic_write_json(folder / EXPERIMENT_FILE, {**record, "method_params": method_params_all,
                                                  "methods": sorted(set(old.get("methods") or []) | set(methods)),
@@ -782,6 +919,10 @@ def _paper_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
 
 
 def _title(result: dict[str, Any]) -> str:
+    if result.get("test_dataset"):
+        return (f"Experiment 2 (BITR paper): cross-dataset image <-> caption retrieval, trained on "
+                f"{result['dataset']}, tested on {result['test_dataset']}, representation {result['representation']}; "
+                f"{result['protocol']}")
     return (f"Experiment 1 (BITR paper): image <-> caption retrieval on {result['dataset']}, representation "
             f"{result['representation']}; {result['protocol']}")
 
@@ -789,8 +930,23 @@ def _title(result: dict[str, Any]) -> str:
 def _paper_title(result: dict[str, Any]) -> str:
     p = result["paper"]
     closest = " (the closest setting: other data and other features)" if result["representation"] == "default" else ""
-    return (f"The paper's numbers{closest}: {p.get('table', '')}, {p.get('dataset', '').capitalize()} sentences"
+    what = "IAPR TC-12" if p.get("dataset") == "iapr" else f"{p.get('dataset', '').capitalize()} sentences"
+    if result.get("test_dataset") and not p.get("setting"):
+        what = f"trained on SBU, tested on {what}"
+    return (f"The paper's numbers{closest}: {p.get('table', '')}, {what}"
             + (f", {p['setting']}" if p.get("setting") else "") + "; blank = not reported (other K, no corpus)")
+
+
+def _where(result: dict[str, Any]) -> str:
+    """Where each metric's queries and gallery come from."""
+    corpus = f" and from the {result['corpus_size']:,}-caption corpus" if result.get("corpus_size") else ""
+    if result.get("test_dataset"):
+        return (f"BLEU-1 / ROUGE-1 (percent): each {result['test_dataset']} image / caption a query, the top "
+                f"{result['overlap_k']} retrieved from all of {result['dataset']}{corpus}; R@K (percent) and MedR: "
+                f"within each of the {result['test_parts']} parts of {result['test_dataset']} "
+                f"(about {result['test_images']} images each), averaged")
+    return (f"BLEU-1 / ROUGE-1 (percent): top {result['overlap_k']} retrieved from the training set{corpus}; "
+            "R@K (percent) and MedR: within the test set")
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -819,9 +975,7 @@ def format_table(result: dict[str, Any]) -> str:
         emit(prows)
     info = result.get("representation_info") or {}
     lines += ["", f"features: {info.get('image_encoder', '?')} images ({info.get('image_dim', '?')}-d), "
-                  f"{info.get('text_encoder', '?')} captions ({info.get('text_dim', '?')}-d); BLEU-1/ROUGE-1 over "
-                  f"the top {result['overlap_k']} retrieved from the training set (and the corpus); R@K and MedR "
-                  f"within the test set"]
+                  f"{info.get('text_encoder', '?')} captions ({info.get('text_dim', '?')}-d); " + _where(result)]
     secs = {m: result["results"][m].get("train_seconds") for m in result["methods"]}
     lines.append("training time per fold: " + ", ".join(f"{METHOD_LABELS[m]} {s:.1f} s" for m, s in secs.items()
                                                        if s is not None))
@@ -858,9 +1012,7 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
             f"- dataset `{result['dataset']}` ({result.get('source') or ''}): {result['protocol']}",
             f"- representation `{result['representation']}`: "
             + ", ".join(f"{k} = {v}" for k, v in info.items() if not isinstance(v, (list, dict))),
-            f"- BLEU-1 / ROUGE-1 (percent): top {result['overlap_k']} retrieved from the training set"
-            + (f" and from the {result['corpus_size']:,}-caption corpus" if result.get("corpus_size") else "")
-            + "; R@K (percent) and MedR: within the test set; 'chance' = expected value of a random ranking",
+            "- " + _where(result) + "; 'chance' = expected value of a random ranking",
             "- training time per fold: " + ", ".join(
                 f"{METHOD_LABELS[m]} {result['results'][m].get('train_seconds', float('nan')):.1f} s"
                 for m in result["methods"])]

@@ -60,7 +60,7 @@ from crossview.core.events import Log
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.vsepp import TEXT_MODELS, Vsepp, VseModel, _load_transformer_model
-from crossview.nn.encoders import FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder, _xavier_fc, l2norm
+from crossview.nn.encoders import FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder, _xavier_fc
 from crossview.nn.losses import (cmpm_loss, discriminator_accuracy, discriminator_loss, generator_loss,
                                  norm_softmax_id_loss)
 from crossview.nn.trainer import PlateauScheduler, gather_rows, unwrap, world

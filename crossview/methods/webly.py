@@ -297,8 +297,6 @@ class Webly(Vsepp):
                                  f"embed_dim {spec.get('embed_dim') if isinstance(spec, dict) else '?'}, tag branch "
                                  f"{'glove' if not isinstance(spec, dict) or spec.get('tag_dim', 50) else 'sentence'}) is not "
                                  "this run's; set text_model, embed_dim and tag_branch as that run had them")
-        from crossview.methods.torch_method import tensor_tree  # noqa: F401 - the state stays numpy until fit
-
         self._initial = {k: v for k, v in st.items() if k.endswith("_")}
         hist = st.get("history_") or []
         best = st.get("best_score_")
