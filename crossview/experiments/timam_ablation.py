@@ -9,10 +9,13 @@ mean ± sd; a paired per-query test against the full method):
 - ``no-discriminator``: no adversarial game (``adv_weight=0``): the paper's claim is that the discriminator helps
   (~3 R@1 on CUHK-PEDES, ~1.8 on Flickr30K, supplementary);
 - ``no-identification``: no identification losses (``id_weight=0``): CMPM (and the discriminator) alone;
+- ``swapped-target``: the encoders' adversarial loss with each modality labelled as the other (the
+  non-saturating GAN loss, ``adv_target="swapped"``) instead of the default confusion target (both 0.5);
 - ``lm-frozen``: the language model frozen throughout (``finetune_epochs=0``);
 - ``lm-finetuned``: a second phase fine-tuning the language model's top layers (``finetune_epochs=5``).
 
-One of the last two is the defaults (``full``) and is left out of the default list.
+A variant whose settings are the method's defaults (one of the last two) is ``full`` itself and is left out of the
+default list.
 """
 
 from __future__ import annotations
@@ -32,22 +35,25 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "full": ("timam", {}),
     "no-discriminator": ("timam", {"adv_weight": 0.0}),
     "no-identification": ("timam", {"id_weight": 0.0}),
+    "swapped-target": ("timam", {"adv_target": "swapped"}),
     "lm-frozen": ("timam", {"finetune_epochs": 0}),
     "lm-finetuned": ("timam", {"finetune_epochs": FINETUNE_EPOCHS}),
 }
 LABELS = {"full": "identification + CMPM + discriminator", "no-discriminator": "no modality discriminator",
-          "no-identification": "no identification losses", "lm-frozen": "language model frozen throughout",
+          "no-identification": "no identification losses",
+          "swapped-target": "encoders aim D at the other modality's label (non-saturating GAN loss)", "lm-frozen": "language model frozen throughout",
           "lm-finetuned": f"language model's top layers fine-tuned ({FINETUNE_EPOCHS} epochs)"}
 BASELINE = "full"
 
 
 def default_variants() -> tuple[str, ...]:
-    """Every variant but the one that is the method's defaults already (imports the method: call it late)."""
+    """Every variant but those whose settings are the method's defaults already (imports the method: call it
+    late)."""
     from crossview.methods import method_class
 
-    ft = int(method_class("timam").default_params().get("finetune_epochs", 0))
-    same = "lm-frozen" if ft == 0 else "lm-finetuned" if ft == FINETUNE_EPOCHS else ""
-    return tuple(v for v in VARIANTS if v != same)
+    defaults = method_class("timam").default_params()
+    return tuple(v for v, (_, params) in VARIANTS.items()
+                 if v == BASELINE or any(defaults.get(k) != val for k, val in params.items()))
 
 
 STUDY = V.Study(kind="timam-ablation", title="TIMAM ablation (paper 002)", variants=VARIANTS, labels=LABELS,
