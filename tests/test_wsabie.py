@@ -336,7 +336,7 @@ def test_card_matches_the_method() -> None:
 def test_label_names_are_matched_on_the_projects_words() -> None:
     """Caption -> label matching (label targets) uses the one tokenizer: hyphenated compounds split, case and
     punctuation ignored, a possessive 's dropped; a name must occur as a contiguous run of whole words."""
-    from crossview.methods.wsabie import _mentioned, _words
+    from crossview.methods._labels import mentioned as _mentioned, words as _words
 
     names = [_words(n) for n in ("red circle", "dog", "ball", "circ")]
     assert _mentioned(_words("The dog's Red circle, by a red-ball."), names) == [0, 1, 2]

@@ -19,6 +19,10 @@ in the top K) / K, averaged over all queries. AP of one query = the mean, over i
 of the precision at that item's rank (the standard, uninterpolated definition over the whole
 ranking); mAP averages AP over the queries that have at least one relevant item -- queries without
 any are excluded (their AP is undefined) and their number is reported. P@K and mAP are percentages.
+
+Labels / phrases both ways (:func:`label_retrieval_metrics`, the BITR paper's Experiments 3 and 4): one
+``(n_images, n_labels)`` score matrix; i2t ranks the labels for each image (a row), t2i the images for each
+label (a column). In each direction P@K and mAP are over the queries with at least one relevant item.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "precision_at_k",
     "mean_average_precision",
     "relevance_from_label_sets",
+    "label_retrieval_metrics",
 ]
 
 ScoresFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -234,3 +239,29 @@ def mean_average_precision(scores: Any, relevance: Any) -> dict[str, float]:
     if n_used == 0:
         raise CrossViewError("mean_average_precision: no query has a relevant gallery item")
     return {"mAP": 100.0 * ap_sum / n_used, "n_queries": n_used, "n_excluded": n_q - n_used}
+
+
+def label_retrieval_metrics(scores: Any, relevance: Any, ks: Sequence[int] = (1, 5)) -> dict[str, dict[str, Any]]:
+    """Image <-> label retrieval both ways, in percent.
+
+    ``scores (n_images, n_labels)``: ``score(image, label)``; ``relevance (n_images, n_labels) bool``: the
+    image has the label. ``"i2t"``: each image a query ranking the labels (a row); ``"t2i"``: each label a
+    query ranking the images (a column). Per direction: ``{"P@K": %, ..., "mAP": %, "n_queries": int,
+    "n_excluded": int}``, where queries with no relevant item (an unlabelled image, a label no image has) are
+    excluded from P@K and mAP alike and counted in ``n_excluded``; a K larger than the direction's gallery is
+    left out. Tie rule as everywhere: equal scores rank by ascending index. Raises when no image has a label.
+    """
+    s, rel = _check_relevance(scores, relevance)
+    if not rel.any():
+        raise CrossViewError("label_retrieval_metrics: no image has a relevant label")
+    out: dict[str, dict[str, Any]] = {}
+    for direction, (S, R) in (("i2t", (s, rel)), ("t2i", (s.T, rel.T))):
+        has = R.any(axis=1)
+        S_q, R_q = np.ascontiguousarray(S[has]), np.ascontiguousarray(R[has])
+        kept = [k for k in ks if 1 <= k <= S.shape[1]]
+        res: dict[str, Any] = dict(precision_at_k(S_q, R_q, kept)) if kept else {}
+        res["mAP"] = mean_average_precision(S_q, R_q)["mAP"]
+        res["n_queries"] = int(has.sum())
+        res["n_excluded"] = int(has.size - has.sum())
+        out[direction] = res
+    return out

@@ -25,7 +25,7 @@ __all__ = ["register_method", "create_method", "list_methods", "method_class", "
 
 #: Every method module, in the order they are listed to the user. A name whose module does not
 #: exist (yet) is skipped.
-METHOD_MODULES: tuple[str, ...] = ("cca", "wsabie", "bitr", "vsepp", "webly", "smoothap", "timam")
+METHOD_MODULES: tuple[str, ...] = ("cca", "wsabie", "bitr", "vsepp", "webly", "smoothap", "timam", "wknn", "svm")
 
 _REGISTRY: dict[str, type[Method]] = {}
 

@@ -50,6 +50,7 @@ import torch
 from crossview.data.method_data import MethodData
 from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
+from crossview.methods._labels import label_sets_of, mentioned, normalize_rows, words
 from crossview.methods.torch_method import TorchMethod
 from crossview.nn.trainer import unwrap
 from crossview.nn.warp import harmonic_table, max_norm_columns_, sample_violators, warp_loss
@@ -65,28 +66,6 @@ DIRECTIONS_TRAINED = ("auto", "both", "i2t")
 
 
 # ====================================================================== helpers
-def _normalize(a: np.ndarray, how: str) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float32)
-    if how == "none":
-        return a
-    norms = np.linalg.norm(a, axis=1, keepdims=True)
-    return a / np.maximum(norms, 1e-12)
-
-
-def _words(text: str) -> list[str]:
-    """The project's words of ``text`` (:func:`crossview.data.text.tokenize`), a possessive ``'s`` dropped so
-    that "the dog's ball" names the label "dog"."""
-    from crossview.data.text import tokenize
-
-    return [w[:-2] if w.endswith("'s") else w for w in tokenize(text)]
-
-
-def _mentioned(caption_words: list[str], name_words: list[list[str]]) -> list[int]:
-    """Ids of the names whose words occur as a contiguous run in the caption's words."""
-    joined = " " + " ".join(caption_words) + " "
-    return [i for i, nw in enumerate(name_words) if nw and (" " + " ".join(nw) + " ") in joined]
-
-
 # ====================================================================== the model
 class WsabieModel(torch.nn.Module):
     """``V (P, p)`` and the text side: ``Z (P, q)`` (captions) or ``W (P, Y)`` (labels).
@@ -190,29 +169,7 @@ class Wsabie(TorchMethod):
     def _label_sets_of(self, data: MethodData, names: list[str] | None = None) -> tuple[list[list[int]], list[str]]:
         """Per-image label ids and the vocabulary, for the label targets. With ``names`` (a fitted model's
         vocabulary) the data's labels are mapped onto it and unknown ones dropped."""
-        where = f"the {data.name or 'given'} data"
-        if self.target == "labels":
-            if data.labels is None:
-                raise CrossViewError(f"wsabie target 'labels' needs class labels but {where} has none; "
-                                     "use a dataset with per-image labels or target 'captions'")
-            ds_names = getattr(data.dataset, "label_names", None)
-            raw = [[str(ds_names[int(v)]) if ds_names else str(int(v))] for v in data.labels]
-        elif self.target == "label_sets":
-            if data.label_sets is None:
-                raise CrossViewError(f"wsabie target 'label_sets' needs per-image label sets but {where} "
-                                     "has none; use a dataset with label sets, or target 'tags' / 'captions'")
-            lsn = data.label_set_names
-            raw = [[str(lsn[i]) if lsn else str(i) for i in s] for s in data.label_sets]
-        else:  # tags
-            tags = getattr(data.dataset, "tags", None)
-            if tags is None:
-                raise CrossViewError(f"wsabie target 'tags' needs per-image tags but {where} has none; "
-                                     "use a dataset with tags, or target 'captions'")
-            raw = [[str(t) for t in ts] for ts in tags]
-        if names is None:
-            names = sorted({n for s in raw for n in s})
-        lookup = {n: i for i, n in enumerate(names)}
-        return [sorted({lookup[n] for n in s if n in lookup}) for s in raw], names
+        return label_sets_of(data, self.target, "wsabie", names)
 
     # ------------------------------------------------------------------ the model and its data
     def model_spec(self, train: MethodData, resume: bool) -> dict[str, Any]:
@@ -262,11 +219,11 @@ class Wsabie(TorchMethod):
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """The training tensors on ``device``: features, positives, negative counts and the L table."""
-        X = torch.as_tensor(_normalize(train.require_image_features("wsabie"), self.normalize)).to(device)
+        X = torch.as_tensor(normalize_rows(train.require_image_features("wsabie"), self.normalize)).to(device)
         n_img = X.shape[0]
         t: dict[str, Any] = {"X": X, "n_img": n_img}
         if self.target == "captions":
-            Y = torch.as_tensor(_normalize(train.require_text_features("wsabie"), self.normalize)).to(device)
+            Y = torch.as_tensor(normalize_rows(train.require_text_features("wsabie"), self.normalize)).to(device)
             ci = torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)
             per_image = torch.bincount(ci, minlength=n_img)
             n = Y.shape[0]
@@ -447,6 +404,13 @@ class Wsabie(TorchMethod):
         out["mAP"] = mean_average_precision(scores, rel)["mAP"]
         return out
 
+    def label_scores(self, data: MethodData) -> np.ndarray:
+        """``(n_images, n_labels) float32``: ``f_l(x) = (V x) . W_l`` of every image of ``data`` and label
+        (label targets), columns in ``label_names_`` order; the label baselines (``wknn``, ``svm``) have the
+        same call."""
+        self._require_labels()
+        return np.ascontiguousarray(self.encode_images(data) @ self.encode_labels().T, dtype=np.float32)
+
     # ------------------------------------------------------------------ inference
     def _require_labels(self) -> None:
         self.check_is_fitted()
@@ -456,7 +420,7 @@ class Wsabie(TorchMethod):
 
     def embed_images(self, data: MethodData) -> np.ndarray:
         """``(n_images, P)``: ``V x`` of every image (both directions use it)."""
-        x = _normalize(data.require_image_features("wsabie"), self.normalize)
+        x = normalize_rows(data.require_image_features("wsabie"), self.normalize)
         V = _np(self.V_)
         if x.shape[1] != V.shape[1]:
             raise CrossViewError(f"wsabie: the model expects {V.shape[1]}-d image features, the "
@@ -468,7 +432,7 @@ class Wsabie(TorchMethod):
         """``(n_captions, P)``: ``Z y`` of every caption; for the label targets, the mean of the
         embeddings of the labels each caption names (zero when it names none)."""
         if self.Z_ is not None:
-            y = _normalize(data.require_text_features("wsabie"), self.normalize)
+            y = normalize_rows(data.require_text_features("wsabie"), self.normalize)
             Z = _np(self.Z_)
             if y.shape[1] != Z.shape[1]:
                 raise CrossViewError(f"wsabie: the model expects {Z.shape[1]}-d caption features, the "
@@ -476,10 +440,10 @@ class Wsabie(TorchMethod):
                                      "was trained with")
             return y @ Z.T
         labels = self.encode_labels()
-        name_words = [_words(n) for n in self.label_names_]
+        name_words = [words(n) for n in self.label_names_]
         out = np.zeros((data.n_captions, labels.shape[1]), dtype=np.float32)
         for j, cap in enumerate(data.captions):
-            ids = _mentioned(_words(cap), name_words)
+            ids = mentioned(words(cap), name_words)
             if ids:
                 out[j] = labels[ids].mean(axis=0)
         return out
