@@ -22,10 +22,12 @@ from crossview.commands._common import EventPrinter, ProgressPrinter, _add_datas
 from crossview.core.errors import CrossViewError
 
 
-def _parse_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``["bitr.C=100", "wsabie.lr=0.01"]`` -> ``{"bitr": {"C": "100"}, "wsabie": {"lr": "0.01"}}``."""
+def _parse_params(items: list[str] | None, table: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """``["bitr.C=100", "wsabie.lr=0.01"]`` -> ``{"bitr": {"C": "100"}, "wsabie": {"lr": "0.01"}}`` (the methods
+    of ``table``: the BITR table's rows by default)."""
     from crossview.experiments.bitr_table import TABLE_METHODS
 
+    TABLE_METHODS = table or TABLE_METHODS   # noqa: N806 - the rows these parameters may name
     out: dict[str, dict[str, Any]] = {}
     registries = {r for r, _ in TABLE_METHODS.values()}
     for item in items or []:
@@ -152,6 +154,66 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2, default=str))
     else:
         print(format_table(result))
+    return 0
+
+
+def cmd_bitr_labels(args: argparse.Namespace) -> int:
+    from crossview.core.events import Finished, Log
+    from crossview.data import load_dataset
+    from crossview.data.dataset import PairedDataset
+    from crossview.experiments.bitr_labels import (LABEL_METHODS, format_markdown, format_table, parse_methods,
+                                                   run_bitr_labels)
+    from crossview.experiments.bitr_table import parse_ks
+
+    methods = parse_methods(args.methods)
+    ks = parse_ks(args.k)
+    params = _parse_params(args.param, LABEL_METHODS)
+    if args.out and Path(args.out).suffix.lower() not in (".md", ".markdown"):
+        raise CrossViewError(f"--out {args.out}: the report is Markdown; give a file name ending in .md")
+    ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
+    if not isinstance(ds, PairedDataset):
+        raise CrossViewError(f"{args.data}: a caption corpus without images; --data needs an image dataset")
+    rep_params: dict[str, Any] = {"device": args.device, "seed": args.seed}
+    if args.image_encoder:
+        rep_params["image_encoder"] = args.image_encoder
+    if args.no_cache:
+        rep_params["cache"] = False
+    bars: dict[str, ProgressPrinter] = {}
+
+    def feature_progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
+
+    printer = EventPrinter(prefix="experiment: ")
+    result = None
+    try:
+        for ev in run_bitr_labels(ds, kind=args.text, min_images=args.min_images, representation=args.representation,
+                                  methods=methods, folds=args.folds, split=args.split, ks=ks, method_params=params,
+                                  representation_params=rep_params, seed=args.seed, out=args.exp_dir,
+                                  feature_progress=feature_progress):
+            if isinstance(ev, Finished):
+                result = ev.summary
+            else:
+                if isinstance(ev, Log):
+                    bars.clear()
+                printer(ev)
+    finally:
+        printer.close()
+    assert result is not None
+    if args.out:
+        parts = ["crossview", "experiment", "bitr-labels", "--data", str(args.data), "--text", args.text]
+        if args.text == "phrases":
+            parts += ["--min-images", str(args.min_images)]
+        parts += ["--representation", args.representation, "--methods", args.methods, "--k", str(args.k)]
+        for flag, v in (("--folds", args.folds), ("--split", args.split), ("--format", args.format)):
+            if v is not None:
+                parts += [flag, str(v)]
+        for item in args.param or []:
+            parts += ["--param", item]
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(format_markdown(result, " ".join(shlex.quote(p) for p in parts)), encoding="utf-8")
+        print(f"experiment: wrote {out}", file=sys.stderr)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
 
 
@@ -319,6 +381,41 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: a new bitr-table-<data>-<representation>-<time> folder in the runs folder); "
                         "give an existing one to continue it")
     p.set_defaults(func=cmd_bitr_table)
+
+    p = esub.add_parser(
+        "bitr-labels", help="Experiments 3 and 4 of the BITR paper: image <-> phrase / label retrieval",
+        description="Experiments 3 and 4 of the BITR paper (Tables 5 and 6): the text side is the dataset's labels "
+                    "(--text labels: IAPR TC-12's annotation words, the demo's objects) or its captions' relation "
+                    "phrases (--text phrases: noun-verb, noun-prep-noun, verb-prep-noun from spaCy's dependency "
+                    "parse), each one discrete text. CCA and BITR-M/E/C rank the labels' text, WSABIE (original: "
+                    "one vector per label), wKNN and one-vs-rest SVMs the label ids. Prints Im2Text and Text2Im "
+                    "P@K and mAP beside the paper's numbers. Protocol: --folds N (the paper: 10) or --split NAME; "
+                    "every fold of every method is an ordinary run folder under --exp-dir (resumable, in the "
+                    "app's runs list).")
+    p.add_argument("--data", required=True, metavar="PATH|demo", help="image dataset with labels or captions, or 'demo'")
+    _add_dataset_args(p)
+    p.add_argument("--text", choices=["labels", "phrases"], default="labels",
+                   help="labels (Experiment 4) or the captions' relation phrases (Experiment 3)")
+    p.add_argument("--min-images", type=int, default=2, metavar="N",
+                   help="phrases: keep a phrase when at least N images have it (default 2)")
+    p.add_argument("--representation", default="modern", choices=["modern", "tr", "ctr", "default"],
+                   help="features, as bitr-table (default modern: CNN + PCA, averaged GloVe of the label's words)")
+    p.add_argument("--methods", default="cca,wknn,svm,wsabie,bitr-m,bitr-e,bitr-c,random",
+                   help="comma-separated rows: cca, wknn, svm, wsabie, bitr-m, bitr-e, bitr-c, random")
+    p.add_argument("--folds", type=int, metavar="N", help="N-fold protocol over all images (the paper: 10)")
+    p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train'")
+    p.add_argument("--k", default="5", metavar="K[,K...]", help="K of P@K (default 5, as the paper)")
+    p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
+                   help="a method parameter, repeatable: wknn.k=20, svm.C=10, bitr.C=100")
+    p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the folds and the representation (default 0)")
+    p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    p.add_argument("--out", metavar="FILE.md", help="also write the table as Markdown")
+    p.add_argument("--exp-dir", metavar="DIR", help="the experiment folder (default: a new one in the runs folder); "
+                                                   "give an existing one to continue it")
+    p.set_defaults(func=cmd_bitr_labels)
 
     p = esub.add_parser(
         "loss-compare", help="paper 004: the VSE++ model trained with each loss (triplet, SmoothAP, InfoNCE)",

@@ -105,6 +105,9 @@ class RunConfig:
     #: the representation the run's features are built on instead of its encoders' (``{"name": "modern" |
     #: "tr" | "ctr", ...}``, crossview.features.topics.representation_record), rebuilt by resume and open_run
     representation: dict[str, Any] | None = None
+    #: the dataset's text view the run trains on (its labels or its captions' phrases as the text side,
+    #: crossview.data.views), applied again by resume and open_run to the dataset they load
+    text_view: dict[str, Any] | None = None
 
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
@@ -719,7 +722,7 @@ class _Run:
                                  f"({params.get('image_encoder') or 'the default'}); drop --image-encoder "
                                  f"{self.cfg.image_encoder} or put it in the representation")
         check_representation(self.dataset, name, image_encoder=params.get("image_encoder"),
-                             text_encoder=self.cfg.text_encoder)
+                             text_encoder=None if self.cfg.text_encoder == "none" else self.cfg.text_encoder)
         return dict(record)
 
     def _representation_features(self, progress: Any, should_stop: Any) -> Any:
@@ -1091,7 +1094,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
           image_norm: str | None = None, text_norm: str | None = None,
           derived_splits: dict[str, Any] | None = None,
-          representation: dict[str, Any] | None = None) -> RunIterator:
+          representation: dict[str, Any] | None = None, text_view: Any = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -1107,7 +1110,9 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     a resume or ``open_run`` sees them again. ``representation`` (``{"name": "modern" | "tr" | "ctr", ...}``,
     :func:`crossview.features.topics.representation_record`) builds the features on that representation of
     paper 001 (fitted on ``train_split``) instead of the encoders', and is recorded in ``config.json`` so that
-    a resume and ``open_run`` rebuild them; given ``features`` must then be that representation's. Stop
+    a resume and ``open_run`` rebuild them; given ``features`` must then be that representation's.
+    ``text_view`` (``"labels"`` or ``{"kind": "phrases", "min_images": N}``, :mod:`crossview.data.views`) trains
+    on the dataset's labels or its captions' phrases as the text side, and is recorded likewise. Stop
     iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
@@ -1117,7 +1122,12 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     from crossview.methods import default_norms_of
 
     default_norms = default_norms_of(method, params)
+    from crossview.data.views import apply_text_view, check_text_view
+
     ds, source = _load(data, data_format, image_root)
+    view = check_text_view(text_view)
+    if view is not None and ds.meta.get("text_view") is None:
+        ds = apply_text_view(ds, view)
     given = _splits.checked_derived_splits(ds, derived_splits)
     ds = _splits.apply_derived_splits(ds, given)
     plan = plan_splits(ds, split, train_split, val_split, seed)
@@ -1125,7 +1135,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
                     checkpoint_seconds=checkpoint_seconds, derived_splits={**given, **plan.derived} or None,
-                    representation=None if representation is None else dict(representation),
+                    representation=None if representation is None else dict(representation), text_view=view,
                     image_norm=default_norms[0] if image_norm is None else image_norm,
                     text_norm=default_norms[1] if text_norm is None else text_norm)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
@@ -1180,6 +1190,9 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
                                  "pass the same dataset again (resume(run_dir, data=dataset))")
         data = cfg.data
     ds, _ = _load(data, cfg.data_format, cfg.image_root)
+    if cfg.text_view is not None and ds.meta.get("text_view") is None:
+        from crossview.data.views import apply_text_view
+        ds = apply_text_view(ds, cfg.text_view)
     want = raw.get("dataset_fingerprint")
     if want and ds.fingerprint() != want:
         raise CrossViewError(f"{folder}: the dataset {cfg.data or ds.name!r} has changed since the run started "

@@ -83,6 +83,9 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
         if not config.get("data"):
             raise CrossViewError(f"{folder}: the run was trained on an in-memory dataset; open it with that dataset")
         dataset, _ = _load(config["data"], config.get("data_format"), config.get("image_root"))
+    if config.get("text_view") is not None and dataset.meta.get("text_view") is None:
+        from crossview.data.views import apply_text_view
+        dataset = apply_text_view(dataset, config["text_view"])
     want = config.get("dataset_fingerprint")
     if want and dataset.fingerprint() != want:
         raise CrossViewError(f"{folder}: dataset {dataset.name!r} is not the one this run was trained on "

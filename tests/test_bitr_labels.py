@@ -1,0 +1,144 @@
+"""Experiments 3 and 4 of the BITR paper: text views (labels, caption phrases), the label table through the engine,
+its metrics and its command (crossview.data.views, crossview.experiments.bitr_labels)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import _engine_helpers as H
+from crossview.cli import main
+from crossview.core.errors import CrossViewError
+from crossview.core.events import Finished
+from crossview.data.views import apply_text_view, check_text_view, label_text, text_view
+from crossview.experiments import bitr_labels as L
+
+FAST = {"bitr": {"C": 10.0, "max_iter": 30}, "wsabie": {"max_epochs": 20, "dim": 16}, "wknn": {"k": 10}}
+
+
+@pytest.fixture(scope="module")
+def labelled():
+    """The engine tests' toy (16-d features of 8 latent classes): each image labelled with its class and shape
+    word, and one image with no label."""
+    ds = H.make_toy_dataset()
+    sets = [[f"class{k}", f"shape{k}"] for k in ds.labels.tolist()]
+    sets[5] = []
+    return dataclasses.replace(ds, label_sets=sets)
+
+
+def test_the_label_view_turns_each_label_into_a_caption_of_its_image(labelled):
+    v = text_view(labelled, "labels")
+    assert v.n_images == labelled.n_images and v.name == "toy-labels"
+    assert v.captions[:2] == ["class0", "shape0"] and v.caption_image[:2].tolist() == [0, 0]
+    assert 5 not in set(v.caption_image.tolist()) and v.label_sets[5] == []
+    assert v.n_captions == 2 * (labelled.n_images - 1)
+    np.testing.assert_array_equal(v.image_features, labelled.image_features)
+    assert {k: s.tolist() for k, s in v.splits.items()} == {k: s.tolist() for k, s in labelled.splits.items()}
+    assert v.fingerprint() != labelled.fingerprint() and v.meta["text_view"] == {"kind": "labels"}
+    assert apply_text_view(labelled, None) is labelled
+    assert apply_text_view(labelled, {"kind": "labels"}).fingerprint() == v.fingerprint()   # reproducible
+    assert label_text("sit-in_front_of-building") == "sit in front of building"
+
+
+def test_the_phrase_view_keeps_phrases_of_enough_images(labelled, monkeypatch):
+    """Each image gets the union of its captions' phrases; a phrase of fewer than min_images images goes."""
+    import crossview.data.phrases as P
+
+    def fake(captions, parser="auto", **kw):
+        return [[c.split()[0] + "-run"] + (["rare-one"] if i == 0 else []) for i, c in enumerate(captions)]
+    monkeypatch.setattr(P, "extract_phrases", fake)
+    v = text_view(labelled, {"kind": "phrases", "min_images": 2})
+    firsts = {c.split()[0] for c in labelled.captions[:2]}
+    assert set(v.label_sets[0]) == {f"{w}-run" for w in firsts} and "rare-one" not in v.label_sets[0]
+    assert all(label_text(x) in v.captions for x in v.label_sets[0])
+    v1 = text_view(labelled, {"kind": "phrases", "min_images": 1})
+    assert "rare-one" in v1.label_sets[0]
+
+
+@pytest.mark.parametrize("view, match", [("tags", "kind must be"), ({"kind": "phrases", "min_images": 0}, "min_images"),
+                                         ({"kind": "labels", "min_images": 2}, "unknown setting"),
+                                         ({"kind": "phrases", "top": 3}, "unknown setting")])
+def test_bad_views_get_one_line(view, match):
+    with pytest.raises(CrossViewError, match=match):
+        check_text_view(view)
+
+
+def test_a_dataset_without_labels_has_no_label_view():
+    with pytest.raises(CrossViewError, match="no label sets"):
+        text_view(H.make_toy_dataset(), "labels")
+
+
+def test_label_metrics_take_im2text_from_one_matrix_and_text2im_from_the_other():
+    rel = np.array([[1, 0, 0], [0, 1, 1]], dtype=bool)
+    good = np.array([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0]], dtype=np.float32)
+    bad = -good
+    res = L.label_metrics(good, bad, rel, (1,))
+    assert res["i2t"]["P@1"] == pytest.approx(100.0) and res["i2t"]["mAP"] == pytest.approx(100.0)
+    assert res["t2i"]["mAP"] < 100.0
+    same = L.label_metrics(good, good, rel, (1,))
+    assert same["t2i"]["mAP"] == pytest.approx(100.0)
+    # a label method's columns reordered into the experiment's vocabulary; unknown labels rank last
+    out = L._reindexed(np.array([[0.5, 0.9]], np.float32), ["b", "a"], ["a", "b", "c"])
+    assert out[0, :2].tolist() == pytest.approx([0.9, 0.5]) and out[0, 2] < 0.5
+
+
+def test_paper_rows_come_from_the_cards():
+    rows = L.paper_rows("labels", ["cca", "wknn", "svm", "bitr-c"])
+    assert rows["wknn"]["i2t"]["P@5"] == pytest.approx(19.31) and rows["cca"]["t2i"]["mAP"] == pytest.approx(2.97)
+    assert rows["bitr-c"]["i2t"]["P@5"] == pytest.approx(19.48)             # the CTR row, the paper's best
+    assert L.paper_rows("phrases", ["bitr-e"])["bitr-e"]["t2i"]["mAP"] == pytest.approx(3.49)
+
+
+def test_label_table_through_the_engine(labelled, tmp_path):
+    """Every method's trial is an engine run on the label view (recorded in config.json, reopened by open_run),
+    each far above a random ranking; a second call reads the finished trials back."""
+    from crossview.engine.session import open_run
+
+    kw = dict(kind="labels", representation="default", methods=["cca", "wknn", "svm", "wsabie", "bitr-c", "random"],
+              ks=(1, 5), method_params=FAST, representation_params={"text_encoder": "tfidf", "cache": False},
+              out=tmp_path / "exp")
+    events = list(L.run_bitr_labels(labelled, **kw))
+    res = events[-1].summary
+    assert isinstance(events[-1], Finished) and res["n_labels"] == 16 and res["protocol"].startswith("train on")
+    rnd = res["results"]["random"]
+    for m in ("cca", "wknn", "svm", "wsabie", "bitr-c"):
+        for d in ("i2t", "t2i"):
+            assert res["results"][m][d]["mAP"] > rnd[d]["mAP"] + 30, (m, d, res["results"][m], rnd)
+    run_dir = tmp_path / "exp" / "test-svm"
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["text_view"] == {"kind": "labels"}
+    run = open_run(run_dir, dataset=labelled)
+    assert run.dataset.name == "toy-labels" and run.dataset.captions[0] == "class0"
+    again = list(L.run_bitr_labels(labelled, **kw))
+    assert any("finished earlier" in getattr(e, "message", "") for e in again)
+    assert again[-1].summary["results"]["svm"]["i2t"]["mAP"] == pytest.approx(res["results"]["svm"]["i2t"]["mAP"])
+    text = L.format_table(res)
+    assert text.startswith("Experiment 4") and "Table 6" in text and "wKNN" in text
+    assert "| SVM |" in L.format_markdown(res, "crossview experiment bitr-labels --data x")
+
+
+def test_bad_label_table_arguments(labelled, tmp_path):
+    with pytest.raises(CrossViewError, match="unknown method"):
+        L.parse_methods("cca,knn")
+    with pytest.raises(CrossViewError, match="fixes"):
+        list(L.run_bitr_labels(labelled, methods=["wsabie"], method_params={"wsabie": {"target": "captions"}},
+                               out=tmp_path / "e"))
+    with pytest.raises(CrossViewError, match="not among the methods"):
+        list(L.run_bitr_labels(labelled, methods=["cca"], method_params={"svm": {"C": 1}}, out=tmp_path / "e2"))
+
+
+def test_cli_label_table(labelled, tmp_path, monkeypatch, capsys):
+    import crossview.data as D
+
+    monkeypatch.setattr(D, "load_dataset", lambda *a, **k: labelled)
+    out = tmp_path / "t.md"
+    rc = main(["experiment", "bitr-labels", "--data", "toy", "--representation", "default", "--methods",
+               "wknn,random", "--k", "5", "--no-cache", "--exp-dir", str(tmp_path / "e"), "--out", str(out),
+               "--param", "wknn.k=10"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "Experiment 4" in printed and "wKNN" in printed
+    assert "--param wknn.k=10" in out.read_text()
