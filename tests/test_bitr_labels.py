@@ -34,9 +34,11 @@ def test_the_label_view_turns_each_label_into_a_caption_of_its_image(labelled):
     assert v.n_images == labelled.n_images and v.name == "toy-labels"
     assert v.captions[:2] == ["class0", "shape0"] and v.caption_image[:2].tolist() == [0, 0]
     assert 5 not in set(v.caption_image.tolist()) and v.label_sets[5] == []
+    assert 5 not in v.splits["train"] and 5 in labelled.splits["train"]        # no label: in no split
     assert v.n_captions == 2 * (labelled.n_images - 1)
     np.testing.assert_array_equal(v.image_features, labelled.image_features)
-    assert {k: s.tolist() for k, s in v.splits.items()} == {k: s.tolist() for k, s in labelled.splits.items()}
+    assert {k: s.tolist() for k, s in v.splits.items()} == {k: [i for i in s.tolist() if i != 5]
+                                                             for k, s in labelled.splits.items()}
     assert v.fingerprint() != labelled.fingerprint() and v.meta["text_view"] == {"kind": "labels"}
     assert apply_text_view(labelled, None) is labelled
     assert apply_text_view(labelled, {"kind": "labels"}).fingerprint() == v.fingerprint()   # reproducible

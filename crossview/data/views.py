@@ -14,7 +14,8 @@ trains and ranks on labels (CCA and BITR on the label's text, WSABIE / wKNN / SV
 
 A label's caption is its words with ``-`` and ``_`` read as spaces (``"sit-in_front_of-building"`` -> ``"sit in
 front of building"``), which the text encoders read; its name in ``label_sets`` is the label itself. Images
-without any label keep their place and have no caption.
+without any label keep their place (the numbering stays) but have no caption and leave every split: a ranking
+needs a relevant item per query.
 
 A run records its view in ``config.json`` (``text_view``), and resume and ``open_run`` apply it again to the
 dataset they load (:func:`apply_text_view`), as they apply derived splits.
@@ -87,11 +88,13 @@ def text_view(dataset: Any, view: Any, *, progress: Any = None) -> Any:
     if not any(sets):
         raise CrossViewError(f"dataset {dataset.name!r}: the {view['kind']} view leaves no image with a label"
                              + ("; lower min_images" if view["kind"] == "phrases" else ""))
+    has = np.asarray([bool(s) for s in sets])
+    splits = {k: np.asarray(v, dtype=np.int64)[has[np.asarray(v, dtype=np.int64)]] for k, v in dataset.splits.items()}
     captions = [label_text(label) for s in sets for label in s]
     caption_image = np.asarray([i for i, s in enumerate(sets) for _ in s], dtype=np.int64)
     suffix = view["kind"] if view["kind"] == "labels" else f"phrases{view['min_images']}"
     return replace(dataset, name=f"{dataset.name}-{suffix}", captions=captions, caption_image=caption_image,
-                   label_sets=sets, caption_ids=np.arange(len(captions), dtype=np.int64), image_features=
+                   label_sets=sets, splits=splits, caption_ids=np.arange(len(captions), dtype=np.int64), image_features=
                    dataset.image_features, meta={**dataset.meta, "text_view": view,
                                                  "text_view_of": dataset.fingerprint()},
                    warnings=list(dataset.warnings))

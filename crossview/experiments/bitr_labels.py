@@ -191,6 +191,13 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     check_representation(vds, representation, image_encoder=rep_kw.get("image_encoder"),
                          text_encoder=rep_kw.get("text_encoder"))
     fold_list, protocol = make_folds(vds, folds=folds, split=split, seed=seed)
+    has = np.asarray([bool(s) for s in vds.label_sets])
+    unlabelled = int((~has).sum())
+    if unlabelled:           # no relevant label: such an image is neither trained on nor queried
+        fold_list = [f._replace(train=f.train[has[f.train]], test=f.test[has[f.test]],
+                                val=None if f.val is None or not has[f.val].any() else f.val[has[f.val]])
+                     for f in fold_list]
+        protocol += f"; the {unlabelled} images without any of the {kind} left out"
     n_labels = len({x for s in vds.label_sets for x in s})
     folder = Path(out) if out is not None else new_experiment_dir(f"bitr-{kind}", f"{dataset.name}-{representation}")
     record: dict[str, Any] = {
