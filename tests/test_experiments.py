@@ -601,12 +601,15 @@ def test_cross_metrics_are_experiment_ones_on_each_part_and_overlap_over_the_sou
 
     source, target = md(9, "src"), md(8, "tgt")
 
+    def embed(data, side, direction):
+        return data.image_features if side == "image" else data.text_features
+
     def score(images, texts, direction):
         return images.image_features @ texts.text_features.T
 
     parts = B.cross_parts(target.n_images, 2, seed=0)
     assert sorted(np.concatenate(parts).tolist()) == list(range(8)) and all(len(p) == 4 for p in parts)
-    res = B.cross_metrics(score, source, target, parts, ks=(1, 3), overlap_k=2)
+    res = B.cross_metrics(embed, source, target, parts, ks=(1, 3), overlap_k=2)
     want = [M.evaluate(score(target.subset(p), target.subset(p), "i2t"), target.subset(p).caption_image, (1, 3))
             for p in parts]
     for d in ("i2t", "t2i"):
@@ -652,3 +655,21 @@ def test_cli_cross_dataset(precomp, other, tmp_path, capsys):
     md = out.read_text()
     assert md.startswith("# Experiment 2") and "--test-data" in md and "--test-parts 2" in md
     assert "Table 4" in md
+
+
+def test_an_index_gives_the_dense_results_and_reports_its_time(tiny, tmp_path):
+    """The BLEU / ROUGE retrieval through the exact index (chunked, never the whole score matrix) equals the
+    dense score matrix's; the search time is reported; an unknown backend is one line."""
+    kw = dict(representation="default", methods=["cca", "random"], split="test", ks=(5,),
+              corpus=["a red star", "the blue circle"], representation_params={**TFIDF, "cache": False})
+    _, dense = _drain(B.run_bitr_table(tiny, out=tmp_path / "d", **kw))
+    _, exact = _drain(B.run_bitr_table(tiny, out=tmp_path / "e", index="exact", **kw))
+    for m in ("cca", "random"):
+        for d in ("i2t", "t2i", "corpus_i2t"):
+            for key in ("BLEU-1", "ROUGE-1"):
+                assert exact["results"][m][d][key] == pytest.approx(dense["results"][m][d][key]), (m, d, key)
+        assert exact["results"][m]["search_seconds"] >= 0
+    assert exact["index"] == "exact" and "index exact" in B.format_table(exact)
+    assert "dense score matrices" in B.format_table(dense)
+    with pytest.raises(CrossViewError, match="--index 'annoy'"):
+        _drain(B.run_bitr_table(tiny, out=tmp_path / "x", index="annoy", **kw))

@@ -64,6 +64,8 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += ["--test-format", args.test_format]
         if args.test_parts != 10:
             parts += ["--test-parts", str(args.test_parts)]
+    if args.index:
+        parts += ["--index", args.index]
     for flag, v in (("--image-encoder", args.image_encoder), ("--text-encoder", args.text_encoder)):
         if v:
             parts += [flag, v]
@@ -134,7 +136,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
                                  split=args.split, ks=ks, corpus=corpus, method_params=params,
                                  representation_params=rep_params, seed=args.seed, out=args.exp_dir,
-                                 test_dataset=test_ds, test_parts=args.test_parts,
+                                 test_dataset=test_ds, test_parts=args.test_parts, index=args.index,
                                  feature_progress=feature_progress):
             if isinstance(ev, Finished):
                 result = ev.summary
@@ -361,6 +363,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Experiment 2: test the models on this other dataset (cross-dataset; the paper trains on SBU "
                         "and tests on Pascal and IAPR)")
     p.add_argument("--test-format", metavar="FORMAT", help="format of --test-data when it cannot be told from the path")
+    p.add_argument("--index", metavar="BACKEND",
+                   help="search the training collection for BLEU / ROUGE with this index backend (exact: chunked "
+                        "exhaustive search; exact-fp16; faiss-flat; approximate: faiss-ivf, faiss-sq8, faiss-sqfp16, "
+                        "faiss-pq4) instead of a dense score matrix: for collections of a million captions (the "
+                        "paper's SBU); the search time is reported")
     p.add_argument("--test-parts", type=int, default=10, metavar="N",
                    help="partitions of --test-data that R@K and MedR are computed within (default 10, as the paper)")
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",

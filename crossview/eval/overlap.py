@@ -141,18 +141,31 @@ def caption_overlap(scores: Any, caption_image: Any, captions: Sequence[str],
             "t2i": caption_overlap_t2i(scores, caption_image, captions, k)}
 
 
-def gallery_overlap_i2t(scores: Any, gallery_captions: Sequence[str], query_references: Sequence[Sequence[str]],
-                        k: int = 5, scorer: SentenceOverlap | None = None) -> dict[str, float]:
-    """Im2Text over a separate gallery: ``scores (n_query_images, n_gallery_captions)``; each query image's
-    top-``k`` gallery captions scored against ``query_references[q]`` (its gold captions). Queries with no
-    reference caption are skipped. Returns the mean of :data:`OVERLAP_KEYS` over all (query, item) pairs."""
-    s = as_numpy(scores)
-    if s.ndim != 2 or s.shape[0] != len(query_references) or s.shape[1] != len(gallery_captions):
-        raise CrossViewError(f"scores {s.shape} must be (n_queries={len(query_references)}, "
-                             f"n_gallery={len(gallery_captions)})")
+def _ranked(scores: Any, ranked: Any, n_queries: int, n_gallery: int, k: int) -> np.ndarray:
+    """The top-``k`` gallery rows of every query: from ``scores (n_queries, n_gallery)``, or given as
+    ``ranked (n_queries, >= k)`` (an index's search result, best first)."""
     if k < 1:
         raise CrossViewError(f"k must be >= 1, got {k}")
-    ranked = top_k(s, k)
+    if ranked is not None:
+        r = np.asarray(ranked, dtype=np.int64)
+        if r.ndim != 2 or r.shape[0] != n_queries or (r.size and (r.min() < 0 or r.max() >= n_gallery)):
+            raise CrossViewError(f"ranked {r.shape} must be (n_queries={n_queries}, k) rows of a gallery of "
+                                 f"{n_gallery}")
+        return r[:, :k]
+    s = as_numpy(scores)
+    if s.ndim != 2 or s.shape[0] != n_queries or s.shape[1] != n_gallery:
+        raise CrossViewError(f"scores {s.shape} must be (n_queries={n_queries}, n_gallery={n_gallery})")
+    return top_k(s, k)
+
+
+def gallery_overlap_i2t(scores: Any, gallery_captions: Sequence[str], query_references: Sequence[Sequence[str]],
+                        k: int = 5, scorer: SentenceOverlap | None = None, *, ranked: Any = None) -> dict[str, float]:
+    """Im2Text over a separate gallery: ``scores (n_query_images, n_gallery_captions)``; each query image's
+    top-``k`` gallery captions scored against ``query_references[q]`` (its gold captions). Queries with no
+    reference caption are skipped. Returns the mean of :data:`OVERLAP_KEYS` over all (query, item) pairs.
+    ``ranked`` (the queries' top gallery rows, e.g. from :mod:`crossview.index` over a million captions)
+    replaces ``scores``."""
+    ranked = _ranked(scores, ranked, len(query_references), len(gallery_captions), k)
     scorer = scorer or SentenceOverlap()
     rows = []
     for q, refs in enumerate(query_references):
@@ -162,17 +175,18 @@ def gallery_overlap_i2t(scores: Any, gallery_captions: Sequence[str], query_refe
 
 
 def gallery_overlap_t2i(scores: Any, query_captions: Sequence[str], gallery_references: Sequence[Sequence[str]],
-                        k: int = 5, scorer: SentenceOverlap | None = None) -> dict[str, float]:
+                        k: int = 5, scorer: SentenceOverlap | None = None, *, ranked: Any = None) -> dict[str, float]:
     """Text2Im over a separate gallery: ``scores (n_gallery_images, n_query_captions)``; each query caption
     scored against the captions (``gallery_references[i]``) of each of its top-``k`` gallery images
-    (images without captions are skipped). Returns the mean of :data:`OVERLAP_KEYS`."""
-    s = as_numpy(scores)
-    if s.ndim != 2 or s.shape[0] != len(gallery_references) or s.shape[1] != len(query_captions):
-        raise CrossViewError(f"scores {s.shape} must be (n_gallery={len(gallery_references)}, "
-                             f"n_queries={len(query_captions)})")
-    if k < 1:
-        raise CrossViewError(f"k must be >= 1, got {k}")
-    ranked = top_k(np.ascontiguousarray(s.T), k)
+    (images without captions are skipped). Returns the mean of :data:`OVERLAP_KEYS`. ``ranked
+    (n_query_captions, k)`` (gallery image rows, best first) replaces ``scores``."""
+    if ranked is None:
+        s = as_numpy(scores)
+        if s.ndim != 2 or s.shape[0] != len(gallery_references) or s.shape[1] != len(query_captions):
+            raise CrossViewError(f"scores {s.shape} must be (n_gallery={len(gallery_references)}, "
+                                 f"n_queries={len(query_captions)})")
+        scores = np.ascontiguousarray(s.T)
+    ranked = _ranked(scores, ranked, len(query_captions), len(gallery_references), k)
     scorer = scorer or SentenceOverlap()
     rows = []
     for q, cap in enumerate(query_captions):

@@ -199,7 +199,7 @@ def _random_rows(n: int, what: str, data: MethodData, dim: int, seed: int) -> np
 
 def random_baseline(train: MethodData, test: MethodData, *, ks: Sequence[int] = (50,),
                     corpus: MethodData | None = None, overlap_k: int = OVERLAP_K, dim: int = RANDOM_PARAMS["dim"],
-                    seed: int = RANDOM_PARAMS["seed"]) -> dict[str, Any]:
+                    seed: int = RANDOM_PARAMS["seed"], index: str | None = None) -> dict[str, Any]:
     """The table's ``random`` row: every metric of :func:`evaluate_fold` for seeded random Gaussian
     ``dim``-d embeddings of every image and caption (what no learning gives).
 
@@ -217,8 +217,7 @@ def random_baseline(train: MethodData, test: MethodData, *, ks: Sequence[int] = 
 
     res = M.evaluate(img(test) @ txt(test).T, test.caption_image, tuple(ks))
     return _with_overlap({d: res[d] for d in ("i2t", "t2i")}, train, test, corpus, overlap_k,
-                         s_i2t=img(test) @ txt(train).T, s_t2i=img(train) @ txt(test).T,
-                         s_corpus=None if corpus is None else img(test) @ txt(corpus).T)
+                         random_embedder(dim, seed), index)
 
 
 def _make_method(table_name: str, params: dict[str, Any]) -> Method | None:
@@ -285,24 +284,72 @@ def _bleu_rouge(scores: dict[str, float]) -> dict[str, float]:
     return {"BLEU-1": float(scores["BLEU-1"]), "ROUGE-1": 100.0 * float(scores["ROUGE-1"])}
 
 
-def _with_overlap(out: dict[str, Any], train: MethodData, test: MethodData, corpus: MethodData | None,
-                  overlap_k: int, *, s_i2t: np.ndarray, s_t2i: np.ndarray,
-                  s_corpus: np.ndarray | None) -> dict[str, Any]:
+#: ``embed(data, side, direction)``: the rows of ``data``'s images (``side="image"``) or captions (``"text"``)
+#: a model ranks by inner product for ``direction``
+Embed = Callable[[MethodData, str, str], np.ndarray]
+
+
+def method_embedder(method: Method) -> Embed:
+    """A fitted method's embeddings (its ``scores`` are their inner products)."""
+    def embed(data: MethodData, side: str, direction: str) -> np.ndarray:
+        return method.encode_images(data, direction=direction) if side == "image" else \
+            method.encode_texts(data, direction=direction)
+    return embed
+
+
+def random_embedder(dim: int, seed: int) -> Embed:
+    """Seeded random Gaussian rows for the ``random`` row (a set's rows depend only on the seed and the set)."""
+    def embed(data: MethodData, side: str, direction: str) -> np.ndarray:
+        return _random_rows(data.n_images if side == "image" else data.n_captions, side, data, dim, seed)
+    return embed
+
+
+def top_items(embed: Embed, queries: MethodData, query_side: str, gallery: MethodData, direction: str, k: int,
+              index: str | None = None) -> np.ndarray:
+    """``(n_queries, k)`` gallery rows best first for each query image (``query_side="image"``: the gallery's
+    captions) or caption (its images): from the dense score matrix, or with ``index`` (a
+    :mod:`crossview.index` backend: ``exact`` chunked, ``faiss-flat``, ``faiss-ivf``...) without ever holding
+    it, as ranking a million-item collection (the paper's SBU) needs."""
+    from crossview.eval.metrics import top_k
+
+    q = np.ascontiguousarray(embed(queries, query_side, direction), dtype=np.float32)
+    g = np.ascontiguousarray(embed(gallery, "text" if query_side == "image" else "image", direction), dtype=np.float32)
+    if index is None:
+        return top_k(q @ g.T, k)
+    from crossview.index import build_index
+
+    return build_index(g, index).search(q, k).indices
+
+
+def _with_overlap(out: dict[str, Any], gallery: MethodData, queries: MethodData, corpus: MethodData | None,
+                  overlap_k: int, embed: Embed, index: str | None = None) -> dict[str, Any]:
+    """``out`` (R@K, MedR per direction) with BLEU-1 / ROUGE-1 of the top ``overlap_k`` items retrieved from
+    ``gallery`` for every image and caption of ``queries`` (and from ``corpus`` for the images), and the seconds
+    the searches took (``search_seconds``)."""
     from crossview.eval.overlap import SentenceOverlap, gallery_overlap_i2t, gallery_overlap_t2i
 
     scorer = SentenceOverlap()
     out = {d: {key: float(v) for key, v in out[d].items()} for d in ("i2t", "t2i")}
-    test_refs = _refs_by_image(test)
-    out["i2t"].update(_bleu_rouge(gallery_overlap_i2t(s_i2t, train.captions, test_refs, overlap_k, scorer)))
-    out["t2i"].update(_bleu_rouge(gallery_overlap_t2i(s_t2i, test.captions, _refs_by_image(train), overlap_k,
-                                                      scorer)))
-    if corpus is not None and s_corpus is not None:
-        out["corpus_i2t"] = _bleu_rouge(gallery_overlap_i2t(s_corpus, corpus.captions, test_refs, overlap_k, scorer))
+    t0 = time.monotonic()
+    r_i2t = top_items(embed, queries, "image", gallery, "i2t", overlap_k, index)
+    r_t2i = top_items(embed, queries, "text", gallery, "t2i", overlap_k, index)
+    r_corpus = None if corpus is None else top_items(embed, queries, "image", corpus, "i2t", overlap_k, index)
+    seconds = time.monotonic() - t0
+    test_refs = _refs_by_image(queries)
+    out["i2t"].update(_bleu_rouge(gallery_overlap_i2t(None, gallery.captions, test_refs, overlap_k, scorer,
+                                                      ranked=r_i2t)))
+    out["t2i"].update(_bleu_rouge(gallery_overlap_t2i(None, queries.captions, _refs_by_image(gallery), overlap_k,
+                                                      scorer, ranked=r_t2i)))
+    if r_corpus is not None:
+        out["corpus_i2t"] = _bleu_rouge(gallery_overlap_i2t(None, corpus.captions, test_refs, overlap_k, scorer,
+                                                            ranked=r_corpus))
+    out["search_seconds"] = float(seconds)
     return out
 
 
 def evaluate_fold(method: Method, train: MethodData, test: MethodData, *, ks: Sequence[int] = (50,),
-                  corpus: MethodData | None = None, overlap_k: int = OVERLAP_K) -> dict[str, Any]:
+                  corpus: MethodData | None = None, overlap_k: int = OVERLAP_K, index: str | None = None
+                  ) -> dict[str, Any]:
     """The paper's metrics of a fitted method on one fold, all from :mod:`crossview.eval`.
 
     Returns ``{"i2t": {"BLEU-1", "ROUGE-1", "R@K"..., "MedR", "MeanR"}, "t2i": {...}}`` plus
@@ -310,13 +357,12 @@ def evaluate_fold(method: Method, train: MethodData, test: MethodData, *, ks: Se
     corpus captions). Retrieval (R@K, MedR) within the test set (:meth:`Method.evaluate`, i.e.
     :func:`crossview.eval.metrics.evaluate`); BLEU-1 / ROUGE-1 are percentages over the top ``overlap_k``
     items retrieved from the training set (and the corpus) (:func:`crossview.eval.overlap.gallery_overlap_i2t`
-    / :func:`~crossview.eval.overlap.gallery_overlap_t2i`).
+    / :func:`~crossview.eval.overlap.gallery_overlap_t2i`); ``index`` searches the training collection with
+    that :mod:`crossview.index` backend instead of the dense score matrix (:func:`top_items`).
     """
     res = method.evaluate(test, ks=tuple(ks))
     return _with_overlap({d: res[d] for d in ("i2t", "t2i")}, train, test, corpus, overlap_k,
-                         s_i2t=method.scores(test, "i2t", texts=train),       # (test images, train captions)
-                         s_t2i=method.scores(train, "t2i", texts=test),       # (train images, test captions)
-                         s_corpus=None if corpus is None else method.scores(test, "i2t", texts=corpus))
+                         method_embedder(method), index)
 
 
 def chance_levels(test: MethodData, ks: Sequence[int]) -> dict[str, dict[str, float]]:
@@ -366,42 +412,28 @@ def cross_parts(n_images: int, parts: int, seed: int = 0) -> list[np.ndarray]:
     return [np.sort(test) for _, test in fold_splits(n_images, int(parts), seed)]
 
 
-def cross_metrics(score: Callable[[MethodData, MethodData, str], np.ndarray], source: MethodData,
-                  target: MethodData, parts: Sequence[np.ndarray], *, ks: Sequence[int] = (50,),
-                  corpus: MethodData | None = None, overlap_k: int = OVERLAP_K,
-                  same_directions: bool = True) -> dict[str, Any]:
+def cross_metrics(embed: Embed, source: MethodData, target: MethodData, parts: Sequence[np.ndarray], *,
+                  ks: Sequence[int] = (50,), corpus: MethodData | None = None, overlap_k: int = OVERLAP_K,
+                  index: str | None = None) -> dict[str, Any]:
     """Experiment 2's metrics of a model trained on ``source``'s dataset, on another dataset ``target``.
 
-    ``score(images, texts, direction)`` gives the ``(n_images, n_captions)`` scores. R@K and MedR: within
-    each part of ``target`` (:func:`cross_parts`), averaged over the parts; BLEU-1 / ROUGE-1: every image
-    (caption) of ``target`` a query, the top ``overlap_k`` captions (images) retrieved from the whole
-    ``source`` collection (the paper: "retrieval on all the captions of SBU dataset"), scored against the
-    query's gold captions as in Experiment 1; the corpus row likewise."""
+    ``embed`` gives the model's rows (:func:`method_embedder`). R@K and MedR: within each part of ``target``
+    (:func:`cross_parts`), averaged over the parts; BLEU-1 / ROUGE-1: every image (caption) of ``target`` a
+    query, the top ``overlap_k`` captions (images) retrieved from the whole ``source`` collection (the paper:
+    "retrieval on all the captions of SBU dataset"; ``index`` for a collection too large for a dense score
+    matrix), scored against the query's gold captions as in Experiment 1; the corpus row likewise."""
     from crossview.eval import metrics as M
 
     per = []
     for k, rows in enumerate(parts):
         part = target.subset(rows, name=f"{target.name}-part{k + 1:02d}")
-        s_i2t = score(part, part, "i2t")
-        s_t2i = s_i2t if same_directions else score(part, part, "t2i")
-        per.append({"i2t": M.rank_metrics(M.i2t_ranks(s_i2t, part.caption_image), ks),
-                    "t2i": M.rank_metrics(M.t2i_ranks(s_t2i, part.caption_image), ks)})
+        r = {}
+        for d, ranks in (("i2t", M.i2t_ranks), ("t2i", M.t2i_ranks)):
+            s = embed(part, "image", d) @ embed(part, "text", d).T
+            r[d] = M.rank_metrics(ranks(s, part.caption_image), ks)
+        per.append(r)
     mean, _ = mean_std(per)
-    return _with_overlap(mean, source, target, corpus, overlap_k,
-                         s_i2t=score(target, source, "i2t"),        # (target images, source captions)
-                         s_t2i=score(source, target, "t2i"),        # (source images, target captions)
-                         s_corpus=None if corpus is None else score(target, corpus, "i2t"))
-
-
-def _method_scorer(method: Method) -> Callable[[MethodData, MethodData, str], np.ndarray]:
-    return lambda images, texts, direction: method.scores(images, direction, texts=texts)
-
-
-def _random_scorer(dim: int, seed: int) -> Callable[[MethodData, MethodData, str], np.ndarray]:
-    def score(images: MethodData, texts: MethodData, direction: str) -> np.ndarray:
-        return _random_rows(images.n_images, "image", images, dim, seed) @ \
-            _random_rows(texts.n_captions, "text", texts, dim, seed).T
-    return score
+    return _with_overlap(mean, source, target, corpus, overlap_k, embed, index)
 
 
 def foreign_method_data(dataset: Any, rep: Any, name: str = "target", *, device: str = "cpu") -> MethodData:
@@ -575,7 +607,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                    corpus: Sequence[str] | Any = None, method_params: dict[str, dict[str, Any]] | None = None,
                    representation_params: dict[str, Any] | None = None, seed: int = 0,
                    overlap_k: int = OVERLAP_K, out: str | Path | None = None,
-                   test_dataset: Any = None, test_parts: int = 10,
+                   test_dataset: Any = None, test_parts: int = 10, index: str | None = None,
                    feature_progress: Callable[[str, int, int], None] | None = None,
                    should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
     """Run Experiment 1; yields ``Progress`` / ``Log`` events and finally ``Finished(summary=result)``.
@@ -612,6 +644,10 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             ``dataset``'s training images; :func:`cross_metrics`). One model per method, trained on the
             ``train`` split (``split`` names the held-out one; default ``test``, else ``val``).
         test_parts: the partitions of ``test_dataset`` that R@K and MedR are computed within (the paper: 10).
+        index: search the training collection (and the corpus) for BLEU / ROUGE with this
+            :mod:`crossview.index` backend (``exact``: chunked, never the whole score matrix; ``faiss-flat``,
+            ``faiss-ivf``, ...) instead of a dense score matrix: a million-caption collection (the paper's SBU)
+            fits; the search time is reported per method (``search_seconds``).
         feature_progress: ``progress(stage, done, total)`` of feature extraction (it runs outside the
             event stream); ``should_stop()`` cancels it.
 
@@ -645,6 +681,10 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         corpus_captions = list(getattr(corpus, "captions", corpus))
         if not corpus_captions:
             raise CrossViewError("the caption corpus is empty; give a file with one caption a line")
+    if index is not None:
+        from crossview.index import list_backends
+        if index not in list_backends():
+            raise CrossViewError(f"--index {index!r}: choose one of {', '.join(list_backends())}")
     cross = test_dataset is not None
     if cross:
         if folds is not None:
@@ -686,6 +726,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 zlib.crc32("\n".join(corpus_captions).encode("utf-8", "surrogateescape"))}
     if cross:
         eval_key["test"] = [record["test_dataset_fingerprint"], int(test_parts)]
+    if index is not None:
+        eval_key["index"] = index
     trials: dict[str, Any] = dict(old.get("trials") or {}) if isinstance(old.get("trials"), dict) else {}
     method_params_all = {**(old.get("method_params") or {}), **record["method_params"]}
 
@@ -759,11 +801,11 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 if cross:
                     assert source_md is not None and target_md is not None
                     rp = {**RANDOM_PARAMS, **params[m]}
-                    res = cross_metrics(_random_scorer(int(rp["dim"]), int(rp["seed"])), source_md, target_md, parts,
-                                        ks=ks, corpus=corpus_md, overlap_k=overlap_k)
+                    res = cross_metrics(random_embedder(int(rp["dim"]), int(rp["seed"])), source_md, target_md,
+                                        parts, ks=ks, corpus=corpus_md, overlap_k=overlap_k, index=index)
                 else:
                     res = random_baseline(train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
-                                          **{**RANDOM_PARAMS, **params[m]})
+                                          index=index, **{**RANDOM_PARAMS, **params[m]})
                 res["train_seconds"] = 0.0
                 per_fold[m].append(res)
                 step += 1
@@ -794,10 +836,11 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             method = _load_fitted(run_dir)
             if cross:
                 assert source_md is not None and target_md is not None
-                res = cross_metrics(_method_scorer(method), source_md, target_md, parts, ks=ks, corpus=corpus_md,
-                                    overlap_k=overlap_k, same_directions=not method.directions_differ)
+                res = cross_metrics(method_embedder(method), source_md, target_md, parts, ks=ks, corpus=corpus_md,
+                                    overlap_k=overlap_k, index=index)
             else:
-                res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k)
+                res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
+                                    index=index)
             res["train_seconds"] = float(read_summary(run_dir).get("train_seconds", float("nan")))
             if registry_of(m) == "bitr" and isinstance(getattr(method, "C_", None), dict):
                 res["C"] = {d: float(c) for d, c in method.C_.items()}
@@ -826,7 +869,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
               "test_images": int(np.mean([len(f.test) for f in fold_list])) if not cross else
               int(np.mean([len(p) for p in cross_parts(test_dataset.n_images, test_parts, seed)])),
               "test_dataset": None if not cross else test_dataset.name,
-              "test_parts": None if not cross else int(test_parts),
+              "test_parts": None if not cross else int(test_parts), "index": index,
               "results": results, "std": stds, "chance": chance_mean,
               "per_fold": per_fold if len(fold_list) > 1 else {},
               "method_params": {m: {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
@@ -979,7 +1022,16 @@ def format_table(result: dict[str, Any]) -> str:
     secs = {m: result["results"][m].get("train_seconds") for m in result["methods"]}
     lines.append("training time per fold: " + ", ".join(f"{METHOD_LABELS[m]} {s:.1f} s" for m, s in secs.items()
                                                        if s is not None))
+    lines.append(_search_line(result))
     return "\n".join(lines)
+
+
+def _search_line(result: dict[str, Any]) -> str:
+    """How the BLEU / ROUGE retrieval searched and how long it took per fold."""
+    how = f"index {result['index']}" if result.get("index") else "dense score matrices"
+    secs = {m: result["results"][m].get("search_seconds") for m in result["methods"]}
+    return (f"overlap retrieval ({how}) per fold: "
+            + ", ".join(f"{METHOD_LABELS[m]} {s:.2f} s" for m, s in secs.items() if s is not None))
 
 
 def _c_text(c: dict[str, Any]) -> str:
@@ -1015,7 +1067,8 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
             "- " + _where(result) + "; 'chance' = expected value of a random ranking",
             "- training time per fold: " + ", ".join(
                 f"{METHOD_LABELS[m]} {result['results'][m].get('train_seconds', float('nan')):.1f} s"
-                for m in result["methods"])]
+                for m in result["methods"]),
+            "- " + _search_line(result)]
     for m in result["methods"]:
         extra = result["method_params"].get(m) or {}
         c = result["results"][m].get("C")
