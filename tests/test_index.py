@@ -268,11 +268,13 @@ def test_faiss_ivf_recall_on_clustered_data():
     assert single.indices.shape == (1, 10)
 
 
-@pytest.mark.parametrize("kind", ["sq8", "sqfp16"])
-def test_scalar_quantizers_with_rerank(kind):
+@pytest.mark.parametrize("kind, d", [("sq8", 100), ("sqfp16", 100), ("sq8", 128), ("sq8", 64)])
+def test_scalar_quantizers_with_rerank(kind, d):
+    """d=100 is padded to 104 internally; 64 and 128 (multiples of 32, where FAISS 1.15's 8-bit direct codec
+    ranks wrongly) to 72 and 136."""
     rng = np.random.default_rng(10)
-    g = clustered(rng, 30000, 100, 300)                     # d=100: padded to 104 internally
-    q = clustered(rng, 30, 100, 300)
+    g = clustered(rng, 30000, d, 300)
+    q = clustered(rng, 30, d, 300)
     exact = ExactIndex(g).search(q, 50)
     ix = build_index(g, f"faiss-{kind}", shards=2)
     res = ix.search(q, 50)
