@@ -82,10 +82,35 @@ def _command_line(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _print_experiment(start: Any) -> dict[str, Any]:
+    """Run ``start(feature_progress)`` (an experiment's event generator) with its events on stderr (progress bars
+    for feature extraction, which runs outside the event stream); its result."""
+    from crossview.core.events import Finished, Log
+
+    bars: dict[str, ProgressPrinter] = {}
+
+    def feature_progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
+
+    printer = EventPrinter(prefix="experiment: ")
+    result = None
+    try:
+        for ev in start(feature_progress):
+            if isinstance(ev, Finished):
+                result = ev.summary
+            else:
+                if isinstance(ev, Log):
+                    bars.clear()
+                printer(ev)
+    finally:
+        printer.close()
+    assert result is not None
+    return result
+
+
 def cmd_bitr_table(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
-    from crossview.core.events import Finished, Log
     from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
                                                   run_bitr_table)
 
@@ -125,28 +150,10 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         from crossview.features import FeatureCache
         rep_params["cache"] = FeatureCache(args.cache_dir)
 
-    bars: dict[str, ProgressPrinter] = {}
-
-    def feature_progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
-
-    printer = EventPrinter(prefix="experiment: ")
-    result = None
-    try:
-        for ev in run_bitr_table(ds, representation=args.representation, methods=methods, folds=args.folds,
-                                 split=args.split, ks=ks, corpus=corpus, method_params=params,
-                                 representation_params=rep_params, seed=args.seed, out=args.exp_dir,
-                                 test_dataset=test_ds, test_parts=args.test_parts, index=args.index,
-                                 feature_progress=feature_progress):
-            if isinstance(ev, Finished):
-                result = ev.summary
-            else:
-                if isinstance(ev, Log):
-                    bars.clear()
-                printer(ev)
-    finally:
-        printer.close()
-    assert result is not None
+    result = _print_experiment(lambda progress: run_bitr_table(
+        ds, representation=args.representation, methods=methods, folds=args.folds, split=args.split, ks=ks,
+        corpus=corpus, method_params=params, representation_params=rep_params, seed=args.seed, out=args.exp_dir,
+        test_dataset=test_ds, test_parts=args.test_parts, index=args.index, feature_progress=progress))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +167,6 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
 
 
 def cmd_bitr_labels(args: argparse.Namespace) -> int:
-    from crossview.core.events import Finished, Log
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
     from crossview.experiments.bitr_labels import (LABEL_METHODS, format_markdown, format_table, parse_methods,
@@ -180,27 +186,10 @@ def cmd_bitr_labels(args: argparse.Namespace) -> int:
         rep_params["image_encoder"] = args.image_encoder
     if args.no_cache:
         rep_params["cache"] = False
-    bars: dict[str, ProgressPrinter] = {}
-
-    def feature_progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
-
-    printer = EventPrinter(prefix="experiment: ")
-    result = None
-    try:
-        for ev in run_bitr_labels(ds, kind=args.text, min_images=args.min_images, representation=args.representation,
-                                  methods=methods, folds=args.folds, split=args.split, ks=ks, method_params=params,
-                                  representation_params=rep_params, seed=args.seed, out=args.exp_dir,
-                                  feature_progress=feature_progress):
-            if isinstance(ev, Finished):
-                result = ev.summary
-            else:
-                if isinstance(ev, Log):
-                    bars.clear()
-                printer(ev)
-    finally:
-        printer.close()
-    assert result is not None
+    result = _print_experiment(lambda progress: run_bitr_labels(
+        ds, kind=args.text, min_images=args.min_images, representation=args.representation, methods=methods,
+        folds=args.folds, split=args.split, ks=ks, method_params=params, representation_params=rep_params,
+        seed=args.seed, out=args.exp_dir, feature_progress=progress))
     if args.out:
         parts = ["crossview", "experiment", "bitr-labels", "--data", str(args.data), "--text", args.text]
         if args.text == "phrases":

@@ -445,3 +445,36 @@ def read_text_or_latin1(path: Path) -> tuple[str, bool]:
         return data.decode("utf-8"), False
     except UnicodeDecodeError:
         return data.decode("latin-1"), True
+
+
+def read_caption_files(entries: Sequence[tuple[Path, Any, str]], exists: Sequence[bool], warnings: list[str],
+                       word: str = "caption") -> tuple[list[tuple[Path, Any, str]], list[str], list[int]]:
+    """The layouts with one text file of captions (one a line) per image (Reed et al.'s ``text_c10``, Pascal
+    Sentences): of ``entries`` ``(text file, class, image path)`` whose image exists, those whose file holds a
+    caption, with ``(kept entries, captions, caption -> kept-entry index)``; empty lines and files without a
+    caption are counted in ``warnings`` (``word`` names a caption there)."""
+    kept: list[tuple[Path, Any, str]] = []
+    captions: list[str] = []
+    cap_img: list[int] = []
+    n_empty = n_nocap = 0
+    for entry, ok in zip(entries, exists):
+        if not ok:
+            continue
+        caps = []
+        for line in read_text(entry[0]).splitlines():
+            c = clean_caption(line)
+            if c is None:
+                n_empty += 1
+            else:
+                caps.append(c)
+        if not caps:
+            n_nocap += 1
+            continue
+        captions.extend(caps)
+        cap_img.extend([len(kept)] * len(caps))
+        kept.append(entry)
+    if n_empty:
+        warnings.append(f"skipped {n_empty} empty {word} line(s)")
+    if n_nocap:
+        warnings.append(f"skipped {n_nocap} image(s) whose {word} file has no {word}")
+    return kept, captions, cap_img

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import check_images_exist, clean_caption, detector, read_text, reader
-from crossview.data.readers._common import image_index, safe_resolve
+from crossview.data.readers._common import check_images_exist, detector, reader
+from crossview.data.readers._common import image_index, read_caption_files, safe_resolve
 from crossview.core.errors import DatasetError
 
 #: Sentence folders, tried in order (rupy's script, its forks, another downloader, the flat variant).
@@ -125,33 +125,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     names = [str(f.relative_to(root)) for f, _, _ in entries]
     exists = check_images_exist([e[2] for e in entries], text_dir, base, names, warnings)
 
-    paths: list[str] = []
-    captions: list[str] = []
-    cap_img: list[int] = []
-    labels: list[int] = []
-    n_empty = n_nocap = 0
-    for (txt, cls, image), ok in zip(entries, exists):
-        if not ok:
-            continue
-        caps = []
-        for line in read_text(txt).splitlines():
-            c = clean_caption(line)
-            if c is None:
-                n_empty += 1
-            else:
-                caps.append(c)
-        if not caps:
-            n_nocap += 1
-            continue
-        i = len(paths)
-        paths.append(image)
-        captions.extend(caps)
-        cap_img.extend([i] * len(caps))
-        labels.append(classes[cls] if cls is not None else i)
-    if n_empty:
-        warnings.append(f"skipped {n_empty} empty sentence line(s)")
-    if n_nocap:
-        warnings.append(f"skipped {n_nocap} image(s) whose sentence file has no sentence")
+    kept, captions, cap_img = read_caption_files(entries, exists, warnings, "sentence")
+    paths = [image for _, _, image in kept]
+    labels = [classes[cls] if cls is not None else i for i, (_, cls, _) in enumerate(kept)]
     if not paths:
         raise DatasetError("no image with both a file and a sentence remains", root)
     used = {e[2] for e in entries}

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
-from crossview.data.readers._common import image_index, read_text, reader, safe_resolve
+from crossview.data.readers._common import brief, check_images_exist, detector
+from crossview.data.readers._common import image_index, read_caption_files, read_text, reader, safe_resolve
 from crossview.core.errors import DatasetError
 
 TEXT_DIR = "text_c10"
@@ -115,35 +115,10 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     names = [f"{TEXT_DIR}/{c}/{t.name}" for t, c, _ in entries]
     exists = check_images_exist([e[2] for e in entries], text_dir, base, names, warnings)
 
-    paths: list[str] = []
-    captions: list[str] = []
-    cap_img: list[int] = []
-    labels: list[int] = []
-    class_of: list[str] = []
-    n_empty = n_nocap = 0
-    for (txt, cls, image), ok in zip(entries, exists):
-        if not ok:
-            continue
-        caps = []
-        for line in read_text(txt).splitlines():
-            c = clean_caption(line)
-            if c is None:
-                n_empty += 1
-            else:
-                caps.append(c)
-        if not caps:
-            n_nocap += 1
-            continue
-        i = len(paths)
-        paths.append(image)
-        captions.extend(caps)
-        cap_img.extend([i] * len(caps))
-        labels.append(classes[cls])
-        class_of.append(cls)
-    if n_empty:
-        warnings.append(f"skipped {n_empty} empty caption line(s)")
-    if n_nocap:
-        warnings.append(f"skipped {n_nocap} image(s) whose caption file has no caption")
+    kept, captions, cap_img = read_caption_files(entries, exists, warnings)
+    paths = [image for _, _, image in kept]
+    labels = [classes[cls] for _, cls, _ in kept]
+    class_of = [cls for _, cls, _ in kept]
     if not paths:
         raise DatasetError("no image with both a file and a caption remains", root)
     used = {e[2] for e in entries}
