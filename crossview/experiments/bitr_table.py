@@ -738,7 +738,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
 
     folder.mkdir(parents=True, exist_ok=True)
     save()
-    yield Log(f"experiment 1 on {dataset.name}: {protocol}; representation {representation}; methods "
+    yield Log(f"experiment {2 if cross else 1} on {dataset.name}: {protocol}; representation {representation}; methods "
               f"{', '.join(methods)}" + (f"; corpus of {len(corpus_captions):,} captions" if corpus_captions else "")
               + f"; runs in {folder}" + ("" if not old else " (continuing: finished trials are read back)"))
 
