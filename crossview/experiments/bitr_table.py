@@ -438,18 +438,23 @@ def cross_metrics(embed: Embed, source: MethodData, target: MethodData, parts: S
 
 def foreign_method_data(dataset: Any, rep: Any, name: str = "target", *, device: str = "cpu") -> MethodData:
     """All images and captions of another ``dataset`` in ``rep``, the representation fitted on the training
-    dataset's images: its image files through ``rep.encode_images`` (or, for the ``default`` representation
-    over precomputed features, its own feature rows: the same CNN's, e.g. two VSE++ ``*_precomp`` folders),
+    dataset's images: for ``default`` / ``modern`` through the same encoder and the feature cache (precomputed
+    features: its own rows, the same CNN's, e.g. two VSE++ ``*_precomp`` folders), for TR / CTR its image files
+    through ``rep.encode_images``,
     its captions through ``rep.encode_captions`` (the fitted parts of the training data: nothing is refitted)."""
     from crossview.features import PRECOMP
 
-    if rep.encode_images is not None and getattr(dataset, "image_paths", None) is not None:
-        image = np.asarray(rep.encode_images(list(dataset.image_paths), device=device), dtype=np.float32)
-    elif rep.name == "default" and rep.info.get("image_encoder") == PRECOMP and dataset.image_features is not None:
-        image = np.asarray(dataset.image_features, dtype=np.float32)
+    precomp = rep.info.get("image_encoder") == PRECOMP
+    if precomp and dataset.image_features is None:
+        raise CrossViewError(f"dataset {dataset.name!r} has image files and the training data precomputed "
+                             "features; both must come from the same CNN")
+    if rep.encode_dataset_images is not None and (precomp or getattr(dataset, "image_paths", None) is not None):
+        image = np.asarray(rep.encode_dataset_images(dataset), dtype=np.float32)     # through the feature cache
         if image.shape[1] != rep.image.shape[1]:
             raise CrossViewError(f"dataset {dataset.name!r} has {image.shape[1]}-d image features, the training "
                                  f"data {rep.image.shape[1]}-d; both must come from the same CNN")
+    elif rep.encode_images is not None and getattr(dataset, "image_paths", None) is not None:
+        image = np.asarray(rep.encode_images(list(dataset.image_paths), device=device), dtype=np.float32)
     else:
         raise CrossViewError(f"dataset {dataset.name!r}: a cross-dataset test encodes its images with the training "
                              "data's representation; it needs image files (or, with --representation default, "

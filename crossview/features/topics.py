@@ -440,6 +440,9 @@ class Representation:
     info: dict[str, Any] = field(default_factory=dict)
     encode_images: Callable[..., np.ndarray] | None = None
     text_model: Any = None
+    #: every image of another dataset through the same fitted image side, reading and filling the feature
+    #: cache (``default`` / ``modern``; a cross-dataset test), or ``None``
+    encode_dataset_images: Callable[[Any], np.ndarray] | None = None
 
 
 class RepresentationSplits(NamedTuple):
@@ -649,8 +652,19 @@ def build_representation(dataset: Any, name: str = "default", *,
                 x = np.asarray(backbone["encoder"].encode_paths([str(p) for p in paths], num_workers=0,
                                                                 device=device), dtype=np.float32)
                 return x if pca is None else np.asarray(pca.transform(x), dtype=np.float32)
+        def encode_dataset_images(other: Any) -> np.ndarray:
+            """Every image of ``other`` with the same encoder, through the feature cache (and the PCA fitted
+            on this dataset's training images)."""
+            got = F.extract_features(other, feats.image_encoder, text_encoder=None, text_model=text_model,
+                                     cache=store if store is not None else False, device=device,
+                                     batch_size=batch_size, num_workers=num_workers, image_weights=image_weights,
+                                     allow_random=allow_random, progress=progress, should_stop=should_stop)
+            x = np.asarray(got.image, dtype=np.float32)
+            return x if pca is None else np.asarray(pca.transform(x), dtype=np.float32)
+
         return Representation(name, image, text, encode_with(text_model, "corpus"), fit, info,
-                              encode_images=encode_images, text_model=text_model)
+                              encode_images=encode_images, text_model=text_model,
+                              encode_dataset_images=encode_dataset_images)
 
     # ---------------------------------------------------------------- TR / CTR
     enc_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
