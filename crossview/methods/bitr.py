@@ -42,6 +42,7 @@ import torch
 
 from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
+from crossview.methods._cgrid import PAPER_C_GRID, c_grid_values
 from crossview.methods._bitr_losses import (DOMAINS, LOSSES, _check_loss, _one_blas_thread, delta, delta_matrix,
                                             hinge_terms, most_violated, most_violated_finite, normalize_rows,
                                             primal_objective, vertex_losses)
@@ -67,52 +68,9 @@ REPRESENTATIONS = ("features", "tr", "ctr")
 
 
 # ------------------------------------------------------------------------------ the registered method
-#: The paper's C grid (section 7.4): 10^-5, 10^-4, ..., 10^5.
-PAPER_C_GRID: tuple[float, ...] = tuple(10.0 ** k for k in range(-5, 6))
-
-
 def parse_c_grid(value: Any) -> tuple[float, ...]:
-    """``c_grid`` as a sorted tuple of positive floats.
-
-    Accepts a sequence of numbers, a string of comma/space separated numbers (``"1e-3,1,1e3"``), a
-    range ``"1e-5:1e5"`` (every power of ten in between) or ``"paper"`` (10^-5 ... 10^5). Empty / None:
-    no cross-validation.
-    """
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
-        return ()
-    if isinstance(value, (list, tuple)) and not value:
-        return ()
-    if isinstance(value, (int, float)):
-        vals: list[Any] = [value]
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("paper", "default"):
-            return PAPER_C_GRID
-        if ":" in text:
-            lo_s, hi_s = text.split(":", 1)
-            try:
-                lo, hi = float(lo_s), float(hi_s)
-            except ValueError:
-                lo = hi = float("nan")
-            if not (lo > 0 and hi >= lo):
-                raise CrossViewError(f"BITR: c_grid range {value!r} must be 'LOW:HIGH' with 0 < LOW <= HIGH, "
-                                     "e.g. '1e-5:1e5'")
-            a, b = math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9)
-            return tuple(10.0 ** k for k in range(a, b + 1))
-        vals = [t for t in text.replace(",", " ").split() if t]
-    else:
-        vals = list(value)
-    out = []
-    for v in vals:
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            f = float("nan")
-        if not (math.isfinite(f) and f > 0):
-            raise CrossViewError(f"BITR: c_grid value {v!r} is not a positive number; give e.g. "
-                                 "c_grid=1e-5,1e-3,1e-1,10,1e3 or c_grid=paper")
-        out.append(f)
-    return tuple(sorted(set(out)))
+    """``c_grid`` as a sorted tuple of positive floats (:func:`crossview.methods._cgrid.c_grid_values`)."""
+    return c_grid_values(value, "BITR")
 
 
 def cv_folds(n_images: int, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:

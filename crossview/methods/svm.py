@@ -35,53 +35,17 @@ import numpy as np
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Log, Progress, Validation
 from crossview.methods import register_method
+from crossview.methods._cgrid import PAPER_C_GRID, c_grid_values
 from crossview.methods._labels import LabelMethod, sets_to_csr
 from crossview.methods.base import MethodData
 
 __all__ = ["SVM", "PAPER_C_GRID", "parse_c_grid"]
 
-#: the BITR paper's grid for C (five-fold cross-validation over 10^-5 ... 10^5)
-PAPER_C_GRID = tuple(10.0 ** e for e in range(-5, 6))
 
 
 def parse_c_grid(value: Any) -> tuple[float, ...]:
-    """``c_grid`` as a sorted tuple of positive floats: ``None`` / ``""`` / ``"none"`` = no cross-validation,
-    ``"paper"`` = :data:`PAPER_C_GRID`, ``"LOW:HIGH"`` = every power of ten in between, or numbers (a list, or a
-    string separated by commas / spaces)."""
-    if value is None or (isinstance(value, (list, tuple)) and not value):
-        return ()
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "none"):
-            return ()
-        if text in ("paper", "cv"):
-            return PAPER_C_GRID
-        if ":" in text:
-            lo_s, hi_s = text.split(":", 1)
-            try:
-                lo, hi = float(lo_s), float(hi_s)
-            except ValueError:
-                lo = hi = float("nan")
-            if not (lo > 0 and hi >= lo and math.isfinite(hi)):
-                raise CrossViewError(f"svm: c_grid range {value!r} must be 'LOW:HIGH' with 0 < LOW <= HIGH, "
-                                     "e.g. '1e-5:1e5'")
-            a, b = math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9)
-            if a > b:
-                raise CrossViewError(f"svm: c_grid range {value!r} holds no power of ten; widen it or list values")
-            return tuple(10.0 ** e for e in range(a, b + 1))
-        items: list[Any] = [t for t in text.replace(",", " ").split() if t]
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        items = [value]
-    else:
-        items = list(value)
-    try:
-        vals = [float(v) for v in items]
-    except (TypeError, ValueError):
-        vals = [float("nan")]
-    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
-        raise CrossViewError(f"svm: c_grid {value!r} must be 'paper', a range 'LOW:HIGH' or positive numbers "
-                             "('0.1,1,10')")
-    return tuple(sorted(set(vals)))
+    """``c_grid`` as a sorted tuple of positive floats (:func:`crossview.methods._cgrid.c_grid_values`)."""
+    return c_grid_values(value, "svm")
 
 
 def _fit_label(X: np.ndarray, y: np.ndarray, C: float, max_iter: int, seed: int) -> tuple[np.ndarray, float, bool]:
