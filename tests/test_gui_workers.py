@@ -12,7 +12,7 @@ pytest.importorskip("pytestqt")
 from crossview.core.events import Log, Loss, Progress  # noqa: E402
 from crossview.core.errors import CrossViewError  # noqa: E402
 from _latency import LatencyProbe  # noqa: E402
-from crossview.gui.workers import EventTask  # noqa: E402
+from crossview.gui.workers import EventTask, Task  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -100,6 +100,24 @@ def test_failures_are_reported_not_raised(qtbot) -> None:
         assert ("missing 'image'" in message) if not expect_trace else ("ZeroDivisionError" in message)
         assert bool(details) == expect_trace
         task.wait()
+
+
+@pytest.mark.parametrize("outcome", ["failed", "succeeded"])
+def test_a_task_outcome_reaches_a_slot_connected_after_start(qtbot, outcome) -> None:
+    """open_run returns a started Task; a damaged run fails at once, often before the caller connects
+    (CI lost such a failure: a 60 s timeout with the message box already open). The outcome must wait
+    for the GUI thread's event loop, so connecting right after start() always sees it."""
+    def work(progress, should_stop):
+        if outcome == "failed":
+            raise CrossViewError("config.json: not a JSON object")
+        return 42
+
+    task = Task(work)
+    task.start()
+    assert task.wait(10_000)    # the worker has finished before anyone connects: the race, made certain
+    with qtbot.waitSignal(getattr(task, outcome), timeout=5000) as sig:
+        pass
+    assert sig.args == (["config.json: not a JSON object", ""] if outcome == "failed" else [42])
 
 
 def test_latency_probe_sees_a_blocked_gui_thread(qtbot) -> None:

@@ -28,7 +28,14 @@ Work = Callable[[Callable[[int, int], None], Callable[[], bool]], Any]
 
 
 class Task(QObject):
-    """One piece of work in its own QThread. Connect to the signals, then call :meth:`start`."""
+    """One piece of work in its own QThread. Connect to the signals, then call :meth:`start`.
+
+    :attr:`succeeded`, :attr:`failed` and :attr:`finished` are emitted on the thread that owns the task
+    (the GUI thread), relayed from the worker through queued connections made here, before the thread
+    starts. So a caller that connects right after :meth:`start` returns never misses the outcome, however
+    fast the work fails: the relay waits for the GUI thread's next event-loop turn. (Emitting them on the
+    worker thread, as before, lost the signal for such a connection when a damaged run failed at once.)
+    """
 
     progress = Signal(int, int)  # done, total
     succeeded = Signal(object)   # the function's return value
@@ -51,6 +58,8 @@ class Task(QObject):
         self._runner.moveToThread(self._thread)
         self._thread.started.connect(self._runner.run)
         self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)  # quit is thread-safe; wait() must not deadlock
+        self._runner.succeeded.connect(self.succeeded, Qt.ConnectionType.QueuedConnection)
+        self._runner.failed.connect(self.failed, Qt.ConnectionType.QueuedConnection)
         self._thread.finished.connect(self.finished)
 
     def start(self) -> "Task":
@@ -80,6 +89,8 @@ class Task(QObject):
 
 class _Runner(QObject):
     done = Signal()
+    succeeded = Signal(object)   # relayed to Task.succeeded on the GUI thread
+    failed = Signal(str, str)    # relayed to Task.failed on the GUI thread
 
     def __init__(self, task: Task) -> None:
         super().__init__()
@@ -90,12 +101,12 @@ class _Runner(QObject):
         try:
             result = t._fn(t._report, t._stop.is_set)
         except CrossViewError as e:
-            t.failed.emit(str(e), "")
+            self.failed.emit(str(e), "")
         except Exception as e:  # a bug: keep the app alive and show the traceback
-            t.failed.emit(f"{type(e).__name__}: {e}", traceback.format_exc())
+            self.failed.emit(f"{type(e).__name__}: {e}", traceback.format_exc())
         else:
             if not t.cancelled:
-                t.succeeded.emit(result)
+                self.succeeded.emit(result)
         finally:
             self.done.emit()
 
