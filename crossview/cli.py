@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.tune",
     "crossview.commands.experiment",
     "crossview.commands.query",
+    "crossview.commands.explain",
     "crossview.commands.screenshot",
 ]
 

@@ -196,7 +196,9 @@ def cca_transform(Z: np.ndarray, mean: np.ndarray, proj: np.ndarray, correlation
     if power and correlations is not None:
         out *= np.power(np.asarray(correlations, dtype=np.float32), np.float32(power))
     if normalize:
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        from crossview.core.rownorm import row_norms
+
+        norms = row_norms(np.linalg.norm(out, axis=1, keepdims=True))
         out /= np.maximum(norms, np.float32(1e-12))
     return out
 

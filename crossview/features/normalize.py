@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.rownorm import row_norms
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
 
@@ -41,7 +42,7 @@ def check_norm(kind: Any, what: str = "normalisation") -> str:
 
 
 def _l2(x: np.ndarray) -> np.ndarray:
-    n = np.linalg.norm(x, axis=1, keepdims=True)
+    n = row_norms(np.linalg.norm(x, axis=1, keepdims=True))
     return x / np.maximum(n, 1e-12)
 
 

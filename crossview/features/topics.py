@@ -443,6 +443,10 @@ class Representation:
     #: every image of another dataset through the same fitted image side, reading and filling the feature
     #: cache (``default`` / ``modern``; a cross-dataset test), or ``None``
     encode_dataset_images: Callable[[Any], np.ndarray] | None = None
+    #: the backbone's pooled feature rows -> this representation's image rows (``default``: unchanged;
+    #: ``modern``: the fitted PCA), or ``None`` where the image side is not a function of the pooled feature
+    #: (TR / CTR: visual words of local descriptors). :mod:`crossview.explain` reads it.
+    image_from_pooled: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 class RepresentationSplits(NamedTuple):
@@ -662,9 +666,14 @@ def build_representation(dataset: Any, name: str = "default", *,
             x = np.asarray(got.image, dtype=np.float32)
             return x if pca is None else np.asarray(pca.transform(x), dtype=np.float32)
 
+        def image_from_pooled(x: np.ndarray) -> np.ndarray:
+            x = np.asarray(x, dtype=np.float32)
+            return x if pca is None else np.asarray(pca.transform(x), dtype=np.float32)
+
         return Representation(name, image, text, encode_with(text_model, "corpus"), fit, info,
                               encode_images=encode_images, text_model=text_model,
-                              encode_dataset_images=encode_dataset_images)
+                              encode_dataset_images=encode_dataset_images,
+                              image_from_pooled=None if feats.image_encoder == F.PRECOMP else image_from_pooled)
 
     # ---------------------------------------------------------------- TR / CTR
     enc_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
@@ -910,6 +919,12 @@ class RepresentationFeatures(Features):
     def encode_new_captions(self, captions: Sequence[str], *, device: str = "cpu") -> np.ndarray:
         """Features ``(n, dim)`` of new sentences (before the run's normalisation)."""
         return self.representation.encode_captions(captions, device=device)
+
+    def image_from_pooled(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The representation's map from the backbone's pooled feature rows to its image rows (before the
+        run's normalisation), or ``None`` when its image side is not such a function (TR / CTR)."""
+        rep = getattr(self.representation, "rep", None)
+        return getattr(rep, "image_from_pooled", None)
 
 
 def representation_request(method: Any) -> dict[str, Any] | None:

@@ -121,6 +121,9 @@ def normalize_rows(a: np.ndarray, norm: str, what: str = "features") -> np.ndarr
         s = np.sqrt((a.astype(np.float64) ** 2).sum(axis=1, keepdims=True)).astype(np.float32)
     else:
         raise CrossViewError(f"BITR: unknown normalisation {norm!r}; choose 'l2', 'l1' or 'paper'")
+    from crossview.core.rownorm import row_norms
+
+    s = row_norms(s)
     s[s == 0] = 1.0
     return (a / s).astype(np.float32)
 

@@ -40,7 +40,9 @@ def normalize_rows(a: np.ndarray, how: str) -> np.ndarray:
     a = np.asarray(a, dtype=np.float32)
     if how == "none":
         return a
-    norms = np.linalg.norm(a, axis=1, keepdims=True)
+    from crossview.core.rownorm import row_norms
+
+    norms = row_norms(np.linalg.norm(a, axis=1, keepdims=True))
     return a / np.maximum(norms, 1e-12)
 
 

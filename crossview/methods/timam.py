@@ -391,5 +391,7 @@ class Timam(Vsepp):
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
-    n = np.linalg.norm(x, axis=1, keepdims=True)
+    from crossview.core.rownorm import row_norms
+
+    n = row_norms(np.linalg.norm(x, axis=1, keepdims=True))
     return np.ascontiguousarray(np.where(n > 0, x / np.maximum(n, 1e-12), 0.0), dtype=np.float32)

@@ -24,11 +24,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from crossview.core.rownorm import norms_frozen, row_norms
+
 __all__ = ["l2norm", "FeatureImageEncoder", "BackboneImageEncoder", "GRUTextEncoder", "TransformerTextEncoder"]
 
 
 def l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """``x`` scaled to unit L2 norm along ``dim`` (a zero row stays zero)."""
+    """``x`` scaled to unit L2 norm along ``dim`` (a zero row stays zero). Inside
+    :func:`crossview.core.rownorm.frozen_row_norms` (an explanation, 2-D rows) every row is divided by the
+    first row's norm instead."""
+    if x.dim() == 2 and norms_frozen():
+        return x / row_norms(x.norm(p=2.0, dim=dim, keepdim=True)).clamp_min(1e-12)
     return F.normalize(x, p=2.0, dim=dim, eps=1e-12)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from crossview.data.text import tokenize
 from crossview.core.errors import CrossViewError
+from crossview.core.rownorm import row_norms
 from crossview.features.text.base import TextEncoder, register_text_encoder
 
 
@@ -74,6 +75,7 @@ def _normalise_rows(x: np.ndarray, norm: str | None) -> np.ndarray:
         d = np.abs(x).sum(axis=1, keepdims=True)
     else:
         raise CrossViewError(f"norm must be 'l1', 'l2' or None, got {norm!r}")
+    d = row_norms(d)
     return x / np.where(d > 0, d, 1.0)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from crossview.data.text import tokenize
+from crossview.core.rownorm import row_norms
 from crossview.core.errors import WeightsNotFoundError
 from crossview.features.text.base import GLOVE_PACKAGE, TextEncoder, register_text_encoder
 from crossview.features.text.counts import _normalise_rows
@@ -99,5 +100,7 @@ class GloveEncoder(TextEncoder):
             flat = np.fromiter((j for row in ids for j in row), dtype=np.int64, count=int(lengths.sum()))
             vecs = np.asarray(emb[flat], dtype=np.float64)
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[nonempty]
-            out[nonempty] = np.add.reduceat(vecs, starts, axis=0) / lengths[nonempty, None]
+            # the mean divides by the caption's length: a row scale, held at the first row's by an explanation
+            scale = np.maximum(row_norms(lengths[:, None].astype(np.float64))[nonempty], 1.0)
+            out[nonempty] = np.add.reduceat(vecs, starts, axis=0) / scale
         return _normalise_rows(out, self.params["norm"]).astype(np.float32)

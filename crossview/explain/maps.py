@@ -1,0 +1,370 @@
+"""Why did a pair match? Region maps over the image and word importances over the caption (issue 18).
+
+**Region maps.** Every image side here starts from a backbone's pooled feature ``f = mean_p f_p``, the
+average of its last conv map over the ``h x w`` positions ``p`` (ResNet, MobileNet-V2, EfficientNet-Lite0),
+and goes through steps that are affine (a representation's PCA, centring and whitening, CCA's and BITR's
+projections, WSABIE's ``V``, the deep methods' FC layer and BatchNorm in eval mode), elementwise (the signed
+square root) or divide the row by a scalar (every L2 normalisation). Score ``s(f) = u(f) . v`` against the
+caption's embedding ``v``.
+
+- Hold each row scale at the value it takes for the whole image (:mod:`crossview.core.rownorm`). What is left
+  is affine wherever the pipeline has no elementwise step, so ``s(mean_p f_p) = mean_p s(f_p)``: the map
+  ``m_p = s(f_p)``, each position's feature sent through the run's pipeline, averages **exactly** to the
+  score (mode ``"exact"``). One forward pass of the backbone, no gradients. This holds for CCA, WSABIE,
+  BITR, and VSE0 / VSE++ / SmoothAP / webly / TIMAM on precomputed features, with the feature
+  normalisations ``none``, ``l2``, ``center`` and ``whiten``.
+- With the scales held, a normalised score is read at the image's own scale: a region's share is what it
+  adds *given* the rest of the image. That is the exact split of the score; what it does not say is how the
+  score would change if the region were cut out (the norm would change too): that is a first-order question.
+- Where the pipeline has an elementwise step (``ssr`` normalisation), the map is the linearisation at the
+  pooled feature, ``m_p = s(f) + grad s(f) . (f_p - f)`` (central differences along each ``f_p - f``; mode
+  ``"first-order"``). It still averages to the score, by construction, but only to first order is it each
+  position's score.
+- Which of the two holds is checked numerically on every map (``mean_p s(f_p)`` against ``s(f)``), not assumed.
+- Not covered (a clear error says so): VGG-19 (its fc7 is not an average of its conv map), precomputed image
+  features (no map to read), TR / CTR representations (visual words of local descriptors) and end-to-end runs
+  whose CNN is fine-tuned (a Grad-CAM on the score is the tool there; not built yet).
+
+**Word importance.** The caption's words are its whitespace-separated tokens. For encoders whose feature is a
+sum over words before the row scale (bag of words, TF-IDF, mean GloVe vectors) the same held-scale split is
+exact: each word's contribution ``s(word) - s(empty)`` sums with the others to ``s(caption) - s(empty)``
+(mode ``"exact"``, checked numerically). Otherwise (MiniLM, a local BERT, LDA topics, the deep methods' own
+text encoders) the importance of a word is the drop in score when it is removed (mode ``"deletion"``), all
+variants scored in one batched pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.core.errors import CrossViewError
+from crossview.core.rownorm import frozen_row_norms
+
+__all__ = ["RegionMap", "WordImportance", "Explanation", "Explainer", "region_map", "word_importance",
+           "caption_words"]
+
+#: a batch for the held-scale passes: the whole row first, then at most this many parts (every normalisation
+#: in the pipeline must see the whole row as its first row, so no method may split the batch)
+_PARTS_PER_BATCH = 31
+#: relative tolerance of the exactness checks: exact float32 pipelines land near 1e-7, the signed square
+#: root at 1e-2 and more (measured on the demo)
+_EXACT_RTOL = 1e-5
+#: step of the central differences (a fraction of each ``f_p - f``) for the first-order map
+_FD_STEP = 1e-2
+
+
+@dataclass
+class RegionMap:
+    """Per-position contributions to one pair's score.
+
+    Attributes:
+        values: ``(h, w) float32`` over the backbone's last conv map; ``values.mean() == score`` (exact or
+            first-order, see :attr:`mode`).
+        score: the pair's score as the run computes it from this image file.
+        mode: ``"exact"`` (each cell is its position's own score at the image's row scales) or
+            ``"first-order"`` (the linearisation at the pooled feature).
+        crop_box: ``(left, top, right, bottom)`` in the original image's pixels: the centre crop the backbone
+            saw, which the map covers.
+        image_size: ``(width, height)`` of the original image.
+        residual: ``|mean(per-position scores) - score|``, the exactness check's measure.
+        direction: ``"i2t"`` or ``"t2i"`` (BITR has a model per direction; the others score both alike).
+    """
+
+    values: np.ndarray
+    score: float
+    mode: str
+    crop_box: tuple[float, float, float, float]
+    image_size: tuple[int, int]
+    residual: float
+    direction: str = "i2t"
+
+    @property
+    def peak(self) -> tuple[int, int]:
+        """``(row, col)`` of the cell with the largest contribution."""
+        r, c = np.unravel_index(int(np.argmax(self.values)), self.values.shape)
+        return int(r), int(c)
+
+    def cell_box(self, row: int, col: int) -> tuple[float, float, float, float]:
+        """The original-image pixel box ``(left, top, right, bottom)`` of cell ``(row, col)``."""
+        h, w = self.values.shape
+        l, t, r, b = self.crop_box
+        cw, ch = (r - l) / w, (b - t) / h
+        return l + col * cw, t + row * ch, l + (col + 1) * cw, t + (row + 1) * ch
+
+
+@dataclass
+class WordImportance:
+    """How much each word of the caption adds to the pair's score.
+
+    Attributes:
+        words: the caption's whitespace-separated words, in order.
+        values: ``(n_words,) float32``: the contribution (``"exact"``: they sum to ``score - baseline``) or
+            the drop in score when the word is removed (``"deletion"``).
+        score: the pair's score.
+        mode: ``"exact"`` or ``"deletion"``.
+        baseline: the empty caption's score at the caption's row scales (``"exact"`` only).
+    """
+
+    words: list[str]
+    values: np.ndarray
+    score: float
+    mode: str
+    baseline: float | None = None
+
+    def ranked(self) -> list[tuple[str, float]]:
+        """``(word, value)`` pairs, most important first."""
+        order = np.argsort(-self.values, kind="stable")
+        return [(self.words[i], float(self.values[i])) for i in order]
+
+
+@dataclass
+class Explanation:
+    """Both views of one pair (what the app shows); ``region`` is None where the run has no map to read, and
+    ``region_error`` then says why."""
+
+    region: RegionMap | None
+    words: WordImportance
+    region_error: str = ""
+    image_path: str = ""
+    text: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def caption_words(text: str) -> list[str]:
+    """The words a caption is explained by: its whitespace-separated tokens."""
+    return str(text).split()
+
+
+class Explainer:
+    """Explanations for the pairs of one opened run (:class:`crossview.engine.session.OpenRun`), with the
+    backbone loaded once and each pair's result cached (the app asks again as the user pages through)."""
+
+    def __init__(self, run: Any, device: str = "cpu") -> None:
+        self.run = run
+        self.device = device
+        self.method = run.method
+        self.features = run.features
+        self.dataset = run.dataset
+        self._encoder: Any = None
+        self._cache: dict[tuple[Any, ...], Explanation] = {}
+        self._local: dict[str, tuple[np.ndarray, tuple[float, float, float, float], tuple[int, int]]] = {}
+
+    # ------------------------------------------------------------------ inputs
+    def image_path(self, image: int | str | Path) -> str:
+        """The file of ``image`` (a dataset image index or a path)."""
+        if isinstance(image, (int, np.integer)):
+            i = int(image)
+            if not 0 <= i < self.dataset.n_images:
+                raise CrossViewError(f"image {i} is not in dataset {self.dataset.name!r} ({self.dataset.n_images} images)")
+            paths = getattr(self.dataset, "image_paths", None)
+            if paths is None:
+                raise CrossViewError(f"dataset {self.dataset.name!r} has precomputed image features only, so there "
+                                     "is no image to draw a region map on")
+            return str(paths[i])
+        p = Path(image)
+        if not p.is_file():
+            raise CrossViewError(f"{p}: no such image file")
+        return str(p)
+
+    def text_of(self, text: str | int) -> str:
+        if isinstance(text, (int, np.integer)):
+            c = int(text)
+            if not 0 <= c < self.dataset.n_captions:
+                raise CrossViewError(f"caption {c} is not in dataset {self.dataset.name!r}")
+            return str(self.dataset.captions[c])
+        sentence = str(text).strip()
+        if not sentence:
+            raise CrossViewError("give a caption to explain (--text \"a dog runs on the grass\")")
+        return sentence
+
+    # ------------------------------------------------------------------ the run's pipelines
+    def _image_encoder(self) -> Any:
+        if self._encoder is None:
+            from crossview.features import PRECOMP
+            from crossview.features.image import backbone_spec, create_image_encoder
+
+            if getattr(self.method, "wants_image_files", False):
+                raise CrossViewError(f"this run's {self.method.name} model encodes the image files with its own "
+                                     "fine-tuned CNN; region maps are drawn for runs on precomputed backbone features "
+                                     "(image_model=features) only, for now")
+            spec = (self.features.spec or {}).get("image", {})
+            name = spec.get("name") or self.features.image_encoder
+            if name == PRECOMP or str(name).endswith("precomp"):
+                raise CrossViewError("this run uses precomputed image features: there is no conv map to draw a "
+                                     "region map from; train on the image files to get one")
+            if self._pooled_transform() is None:
+                raise CrossViewError("this run's TR / CTR representation builds its image side from visual words, "
+                                     "not from a pooled CNN feature, so it has no region map; use the default or "
+                                     "modern representation")
+            name = str(name).split("+", 1)[0]
+            bs = backbone_spec(name)
+            if bs.family == "vgg":
+                raise CrossViewError("VGG-19's feature (fc7) is not an average over its conv map, so the region map "
+                                     "would not be exact; use a ResNet, MobileNet-V2 or EfficientNet-Lite0 run")
+            self._encoder = create_image_encoder(name, weights=spec.get("weights_path"),
+                                                 allow_random=spec.get("weights_hash") == "random")
+        return self._encoder
+
+    def _pooled_transform(self) -> Any:
+        """pooled backbone rows -> the run's image feature rows (before normalisation); None: not possible."""
+        get = getattr(self.features, "image_from_pooled", None)
+        if callable(get):
+            return get()
+        return lambda x: np.asarray(x, dtype=np.float32)
+
+    def _image_rows_to_embedding(self, rows: np.ndarray, direction: str) -> np.ndarray:
+        from crossview.methods.base import MethodData
+
+        x = np.asarray(self._pooled_transform()(rows), dtype=np.float32)
+        t = getattr(self.features, "image_transform", None)
+        if t is not None:
+            x = np.asarray(t(x), dtype=np.float32)
+        data = MethodData(image_features=x, text_features=None, captions=[], caption_image=np.zeros(0, np.int64),
+                          name="explain")
+        return np.asarray(self.method.encode_images(data, direction=direction), dtype=np.float64)
+
+    def _dataset_image_embedding(self, i: int, direction: str) -> np.ndarray:
+        from crossview.methods.base import MethodData
+
+        data = MethodData(image_features=np.asarray(self.features.image[[i]], np.float32), text_features=None,
+                          captions=[], caption_image=np.zeros(0, np.int64), name="explain")
+        return np.asarray(self.method.encode_images(data, direction=direction), dtype=np.float64)[0]
+
+    def _text_embeddings(self, sentences: list[str], direction: str) -> np.ndarray:
+        from crossview.features import encode_texts
+        from crossview.methods.base import MethodData
+
+        feats = encode_texts(self.features, sentences, device=self.device) if self.method.needs_text_features else None
+        data = MethodData(image_features=None, text_features=feats, captions=list(sentences),
+                          caption_image=np.full(len(sentences), -1, np.int64), name="explain")
+        return np.asarray(self.method.encode_texts(data, direction=direction), dtype=np.float64)
+
+    def _local_features(self, path: str) -> tuple[np.ndarray, tuple[float, float, float, float], tuple[int, int]]:
+        """``(h, w, C)`` conv map of the file, the crop box it covers, the image's size."""
+        got = self._local.get(path)
+        if got is None:
+            from PIL import Image
+
+            enc = self._image_encoder()
+            loc = enc.encode_paths([path], num_workers=0, device=self.device, local=True)[0]   # (h*w, C)
+            side = int(round(np.sqrt(loc.shape[0])))
+            if side * side != loc.shape[0]:
+                raise CrossViewError(f"{enc.name}: a {loc.shape[0]}-position conv map is not square")
+            try:
+                with Image.open(path) as im:
+                    size = (int(im.width), int(im.height))
+            except OSError as e:
+                raise CrossViewError(f"{path}: cannot read the image ({e})") from None
+            scale = min(size) / float(enc.resize)
+            crop = enc.spec.crop * scale
+            left, top = (size[0] - crop) / 2.0, (size[1] - crop) / 2.0
+            got = (loc.reshape(side, side, -1), (left, top, left + crop, top + crop), size)
+            self._local[path] = got
+        return got
+
+    # ------------------------------------------------------------------ region maps
+    def region_map(self, image: int | str | Path, text: str | int, direction: str = "i2t") -> RegionMap:
+        """The region map of the pair (see the module docstring)."""
+        from crossview.methods.base import check_direction
+
+        check_direction(direction)
+        path = self.image_path(image)
+        sentence = self.text_of(text)
+        fmap, box, size = self._local_features(path)
+        h, w, c = fmap.shape
+        parts = fmap.reshape(h * w, c).astype(np.float64)
+        pooled = parts.mean(axis=0)
+        v = self._text_embeddings([sentence], direction)[0]
+        score = float(self._image_rows_to_embedding(pooled[None].astype(np.float32), direction)[0] @ v)
+        per = self._held_scale_scores(pooled, parts, v, direction)
+        residual = abs(float(per.mean()) - score)
+        if residual <= _EXACT_RTOL * (1.0 + abs(score) + float(np.abs(per).mean())):
+            values, mode = per, "exact"
+        else:
+            delta = parts - pooled
+            plus = self._held_scale_scores(pooled, pooled + _FD_STEP * delta, v, direction)
+            minus = self._held_scale_scores(pooled, pooled - _FD_STEP * delta, v, direction)
+            slope = (plus - minus) / (2 * _FD_STEP)
+            values, mode = score + slope - slope.mean(), "first-order"
+        return RegionMap(values=values.reshape(h, w).astype(np.float32), score=score, mode=mode, crop_box=box,
+                         image_size=size, residual=residual, direction=direction)
+
+    def _held_scale_scores(self, whole: np.ndarray, parts: np.ndarray, v: np.ndarray, direction: str) -> np.ndarray:
+        """Score of each row of ``parts`` with every row scale held at ``whole``'s (whole first in each batch)."""
+        out = np.empty(len(parts), dtype=np.float64)
+        with frozen_row_norms():
+            for a in range(0, len(parts), _PARTS_PER_BATCH):
+                rows = np.vstack([whole[None], parts[a:a + _PARTS_PER_BATCH]]).astype(np.float32)
+                emb = self._image_rows_to_embedding(rows, direction)
+                out[a:a + _PARTS_PER_BATCH] = emb[1:] @ v
+        return out
+
+    # ------------------------------------------------------------------ words
+    def word_importance(self, image: int | str | Path, text: str | int, direction: str = "i2t") -> WordImportance:
+        """Each word's share of the pair's score (see the module docstring)."""
+        from crossview.methods.base import check_direction
+
+        check_direction(direction)
+        sentence = self.text_of(text)
+        words = caption_words(sentence)
+        if isinstance(image, (int, np.integer)) and 0 <= int(image) < self.dataset.n_images:
+            u = self._dataset_image_embedding(int(image), direction)
+        else:
+            fmap, _, _ = self._local_features(self.image_path(image))
+            pooled = fmap.reshape(-1, fmap.shape[-1]).mean(axis=0, dtype=np.float64)
+            u = self._image_rows_to_embedding(pooled[None].astype(np.float32), direction)[0]
+        score = float(self._text_embeddings([sentence], direction)[0] @ u)
+        if len(words) <= 255 and self.method.needs_text_features:
+            with frozen_row_norms():
+                held = self._text_embeddings([sentence, *words, ""], direction) @ u
+            base = float(held[-1])
+            contrib = held[1:-1] - base
+            if abs(float(contrib.sum()) - (score - base)) <= _EXACT_RTOL * (1.0 + abs(score) + float(np.abs(contrib).sum())):
+                return WordImportance(words, contrib.astype(np.float32), score, "exact", base)
+        variants = [" ".join(words[:i] + words[i + 1:]) for i in range(len(words))]
+        dropped = self._text_embeddings(variants, direction) @ u if variants else np.zeros(0)
+        return WordImportance(words, (score - dropped).astype(np.float32), score, "deletion")
+
+    # ------------------------------------------------------------------ both, cached
+    def explain(self, image: int | str | Path, text: str | int, direction: str = "i2t") -> Explanation:
+        """The region map (when the run has one) and the word importances of a pair, cached per pair."""
+        key = (str(image) if not isinstance(image, (int, np.integer)) else int(image),
+               str(text) if not isinstance(text, (int, np.integer)) else int(text), direction)
+        got = self._cache.get(key)
+        if got is None:
+            words = self.word_importance(image, text, direction)
+            region, why, path = None, "", ""
+            try:
+                path = self.image_path(image)
+                region = self.region_map(image, text, direction)
+            except CrossViewError as e:
+                why = str(e)
+            got = Explanation(region=region, words=words, region_error=why, image_path=path, text=self.text_of(text))
+            self._cache[key] = got
+        return got
+
+
+def _as_run(run: Any) -> Any:
+    if isinstance(run, (str, Path)):
+        from crossview.engine.session import open_run
+
+        return open_run(run)
+    return run
+
+
+def region_map(run: Any, image: int | str | Path, text: str | int, direction: str = "i2t",
+               device: str = "cpu") -> np.ndarray:
+    """The ``(H, W)`` region map of ``image`` (a file or a dataset image index) for ``text`` (a sentence or a
+    dataset caption index) under ``run`` (a run folder or an opened run); its mean is the pair's score.
+    :meth:`Explainer.region_map` gives the full :class:`RegionMap` (mode, crop box)."""
+    return Explainer(_as_run(run), device=device).region_map(image, text, direction).values
+
+
+def word_importance(run: Any, image: int | str | Path, text: str | int, direction: str = "i2t",
+                    device: str = "cpu") -> WordImportance:
+    """Each word's share of the pair's score under ``run`` (see :meth:`Explainer.word_importance`)."""
+    return Explainer(_as_run(run), device=device).word_importance(image, text, direction)
