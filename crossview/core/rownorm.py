@@ -9,8 +9,11 @@ scalar, not the part's own. Inside :func:`frozen_row_norms` every normalisation 
 does exactly that: it divides every row of the batch by the norm of the batch's **first** row (the
 explainer puts the whole row first). With the scalars held, the pipeline is affine wherever the rest of it
 is (projections, centring, whitening, FC layers, BatchNorm in eval mode), so the parts' scores sum to the
-whole's score exactly; the explainer checks this numerically and says when it does not hold (a ReLU, a
-signed square root).
+whole's score exactly; the explainer checks this numerically and says when it does not hold (a ReLU).
+
+The signed square root of :mod:`crossview.features.normalize` is held the same way, channel by channel:
+``sign(x) sqrt|x| = x / sqrt|x|``, and inside the block the divisor is the first row's ``sqrt|x|``, so the
+average of the parts' outputs is the whole's output exactly.
 
 Outside the context nothing changes: each row uses its own norm. The switch is per thread, so a training
 run in another thread is never affected.

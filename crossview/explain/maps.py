@@ -7,23 +7,30 @@ projections, WSABIE's ``V``, the deep methods' FC layer and BatchNorm in eval mo
 square root) or divide the row by a scalar (every L2 normalisation). Score ``s(f) = u(f) . v`` against the
 caption's embedding ``v``.
 
-- Hold each row scale at the value it takes for the whole image (:mod:`crossview.core.rownorm`). What is left
-  is affine wherever the pipeline has no elementwise step, so ``s(mean_p f_p) = mean_p s(f_p)``: the map
-  ``m_p = s(f_p)``, each position's feature sent through the run's pipeline, averages **exactly** to the
+- Hold each row scale at the value it takes for the whole image (:mod:`crossview.core.rownorm`), and the
+  signed square root's per-channel scale likewise (``sign(x) sqrt|x| = x / sqrt|x|``, the divisor held at
+  the whole image's). What is left is affine, so ``s(mean_p f_p) = mean_p s(f_p)``: the map ``m_p = s(f_p)``,
+  each position's feature sent through the run's pipeline at the image's scales, averages **exactly** to the
   score (mode ``"exact"``). One forward pass of the backbone, no gradients. This holds for CCA, WSABIE,
-  BITR, and VSE0 / VSE++ / SmoothAP / webly / TIMAM on precomputed features, with the feature
-  normalisations ``none``, ``l2``, ``center`` and ``whiten``.
+  BITR, and VSE0 / VSE++ / SmoothAP / webly / TIMAM on precomputed features, with every feature
+  normalisation (``none``, ``l2``, ``ssr``, ``center``, ``whiten``).
 - With the scales held, a normalised score is read at the image's own scale: a region's share is what it
   adds *given* the rest of the image. That is the exact split of the score; what it does not say is how the
   score would change if the region were cut out (the norm would change too): that is a first-order question.
-- Where the pipeline has an elementwise step (``ssr`` normalisation), the map is the linearisation at the
-  pooled feature, ``m_p = s(f) + grad s(f) . (f_p - f)`` (central differences along each ``f_p - f``; mode
-  ``"first-order"``). It still averages to the score, by construction, but only to first order is it each
-  position's score.
+- Where the pipeline has an elementwise step that is not held (an MLP's ReLU), the map is the linearisation
+  at the pooled feature, ``m_p = s(f) + grad s(f) . (f_p - f)`` (central differences along each ``f_p - f``;
+  mode ``"first-order"``). It still averages to the score, by construction, but only to first order is it
+  each position's score. (For the signed square root the two agree up to an affine change of the cells: the
+  held-scale slope is twice the derivative, so the peak is the same.)
 - Which of the two holds is checked numerically on every map (``mean_p s(f_p)`` against ``s(f)``), not assumed.
-- Not covered (a clear error says so): VGG-19 (its fc7 is not an average of its conv map), precomputed image
-  features (no map to read), TR / CTR representations (visual words of local descriptors) and end-to-end runs
-  whose CNN is fine-tuned (a Grad-CAM on the score is the tool there; not built yet).
+- End-to-end runs (``image_model=cnn``, the CNN fine-tuned or not) are read the same way at their *own* CNN's
+  last conv map: the pooling, FC and L2 after it are the pipeline, so the split is exact there too, for the
+  fine-tuned features. (Grad-CAM, the usual tool for fine-tuned CNNs, weights channels by their average
+  gradient and clips negatives: it does not add up to the score, and it is not needed where the head is an
+  average followed by affine steps.)
+- Not covered (a clear error says so): VGG-19 (its fc7 is not an average of its conv map; that is where a
+  Grad-CAM would be needed), precomputed image features (no map to read) and TR / CTR representations (visual
+  words of local descriptors).
 
 **Word importance.** The caption's words are its whitespace-separated tokens. For encoders whose feature is a
 sum over words before the row scale (bag of words, TF-IDF, mean GloVe vectors) the same held-scale split is
@@ -35,6 +42,8 @@ variants scored in one batched pass.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +59,13 @@ __all__ = ["RegionMap", "WordImportance", "Explanation", "Explainer", "region_ma
 #: a batch for the held-scale passes: the whole row first, then at most this many parts (every normalisation
 #: in the pipeline must see the whole row as its first row, so no method may split the batch)
 _PARTS_PER_BATCH = 31
-#: relative tolerance of the exactness checks: exact float32 pipelines land near 1e-7, the signed square
-#: root at 1e-2 and more (measured on the demo)
+#: relative tolerance of the exactness checks: exact float32 pipelines land near 1e-7, an unheld signed
+#: square root at 1e-2 and more (measured on the demo)
 _EXACT_RTOL = 1e-5
 #: step of the central differences (a fraction of each ``f_p - f``) for the first-order map
 _FD_STEP = 1e-2
+#: pairs, conv maps and sentence embeddings an :class:`Explainer` keeps (the least recently used go first)
+_CACHE_SIZE = 512
 
 
 @dataclass
@@ -139,9 +150,32 @@ def caption_words(text: str) -> list[str]:
     return str(text).split()
 
 
+class _LRU(OrderedDict):
+    """A dict that forgets its least recently used entries beyond ``size``."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
 class Explainer:
-    """Explanations for the pairs of one opened run (:class:`crossview.engine.session.OpenRun`), with the
-    backbone loaded once and each pair's result cached (the app asks again as the user pages through)."""
+    """Explanations for the pairs of one opened run (:class:`crossview.engine.session.OpenRun`, or anything
+    with its ``method``, ``features`` and ``dataset``, e.g. a Retriever), with the backbone loaded once, and
+    each pair, each image's conv map and each sentence's embedding cached (the app asks again as the user
+    pages through; the least recently used go beyond :data:`_CACHE_SIZE`). One thread at a time: a lock
+    serialises the public calls."""
 
     def __init__(self, run: Any, device: str = "cpu") -> None:
         self.run = run
@@ -150,8 +184,10 @@ class Explainer:
         self.features = run.features
         self.dataset = run.dataset
         self._encoder: Any = None
-        self._cache: dict[tuple[Any, ...], Explanation] = {}
-        self._local: dict[str, tuple[np.ndarray, tuple[float, float, float, float], tuple[int, int]]] = {}
+        self._lock = threading.RLock()
+        self._cache: _LRU = _LRU(_CACHE_SIZE)
+        self._local: _LRU = _LRU(_CACHE_SIZE)
+        self._sentences: _LRU = _LRU(_CACHE_SIZE)
 
     # ------------------------------------------------------------------ inputs
     def image_path(self, image: int | str | Path) -> str:
@@ -182,15 +218,23 @@ class Explainer:
         return sentence
 
     # ------------------------------------------------------------------ the run's pipelines
+    def _own_backbone(self) -> tuple[Any, Any, Any, str] | None:
+        """An end-to-end model's own CNN (:meth:`~crossview.methods.vsepp.Vsepp.explain_backbone`), or None."""
+        if not getattr(self.method, "wants_image_files", False):
+            return None
+        get = getattr(self.method, "explain_backbone", None)
+        parts = get() if callable(get) else None
+        if parts is None:
+            raise CrossViewError(f"this run's {self.method.name} model encodes the image files itself and does not "
+                                 "say where its conv map is, so it has no region map")
+        return parts
+
     def _image_encoder(self) -> Any:
+        """The run's frozen image encoder (what made its feature rows), checked to give an exact pooled map."""
         if self._encoder is None:
             from crossview.features import PRECOMP
             from crossview.features.image import backbone_spec, create_image_encoder
 
-            if getattr(self.method, "wants_image_files", False):
-                raise CrossViewError(f"this run's {self.method.name} model encodes the image files with its own "
-                                     "fine-tuned CNN; region maps are drawn for runs on precomputed backbone features "
-                                     "(image_model=features) only, for now")
             spec = (self.features.spec or {}).get("image", {})
             name = spec.get("name") or self.features.image_encoder
             if name == PRECOMP or str(name).endswith("precomp"):
@@ -201,13 +245,49 @@ class Explainer:
                                      "not from a pooled CNN feature, so it has no region map; use the default or "
                                      "modern representation")
             name = str(name).split("+", 1)[0]
-            bs = backbone_spec(name)
-            if bs.family == "vgg":
+            if backbone_spec(name).family == "vgg":
                 raise CrossViewError("VGG-19's feature (fc7) is not an average over its conv map, so the region map "
                                      "would not be exact; use a ResNet, MobileNet-V2 or EfficientNet-Lite0 run")
             self._encoder = create_image_encoder(name, weights=spec.get("weights_path"),
                                                  allow_random=spec.get("weights_hash") == "random")
         return self._encoder
+
+    def _conv_map(self, path: str) -> tuple[np.ndarray, int, int]:
+        """``(h*w, C)`` last conv map of the image file as the run's image side sees it, the resize and the crop."""
+        own = self._own_backbone()
+        if own is None:
+            enc = self._image_encoder()
+            loc = enc.encode_paths([path], num_workers=0, device=self.device, local=True)[0]
+            return loc, int(enc.resize), int(enc.spec.crop)
+        import torch
+        from PIL import Image
+
+        from crossview.features.image import backbone_spec, create_image_encoder
+
+        body, pool, transform, name = own
+        if backbone_spec(name).family == "vgg":
+            raise CrossViewError("VGG-19's feature (fc7) is not an average over its conv map, so the region map "
+                                 "would not be exact; use a ResNet, MobileNet-V2 or EfficientNet-Lite0 model")
+        try:
+            with Image.open(path) as im:
+                x = transform(im.convert("RGB"))[None]
+        except OSError as e:
+            raise CrossViewError(f"{path}: cannot read the image ({e})") from None
+        dev = next(body.parameters()).device
+        was = body.training
+        body.eval()
+        try:
+            with torch.no_grad():
+                fmap = body(x.to(dev))
+                pooled = pool(fmap).flatten(1)
+        finally:
+            body.train(was)
+        loc = fmap.flatten(2).transpose(1, 2)[0].float().cpu().numpy()
+        if not np.allclose(loc.mean(axis=0), pooled[0].float().cpu().numpy(), rtol=1e-4, atol=1e-5):
+            raise CrossViewError(f"{name}: the model's pooled feature is not the average of its conv map, so it has "
+                                 "no exact region map")
+        enc = create_image_encoder(name)
+        return loc, int(enc.resize), int(enc.spec.crop)
 
     def _pooled_transform(self) -> Any:
         """pooled backbone rows -> the run's image feature rows (before normalisation); None: not possible."""
@@ -219,6 +299,10 @@ class Explainer:
     def _image_rows_to_embedding(self, rows: np.ndarray, direction: str) -> np.ndarray:
         from crossview.methods.base import MethodData
 
+        if self._own_backbone() is not None:     # the model pools its own CNN's map: rows go to its head
+            data = MethodData(image_features=np.asarray(rows, np.float32), text_features=None, captions=[],
+                              caption_image=np.zeros(0, np.int64), name="explain", meta={"pooled_backbone": True})
+            return np.asarray(self.method.encode_images(data, direction=direction), dtype=np.float64)
         x = np.asarray(self._pooled_transform()(rows), dtype=np.float32)
         t = getattr(self.features, "image_transform", None)
         if t is not None:
@@ -230,6 +314,10 @@ class Explainer:
     def _dataset_image_embedding(self, i: int, direction: str) -> np.ndarray:
         from crossview.methods.base import MethodData
 
+        if self._own_backbone() is not None:      # the model reads the file itself
+            data = MethodData(image_features=None, text_features=None, captions=[], caption_image=np.zeros(0, np.int64),
+                              name="explain", image_paths=[self.image_path(i)])
+            return np.asarray(self.method.encode_images(data, direction=direction), dtype=np.float64)[0]
         data = MethodData(image_features=np.asarray(self.features.image[[i]], np.float32), text_features=None,
                           captions=[], caption_image=np.zeros(0, np.int64), name="explain")
         return np.asarray(self.method.encode_images(data, direction=direction), dtype=np.float64)[0]
@@ -243,24 +331,30 @@ class Explainer:
                           caption_image=np.full(len(sentences), -1, np.int64), name="explain")
         return np.asarray(self.method.encode_texts(data, direction=direction), dtype=np.float64)
 
+    def _sentence_embedding(self, sentence: str, direction: str) -> np.ndarray:
+        key = (sentence, direction)
+        got = self._sentences.get(key)
+        if got is None:
+            got = self._sentences[key] = self._text_embeddings([sentence], direction)[0]
+        return got
+
     def _local_features(self, path: str) -> tuple[np.ndarray, tuple[float, float, float, float], tuple[int, int]]:
         """``(h, w, C)`` conv map of the file, the crop box it covers, the image's size."""
         got = self._local.get(path)
         if got is None:
             from PIL import Image
 
-            enc = self._image_encoder()
-            loc = enc.encode_paths([path], num_workers=0, device=self.device, local=True)[0]   # (h*w, C)
+            loc, resize, crop_side = self._conv_map(path)      # (h*w, C)
             side = int(round(np.sqrt(loc.shape[0])))
             if side * side != loc.shape[0]:
-                raise CrossViewError(f"{enc.name}: a {loc.shape[0]}-position conv map is not square")
+                raise CrossViewError(f"a {loc.shape[0]}-position conv map is not square")
             try:
                 with Image.open(path) as im:
                     size = (int(im.width), int(im.height))
             except OSError as e:
                 raise CrossViewError(f"{path}: cannot read the image ({e})") from None
-            scale = min(size) / float(enc.resize)
-            crop = enc.spec.crop * scale
+            scale = min(size) / float(resize)
+            crop = crop_side * scale
             left, top = (size[0] - crop) / 2.0, (size[1] - crop) / 2.0
             got = (loc.reshape(side, side, -1), (left, top, left + crop, top + crop), size)
             self._local[path] = got
@@ -269,6 +363,10 @@ class Explainer:
     # ------------------------------------------------------------------ region maps
     def region_map(self, image: int | str | Path, text: str | int, direction: str = "i2t") -> RegionMap:
         """The region map of the pair (see the module docstring)."""
+        with self._lock:
+            return self._region_map(image, text, direction)
+
+    def _region_map(self, image: int | str | Path, text: str | int, direction: str) -> RegionMap:
         from crossview.methods.base import check_direction
 
         check_direction(direction)
@@ -278,7 +376,7 @@ class Explainer:
         h, w, c = fmap.shape
         parts = fmap.reshape(h * w, c).astype(np.float64)
         pooled = parts.mean(axis=0)
-        v = self._text_embeddings([sentence], direction)[0]
+        v = self._sentence_embedding(sentence, direction)
         score = float(self._image_rows_to_embedding(pooled[None].astype(np.float32), direction)[0] @ v)
         per = self._held_scale_scores(pooled, parts, v, direction)
         residual = abs(float(per.mean()) - score)
@@ -306,6 +404,10 @@ class Explainer:
     # ------------------------------------------------------------------ words
     def word_importance(self, image: int | str | Path, text: str | int, direction: str = "i2t") -> WordImportance:
         """Each word's share of the pair's score (see the module docstring)."""
+        with self._lock:
+            return self._word_importance(image, text, direction)
+
+    def _word_importance(self, image: int | str | Path, text: str | int, direction: str) -> WordImportance:
         from crossview.methods.base import check_direction
 
         check_direction(direction)
@@ -317,7 +419,7 @@ class Explainer:
             fmap, _, _ = self._local_features(self.image_path(image))
             pooled = fmap.reshape(-1, fmap.shape[-1]).mean(axis=0, dtype=np.float64)
             u = self._image_rows_to_embedding(pooled[None].astype(np.float32), direction)[0]
-        score = float(self._text_embeddings([sentence], direction)[0] @ u)
+        score = float(self._sentence_embedding(sentence, direction) @ u)
         if len(words) <= 255 and self.method.needs_text_features:
             with frozen_row_norms():
                 held = self._text_embeddings([sentence, *words, ""], direction) @ u
@@ -334,6 +436,10 @@ class Explainer:
         """The region map (when the run has one) and the word importances of a pair, cached per pair."""
         key = (str(image) if not isinstance(image, (int, np.integer)) else int(image),
                str(text) if not isinstance(text, (int, np.integer)) else int(text), direction)
+        with self._lock:
+            return self._explain(key, image, text, direction)
+
+    def _explain(self, key: tuple[Any, ...], image: int | str | Path, text: str | int, direction: str) -> Explanation:
         got = self._cache.get(key)
         if got is None:
             words = self.word_importance(image, text, direction)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
-from crossview.core.rownorm import row_norms
+from crossview.core.rownorm import norms_frozen, row_norms
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
 
@@ -91,7 +91,11 @@ class FeatureNorm:
             raise CrossViewError(f"feature normalisation {self.kind!r} was fitted on {self.mean_.shape[0]}-d "
                                  f"features, got {x.shape[1]}-d ones")
         if self.kind == "ssr":
-            x = np.sign(x) * np.sqrt(np.abs(x))
+            if norms_frozen():      # an explanation: each channel's scale held at the first (whole) row's
+                d = np.sqrt(np.abs(x[:1]))
+                x = np.where(d > 0, x / np.where(d > 0, d, 1.0), 0.0).astype(np.float32)
+            else:
+                x = np.sign(x) * np.sqrt(np.abs(x))
         elif self.kind == "center":
             x = x - self.mean_.astype(np.float32)
         elif self.kind == "whiten":

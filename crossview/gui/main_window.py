@@ -555,10 +555,11 @@ class MainWindow(QMainWindow):
         if self.train_panel.task is not None and self.train_panel.task.is_running():
             self.train_panel.task.stop()           # the run keeps a checkpoint and can be resumed
             self.train_panel.task.wait(10000)
-        for t in (self._run_task, self.query_panel._task):
+        for t in (self._run_task,):
             if t is not None and t.is_running():
                 t.cancel()
                 t.wait(5000)
+        self.query_panel.stop_tasks()      # its query and any explanation in flight
         if self._task is not None and self._task.is_running():
             self._task.cancel()
             self._task.wait(5000)

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 
-def _wait(signal: Any, timeout_ms: int, what: str) -> list[Any]:
-    """Run the event loop until ``signal`` fires (its arguments) or raise after ``timeout_ms``."""
+def _wait(signal: Any, timeout_ms: int, what: str, trigger: Callable[[], Any] | None = None) -> list[Any]:
+    """Run the event loop until ``signal`` fires (its arguments) or raise after ``timeout_ms``; ``trigger``
+    is called once the signal is connected (for a signal that may fire at once, inside the call)."""
     from PySide6.QtCore import QEventLoop, QTimer
 
     from crossview.core.errors import CrossViewError
@@ -29,10 +30,13 @@ def _wait(signal: Any, timeout_ms: int, what: str) -> list[Any]:
         loop.quit()
 
     signal.connect(done)
-    timer = QTimer(singleShot=True, interval=timeout_ms)
-    timer.timeout.connect(loop.quit)
-    timer.start()
-    loop.exec()
+    if trigger is not None:
+        trigger()
+    if not got:
+        timer = QTimer(singleShot=True, interval=timeout_ms)
+        timer.timeout.connect(loop.quit)
+        timer.start()
+        loop.exec()
     signal.disconnect(done)
     if not got:
         raise CrossViewError(f"timed out waiting for {what}")
@@ -66,11 +70,14 @@ def _show_run_settings(panel: Any, run: Path) -> None:
 
 def render_screenshots(out: str | Path, data: str = "demo", run: str | None = None, compare: str | None = None,
                        method: str = "cca", sentence: str | None = None,
-                       size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print) -> list[Path]:
+                       size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print,
+                       explain: bool = False) -> list[Path]:
     """Write ``data.png``, ``train.png``, ``query_i2t.png``, ``query_t2i.png``, ``inspect.png`` and
     ``presentation.png`` into ``out``; returns their paths. ``sentence``: the text query (default: a demo
     sentence on the demo, else a caption of an image of the run's evaluation split, the one after the image
-    queried by image)."""
+    queried by image). ``explain``: also ``query_i2t_explain.png``, ``query_t2i_explain.png``,
+    ``presentation_explain.png`` (t2i) and ``presentation_i2t_explain.png``: the Query panel with Explain on
+    (region maps over the images, the caption's words shaded)."""
     from crossview.core.errors import CrossViewError
     from crossview.gui.app import ensure_app, has_display, train_quick_run
 
@@ -88,6 +95,12 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
     win.resize(*size)
     win.show()
     written: list[Path] = []
+
+    def explained(qp: Any, name: str) -> None:
+        """Explain on, wait until the query's explanation is shown, shoot, Explain off."""
+        _wait(qp.explained, 600_000, f"the explanation for {name}", lambda: qp.set_explain(True))
+        shot(name)
+        qp.set_explain(False)
 
     def shot(name: str) -> None:
         _settle(app)
@@ -126,6 +139,8 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         qp.query_image(int(gallery[0]) if len(gallery) else first)
         _wait(qp.answered, 60_000, "the image query")
         shot("query_i2t")
+        if explain:
+            explained(qp, "query_i2t_explain")
         if sentence is None:
             if data == "demo" or len(gallery) < 2:
                 sentence = "a red circle above a blue square"
@@ -136,6 +151,8 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         qp.query_text(sentence)
         _wait(qp.answered, 60_000, "the sentence query")
         shot("query_t2i")
+        if explain:
+            explained(qp, "query_t2i_explain")
 
         if compare:
             from crossview.engine.results import load_run_results
@@ -154,6 +171,13 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         qp.query_text(sentence)
         _wait(qp.answered, 60_000, "the presentation query")
         shot("presentation")
+        if explain:
+            explained(qp, "presentation_explain")
+            qp.set_explain(True)
+            _wait(qp.explained, 600_000, "the explanation of the presentation image query",
+                  lambda: qp.query_image(int(gallery[0]) if len(gallery) else first))
+            shot("presentation_i2t_explain")
+            qp.set_explain(False)
         win.set_presentation(False)
     finally:
         win.close()

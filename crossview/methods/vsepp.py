@@ -496,6 +496,8 @@ class Vsepp(TorchMethod):
 
     def embed_images(self, data: MethodData) -> np.ndarray:
         if self.model_spec_.get("image_model") == "cnn":
+            if data.meta.get("pooled_backbone"):      # rows of the CNN's pooled conv map (crossview.explain)
+                return self._embed_pooled(data.require_image_features(self.name))
             return self._embed_image_files(data)
         x = data.require_image_features(self.name)
         want = int(self.model_spec_["image_dim"])
@@ -511,6 +513,30 @@ class Vsepp(TorchMethod):
             with torch.no_grad():
                 for a in range(0, len(x), _EMBED_BATCH):
                     out.append(enc(torch.as_tensor(x[a:a + _EMBED_BATCH]).to(dev)).float().cpu().numpy())
+        finally:
+            enc.train(was)
+        return np.concatenate(out) if out else np.zeros((0, int(self.model_spec_["embed_dim"])), np.float32)
+
+    def explain_backbone(self) -> tuple[torch.nn.Module, torch.nn.Module, Any, str] | None:
+        """``(body, pool, transform, backbone name)`` of an end-to-end model (``image_model=cnn``): its own CNN
+        (fine-tuned or not) up to the last conv map, the pooling after it, and the eval image transform; the
+        embedding of pooled rows is :meth:`embed_images` on data with ``meta["pooled_backbone"]``. ``None`` for
+        a model on feature rows (their backbone is the run's frozen encoder)."""
+        if self.model_spec_.get("image_model") != "cnn":
+            return None
+        enc = unwrap(self.model()).image
+        body, pool = enc.backbone[0], enc.backbone[1]
+        return body, pool, self._transforms()[1], str(self.model_spec_["backbone"])
+
+    def _embed_pooled(self, x: np.ndarray) -> np.ndarray:
+        enc = unwrap(self.model()).image
+        dev = self._embed_device()
+        was = enc.training
+        enc.eval()
+        try:
+            with torch.no_grad():
+                out = [enc.head(torch.as_tensor(x[a:a + _EMBED_BATCH]).to(dev)).float().cpu().numpy()
+                       for a in range(0, len(x), _EMBED_BATCH)]
         finally:
             enc.train(was)
         return np.concatenate(out) if out else np.zeros((0, int(self.model_spec_["embed_dim"])), np.float32)

@@ -13,6 +13,12 @@ the current result relevant / not relevant (``0`` clears), saved at once to the 
 ``annotations.jsonl``. The panel always says which gallery ranks are against, and warns when that gallery
 holds the run's training images (ranks are then optimistic and differ from Inspect's).
 
+*Explain* (``E`` / ``Ctrl+E``, :meth:`QueryPanel.set_explain`) overlays region maps (:mod:`crossview.explain`)
+on the query image (i2t, for the selected caption) or on the result images in view (t2i), and shades the
+caption's words by importance in a band under the query box. One :class:`~crossview.explain.Explainer` per
+run, made on first use; the pairs in view are explained in one background task (a newer view supersedes it,
+and its results are dropped) and kept per pair, so toggling and going back cost nothing.
+
 Run alone: ``python -m crossview.gui.panels.query_panel [RUN_DIR]`` (default: trains a quick CCA on
 the demo first).
 """
@@ -22,11 +28,12 @@ from __future__ import annotations
 import csv
 import html
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import QEvent, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView,
                                QListWidget, QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout,
@@ -36,6 +43,8 @@ from crossview.engine.annotations import AnnotationStore, query_key
 from crossview.core.io import atomic_write_bytes
 from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
+from crossview.explain import Explainer
+from crossview.gui.explain_view import Explained, Pair, explain_pairs, region_line, words_html, words_tooltip
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
 
@@ -47,12 +56,27 @@ MARK_NO = QColor("#cf222e")
 ItemRole = Qt.ItemDataRole.UserRole + 1
 SENTENCE_HINT = "Type a sentence and press Enter to find images, e.g. a red circle left of a blue square"
 TAGS_HINT = "Type tags separated by commas and press Enter to find images, e.g. dog, grass, run"
+EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the image shows the regions that add "
+               "most to the score (on the query image for an image query, on each result image for a sentence "
+               "query), and the caption's words are shaded by how much each adds. Computed in the background "
+               "and kept, so turning it off and on again is instant.")
+#: at most this many result images are explained at once (the ones in view); scrolling explains more
+EXPLAIN_MAX_RESULTS = 24
+#: explained pairs kept with their overlaid pictures (the oldest go first; the explainer still has their numbers)
+EXPLAIN_KEEP = 400
+NOTE_STYLE = "color: #57606a;"
+ERROR_STYLE = "color: #9a6700;"
+
+
+def _default_explainer(retriever: Retriever) -> Explainer:
+    return Explainer(retriever, device=str(getattr(retriever, "device", "cpu") or "cpu"))
 
 
 class QueryPanel(QWidget):
     """Ask a :class:`Retriever`; ``show_image(int)`` asks the Data panel to show a dataset image."""
 
     answered = Signal(object)      # the Ranking shown
+    explained = Signal(object)     # the Explanation now shown in the words line (None when that pair failed)
     failed = Signal(str)
     show_image = Signal(int)
     gallery_requested = Signal(object)   # a split name, "all", or a corpus file path (str starting with "corpus:")
@@ -69,6 +93,18 @@ class QueryPanel(QWidget):
         self.ranking: Ranking | None = None
         self._task: Task | None = None
         self.history: list[dict[str, Any]] = []
+        # Explain: one explainer per opened run (made on first use), results kept per pair
+        self.explainer_factory: Any = _default_explainer   #: ``retriever -> explainer`` (tests swap it)
+        self.explainer: Any = None
+        self._explained: dict[tuple[Any, ...], Explained] = {}
+        self._explain_task: Task | None = None
+        self._explain_tasks: set[Task] = set()     # running, superseded ones too: waited for on close
+        self._explain_out: list[Explained] = []
+        self._explain_used = 0
+        self._explain_todo: set[tuple[Any, ...]] = set()
+        self._explain_lock = threading.Lock()
+        self._query_overlay: QPixmap | None = None
+        self._filling = False
         self.small_cache = ThumbnailCache(size=96, parent=self)
         self.big_cache = ThumbnailCache(size=224, parent=self, upscale=True)     # presentation mode: large thumbnails
         self.cache = self.small_cache
@@ -126,6 +162,13 @@ class QueryPanel(QWidget):
         self.k_spin.setValue(50)
         self.k_spin.setPrefix("top ")
         self.k_spin.setToolTip("How many results to list")
+        self.explain_button = QPushButton("Explain")
+        self.explain_button.setObjectName("explainToggle")
+        self.explain_button.setCheckable(True)
+        self.explain_button.setToolTip(EXPLAIN_TIP)
+        self.explain_button.toggled.connect(self._on_explain_toggled)
+        self.explain_button.setStyleSheet("QPushButton:checked { background: #bc4c00; color: #ffffff; "
+                                          "border: 1px solid #bc4c00; }")
 
         self.query_view = QLabel()
         self.query_view.setObjectName("preview")
@@ -137,6 +180,31 @@ class QueryPanel(QWidget):
         self.gold_label = QLabel("")
         self.gold_label.setWordWrap(True)
         self.gold_label.setObjectName("gold")
+        self.explain_words = QLabel("")           # the caption, each word shaded by its importance
+        self.explain_words.setObjectName("explainWords")
+        self.explain_words.setWordWrap(True)
+        self.explain_words.setTextFormat(Qt.TextFormat.RichText)
+        self.explain_words.hide()
+        self.explain_note = QLabel("")            # what the map is, why there is none, or progress
+        self.explain_note.setObjectName("explainNote")
+        self.explain_note.setWordWrap(True)
+        self.explain_note.setStyleSheet(NOTE_STYLE)
+        self.explain_note.hide()
+        # a full-width band under the query box: a caption shaded word by word needs the width (and must stay
+        # legible in presentation mode, where the query column is narrow and its image large)
+        self.explain_bar = QWidget()
+        self.explain_bar.setObjectName("explainBar")
+        bar = QVBoxLayout(self.explain_bar)
+        bar.setContentsMargins(4, 2, 4, 2)
+        bar.setSpacing(2)
+        bar.addWidget(self.explain_words)
+        bar.addWidget(self.explain_note)
+        self.explain_bar.hide()
+        # scrolling the image grid explains the results that come into view (after the scroll settles)
+        self._scroll_timer = QTimer(self)
+        self._scroll_timer.setSingleShot(True)
+        self._scroll_timer.setInterval(150)
+        self._scroll_timer.timeout.connect(self._refresh_explain)
 
         # results: captions (i2t) in a list, images (t2i) in a grid
         self.caption_list = QListWidget()
@@ -156,6 +224,8 @@ class QueryPanel(QWidget):
             view.itemActivated.connect(self._activate)
             view.viewport().installEventFilter(self)
             view.currentItemChanged.connect(self._update_query_with)
+            view.currentItemChanged.connect(self._on_current_changed)
+        self.image_grid.verticalScrollBar().valueChanged.connect(self._on_grid_scrolled)
         self.image_grid.installEventFilter(self)
         self.results = QStackedWidget()
         self.results.addWidget(self.caption_list)
@@ -184,12 +254,19 @@ class QueryPanel(QWidget):
         back = QShortcut(QKeySequence("Alt+Left"), self)
         back.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
         back.activated.connect(self.go_back)
+        explain_e = QShortcut(QKeySequence("E"), self)
+        explain_e.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        explain_e.activated.connect(lambda: None if self.sentence.hasFocus() else self._toggle_explain())
+        explain_ctrl = QShortcut(QKeySequence("Ctrl+E"), self)
+        explain_ctrl.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        explain_ctrl.activated.connect(self._toggle_explain)
 
         ask = QHBoxLayout()
         ask.addWidget(self.mode_bar)
         ask.addWidget(self.sentence, 1)
         ask.addWidget(self.image_button)
         ask.addWidget(self.k_spin)
+        ask.addWidget(self.explain_button)
         qbox = QVBoxLayout()
         qbox.addWidget(self.query_view)
         qbox.addWidget(self.query_title)
@@ -221,6 +298,7 @@ class QueryPanel(QWidget):
         layout.addLayout(head)
         layout.addWidget(self.gallery_note)
         layout.addLayout(ask)
+        layout.addWidget(self.explain_bar)
         layout.addLayout(body, 1)
         layout.addWidget(self.mark_bar)
         self._set_enabled(False)
@@ -228,7 +306,7 @@ class QueryPanel(QWidget):
     # ------------------------------------------------------------------ set-up
     def _set_enabled(self, on: bool) -> None:
         for w in (self.sentence, self.image_button, self.mark_yes, self.mark_no, self.mark_clear,
-                  self.export_button, self.k_spin, self.mode_bar):
+                  self.export_button, self.k_spin, self.mode_bar, self.explain_button):
             w.setEnabled(on)
         self.back_button.setEnabled(on and len(self.history) > 1)
         self._update_query_with()
@@ -249,7 +327,19 @@ class QueryPanel(QWidget):
         if annotations is not None and run_dir is not None and \
                 Path(annotations.path).parent.resolve() != Path(run_dir).resolve():
             raise ValueError(f"the annotations {annotations.path} do not belong to the run {run_dir}")
+        old = self.retriever
         self.retriever = retriever
+        self._cancel_explain()
+        if retriever is None or old is None or not (retriever.method is old.method and
+                                                    retriever.features is old.features and
+                                                    retriever.dataset is old.dataset):
+            # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
+            self.explainer = None
+            self._explained.clear()
+        self._query_overlay = None
+        self.explain_words.hide()
+        self.explain_note.hide()
+        self.explain_bar.hide()
         self.annotations = annotations if run_dir is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.eval_split, self.train_split = eval_split, train_split
@@ -424,6 +514,15 @@ class QueryPanel(QWidget):
     def _show(self, task: Task, ranking: Ranking, query: dict[str, Any], remember: bool) -> None:
         if task is not self._task or self.retriever is None:
             return
+        self._filling = True          # selection changes while the views fill ask for no explanation
+        try:
+            self._fill(ranking, query, remember)
+        finally:
+            self._filling = False
+        self._refresh_explain()
+        self.answered.emit(ranking)
+
+    def _fill(self, ranking: Ranking, query: dict[str, Any], remember: bool) -> None:
         if remember:
             self.history.append(query)
         self.back_button.setEnabled(len(self.history) > 1)
@@ -474,7 +573,6 @@ class QueryPanel(QWidget):
         view.setFocus()
         self._update_marks_label()
         self._update_query_with()
-        self.answered.emit(ranking)
 
     def _show_query(self, ranking: Ranking) -> None:
         r = self.retriever
@@ -493,6 +591,7 @@ class QueryPanel(QWidget):
             title = f"Caption {int(ds.caption_ids[q['caption']])}: “{html.escape(ds.captions[q['caption']])}”"
         else:
             title = f"“{html.escape(q.get('text', ''))}”"
+        self._query_overlay = None
         if path:
             loaded = QPixmap(path)
             self._query_pixmap = None if loaded.isNull() else loaded
@@ -544,7 +643,7 @@ class QueryPanel(QWidget):
 
     def _paint_query_image(self) -> None:
         side = min(self.query_view.width(), self.query_view.height()) - 10
-        pm = self._query_pixmap
+        pm = self._query_overlay if self.explaining and self._query_overlay is not None else self._query_pixmap
         self.query_view.setPixmap(placeholder(side) if pm is None else
                                   pm.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
                                             Qt.TransformationMode.SmoothTransformation))
@@ -556,7 +655,9 @@ class QueryPanel(QWidget):
             path = it.data(Qt.ItemDataRole.UserRole + 3)
             if not path:
                 continue
-            pm = self.cache.get(path)
+            pm = self._explained_icon(view, it)
+            if pm is None:
+                pm = self.cache.get(path)
             it.setIcon(QIcon(square_icon(pm if pm is not None else placeholder(size.width()), size)))
 
     def _thumbnail_ready(self, path: str) -> None:
@@ -567,8 +668,247 @@ class QueryPanel(QWidget):
         size = view.iconSize()
         for row in range(view.count()):
             it = view.item(row)
-            if it.data(Qt.ItemDataRole.UserRole + 3) == path:
+            if it.data(Qt.ItemDataRole.UserRole + 3) == path and self._explained_icon(view, it) is None:
                 it.setIcon(QIcon(square_icon(pm, size)))
+
+    # ------------------------------------------------------------------ explain
+    @property
+    def explaining(self) -> bool:
+        """Whether the Explain toggle is on."""
+        return self.explain_button.isChecked()
+
+    def set_explain(self, on: bool) -> None:
+        """Turn Explain on or off (the toggle button, E or Ctrl+E): region maps over the query image (image
+        queries) or the result images in view (sentence queries), and the caption's words shaded by
+        importance. Computed off the GUI thread; each pair is kept, so turning it on again is instant."""
+        self.explain_button.setChecked(on)
+
+    def _toggle_explain(self) -> None:
+        if self.explain_button.isEnabled():
+            self.explain_button.toggle()
+
+    def _on_explain_toggled(self, on: bool) -> None:
+        if on:
+            self._refresh_explain()
+            return
+        self._cancel_explain()
+        self.explain_words.hide()
+        self.explain_note.hide()
+        self.explain_bar.hide()
+        if self._query_pixmap is not None:
+            self._paint_query_image()
+        self._refresh_icons(self.current_view())
+        self._fit_layout()
+
+    def _on_current_changed(self, *_: object) -> None:
+        if self.explaining and not self._filling:
+            self._refresh_explain()
+
+    def _on_grid_scrolled(self, *_: object) -> None:
+        if self.explaining and self.ranking is not None and self.ranking.direction == "t2i":
+            self._scroll_timer.start()
+
+    def _query_sentence(self) -> str:
+        """The sentence of the t2i ranking shown ("" for none)."""
+        q = self.ranking.query if self.ranking is not None else {}
+        if "caption" in q and "text" not in q and self.retriever is not None:
+            return str(self.retriever.dataset.captions[int(q["caption"])])
+        return str(q.get("text", ""))
+
+    def _visible_rows(self, view: QListWidget) -> list[int]:
+        """Rows of ``view`` at least partly in view (the first few when it is not laid out yet)."""
+        if not view.count():
+            return []
+        view.doItemsLayout()
+        area = view.viewport().rect()
+        rows = [r for r in range(view.count()) if view.visualItemRect(view.item(r)).intersects(area)]
+        if not rows:
+            rows = list(range(min(view.count(), 12)))
+        return rows[:EXPLAIN_MAX_RESULTS]
+
+    def _focus_row(self) -> int:
+        """The result whose caption words are shown: the selected one, else the first."""
+        view = self.current_view()
+        row = view.currentRow()
+        return row if row >= 0 else (0 if view.count() else -1)
+
+    def _wanted_pairs(self) -> tuple[list[Pair], str]:
+        """The pairs the current view explains (the focus pair first) or, when it explains none, why."""
+        r, ranking = self.retriever, self.ranking
+        if r is None or ranking is None:
+            return [], ""
+        view = self.current_view()
+        focus = self._focus_row()
+        if focus < 0:
+            return [], "No results to explain."
+        q = ranking.query
+        if ranking.direction == "i2t":
+            image = q.get("image", q.get("file"))
+            if image is None:
+                return [], "Nothing to explain for this query."
+            image = int(image) if isinstance(image, (int, np.integer)) else str(image)
+            text = r.gallery_caption_text(int(view.item(focus).data(ItemRole)))
+            return [Pair(image, text, "i2t")], ""
+        if "tags" in q:
+            return [], ("Explain works on sentences: a tag list goes through the run's tag branch, which it "
+                        "does not explain.")
+        text = self._query_sentence()
+        rows = [focus] + [x for x in self._visible_rows(view) if x != focus]
+        return [Pair(int(view.item(x).data(ItemRole)), text, "t2i") for x in rows], ""
+
+    def _refresh_explain(self) -> None:
+        """Show what is known for the current view and explain, in one background task, what is not."""
+        if not self.explaining or self._filling:
+            return
+        pairs, why = self._wanted_pairs()
+        self._show_explained(pairs, why)
+        todo = [p for p in pairs if p.key not in self._explained]
+        if not todo:
+            self._cancel_explain()        # whatever still runs is for pairs no longer in view
+            if pairs:
+                self._emit_explained(pairs[0])
+            return
+        if self._explain_task is not None and {p.key for p in todo} <= self._explain_todo:
+            return                        # the running task will get to them
+        self._start_explain(todo)
+
+    def _start_explain(self, todo: list[Pair]) -> None:
+        self._cancel_explain()
+        if self.explainer is None:
+            try:
+                self.explainer = self.explainer_factory(self.retriever)
+            except (CrossViewError, AttributeError) as e:     # a run object without method / features / dataset
+                self._set_note(f"Could not explain: {e}", error=True)
+                return
+        explainer, lock, out = self.explainer, self._explain_lock, []
+        task = Task(lambda progress, should_stop: explain_pairs(explainer, todo, lock, out, progress, should_stop),
+                    name="explain", parent=self)
+        self._explain_task, self._explain_out, self._explain_used = task, out, 0
+        self._explain_todo = {p.key for p in todo}
+        self._explain_tasks.add(task)
+        task.progress.connect(lambda done, total, t=task: self._on_explain_progress(t, done, total))
+        task.succeeded.connect(lambda _, t=task: self._on_explain_done(t))
+        task.failed.connect(lambda msg, details, t=task: self._on_explain_failed(t, msg))
+        task.finished.connect(lambda t=task: self._on_explain_finished(t))
+        if self.ranking is not None and self.ranking.direction == "t2i" and len(todo) > 1:
+            self._set_note(f"Explaining the results in view: 0 of {len(todo)}...")
+        else:
+            self._set_note("Explaining...")
+        task.start()
+
+    def _cancel_explain(self) -> None:
+        """Supersede the running explanation: it stops after its current pair and its results are dropped."""
+        if self._explain_task is not None:
+            self._explain_task.cancel()
+        self._explain_task = None
+        self._explain_todo = set()
+
+    def _take_results(self) -> None:
+        out = self._explain_out
+        while self._explain_used < len(out):        # the worker appends; the GUI thread reads
+            got = out[self._explain_used]
+            self._explain_used += 1
+            self._explained[got.pair.key] = got
+            self._explain_todo.discard(got.pair.key)
+        while len(self._explained) > EXPLAIN_KEEP:
+            del self._explained[next(iter(self._explained))]
+
+    def _on_explain_progress(self, task: Task, done: int, total: int) -> None:
+        if task is not self._explain_task:
+            return                                   # superseded: dropped
+        self._take_results()
+        pairs, why = self._wanted_pairs()
+        self._show_explained(pairs, why)
+        if done < total and total > 1:
+            self._set_note(f"Explaining the results in view: {done} of {total}...")
+
+    def _on_explain_done(self, task: Task) -> None:
+        if task is not self._explain_task:
+            return
+        self._take_results()
+        self._explain_task = None
+        self._explain_todo = set()
+        self._refresh_explain()       # shows it all and says so; explains what came into view meanwhile
+
+    def _on_explain_failed(self, task: Task, message: str) -> None:
+        if task is not self._explain_task:
+            return
+        self._explain_task = None
+        self._explain_todo = set()
+        self._set_note(f"Could not explain: {message}", error=True)
+
+    def _on_explain_finished(self, task: Task) -> None:
+        self._explain_tasks.discard(task)
+        task.deleteLater()
+
+    def _set_note(self, text: str, error: bool = False) -> None:
+        self.explain_note.setStyleSheet(ERROR_STYLE if error else NOTE_STYLE)
+        self.explain_note.setText(text)
+        self.explain_note.setVisible(bool(text))
+        self._sync_bar()
+
+    def _sync_bar(self) -> None:
+        self.explain_bar.setVisible(self.explaining and not (self.explain_words.isHidden() and
+                                                             self.explain_note.isHidden()))
+
+    def _explained_pixmap(self, got: Explained | None) -> QPixmap | None:
+        if got is None or got.image is None:
+            return None
+        if got.pixmap is None:
+            got.pixmap = QPixmap.fromImage(got.image)
+        return got.pixmap
+
+    def _explained_icon(self, view: QListWidget, it: QListWidgetItem) -> QPixmap | None:
+        """The result image with its region map, when Explain is on and it has been explained."""
+        if not self.explaining or view is not self.image_grid or self.ranking is None or \
+                self.ranking.direction != "t2i":
+            return None
+        item = it.data(ItemRole)
+        if item is None:
+            return None
+        return self._explained_pixmap(self._explained.get(Pair(int(item), self._query_sentence(), "t2i").key))
+
+    def _show_explained(self, pairs: list[Pair], why: str = "") -> None:
+        """Paint what is known: the overlaid query image or result icons, the shaded words, the note."""
+        if not self.explaining or self.ranking is None:
+            return
+        if why or not pairs:
+            self.explain_words.hide()
+            self._set_note(why)
+            return
+        focus = self._explained.get(pairs[0].key)
+        rank = self._focus_row() + 1
+        if self.ranking.direction == "i2t":
+            self._query_overlay = self._explained_pixmap(focus)
+            if self._query_pixmap is not None:
+                self._paint_query_image()
+            heading = f"Why caption #{rank} matches:"
+        else:
+            self._refresh_icons(self.image_grid)
+            heading = f"Words that match image #{rank}:"
+        if focus is None:
+            self.explain_words.hide()
+            if self._explain_task is None:
+                self._set_note("Explaining...")
+            self._sync_bar()
+            return
+        if focus.explanation is None:
+            self.explain_words.hide()
+            self._set_note(f"Could not explain this pair: {focus.error}", error=True)
+            return
+        e = focus.explanation
+        self.explain_words.setText(words_html(e, heading, self.explain_note.font().pointSizeF()))
+        self.explain_words.setToolTip(words_tooltip(e))
+        self.explain_words.show()
+        note = region_line(e) if not focus.error else focus.error
+        if self.ranking.direction == "t2i" and e.region is not None:
+            done = sum(p.key in self._explained for p in pairs)
+            note += f"  ·  {done} of the {len(pairs)} results in view explained"
+        self._set_note(note, error=e.region is None or bool(focus.error))
+
+    def _emit_explained(self, pair: Pair) -> None:
+        got = self._explained.get(pair.key)
+        self.explained.emit(got.explanation if got is not None else None)
 
     # ------------------------------------------------------------------ results
     def current_view(self) -> QListWidget:
@@ -724,13 +1064,22 @@ class QueryPanel(QWidget):
         self.cache = self.big_cache if on else self.small_cache
         f = QFont(self.font())
         f.setPointSizeF(18 if on else max(10.0, QFont().pointSizeF()))
-        for w in (self.sentence, self.caption_list, self.image_grid, self.query_title, self.gold_label, self.header):
+        for w in (self.sentence, self.caption_list, self.image_grid, self.query_title, self.gold_label, self.header,
+                  self.explain_button):
             w.setFont(f)
         self.caption_list.setIconSize(QSize(120, 120) if on else QSize(64, 64))
+        # the shaded words must be legible from the back of the room
+        words = QFont(self.font())
+        words.setPointSizeF(26 if on else 13)
+        self.explain_words.setFont(words)
+        note = QFont(self.font())
+        note.setPointSizeF(15 if on else max(9.0, QFont().pointSizeF() - 1))
+        self.explain_note.setFont(note)
         self._fit_layout()
         self._refresh_icons(self.current_view())
         if self.ranking is not None:
             self._show_query(self.ranking)
+        self._refresh_explain()       # larger cells: another set of results is in view
 
     # ------------------------------------------------------------------ sizes
     def _fit_layout(self) -> None:
@@ -766,6 +1115,20 @@ class QueryPanel(QWidget):
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().resizeEvent(event)
         self._fit_layout()
+        if self.explaining and self.ranking is not None and self.ranking.direction == "t2i":
+            self._scroll_timer.start()      # more or fewer results in view
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        self.stop_tasks()
+        super().closeEvent(event)
+
+    def stop_tasks(self, msecs: int = 5000) -> None:
+        """Cancel the query and every explanation in flight and wait for their threads (closing)."""
+        self._scroll_timer.stop()
+        for t in [self._task, *self._explain_tasks]:
+            if t is not None and t.is_running():
+                t.cancel()
+                t.wait(msecs)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().showEvent(event)
