@@ -21,9 +21,10 @@ __all__ = ["register", "cmd_explain"]
 
 
 _MODES = {
-    "exact": "exact: the cells average to the score (each is its position's own score at the image's row scales)",
-    "first-order": "first-order: the linearisation at the pooled feature (the pipeline has an elementwise step); "
-                   "the cells still average to the score",
+    "exact": "exact: the cells average to the score (each is its position's own score at the whole image's "
+             "normalisation scales)",
+    "first-order": "first-order: the linearisation at the pooled feature (the pipeline has an elementwise step the "
+                   "scales do not cover); the cells still average to the score",
 }
 _WORD_MODES = {
     "exact": "exact: the contributions sum to the score minus the empty caption's ({base:.4f})",

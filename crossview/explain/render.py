@@ -48,7 +48,7 @@ def heat_rgba(values: np.ndarray, size: tuple[int, int], max_alpha: float = 0.7)
     t = np.clip(np.asarray(t, dtype=np.float64), 0.0, 1.0)
     rgba = np.empty((h, w, 4), dtype=np.uint8)
     rgba[..., :3] = heat_colour(t)
-    rgba[..., 3] = np.round(255 * max_alpha * t).astype(np.uint8)
+    rgba[..., 3] = np.round(255 * max_alpha * t ** 1.6).astype(np.uint8)   # mid values stay light: no haze
     return rgba
 
 
