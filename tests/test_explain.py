@@ -232,6 +232,23 @@ def test_an_end_to_end_model_is_explained_at_its_own_cnns_map(demo_dataset, tmp_
     assert rm.score == pytest.approx(float(u @ ex._sentence_embedding("a red circle", "i2t")), abs=1e-4)
 
 
+def test_a_modern_representation_run_is_explained_through_its_pca(demo_dataset, tmp_path) -> None:
+    """Paper 001's "modern" representation: the backbone's pooled feature through a PCA fitted on the training
+    images, GloVe means for the captions. The PCA is affine and the GloVe mean a sum over words at the
+    caption's length, so both sides split exactly."""
+    data, images = _demo_part(demo_dataset, tmp_path, 16, 8)
+    events = list(train("cca", str(data), image_root=str(images), run_dir=tmp_path / "run", device="cpu",
+                        representation={"name": "modern"}, params={"n_components": 8}))
+    assert isinstance(events[-1], Finished)
+    ex = Explainer(open_run(tmp_path / "run"))
+    img = int(ex.dataset.splits["test"][0])
+    rm = ex.region_map(img, "a red circle")
+    assert rm.mode == "exact" and rm.values.mean() == pytest.approx(rm.score, abs=1e-5)
+    wi = ex.word_importance(img, "a red circle")
+    assert wi.mode == "exact" and wi.score == pytest.approx(rm.score, abs=1e-4)
+    assert float(wi.values.sum()) == pytest.approx(wi.score - wi.baseline, abs=1e-5)
+
+
 def test_explain_caches_each_pair_and_reports_a_missing_map(demo_runs) -> None:
     ex = Explainer(demo_runs["l2"])
     img = int(demo_runs["l2"].dataset.splits["test"][2])
