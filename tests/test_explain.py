@@ -183,13 +183,16 @@ def test_the_map_of_a_colour_and_shape_peaks_on_that_object(demo_runs) -> None:
 
 
 def test_deletion_importance_is_the_drop_when_each_word_is_removed(tmp_path) -> None:
-    """LDA topics are not a sum over words, so a word's importance is the drop in score without it."""
+    """Binary word counts of a caption that repeats a word are not a sum over its words, so a word's importance
+    is the drop in score without it."""
     ds = H.make_toy_dataset()
-    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu", features=_toy_features(ds, "lda"),
+    features = _toy_features(ds, "bow", binary=True)
+    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu", features=features,
                         params={"n_components": 4}, image_norm="none", text_norm="none"))
     assert isinstance(events[-1], Finished)
     ex = Explainer(open_run(tmp_path / "run", dataset=ds))
-    text = ds.captions[4]
+    words = ds.captions[4].split()
+    text = " ".join([words[0], *words])          # the first word twice
     wi = ex.word_importance(2, text)
     assert wi.mode == "deletion" and wi.words == text.split()
     u = ex._dataset_image_embedding(2, "i2t")
@@ -197,6 +200,28 @@ def test_deletion_importance_is_the_drop_when_each_word_is_removed(tmp_path) -> 
         rest = " ".join(w for j, w in enumerate(wi.words) if j != k)
         alone = float(ex._text_embeddings([rest], "i2t")[0] @ u)
         assert wi.values[k] == pytest.approx(wi.score - alone, abs=1e-5), word
+
+
+def test_lda_topic_words_are_split_exactly_by_their_responsibilities(tmp_path) -> None:
+    """LDA's topic distribution is alpha plus each word's responsibilities over the normaliser: the words'
+    contributions sum to the score minus the empty caption's, and an unknown word adds nothing."""
+    ds = H.make_toy_dataset()
+    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu",
+                        features=_toy_features(ds, "lda", n_topics=6, stop_words=None),
+                        params={"n_components": 4}, image_norm="none", text_norm="none"))
+    assert isinstance(events[-1], Finished)
+    ex = Explainer(open_run(tmp_path / "run", dataset=ds))
+    text = ds.captions[4] + " zzzqx"
+    wi = ex.word_importance(2, text)
+    assert wi.mode == "exact"
+    assert float(wi.values.sum()) == pytest.approx(wi.score - wi.baseline, abs=1e-5)
+    assert wi.values[-1] == pytest.approx(0.0, abs=1e-7)
+    # by hand: the held rows are the distribution, then base + each word's share; the shares sum to it
+    enc = ex.features.text_model
+    with frozen_row_norms():
+        rows = enc.encode([text, *text.split(), ""])
+    np.testing.assert_allclose(rows[0], enc.encode([text])[0], atol=1e-6)
+    np.testing.assert_allclose((rows[1:-1] - rows[-1]).sum(axis=0) + rows[-1], rows[0], atol=1e-5)
 
 
 def test_a_new_image_file_is_explained_like_a_dataset_image(demo_runs, tmp_path) -> None:
@@ -281,11 +306,11 @@ def test_tfidf_words_are_split_exactly_and_unknown_words_add_nothing(tmp_path) -
     assert e.region is None and "precomputed image features" in e.region_error
 
 
-def _toy_features(ds, text_encoder):
+def _toy_features(ds, text_encoder, **params):
     from crossview.features import Features
     from crossview.features.text import create_text_encoder
 
-    enc = create_text_encoder(text_encoder).fit([ds.captions[c] for c in np.flatnonzero(
+    enc = create_text_encoder(text_encoder, **params).fit([ds.captions[c] for c in np.flatnonzero(
         np.isin(ds.caption_image, ds.splits["train"]))])
     return Features(image=ds.image_features, text=enc.encode(ds.captions), image_encoder="precomp",
                     text_encoder=text_encoder, text_model=enc, spec={"image": {"name": "precomp"}})

@@ -35,9 +35,11 @@ caption's embedding ``v``.
 **Word importance.** The caption's words are its whitespace-separated tokens. For encoders whose feature is a
 sum over words before the row scale (bag of words, TF-IDF, mean GloVe vectors) the same held-scale split is
 exact: each word's contribution ``s(word) - s(empty)`` sums with the others to ``s(caption) - s(empty)``
-(mode ``"exact"``, checked numerically). Otherwise (MiniLM, a local BERT, LDA topics, the deep methods' own
-text encoders) the importance of a word is the drop in score when it is removed (mode ``"deletion"``), all
-variants scored in one batched pass.
+(mode ``"exact"``, checked numerically). LDA topics split the same way through the words' topic
+responsibilities (``gamma = alpha + sum_w n_w phi_w``; :meth:`LdaEncoder._held_parts`). Otherwise (MiniLM, a
+local BERT, binary or sublinear counts of a repeated word, the deep methods' own text encoders) the
+importance of a word is the drop in score when it is removed (mode ``"deletion"``), all variants scored in one
+batched pass.
 """
 
 from __future__ import annotations
@@ -420,7 +422,7 @@ class Explainer:
             pooled = fmap.reshape(-1, fmap.shape[-1]).mean(axis=0, dtype=np.float64)
             u = self._image_rows_to_embedding(pooled[None].astype(np.float32), direction)[0]
         score = float(self._sentence_embedding(sentence, direction) @ u)
-        if len(words) <= 255 and self.method.needs_text_features:
+        if len(words) <= 250 and self.method.needs_text_features:   # one encoder batch (256) holds them all
             with frozen_row_norms():
                 held = self._text_embeddings([sentence, *words, ""], direction) @ u
             base = float(held[-1])

@@ -9,7 +9,7 @@ import numpy as np
 
 from crossview.data.text import tokenize
 from crossview.core.errors import CrossViewError
-from crossview.core.rownorm import row_norms
+from crossview.core.rownorm import norms_frozen, row_norms
 from crossview.features.text.base import TextEncoder, register_text_encoder
 
 
@@ -167,7 +167,35 @@ class LdaEncoder(_CountsEncoder):
         return int(self.params["n_topics"])
 
     def _encode_batch(self, captions: list[str], ctx: Any) -> np.ndarray:
+        if norms_frozen() and len(captions) > 1:
+            return self._held_parts(captions)
         return self.lda_.transform(self._counts(captions)).astype(np.float32)
+
+    def _held_parts(self, captions: list[str]) -> np.ndarray:
+        """An explanation's rows (:mod:`crossview.core.rownorm`): the first caption's topic distribution, then
+        each other row as the share of it that its words carry, so the parts add up exactly.
+
+        Variational LDA ends with ``gamma = alpha + sum_w n_w phi_w``, ``phi_w`` being word ``w``'s topic
+        responsibilities, and the distribution is ``gamma / sum(gamma)``. So the caption's distribution is a
+        *base* (``alpha`` and what the last E-step iteration left, ``(gamma - sum_w n_w phi_w) / sum(gamma)``)
+        plus one share ``n_w phi_w / sum(gamma)`` per word. Row ``r >= 1`` is ``base`` + the shares of its
+        words (a word of the caption gives its share, an unknown word or an empty row gives ``base`` alone),
+        so ``sum_r (row_r - base) = distribution - base`` exactly."""
+        from scipy.special import psi
+
+        x = self._counts(captions)
+        gamma = np.asarray(self.lda_.transform(x[:1], normalize=False), dtype=np.float64)[0]
+        total = gamma.sum()
+        expdoc = np.exp(psi(gamma) - psi(total))                                     # (K,)
+        beta = np.asarray(self.lda_.exp_dirichlet_component_, dtype=np.float64)      # (K, V)
+        phi = expdoc[:, None] * beta
+        phi /= phi.sum(axis=0, keepdims=True) + np.finfo(np.float64).tiny           # (K, V): per word, over topics
+        counts0 = np.asarray(x[:1].todense(), dtype=np.float64)[0]
+        base = (gamma - phi @ counts0) / total
+        rows = np.asarray(x.todense(), dtype=np.float64)
+        out = base[None, :] + rows @ phi.T / total
+        out[0] = gamma / total
+        return out.astype(np.float32)
 
     def _get_state(self) -> dict[str, Any]:
         lda = self.lda_
