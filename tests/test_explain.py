@@ -186,11 +186,7 @@ def test_deletion_importance_is_the_drop_when_each_word_is_removed(tmp_path) -> 
     """Binary word counts of a caption that repeats a word are not a sum over its words, so a word's importance
     is the drop in score without it."""
     ds = H.make_toy_dataset()
-    features = _toy_features(ds, "bow", binary=True)
-    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu", features=features,
-                        params={"n_components": 4}, image_norm="none", text_norm="none"))
-    assert isinstance(events[-1], Finished)
-    ex = Explainer(open_run(tmp_path / "run", dataset=ds))
+    ex = _toy_explainer(tmp_path, ds, "bow", binary=True)
     words = ds.captions[4].split()
     text = " ".join([words[0], *words])          # the first word twice
     wi = ex.word_importance(2, text)
@@ -206,11 +202,7 @@ def test_lda_topic_words_are_split_exactly_by_their_responsibilities(tmp_path) -
     """LDA's topic distribution is alpha plus each word's responsibilities over the normaliser: the words'
     contributions sum to the score minus the empty caption's, and an unknown word adds nothing."""
     ds = H.make_toy_dataset()
-    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu",
-                        features=_toy_features(ds, "lda", n_topics=6, stop_words=None),
-                        params={"n_components": 4}, image_norm="none", text_norm="none"))
-    assert isinstance(events[-1], Finished)
-    ex = Explainer(open_run(tmp_path / "run", dataset=ds))
+    ex = _toy_explainer(tmp_path, ds, "lda", n_topics=6, stop_words=None)
     text = ds.captions[4] + " zzzqx"
     wi = ex.word_importance(2, text)
     assert wi.mode == "exact"
@@ -292,11 +284,7 @@ def test_tfidf_words_are_split_exactly_and_unknown_words_add_nothing(tmp_path) -
     """A toy run on TF-IDF caption features: the words' contributions sum to the score minus the empty
     caption's, and a word outside the vocabulary contributes 0 (no image files: the region map says why)."""
     ds = H.make_toy_dataset()
-    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu", features=_toy_features(ds, "tfidf"),
-                        params={"n_components": 4}, image_norm="none", text_norm="none"))
-    assert isinstance(events[-1], Finished)
-    run = open_run(tmp_path / "run", dataset=ds)
-    ex = Explainer(run)
+    ex = _toy_explainer(tmp_path, ds, "tfidf")
     text = "class1 shape1 zzzqx " + ds.captions[2].split()[0]
     wi = ex.word_importance(2, text)
     assert wi.mode == "exact"
@@ -304,6 +292,15 @@ def test_tfidf_words_are_split_exactly_and_unknown_words_add_nothing(tmp_path) -
     assert wi.values[wi.words.index("zzzqx")] == pytest.approx(0.0, abs=1e-7)
     e = ex.explain(2, text)
     assert e.region is None and "precomputed image features" in e.region_error
+
+
+def _toy_explainer(tmp_path, ds, text_encoder, **params) -> Explainer:
+    """An explainer of CCA trained on the toy dataset (precomputed image rows) with this text encoder."""
+    events = list(train("cca", ds, run_dir=tmp_path / "run", device="cpu",
+                        features=_toy_features(ds, text_encoder, **params),
+                        params={"n_components": 4}, image_norm="none", text_norm="none"))
+    assert isinstance(events[-1], Finished)
+    return Explainer(open_run(tmp_path / "run", dataset=ds))
 
 
 def _toy_features(ds, text_encoder, **params):

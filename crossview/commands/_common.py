@@ -12,6 +12,19 @@ from typing import Any, TextIO
 __all__ = ["EventPrinter", "ProgressPrinter", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
 
 
+def print_result(text: str) -> None:
+    """Print a command's result on stdout; a reader that closed the pipe early (``crossview query ... | head``)
+    has what it wanted, so that is not an error."""
+    import os
+    import sys
+
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def format_seconds(s: float) -> str:
     """``7 s``, ``3 min 05 s``, ``1 h 02 min``: a duration for a person."""
     s = max(0, int(round(s)))

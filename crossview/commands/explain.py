@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import ProgressPrinter
+from crossview.commands._common import ProgressPrinter, print_result
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_explain"]
@@ -124,12 +123,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for w, v in words.ranked():
             lines.append(f"  {w:<{width}}  {v:+.4f}")
         text_out = "\n".join(lines)
-    try:
-        print(text_out)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print_result(text_out)
     return 0
 
 

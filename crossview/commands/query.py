@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import ProgressPrinter
+from crossview.commands._common import ProgressPrinter, print_result
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_query", "resolve_image"]
@@ -285,12 +284,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         text = json.dumps(doc, indent=2, ensure_ascii=False)
     else:
         text = _format_table(run, retriever, ranking, rows, corpus is not None)
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:     # `crossview query ... | head`: the reader has what it wanted
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print_result(text)
     return 0
 
 

@@ -214,14 +214,8 @@ class Retriever:
             raise CrossViewError(f"{path}: no such image file")
         encode = getattr(self.features, "encode_new_images", None)   # a representation's own image side (TR/CTR)
         if encode is None and self._image_encoder is None:
-            from crossview.features.image import create_image_encoder
-            spec = (self.features.spec or {}).get("image", {})
-            name = spec.get("name") or self.features.image_encoder
-            if name == "precomp":
-                raise CrossViewError("this run uses precomputed image features, so a new image file cannot be "
-                                     "encoded; query with an image of the dataset instead")
-            self._image_encoder = create_image_encoder(name, weights=spec.get("weights_path"),
-                                                       allow_random=spec.get("weights_hash") == "random")
+            from crossview.features import run_image_encoder
+            self._image_encoder = run_image_encoder(self.features)
         x = encode([str(path)], device=self.device) if encode is not None else \
             self._image_encoder.encode_paths([str(path)], num_workers=0, device=self.device)
         if getattr(self.features, "image_transform", None) is not None:

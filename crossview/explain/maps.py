@@ -234,24 +234,22 @@ class Explainer:
     def _image_encoder(self) -> Any:
         """The run's frozen image encoder (what made its feature rows), checked to give an exact pooled map."""
         if self._encoder is None:
-            from crossview.features import PRECOMP
-            from crossview.features.image import backbone_spec, create_image_encoder
+            from crossview.features import PRECOMP, run_image_encoder
+            from crossview.features.image import backbone_spec
 
-            spec = (self.features.spec or {}).get("image", {})
-            name = spec.get("name") or self.features.image_encoder
-            if name == PRECOMP or str(name).endswith("precomp"):
+            if (self.features.spec or {}).get("image", {}).get("name", self.features.image_encoder) == PRECOMP \
+                    or str(self.features.image_encoder).endswith(PRECOMP):
                 raise CrossViewError("this run uses precomputed image features: there is no conv map to draw a "
                                      "region map from; train on the image files to get one")
             if self._pooled_transform() is None:
                 raise CrossViewError("this run's TR / CTR representation builds its image side from visual words, "
                                      "not from a pooled CNN feature, so it has no region map; use the default or "
                                      "modern representation")
-            name = str(name).split("+", 1)[0]
-            if backbone_spec(name).family == "vgg":
+            enc = run_image_encoder(self.features)
+            if backbone_spec(enc.name).family == "vgg":
                 raise CrossViewError("VGG-19's feature (fc7) is not an average over its conv map, so the region map "
                                      "would not be exact; use a ResNet, MobileNet-V2 or EfficientNet-Lite0 run")
-            self._encoder = create_image_encoder(name, weights=spec.get("weights_path"),
-                                                 allow_random=spec.get("weights_hash") == "random")
+            self._encoder = enc
         return self._encoder
 
     def _conv_map(self, path: str) -> tuple[np.ndarray, int, int]:

@@ -71,6 +71,20 @@ def encode_texts(features: Any, captions: Sequence[str], device: str = "cpu") ->
     transform = getattr(features, "text_transform", None)
     return x if transform is None else np.asarray(transform(x), dtype=np.float32)
 
+def run_image_encoder(features: Any) -> Any:
+    """The frozen image encoder that made ``features``' image rows (the run's backbone, its recorded weights),
+    to encode new image files the same way; a :class:`CrossViewError` for precomputed features."""
+    from crossview.features.image import create_image_encoder
+
+    spec = (features.spec or {}).get("image", {})
+    name = spec.get("name") or features.image_encoder
+    if name == PRECOMP or str(name).endswith(PRECOMP):
+        raise CrossViewError("this run uses precomputed image features, so a new image file cannot be encoded; "
+                             "query with an image of the dataset instead")
+    return create_image_encoder(str(name).split("+", 1)[0], weights=spec.get("weights_path"),
+                                allow_random=spec.get("weights_hash") == "random")
+
+
 def image_set_fingerprint(paths: Sequence[str]) -> str:
     """A hash of the image files: paths, sizes and modification times (changed files -> new key)."""
     h = hashlib.sha256()
