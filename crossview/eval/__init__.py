@@ -1,4 +1,5 @@
-"""Evaluation: ranks and metrics, protocols (COCO 5K/1K, identity, P@K/mAP), caption overlap.
+"""Evaluation: ranks and metrics, protocols (COCO 5K/1K, identity, P@K/mAP), caption overlap, and the paired
+effect of two variants on the same queries (:func:`paired_effect`: seeds averaged per query, bootstrap over images).
 
 Pure numpy (plus sacrebleu / rouge-score, imported only when caption overlap is computed).
 See :mod:`crossview.eval.metrics` for the rank definitions and the tie rule.
@@ -14,6 +15,7 @@ from crossview.eval.metrics import (
     top_k,
 )
 from crossview.eval.overlap import caption_overlap, caption_overlap_i2t, caption_overlap_t2i
+from crossview.eval.paired import paired_effect
 from crossview.eval.protocols import (
     coco_1k,
     coco_5k,
@@ -40,4 +42,5 @@ __all__ = [
     "caption_overlap",
     "caption_overlap_i2t",
     "caption_overlap_t2i",
+    "paired_effect",
 ]
