@@ -1,6 +1,7 @@
 """``crossview experiment loss-compare`` (paper 004's question): every (loss, seed) is an ordinary run the app
 lists and opens, a second call reads finished runs back and resumes a stopped one, the paired per-query
-statistics match a hand computation and scipy, and bad input gets one line."""
+statistics (seeds averaged per query, bootstrap over images) match a hand computation, and bad input gets one
+line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import binomtest, wilcoxon
+from scipy.stats import binomtest
 
 import _engine_helpers as H
 from crossview.cli import main
@@ -46,13 +47,20 @@ def test_four_losses_two_seeds_are_runs_the_app_lists_and_opens(tmp_path) -> Non
         cfg = json.loads((folder / f"{loss}-seed1" / "config.json").read_text())
         assert cfg["params"]["loss"] == loss and cfg["params"]["seed"] == 1 and cfg["params"]["max_epochs"] == 2
     n_img, n_cap = result["test_images"], result["test_captions"]
-    for loss, pr in result["paired"].items():
-        assert pr["i2t"]["won"] + pr["i2t"]["lost"] + pr["i2t"]["tied"] == 2 * n_img
-        assert pr["t2i"]["won"] + pr["t2i"]["lost"] + pr["t2i"]["tied"] == 2 * n_cap
+    for loss, pr in result["paired"].items():     # one observation per query: the seeds are averaged, not pooled
+        assert pr["i2t"]["won"] + pr["i2t"]["lost"] + pr["i2t"]["tied"] == n_img
+        assert pr["t2i"]["won"] + pr["t2i"]["lost"] + pr["t2i"]["tied"] == n_cap
+        assert (pr["n_images"], pr["n_captions"], pr["seeds_a"], pr["seeds_b"]) == (n_img, n_cap, 2, 2)
+        assert pr["resampled"].startswith("images (each with its captions)"), "ranks.npz's caption_image is used"
+        assert pr["rsum"]["diff"] == pytest.approx(result["results"][loss]["rsum"] - result["results"]["vsepp"]["rsum"])
     session = open_run(folder / "smoothap-seed0", dataset=H.make_toy_dataset())   # as the app opens a listed run
     assert session.method.name == "smoothap"
     text = format_table(result)
-    assert "smoothap" in text and "Per query against vsepp" in text
+    assert "smoothap" in text and "Per query against vsepp" in text and "rsum B - A [95% CI]" in text
+    flat = " ".join(text.split())          # the notes under the table are wrapped
+    assert f"n = {n_img} images / {n_cap} captions, 2 seed(s) each" in flat
+    assert "resampled: images (each with its captions); seeds averaged per query first" in flat
+    assert "Minimal detectable difference" in flat and "smoothap rsum " in flat
     exp = json.loads((folder / "experiment.json").read_text())
     assert exp["experiment"] == "loss-compare" and exp["result"]["seeds"] == 2
 
@@ -81,19 +89,33 @@ def test_a_second_call_reads_finished_runs_back_and_resumes_a_stopped_one(tmp_pa
 
 
 def test_paired_statistics_by_hand() -> None:
-    loss = [np.array([1, 3, 2, 5]), np.array([2, 2, 4, 1])]
-    base = [np.array([2, 3, 1, 9]), np.array([2, 5, 1, 3])]
-    # differences (loss - base): seed 0: -1, 0, +1, -4; seed 1: 0, -3, +3, -2
-    p = paired(loss, base, query_ids=np.array([10, 11, 12, 13]))
-    assert (p["won"], p["lost"], p["tied"], p["n"], p["seeds"]) == (4, 2, 2, 8, 2)
-    assert p["sign_p"] == pytest.approx(binomtest(4, 6, 0.5).pvalue)
-    assert p["wilcoxon_p"] == pytest.approx(wilcoxon([-1, 1, -4, -3, 3, -2]).pvalue)
-    # mean change per query: 10: -0.5, 11: -1.5, 12: +2, 13: -3
-    assert p["most_won"] == [(13, -3.0), (11, -1.5), (10, -0.5)] and p["most_lost"] == [(12, 2.0)]
-    same = paired([np.array([1, 2])], [np.array([1, 2])])
-    assert (same["won"], same["lost"], same["tied"], same["wilcoxon_p"], same["sign_p"]) == (0, 0, 2, 1.0, 1.0)
+    ci = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    loss = [{"i2t": np.array([1, 3, 2, 5]), "t2i": np.ones(8, int)}, {"i2t": np.array([2, 2, 4, 1]), "t2i": np.ones(8, int)}]
+    base = [{"i2t": np.array([2, 3, 1, 9]), "t2i": np.full(8, 2)}, {"i2t": np.array([2, 5, 1, 3]), "t2i": np.ones(8, int)}]
+    p = paired(loss, base, ci, {"i2t": np.array([10, 11, 12, 13])}, resamples=200)
+    # i2t mean ranks over the seeds: loss 1.5, 2.5, 3, 3; base 2, 4, 1, 6: changes -0.5, -1.5, +2, -3,
+    # one observation per query (not 2 seeds x 4 pooled): won 3, lost 1; the sign test over the 4 images
+    i2t = p["i2t"]
+    assert (i2t["won"], i2t["lost"], i2t["tied"], p["seeds_a"], p["seeds_b"]) == (3, 1, 0, 2, 2)
+    assert i2t["p"] == pytest.approx(binomtest(3, 4, 0.5).pvalue)
+    assert i2t["median_rank_change"]["value"] == pytest.approx(-1.0)
+    # hits at 1 averaged over the seeds: loss 0.5, 0, 0, 0.5; base 0, 0, 1, 0: R@1 25 against 25
+    assert (i2t["R@1"]["a"], i2t["R@1"]["b"], i2t["R@1"]["diff"]) == (25.0, 25.0, 0.0)
+    assert p["i2t"]["most_won"] == [(13, -3.0), (11, -1.5), (10, -0.5)] and p["i2t"]["most_lost"] == [(12, 2.0)]
+    # t2i: every caption from 1.5 to 1 (R@1 50 -> 100); 4 images better, so the sign test is 2 / 2^4, not 2 / 2^8
+    t2i = p["t2i"]
+    assert (t2i["won"], t2i["R@1"]["diff"], t2i["images_better"]) == (8, 50.0, 4)
+    assert t2i["p"] == pytest.approx(2 / 2 ** 4) and t2i["most_won"][0] == (0, -0.5)
+    # rsum: + 0 (i2t R@1) + 12.5 (i2t R@5: base's query 13 at 9 and 3) + 50 (t2i R@1)
+    assert p["rsum"]["diff"] == pytest.approx(62.5) and p["rsum"]["ci"][0] <= 62.5 <= p["rsum"]["ci"][1]
+    assert p["mde"]["rsum"] > 0 and "80% power" in p["mde"]["explanation"]
+    same = paired(loss[:1], loss[:1], ci)
+    assert (same["i2t"]["won"], same["i2t"]["lost"], same["i2t"]["tied"], same["i2t"]["p"]) == (0, 0, 4, 1.0)
+    assert same["rsum"]["ci"] == [0.0, 0.0] and same["rsum"]["p"] == 1.0
+    with pytest.raises(CrossViewError, match="same split"):
+        paired([{"i2t": np.array([1, 2]), "t2i": np.ones(8, int)}], base, ci)
     with pytest.raises(CrossViewError, match="different query sets"):
-        paired([np.array([1, 2])], [np.array([1, 2, 3])])
+        paired(loss, [base[0], {"i2t": np.array([1, 2]), "t2i": np.ones(8, int)}], ci)
 
 
 def test_parameters_per_loss_and_epochs_in_proportion() -> None:
@@ -114,6 +136,8 @@ def test_markdown_report_has_the_command_and_every_loss(tmp_path) -> None:
     md = format_markdown(result, "crossview experiment loss-compare --data toy")
     assert "crossview experiment loss-compare --data toy" in md
     assert "| vsepp (triplet, hardest negative: VSE++) |" in md and "| infonce |" in md
+    assert "| infonce | " in md.split("Per query against **vsepp**")[1], "the paired table names the loss"
+    assert "seeds averaged per query first" in md and "Minimal detectable difference" in md
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -61,6 +61,10 @@ def test_the_ablation_runs_its_variants_and_pairs_them_with_full(tmp_path) -> No
         assert ("L_I" in terms[0]) == (name != "no-identification")
     md = format_markdown(STUDY, result, "crossview experiment timam-ablation --data demo")
     assert "| no-discriminator (no modality discriminator) |" in md and "Per query against full" in format_table(STUDY, result)
+    pr = result["paired"]["no-discriminator"]
+    assert f"| no-discriminator | {pr['rsum']['diff']:+.1f} [{pr['rsum']['ci'][0]:+.1f}, " in md
+    assert f"n = {result['test_images']} images / {result['test_captions']} captions" in md
+    assert f"no-identification rsum {result['paired']['no-identification']['mde']['rsum']:.1f}" in md
 
 
 @pytest.mark.parametrize("argv, needle", [

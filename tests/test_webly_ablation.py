@@ -51,6 +51,8 @@ def test_the_ablation_runs_every_variant_and_pairs_it_with_full(tmp_path) -> Non
     n_img = result["test_images"]
     for name, pr in result["paired"].items():
         assert pr["i2t"]["won"] + pr["i2t"]["lost"] + pr["i2t"]["tied"] == n_img
+        assert pr["n_images"] == n_img and pr["resampled"].startswith("images (each with its captions)")
+        assert pr["rsum"]["ci"][0] <= pr["rsum"]["ci"][1] and pr["mde"]["rsum"] >= 0
     runs = sorted(p.name for p in folder.iterdir() if p.is_dir())
     assert runs == sorted(f"{v}-seed0" for v in VARIANTS)
     assert set(runs) <= {p.name for p in list_runs(tmp_path)}, "the app's runs list shows every trial"
@@ -63,6 +65,9 @@ def test_the_ablation_runs_every_variant_and_pairs_it_with_full(tmp_path) -> Non
     assert "Stage II starts" in (folder / "no-lit-seed0" / "metrics.jsonl").read_text()
     text = format_table(STUDY, result)
     assert "Per query against full" in text and "sentence-only" in text
+    flat = " ".join(text.split())
+    assert f"n = {n_img} images / {result['test_captions']} captions, 1 seed(s) each" in flat
+    assert "Minimal detectable difference" in flat and "no-stage2 rsum " in flat
     md = format_markdown(STUDY, result, "crossview experiment webly-ablation --data d --web w")
     assert "| no-stage2 (Stage I only) |" in md and "--web w" in md
 

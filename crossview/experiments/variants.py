@@ -12,11 +12,13 @@ real photos, see the cards) unless ``epochs`` or ``params`` say otherwise; ``epo
 
 The evaluation split is the dataset's ``test`` split (``val`` then chooses each run's epoch), else ``val``
 (nothing then chooses the epoch: the last one is kept, as ``crossview train`` does). The result: R@1/5/10 both
-ways and rsum, mean and standard deviation over the seeds, and a paired comparison per query against the
-baseline: for each query, the rank of its first ground truth under the variant and under the baseline trained
-with the same seed; how many queries each variant wins, loses and ties (pooled over the seeds), the two-sided
-sign test and the Wilcoxon signed-rank test (ties dropped) of those rank differences, and the queries it wins
-and loses most (by the mean rank difference over the seeds).
+ways and rsum, mean and standard deviation over the seeds, and the paired effect of each variant against the
+baseline (:func:`crossview.eval.paired.paired_effect`): per query, the rank of its first ground truth and its hits
+are averaged over each variant's seeds first (one observation per query, not seeds x queries), and a bootstrap
+over the evaluated images (each with its captions) gives the rsum difference, per direction the R@1 difference
+and the median rank change, each with its 95% interval; how many queries each variant wins, loses and ties; a
+sign test over images; the minimal detectable rsum difference; and the queries it wins and loses most (by the
+mean rank difference over the seeds).
 
 :func:`run_study` is a generator of :mod:`crossview.core.events` whose last event is
 ``Finished(summary=result)``; :func:`format_table` and :func:`format_markdown` lay the result out.
@@ -24,6 +26,7 @@ and loses most (by the mean rank difference over the seeds).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Progress
+from crossview.eval.paired import DEFAULT_RESAMPLES, paired_effect
 from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
 
 __all__ = ["Study", "EXPERIMENT_FILE", "KS", "parse_variants", "parse_variant_params", "variant_params",
@@ -145,32 +149,33 @@ def variant_params(study: Study, name: str, given: dict[str, dict[str, Any]] | N
     return {**out, **fixed}
 
 
-def paired(ranks_a: Sequence[np.ndarray], ranks_base: Sequence[np.ndarray],
-           query_ids: np.ndarray | None = None) -> dict[str, Any]:
-    """Per-query comparison of one variant against the baseline, seed by seed (rank arrays of the same queries),
-    pooled: ``won`` / ``lost`` / ``tied`` (the variant ranks the ground truth higher / lower / the same), the
-    two-sided sign test and Wilcoxon signed-rank p-values of the rank differences (ties dropped), the median
-    difference, and the queries with the largest mean gain and loss over the seeds (``query_ids`` names them)."""
-    from crossview.eval.compare import sign_test, wilcoxon_test
-
-    if len(ranks_a) != len(ranks_base) or not ranks_a:
-        raise CrossViewError("paired comparison needs the same seeds for both")
-    a = [np.asarray(r, dtype=np.int64) for r in ranks_a]
-    b = [np.asarray(r, dtype=np.int64) for r in ranks_base]
-    if any(x.shape != y.shape or x.ndim != 1 for x, y in zip(a, b)) or len({x.shape for x in a}) != 1:
-        raise CrossViewError("the runs ranked different query sets; compare runs evaluated on the same split")
-    delta = np.stack(a) - np.stack(b)                     # (seeds, queries): negative = the variant ranks higher
-    flat = delta.ravel()
-    won, lost = int((flat < 0).sum()), int((flat > 0).sum())
-    wil = wilcoxon_test(flat)
-    mean = delta.mean(axis=0)
-    ids = np.arange(delta.shape[1]) if query_ids is None else np.asarray(query_ids)
-    order = np.argsort(mean, kind="stable")
-    best = [(int(ids[i]), float(mean[i])) for i in order[:N_EXTREMES] if mean[i] < 0]
-    worst = [(int(ids[i]), float(mean[i])) for i in order[::-1][:N_EXTREMES] if mean[i] > 0]
-    return {"n": int(flat.size), "seeds": int(delta.shape[0]), "won": won, "lost": lost,
-            "tied": int(flat.size - won - lost), "sign_p": sign_test(won, lost), "wilcoxon_p": wil,
-            "median_delta": float(np.median(flat)), "most_won": best, "most_lost": worst}
+def paired(ranks_variant: Sequence[dict[str, np.ndarray]], ranks_base: Sequence[dict[str, np.ndarray]],
+           caption_image: np.ndarray | None, query_ids: dict[str, np.ndarray] | None = None, *,
+           resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict[str, Any]:
+    """The paired effect of one variant (B) against the baseline (A): ``ranks_variant`` and ``ranks_base`` hold
+    each seed's ``{"i2t": (n_images,), "t2i": (n_captions,)}`` 1-based ranks of the same queries (the seed counts
+    may differ), ``caption_image (n_captions,)`` maps captions to images (``None``: unknown). Returns
+    :func:`crossview.eval.paired.paired_effect`'s result (``KS``; seeds averaged per query, bootstrap over
+    images), with per direction ``most_won`` / ``most_lost``: the queries with the largest mean gain and loss
+    over the seeds, as ``(query id, mean rank change)`` (``query_ids[d]`` names them)."""
+    if not ranks_variant or not ranks_base:
+        raise CrossViewError("paired comparison needs at least one seed of each")
+    stacked = []
+    for runs in (ranks_base, ranks_variant):
+        try:
+            stacked.append({d: np.stack([np.asarray(r[d], dtype=np.int64) for r in runs]) for d in ("i2t", "t2i")})
+        except ValueError:
+            raise CrossViewError("the runs ranked different query sets; compare runs evaluated on the same "
+                                 "split") from None
+    base, var = stacked
+    out = paired_effect(base, var, caption_image, ks=KS, resamples=resamples, seed=seed)
+    for d in ("i2t", "t2i"):
+        mean = var[d].mean(axis=0) - base[d].mean(axis=0)      # negative: the variant ranks higher
+        ids = np.arange(mean.size) if not query_ids or d not in query_ids else np.asarray(query_ids[d])
+        order = np.argsort(mean, kind="stable")
+        out[d]["most_won"] = [(int(ids[i]), float(mean[i])) for i in order[:N_EXTREMES] if mean[i] < 0]
+        out[d]["most_lost"] = [(int(ids[i]), float(mean[i])) for i in order[::-1][:N_EXTREMES] if mean[i] > 0]
+    return out
 
 
 def _check_same(study: Study, folder: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -257,6 +262,7 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     ranks: dict[str, list[dict[str, np.ndarray]]] = {n: [] for n in names}
     runs: dict[str, list[str]] = {n: [] for n in names}
     query_ids: dict[str, np.ndarray] = {}
+    caption_image: np.ndarray | None = None      # the t2i queries' images: the paired bootstrap's clusters
     k = 0
     for seed in range(int(seeds)):
         for n in names:
@@ -284,6 +290,8 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
                 ranks[n].append({"i2t": z["i2t"].copy(), "t2i": z["t2i"].copy()})
                 query_ids.setdefault("i2t", z["image_ids"].copy())
                 query_ids.setdefault("t2i", z["caption_ids"].copy())
+                if caption_image is None and "caption_image" in z.files:
+                    caption_image = z["caption_image"].copy()
             summaries[n].append({"i2t": {f"R@{q}": float(s["i2t"][f"R@{q}"]) for q in KS},
                                  "t2i": {f"R@{q}": float(s["t2i"][f"R@{q}"]) for q in KS},
                                  "rsum": float(s["rsum"]), "train_seconds": float(s.get("train_seconds") or 0)})
@@ -293,8 +301,8 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     results, stds = {}, {}
     for n in names:
         results[n], stds[n] = mean_std(summaries[n])
-    pairs = {n: {d: paired([r[d] for r in ranks[n]], [r[d] for r in ranks[base]], query_ids.get(d))
-                 for d in ("i2t", "t2i")} for n in names if n != base}
+    pairs = {n: paired(ranks[n], ranks[base], caption_image, query_ids)
+             for n in names if n != base}
     result = {"experiment": study.kind, "dataset": dataset.name, "source": getattr(dataset, "source", ""),
               "split": split, "val_split": val_split, "selection": selection, "train_images": len(splits["train"]),
               "test_images": len(query_ids.get("i2t", ())), "test_captions": len(query_ids.get("t2i", ())),
@@ -340,15 +348,39 @@ def _rows(result: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _ci(value: float, ci: Sequence[float]) -> str:
+    return f"{value:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+
 def _paired_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Two rows per variant (i2t, t2i); the rsum columns on the first."""
     rows = []
     for name, pr in result["paired"].items():
-        cells = [name]
         for d in ("i2t", "t2i"):
-            p = pr[d]
-            cells += [f"{p['won']} / {p['lost']} / {p['tied']}", _p(p["sign_p"]), _p(p["wilcoxon_p"])]
-        rows.append(cells)
+            p, med = pr[d], pr[d]["median_rank_change"]
+            first = [name, _ci(pr["rsum"]["diff"], pr["rsum"]["ci"]), _p(pr["rsum"]["p"])] if d == "i2t" else \
+                ["", "", ""]
+            rows.append([*first, d, _ci(p["R@1"]["diff"], p["R@1"]["ci"]), _ci(med["value"], med["ci"]),
+                         f"{p['won']} / {p['lost']} / {p['tied']}", _p(p["p"])])
     return rows
+
+
+def _paired_notes(study: Study, result: dict[str, Any]) -> list[str]:
+    """What the paired table is: n, seeds, what was resampled, the p-values, the minimal detectable effects."""
+    prs = result["paired"]
+    one = next(iter(prs.values()))
+    base = result["baseline"]
+    mde = "; ".join(f"{n} rsum {pr['mde']['rsum']:.1f}, i2t R@1 {pr['mde']['i2t R@1']:.1f}, t2i R@1 "
+                    f"{pr['mde']['t2i R@1']:.1f}" for n, pr in prs.items())
+    seeds = (f"{one['seeds_b']} seed(s) each" if one["seeds_a"] == one["seeds_b"] else
+             f"{one['seeds_b']} seed(s) per {study.noun}, {one['seeds_a']} of {base}")
+    return [f"B - A: each {study.noun} (B) against {base} (A), one observation per query (its rank and hits "
+            f"averaged over the seeds first); n = {one['n_images']} images / {one['n_captions']} captions, "
+            f"{seeds}; resampled: {one['resampled']}; {one['resamples']} resamples, "
+            f"{100 * one['level']:.0f}% percentile intervals.",
+            f"won / lost / tied: queries whose first ground truth the {study.noun} ranks higher / lower / the "
+            f"same (a negative rank change: it ranks it higher); p: {one['p_method']}.",
+            f"Minimal detectable difference ({one['mde']['explanation']}): {mde}."]
 
 
 def _title(study: Study, result: dict[str, Any]) -> str:
@@ -359,8 +391,8 @@ def _title(study: Study, result: dict[str, Any]) -> str:
 
 def _heads(study: Study) -> tuple[list[str], list[str]]:
     return ([study.noun, "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum", "train s"],
-            [study.noun, "i2t won / lost / tied", "sign p", "Wilcoxon p", "t2i won / lost / tied", "sign p",
-             "Wilcoxon p"])
+            [study.noun, "rsum B - A [95% CI]", "p", "dir", "R@1 B - A [95% CI]", "median rank change [95% CI]",
+             "won / lost / tied", "p"])
 
 
 def format_table(study: Study, result: dict[str, Any]) -> str:
@@ -375,8 +407,9 @@ def format_table(study: Study, result: dict[str, Any]) -> str:
     head, phead = _heads(study)
     lines = [_title(study, result), "", *table(head, _rows(result))]
     if result["paired"]:
-        lines += ["", f"Per query against {result['baseline']} (same seed; won: the {study.noun} ranks the first "
-                      f"ground truth higher; pooled over {result['seeds']} seed(s)):", *table(phead, _paired_rows(result))]
+        lines += ["", f"Per query against {result['baseline']} (B - A: the {study.noun} minus {result['baseline']}):",
+                  *table(phead, _paired_rows(result)),
+                  *[w for note in _paired_notes(study, result) for w in textwrap.wrap(note, 116)]]
     lines += ["", f"runs: {result['experiment_dir']}"]
     return "\n".join(lines)
 
@@ -393,10 +426,9 @@ def format_markdown(study: Study, result: dict[str, Any], command: str | None = 
     rows = [[f"{r[0]} ({study.labels[r[0]]})" if r[0] in study.labels else r[0], *r[1:]] for r in _rows(result)]
     out += md(head, rows)
     if result["paired"]:
-        out += ["", f"Per query against **{result['baseline']}** trained with the same seed: won / lost / tied = "
-                    f"queries whose first ground truth the {study.noun} ranks higher / lower / the same, pooled over "
-                    f"{result['seeds']} seed(s); two-sided sign test and Wilcoxon signed-rank test of the rank "
-                    "differences (ties dropped).", "", *md(phead, _paired_rows(result)), ""]
+        out += ["", f"Per query against **{result['baseline']}** (B - A: the {study.noun} minus "
+                    f"{result['baseline']}):", "", *md(phead, _paired_rows(result)), "",
+                " ".join(_paired_notes(study, result)), ""]
         for name, pr in result["paired"].items():
             for d, what in (("i2t", "images"), ("t2i", "captions")):
                 won = ", ".join(f"{q} ({v:+.1f})" for q, v in pr[d]["most_won"][:5]) or "none"
