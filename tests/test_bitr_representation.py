@@ -209,7 +209,7 @@ def test_tune_searches_c_on_tr(demo, encoder, tmp_path):
     from crossview.engine.tune import TuneResult, tune
 
     out = list(tune("bitr", demo, {"C": [1.0, 100.0]}, params={**PARAMS, "representation": "tr"},
-                    out=tmp_path / "search", refit=False, val_split="val", cache=False))
+                    out=tmp_path / "search", refit=False, select_on="val", cache=False))
     result = out[-1]
     assert isinstance(result, TuneResult) and len(result.trials) == 2
     for row in result.trials:

@@ -54,7 +54,7 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert dialog.edits["n_components"].text() == "4"
     assert dialog.edits["reg"].text() == str(panel.params()["reg"])
     assert dialog.edits["image_norm"].text() == "ssr" and dialog.edits["text_norm"].text() == "none"
-    assert dialog.metric_combo.currentData() == "rsum" and dialog.split_combo.currentData() == "val"
+    assert dialog.metric_combo.currentData() == "rsum" and dialog.select_combo.currentData() == "auto"
     dialog.set_values("n_components", "2, 8")
     dialog.set_values("image_norm", "none,l2")
     assert dialog.count_label.text().startswith("4 trial")
@@ -169,13 +169,20 @@ def test_a_split_the_engine_refuses_is_reported_before_any_trial(qtbot, panel: T
     panel.set_dataset(ds)
     panel.select_method("cca")
     dialog = _open_dialog(qtbot, panel)
-    assert [dialog.split_combo.itemData(i) for i in range(dialog.split_combo.count())] == ["test"]
+    combo = dialog.select_combo
+    assert [combo.itemData(i) for i in range(combo.count())] == ["auto", "cv3", "cv5", "holdout", "test"]
     dialog.set_values("n_components", "2,4")
-    dialog.split_combo.addItem("val", "val")       # a split the dataset lacks (as from a stale form)
-    dialog.split_combo.setCurrentIndex(1)
+    combo.addItem("val", "val")       # a split the dataset lacks (as from a stale form)
+    combo.setCurrentIndex(combo.count() - 1)
     dialog.start_button.click()
+    assert panel.task is None and "has no split 'val'" in dialog.last_error and dialog.isVisible()
+    assert not any(panel.runs_root.glob("tune-*/trial-*"))
+    # past the dialog, the engine refuses it too, before any task starts
+    from crossview.gui.search_dialog import SearchSpec
+    panel.start_search(SearchSpec(grid={"n_components": [2, 4]}, select_on="val"))
     assert panel.task is None and "has no split 'val'" in panel.last_error
     assert not any(panel.runs_root.glob("tune-*/trial-*"))
+    dialog.reject()
     _close_boxes(panel)
 
 
@@ -235,3 +242,33 @@ def test_continue_a_search_selected_in_the_runs_list(qtbot, panel: TrainPanel) -
     assert Path(sig.args[0]) == folder and panel.trials_table.rowCount() == 2
     assert (folder / "trial-001" / "summary.json").stat().st_mtime_ns == first
     assert (folder / "best" / "summary.json").is_file() and panel.best_trial_row() is not None
+
+
+def test_the_dialog_says_where_it_chooses_and_refuses_the_reported_split_without_the_box(qtbot,
+                                                                                         panel: TrainPanel) -> None:
+    """On a dataset without a test split (val is where results are reported) the search chooses by
+    cross-validation of train and says so; choosing on val needs the optimistic box, and is then marked."""
+    ds = make_toy_dataset(n_images=120)
+    ds.splits.pop("test")
+    panel.set_dataset(ds)
+    panel.select_method("cca")
+    dialog = _open_dialog(qtbot, panel)
+    assert "3-fold cross-validation of the 72 train images" in dialog.selection_label.text()
+    assert "reported once on val" in dialog.selection_label.text()
+    dialog.set_values("n_components", "2,8")
+    dialog.select_combo.setCurrentIndex(dialog.select_combo.findData("val"))
+    assert "--optimistic" in dialog.selection_label.text() and "cf222e" in dialog.selection_label.text()
+    dialog.start_button.click()
+    assert panel.task is None and dialog.isVisible() and "--optimistic" in dialog.last_error
+    dialog.optimistic_check.setChecked(True)
+    assert "optimistic: chosen and reported on the same split" in dialog.selection_label.text()
+    dialog.select_combo.setCurrentIndex(dialog.select_combo.findData("auto"))
+    with qtbot.waitSignal(panel.search_finished, timeout=120_000) as sig:
+        dialog.start_button.click()
+    folder = Path(sig.args[0])
+    record = json.loads((folder / "tune.json").read_text())
+    assert record["selected_on"] == "train-cv3" and record["reported_on"] == "val"
+    assert "chosen on train-cv3" in panel.eta_label.text() and "on val" in panel.eta_label.text()
+    assert "reported once on val" in panel.search_info.text()
+    assert panel.trials_table.rowCount() == 2 and (folder / "trial-002-f3" / "summary.json").is_file()
+    _close_boxes(panel)

@@ -88,10 +88,11 @@ def test_cli_refuses_a_bad_value_and_prints_the_sorted_table(tmp_path, capsys):
                  "--grid", "n_components=2,8", "--out", str(tmp_path / "s")])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert out[0].split()[:3] == ["#", "n_components", "rsum"]
-    rows = [ln.split() for ln in out[1:3]]
+    assert out[0] == "# chosen on val, reported once on test"
+    assert out[1].split()[:3] == ["#", "n_components", "rsum"]
+    rows = [ln.split() for ln in out[2:4]]
     assert float(rows[0][2]) >= float(rows[1][2]) and {rows[0][1], rows[1][1]} == {"2", "8"}
-    assert out[3].startswith("best: trial") and "split test" in out[3]
+    assert out[4].startswith("best: trial") and "split test" in out[4] and "chosen on val" in out[4]
 
 
 def test_each_scored_trial_is_a_structured_event(tmp_path):
@@ -139,3 +140,114 @@ def test_a_search_stopped_in_its_first_trial_is_already_a_listed_search(tmp_path
     record = json.loads((tmp_path / "s" / "tune.json").read_text())
     assert record["results"] == [] and record["grid"] == {"n_components": [2, 4]}
     assert tmp_path / "s" / "trial-001" in list_runs(tmp_path)
+
+
+# ---------------------------------------------------------------- selection never on the reported split (issue 28)
+def _without(ds, *names):
+    """``ds`` with the splits ``names`` dropped (a dataset with no test split, like the Flickr8k sample)."""
+    import copy
+
+    out = copy.copy(ds)
+    out.splits = {k: v for k, v in ds.splits.items() if k not in names}
+    return out
+
+
+def test_without_a_test_split_the_trials_are_chosen_by_cross_validation_of_train_and_reported_on_val(tmp_path):
+    import numpy as np
+
+    ds = _without(make_toy_dataset(), "test")
+    res = _run(tune("cca", ds, {"n_components": [2, 8]}, out=tmp_path / "s", text_encoder="bow", cache=False))
+    record = json.loads((tmp_path / "s" / "tune.json").read_text())
+    assert record["selected_on"] == "train-cv3" and record["reported_on"] == "val" and not record["optimistic"]
+    train, val = set(ds.splits["train"].tolist()), set(ds.splits["val"].tolist())
+    for t in res.trials:
+        tested: list[int] = []
+        rsums = []
+        for f in (1, 2, 3):
+            folder = tmp_path / "s" / f"trial-{t['trial']:03d}-f{f}"
+            cfg = json.loads((folder / "config.json").read_text())
+            summary = json.loads((folder / "summary.json").read_text())
+            fold_train, fold_test = (set(cfg["derived_splits"][k]) for k in ("cv-train", "cv-test"))
+            assert summary["split"] == "cv-test" and cfg["train_split"] == "cv-train"
+            assert fold_test <= train and fold_train <= train and not fold_train & fold_test
+            assert not fold_test & val                # never a val image in choosing
+            tested += sorted(fold_test)
+            rsums.append(summary["rsum"])
+        assert sorted(tested) == sorted(train)        # the folds partition the training images
+        assert t["score"] == pytest.approx(np.mean(rsums)) and t["sd"] == pytest.approx(np.std(rsums))
+        assert t["selected_on"] == "train-cv3" and t["run_dir"].endswith(f"trial-{t['trial']:03d}-f1")
+    best = json.loads((tmp_path / "s" / "best" / "summary.json").read_text())
+    assert best["split"] == "val" and best["reported_on"] == "val" and best["selected_on"] == "train-cv3"
+    assert not best["optimistic"] and best["choices"][0]["by"] == "search"
+    assert set(json.loads((tmp_path / "s" / "best" / "config.json").read_text())["derived_splits"] or {}) == set()
+    # every fold is a run the app lists, and the refit
+    assert len([p for p in list_runs(tmp_path) if p.parent.name == "s"]) == 2 * 3 + 1
+
+
+def test_choosing_on_the_reported_split_needs_the_flag_and_every_output_then_says_optimistic(tmp_path):
+    from crossview.engine.tune import OPTIMISTIC, format_tune_table
+
+    ds = _without(make_toy_dataset(), "test")
+    with pytest.raises(CrossViewError, match="optimistic.*--optimistic"):
+        list(tune("cca", ds, {"n_components": [2, 8]}, out=tmp_path / "s", select_on="val", text_encoder="bow",
+                  cache=False))
+    assert not (tmp_path / "s").exists()
+    out = list(tune("cca", ds, {"n_components": [2, 8]}, out=tmp_path / "s", select_on="val", optimistic=True,
+                    text_encoder="bow", cache=False))
+    res = out[-1]
+    warnings = [ev.message for ev in out if isinstance(ev, Log) and ev.level == "warning"]
+    assert any(OPTIMISTIC in w for w in warnings)
+    assert OPTIMISTIC in format_tune_table(res) and "OPTIMISTIC" in format_tune_table(res).splitlines()[0]
+    record = json.loads((tmp_path / "s" / "tune.json").read_text())
+    assert record["optimistic"] and record["selected_on"] == record["reported_on"] == "val"
+    best = json.loads((tmp_path / "s" / "best" / "summary.json").read_text())
+    assert best["optimistic"] and best["selected_on"] == "val" == best["reported_on"]
+
+
+def test_a_test_split_means_choosing_on_val_and_reporting_on_test(tmp_path):
+    res = _run(tune("cca", make_toy_dataset(), {"n_components": [2, 8]}, out=tmp_path / "s", text_encoder="bow",
+                    cache=False))
+    assert res.selection["selected_on"] == "val" and res.selection["reported_on"] == "test"
+    assert not (tmp_path / "s" / "trial-001-f1").exists()
+
+
+def test_an_inner_holdout_scores_each_trial_once_on_training_images_only(tmp_path):
+    ds = _without(make_toy_dataset(), "test")
+    res = _run(tune("cca", ds, {"n_components": [2, 8]}, out=tmp_path / "s", select_on="holdout",
+                    text_encoder="bow", cache=False, refit=False))
+    assert res.selection["selected_on"] == "train-holdout20"
+    cfg = json.loads((tmp_path / "s" / "trial-001" / "config.json").read_text())
+    inner_train, inner_val = (set(cfg["derived_splits"][k]) for k in ("inner-train", "inner-val"))
+    assert inner_train | inner_val == set(ds.splits["train"].tolist()) and not inner_train & inner_val
+    assert len(inner_val) == round(0.2 * len(ds.splits["train"]))
+
+
+def test_with_only_a_train_split_the_folds_leave_the_reported_heldout_images_alone(tmp_path):
+    from crossview.engine.tune import plan_selection
+
+    ds = _without(make_toy_dataset(), "test", "val")
+    sel = plan_selection(ds, "auto", folds=4, seed=3)
+    assert sel.reported_on == "heldout" and sel.selected_on == "train-cv4"
+    from crossview.engine.splits import plan_splits
+    held = set(plan_splits(ds, None, "train", "val", 3).derived["heldout"])
+    for part in sel.parts:
+        assert not held & (set(part.derived["cv-train"]) | set(part.derived["cv-test"]))
+    with pytest.raises(CrossViewError, match="train"):
+        plan_selection(ds, "train")
+    with pytest.raises(CrossViewError, match="no split 'tset'"):
+        plan_selection(ds, "tset")
+    with pytest.raises(CrossViewError, match="folds"):
+        plan_selection(ds, "cv", folds=1)
+
+
+def test_cli_prints_where_it_chose_and_where_it_reports(tmp_path, capsys):
+    write_toy_precomp(tmp_path / "toy_precomp", make_toy_dataset(n_images=120, caps_per_image=5),
+                      (("train", "train"), ("dev", "val")))
+    code = main(["tune", "cca", "--data", str(tmp_path / "toy_precomp"), "--text-encoder", "bow",
+                 "--grid", "n_components=2,8", "--out", str(tmp_path / "s"), "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["selected_on"] == "train-cv3" and out["reported_on"] == "val"
+    code = main(["tune", "cca", "--data", str(tmp_path / "toy_precomp"), "--text-encoder", "bow",
+                 "--grid", "n_components=2,8", "--out", str(tmp_path / "s2"), "--select-on", "val"])
+    assert code == 2 and "--optimistic" in capsys.readouterr().err and not (tmp_path / "s2").exists()

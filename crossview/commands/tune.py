@@ -1,9 +1,10 @@
-"""``crossview tune METHOD``: a validation search, every trial a run, the best refitted.
+"""``crossview tune METHOD``: a parameter search, every trial a run, chosen on other images than those the refit
+of the best is reported on.
 
 ::
 
     crossview tune cca --data D --grid reg=0.3,1,3,10 --grid n_components=64,128,256
-    crossview tune wsabie --data D --grid lr=0.01,0.1 --grid image_norm=none,ssr --trials 4
+    crossview tune wsabie --data D --grid lr=0.01,0.1 --grid image_norm=none,ssr --trials 4 --select-on holdout
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     printer = EventPrinter()
     result: TuneResult | None = None
     gen = tune(args.method, args.data, grid, params=params, metric=args.metric, trials=args.trials, out=args.out,
-               val_split=args.val_split, image_encoder=args.image_encoder, text_encoder=args.text_encoder,
+               select_on=args.select_on, folds=args.folds, optimistic=args.optimistic, image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                image_norm=args.image_norm, text_norm=args.text_norm, data_format=args.format,
                image_root=args.image_root, device=args.device, seed=args.seed, refit=not args.no_refit)
     try:
@@ -45,8 +46,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     printer.close()
     assert result is not None
     if args.json:
-        print(json.dumps({"folder": str(result.folder), "metric": result.metric, "trials": result.trials,
-                          "best": result.best, "refit": result.refit}, indent=2))
+        print(json.dumps({"folder": str(result.folder), "metric": result.metric, **result.selection,
+                          "trials": result.trials, "best": result.best, "refit": result.refit}, indent=2))
     else:
         print(format_tune_table(result))
         print(f"search folder: {result.folder}")
@@ -58,12 +59,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     from crossview.features.normalize import NORMS
 
     p = sub.add_parser(
-        "tune", help="search a method's parameters on the validation split (every trial a run)",
-        description="Train METHOD once per point of the grid (or --trials points drawn from it) on the train "
-                    "split, score each on the validation split, print the trials best first and refit the best "
-                    "point with the dataset's split rule (evaluated on test when there is one). Every trial is a "
-                    "run folder inside the search folder: open, inspect and compare them in the app. Running the "
-                    "same command with the same --out continues an interrupted search.",
+        "tune", help="search a method's parameters (every trial a run; chosen apart from where it is reported)",
+        description="Train METHOD once per point of the grid (or --trials points drawn from it), score each where "
+                    "--select-on says, print the trials best first, then refit the best point on all training "
+                    "images and report it once on the dataset's evaluation split (test, else val, else a held-out "
+                    "part of train). Choosing and reporting use different images: by default the trials are "
+                    "scored on val when the dataset also has a test split, else by 3-fold cross-validation of the "
+                    "training images (each fold a run). The table and tune.json say where the trials were chosen "
+                    "(selected_on) and where the refit is reported (reported_on). Every trial is a run folder "
+                    "inside the search folder: open, inspect and compare them in the app. Running the same "
+                    "command with the same --out continues an interrupted search.",
         epilog="Grid keys are the method's parameters (typed and range-checked by its card) and image_norm / "
                "text_norm. Separate the values with ';' instead when a value holds commas "
                "(--grid 'c_grid=1,10;1e2,1e4'). "
@@ -78,9 +83,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, default=None,
                    help="try only this many points of the grid, drawn at random (default: all of them)")
     p.add_argument("--metric", default="rsum",
-                   help="what the trials are ranked by on val: rsum, or DIRECTION.KEY such as i2t.R@1, t2i.R@10, "
+                   help="what the trials are ranked by: rsum, or DIRECTION.KEY such as i2t.R@1, t2i.R@10, "
                         "t2i.MedR (default rsum)")
-    p.add_argument("--val-split", default="val", help="split the trials are scored on (default: val)")
+    p.add_argument("--select-on", "--val-split", dest="select_on", default="auto", metavar="WHERE",
+                   help="where the trials are scored: auto (val when the dataset has a test split to report on, "
+                        "else cross-validation of the training images), cv (k-fold cross-validation of the "
+                        "training images; cv5 for 5 folds), holdout (a seeded 20%% of the training images), or a "
+                        "split name (default: auto)")
+    p.add_argument("--folds", type=int, default=None, metavar="K",
+                   help="folds of --select-on cv (default 3)")
+    p.add_argument("--optimistic", action="store_true",
+                   help="allow --select-on to name the split the refit is reported on; every output then says "
+                        "'optimistic: chosen and reported on the same split'")
     p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
     p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
     p.add_argument("--image-norm", choices=NORMS, default=None, help="image normalisation for every trial")

@@ -121,7 +121,9 @@ class TrialFinished(Event):
     """One trial of a validation search (:func:`crossview.engine.tune.tune`) is scored: trial ``trial`` of
     ``total`` at ``point`` (``{param: value}``), its ``score`` by ``metric`` (higher is better: MedR / MeanR
     negated), the run's ``rsum`` and ``i2t`` / ``t2i`` metrics, its ``run_dir``, and ``best_trial``, the
-    number of the best trial so far."""
+    number of the best trial so far. Under cross-validation the numbers are means over the folds, ``sd`` their
+    spread and ``run_dir`` the first fold's run; ``selected_on`` names the images the trials are scored on
+    (``train-cv3``, ``train-holdout20``, ``val``)."""
 
     trial: int
     total: int
@@ -133,6 +135,8 @@ class TrialFinished(Event):
     t2i: dict[str, Any] = field(default_factory=dict)
     run_dir: str = ""
     best_trial: int = 0
+    sd: float | None = None
+    selected_on: str = ""
     kind: ClassVar[str] = "trial"
 
 

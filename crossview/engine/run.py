@@ -59,7 +59,7 @@ from crossview.core.errors import Cancelled, CrossViewError
 from crossview.engine import splits as _splits  # noqa: F401
 from crossview.features import normalize as _normalize, preflight as _preflight  # noqa: F401
 
-__all__ = ["train", "resume", "RunConfig", "RunIterator", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
+__all__ = ["train", "resume", "RunConfig", "RunIterator", "selection_record", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
            "SUMMARY", "STATUS", "LOCK", "default_run_dir", "read_summary", "read_status", "read_config",
            "run_is_locked"]
 
@@ -108,6 +108,9 @@ class RunConfig:
     #: the dataset's text view the run trains on (its labels or its captions' phrases as the text side,
     #: crossview.data.views), applied again by resume and open_run to the dataset they load
     text_view: dict[str, Any] | None = None
+    #: how the run's parameters were chosen before it started (a search's refit: ``{"what": "parameters",
+    #: "by": "search", "selected_on": "train-cv3", "reported_on": "val", ...}``); ``None``: given by the user
+    selection: dict[str, Any] | None = None
 
 
 def default_run_dir(method: str, dataset_name: str) -> Path:
@@ -130,7 +133,8 @@ _OPT_STR = (str, type(None))
 _CONFIG_TYPES: dict[str, Any] = {
     "data": _OPT_STR, "params": dict, "user_params": dict, "split": str, "train_split": str, "val_split": _OPT_STR,
     "data_format": _OPT_STR, "image_root": _OPT_STR, "image_encoder": _OPT_STR, "text_encoder": _OPT_STR,
-    "device": str, "seed": int, "checkpoint_seconds": _NUM, "dataset_fingerprint": _OPT_STR}
+    "device": str, "seed": int, "checkpoint_seconds": _NUM, "dataset_fingerprint": _OPT_STR,
+    "selection": (dict, type(None))}
 _STATUS_TYPES: dict[str, Any] = {"phase": str, "events": int, "train_seconds": _NUM, "updated": str,
                                  "error": _OPT_STR, "checkpoint": _OPT_STR, "checkpoint_events": int,
                                  "checkpoint_step": (int, type(None))}
@@ -1048,8 +1052,32 @@ class _Run:
             "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
             "data": self.cfg.data,
             "run_dir": str(self.run_dir),
+            # what was chosen on which images, and where the numbers above are reported (never the same images
+            # unless marked optimistic)
+            **selection_record(self.cfg, self.method),
             "finished": _now(),
         }
+
+
+def selection_record(cfg: RunConfig, method: Any) -> dict[str, Any]:
+    """``{"selected_on", "reported_on", "optimistic", "choices"}`` of a run: every choice made from data (the
+    search that chose its parameters, ``cfg.selection``; the method's own, :meth:`Method.selection_info`: the
+    epoch on val, C by cross-validation of train) and the split its metrics are reported on. ``selected_on`` joins
+    the distinct places (``"nothing"`` when no choice was made from data); ``optimistic`` is true when one of
+    them is the reported split itself."""
+    choices: list[dict[str, Any]] = []
+    if cfg.selection:
+        sel = dict(cfg.selection)
+        choices.append({"what": str(sel.get("what", "parameters")), "on": str(sel.get("selected_on", "?")),
+                        **({"by": sel["by"]} if "by" in sel else {}),
+                        **({"search": sel["search"]} if "search" in sel else {})})
+    info = getattr(method, "selection_info", None)
+    if info is not None:
+        choices.extend(dict(c) for c in info(cfg.train_split, cfg.val_split))
+    places = list(dict.fromkeys(c["on"] for c in choices))
+    optimistic = cfg.split in places or bool((cfg.selection or {}).get("optimistic"))
+    return {"selected_on": ", ".join(places) or "nothing", "reported_on": cfg.split, "optimistic": optimistic,
+            "choices": choices}
 
 
 class RunIterator:
@@ -1094,7 +1122,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           checkpoint_seconds: float = 60.0, features: Any = None, cache: Any = None,
           image_norm: str | None = None, text_norm: str | None = None,
           derived_splits: dict[str, Any] | None = None,
-          representation: dict[str, Any] | None = None, text_view: Any = None) -> RunIterator:
+          representation: dict[str, Any] | None = None, text_view: Any = None,
+          selection: dict[str, Any] | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -1112,8 +1141,9 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     paper 001 (fitted on ``train_split``) instead of the encoders', and is recorded in ``config.json`` so that
     a resume and ``open_run`` rebuild them; given ``features`` must then be that representation's.
     ``text_view`` (``"labels"`` or ``{"kind": "phrases", "min_images": N}``, :mod:`crossview.data.views`) trains
-    on the dataset's labels or its captions' phrases as the text side, and is recorded likewise. Stop
-    iterating to cancel.
+    on the dataset's labels or its captions' phrases as the text side, and is recorded likewise. ``selection``
+    says how ``params`` were chosen (a search's refit, :func:`crossview.engine.tune.tune`); the summary carries it
+    with the method's own choices (:func:`selection_record`). Stop iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
@@ -1137,7 +1167,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
                     checkpoint_seconds=checkpoint_seconds, derived_splits={**given, **plan.derived} or None,
                     representation=None if representation is None else dict(representation), text_view=view,
                     image_norm=default_norms[0] if image_norm is None else image_norm,
-                    text_norm=default_norms[1] if text_norm is None else text_norm)
+                    text_norm=default_norms[1] if text_norm is None else text_norm,
+                    selection=None if selection is None else dict(selection))
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     rank, world_size = _distributed(device)
     if world_size > 1:

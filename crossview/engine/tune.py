@@ -1,14 +1,27 @@
-"""A validation search for any method: every trial an ordinary run, scored on val, the best refitted.
+"""A search for any method's parameters: every trial an ordinary run, chosen on other images than those the
+refit of the best is reported on.
 
 ``tune(method, data, grid={"reg": [0.3, 1, 3], "n_components": [64, 128]})`` trains one run per point of
-the grid (or ``trials`` points drawn from it at random) on the training split, scores each on the
-validation split, and finally refits the best point with the dataset's own split rule (evaluated on
-``test`` when there is one: the honest number). Feature normalisations are searched like parameters
-(``image_norm`` / ``text_norm`` keys). Everything lives in one folder the app's runs list reads::
+the grid (or ``trials`` points drawn from it at random) and scores it where :func:`plan_selection` says, then
+refits the best point on all the training images and reports it **once** on the dataset's evaluation split
+(test, else val, else a held-out part of train). Choosing and reporting are different images, always:
+
+- a dataset with a test split: the trials are scored on ``val``, the refit reported on ``test``;
+- a dataset without one (the evaluation split is ``val`` or a held-out part of train): the trials are scored by
+  k-fold cross-validation of the training images (3 folds unless ``folds`` says otherwise; each fold an ordinary
+  run ``trial-NNN-fK`` trained on the other folds), the mean over the folds ranks them;
+- ``select_on="holdout"``: a seeded 20% of the training images scores them (one run per trial, cheaper);
+- ``select_on=SPLIT`` names a split; the reported split itself is refused unless ``optimistic=True``, and then
+  every output (log, table, ``tune.json``, the refit's summary) says "optimistic: chosen and reported on the same
+  split".
+
+``tune.json`` records ``selected_on`` (``train-cv3``, ``train-holdout20``, ``val``) and ``reported_on``; the refit's
+``summary.json`` carries the same. Feature normalisations are searched like parameters (``image_norm`` /
+``text_norm`` keys). Everything lives in one folder the app's runs list reads::
 
     TUNE_DIR/
-      tune.json        the search: method, data, grid, metric, and one row per finished trial
-      trial-001/ ...   ordinary run folders (open, inspect, compare, resume them)
+      tune.json        the search: method, data, grid, metric, selection, and one row per finished trial
+      trial-001/ ...   ordinary run folders (trial-001-f1, -f2, -f3 under cross-validation)
       best/            the refit of the best point
 
 Features are extracted once (the cache answers later trials anyway) and shared by every trial. An
@@ -30,12 +43,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from crossview.core.events import Event, Finished, Log, Progress, TrialFinished
 from crossview.core.io import atomic_write_json, read_json
 from crossview.core.errors import CrossViewError
 
 __all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table", "parse_grid",
-           "parse_grid_values", "split_values"]
+           "parse_grid_values", "split_values", "plan_selection", "Selection", "OPTIMISTIC", "DEFAULT_FOLDS",
+           "INNER_HOLDOUT"]
 
 TUNE_FILE = "tune.json"
 #: grid keys that are options of the run rather than parameters of the method
@@ -51,6 +67,8 @@ class TuneResult:
     trials: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
     refit: dict[str, Any] | None = None
+    #: where the trials were scored and where the refit is reported (:meth:`Selection.record`)
+    selection: dict[str, Any] = field(default_factory=dict)
 
 
 def metric_value(summary: dict[str, Any], metric: str) -> float:
@@ -152,20 +170,144 @@ def _check_grid(method: str, grid: dict[str, list[Any]]) -> None:
                                  f"{', '.join(valid)} (and {', '.join(RUN_KEYS)})")
 
 
+#: the share of the training images an inner hold-out (``select_on="holdout"``) scores the trials on
+INNER_HOLDOUT = 0.2
+#: folds of ``select_on="cv"`` unless ``folds`` says otherwise
+DEFAULT_FOLDS = 3
+#: the words every output of a search chosen on its reported split carries
+OPTIMISTIC = "optimistic: chosen and reported on the same split"
+
+
+@dataclass
+class Part:
+    """One run of a trial: a fold of the cross-validation, the inner hold-out, or the whole scoring split."""
+
+    suffix: str                                   #: appended to the trial's folder name ("" or "-f1")
+    train_split: str
+    eval_split: str
+    derived: dict[str, list[int]] | None = None   #: the fold as derived splits (recorded in the run)
+
+
+@dataclass
+class Selection:
+    """Where a search chooses (``selected_on``) and where the refit of its choice is reported (``reported_on``):
+    different images unless ``optimistic``."""
+
+    selected_on: str            #: "train-cv3", "train-holdout20" or a split name such as "val"
+    reported_on: str            #: the refit's evaluation split: "test", "val" or "heldout"
+    optimistic: bool
+    parts: list[Part]
+    description: str            #: one line for logs and the app
+
+    @property
+    def folds(self) -> int:
+        return len(self.parts)
+
+    def record(self) -> dict[str, Any]:
+        return {"selected_on": self.selected_on, "reported_on": self.reported_on, "optimistic": self.optimistic,
+                "description": self.description}
+
+
+def _parse_select(select_on: str | None, folds: int | None) -> tuple[str, int]:
+    """``"cv5"`` -> ``("cv", 5)``; ``"cv"`` -> ``("cv", folds or 3)``; other values unchanged."""
+    s = str(select_on or "auto").strip()
+    k = DEFAULT_FOLDS if folds is None else folds
+    if s.lower().startswith("cv") and s[2:].isdigit():
+        s, k = "cv", int(s[2:])
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise CrossViewError(f"--folds {k!r}: cross-validation needs a whole number of folds >= 2")
+    return (s.lower() if s.lower() in ("auto", "cv", "holdout") else s), k
+
+
+def plan_selection(ds: Any, select_on: str | None = "auto", *, folds: int | None = None, train_split: str = "train",
+                   seed: int = 0, optimistic: bool = False) -> Selection:
+    """Where a search on ``ds`` scores its trials and where its refit is reported (the rule: never the same
+    images, unless ``optimistic``).
+
+    The refit is reported on the dataset's own evaluation split (:func:`crossview.engine.splits.plan_splits`:
+    test, else val, else a held-out part of train). ``select_on``:
+
+    - ``"auto"``: ``val`` when the dataset has it and it is not the reported split (a dataset with a test split),
+      else ``folds``-fold cross-validation of the refit's training images;
+    - ``"cv"`` (or ``"cvK"``): ``folds``-fold cross-validation of the refit's training images (by image);
+    - ``"holdout"``: a seeded :data:`INNER_HOLDOUT` of those training images;
+    - a split name: that split. The reported split itself only with ``optimistic=True``, and every output then
+      says :data:`OPTIMISTIC`.
+    """
+    from crossview.engine.splits import fold_splits, plan_splits
+
+    mode, k = _parse_select(select_on, folds)
+    refit = plan_splits(ds, None, train_split, "val", seed)
+    reported = refit.eval
+    train_images = np.asarray(refit.derived.get(train_split, ds.splits[train_split]), dtype=np.int64)
+    n = len(train_images)
+    if mode == "auto":
+        mode = "val" if "val" in ds.splits and len(ds.splits["val"]) and reported != "val" else "cv"
+    if mode == "cv":
+        if n < 2 * k:
+            raise CrossViewError(f"{k}-fold cross-validation needs at least {2 * k} training images, {ds.name!r} "
+                                 f"has {n}; lower --folds or choose --select-on holdout")
+        parts = [Part(f"-f{f + 1}", "cv-train", "cv-test", {"cv-train": tr.tolist(), "cv-test": te.tolist()})
+                 for f, (tr, te) in enumerate(fold_splits(train_images, k, seed))]
+        label = f"{train_split}-cv{k}"
+        desc = (f"chosen by {k}-fold cross-validation of the {n:,} {train_split} images (each fold trains on the "
+                f"rest), reported once on {reported}")
+        return Selection(label, reported, False, parts, desc)
+    if mode == "holdout":
+        n_out = int(round(INNER_HOLDOUT * n))
+        if n_out < 2 or n - n_out < 2:
+            raise CrossViewError(f"an inner hold-out needs more training images than {ds.name!r} has ({n}); "
+                                 "choose --select-on cv or a split")
+        held = np.sort(np.random.default_rng(seed).choice(train_images, size=n_out, replace=False))
+        rest = np.setdiff1d(train_images, held)
+        parts = [Part("", "inner-train", "inner-val", {"inner-train": rest.tolist(), "inner-val": held.tolist()})]
+        label = f"{train_split}-holdout{round(100 * INNER_HOLDOUT)}"
+        desc = (f"chosen on a seeded hold-out of {n_out:,} of the {n:,} {train_split} images (seed {seed}), "
+                f"reported once on {reported}")
+        return Selection(label, reported, False, parts, desc)
+    split = mode
+    if split not in ds.splits or not len(ds.splits[split]):
+        raise CrossViewError(f"dataset {ds.name!r} has no split {split!r} to choose on (it has: "
+                             f"{', '.join(ds.split_names) or 'none'}); use --select-on auto, cv, holdout or a split")
+    if split == train_split:
+        raise CrossViewError(f"--select-on {split}: the trials train on {split}; scoring them there says nothing. "
+                             "Use --select-on auto (cross-validation of the training images)")
+    same = split == reported
+    if same and not optimistic:
+        raise CrossViewError(f"--select-on {split}: the best trial's refit is reported on {split} too, so its "
+                             f"number would be optimistic (chosen and reported on the same images). Leave "
+                             f"--select-on auto ({k}-fold cross-validation of the {train_split} images), or add "
+                             "--optimistic to allow it and have every output say so")
+    desc = (f"chosen on {split}, reported once on {reported}" if not same else
+            f"chosen and reported on {split} ({OPTIMISTIC})")
+    return Selection(split, reported, same, [Part("", train_split, split)], desc)
+
+
+def _mean_metrics(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """``rsum`` and the ``i2t`` / ``t2i`` metrics averaged over the parts of a trial."""
+    out: dict[str, Any] = {"rsum": float(np.mean([float(s["rsum"]) for s in summaries]))}
+    for d in ("i2t", "t2i"):
+        keys = [k for k in (summaries[0].get(d) or {}) if all(k in (s.get(d) or {}) for s in summaries)]
+        out[d] = {k: float(np.mean([float(s[d][k]) for s in summaries])) for k in keys}
+    return out
+
+
 def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str, Any] | None = None,
          metric: str = "rsum", trials: int | None = None, out: str | Path | None = None,
-         val_split: str = "val", train_split: str = "train", image_encoder: str | None = None,
+         select_on: str | None = "auto", folds: int | None = None, optimistic: bool = False,
+         train_split: str = "train", image_encoder: str | None = None,
          text_encoder: str | None = None, image_norm: str | None = None, text_norm: str | None = None,
          data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
          refit: bool = True, cache: Any = None) -> Iterator[Event | TuneResult]:
     """Run the search (see the module docstring), yielding events and, last, the :class:`TuneResult`.
 
     ``grid`` maps parameter names (or ``image_norm`` / ``text_norm``) to the values to try; ``params``
-    are fixed for every trial. Each trial trains on ``train_split`` and is scored on ``val_split`` by
-    ``metric`` (:func:`metric_value`). Every input is checked before anything is extracted or trained.
+    are fixed for every trial. Each trial is scored by ``metric`` (:func:`metric_value`) where
+    :func:`plan_selection` says (``select_on``, ``folds``, ``optimistic``): by default k-fold cross-validation
+    of the training images when the evaluation split would otherwise be used, the mean over the folds. Every
+    input is checked before anything is extracted or trained.
     """
     from crossview.engine.run import SUMMARY, _load, resume, train
-    from crossview.engine.splits import plan_splits
     from crossview.methods import create_method
 
     ds, source = _load(data, data_format, image_root)
@@ -174,10 +316,10 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     points = _points(grid, trials, seed)
     for p in points:     # every point is a valid parameter set, before any work
         create_method(method, **{**fixed, **{k: v for k, v in p.items() if k not in RUN_KEYS}}).check_params()
-    if val_split not in ds.splits:
-        raise CrossViewError(f"dataset {ds.name!r} has no split {val_split!r} to score the trials on (it has: "
-                             f"{', '.join(ds.split_names) or 'none'}); name one with --val-split")
-    plan_splits(ds, val_split, train_split, None, seed)
+    if train_split not in ds.splits:
+        raise CrossViewError(f"dataset {ds.name!r} has no split {train_split!r} to train the trials on (it has: "
+                             f"{', '.join(ds.split_names) or 'none'})")
+    sel = plan_selection(ds, select_on, folds=folds, train_split=train_split, seed=seed, optimistic=optimistic)
     metric_value({"rsum": 0.0, "i2t": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0},
                   "t2i": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0}}, metric)
     if out is None:
@@ -187,84 +329,111 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         out = get_settings().runs_dir / f"tune-{method}-{safe}-{stamp}"
     folder = Path(out)
     record = {"method": method, "data": source, "grid": grid, "params": fixed, "metric": metric,
-              "val_split": val_split, "train_split": train_split, "seed": seed, "trials": trials,
+              "select_on": str(select_on or "auto"), "folds": sel.folds if sel.selected_on.endswith(
+                  f"cv{sel.folds}") else None, **sel.record(),
+              "train_split": train_split, "seed": seed, "trials": trials,
               "image_encoder": image_encoder, "text_encoder": text_encoder, "image_norm": image_norm,
               "text_norm": text_norm}
     if (folder / TUNE_FILE).is_file():
         old = read_json(folder / TUNE_FILE)
-        if not isinstance(old, dict) or any(old.get(k) != record[k] for k in ("method", "grid", "metric", "params")):
-            raise CrossViewError(f"{folder} holds another search; give a new --out folder")
+        keys = ("method", "grid", "metric", "params", "selected_on", "reported_on")
+        if not isinstance(old, dict) or any(k in old and old.get(k) != record[k] for k in keys):
+            raise CrossViewError(f"{folder} holds another search (another method, grid, metric, parameters or "
+                                 f"selection); give a new --out folder")
         yield Log(f"continuing the search in {folder}")
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / TUNE_FILE).is_file():     # the folder is a search (listed, continued) from its first trial on
         atomic_write_json(folder / TUNE_FILE, {**record, "results": []})
 
     from crossview.features import extract_features
-    yield Log(f"tuning {method} on {ds.name}: {len(points)} trial(s), scored by {metric} on {val_split}")
+    n_parts = len(sel.parts)
+    yield Log(f"tuning {method} on {ds.name}: {len(points)} trial(s)"
+              + (f" x {n_parts} folds" if n_parts > 1 else "") + f", ranked by {metric}; {sel.description}",
+              "warning" if sel.optimistic else "info")
     yield Progress(0, len(points), "trials")
     feats = None
     results: list[dict[str, Any]] = []
     for i, point in enumerate(points, 1):
-        run_dir = folder / f"trial-{i:03d}"
         run_kw = {k: point[k] for k in RUN_KEYS if k in point}
         method_params = {**fixed, **{k: v for k, v in point.items() if k not in RUN_KEYS}}
-        if not (run_dir / SUMMARY).is_file():
+        summaries, dirs = [], []
+        for j, part in enumerate(sel.parts, 1):
+            run_dir = folder / f"trial-{i:03d}{part.suffix}"
+            dirs.append(str(run_dir))
+            where = f"trial {i}/{len(points)}" + (f" fold {j}/{n_parts}" if n_parts > 1 else "")
+            if (run_dir / SUMMARY).is_file():
+                summaries.append(read_json(run_dir / SUMMARY))
+                continue
             if feats is None:
                 feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
-                                         device="cpu")
+                                         device=device)
             if (run_dir / "config.json").is_file():
                 it = resume(run_dir, data=ds, features=feats, cache=cache)
             else:
-                it = train(method, ds, run_dir=run_dir, params=method_params, split=val_split,
-                           train_split=train_split, val_split=None, image_encoder=image_encoder,
+                it = train(method, ds, run_dir=run_dir, params=method_params, split=part.eval_split,
+                           train_split=part.train_split, val_split=None, image_encoder=image_encoder,
                            text_encoder=text_encoder, device=device, seed=seed, features=feats, cache=cache,
-                           image_norm=run_kw.get("image_norm", image_norm),
+                           derived_splits=part.derived, image_norm=run_kw.get("image_norm", image_norm),
                            text_norm=run_kw.get("text_norm", text_norm))
             summary = None
             for ev in it:
                 if isinstance(ev, Finished):
                     summary = ev.summary
                 elif isinstance(ev, Progress):
-                    yield Progress(ev.step, ev.total, f"trial {i}/{len(points)}: {ev.message}".rstrip(": "))
+                    yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "))
             if summary is None:
                 raise CrossViewError(f"{run_dir}: the trial ended without a summary")
-        else:
-            summary = read_json(run_dir / SUMMARY)
-        score = metric_value(summary, metric)
-        row = {"trial": i, "point": point, "score": score, "rsum": summary.get("rsum"), "run_dir": str(run_dir),
-               "i2t": summary.get("i2t"), "t2i": summary.get("t2i")}
+            summaries.append(summary)
+        scores = [metric_value(s, metric) for s in summaries]
+        score = float(np.mean(scores))
+        sd = float(np.std(scores)) if len(scores) > 1 else None
+        mean = _mean_metrics(summaries)
+        row = {"trial": i, "point": point, "score": score, "sd": sd, "rsum": mean["rsum"], "run_dir": dirs[0],
+               "i2t": mean["i2t"], "t2i": mean["t2i"], "selected_on": sel.selected_on}
+        if n_parts > 1:
+            row["folds"] = [{"run_dir": d, "score": s, "rsum": float(m["rsum"])}
+                            for d, s, m in zip(dirs, scores, summaries)]
         results.append(row)
         atomic_write_json(folder / TUNE_FILE, {**record, "results": results})   # recorded before it is announced
         best = max(results, key=lambda r: r["score"])
-        yield Log(f"trial {i}/{len(points)} {_label(point)}: {metric} {abs(score):.1f}  "
-                  f"(best {abs(best['score']):.1f}: trial {best['trial']})")
+        spread = f" ± {sd:.1f} over {n_parts} folds" if sd is not None else ""
+        yield Log(f"trial {i}/{len(points)} {_label(point)}: {metric} {abs(score):.1f}{spread} on "
+                  f"{sel.selected_on} (best {abs(best['score']):.1f}: trial {best['trial']})")
         yield TrialFinished(trial=i, total=len(points), point=dict(point), metric=metric, score=score,
-                            rsum=summary.get("rsum"), i2t=dict(summary.get("i2t") or {}),
-                            t2i=dict(summary.get("t2i") or {}), run_dir=str(run_dir), best_trial=best["trial"])
+                            rsum=mean["rsum"], i2t=dict(mean["i2t"]), t2i=dict(mean["t2i"]), run_dir=dirs[0],
+                            best_trial=best["trial"], sd=sd, selected_on=sel.selected_on)
         yield Progress(i, len(points), "trials")
     ranked = sorted(results, key=lambda r: (-r["score"] if math.isfinite(r["score"]) else math.inf, r["trial"]))
-    result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0])
+    result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0], selection=sel.record())
     if refit:
         best = ranked[0]["point"]
         best_dir = folder / "best"
-        yield Log(f"refitting the best point ({_label(best)}) with the dataset's split rule")
+        yield Log(f"refitting the best point ({_label(best)}) on all {train_split} images, reported on "
+                  f"{sel.reported_on}" + (f" ({OPTIMISTIC})" if sel.optimistic else ""),
+                  "warning" if sel.optimistic else "info")
         if (best_dir / SUMMARY).is_file():
             result.refit = read_json(best_dir / SUMMARY)
         else:
             if feats is None:
                 feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
-                                         device="cpu")
+                                         device=device)
+            provenance = {"what": "parameters", "by": "search", "search": str(folder), "point": dict(best),
+                          "metric": metric, **sel.record()}
             it = (resume(best_dir, data=ds, features=feats, cache=cache) if (best_dir / "config.json").is_file()
                   else train(method, ds, run_dir=best_dir,
                              params={**fixed, **{k: v for k, v in best.items() if k not in RUN_KEYS}},
-                             train_split=train_split, val_split=val_split, image_encoder=image_encoder,
+                             train_split=train_split, val_split="val", image_encoder=image_encoder,
                              text_encoder=text_encoder, device=device, seed=seed, features=feats, cache=cache,
-                             image_norm=best.get("image_norm", image_norm), text_norm=best.get("text_norm", text_norm)))
+                             image_norm=best.get("image_norm", image_norm), text_norm=best.get("text_norm", text_norm),
+                             selection=provenance))
             for ev in it:
                 if isinstance(ev, Finished):
                     result.refit = ev.summary
                 elif isinstance(ev, Progress):
                     yield Progress(ev.step, ev.total, f"refit: {ev.message}".rstrip(": "))
+        if result.refit is not None and result.refit.get("split") != sel.reported_on:
+            raise CrossViewError(f"{best_dir}: the refit was evaluated on {result.refit.get('split')!r}, not on "
+                                 f"{sel.reported_on!r}; the search folder is inconsistent: give a new --out")
         atomic_write_json(folder / TUNE_FILE, {**record, "results": results, "best": ranked[0],
                                                "refit": {"run_dir": str(best_dir), "split": (result.refit or {}).get("split"),
                                                          "rsum": (result.refit or {}).get("rsum")}})
@@ -272,17 +441,27 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
 
 
 def format_tune_table(result: TuneResult) -> str:
-    """The trials best first: the point, the metric, R@1/5/10 both ways, the run folder's name."""
+    """The trials best first: the point, the metric (± its spread over the folds), R@1/5/10 both ways (means over
+    the folds), the run folder's name; a first line says where the trials were chosen and the refit reported."""
+    sel = result.selection or {}
     keys = sorted({k for r in result.trials for k in r["point"]})
     head = "  ".join(f"{k:>12}" for k in keys)
-    lines = [f"{'#':>4}  {head}  {result.metric:>9}  {'i2t R@1/5/10':>17}  {'t2i R@1/5/10':>17}  run"]
+    folds = any(r.get("sd") is not None for r in result.trials)
+    lines = []
+    if sel:
+        lines.append(("# OPTIMISTIC NUMBERS: " if sel.get("optimistic") else "# ") + str(sel.get("description", "")))
+    lines.append(f"{'#':>4}  {head}  {result.metric:>9}" + (f"  {'± sd':>6}" if folds else "")
+                 + f"  {'i2t R@1/5/10':>17}  {'t2i R@1/5/10':>17}  run")
     for r in result.trials:
         vals = "  ".join(f"{str(r['point'].get(k, '')):>12}" for k in keys)
         rec = "  ".join(f"{r[d]['R@1']:5.1f}/{r[d]['R@5']:4.1f}/{r[d]['R@10']:4.1f}" if r.get(d) else f"{'-':>17}"
                         for d in ("i2t", "t2i"))
-        lines.append(f"{r['trial']:>4}  {vals}  {abs(r['score']):>9.1f}  {rec}  {Path(r['run_dir']).name}")
+        sd = (f"  {r['sd']:6.1f}" if r.get("sd") is not None else f"  {'-':>6}") if folds else ""
+        lines.append(f"{r['trial']:>4}  {vals}  {abs(r['score']):>9.1f}{sd}  {rec}  {Path(r['run_dir']).name}")
     if result.refit:
-        lines.append(f"best: trial {result.best['trial']} ({_label(result.best['point'])}); refit in "
-                     f"{result.folder / 'best'}: rsum {result.refit.get('rsum', float('nan')):.1f} on split "
-                     f"{result.refit.get('split')}")
+        where = sel.get("selected_on", "?")
+        lines.append(f"best: trial {result.best['trial']} ({_label(result.best['point'])}), chosen on {where}; "
+                     f"refit on all training images in {result.folder / 'best'}: rsum "
+                     f"{result.refit.get('rsum', float('nan')):.1f} on split {result.refit.get('split')}"
+                     + (f" ({OPTIMISTIC})" if sel.get("optimistic") else " (reported once, not chosen on)"))
     return "\n".join(lines)

@@ -1,9 +1,11 @@
-"""The Train panel's "Search..." dialog: the values to try for each parameter of a validation search.
+"""The Train panel's "Search..." dialog: the values to try for each parameter of a search.
 
 Each parameter of the method (and the image / text normalisation) gets a line of comma-separated values,
 prefilled with the panel's current value; a line with two or more values becomes a key of the grid, a line
-with one value is fixed for every trial. The metric the trials are ranked by, the split they are scored on,
-an optional number of random trials and the search folder's name complete it. Every value is typed and
+with one value is fixed for every trial. The metric the trials are ranked by, where they are chosen ("Choose
+on": auto, k-fold cross-validation or a hold-out of the training images, or a split; a line under it says where
+the refit is then reported, and choosing on that same split needs the "optimistic" box ticked), an optional
+number of random trials and the search folder's name complete it. Every value is typed and
 range-checked by the method's card (:func:`crossview.engine.tune.parse_grid_values`) when the user presses
 "Start search": a bad one gets one clear line in the dialog, which stays open, and nothing starts.
 
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QScrollArea,
-                               QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit,
+                               QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from crossview.engine.tune import RUN_KEYS, parse_grid_values, split_values
 from crossview.core.errors import CrossViewError
@@ -33,7 +36,9 @@ METRICS = ("rsum", "i2t.R@1", "i2t.R@5", "i2t.R@10", "t2i.R@1", "t2i.R@5", "t2i.
 class SearchSpec:
     """What the dialog asks for: the ``grid`` (keys with two or more values), the ``params`` fixed for every
     trial, the fixed ``image_norm`` / ``text_norm`` (``None`` when searched or not given), the ``metric``,
-    ``trials`` (``None`` = every point), the ``val_split`` and the search folder ``name`` ('' = default)."""
+    ``trials`` (``None`` = every point), where the trials are chosen (``select_on``: ``auto``, ``cv3``, ``cv5``,
+    ``holdout`` or a split; ``optimistic`` allows the reported split) and the search folder ``name``
+    ('' = default)."""
 
     grid: dict[str, list[Any]]
     params: dict[str, Any] = field(default_factory=dict)
@@ -41,7 +46,8 @@ class SearchSpec:
     text_norm: str | None = None
     metric: str = "rsum"
     trials: int | None = None
-    val_split: str = "val"
+    select_on: str = "auto"
+    optimistic: bool = False
     name: str = ""
 
     @property
@@ -62,10 +68,14 @@ def _dedupe(values: list[Any]) -> list[Any]:
 class SearchDialog(QDialog):
     """``fields`` maps each parameter to ``(spec, current text)`` (``spec`` a card
     :class:`~crossview.methods.cards.ParamSpec`); ``norms`` are the current ``(image, text)`` normalisation
-    names; ``splits`` the splits trials can be scored on. After ``accepted``, :attr:`spec` holds the search."""
+    names; ``splits`` the splits trials can be scored on; ``describe(select_on, optimistic)`` says in one line
+    where the trials are then chosen and the refit reported, or raises :class:`CrossViewError` when that choice is
+    refused (:func:`crossview.engine.tune.plan_selection` on the panel's dataset). After ``accepted``,
+    :attr:`spec` holds the search."""
 
     def __init__(self, method: str, fields: dict[str, tuple[Any, str]], norms: tuple[str, str],
-                 splits: list[str], parent: QWidget | None = None) -> None:
+                 splits: list[str], parent: QWidget | None = None,
+                 describe: Callable[[str, bool], str] | None = None) -> None:
         super().__init__(parent)
         self.method = method
         self.setWindowTitle(f"Search {method}")
@@ -75,8 +85,9 @@ class SearchDialog(QDialog):
         self.edits: dict[str, QLineEdit] = {}
 
         intro = QLabel(f"Values to try for each parameter of <b>{html.escape(method)}</b>, separated by commas "
-                       "(by ';' when a value holds commas). Every combination is one trial: a run trained on "
-                       "train and scored on the split below. A single value is kept fixed.")
+                       "(by ';' when a value holds commas). Every combination is one trial, chosen as set below; "
+                       "the best is then refitted on all training images and reported once. A single value is kept "
+                       "fixed.")
         intro.setWordWrap(True)
         form_widget = QWidget()
         form = QFormLayout(form_widget)
@@ -95,15 +106,23 @@ class SearchDialog(QDialog):
         self.metric_combo = QComboBox()
         for m in METRICS:
             self.metric_combo.addItem(m, m)
-        self.metric_combo.setToolTip("What the trials are ranked by on the scoring split (higher is better; "
-                                     "MedR: lower is better)")
-        self.split_combo = QComboBox()
-        for s in splits:
-            self.split_combo.addItem(s, s)
-        if "val" in splits:
-            self.split_combo.setCurrentIndex(splits.index("val"))
-        self.split_combo.setToolTip("The split every trial is scored on (the best is then refitted with the "
-                                    "dataset's own rule: evaluated on test when there is one)")
+        self.metric_combo.setToolTip("What the trials are ranked by (higher is better; MedR: lower is better)")
+        self._describe = describe
+        self.select_combo = QComboBox()
+        for label, value in (("auto (val if there is a test split, else 3-fold cross-validation)", "auto"),
+                             ("3-fold cross-validation of train", "cv3"), ("5-fold cross-validation of train", "cv5"),
+                             ("a seeded 20% hold-out of train", "holdout"), *((f"split {s}", s) for s in splits)):
+            self.select_combo.addItem(label, value)
+        self.select_combo.setToolTip("Where every trial is scored. The best trial is then refitted on all the "
+                                     "training images and reported once on the dataset's evaluation split (test, "
+                                     "else val); choosing there too would make that number optimistic.")
+        self.optimistic_check = QCheckBox("allow choosing on the split the result is reported on (optimistic)")
+        self.optimistic_check.setToolTip("The refit's number is then biased upwards: every output of the search "
+                                         "says 'optimistic: chosen and reported on the same split'")
+        self.selection_label = QLabel("")
+        self.selection_label.setWordWrap(True)
+        self.select_combo.currentIndexChanged.connect(self._update_selection)
+        self.optimistic_check.toggled.connect(self._update_selection)
         self.trials_spin = QSpinBox()
         self.trials_spin.setRange(0, 10_000)
         self.trials_spin.setSpecialValueText("all points")
@@ -113,7 +132,9 @@ class SearchDialog(QDialog):
         self.name_edit.setToolTip("The search folder in the runs folder; the same name continues a stopped search")
         opts = QFormLayout()
         opts.addRow("Rank by", self.metric_combo)
-        opts.addRow("Score on", self.split_combo)
+        opts.addRow("Choose on", self.select_combo)
+        opts.addRow("", self.optimistic_check)
+        opts.addRow("", self.selection_label)
         opts.addRow("Random trials", self.trials_spin)
         opts.addRow("Search folder", self.name_edit)
 
@@ -140,6 +161,7 @@ class SearchDialog(QDialog):
             e.textChanged.connect(self._update_count)
         self.trials_spin.valueChanged.connect(self._update_count)
         self._update_count()
+        self._update_selection()
         self.resize(520, 600)
 
     def _add_row(self, form: QFormLayout, name: str, text: str, help_text: str) -> None:
@@ -162,6 +184,20 @@ class SearchDialog(QDialog):
         if spec is not None and str(spec.type).startswith("list"):     # a list value holds commas itself
             return [v.strip() for v in text.split(";") if v.strip()]
         return split_values(text)
+
+    def _update_selection(self) -> None:
+        """The line under "Choose on": where the trials are chosen and the refit reported, or why not."""
+        if self._describe is None:
+            self.selection_label.setText("")
+            return
+        try:
+            text = html.escape(self._describe(self.select_combo.currentData() or "auto",
+                                              self.optimistic_check.isChecked()))
+            if "optimistic" in text:
+                text = f"<span style='color:#9a6700'>{text}</span>"
+        except CrossViewError as e:
+            text = f"<span style='color:#cf222e'>{html.escape(str(e))}</span>"
+        self.selection_label.setText(text)
 
     def _update_count(self) -> None:
         n = math.prod(max(1, len(self._raw(name))) for name in self.edits)
@@ -188,13 +224,17 @@ class SearchDialog(QDialog):
         return SearchSpec(grid=grid, params={k: v for k, v in fixed.items() if k not in RUN_KEYS},
                           image_norm=fixed.get("image_norm"), text_norm=fixed.get("text_norm"),
                           metric=self.metric_combo.currentData(), trials=self.trials_spin.value() or None,
-                          val_split=self.split_combo.currentData() or "val", name=self.name_edit.text().strip())
+                          select_on=self.select_combo.currentData() or "auto",
+                          optimistic=self.optimistic_check.isChecked(), name=self.name_edit.text().strip())
 
     def accept(self) -> None:
         """Check every value first: a bad one is shown here and nothing starts."""
         try:
             self.spec = self.build()
+            if self._describe is not None:    # where it chooses: refused here, the dialog stays open
+                self._describe(self.spec.select_on, self.spec.optimistic)
         except CrossViewError as e:
+            self.spec = None
             self.last_error = str(e)
             self.error_label.setText(str(e))
             self.error_label.show()

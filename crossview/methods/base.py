@@ -133,6 +133,14 @@ class Method:
         """
         raise NotImplementedError
 
+    def selection_info(self, train_split: str, val_split: str | None) -> list[dict[str, str]]:
+        """What a fit with these parameters chooses from data, and on which images: ``[{"what": "epoch",
+        "on": "val"}, {"what": "C", "on": "train-cv5"}]`` (``on``: a split, or ``<train>-cvK`` /
+        ``<train>-holdoutP`` for parts of the training split). ``val_split`` is the split ``fit_iter`` gets as
+        ``val`` (``None`` when it gets none). The engine records it in the run's summary beside the split the run
+        is reported on, so a reader sees that the two differ. A method that chooses nothing returns ``[]``."""
+        return []
+
     def fit(self, train: MethodData, val: MethodData | None = None) -> "Method":
         """Drain :meth:`fit_iter`; returns ``self``."""
         for _ in self.fit_iter(train, val):

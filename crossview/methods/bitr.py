@@ -316,6 +316,10 @@ class Bitr(Method):
             raise CrossViewError(f"BITR: epsilon must be a positive number, got {self.epsilon!r}; default 1e-3")
         return parse_c_grid(self.c_grid)
 
+    def selection_info(self, train_split: str, val_split: str | None) -> list[dict[str, str]]:
+        """C is chosen by ``cv_folds``-fold cross-validation of the training images when ``c_grid`` is given."""
+        return [{"what": "C", "on": f"{train_split}-cv{int(self.cv_folds)}"}] if parse_c_grid(self.c_grid) else []
+
     def feature_representation(self) -> dict[str, Any] | None:
         """What the run's features are to be (:func:`crossview.features.topics.representation_request`):
         ``None`` for the encoders' features, else the TR / CTR settings."""

@@ -120,6 +120,10 @@ class SVM(LabelMethod):
                 raise CrossViewError(f"svm: {name} must be a whole number >= {lo}, got {v!r}")
         return grid
 
+    def selection_info(self, train_split: str, val_split: str | None) -> list[dict[str, str]]:
+        """C is chosen by ``cv_folds``-fold cross-validation of the training images when a grid is given."""
+        return [{"what": "C", "on": f"{train_split}-cv{int(self.cv_folds)}"}] if self._grid() else []
+
     # ------------------------------------------------------------------ training
     def _fit_all(self, X: np.ndarray, Y: np.ndarray, C: float, what: str, done: int,
                  total: int, out: dict[str, Any]) -> Iterator[Event]:

@@ -355,6 +355,14 @@ class TorchMethod(Method):
             self._live = None
             self.model_state_ = numpy_tree(model.state_dict()) if self.model_state_ is None else self.model_state_
 
+    def selection_info(self, train_split: str, val_split: str | None) -> list[dict[str, str]]:
+        """The epoch (best-epoch weights, early stopping) is chosen on ``val``, else on the ``holdout`` part of the
+        training images, else nothing is chosen (the last epoch is kept)."""
+        if val_split:
+            return [{"what": "epoch", "on": val_split}]
+        frac = float(getattr(self, "holdout", 0.0) or 0.0)
+        return [{"what": "epoch", "on": f"{train_split}-holdout{round(100 * frac)}"}] if frac > 0 else []
+
     def _holdout(self, train: MethodData, val: MethodData | None,
                  seed: int) -> tuple[MethodData, MethodData | None, str]:
         """``(fit, val, note)``: without a validation split, ``holdout`` (a fraction) of the training images,

@@ -765,7 +765,8 @@ class TrainPanel(QWidget):
         if self.dataset is None or not method or (self.task is not None and self.task.is_running()):
             return None
         splits = [n for n in self.dataset.split_names if n != "train"]
-        dialog = SearchDialog(method, self._search_fields(), self._resolved_norms(), splits, parent=self)
+        dialog = SearchDialog(method, self._search_fields(), self._resolved_norms(), splits, parent=self,
+                              describe=self._describe_selection)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda d=dialog: self.start_search(d.spec))
         dialog.finished.connect(lambda _r, d=dialog: self._forget_dialog(d))
@@ -773,6 +774,14 @@ class TrainPanel(QWidget):
         dialog.setWindowModality(Qt.WindowModality.WindowModal)
         dialog.open()
         return dialog
+
+    def _describe_selection(self, select_on: str, optimistic: bool) -> str:
+        """Where a search on the panel's dataset chooses and reports (raises when the choice is refused)."""
+        from crossview.engine.tune import plan_selection
+
+        if self.dataset is None:
+            return ""
+        return plan_selection(self.dataset, select_on, seed=self.seed_spin.value(), optimistic=optimistic).description
 
     def _forget_dialog(self, dialog: SearchDialog) -> None:
         if self.search_dialog is dialog:
@@ -808,7 +817,8 @@ class TrainPanel(QWidget):
             self._fail(str(e), "", title="Search not started")
             return None
         return self._start_tune(dict(method=method, data=self.dataset, grid=spec.grid, params=spec.params,
-                                     metric=spec.metric, trials=spec.trials, out=folder, val_split=spec.val_split,
+                                     metric=spec.metric, trials=spec.trials, out=folder, select_on=spec.select_on,
+                                     optimistic=spec.optimistic,
                                      image_encoder=self.image_encoder.currentData(),
                                      text_encoder=self.text_encoder.currentData(),
                                      image_norm=spec.image_norm, text_norm=spec.text_norm,
@@ -836,8 +846,16 @@ class TrainPanel(QWidget):
         folder = Path(kw["out"])
         self.search_folder = folder
         self.search_best = None
+        where = ""
+        if not isinstance(kw["data"], (str, Path)):
+            from crossview.engine.tune import plan_selection
+            try:
+                where = plan_selection(kw["data"], kw.get("select_on", "auto"), folds=kw.get("folds"),
+                                       seed=kw.get("seed", 0), optimistic=kw.get("optimistic", False)).description
+            except CrossViewError:      # pragma: no cover - tune checked it already
+                where = ""
         search = {"folder": folder, "method": kw["method"], "metric": kw["metric"], "keys": list(kw["grid"]),
-                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None}
+                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None, "where": where}
         self._setup_trials_table(search)
         self._update_search_info(search)
 
@@ -849,8 +867,8 @@ class TrainPanel(QWidget):
                 gen.close()
 
         return self._drive(events, folder, f"Searching {kw['method']} on {getattr(kw['data'], 'name', kw['data'])} "
-                           f"({total} trials, ranked by {kw['metric']} on {kw['val_split']})", kw["method"],
-                           search=search)
+                           f"({total} trials, ranked by {kw['metric']}" + (f"; {where}" if where else "") + ")",
+                           kw["method"], search=search)
 
     def _setup_trials_table(self, search: dict[str, Any]) -> None:
         metric = search["metric"]
@@ -867,7 +885,8 @@ class TrainPanel(QWidget):
     def _update_search_info(self, search: dict[str, Any]) -> None:
         best = search["rows"].get(search["best"]) if search["best"] is not None else None
         text = (f"<b>Search</b> {html.escape(search['folder'].name)}: {search['done']} of {search['total']} trials "
-                f"done, ranked by {html.escape(search['metric'])}")
+                f"done, ranked by {html.escape(search['metric'])}"
+                + (f"; {html.escape(search['where'])}" if search.get("where") else ""))
         if best is not None:
             text += (f"; best: trial {best.trial} ({html.escape(self._point_label(best.point))}), "
                      f"{html.escape(search['metric'])} {abs(best.score):.1f}")
@@ -966,9 +985,12 @@ class TrainPanel(QWidget):
         except CrossViewError as e:
             self._fail(str(e), "", title="Search not continued")
             return None
+        # a search recorded before selection was kept apart from reporting scored its trials on val_split
+        old = "select_on" not in rec
         return self._start_tune(dict(method=rec["method"], data=data, grid=rec["grid"], params=rec.get("params") or {},
                                      metric=rec.get("metric", "rsum"), trials=rec.get("trials"), out=folder,
-                                     val_split=rec.get("val_split", "val"),
+                                     select_on=rec.get("val_split", "val") if old else rec["select_on"],
+                                     folds=rec.get("folds"), optimistic=bool(rec.get("optimistic", old)),
                                      train_split=rec.get("train_split", "train"),
                                      image_encoder=rec.get("image_encoder"), text_encoder=rec.get("text_encoder"),
                                      image_norm=rec.get("image_norm"), text_norm=rec.get("text_norm"),
@@ -1099,13 +1121,16 @@ class TrainPanel(QWidget):
             refit = res.refit or {}
             head = (f"Search finished in {time.monotonic() - self._t0:.1f} s: best trial {best.get('trial')}, "
                     f"{res.metric} {abs(best.get('score', 0)):.1f}")
-            tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}"
+            sel = res.selection or {}
+            chosen = f"chosen on {sel.get('selected_on')}" + (" - OPTIMISTIC: chosen and reported on the same split"
+                                                               if sel.get("optimistic") else "")
+            tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')} ({chosen})"
                     if refit else "")
             self.eta_label.setText(head + tail)
             self.log.appendPlainText(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
             self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
-                                     f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))}"
-                                     if refit else ""))
+                                     f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))} "
+                                     f"({html.escape(chosen)})" if refit else ""))
             if refit and (search["folder"] / "best" / "summary.json").is_file():
                 self.run_finished.emit(str(search["folder"] / "best"))    # the app loads the refit, as after Start
             self.search_finished.emit(str(search["folder"]))
