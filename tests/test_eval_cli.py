@@ -159,3 +159,77 @@ def test_a_json_file_given_to_eval_gets_one_clear_line(tmp_path: Path, capsys) -
     np.save(tmp_path / "one.npy", np.zeros(3))
     with pytest.raises(CrossViewError, match="single .npy array"):
         load_embeddings(tmp_path / "one.npy")
+
+
+def _ranks_run(folder: Path, i2t, t2i, caption_image=None, split="test", dataset="toy") -> Path:
+    """A finished run as far as --compare reads it: summary.json, config.json and ranks.npz."""
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"method": "cca", "dataset": dataset, "split": split,
+                                                     "i2t": {}, "t2i": {}, "rsum": 0.0}))
+    (folder / "config.json").write_text(json.dumps({"split": split}))
+    extra = {} if caption_image is None else {"caption_image": np.asarray(caption_image)}
+    np.savez(folder / "ranks.npz", i2t=np.asarray(i2t), t2i=np.asarray(t2i), image_ids=np.arange(len(i2t)),
+             caption_ids=np.arange(len(t2i)), **extra)
+    return folder
+
+
+def test_compare_runs_seeds_against_seeds(tmp_path: Path, capsys) -> None:
+    from crossview.eval.paired import paired_effect
+
+    rng = np.random.default_rng(5)
+    ci = np.repeat(np.arange(40), 5)
+    a = [_ranks_run(tmp_path / f"a{s}", rng.integers(1, 30, 40), rng.integers(1, 30, 200), ci) for s in range(3)]
+    b = [_ranks_run(tmp_path / f"b{s}", rng.integers(1, 20, 40), rng.integers(1, 20, 200), ci) for s in range(2)]
+    assert main(["eval", *map(str, a), "--compare", *map(str, b), "--json", "--resamples", "500"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    load = lambda runs: {d: np.stack([np.load(r / "ranks.npz")[d] for r in runs]) for d in ("i2t", "t2i")}  # noqa: E731
+    want = paired_effect(load(a), load(b), ci, resamples=500)
+    assert {k: got[k] for k in want} == json.loads(json.dumps(want))
+    assert got["runs_a"] == [str(r) for r in a] and (got["seeds_a"], got["seeds_b"]) == (3, 2)
+    assert (got["split"], got["dataset"]) == ("test", "toy")
+    assert main(["eval", str(a[0]), "--compare", str(b[0]), "--k", "1,5"]) == 0
+    out = capsys.readouterr().out
+    assert "n = 40 images / 200 captions" in out and "i2t median rank change" in out and "R@10" not in out
+    assert "resampled: images (each with its captions); seeds averaged per query first" in out
+    assert "minimal detectable difference: rsum " in out
+
+
+def test_compare_two_trained_runs_reads_their_ranks(tmp_path: Path, capsys) -> None:
+    from _engine_helpers import make_toy_dataset, toy_features
+    from crossview.engine.run import train
+
+    ds = make_toy_dataset(n_images=120)
+    feats = toy_features(ds)
+    for name, k in (("a", 2), ("b", 8)):
+        for _ in train("cca", ds, run_dir=tmp_path / name, params={"n_components": k}, features=feats, device="cpu"):
+            pass
+    assert main(["eval", str(tmp_path / "a"), "--compare", str(tmp_path / "b"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    sa, sb = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("a", "b"))
+    assert res["rsum"]["a"] == pytest.approx(sa["rsum"]) and res["rsum"]["b"] == pytest.approx(sb["rsum"])
+    assert res["n_images"] == sa["n_images"] and res["n_captions"] == sa["n_captions"]
+    assert res["resampled"].startswith("images (each with its captions)"), "the run's caption_image is used"
+
+
+def test_compare_bad_input_gets_one_line(tmp_path: Path, capsys) -> None:
+    ci = np.repeat(np.arange(4), 2)
+    a = _ranks_run(tmp_path / "a", [1, 2, 3, 4], [1] * 8, ci)
+    val = _ranks_run(tmp_path / "val", [1, 2, 3, 4], [1] * 8, ci, split="val")
+    small = _ranks_run(tmp_path / "small", [1, 2, 3], [1] * 6, ci[:6])
+    old = _ranks_run(tmp_path / "old", [2, 2, 3, 1], [1, 2] * 4)        # ranks.npz before caption_image
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    emb = save_embeddings(tmp_path / "e.npz", _emb(np.random.default_rng(0)))
+    for argv, needle in (
+            ([str(a), "--compare", str(unfinished)], "no ranks.npz"),
+            ([str(a), "--compare", str(val)], "evaluated on the same split"),
+            ([str(a), "--compare", str(small)], "different i2t query sets"),
+            ([str(a), "--compare", str(emb)], "an embeddings file"),
+            ([str(a), str(val)], "several runs (seeds) only with --compare"),
+            ([str(a), "--compare", str(a), "--split", "val"], "not --split val"),
+            ([str(a), "--compare", str(a), "--protocol", "identity"], "--protocol does not apply")):
+        assert main(["eval", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, (argv, err)
+    assert main(["eval", str(a), "--compare", str(old)]) == 0       # no caption map: each caption its own cluster
+    assert "each caption its own cluster" in capsys.readouterr().out

@@ -1,14 +1,17 @@
-"""``crossview eval RUN_OR_EMBEDDINGS``: the metric table of a run or of an embeddings file."""
+"""``crossview eval RUN_OR_EMBEDDINGS``: the metric table of a run or of an embeddings file;
+``crossview eval A [A2 ...] --compare B [B2 ...]``: the paired effect of run(s) B against run(s) A on the same
+queries (:func:`crossview.eval.paired.paired_effect`: several runs on one side are seeds of one variant)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from crossview.commands._common import ProgressPrinter
+from crossview.commands._common import ProgressPrinter, print_result
 from crossview.core.errors import CrossViewError
 
 
@@ -53,17 +56,127 @@ def _jsonable(obj):
     return obj
 
 
+def _ks(value: str) -> list[int]:
+    try:
+        ks = sorted({int(k) for k in value.split(",") if k.strip()})
+    except ValueError:
+        raise CrossViewError(f"--k {value!r}: give comma-separated integers, e.g. 1,5,10") from None
+    if not ks or ks[0] < 1:
+        raise CrossViewError(f"--k {value!r}: K must be positive integers")
+    return ks
+
+
+def _compare_runs(targets: list[str], split: str | None) -> list[tuple[Path, Any, str, str]]:
+    """The runs of one side of ``--compare`` (their ranks.npz), checked; with their split and dataset."""
+    from crossview.engine.results import load_run_results
+
+    runs = []
+    for t in targets:
+        p = Path(t).expanduser()
+        if not p.is_dir():
+            what = "an embeddings file: it holds no ranks of its own" if p.is_file() else "no such folder"
+            raise CrossViewError(f"{p}: --compare compares run folders (their ranks.npz), and this is {what}")
+        if not (p / "ranks.npz").is_file():
+            raise CrossViewError(f"{p}: no ranks.npz - the run has not finished its evaluation; resume it with "
+                                 f"'crossview train --resume {p}'")
+        r = load_run_results(p)
+        if "i2t" not in r.ranks or "t2i" not in r.ranks:
+            raise CrossViewError(f"{p / 'ranks.npz'}: needs both i2t and t2i ranks to compare")
+        r_split = str(r.summary.get("split") or _run_split(p))
+        if split is not None and r_split != split:
+            raise CrossViewError(f"{p}: its ranks.npz holds the {r_split} evaluation, not --split {split}; runs "
+                                 "are compared on the split they were evaluated on")
+        runs.append((p, r, r_split, str(r.summary.get("dataset", "?"))))
+    return runs
+
+
+def _check_same_queries(runs: list[tuple[Path, Any, str, str]]) -> np.ndarray | None:
+    """The caption -> image map all the runs share (``None`` if one lacks it); refuses different query sets."""
+    p0, r0, split0, data0 = runs[0]
+    for p, r, split, data in runs[1:]:
+        if (split, data) != (split0, data0):
+            raise CrossViewError(f"{p} was evaluated on {data} {split}, {p0} on {data0} {split0}; compare runs "
+                                 "evaluated on the same split")
+        for d in ("i2t", "t2i"):
+            same = r.ranks[d].shape == r0.ranks[d].shape and (
+                d not in r.queries or d not in r0.queries or np.array_equal(r.queries[d], r0.queries[d]))
+            if not same:
+                raise CrossViewError(f"{p} and {p0} ranked different {d} query sets ({r.ranks[d].size} and "
+                                     f"{r0.ranks[d].size} queries); compare runs evaluated on the same split")
+        if r.caption_image is not None and r0.caption_image is not None and \
+                not np.array_equal(r.caption_image, r0.caption_image):
+            raise CrossViewError(f"{p} and {p0} map their captions to different images; compare runs evaluated "
+                                 "on the same split")
+    maps = [r.caption_image for _, r, _, _ in runs]
+    return None if any(m is None for m in maps) else maps[0]
+
+
+def _format_compare(res: dict) -> str:
+    """The paired effect as a small plain-text table."""
+    def ci(v: float, band: list[float]) -> str:
+        return f"{v:+.1f} [{band[0]:+.1f}, {band[1]:+.1f}]"
+
+    def p(x: float) -> str:
+        return "<0.001" if x < 1e-3 else f"{x:.3f}"
+
+    rows = [["", "A", "B", f"B - A [{100 * res['level']:.0f}% CI]", "p"]]
+    for d in ("i2t", "t2i"):
+        r = res[d]
+        rows += [[f"{d} R@{k}", f"{r[f'R@{k}']['a']:.1f}", f"{r[f'R@{k}']['b']:.1f}",
+                  ci(r[f"R@{k}"]["diff"], r[f"R@{k}"]["ci"]), ""] for k in res["ks"]]
+        m = r["median_rank_change"]
+        rows.append([f"{d} median rank change", "", "", ci(m["value"], m["ci"]), ""])
+        rows.append([f"{d} won / lost / tied", "", "", f"{r['won']} / {r['lost']} / {r['tied']}", p(r["p"])])
+    rs = res["rsum"]
+    rows.append(["rsum", f"{rs['a']:.1f}", f"{rs['b']:.1f}", ci(rs["diff"], rs["ci"]), p(rs["p"])])
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    a, b = res["runs_a"], res["runs_b"]
+    head = (f"B - A: {', '.join(b)} ({res['seeds_b']} seed(s)) against {', '.join(a)} ({res['seeds_a']} seed(s)); "
+            f"{res['dataset']} {res['split']}: n = {res['n_images']} images / {res['n_captions']} captions")
+    mde = res["mde"]
+    return "\n".join([
+        head, "", *lines, "",
+        f"resampled: {res['resampled']}; {res['resamples']} resamples, percentile intervals",
+        "won / lost / tied: queries (ranks averaged over the seeds) that B ranks higher / lower / the same; "
+        "a negative rank change: B ranks the ground truth higher",
+        f"p: {res['p_method']}",
+        "minimal detectable difference: " + ", ".join(f"{k} {v:.1f}" for k, v in mde.items() if k != "explanation")
+        + f" ({mde['explanation']})"])
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``crossview eval A [A2 ...] --compare B [B2 ...]``: the paired effect of B against A."""
+    from crossview.eval.paired import paired_effect
+
+    for flag, given in (("--protocol", args.protocol != "standard"), ("--overlap", args.overlap),
+                        ("--ranks-out", bool(args.ranks_out))):
+        if given:
+            raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks "
+                                 "(evaluate each run without --compare for that)")
+    ks = _ks(args.k)
+    side_a, side_b = _compare_runs(args.target, args.split), _compare_runs(args.compare, args.split)
+    caption_image = _check_same_queries(side_a + side_b)
+    stack = lambda side: {d: np.stack([r.ranks[d] for _, r, _, _ in side]) for d in ("i2t", "t2i")}  # noqa: E731
+    res = paired_effect(stack(side_a), stack(side_b), caption_image, ks=ks, resamples=args.resamples)
+    res.update(runs_a=[str(p) for p, *_ in side_a], runs_b=[str(p) for p, *_ in side_b],
+               split=side_a[0][2], dataset=side_a[0][3])
+    print_result(json.dumps(res, indent=2) if args.json else _format_compare(res))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from crossview.eval.embeddings import evaluate_embeddings, format_report, load_embeddings
 
-    path = _embeddings_path(args.target, args.split)
+    if args.compare:
+        return cmd_compare(args)
+    if len(args.target) != 1:
+        raise CrossViewError(f"eval takes one run or embeddings file, got {len(args.target)}; several runs (seeds) "
+                             "only with --compare: crossview eval A1 A2 --compare B1 B2")
+    path = _embeddings_path(args.target[0], args.split)
     emb = load_embeddings(path)
-    try:
-        ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
-    except ValueError:
-        raise CrossViewError(f"--k {args.k!r}: give comma-separated integers, e.g. 1,5,10") from None
-    if not ks or ks[0] < 1:
-        raise CrossViewError(f"--k {args.k!r}: K must be positive integers")
+    ks = _ks(args.k)
     bars: dict[str, ProgressPrinter] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -77,10 +190,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise CrossViewError(f"protocol {args.protocol!r} gives no per-query ranks to write")
         np.savez(args.ranks_out, **{d: r for d, r in res["ranks"].items()})
     if args.json:
-        print(json.dumps(_jsonable(res), indent=2))
+        print_result(json.dumps(_jsonable(res), indent=2))
     else:
         who = " ".join(f"{k} {v}" for k, v in emb.info.items())
-        print(format_report(res, title=f"{path}" + (f"  ({who})" if who else "")))
+        print_result(format_report(res, title=f"{path}" + (f"  ({who})" if who else "")))
     return 0
 
 
@@ -90,10 +203,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="evaluate a run or an embeddings file (R@K, MedR, MeanR, rsum, ...)",
         description="Print the metric table of a trained run (its embeddings_<split>.npz) or of any embeddings "
-                    ".npz file (keys image, text, caption_image; see crossview.eval.embeddings). Ranks are "
+                    ".npz file (keys image, text, caption_image; see crossview.eval.embeddings), or with --compare "
+                    "the paired effect of one variant's runs against another's. Ranks are "
                     "1-based; ties are broken by the smaller index. Protocols: "
                     + "; ".join(f"{k}: {v}" for k, v in PROTOCOLS.items()) + ".")
-    p.add_argument("target", metavar="RUN_OR_EMBEDDINGS", help="a run folder or an embeddings .npz file")
+    p.add_argument("target", metavar="RUN_OR_EMBEDDINGS", nargs="+",
+                   help="a run folder or an embeddings .npz file; with --compare, one or more run folders (the "
+                        "seeds of the baseline A)")
+    p.add_argument("--compare", metavar="RUN_B", nargs="+", default=None,
+                   help="the paired effect of these runs (B: one or more seeds of the variant) against the "
+                        "positional runs (A), on the same queries: R@K and rsum B - A with 95%% intervals, the "
+                        "median rank change, queries won / lost / tied, a sign test over images and the minimal "
+                        "detectable difference; seeds are averaged per query and the bootstrap resamples images "
+                        "(each with its captions). Reads each run's ranks.npz")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for --compare (default 2000)")
     p.add_argument("--split", default=None,
                    help="split of a run to evaluate (default: the split the run was evaluated on)")
     p.add_argument("--protocol", default="standard", choices=list(PROTOCOLS), help="evaluation protocol")

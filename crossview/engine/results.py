@@ -29,7 +29,9 @@ _QUERY_KEYS = {"i2t": ("i2t_queries", "image_index", "images", "image_ids"),
 @dataclass
 class RunResults:
     """A run's evaluation. ``ranks[d]`` is ``(n_queries,) int64`` 1-based; ``queries[d]`` the dataset index
-    of each query (image indices for i2t, caption indices for t2i) when known."""
+    of each query (image indices for i2t, caption indices for t2i) when known; ``caption_image
+    (n_captions,) int64`` the position among the i2t queries of each t2i query's image (``None`` in ranks.npz
+    files written before it was recorded): what a paired comparison clusters the captions by."""
 
     name: str
     path: Path | None
@@ -37,6 +39,7 @@ class RunResults:
     ranks: dict[str, np.ndarray]
     queries: dict[str, np.ndarray] = field(default_factory=dict)
     paper: list[dict[str, Any]] = field(default_factory=list)
+    caption_image: np.ndarray | None = None
 
     def paper_settings(self) -> list[str]:
         """Distinct ``"<table>: <dataset> - <setting>"`` labels of the card's paper numbers."""
@@ -81,6 +84,7 @@ def load_run_results(run_dir: str | Path) -> RunResults:
         raise CrossViewError(f"{summary_path}: not valid JSON ({e})") from e
     ranks: dict[str, np.ndarray] = {}
     queries: dict[str, np.ndarray] = {}
+    caption_image = None
     ranks_path = run_dir / "ranks.npz"
     if ranks_path.is_file():
         try:
@@ -93,6 +97,8 @@ def load_run_results(run_dir: str | Path) -> RunResults:
                     qk = next((k for k in _QUERY_KEYS[d] if k in files), None)
                     if qk is not None:
                         queries[d] = np.asarray(z[qk], dtype=np.int64)
+                if "caption_image" in files:
+                    caption_image = np.asarray(z["caption_image"], dtype=np.int64)
         except (OSError, ValueError) as e:
             raise CrossViewError(f"{ranks_path}: unreadable ({e})") from e
     paper: list[dict[str, Any]] = []
@@ -104,4 +110,5 @@ def load_run_results(run_dir: str | Path) -> RunResults:
     except CrossViewError:
         paper = []   # a broken card must not hide the run's own results
     name = str(summary.get("name") or run_dir.name)
-    return RunResults(name=name, path=run_dir, summary=summary, ranks=ranks, queries=queries, paper=paper)
+    return RunResults(name=name, path=run_dir, summary=summary, ranks=ranks, queries=queries, paper=paper,
+                      caption_image=caption_image)
