@@ -4,7 +4,8 @@ Both encoders' pooled features of the shared Flickr8k sample (600 train / 100 va
 each), captions as MiniLM sentence embeddings, a regularised CCA fitted on train, and i2t / t2i R@1/5/10
 and rsum on the 100 val images and 500 val captions (crossview.eval.metrics.evaluate). The same CCA
 settings are used for both backbones, over a small grid of the ridge, so the comparison does not hinge
-on one lucky setting. Writes the table and the command to bench/results/backbone_compare.md.
+on one lucky setting. Writes the table to bench/results/backbone_compare.md (``--out``), stamped with the command,
+commit, machine and data (bench/_stamp.py).
 
     .venv/bin/python bench/backbone_compare.py
 """
@@ -19,6 +20,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
+
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 ENCODERS = ("mobilenet_v2", "efficientnet_lite0")
 
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--components", type=int, default=128)
     ap.add_argument("--power", type=float, default=4.0, help="weight canonical dim k by corr_k ** power")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "backbone_compare.md")
+    _stamp.add_out_argument(ap, REPO / "bench" / "results" / "backbone_compare.md")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -129,12 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     print("mean rsum over the ridges: " + ", ".join(f"{n} {v:.1f}" for n, v in mean_rsum.items()))
     print(f"better: {best} (+{mean_rsum[best] - mean_rsum[other]:.1f} rsum over {other})")
 
-    cmd = "bench/backbone_compare.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     lines = [
         "# Image backbones compared with CCA on the Flickr8k sample",
-        "",
-        f"Command: `.venv/bin/python {cmd.strip()}` ({os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{args.threads} torch threads).",
         "",
         f"Data: {args.data.name}, train {tr.n_images} images / {tr.n_captions} captions, evaluated on val "
         f"{va.n_images} images / {va.n_captions} captions. Text: MiniLM (all-MiniLM-L6-v2) sentence "
@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
               "1 point of i2t R@K and one caption 0.2 points of t2i R@K. Extraction seconds are wall time for "
               "all 700 images with the default DataLoader, on whatever else the machine was running (see "
               "bench/feature_throughput.py for throughput).", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines), encoding="utf-8")
-    print(f"wrote {args.out}")
+    if args.out != "-":
+        _stamp.write_results(args.out, "\n".join(lines), data=[_stamp.dataset_fingerprint(args.data)])
+        print(f"wrote {args.out}")
     return 0
 
 

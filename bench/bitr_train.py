@@ -25,7 +25,9 @@ with the cutting-plane solver:
     the q vertices; solved as one QP in (W, xi) by SLSQP.
 
     python bench/bitr_train.py                           # 100K x 150, all three losses, both C
-    python bench/bitr_train.py --pairs 20000 --losses C --baseline-cap 60
+    python bench/bitr_train.py --pairs 20000 --losses C --baseline-cap 60 --out -
+
+Writes bench/results/bitr_train.md (``--out``), stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
-import shlex
 import sys
 import time
 
@@ -43,7 +43,9 @@ import torch
 from scipy.optimize import minimize
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _stamp  # noqa: E402  (bench/_stamp.py)
 from crossview.methods.bitr import (CuttingPlaneTrainer, delta, hinge_terms, normalize_rows,  # noqa: E402
                                     primal_objective)
 
@@ -133,7 +135,7 @@ def reference_vertex_qp(X: np.ndarray, Y: np.ndarray, C: float) -> float:
     return float(r.fun)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=150)
@@ -146,15 +148,21 @@ def main() -> None:
     ap.add_argument("--small-cs", default="0.1,10,1000")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    _stamp.add_out_argument(ap, _stamp.RESULTS / "bitr_train.md")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    data = [_stamp.synthetic(what="objective check", seed=args.seed + 7, pairs=args.small_pairs, dim=args.small_dim),
+            _stamp.synthetic(what="training time", seed=args.seed, pairs=args.pairs, dim=args.dim,
+                             map_seed=1234, sigma=1.0)]
+    return _stamp.run_stamped(lambda: run(args), args.out, data, fence=True,
+                              title="BITR training time at the paper's Figure 3 scale")
+
+
+def run(args: argparse.Namespace) -> None:
+    """The benchmark proper: prints its tables."""
     losses = [s.strip().upper() for s in args.losses.split(",") if s.strip()]
     cs = [float(c) for c in args.cs.split(",")]
-    print(f"# {' '.join(shlex.quote(a) for a in sys.argv)}")
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{args.threads} threads")
-
-    print(f"\n## Objective against slow exact references ({args.small_pairs} pairs x {args.small_dim}-d, "
+    print(f"## Objective against slow exact references ({args.small_pairs} pairs x {args.small_dim}-d, "
           f"epsilon {args.epsilon:g})\n")
     print(f"{'loss':<5}{'C':>8}  {'reference':>14}  {'ours (primal)':>14}  {'ours (dual)':>14}  "
           f"{'rel. diff':>10}  reference solver")
@@ -199,4 +207,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

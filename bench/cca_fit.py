@@ -5,16 +5,21 @@ Part 2 - 100K pairs of 2048-d image and 384-d text features, 256 directions: our
          (fit_cca) and the CCA method on 20K images x 5 captions; baseline: one bare X^T X product of the
          same 100K x 2048 matrix (the floor any covariance-based CCA pays).
 
-Usage:  .venv/bin/python bench/cca_fit.py [--threads 2] [--quick] [--part 1|2|all]
+Usage:  .venv/bin/python bench/cca_fit.py [--threads 2] [--quick] [--part 1|2|all] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 
 
 def _latent_pairs(n: int, p: int, q: int, latent: int, seed: int = 0, dtype=np.float64):
@@ -87,21 +92,33 @@ def part2(n: int, p: int, q: int, d: int, caps: int) -> None:
     print(f"  encode {n_img:,} images + {n:,} captions        {t_enc:7.2f} s wall {CPU['enc']:7.2f} s cpu")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     ap.add_argument("--part", choices=("1", "2", "all"), default="all", help="run one part only")
-    args = ap.parse_args()
-    from threadpoolctl import threadpool_limits
+    _stamp.add_out_argument(ap, _stamp.RESULTS / "cca_fit.txt")
+    args = ap.parse_args(argv)
+    sizes1 = (1000, 30, 20, 5) if args.quick else (5000, 100, 50, 10)
+    sizes2 = (10_000, 256, 64, 32, 5) if args.quick else (100_000, 2048, 384, 256, 5)
+    data = []
+    if args.part in ("1", "all"):
+        data.append(_stamp.synthetic(part=1, seed=0, n=sizes1[0], p=sizes1[1], q=sizes1[2], latent=sizes1[3]))
+    if args.part in ("2", "all"):
+        data.append(_stamp.synthetic(part=2, seed=1, n=sizes2[0], p=sizes2[1], q=sizes2[2], latent=64))
 
-    with threadpool_limits(limits=args.threads):
-        print(f"BLAS threads: {args.threads}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        if args.part in ("1", "all"):
-            part1(*((1000, 30, 20, 5) if args.quick else (5000, 100, 50, 10)))
-        if args.part in ("2", "all"):
-            part2(*((10_000, 256, 64, 32, 5) if args.quick else (100_000, 2048, 384, 256, 5)))
+    def body() -> None:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=args.threads):
+            print(f"BLAS threads: {args.threads}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+            if args.part in ("1", "all"):
+                part1(*sizes1)
+            if args.part in ("2", "all"):
+                part2(*sizes2)
+
+    return _stamp.run_stamped(body, args.out, data)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -8,8 +8,9 @@ ways on the shared Flickr8k sample with the default encoders (EfficientNet-Lite0
   number, so the 100 val images play no part in the choice;
 - ``val``: trained on all 600 training images, rsum on the 100 val images (what ``crossview train`` reports).
 
-Run: ``python bench/defaults_search.py [--methods cca,wsabie,bitr] [--folds 3] [--data PATH]``. Features come
-from the feature cache (extracted once). Prints a markdown table per method, best cv first.
+Run: ``python bench/defaults_search.py [--methods cca,wsabie,bitr] [--folds 3] [--data PATH] [--out FILE]``. Features
+come from the feature cache (extracted once). Prints a markdown table per method, best cv first, and writes them to
+bench/results/defaults_flickr8k.md (``--out``), stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
+
 SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 
 GRIDS = {
@@ -74,12 +78,7 @@ def score(method: str, point: dict, ds, feats, train_idx, test_idx, seed: int = 
     return float(m.evaluate(te)["rsum"])
 
 
-def main(argv=None) -> int:
-    from sklearn.model_selection import KFold
-
-    from crossview.data import load_dataset
-    from crossview.features import extract_features
-
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(SAMPLE))
     ap.add_argument("--methods", default="cca,wsabie,bitr")
@@ -87,10 +86,26 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1,
                     help="val rsum is the mean over this many seeds of the method (cv uses --seed only)")
+    _stamp.add_out_argument(ap, REPO / "bench" / "results" / "defaults_flickr8k.md")
     args = ap.parse_args(argv)
     if not Path(args.data).is_file():
         print(f"no dataset at {args.data}", file=sys.stderr)
         return 2
+    return _stamp.run_stamped(lambda: run(args), args.out, lambda: [_stamp.dataset_fingerprint(args.data)],
+                              title="Defaults searched on real photos (the Flickr8k sample)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The search proper: one Markdown table per grid on stdout, progress on stderr."""
+    from sklearn.model_selection import KFold
+
+    from crossview.data import load_dataset
+    from crossview.features import extract_features
+
+    print(f"Each setting is scored by {args.folds}-fold cross-validation over the training images (train on "
+          f"{args.folds - 1} folds, rank the held-out one; mean ± sd over the folds: choose defaults by this) and "
+          f"by val (train on all training images, rank the val images; mean over {args.seeds} seed(s) of the "
+          "method). Default encoders, features from the feature cache. Grids: `GRIDS` in bench/defaults_search.py.")
     ds = load_dataset(args.data)
     t0 = time.time()
     feats = extract_features(ds, fit_on="train")
@@ -115,7 +130,8 @@ def main(argv=None) -> int:
             print(f"{method} {i}/{len(points)} {point}: cv {np.mean(cv):.1f} val {val:.1f} {vals} "
                   f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
         rows.sort(key=lambda r: -r[0])
-        print(f"\n### {key} ({args.folds}-fold CV on the 600 train images; val = train 600 -> val 100)\n")
+        print(f"\n### {key} ({args.folds}-fold CV on the {len(train_images)} train images; val = train "
+              f"{len(train_images)} -> val {len(val_images)})\n")
         print("| " + " | ".join(names) + " | cv rsum (mean ± sd) | val rsum |")
         print("|" + "---|" * (len(names) + 2))
         for cv, sd, val, point in rows:

@@ -9,6 +9,9 @@ the same features.
 
     .venv/bin/python bench/feature_throughput.py                      # CPU, 160 images, 3 rounds
     .venv/bin/python bench/feature_throughput.py --device cuda --limit 700 --batch-size 64
+
+Writes bench/results/feature_throughput_<device type>.txt (``--out``), stamped with the command, commit, machine
+and data.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
+
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "flickr8k-sample"
 
 
@@ -58,8 +64,21 @@ def main(argv: list[str] | None = None) -> int:
                     "interleaved, and the best round of each is reported (default 3)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for the network, both pipelines (default: torch's default)")
+    ap.add_argument("--out", metavar="FILE",
+                    help="write the table here, stamped with the command, commit, machine and data (default "
+                         "bench/results/feature_throughput_<cpu|cuda>.txt by --device; '-' prints only)")
     args = ap.parse_args(argv)
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    if args.device == "auto":
+        import torch
 
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    out = args.out or str(REPO / "bench" / "results" / f"feature_throughput_{kind}.txt")
+    return _stamp.run_stamped(lambda: run(args), out, lambda: [_stamp.dataset_fingerprint(args.data)])
+
+
+def run(args: argparse.Namespace) -> int:
+    """The measurement proper: prints the table."""
     import numpy as np
     import torch
 

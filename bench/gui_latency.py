@@ -10,11 +10,13 @@ to assert no freeze) in three phases:
    thumbnails decode (with one forced full garbage collection mid-scroll, as Python may start one anyway);
 3. **train**: the Train panel training WSABIE on 3,000 pairs of precomputed features for 5 s, with live curves.
 
-Run: ``QT_QPA_PLATFORM=offscreen python bench/gui_latency.py``. Prints worst / p99 / p50 per phase (ms).
+Run: ``QT_QPA_PLATFORM=offscreen python bench/gui_latency.py``. Prints worst / p99 / p50 per phase (ms) and writes
+them to bench/results/gui_latency_cpu.txt (``--out``), stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import sys
@@ -23,8 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stamp  # noqa: E402  (bench/_stamp.py)
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 GOAL_MS = 50.0
+DATA = [_stamp.synthetic(what="scroll", images=30_000, distinct_jpegs=40, size="320x240"),
+        _stamp.synthetic(what="train", seed=0, images=600, dim=64, classes=20, captions_per_image=5)]
 
 
 def _wait(app, seconds: float, step=None) -> None:
@@ -51,7 +58,15 @@ def _stats(probe) -> dict[str, float]:
             "ticks": int(probe.ticks)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _stamp.add_out_argument(ap, _stamp.RESULTS / "gui_latency_cpu.txt")
+    args = ap.parse_args(argv)
+    return _stamp.run_stamped(run, args.out, DATA)
+
+
+def run() -> int:
+    """The three phases; prints the table."""
     from PIL import Image
     from PySide6.QtWidgets import QApplication
 

@@ -10,7 +10,9 @@ backend's top-5 is checked against the exact one (recall@5). The BLEU / ROUGE sc
 that follows is not included (it costs the same whatever finds them: ~0.3 ms a sentence pair here).
 
     python bench/large_collection.py                 # 1,000,000 x 128, 1,000 queries
-    python bench/large_collection.py --n 200000      # quick
+    python bench/large_collection.py --n 200000 --out -   # quick, printed only
+
+Writes bench/results/large_collection_cpu.txt (``--out``), stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 
 
 def mixture(n: int, dim: int, clusters: int, rng: np.random.Generator) -> np.ndarray:
@@ -43,14 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--clusters", type=int, default=2000)
     ap.add_argument("--backends", default="exact,exact-fp16,faiss-flat,faiss-sq8,faiss-ivf")
+    _stamp.add_out_argument(ap, REPO / "bench" / "results" / "large_collection_cpu.txt")
     args = ap.parse_args(argv)
+    data = [_stamp.synthetic(seed=0, n=args.n, dim=args.dim, clusters=args.clusters, queries=args.queries,
+                             noise=0.1)]
+    return _stamp.run_stamped(lambda: run(args), args.out, data)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The measurement proper: prints one line per backend."""
     from crossview.eval.metrics import top_k
     from crossview.index import build_index
 
     rng = np.random.default_rng(0)
     gallery = mixture(args.n, args.dim, args.clusters, rng)
     queries = mixture(args.queries, args.dim, args.clusters, rng)
-    print(f"$ python bench/large_collection.py --n {args.n} --dim {args.dim} --queries {args.queries}")
     print(f"machine: {platform.machine()}, numpy {np.__version__}; collection {args.n:,} x {args.dim} float32 "
           f"({gallery.nbytes / 2**30:.2f} GiB), {args.queries:,} queries, top-{args.k}")
     t0 = time.perf_counter()

@@ -8,6 +8,9 @@ Choose defaults by ``cv``, report by ``val`` (bench/results/timam_flickr8k.md).
 
     python bench/method_cv.py --method timam --configs "image_optimizer=sgd;image_optimizer=adam" --seeds 1
     python bench/method_cv.py --method timam --protocol val --configs "" --seeds 3
+
+Its table is part of bench/results/timam_flickr8k.md, which ``bench/regenerate.py --only timam_flickr8k`` assembles;
+``--out FILE`` writes the table alone, stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 
 
@@ -62,10 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, default=3)
     ap.add_argument("--protocol", choices=["cv", "val"], default="cv")
     ap.add_argument("--json", default="", help="append one JSON line per config to this file")
+    ap.add_argument("--out", default="-", metavar="FILE",
+                    help="also write the table here, stamped with the command, commit, machine and data (default "
+                         "'-': print only)")
     args = ap.parse_args(argv)
     if not Path(args.data).is_file():
         print(f"no dataset at {args.data}", file=sys.stderr)
         return 2
+    return _stamp.run_stamped(lambda: run(args), args.out, lambda: [_stamp.dataset_fingerprint(args.data)])
+
+
+def run(args: argparse.Namespace) -> int:
+    """The cross-validation proper: one table row per config."""
     from sklearn.model_selection import KFold
 
     from crossview.data import load_dataset

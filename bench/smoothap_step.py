@@ -15,7 +15,8 @@ Two measurements:
   5 captions of 8-20 words each), text encoder the run's caption features (384-d, MiniLM size) or the
   paper's GRU. Reported per step and per caption: a SmoothAP step sees 5x the captions of a triplet step.
 
-Run: ``python bench/smoothap_step.py [--device cpu|cuda] [--batch 128] [--steps 20]``.
+Run: ``python bench/smoothap_step.py [--device cpu|cuda] [--batch 128] [--steps 20]``. Writes
+bench/results/smoothap_step_<cpu|cuda>.txt (``--out``), stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 
 
 def full_difference_smooth_ap(scores: torch.Tensor, positives: torch.Tensor, tau: float = 0.01) -> torch.Tensor:
@@ -203,11 +206,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--text-models", default="features,gru")
+    ap.add_argument("--out", metavar="FILE",
+                    help="write the tables here, stamped with the command, commit, machine and data (default "
+                         "bench/results/smoothap_step_<cpu|cuda>.txt by --device; '-' prints only)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here", file=sys.stderr)
         return 2
+    out = args.out or str(REPO / "bench" / "results" / f"smoothap_step_{device.type}.txt")
+    n_images = max(4 * args.batch, args.batch * (args.steps + 3) // 5 + 1)
+    data = [_stamp.synthetic(what="loss", seed=0, batch=args.batch, captions_per_image=5, dim=1024),
+            _stamp.synthetic(what="step", seed=0, images=n_images, image_dim=2048, text_dim=384, vocabulary=4000,
+                             words="8-20 (Zipf)")]
+    return _stamp.run_stamped(lambda: run(args, device), out, data)
+
+
+def run(args: argparse.Namespace, device: torch.device) -> int:
+    """The measurement proper: prints the tables."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     print(f"# SmoothAP vs triplet at B = {args.batch} on {device} ({where}), torch {torch.__version__}\n")

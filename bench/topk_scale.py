@@ -16,7 +16,10 @@ The gallery is a seeded mixture of ``--clusters`` Gaussian clusters on the unit 
 random data IVF recall is poor and meaningless); queries are fresh draws from the same mixture.
 
     python bench/topk_scale.py              # full size, about 4 GB of gallery
-    python bench/topk_scale.py --n 1000000  # quick run
+    python bench/topk_scale.py --n 1000000 --out -   # quick run, printed only
+
+Writes bench/results/topk_scale.txt (``--gpu-only``: topk_scale_gpu.txt; ``--out``), stamped with the command,
+commit, machine and data.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import argparse
 import gc
 import os
 import platform
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +35,9 @@ from collections.abc import Callable
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _stamp  # noqa: E402  (bench/_stamp.py)
 from crossview.index import ExactIndex, FaissIndex  # noqa: E402
 
 
@@ -83,7 +87,7 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:9.2f} ms"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10_000_000, help="gallery size")
     ap.add_argument("--d", type=int, default=100, help="dimension")
@@ -103,14 +107,25 @@ def main() -> None:
                          "torch product on the same device-resident gallery")
     ap.add_argument("--gpu-only", action="store_true",
                     help="only the exact float32 ground truth and the --device section (no FAISS needed)")
-    args = ap.parse_args()
+    ap.add_argument("--out", metavar="FILE",
+                    help="write the results here, stamped with the command, commit, machine and data (default "
+                         "bench/results/topk_scale.txt, with --gpu-only topk_scale_gpu.txt; '-' prints only)")
+    args = ap.parse_args(argv)
+    out = args.out or os.path.join(_stamp.RESULTS, "topk_scale_gpu.txt" if args.gpu_only else "topk_scale.txt")
+    n_q = 1 + args.eval_queries if args.gpu_only else 1 + 2 * args.eval_queries
+    data = [_stamp.synthetic(seed=args.seed, n=args.n, d=args.d, clusters=args.clusters, noise=args.noise,
+                             queries=n_q)]
+    return _stamp.run_stamped(lambda: run(args), out, data)
+
+
+def run(args: argparse.Namespace) -> None:
+    """The measurement proper: prints the timings, recalls and goals."""
     k = args.k
 
     import torch
 
     if args.gpu_only:
         gallery, queries = make_data(args.n, args.d, args.clusters, args.noise, 1 + args.eval_queries, args.seed)
-        print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
         print(f"gallery: {args.n:,} x {args.d} float32 ({gallery.nbytes / 2**30:.2f} GiB); torch {torch.__version__}, "
               f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
         truth = ExactIndex(gallery).search(queries, k).indices
@@ -119,7 +134,6 @@ def main() -> None:
 
     import faiss
 
-    print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; numpy "
           f"{np.__version__}, torch {torch.__version__}, faiss {faiss.__version__}; "
           f"torch threads {torch.get_num_threads()}, faiss threads {faiss.omp_get_max_threads()}")
@@ -286,4 +300,4 @@ def gpu_section(gallery: np.ndarray, q1: np.ndarray, q_eval: np.ndarray, truth: 
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

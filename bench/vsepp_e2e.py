@@ -6,7 +6,9 @@ folder, as Flickr's sizes), 5 captions each (words from a Zipf law, 8-20 words).
 offline weights (``--backbone``, EfficientNet-Lite0 by default; nothing is downloaded). Timed: ``--batches``
 batches of 128 captions after 3 warm-up batches; prints captions per second and decoded images per second.
 
-Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp]``.
+Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp]``. Its lines are part of
+bench/results/vsepp_epoch_gpu.txt, which ``bench/regenerate.py --only vsepp_epoch_gpu`` assembles; ``--out FILE``
+writes them alone, stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 
 
 def write_jpegs(folder: Path, n: int, seed: int = 0) -> list[str]:
@@ -87,7 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--backbone", default="efficientnet_lite0")
     ap.add_argument("--amp", action="store_true")
+    ap.add_argument("--out", default="-", metavar="FILE",
+                    help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
+    data = [_stamp.synthetic(seed=0, jpegs=args.images, size="500x375", captions_per_image=5, vocabulary=2000,
+                             words="8-20 (Zipf)")]
+    return _stamp.run_stamped(lambda: run_all(args), args.out, data)
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """The measurement proper: frozen, then fine-tuned."""
     print(f"machine: {platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, device "
           f"{args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
           + f", {args.workers} decoding workers", flush=True)

@@ -20,7 +20,9 @@ the ratio ours / reference.
 ``--amp`` runs ours in mixed precision (``amp=True``: float16 autocast on CUDA; bfloat16 autocast on a CPU with
 bfloat16 matrix units, where the GRU runs padded, about twice as fast as in float32); the reference stays float32.
 
-Run: ``python bench/vsepp_epoch.py [--device cpu|cuda] [--batches 40] [--amp]``.
+Run: ``python bench/vsepp_epoch.py [--device cpu|cuda] [--batches 40] [--amp]``. Its lines are part of
+bench/results/vsepp_epoch.txt (CPU) and vsepp_epoch_gpu.txt, which ``bench/regenerate.py`` assembles (float32 and
+``--amp``); ``--out FILE`` writes one run alone, stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 
 N_IMAGES, CAPS, DIM, VOCAB = 29_000, 5, 2048, 8_000
 
@@ -159,7 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--amp", action="store_true", help="ours with mixed precision (float16 on CUDA, bfloat16 on a "
                     "CPU with AMX / AVX512-BF16; the reference stays float32)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", default="-", metavar="FILE",
+                    help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
+    data = [_stamp.synthetic(seed=0, images=args.images, dim=DIM, captions_per_image=CAPS, vocabulary=VOCAB,
+                             words="8-20 (Zipf)")]
+    return _stamp.run_stamped(lambda: run(args), args.out, data)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The measurement proper: reference and ours, ``--repeats`` times."""
     device = torch.device(args.device)
     t = time.perf_counter()
     image, captions, ci = synthetic(args.images)

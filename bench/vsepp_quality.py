@@ -17,6 +17,9 @@ their captions).
     python bench/vsepp_quality.py --configs vse0:minilm,vsepp:minilm --seeds 3
     python bench/vsepp_quality.py --export f8k.npz            # features + captions + GloVe rows, for a GPU box
     python bench/vsepp_quality.py --from f8k.npz --device cuda --configs vse0:gru,vsepp:gru --seeds 3
+
+Its tables are part of bench/results/vsepp_flickr8k.md and loss_compare_flickr8k.md, which ``bench/regenerate.py``
+assembles; ``--out FILE`` writes one table alone, stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 
 TEXT = {"gru": {"text_model": "gru"}, "gru_glove": {"text_model": "gru_glove"},
@@ -178,10 +183,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-sizes", default="",
                     help="a learning curve instead: comma-separated numbers of training images (drawn with each "
                          "seed), CCA and each config trained on them, scored on the evaluation split")
+    ap.add_argument("--out", default="-", metavar="FILE",
+                    help="also write the table here, stamped with the command, commit, machine and data (default "
+                         "'-': print only)")
     args = ap.parse_args(argv)
     if not args.source and args.data != "demo" and not Path(args.data).is_file():
         print(f"no dataset at {args.data}", file=sys.stderr)
         return 2
+
+    def data() -> list[str]:
+        if args.source:
+            return [_stamp.file_fingerprint(args.source, "feature dump")]
+        return [_stamp.dataset_fingerprint(args.data)]
+
+    return _stamp.run_stamped(lambda: run(args), args.out, data)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The trials proper: one table (or the learning curve) on stdout."""
     d = load(args)
     if args.export:
         export(d, args.export)

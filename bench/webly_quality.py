@@ -9,6 +9,8 @@ default encoder (EfficientNet-Lite0) with the run's default normalisation (ssr),
 
     python bench/webly_quality.py --configs "loss=vsepp;loss=vse0" --seeds 1
     python bench/webly_quality.py --configs "loss=vse0,stage2_epochs=0;loss=vse0,stage2_lr=2e-4"
+
+Writes bench/results/webly_flickr8k.md (``--out``), stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stamp  # noqa: E402  (bench/_stamp.py)
 from method_cv import fold_data, parse_configs  # noqa: E402  (bench/method_cv.py: shared with it)
 
 
@@ -58,10 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=["cv", "val"], default="cv",
                     help="cv: folds of the training photos (choose defaults by it); val: train 600, score val 100")
     ap.add_argument("--json", default="", help="append one JSON line per config to this file")
+    _stamp.add_out_argument(ap, REPO / "bench" / "results" / "webly_flickr8k.md")
     args = ap.parse_args(argv)
     if not Path(args.data).is_file():
         print(f"no dataset at {args.data}", file=sys.stderr)
         return 2
+    return _stamp.run_stamped(lambda: run(args), args.out, lambda: [_stamp.dataset_fingerprint(args.data)],
+                              title="Webly (paper 003) settings on real photos: the Flickr8k sample")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The cross-validation proper: one table row per config."""
     from sklearn.model_selection import KFold
 
     from crossview.data import load_dataset
@@ -81,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     def data_for(images: np.ndarray, image: np.ndarray, name: str):
         return fold_data(ds, f.text, images, image, name)
 
+    what = (f"{args.folds}-fold cross-validation over the training photos (each fold's web set built from its own "
+            "training photos, as `crossview data make-web` builds one)" if args.protocol == "cv" else
+            "train on the training photos, rank the val photos")
+    print(f"Method `webly`, {what}; the last epoch is scored; seeds 0-{args.seeds - 1}; every config is the "
+          "method's defaults but for what it names.\n")
     print(f"| config | {args.protocol} rsum per fold | mean | train s |")
     print("|---|---|---|---|")
     for cfg in parse_configs(args.configs):

@@ -20,6 +20,9 @@ with no violator within 100 draws takes no step). Held-out R@10 shows the speed 
     python bench/wsabie_train.py                                  # 100K pairs, 150-d, 20 passes
     python bench/wsabie_train.py --epochs 3 --baseline-examples 300
     python bench/wsabie_train.py --device cuda
+
+Writes bench/results/wsabie_train_<cpu|cuda>.txt (``--out``, by ``--device``), stamped with the command, commit,
+machine and data.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import argparse
 import math
 import os
 import platform
-import shlex
 import sys
 import time
 
@@ -36,7 +38,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _stamp  # noqa: E402  (bench/_stamp.py)
 from crossview.core.events import Loss  # noqa: E402
 from crossview.methods import create_method  # noqa: E402
 from crossview.data.method_data import MethodData  # noqa: E402
@@ -95,7 +99,7 @@ def sequential_warp(V: torch.Tensor, Z: torch.Tensor, X: torch.Tensor, Y: torch.
     return steps, draws
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=150, help="image and caption feature dimension")
@@ -109,11 +113,22 @@ def main() -> None:
                     help="torch CPU threads (on a shared 2-core machine, 2 threads contend badly)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="where ours runs (the sequential baseline runs on the CPU)")
-    args = ap.parse_args()
+    ap.add_argument("--out", metavar="FILE",
+                    help="write the results here, stamped with the command, commit, machine and data (default "
+                         "bench/results/wsabie_train_<cpu|cuda>.txt by --device; '-' prints only)")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    out = args.out or os.path.join(_stamp.RESULTS, f"wsabie_train_{kind}.txt")
+    data = [_stamp.synthetic(what="train", seed=args.seed, pairs=args.pairs, dim=args.dim, captions_per_image=5,
+                             map_seed=12345, noise=4.0),
+            _stamp.synthetic(what="held out", seed=args.seed + 1, pairs=5000, dim=args.dim, captions_per_image=5)]
+    return _stamp.run_stamped(lambda: run(args), out, data)
 
-    print(f"# {' '.join(shlex.quote(a) for a in sys.argv)}")
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} threads")
+
+def run(args: argparse.Namespace) -> None:
+    """The measurement proper: ours per pass, then the sequential baseline at the same stages."""
+    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} threads")
     train = make_data(args.pairs, args.dim, 5, args.seed, "train")
     test = make_data(5000, args.dim, 5, args.seed + 1, "test")
     runs = []            # (max_draws, seconds per pass, total seconds, passes, held-out metrics)
@@ -174,4 +189,4 @@ def main() -> None:
           f"i2t about {100 * 10 * 5 / test.n_captions:.1f} %)")
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
