@@ -1,0 +1,518 @@
+"""Remake any or all of bench/results/ with today's code, each file stamped (bench/_stamp.py).
+
+    .venv/bin/python bench/regenerate.py --list                    # every file: what it needs, how long, stale?
+    .venv/bin/python bench/regenerate.py --only cca_fit,explain_latency_cpu
+    .venv/bin/python bench/regenerate.py --all --dry-run           # the commands, nothing run
+
+:data:`ENTRIES` is the registry: one entry per results file, with the command(s) that make it (bench scripts, which
+write their part through ``--out``, and ``crossview experiment ...`` commands, whose Markdown ``--out`` this script
+stamps), the data it needs, whether it needs a GPU, a rough time on the 2-core CPU and the source paths whose
+changes make it stale. An entry with several commands gets one file: each command's output under its command line.
+Run folders, web sets and intermediate outputs go to ``--work DIR/NAME`` (outside the repository; emptied first
+unless ``--resume``), never into the repository. Entries whose data is missing (the shared Flickr8k sample beside
+the repository) are skipped with one line; GPU entries are skipped on a machine without CUDA and left as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stamp  # noqa: E402  (bench/_stamp.py)
+from _stamp import REPO, RESULTS  # noqa: E402
+
+from crossview.core.errors import CrossViewError  # noqa: E402
+
+F8K_DIR = _stamp.FLICKR8K.parent
+#: Placeholders in the registry's command lines, as a reader types them from the repository root.
+PLACES = {"{F8K}": "../shared/data/flickr8k-sample/dataset_flickr8k_sample.json",
+          "{F8K_DIR}": "../shared/data/flickr8k-sample",
+          "{CORPUS}": "../shared/data/flickr8k-sample/corpus_captions.txt"}
+#: What each kind of data needs on this machine (None: made by the code itself).
+DATA_NEEDS = {"flickr8k": _stamp.FLICKR8K, "demo": None, "synthetic": None}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of an entry. ``argv[0]`` is ``bench/<script>.py`` (run with this Python, ``--out`` appended) or
+    ``crossview`` (the console script); ``output=False`` for a preparation (train a run, build a web set)."""
+
+    argv: tuple[str, ...]
+    output: bool = True
+
+    @property
+    def is_script(self) -> bool:
+        return self.argv[0].startswith("bench/")
+
+    @property
+    def is_experiment(self) -> bool:
+        return self.argv[:2] == ("crossview", "experiment")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of bench/results/ and how to make it."""
+
+    name: str
+    file: str                       # its name in bench/results/
+    steps: tuple[Step, ...]
+    data: tuple[str, ...]           # keys of DATA_NEEDS
+    minutes: float                  # rough time on the 2-core CPU (GPU entries: on the lent GPU machine)
+    deps: tuple[str, ...]           # source paths whose changes make the file stale (the steps' scripts are added)
+    gpu: bool = False
+    title: str = ""                 # the Markdown heading of a file assembled from several commands
+
+    @property
+    def path(self) -> Path:
+        return RESULTS / self.file
+
+    def scripts(self) -> list[str]:
+        return sorted({s.argv[0] for s in self.steps if s.is_script})
+
+    def all_deps(self) -> list[str]:
+        return sorted(set(self.deps) | set(self.scripts()))
+
+
+def S(cmd: str, output: bool = True) -> Step:  # noqa: N802 - reads as a table below
+    """A step from a command line (shell words)."""
+    return Step(tuple(shlex.split(cmd)), output)
+
+
+def methods(*names: str) -> tuple[str, ...]:
+    """The sources of methods ``names``: their module, their card (which holds the defaults) and private helpers."""
+    extra = {"bitr": ("crossview/methods/_bitr_losses.py", "crossview/methods/_bitr_trainer.py",
+                      "crossview/methods/_qp.py", "crossview/methods/_cgrid.py"),
+             "svm": ("crossview/methods/_labels.py", "crossview/methods/_cgrid.py"),
+             "wknn": ("crossview/methods/_labels.py",),
+             "wsabie": ("crossview/nn/warp.py", "crossview/nn/trainer.py", "crossview/methods/torch_method.py"),
+             "cca": ("crossview/core/linalg.py",)}
+    deep = ("crossview/nn", "crossview/methods/torch_method.py")
+    out: list[str] = []
+    for n in names:
+        out += [f"crossview/methods/{n}.py", f"models/{n}.toml", *extra.get(n, ())]
+        if n in ("vsepp", "smoothap", "webly", "timam"):
+            out += [*deep, "crossview/methods/vsepp.py", "models/vsepp.toml"]
+    return tuple(dict.fromkeys(out))
+
+
+FEATURES = ("crossview/features",)
+METRICS = ("crossview/eval/metrics.py",)
+TABLE = ("crossview/experiments/bitr_table.py", "crossview/experiments/_common.py", "crossview/eval/overlap.py",
+         "crossview/eval/metrics.py", "crossview/engine/run.py", "crossview/engine/splits.py", *FEATURES)
+LABELS = ("crossview/experiments/bitr_labels.py", "crossview/experiments/bitr_table.py",
+          "crossview/experiments/_common.py", "crossview/eval/protocols.py", "crossview/data/views.py",
+          "crossview/engine/run.py", *FEATURES)
+STUDY = ("crossview/experiments/variants.py", "crossview/experiments/_common.py", "crossview/eval",
+         "crossview/engine/run.py", *FEATURES)
+
+BITR_TABLE = ("crossview experiment bitr-table --data {F8K} --representation %s "
+              "--methods cca,wsabie,bitr-m,bitr-e,bitr-c,random --k 10,50 --split val --corpus {CORPUS} "
+              "--param bitr.c_grid=paper --param bitr-m.c_grid=1e-2:1e1 --exp-dir {WORK}/exp")
+
+
+def _bitr_table(rep: str, minutes: float, suffix: str) -> Entry:
+    return Entry(f"bitr_table_flickr8k{suffix}", f"bitr_table_flickr8k{suffix}.md", (S(BITR_TABLE % rep),),
+                 ("flickr8k",), minutes, TABLE + methods("cca", "wsabie", "bitr") +
+                 (("crossview/features/topics.py",) if rep != "default" else ()))
+
+
+def _sweep(loss: str, rows: list[tuple]) -> tuple[Step, ...]:
+    """vsepp_quality.py cross-validation steps, one per (temperature, epochs, decay, batch, lr) row."""
+    knob = "tau" if loss == "smoothap" else "temperature"
+    out = []
+    for t, e, d, b, lr in rows:
+        cmd = (f"bench/vsepp_quality.py --protocol cv --no-select --configs {loss}:minilm --seeds 3 "
+               f"--set max_epochs={e} --set lr_decay_epoch={d} --set {knob}={t}")
+        cmd += f" --set batch_size={b}" if b != 128 else ""
+        cmd += f" --set lr={lr}" if lr != 2e-4 else ""
+        out.append(S(cmd))
+    return tuple(out)
+
+
+_SMOOTHAP_CV = [(0.01, 30, 20, 128, 2e-4), (0.01, 40, 30, 128, 2e-4), (0.01, 60, 40, 128, 2e-4),
+                (0.03, 60, 40, 128, 2e-4), (0.05, 100, 70, 128, 2e-4), (0.1, 30, 20, 128, 2e-4),
+                (0.1, 60, 40, 128, 2e-4), (0.1, 60, 40, 128, 1e-3), (0.1, 60, 40, 32, 2e-4),
+                (0.1, 100, 70, 128, 2e-4), (0.1, 150, 100, 128, 2e-4), (0.3, 60, 40, 128, 2e-4)]
+_INFONCE_CV = [(0.1, 30, 20, 128, 2e-4), (0.1, 40, 30, 128, 2e-4), (0.1, 60, 40, 128, 2e-4),
+               (0.1, 100, 70, 128, 2e-4), (0.05, 60, 40, 128, 2e-4), (0.2, 60, 40, 128, 2e-4),
+               (0.1, 60, 40, 128, 1e-3), (0.1, 60, 40, 32, 2e-4)]
+_VSEPP_CONFIGS = "vse0:minilm,vsepp:minilm,vse0:gru_glove,vsepp:gru_glove,vse0:gru,vsepp:gru,vse0:minilm_ft,vsepp:minilm_ft"
+_VSEPP_CV = [(6, 4), (8, 6), (10, 7), (12, 8), (15, 10), (20, 15), (30, 15)]
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("backbone_compare", "backbone_compare.md", (S("bench/backbone_compare.py"),), ("flickr8k",), 8,
+          ("crossview/features/image.py", "crossview/features/text", *methods("cca"), *METRICS)),
+    Entry("bitr_exp2_flickr8k_to_demo", "bitr_exp2_flickr8k_to_demo.md",
+          (S("crossview experiment bitr-table --data {F8K} --representation modern --methods cca,wsabie,bitr-c,random "
+             "--k 50 --test-data demo --index exact --exp-dir {WORK}/exp"),),
+          ("flickr8k", "demo"), 12, TABLE + methods("cca", "wsabie", "bitr") + ("crossview/index",
+                                                                                 "crossview/features/topics.py")),
+    Entry("bitr_exp3_flickr8k", "bitr_exp3_flickr8k.md",
+          (S("crossview experiment bitr-labels --data {F8K} --text phrases --min-images 3 --representation modern "
+             "--methods cca,wknn,svm,wsabie,bitr-m,bitr-e,bitr-c,random --k 5 --split val "
+             "--param bitr.max_iter=100 --exp-dir {WORK}/exp"),),
+          ("flickr8k",), 15, LABELS + ("crossview/data/phrases.py",)
+          + methods("cca", "wknn", "svm", "wsabie", "bitr")),
+    Entry("bitr_exp4_demo", "bitr_exp4_demo.md",
+          (S("crossview experiment bitr-labels --data demo --text labels --representation modern "
+             "--methods cca,wknn,svm,wsabie,bitr-c,random --k 5 --param bitr.max_iter=50 --exp-dir {WORK}/exp"),),
+          ("demo",), 6, LABELS + ("crossview/data/demo",) + methods("cca", "wknn", "svm", "wsabie", "bitr")),
+    _bitr_table("default", 180, ""),
+    _bitr_table("ctr", 240, "_ctr"),
+    _bitr_table("modern", 120, "_modern"),
+    _bitr_table("tr", 240, "_tr"),
+    Entry("bitr_table_runs", "bitr_table_runs.md",
+          (S("crossview experiment bitr-table --data {F8K} --representation default --methods cca,bitr-c,random "
+             "--k 10,50 --split val --corpus {CORPUS} --param bitr.c_grid=paper --exp-dir {WORK}/flickr"),
+           S("crossview experiment bitr-table --data demo --representation default --text-encoder tfidf "
+             "--methods cca,bitr-c,random --k 10,50 --split test --exp-dir {WORK}/demo")),
+          ("flickr8k", "demo"), 30, TABLE + methods("cca", "bitr"),
+          title="The BITR table as engine runs: CCA, BITR-C and chance on the Flickr8k sample and the demo"),
+    Entry("bitr_train", "bitr_train.md", (S("bench/bitr_train.py"),), ("synthetic",), 15, methods("bitr")),
+    Entry("cca_fit", "cca_fit.txt", (S("bench/cca_fit.py"),), ("synthetic",), 4, methods("cca")),
+    Entry("defaults_flickr8k", "defaults_flickr8k.md",
+          (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
+             "bitr,bitr:fine,bitr:white"),),
+          ("flickr8k",), 300, (*methods("cca", "wsabie", "bitr"), *FEATURES, "crossview/features/normalize.py")),
+    Entry("explain_latency_cpu", "explain_latency_cpu.txt",
+          (S("crossview train cca --data {F8K} --run-dir {WORK}/f8-cca", output=False),
+           S("crossview train cca --data demo --run-dir {WORK}/cca-demo", output=False),
+           S("bench/explain_latency.py {WORK}/f8-cca {WORK}/cca-demo")),
+          ("flickr8k", "demo"), 4, ("crossview/explain", "crossview/engine/retriever.py",
+                                    "crossview/engine/session.py", *methods("cca"), *FEATURES)),
+    Entry("feature_throughput_cpu", "feature_throughput_cpu.txt",
+          (S("bench/feature_throughput.py --limit 320 --workers 1,2"),), ("flickr8k",), 3,
+          ("crossview/features/image.py", "crossview/data/images.py")),
+    Entry("gui_latency_cpu", "gui_latency_cpu.txt", (S("bench/gui_latency.py"),), ("synthetic",), 1,
+          ("crossview/gui/panels/data_panel.py", "crossview/gui/panels/train_panel.py", "tests/_latency.py")),
+    Entry("large_collection_cpu", "large_collection_cpu.txt",
+          (S("bench/large_collection.py --n 1000000 --dim 128 --queries 1000 "
+             "--backends exact,faiss-flat,faiss-sq8,faiss-pq4,faiss-ivf"),),
+          ("synthetic",), 4, ("crossview/index", "crossview/eval/metrics.py")),
+    Entry("loss_compare_demo", "loss_compare_demo.md",
+          (S("crossview experiment loss-compare --data demo --losses vsepp,vse0,smoothap,infonce --seeds 3 "
+             "--exp-dir {WORK}/exp"),),
+          ("demo",), 6, STUDY + ("crossview/experiments/loss_compare.py",) + methods("vsepp", "smoothap")),
+    Entry("loss_compare_flickr8k", "loss_compare_flickr8k.md",
+          (S("crossview experiment loss-compare --data {F8K} --losses vsepp,vse0,smoothap,infonce --seeds 3 "
+             "--exp-dir {WORK}/exp"),
+           S("bench/vsepp_quality.py --no-select --configs smoothap:minilm --seeds 3 --set tau=0.01"),
+           *_sweep("smoothap", _SMOOTHAP_CV), *_sweep("infonce", _INFONCE_CV)),
+          ("flickr8k",), 180, STUDY + ("crossview/experiments/loss_compare.py",) + methods("vsepp", "smoothap"),
+          title="Paper 004's loss comparison on the Flickr8k sample, and the cross-validation behind smoothap's "
+                "defaults"),
+    Entry("smoothap_step_cpu", "smoothap_step_cpu.txt", (S("bench/smoothap_step.py --steps 20 --reps 10"),),
+          ("synthetic",), 4, ("crossview/nn/losses.py", *methods("vsepp", "smoothap"))),
+    Entry("timam_demo", "timam_demo.md",
+          (S("crossview experiment timam-ablation --data demo --variants full,no-discriminator,no-identification "
+             "--seeds 1 --set labels=identity --exp-dir {WORK}/exp"),),
+          ("demo",), 45, STUDY + ("crossview/experiments/timam_ablation.py",) + methods("timam")),
+    Entry("timam_flickr8k", "timam_flickr8k.md",
+          (S("bench/method_cv.py --method timam --configs ';lstm_hidden=128;text_model=features,max_epochs=30;"
+             "adv_target=swapped;adv_target=swapped,adv_weight=0.1;adv_weight=0.3;adv_weight=0'"),
+           S("crossview experiment timam-ablation --data {F8K_DIR} --variants full,no-discriminator,swapped-target "
+             "--seeds 3 --exp-dir {WORK}/ablation"),
+           S("crossview experiment timam-ablation --data {F8K_DIR} --variants "
+             "full,no-discriminator,no-identification,lm-finetuned --seeds 3 --exp-dir {WORK}/ablation-lm")),
+          ("flickr8k",), 150, STUDY + ("crossview/experiments/timam_ablation.py",) + methods("timam"),
+          title="TIMAM on real photos (the Flickr8k sample): settings by cross-validation and paper 002's "
+                "ablations"),
+    Entry("topk_scale", "topk_scale.txt", (S("bench/topk_scale.py"),), ("synthetic",), 12, ("crossview/index",)),
+    Entry("topk_scale_gpu", "topk_scale_gpu.txt", (S("bench/topk_scale.py --gpu-only --device cuda --repeats 10"),),
+          ("synthetic",), 3, ("crossview/index",), gpu=True),
+    Entry("vsepp_epoch", "vsepp_epoch.txt",
+          (S("bench/vsepp_epoch.py --device cpu --batches 60 --repeats 3"),
+           S("bench/vsepp_epoch.py --device cpu --batches 60 --repeats 3 --amp")),
+          ("synthetic",), 15, methods("vsepp") + ("crossview/features/vocab.py",)),
+    Entry("vsepp_epoch_gpu", "vsepp_epoch_gpu.txt",
+          (S("bench/vsepp_epoch.py --device cuda --batches 0"),
+           S("bench/vsepp_epoch.py --device cuda --batches 400 --amp"),
+           S("bench/vsepp_e2e.py --device cuda --workers 8"),
+           S("bench/vsepp_e2e.py --device cuda --workers 8 --amp")),
+          ("synthetic",), 6, methods("vsepp") + ("crossview/features/vocab.py", "crossview/nn/images.py"), gpu=True),
+    Entry("vsepp_flickr8k", "vsepp_flickr8k.md",
+          (S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS} --seeds 3 --no-select --cca"),
+           S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS.replace(',vse0:minilm_ft,vsepp:minilm_ft', '')} "
+             "--seeds 3 --set max_epochs=30 --set lr_decay_epoch=15"),
+           *(S(f"bench/vsepp_quality.py --configs vse0:minilm --seeds 3 --protocol cv --no-select "
+               f"--set max_epochs={e} --set lr_decay_epoch={d}") for e, d in _VSEPP_CV),
+           S("bench/vsepp_quality.py --configs vse0:minilm,vsepp:minilm --seeds 3 --no-select "
+             "--train-sizes 100,200,400,600"),
+           S("bench/vsepp_quality.py --data demo --configs vse0:minilm,vsepp:minilm --seeds 3 --no-select "
+             "--train-sizes 150,300,600,1200,100000")),
+          ("flickr8k", "demo"), 300, methods("vsepp", "cca") + FEATURES,
+          title="VSE0 / VSE++ on real photos (the Flickr8k sample)"),
+    Entry("webly_ablation_demo", "webly_ablation_demo.md",
+          (S("crossview experiment webly-ablation --data demo --web demo --variants "
+             "full,no-stage2,no-curriculum,no-lit,sentence-tags,sentence-only --seeds 3 --exp-dir {WORK}/exp"),),
+          ("demo",), 40, STUDY + ("crossview/experiments/webly_ablation.py", "crossview/data/demo/web.py")
+          + methods("webly")),
+    Entry("webly_ablation_flickr8k", "webly_ablation_flickr8k.md",
+          (S("crossview data make-web {F8K_DIR} --out {WORK}/web-f8k", output=False),
+           S("crossview experiment webly-ablation --data {F8K_DIR} --web {WORK}/web-f8k --variants "
+             "full,no-stage2,no-curriculum,no-lit,sentence-tags,sentence-only --seeds 3 --exp-dir {WORK}/exp")),
+          ("flickr8k",), 35, STUDY + ("crossview/experiments/webly_ablation.py", "crossview/features/web_set.py",
+                                      "crossview/features/tags.py") + methods("webly")),
+    Entry("webly_flickr8k", "webly_flickr8k.md",
+          (S("bench/webly_quality.py --configs 'loss=vsepp;loss=vse0;loss=vse0,stage2_epochs=0;"
+             "loss=vse0,stage2_lr=2e-4;loss=vse0,curriculum=none;loss=vse0,lambda2=0;loss=vse0,lambda2=0.1;"
+             "loss=vse0,lambda2=0.3;loss=vse0,lambda2=1'"),),
+          ("flickr8k",), 60, methods("webly") + ("crossview/features/web_set.py", "crossview/features/tags.py")),
+    Entry("wsabie_train_cpu", "wsabie_train_cpu.txt",
+          (S("bench/wsabie_train.py --epochs 3 --max-draws 0,100 --baseline-examples 300"),), ("synthetic",), 8,
+          methods("wsabie")),
+    Entry("wsabie_train_cuda", "wsabie_train_cuda.txt",
+          (S("bench/wsabie_train.py --device cuda --epochs 20 --max-draws 0,100 --baseline-examples 1000 "
+             "--threads 1"),), ("synthetic",), 10, methods("wsabie"), gpu=True),
+)
+BY_NAME = {e.name: e for e in ENTRIES}
+
+
+# ------------------------------------------------------------------------------------------------- staleness
+def _git(*args: str) -> str | None:
+    r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def state(entry: Entry) -> str:
+    """``missing``, ``unstamped``, ``fresh`` or ``stale: PATH changed at X after Y`` (the stamped commit against the
+    last commit that touched the entry's sources); ``never regenerated`` is added for files stamped after the fact."""
+    if not entry.path.is_file():
+        return "missing"
+    header, _ = _stamp.parse_header(entry.path.read_text(encoding="utf-8"), entry.path)
+    made = _stamp.stamped_commit(header)
+    if made is None:
+        return "unstamped"
+    old = " (never regenerated)" if "made at commit" in header else ""
+    last = _git("log", "-1", "--format=%H", "--", *entry.all_deps())
+    if not last:
+        return "fresh" + old
+    r = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", last, made], capture_output=True)
+    if r.returncode == 0:
+        return "fresh" + old
+    if r.returncode != 1:
+        return f"unknown: commit {made} is not in this repository's history" + old
+    changed = _git("show", "--name-only", "--format=", last, "--", *entry.all_deps()) or ""
+    first = changed.splitlines()[0] if changed else "a source"
+    return f"stale: {first} changed at {last[:7]} after {made[:7]}" + old
+
+
+def needs(entry: Entry) -> str:
+    return "+".join(entry.data) + (" +GPU" if entry.gpu else "")
+
+
+def list_entries(entries: list[Entry]) -> None:
+    """Print one line per entry: name, file, data, time, state."""
+    print(f"{'name':<28}{'file':<32}{'needs':<24}{'time':>8}  state")
+    for e in entries:
+        t = f"{e.minutes:.0f} min" if e.minutes < 90 else f"{e.minutes / 60:.1f} h"
+        print(f"{e.name:<28}{e.file:<32}{needs(e):<24}{t:>8}  {state(e)}")
+    cpu = sum(e.minutes for e in entries if not e.gpu)
+    print(f"\n{len(entries)} entries; CPU entries about {cpu / 60:.1f} h on the 2-core CPU; "
+          f"{sum(e.gpu for e in entries)} need a GPU")
+
+
+# ------------------------------------------------------------------------------------------------- running
+def _expand(arg: str, work: Path) -> str:
+    for k, v in PLACES.items():
+        arg = arg.replace(k, v)
+    return arg.replace("{WORK}", str(work))
+
+
+def shown(argv: list[str], work: Path) -> str:
+    """A command as the stamp shows it: from the repository root, the work folder as ``$WORK``."""
+    words = []
+    for a in argv:
+        if a == sys.executable:
+            words.append(_python_shown())
+        elif a == _crossview_exe():
+            words.append(_stamp.display_path(a))
+        elif a.startswith(str(work)):
+            rest = a[len(str(work)):]
+            words.append("$WORK" + (rest if shlex.quote(rest) == rest else f'"{rest}"'))
+        else:
+            words.append(shlex.quote(a.replace(str(work), "$WORK")))
+    return " ".join(words)
+
+
+def _python_shown() -> str:
+    exe = Path(sys.executable).absolute()
+    return _stamp.display_path(exe) if exe.is_relative_to(REPO) else "python"
+
+
+def _crossview_exe() -> str:
+    exe = Path(sys.executable).absolute().parent / "crossview"
+    return str(exe) if exe.exists() else "crossview"
+
+
+def step_argv(step: Step, work: Path, out: Path | None) -> list[str]:
+    """The step's command line to run (``--out`` appended when ``out`` is given)."""
+    args = [_expand(a, work) for a in step.argv]
+    if step.is_script:
+        cmd = [sys.executable, args[0], *args[1:]]
+    else:
+        cmd = [_crossview_exe(), *args[1:]]
+    return cmd + (["--out", str(out)] if out is not None else [])
+
+
+def _clean(text: str, work: Path, renames: dict[str, str]) -> str:
+    """Paths in a body as a reader at the repository root sees them: ``renames`` first (a step's temporary
+    ``--out`` -> the results file), then $WORK, ../shared and repository-relative paths."""
+    for a, b in (*renames.items(), (str(work), "$WORK"), (str(REPO.parent / "shared"), "../shared"),
+                 (str(REPO) + os.sep, "")):
+        text = text.replace(a, b)
+    return text
+
+
+def _experiment_data(argv: list[str]) -> list[str]:
+    """``data:`` lines for the datasets an experiment command reads (--data, --test-data, --corpus, --web)."""
+    out = []
+    for flag in ("--data", "--test-data", "--corpus", "--web"):
+        if flag in argv:
+            value = argv[argv.index(flag) + 1]
+            out.append(_stamp.dataset_fingerprint(value if value == "demo" else REPO / value))
+    return out
+
+
+def step_out(entry: Entry, i: int, step: Step, work: Path) -> Path | None:
+    """Where step ``i`` writes its part (``--out``), or None for a preparation step."""
+    if not step.output or not (step.is_script or step.is_experiment):
+        return None
+    return work / f"step{i}{'.md' if step.is_experiment else entry.path.suffix}"
+
+
+def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
+    """Run the entry's steps in ``work_root/NAME`` and write its stamped file; the file's path."""
+    import torch  # noqa: F401 - loaded, it gives the stamp's machine line the thread count and GPU the steps see
+
+    work = work_root / entry.name
+    if work.exists() and not resume:
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CROSSVIEW_HOME": str(work / "home")}   # nothing lands in the user's runs list
+    commit = _stamp.commit_info()
+    final = _stamp.display_path(entry.path)
+    single = sum(s.output for s in entry.steps) == 1
+    commands, data, parts = [], [], []
+    for i, step in enumerate(entry.steps, 1):
+        out = step_out(entry, i, step, work)
+        if out is not None:
+            out.unlink(missing_ok=True)
+        argv = step_argv(step, work, out)
+        # one output: show the command as it would write the results file itself
+        commands.append(shown(argv[:-2], work) + f" --out {final}" if single and out is not None
+                        else shown(argv, work))
+        print(f"regenerate {entry.name} [{i}/{len(entry.steps)}]: {commands[-1]}", file=sys.stderr, flush=True)
+        t0 = time.time()
+        r = subprocess.run(argv, cwd=REPO, env=env)
+        if r.returncode != 0:
+            raise CrossViewError(f"{entry.name}: step {i} failed (exit {r.returncode}): {commands[-1]}; the file "
+                                 f"is left as it was (run folders in {work}; --resume continues them)")
+        print(f"regenerate {entry.name} [{i}/{len(entry.steps)}]: {time.time() - t0:.0f} s", file=sys.stderr)
+        if out is None:
+            continue
+        if not out.is_file():
+            raise CrossViewError(f"{entry.name}: step {i} wrote no {out}; its command does not support --out")
+        header, body = _stamp.parse_header(out.read_text(encoding="utf-8"), out)
+        data += header.get("data", []) if header else _experiment_data(argv)
+        parts.append((commands[-1], _clean(body, work, {str(out): final} if single else {}).strip("\n")))
+    if len(parts) == 1:
+        body = parts[0][1]
+    elif entry.path.suffix == ".md":
+        body = "\n\n".join(f"## `{cmd}`\n\n{text}" for cmd, text in parts)
+        body = f"# {entry.title}\n\n{body}" if entry.title else body
+    else:
+        body = "\n\n".join(f"$ {cmd}\n{text}" for cmd, text in parts)
+    notes = []
+    now = _stamp.commit_info()
+    if now.split(" ")[0] != commit.split(" ")[0]:
+        notes.append(f"the tree changed while this ran (at the end: {now})")
+    uses_work = any("$WORK" in c for c in commands)
+    text = _stamp.format_header(entry.path, commands=commands, data=list(dict.fromkeys(data)), commit=commit,
+                                notes=notes, regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",
+                                work=f"$WORK = {work} (scratch: run folders, intermediate files)" if uses_work else None)
+    return _stamp.atomic_write_bytes(entry.path, (text + body + "\n").encode("utf-8"))
+
+
+def _default_work() -> Path:
+    from crossview.core.settings import get_settings
+
+    return get_settings().home / "bench-regenerate"
+
+
+def _pick(names: str) -> list[Entry]:
+    out = []
+    for n in (x.strip() for x in names.split(",") if x.strip()):
+        if n not in BY_NAME:
+            raise CrossViewError(f"--only {n}: no such entry; known: {', '.join(BY_NAME)}")
+        out.append(BY_NAME[n])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Entries: " + ", ".join(BY_NAME))
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list", action="store_true", help="every entry: file, needs, rough time, stale or not")
+    what.add_argument("--only", metavar="NAME[,NAME]", help="regenerate these entries")
+    what.add_argument("--all", action="store_true", help="regenerate every entry (hours)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    ap.add_argument("--work", type=Path, metavar="DIR",
+                    help="scratch folder for run folders and intermediate outputs, outside the repository "
+                         "(default: $CROSSVIEW_HOME/bench-regenerate)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep an entry's work folder (finished runs are read back) instead of starting afresh")
+    args = ap.parse_args(argv)
+    try:
+        if args.list:
+            list_entries(list(ENTRIES))
+            return 0
+        entries = list(ENTRIES) if args.all else _pick(args.only)
+        work = (args.work or _default_work()).absolute()
+        if work.is_relative_to(REPO):
+            raise CrossViewError(f"--work {work}: inside the repository; give a folder outside it "
+                                 f"(run folders never go into the repository)")
+        cuda = None
+        failed = 0
+        for e in entries:
+            missing = [k for k in e.data if DATA_NEEDS[k] is not None and not DATA_NEEDS[k].exists()]
+            if missing:
+                print(f"{e.name}: skipped: needs {_stamp.display_path(DATA_NEEDS[missing[0]])} (not on this "
+                      "machine)")
+                continue
+            if e.gpu and not args.dry_run:
+                if cuda is None:
+                    import torch
+
+                    cuda = torch.cuda.is_available()
+                if not cuda:
+                    print(f"{e.name}: needs a GPU: run on a GPU machine (bench/results/{e.file} left as it is)")
+                    continue
+            if args.dry_run:
+                print(f"# {e.name} -> bench/results/{e.file} ({needs(e)}, ~{e.minutes:.0f} min; "
+                      f"$WORK = {work / e.name})")
+                for i, step in enumerate(e.steps, 1):
+                    print(shown(step_argv(step, work / e.name, step_out(e, i, step, work / e.name)), work / e.name))
+                continue
+            try:
+                path = regenerate(e, work, args.resume)
+                print(f"{e.name}: wrote {_stamp.display_path(path)}")
+            except CrossViewError as err:
+                print(f"error: {err}", file=sys.stderr)
+                failed += 1
+        return 1 if failed else 0
+    except CrossViewError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""bench/regenerate.py: every file in bench/results/ has an entry, every entry can run, --list / --dry-run work.
+
+Nothing here regenerates a real entry (hours of CPU); one toy entry of two tiny benchmark runs checks the assembly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import _stamp  # noqa: E402
+import regenerate as R  # noqa: E402
+
+
+def test_every_results_file_has_an_entry():
+    files = sorted(p.name for p in (REPO / "bench" / "results").iterdir() if p.is_file())
+    assert files, "bench/results/ is empty"
+    assert not set(files) - {e.file for e in R.ENTRIES}, "files with no entry in bench/regenerate.py"
+
+
+def test_entries_are_unique_and_well_formed():
+    assert len({e.name for e in R.ENTRIES}) == len(R.ENTRIES)
+    assert len({e.file for e in R.ENTRIES}) == len(R.ENTRIES)
+    for e in R.ENTRIES:
+        assert e.steps and any(s.output for s in e.steps), e.name
+        assert set(e.data) <= set(R.DATA_NEEDS), e.name
+        assert e.minutes > 0, e.name
+        for dep in e.all_deps():
+            assert (REPO / dep).exists(), f"{e.name}: dependency {dep} does not exist"
+        for s in e.steps:
+            assert s.is_script or s.argv[0] == "crossview", f"{e.name}: {s.argv[0]}"
+            assert "--out" not in s.argv or not s.output, f"{e.name}: --out is the runner's to add"
+
+
+def test_every_files_stamp_parses_and_names_a_commit():
+    for e in R.ENTRIES:
+        if e.path.is_file():
+            header, _ = _stamp.parse_header(e.path.read_text(encoding="utf-8"), e.path)
+            assert header.get("command"), f"{e.file}: no stamp"
+            assert _stamp.stamped_commit(header), f"{e.file}: no commit in its stamp"
+
+
+HELP_ALL = """
+import contextlib, io, json, runpy, sys
+result = {}
+for script in sys.argv[1:]:
+    buf = io.StringIO()
+    sys.argv = [script, "--help"]
+    code = "did not exit"
+    try:
+        with contextlib.redirect_stdout(buf):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except BaseException as e:  # noqa: BLE001 - reported per script
+        code = repr(e)
+    result[script] = [code, "--out" in buf.getvalue()]
+print(json.dumps(result))
+"""
+
+
+def test_every_script_exists_and_its_help_runs():
+    import json
+
+    scripts = sorted({s for e in R.ENTRIES for s in e.scripts()})
+    assert all((REPO / s).is_file() for s in scripts)
+    # one process for all of them: torch is imported once, not once a script
+    r = subprocess.run([sys.executable, "-c", HELP_ALL, *scripts], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {s: [0, True] for s in scripts}
+
+
+def test_list_shows_every_entry_with_its_needs_and_state(capsys):
+    assert R.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for e in R.ENTRIES:
+        line = next(ln for ln in out.splitlines() if ln.startswith(e.name + " "))
+        assert e.file in line and R.needs(e) in line
+        if e.path.is_file():
+            assert any(w in line for w in ("fresh", "stale", "unknown")), line
+        else:
+            assert line.endswith("missing")
+    assert "+GPU" in out
+
+
+def test_state_compares_the_stamped_commit_with_the_sources_history(tmp_path):
+    def entry_with(header_commit: str) -> R.Entry:
+        path = tmp_path / "x.txt"
+        path.write_text(_stamp.format_header(path, commands=["c"], data=["d"], commit=header_commit, machine="m")
+                        + "body\n")
+        return R.Entry("x", str(path), (R.S("bench/cca_fit.py"),), ("synthetic",), 1, ("README.md",))
+
+    root = subprocess.run(["git", "-C", str(REPO), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.split()[0]
+    assert R.state(entry_with(root[:12])).startswith("stale: ")        # README.md changed since the first commit
+    last = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h", "--", "README.md", "bench/cca_fit.py"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert R.state(entry_with(last + "+dirty (x)")) == "fresh"
+    assert R.state(entry_with("0000000deadbeef")).startswith("unknown")
+    (tmp_path / "x.txt").write_text("no stamp\n")
+    assert R.state(R.Entry("x", str(tmp_path / "x.txt"), (), (), 1, ())) == "unstamped"
+    assert R.state(R.Entry("y", str(tmp_path / "none.txt"), (), (), 1, ())) == "missing"
+
+
+def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+    before = {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").iterdir()}
+    assert R.main(["--only", "cca_fit,explain_latency_cpu,timam_flickr8k", "--dry-run", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ".venv/bin/python bench/cca_fit.py --out $WORK/step1.txt" in out or \
+        "python bench/cca_fit.py --out $WORK/step1.txt" in out
+    assert "crossview train cca --data ../shared/data/flickr8k-sample/dataset_flickr8k_sample.json " \
+           "--run-dir $WORK/f8-cca" in out
+    assert "bench/explain_latency.py $WORK/f8-cca $WORK/cca-demo --out $WORK/step3.txt" in out
+    assert "experiment timam-ablation --data ../shared/data/flickr8k-sample" in out
+    assert str(tmp_path) in out                       # where $WORK is
+    assert list(tmp_path.iterdir()) == []
+    assert before == {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").iterdir()}
+
+
+def test_bad_arguments_are_one_clear_line(tmp_path, capsys):
+    assert R.main(["--only", "nope", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --only nope: no such entry; known: backbone_compare,") and err.count("\n") == 1
+    assert R.main(["--only", "cca_fit", "--work", str(REPO / "scratch")]) == 2
+    assert "inside the repository" in capsys.readouterr().err
+    assert not (REPO / "scratch").exists()
+
+
+def test_missing_shared_data_skips_the_entry(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(R.DATA_NEEDS, "flickr8k", tmp_path / "absent" / "dataset.json")
+    monkeypatch.setattr(R, "regenerate", lambda *a, **k: pytest.fail("ran an entry whose data is missing"))
+    assert R.main(["--only", "backbone_compare,defaults_flickr8k", "--work", str(tmp_path / "w")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"backbone_compare: skipped: needs {tmp_path}/absent/dataset.json (not on this machine)",
+                     f"defaults_flickr8k: skipped: needs {tmp_path}/absent/dataset.json (not on this machine)"]
+
+
+def test_gpu_entries_are_left_alone_without_cuda(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    before = (REPO / "bench" / "results" / "topk_scale_gpu.txt").read_bytes()
+    assert R.main(["--only", "topk_scale_gpu", "--work", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == ("topk_scale_gpu: needs a GPU: run on a GPU machine "
+                                               "(bench/results/topk_scale_gpu.txt left as it is)")
+    assert (REPO / "bench" / "results" / "topk_scale_gpu.txt").read_bytes() == before
+
+
+def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path):
+    out = tmp_path / "toy.txt"
+    toy = R.Entry("toy", str(out), (R.S("bench/large_collection.py --n 2000 --queries 10 --backends exact"),
+                                    R.S("bench/large_collection.py --n 3000 --queries 10 --backends exact")),
+                  ("synthetic",), 1, ("crossview/index",))
+    R.regenerate(toy, tmp_path / "work")
+    header, body = _stamp.parse_header(out.read_text(), out)
+    assert [c.split("bench/")[1] for c in header["command"]] == [
+        "large_collection.py --n 2000 --queries 10 --backends exact --out $WORK/step1.txt",
+        "large_collection.py --n 3000 --queries 10 --backends exact --out $WORK/step2.txt"]
+    assert header["data"] == [_stamp.synthetic(seed=0, n=n, dim=128, clusters=2000, queries=10, noise=0.1)
+                              for n in (2000, 3000)]
+    assert header["regenerate"][0].endswith("bench/regenerate.py --only toy")
+    assert header["work"][0].startswith(f"$WORK = {tmp_path / 'work' / 'toy'}")
+    parts = body.split("\n\n")
+    assert parts[0].startswith("$ ") and "collection 2,000 x 128" in parts[0]
+    assert parts[1].startswith("$ ") and "collection 3,000 x 128" in parts[1]
+    assert "index exact" in parts[1] and str(tmp_path) not in body
