@@ -69,7 +69,9 @@ def test_compare_two_runs(qtbot, tmp_path: Path) -> None:
     panel.compare_combo.setCurrentIndex(panel.compare_combo.findData(str(b.path)))
     assert panel.run_b is b and panel.comparison is not None
     assert panel.comparison.delta.tolist() == [0, 3, -27, -2, 0]
-    assert "higher for <b>2</b>" in panel.compare_label.text()
+    label = panel.compare_label.text()       # i2t changes 0, +3, -27, -2, 0: won 2, lost 1, tied 2
+    assert "B - A" in label and "won/lost/tied 2/1/2;" in label
+    assert "captions unclustered: no caption map" in label                   # an older ranks.npz
     assert panel.queries.columnCount() == 4 and panel.scatter_plot.isVisible()
     # sort by change: B's biggest gain first
     panel.queries.sortItems(3, Qt.SortOrder.AscendingOrder)
@@ -122,6 +124,36 @@ def _two_runs(tmp_path: Path, n_images: int = 100, per: int = 5, image_ids=None)
     b = load_run_results(_run(tmp_path, "run_b", rng.integers(1, 60, n_images), rng.integers(1, 60, n_images * per),
                               method="bitr", split="val", **extra))
     return a, b
+
+
+def test_the_comparison_label_shows_the_paired_effect_with_its_interval(qtbot, tmp_path: Path) -> None:
+    from crossview.eval.paired import paired_effect
+
+    rng = np.random.default_rng(8)
+    ci = np.repeat(np.arange(100), 5)
+    a = load_run_results(_run(tmp_path, "a", rng.integers(1, 40, 100), rng.integers(1, 40, 500), caption_image=ci))
+    b = load_run_results(_run(tmp_path, "b", rng.integers(1, 25, 100), rng.integers(1, 25, 500), caption_image=ci))
+    assert a.caption_image.tolist() == ci.tolist()
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_runs([a, b])
+    panel.set_run(a)
+    panel.set_compare(b)
+    want = paired_effect(a.ranks, b.ranks, ci, resamples=2000)
+    label = panel.compare_label.text()
+    rs, r1 = want["rsum"], want["i2t"]["R@1"]
+    assert f"rsum <b>{rs['diff']:+.1f} [{rs['ci'][0]:+.1f}, {rs['ci'][1]:+.1f}]</b> (95%, bootstrap over 100 images)" \
+        in label
+    assert f"i2t R@1 {r1['diff']:+.1f} [{r1['ci'][0]:+.1f}, {r1['ci'][1]:+.1f}]" in label
+    assert f"p = {want['i2t']['p']:.2g} (sign test over images)" in label
+    tip = panel.compare_label.toolTip()
+    assert "seeds averaged per query first" in tip and f"Minimal detectable difference: rsum {want['mde']['rsum']:.1f}" in tip
+    effect = panel.effect
+    panel.direction_combo.setCurrentIndex(1)                                  # t2i: the same effect, not redone
+    assert panel.effect is effect
+    m = want["t2i"]["median_rank_change"]
+    assert f"median rank change {m['value']:+.1f} [{m['ci'][0]:+.1f}, {m['ci'][1]:+.1f}]" in panel.compare_label.text()
+    assert f"won/lost/tied {want['t2i']['won']}/{want['t2i']['lost']}/{want['t2i']['tied']};" in panel.compare_label.text()
 
 
 def _visible_rows(table) -> int:

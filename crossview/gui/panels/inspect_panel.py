@@ -1,5 +1,6 @@
 """The Inspect panel: a run's metrics beside the paper's, rank histograms, the worst queries, and
-two runs compared query by query (rank change, scatter of rank A vs rank B with clickable points).
+two runs compared query by query (rank change, scatter of rank A vs rank B with clickable points) and by their
+paired effect (B - A with its bootstrap interval over the images: :mod:`crossview.eval.paired`).
 
 Laid out for a 1280x800 screen: the metric table (every row visible) and the per-query list (with
 thumbnails) on the left, the plots on the right. The paper's numbers come with what the paper measured
@@ -24,7 +25,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
                                QPushButton, QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
 
+from crossview.core.errors import CrossViewError
 from crossview.eval.compare import RankComparison, compare_ranks
+from crossview.eval.paired import paired_effect
 from crossview.engine.results import RunResults
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
@@ -92,6 +95,54 @@ def _interval_tip(summary: dict, band: tuple[float, float]) -> str:
             "images): two runs whose values differ by less than this may differ by noise")
 
 
+def effect_resamples(n_images: int) -> int:
+    """Bootstrap resamples of the comparison's paired effect, computed on the GUI thread: 2000 up to 1,000
+    images (tens of milliseconds), fewer beyond so that resamples x images stays about 2 million (the label
+    says how many)."""
+    return 2000 if n_images <= 1000 else max(400, 2_000_000 // max(n_images, 1))
+
+
+def paired_effect_of(a: RunResults, b: RunResults) -> dict:
+    """The paired effect of run ``b`` against run ``a`` (:func:`crossview.eval.paired.paired_effect`, each run
+    one seed); the captions are clustered by their image when both runs recorded the map."""
+    maps = (a.caption_image, b.caption_image)
+    if all(m is not None for m in maps) and not np.array_equal(*maps):
+        raise CrossViewError("the two runs map their captions to different images; compare runs evaluated on "
+                             "the same split")
+    ci = maps[0] if all(m is not None for m in maps) else None
+    n = len(a.ranks.get("i2t", ()))
+    return paired_effect(a.ranks, b.ranks, ci, resamples=effect_resamples(n))
+
+
+def effect_label(effect: dict, direction: str) -> str:
+    """Two lines at most (HTML) of the paired effect for the Inspect panel: rsum and the direction's R@1 B - A
+    with their intervals, the median rank change, queries won / lost / tied, the sign test over images; the rest
+    (what was resampled, the minimal detectable differences) is in :func:`effect_tooltip`."""
+    def ci(v: float, band: list) -> str:
+        return f"{v:+.1f} [{band[0]:+.1f}, {band[1]:+.1f}]"
+
+    r, rs, d = effect[direction], effect["rsum"], direction
+    mapped = effect["resampled"].startswith("images (each")
+    over = "images" if mapped or d == "i2t" else "captions"
+    med = r["median_rank_change"]
+    r1 = f"{d} R@1 {ci(r['R@1']['diff'], r['R@1']['ci'])}, " if "R@1" in r else ""
+    resamples = "" if effect["resamples"] == 2000 else f", {effect['resamples']} resamples"
+    no_map = "" if mapped else ", captions unclustered: no caption map"
+    return (f"<b>B - A</b>: rsum <b>{ci(rs['diff'], rs['ci'])}</b> ({100 * effect['level']:.0f}%, bootstrap over "
+            f"{effect['n_images']} images{resamples}{no_map}); {r1}median rank change "
+            f"{ci(med['value'], med['ci'])}; won/lost/tied {r['won']}/{r['lost']}/{r['tied']}; "
+            f"p = {r['p']:.2g} (sign test over {over})")
+
+
+def effect_tooltip(effect: dict) -> str:
+    """What the comparison label's numbers are: the effect's sign, what was resampled, the p-values, the minimal
+    detectable differences."""
+    mde = effect["mde"]
+    return (f"{effect['effect']}. Resampled: {effect['resampled']}. p: {effect['p_method']}. Minimal detectable "
+            "difference: " + ", ".join(f"{k} {v:.1f}" for k, v in mde.items() if k != "explanation")
+            + f" ({mde['explanation']}).")
+
+
 class InspectPanel(QWidget):
     open_query = Signal(str, int)     # direction, dataset index of the query (or split position)
 
@@ -100,6 +151,8 @@ class InspectPanel(QWidget):
         self.run_a: RunResults | None = None
         self.run_b: RunResults | None = None
         self.comparison: RankComparison | None = None
+        self.effect: dict | None = None    # the paired effect of run B against run A (both directions)
+        self._effect_of: tuple = ()        # (run A, run B) the effect was computed for
         self.runs: dict[str, RunResults] = {}
 
         self.title = QLabel("No run: train one in the Train panel, or open a run folder.")
@@ -439,6 +492,16 @@ class InspectPanel(QWidget):
             except Exception as e:  # noqa: BLE001 - shown to the user instead
                 self.compare_label.setText(f"<span style='color:#cf222e'>Cannot compare: {html.escape(str(e))}</span>")
         self.comparison = comp
+        self.compare_label.setToolTip("")
+        if comp is None:
+            self.effect, self._effect_of = None, ()
+        elif not (self._effect_of and self._effect_of[0] is a and self._effect_of[1] is b):
+            # both directions at once, so switching the direction does not compute it again
+            try:
+                self.effect, error = paired_effect_of(a, b), None
+            except CrossViewError as e:
+                self.effect, error = None, str(e)
+            self._effect_of = (a, b, error)
         headers = ["query", "rank A" if comp else "rank"] + (["rank B", "change (B - A)"] if comp else [])
         self._headers = headers
         self.queries.setColumnCount(len(headers))
@@ -478,11 +541,13 @@ class InspectPanel(QWidget):
         if comp is not None:
             self.queries.horizontalHeaderItem(2).setToolTip(f"run B: {b.name}")
         if comp is not None:
-            s = comp.summary
-            self.compare_label.setText(
-                f"{d}: B ranks the ground truth higher for <b>{s['b_better']}</b> queries, lower for "
-                f"<b>{s['b_worse']}</b>, the same for {s['same']}; median change {s['median_delta']:+g}; "
-                f"sign test p = {s['sign_test_p']:.3g}, Wilcoxon signed-rank p = {s['wilcoxon_p']:.3g}")
+            if self.effect is not None:
+                e = self.effect
+                self.compare_label.setText(effect_label(e, d))
+                self.compare_label.setToolTip(effect_tooltip(e))
+            else:
+                self.compare_label.setText(f"<span style='color:#cf222e'>No paired effect: "
+                                           f"{html.escape(str(self._effect_of[2]))}</span>")
             self.scatter.setData(x=np.log10(comp.rank_a), y=np.log10(comp.rank_b), data=np.arange(len(ra)))
             top = int(max(comp.rank_a.max(), comp.rank_b.max()))
             self.diagonal.setData(x=[0.0, float(np.log10(top * 1.2))], y=[0.0, float(np.log10(top * 1.2))])
