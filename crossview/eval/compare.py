@@ -5,6 +5,11 @@ same order) and returns the per-query change and a summary: how many queries imp
 stayed, the median change, a two-sided sign test (exact binomial over the queries whose rank
 changed) and a Wilcoxon signed-rank test (which also weighs how far each rank moved; ties dropped), saying
 whether the difference is more than chance.
+
+Those tests count every query as an independent observation: right for one run's i2t queries, optimistic for
+t2i (the captions of one image move together) and wrong for several seeds pooled. To judge whether a variant is
+better, use :func:`crossview.eval.paired.paired_effect` (seeds averaged per query, bootstrap over images, the
+effect with its interval); :func:`compare_ranks` stays for the per-query table and scatter.
 """
 
 from __future__ import annotations
