@@ -90,8 +90,10 @@ def test_a_second_call_reads_finished_runs_back_and_resumes_a_stopped_one(tmp_pa
 
 def test_paired_statistics_by_hand() -> None:
     ci = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    loss = [{"i2t": np.array([1, 3, 2, 5]), "t2i": np.ones(8, int)}, {"i2t": np.array([2, 2, 4, 1]), "t2i": np.ones(8, int)}]
-    base = [{"i2t": np.array([2, 3, 1, 9]), "t2i": np.full(8, 2)}, {"i2t": np.array([2, 5, 1, 3]), "t2i": np.ones(8, int)}]
+    loss = [{"i2t": np.array([1, 3, 2, 5]), "t2i": np.ones(8, int)},
+            {"i2t": np.array([2, 2, 4, 1]), "t2i": np.ones(8, int)}]
+    base = [{"i2t": np.array([2, 3, 1, 9]), "t2i": np.full(8, 2)},
+            {"i2t": np.array([2, 5, 1, 3]), "t2i": np.ones(8, int)}]
     p = paired(loss, base, ci, {"i2t": np.array([10, 11, 12, 13])}, resamples=200)
     # i2t mean ranks over the seeds: loss 1.5, 2.5, 3, 3; base 2, 4, 1, 6: changes -0.5, -1.5, +2, -3,
     # one observation per query (not 2 seeds x 4 pooled): won 3, lost 1; the sign test over the 4 images
