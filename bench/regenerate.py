@@ -337,7 +337,12 @@ def shown(argv: list[str], work: Path) -> str:
             words.append(_stamp.display_path(a))
         elif a.startswith(str(work)):
             rest = a[len(str(work)):]
-            words.append("$WORK" + (rest if shlex.quote(rest) == rest else f'"{rest}"'))
+            if shlex.quote(rest) == rest:
+                words.append("$WORK" + rest)
+            elif not any(c in rest for c in '"$`\\'):
+                words.append(f'"$WORK{rest}"')
+            else:
+                words.append("$WORK" + shlex.quote(rest))
         else:
             words.append(shlex.quote(a.replace(str(work), "$WORK")))
     return " ".join(words)
@@ -422,7 +427,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
         if not out.is_file():
             raise CrossViewError(f"{entry.name}: step {i} wrote no {out}; its command does not support --out")
         header, body = _stamp.parse_header(out.read_text(encoding="utf-8"), out)
-        data += header.get("data", []) if header else _experiment_data(argv)
+        data += [_clean(d, work, {}) for d in header.get("data", [])] if header else _experiment_data(argv)
         parts.append((commands[-1], _clean(body, work, {str(out): final} if single else {}).strip("\n")))
     if len(parts) == 1:
         body = parts[0][1]

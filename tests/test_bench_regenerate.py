@@ -173,3 +173,12 @@ def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path):
     assert parts[0].startswith("$ ") and "collection 2,000 x 128" in parts[0]
     assert parts[1].startswith("$ ") and "collection 3,000 x 128" in parts[1]
     assert "index exact" in parts[1] and str(tmp_path) not in body
+
+
+def test_paths_in_bodies_and_commands_read_from_the_repository_root(tmp_path):
+    work = tmp_path / "w"
+    text = f"{work}/f8-cca/checkpoint.pt; {REPO.parent}/shared/data/x.json; {REPO}/bench/results/a.txt; {work}/o.md"
+    assert R._clean(text, work, {f"{work}/o.md": "bench/results/b.md"}) == \
+        "$WORK/f8-cca/checkpoint.pt; ../shared/data/x.json; bench/results/a.txt; bench/results/b.md"
+    assert R.shown([sys.executable, "bench/x.py", str(work / "a b"), "it's"], work).split(" ", 1)[1] == \
+        "bench/x.py \"$WORK/a b\" 'it'\"'\"'s'"
