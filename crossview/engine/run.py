@@ -1028,6 +1028,7 @@ class _Run:
     def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
                  eval_seconds: float) -> dict[str, Any]:
         from crossview.eval.bootstrap import bootstrap_ci
+        from crossview.eval.embeddings import embeddings_hubness, load_embeddings
 
         f = self.features
         return {
@@ -1050,6 +1051,9 @@ class _Run:
             "eval_seconds": round(eval_seconds, 3),
             # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
             "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
+            # whether a few items fill every top-k list (crossview.eval.hubness), from the embeddings just
+            # written: no model call, only the top-10 indices of each query are kept
+            "hubness": embeddings_hubness(load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))),
             "data": self.cfg.data,
             "run_dir": str(self.run_dir),
             # what was chosen on which images, and where the numbers above are reported (never the same images

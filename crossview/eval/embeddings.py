@@ -20,6 +20,9 @@ key                 shape / type                   meaning
 
 The score of image ``i`` and caption ``j`` is ``image[i] . text[j]`` (ARCHITECTURE.md, the method
 contract); i2t ranks come from ``image``/``text``, t2i ranks from ``image_t2i``/``text_t2i`` when present.
+Every caption protocol also reports the hubness of both directions over the whole split
+(:mod:`crossview.eval.hubness`): a model that returns the same few captions for every image shows it there
+even where R@K on a small gallery looks fine.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.eval.hubness import describe_hubness, hubness_of_embeddings
 from crossview.eval.metrics import evaluate, rsum_of
 from crossview.eval.protocols import coco_1k, identity_hits, mean_average_precision, precision_at_k
 
 __all__ = ["Embeddings", "load_embeddings", "save_embeddings", "evaluate_embeddings", "PROTOCOLS",
-           "format_report"]
+           "format_report", "embeddings_hubness"]
 
 PROTOCOLS = {
     "standard": "every image against every caption of the split (Flickr, COCO 5K when the split is COCO's 5K)",
@@ -177,6 +181,21 @@ def load_embeddings(path: str | Path) -> Embeddings:
         raise CrossViewError(f"{path}: {e}") from e
 
 
+def embeddings_hubness(emb: Embeddings, k: int | None = None) -> dict[str, dict[str, Any] | None]:
+    """``{"i2t": ..., "t2i": ...}``: :meth:`crossview.eval.hubness.Hubness.as_dict` of each direction (i2t:
+    the images query the captions; t2i: the captions query the images, through the t2i model when there is
+    one), or ``None`` for a direction whose gallery has fewer than 2 items."""
+    out: dict[str, dict[str, Any] | None] = {}
+    img_t2i = emb.image if emb.image_t2i is None else emb.image_t2i
+    txt_t2i = emb.text if emb.text_t2i is None else emb.text_t2i
+    for d, queries, gallery in (("i2t", emb.image, emb.text), ("t2i", txt_t2i, img_t2i)):
+        if gallery.shape[0] < 2 or queries.shape[0] < 1:
+            out[d] = None
+        else:
+            out[d] = hubness_of_embeddings(queries, gallery, k).as_dict()
+    return out
+
+
 def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequence[int] = (1, 5, 10),
                         overlap: bool = False,
                         progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
@@ -185,7 +204,8 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
 
     Returns a dict with ``"protocol"`` and, as the protocol gives them, ``"i2t"``/``"t2i"`` metric dicts,
     ``"rsum"``, ``"ranks"`` (per-query 1-based ranks), ``"labels"`` (P@K, mAP) and ``"overlap"``
-    (BLEU-1..4, ROUGE-1/L of the top-5, when ``overlap`` and captions are present).
+    (BLEU-1..4, ROUGE-1/L of the top-5, when ``overlap`` and captions are present); every protocol but
+    ``labels`` adds ``"hubness"`` (:func:`embeddings_hubness`, over the whole split).
     """
     if protocol not in PROTOCOLS:
         raise CrossViewError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
@@ -208,7 +228,8 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
         cap_labels = np.asarray(emb.image_labels)[emb.caption_image]
         a = identity_hits(s_i2t, emb.image_labels, cap_labels, ks)
         b = a if s_t2i is s_i2t else identity_hits(s_t2i, emb.image_labels, cap_labels, ks)
-        out.update(i2t=a["i2t"], t2i=b["t2i"], ranks={"i2t": a["ranks"]["i2t"], "t2i": b["ranks"]["t2i"]})
+        out.update(i2t=a["i2t"], t2i=b["t2i"], ranks={"i2t": a["ranks"]["i2t"], "t2i": b["ranks"]["t2i"]},
+                   hubness=embeddings_hubness(emb))
         return out
     if protocol == "coco1k":
         n = emb.image.shape[0]
@@ -218,7 +239,8 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
         r1 = coco_1k(s_i2t, emb.caption_image, ks, n_folds=n // 1000)
         r2 = r1 if s_t2i is s_i2t else coco_1k(s_t2i, emb.caption_image, ks, n_folds=n // 1000)
         out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
-                   folds=[{"i2t": a["i2t"], "t2i": b["t2i"]} for a, b in zip(r1["folds"], r2["folds"])])
+                   folds=[{"i2t": a["i2t"], "t2i": b["t2i"]} for a, b in zip(r1["folds"], r2["folds"])],
+                   hubness=embeddings_hubness(emb))
         return out
     if protocol == "coco5k" and emb.image.shape[0] != 5000:
         raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
@@ -226,7 +248,7 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
     r1 = evaluate(s_i2t, emb.caption_image, ks)
     r2 = r1 if s_t2i is s_i2t else evaluate(s_t2i, emb.caption_image, ks)
     out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
-               ranks={"i2t": r1["ranks"]["i2t"], "t2i": r2["ranks"]["t2i"]})
+               ranks={"i2t": r1["ranks"]["i2t"], "t2i": r2["ranks"]["t2i"]}, hubness=embeddings_hubness(emb))
     if overlap:
         if emb.captions is None:
             raise CrossViewError("caption overlap (BLEU / ROUGE) needs the caption texts in the embeddings file")
@@ -265,6 +287,9 @@ def format_report(res: dict[str, Any], title: str = "") -> str:
     if res.get("rsum") is not None:
         lines.append(f"rsum {res['rsum']:.2f}   ({res['n_images']:,} images, {res['n_captions']:,} captions, "
                      f"protocol {res['protocol']})")
+    hub = describe_hubness(res.get("hubness"))
+    if hub:
+        lines.append(hub)
     if "overlap" in res:
         for d in ("i2t", "t2i"):
             ov = res["overlap"][d]

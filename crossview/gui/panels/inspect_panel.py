@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
 from crossview.core.errors import CrossViewError
 from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.paired import paired_effect
+from crossview.eval.hubness import describe_hubness
 from crossview.engine.results import RunResults
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
@@ -187,6 +188,10 @@ class InspectPanel(QWidget):
         self.paper_note.setWordWrap(True)
         self.paper_note.setStyleSheet("color: #57606a;")
         self.paper_note.hide()
+        self.hubness_label = QLabel("")       # do a few items fill every top-k list (crossview.eval.hubness)
+        self.hubness_label.setObjectName("hubness")
+        self.hubness_label.setWordWrap(True)
+        self.hubness_label.hide()
         self.compare_label = QLabel("")
         self.compare_label.setWordWrap(True)
 
@@ -253,6 +258,7 @@ class InspectPanel(QWidget):
         plots = QWidget()
         pl = QVBoxLayout(plots)
         pl.setContentsMargins(0, 0, 0, 0)
+        pl.addWidget(self.hubness_label)        # beside the metric table: the left column keeps its query rows
         pl.addWidget(self.hist_legend)
         for p in self.hist_plots.values():
             pl.addWidget(p, 1)
@@ -326,6 +332,7 @@ class InspectPanel(QWidget):
         if a is None:
             self.title.setText("No run: train one in the Train panel, or open a run folder.")
             self.metrics.clear()
+            self.hubness_label.hide()
             self.queries.setRowCount(0)
             return
         s = a.summary
@@ -334,6 +341,8 @@ class InspectPanel(QWidget):
         if s.get("train_seconds") is not None:
             bits.append(f"trained in {float(s['train_seconds']):.1f} s")
         self.title.setText(" &nbsp; ".join(bits))
+        self.hubness_label.setText(describe_hubness(s.get("hubness")))
+        self.hubness_label.setVisible(bool(self.hubness_label.text()))     # older runs have no figure
         self.paper_combo.blockSignals(True)
         self.paper_combo.clear()
         self.paper_combo.addItem("(none)", None)
