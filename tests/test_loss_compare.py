@@ -24,7 +24,8 @@ QUICK = {"*": {"embed_dim": "16", "batch_size": "16"}}
 
 def _run(folder: Path, **kw) -> tuple[list, dict]:
     events = list(run_loss_compare(H.make_toy_dataset(), out=folder, device="cpu", text_encoder="tfidf",
-                                   **{"epochs": 2, "params": QUICK, **kw}))
+                                   **{"epochs": 2, "params": QUICK, "choose": False,
+                                      "losses": ["vsepp", "vse0", "smoothap", "infonce"], **kw}))
     assert isinstance(events[-1], Finished)
     return events, events[-1].summary
 
@@ -74,7 +75,7 @@ def test_a_second_call_reads_finished_runs_back_and_resumes_a_stopped_one(tmp_pa
 
     events = []
     for ev in run_loss_compare(H.make_toy_dataset(), losses=["vsepp", "vse0"], seeds=1, epochs=2, params=QUICK,
-                               out=folder, device="cpu", text_encoder="tfidf", should_stop=stop):
+                               out=folder, device="cpu", text_encoder="tfidf", should_stop=stop, choose=False):
         events.append(ev)
         seen.append(getattr(ev, "message", ""))
     assert not isinstance(events[-1], Finished)
@@ -146,7 +147,8 @@ def test_markdown_report_has_the_command_and_every_loss(tmp_path) -> None:
     (["--losses", "vsepp,triplet"], "unknown loss 'triplet'"), (["--seeds", "0"], "--seeds must be >= 1"),
     (["--epochs", "0"], "--epochs must be >= 1"), (["--set", "smoothap.nope=1"], "no parameter 'nope'"),
     (["--set", "nope=1"], "no method of the losses compared has a parameter 'nope'"),
-    (["--set", "smoothap.tau=-1"], "tau")])
+    (["--set", "smoothap.tau=-1"], "tau"), (["--budget", "20"], "--budget '20'"),
+    (["--budget", "10x128", "--epochs", "3"], "either --budget")])
 def test_bad_input_gets_one_line(argv, needle, tmp_path, capsys) -> None:
     code = main(["experiment", "loss-compare", "--data", "demo", "--exp-dir", str(tmp_path / "e"), *argv])
     err = capsys.readouterr().err.strip()
@@ -160,3 +162,38 @@ def test_another_folder_is_refused(tmp_path) -> None:
     with pytest.raises(CrossViewError, match="not empty"):
         _run(tmp_path / "busy", losses=["vsepp"], seeds=1)
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_every_loss_gets_one_budget_and_its_own_setting_chosen_off_the_reported_split(tmp_path) -> None:
+    """Issue 28, item 3: the same epochs, captions a step and optimiser steps for every loss; each loss's margin or
+    temperature chosen on val (the toy data reports on test), recorded with the runs and the report; paper 004's
+    tau 0.01 as a row of its own, not chosen."""
+    folder = tmp_path / "exp"
+    events = list(run_loss_compare(H.make_toy_dataset(), out=folder, device="cpu", text_encoder="tfidf",
+                                   losses=["vsepp", "smoothap", "smoothap-paper"], seeds=1, budget="3x16",
+                                   params={"*": {"embed_dim": "16"}}))
+    result = events[-1].summary
+    # 96 training images x 2 captions: 12 batches of 16 captions, or of 8 images with both their captions
+    steps = {n: result["results"][n]["steps"] for n in result["losses"]}
+    assert steps == {"vsepp": 36.0, "smoothap": 36.0, "smoothap-paper": 36.0}
+    for n, batch in (("vsepp", 16), ("smoothap", 8)):
+        cfg = json.loads((folder / f"{n}-seed0" / "config.json").read_text())
+        assert (cfg["params"]["max_epochs"], cfg["params"]["batch_size"], cfg["params"]["lr_decay_epoch"]) == \
+            (3, batch, 2)
+    chosen = result["chosen"]
+    assert set(chosen) == {"vsepp", "smoothap"}, "paper 004's row keeps its tau"
+    assert chosen["vsepp"]["selected_on"] == "val" and chosen["vsepp"]["point"]["margin"] in (0.1, 0.2, 0.4)
+    assert json.loads((folder / "smoothap-paper-seed0" / "config.json").read_text())["params"]["tau"] == 0.01
+    run_tau = json.loads((folder / "smoothap-seed0" / "config.json").read_text())["params"]["tau"]
+    assert run_tau == chosen["smoothap"]["point"]["tau"]
+    summary = json.loads((folder / "vsepp-seed0" / "summary.json").read_text())
+    assert summary["reported_on"] == "test" and "val" in summary["selected_on"] and not summary["optimistic"]
+    text = " ".join(format_table(result).split())
+    assert "Budget, the same for every loss: 3 epochs of 16-caption batches" in text
+    assert f"margin={chosen['vsepp']['point']['margin']} chosen by rsum on val, not on test" in text
+    # a second call reads the choosing trials and the runs back
+    again = list(run_loss_compare(H.make_toy_dataset(), out=folder, device="cpu", text_encoder="tfidf",
+                                  losses=["vsepp", "smoothap", "smoothap-paper"], seeds=1, budget="3x16",
+                                  params={"*": {"embed_dim": "16"}}))
+    assert again[-1].summary["chosen"]["vsepp"]["point"] == chosen["vsepp"]["point"]
+    assert any(isinstance(e, Log) and "vsepp seed 0: finished earlier" in e.message for e in again)

@@ -219,6 +219,12 @@ def _study_command(args: argparse.Namespace, exp_dir: Path, name: str, chosen: s
     parts += [chosen, getattr(args, chosen[2:]), "--seeds", str(args.seeds)]
     if args.epochs is not None:
         parts += ["--epochs", str(args.epochs)]
+    if getattr(args, "budget", None):
+        parts += ["--budget", str(args.budget)]
+    if getattr(args, "no_choose", False):
+        parts += ["--no-choose"]
+    if getattr(args, "folds", None) is not None:
+        parts += ["--folds", str(args.folds)]
     for item in args.set_values or []:
         parts += ["--set", item]
     parts += ["--exp-dir", str(exp_dir)]
@@ -247,12 +253,18 @@ def _run_study_command(args: argparse.Namespace, study: Any, chosen: str) -> int
     from crossview.experiments._common import new_experiment_dir
 
     exp_dir = Path(args.exp_dir) if args.exp_dir else new_experiment_dir(study.kind, ds.name)
+    from crossview.experiments.budget import parse_budget
+    if study.kind == "loss-compare" and args.budget is None and args.epochs is None:
+        from crossview.experiments.loss_compare import DEFAULT_BUDGET
+        args.budget = DEFAULT_BUDGET
+    budget = parse_budget(args.budget)
     printer = EventPrinter(prefix="experiment: ")
     result = None
     try:
         for ev in V.run_study(study, ds, variants=names, seeds=args.seeds, epochs=args.epochs, params=params,
                               split=args.split, out=exp_dir, device=args.device,
-                              image_encoder=args.image_encoder, text_encoder=args.text_encoder):
+                              image_encoder=args.image_encoder, text_encoder=args.text_encoder,
+                              budget=budget, choose=not args.no_choose, folds=args.folds):
             if isinstance(ev, Finished):
                 result = ev.summary
             else:
@@ -301,6 +313,18 @@ def _add_study_args(p: argparse.ArgumentParser, noun: str, example: str) -> None
     p.add_argument("--epochs", type=int, metavar="E",
                    help=f"max_epochs of every {noun} (default: the method's own); lr_decay_epoch moves in "
                         "proportion to the method's default schedule")
+    p.add_argument("--budget", metavar="EPOCHSxBATCH[@DECAY]",
+                   help=f"the same training budget for every {noun}: EPOCHS passes over the training captions in "
+                        "batches of BATCH captions (methods that batch images take BATCH / captions-per-image "
+                        "images: the same optimiser steps), the learning rate / 10 after DECAY of the epochs "
+                        "(default 0.7), e.g. 20x128 or 20x128@0.5; 'defaults' keeps each method's own schedule"
+                        + (" (default for loss-compare: 20x128)" if noun == "loss" else " (default: 'defaults')"))
+    p.add_argument("--no-choose", action="store_true",
+                   help=f"keep each {noun}'s own setting (margin, temperature) at its method default instead of "
+                        "choosing it first by cross-validation of the training images (never on the reported "
+                        "split)")
+    p.add_argument("--folds", type=int, default=None, metavar="K",
+                   help="folds of that cross-validation (default 3)")
     p.add_argument("--split", metavar="NAME", help="evaluate on this split (default: test, else val)")
     p.add_argument("--set", dest="set_values", action="append", metavar=f"[{noun.upper()}.]NAME=VALUE",
                    help=f"a parameter, repeatable: {example} (one {noun}), embed_dim=512 (every {noun} whose method "
@@ -418,19 +442,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Paper 004's question: does the hardest-negative triplet loss still win for image-caption "
                     "retrieval? Trains the same model (the VSE++ model with the run's encoders) with each loss, "
                     "once per seed: vsepp (triplet, hardest negative: the baseline), vse0 (triplet, sum of "
-                    "negatives), smoothap (SmoothAP) and infonce (InfoNCE / NT-Xent), each with its method's "
-                    "defaults (see 'crossview train vsepp --help' and 'crossview train smoothap --help'). "
-                    "Evaluates on the test split (val then chooses each run's epoch), else on val (the last "
-                    "epoch kept), and prints R@1/5/10 both ways and rsum, mean and spread over the seeds, and "
-                    "a paired comparison per query against vsepp: the queries each loss wins, loses and ties, "
-                    "with sign and Wilcoxon tests. Every (loss, seed) is an ordinary run folder in --exp-dir "
-                    "(listed in the app; its Inspect panel compares any two); running again with the same "
-                    "--exp-dir reads finished runs back and resumes an interrupted one. Writes results.md and "
+                    "negatives), smoothap (SmoothAP), infonce (InfoNCE / NT-Xent) and smoothap-paper (SmoothAP at "
+                    "paper 004's tau 0.01). Every loss gets the same budget (--budget: epochs, captions a step, "
+                    "hence optimiser steps, and the schedule's shape), and its own margin or temperature is chosen "
+                    "first by cross-validation of the training images (or on val when the table reports on "
+                    "test), never on the reported split (--no-choose keeps the method defaults). Evaluates on the "
+                    "test split (val then chooses each run's epoch), else on val (the last epoch kept), and prints "
+                    "R@1/5/10 both ways, rsum and the steps, mean and spread over the seeds, and the paired effect "
+                    "of each loss against vsepp: seeds averaged per query, a bootstrap over the images for the "
+                    "rsum and R@1 differences and the median rank change with 95% intervals, won / lost / tied "
+                    "queries and the minimal detectable difference. Every (loss, seed) is an ordinary run folder "
+                    "in --exp-dir (listed in the app; its Inspect panel compares any two); running again with the "
+                    "same --exp-dir reads finished runs back and resumes an interrupted one. Writes results.md and "
                     "results.json into --exp-dir.")
     p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
     _add_dataset_args(p)
-    p.add_argument("--losses", default="vsepp,vse0,smoothap,infonce",
-                   help="comma-separated: vsepp, vse0, smoothap, infonce (default: all four)")
+    p.add_argument("--losses", default="vsepp,vse0,smoothap,infonce,smoothap-paper",
+                   help="comma-separated: vsepp, vse0, smoothap, infonce, smoothap-paper (SmoothAP at paper 004's "
+                        "tau 0.01) (default: all five)")
     _add_study_args(p, "loss", "smoothap.tau=0.01")
     p.set_defaults(func=cmd_loss_compare)
 

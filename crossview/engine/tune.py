@@ -220,12 +220,13 @@ def _parse_select(select_on: str | None, folds: int | None) -> tuple[str, int]:
 
 
 def plan_selection(ds: Any, select_on: str | None = "auto", *, folds: int | None = None, train_split: str = "train",
-                   seed: int = 0, optimistic: bool = False) -> Selection:
+                   seed: int = 0, optimistic: bool = False, reported_on: str | None = None) -> Selection:
     """Where a search on ``ds`` scores its trials and where its refit is reported (the rule: never the same
     images, unless ``optimistic``).
 
     The refit is reported on the dataset's own evaluation split (:func:`crossview.engine.splits.plan_splits`:
-    test, else val, else a held-out part of train). ``select_on``:
+    test, else val, else a held-out part of train), or on ``reported_on`` when the caller reports elsewhere (an
+    experiment's evaluation split). ``select_on``:
 
     - ``"auto"``: ``val`` when the dataset has it and it is not the reported split (a dataset with a test split),
       else ``folds``-fold cross-validation of the refit's training images;
@@ -237,9 +238,16 @@ def plan_selection(ds: Any, select_on: str | None = "auto", *, folds: int | None
     from crossview.engine.splits import fold_splits, plan_splits
 
     mode, k = _parse_select(select_on, folds)
-    refit = plan_splits(ds, None, train_split, "val", seed)
-    reported = refit.eval
-    train_images = np.asarray(refit.derived.get(train_split, ds.splits[train_split]), dtype=np.int64)
+    if reported_on is not None:
+        if reported_on not in ds.splits or reported_on == train_split:
+            raise CrossViewError(f"dataset {ds.name!r}: cannot report on {reported_on!r} (its splits: "
+                                 f"{', '.join(ds.split_names) or 'none'}; the training split is {train_split!r})")
+        reported = reported_on
+        train_images = np.asarray(ds.splits[train_split], dtype=np.int64)
+    else:
+        refit = plan_splits(ds, None, train_split, "val", seed)
+        reported = refit.eval
+        train_images = np.asarray(refit.derived.get(train_split, ds.splits[train_split]), dtype=np.int64)
     n = len(train_images)
     if mode == "auto":
         mode = "val" if "val" in ds.splits and len(ds.splits["val"]) and reported != "val" else "cv"
@@ -295,7 +303,7 @@ def _mean_metrics(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str, Any] | None = None,
          metric: str = "rsum", trials: int | None = None, out: str | Path | None = None,
          select_on: str | None = "auto", folds: int | None = None, optimistic: bool = False,
-         train_split: str = "train", image_encoder: str | None = None,
+         reported_on: str | None = None, train_split: str = "train", image_encoder: str | None = None,
          text_encoder: str | None = None, image_norm: str | None = None, text_norm: str | None = None,
          data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
          refit: bool = True, cache: Any = None) -> Iterator[Event | TuneResult]:
@@ -319,7 +327,10 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     if train_split not in ds.splits:
         raise CrossViewError(f"dataset {ds.name!r} has no split {train_split!r} to train the trials on (it has: "
                              f"{', '.join(ds.split_names) or 'none'})")
-    sel = plan_selection(ds, select_on, folds=folds, train_split=train_split, seed=seed, optimistic=optimistic)
+    if reported_on is not None and refit:
+        raise CrossViewError("tune: reported_on is for callers that report elsewhere themselves; give refit=False")
+    sel = plan_selection(ds, select_on, folds=folds, train_split=train_split, seed=seed, optimistic=optimistic,
+                         reported_on=reported_on)
     metric_value({"rsum": 0.0, "i2t": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0},
                   "t2i": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0}}, metric)
     if out is None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +62,21 @@ class Study:
     varied: tuple[str, ...] = ()                     #: parameters only the variants set (refused in --set)
     #: parameters every variant gets from the experiment itself (e.g. webly's web set), recorded with the runs
     shared: dict[str, Any] = field(default_factory=dict)
+    #: per variant, values of its own setting (a temperature, a margin) to choose before its runs, never on the
+    #: reported split (:func:`crossview.experiments.budget.choose_params`); ``run_study(choose=False)`` skips it
+    tuned: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    #: per variant, the effect (B - baseline) a paper reports: ``{"metric": "i2t R@1" | "t2i R@1" | "rsum",
+    #: "value": -1.8, "source": "paper 002, Flickr30K"}``; the report says whether this design can resolve it
+    expected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: variants that are positive controls: known to change the result, they show the design detects a change
+    controls: tuple[str, ...] = ()
 
     @property
     def methods(self) -> list[str]:
         return sorted({m for m, _ in self.variants.values()})
 
     def with_shared(self, **params: Any) -> "Study":
-        return Study(self.kind, self.title, self.variants, self.labels, self.baseline, self.noun, self.plural,
-                     self.flag, self.varied, {**self.shared, **params})
+        return replace(self, shared={**self.shared, **params})
 
 
 def parse_variants(study: Study, value: str | Sequence[str]) -> list[str]:
@@ -209,14 +216,25 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
               epochs: int | None = None, params: dict[str, dict[str, Any]] | None = None,
               split: str | None = None, out: str | Path | None = None, device: str = "auto",
               image_encoder: str | None = None, text_encoder: str | None = None,
-              should_stop: Callable[[], bool] | None = None) -> Iterator[Event]:
+              should_stop: Callable[[], bool] | None = None, budget: Any = None, choose: bool = True,
+              folds: int | None = None, train_splits: dict[str, str] | None = None,
+              derived_splits: dict[str, Any] | None = None,
+              subsets: dict[str, Any] | None = None, notes: Sequence[str] = ()) -> Iterator[Event]:
     """Train every variant with every seed and compare them (see the module docstring). ``params``:
-    ``{"*": {...}, "<variant>": {...}}`` (every variant; one). Yields events; the last is
-    ``Finished(summary=result)`` with ``{"experiment", "dataset", "split", "selection", "variants", "seeds",
-    "baseline", "results": {name: {"i2t", "t2i", "rsum", "train_seconds"}}, "std": {...}, "per_seed": {...},
-    "paired": {name: {"i2t": ..., "t2i": ...}}, "params", "experiment_dir", "runs"}``."""
-    from crossview.core.io import atomic_write_json
-    from crossview.engine.run import RANKS, read_summary, resume, train
+    ``{"*": {...}, "<variant>": {...}}`` (every variant; one). ``budget``
+    (:class:`crossview.experiments.budget.Budget` or its text, e.g. ``"20x128"``) gives every variant the same
+    epochs, captions a step and schedule shape; ``choose`` picks each variant's :attr:`Study.tuned` values first
+    (``folds``-fold cross-validation of the training images, or val when the comparison reports on test).
+    ``train_splits`` (variant -> split) and ``derived_splits`` (recorded in every run) let variants train on
+    different parts of the data; ``subsets`` (name -> dataset image indices of the evaluation split) adds a paired
+    comparison restricted to those images (i2t) and their captions (t2i). ``notes`` are lines for the report.
+    Yields events; the last is ``Finished(summary=result)`` with ``{"experiment", "dataset", "split",
+    "selection", "variants", "seeds", "baseline", "results": {name: {"i2t", "t2i", "rsum", "train_seconds",
+    "steps"}}, "std": {...}, "per_seed": {...}, "paired": {name: ...}, "paired_subsets": {subset: {name: ...}},
+    "resolution": {name: ...}, "budget", "chosen", "params", "experiment_dir", "runs"}``."""
+    from crossview.core.io import atomic_write_json, read_json
+    from crossview.engine.run import RANKS, STATUS, read_summary, resume, train
+    from crossview.experiments.budget import choose_params, parse_budget
     from crossview.methods import create_method, method_class
 
     names = parse_variants(study, list(variants) if variants is not None else list(study.variants))
@@ -226,12 +244,28 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
         if not any(k in method_class(study.variants[n][0]).param_names() for n in names):
             raise CrossViewError(f"--set {k}=...: no method of the {study.plural} compared has a parameter {k!r}; "
                                  + " and ".join(f"'crossview train {m} --help'" for m in study.methods) + " list them")
+    budget = parse_budget(budget)
+    if budget is not None and epochs is not None:
+        raise CrossViewError("give either --budget (every variant's epochs, batch and schedule) or --epochs, not both")
+    if derived_splits:
+        from crossview.engine.splits import apply_derived_splits, checked_derived_splits
+        derived_splits = checked_derived_splits(dataset, derived_splits)
+        dataset = apply_derived_splits(dataset, derived_splits)
+    train_of = {n: (train_splits or {}).get(n, "train") for n in names}
+    splits = dict(getattr(dataset, "splits", {}) or {})
+    for n, t in train_of.items():
+        if t not in splits:
+            raise CrossViewError(f"dataset {dataset.name!r} has no split {t!r} for the {n} runs to train on; the "
+                                 f"{study.plural} need one")
     per = {n: variant_params(study, n, params, epochs) for n in names}
+    if budget is not None:
+        for n in names:
+            tr = np.asarray(splits[train_of[n]], dtype=np.int64)
+            n_caps = int(np.isin(np.asarray(dataset.caption_image), tr).sum())
+            per[n] = {**per[n], **budget.params_for(study.variants[n][0], n_caps / max(len(tr), 1)),
+                      **study.variants[n][1]}
     for n, p in per.items():                # bad names and values fail now, before any training
         create_method(study.variants[n][0], **p).check_params()
-    splits = dict(getattr(dataset, "splits", {}) or {})
-    if "train" not in splits:
-        raise CrossViewError(f"dataset {dataset.name!r} has no train split; the {study.plural} need one to train on")
     if split is None:
         split = "test" if "test" in splits else "val" if "val" in splits else None
         if split is None:
@@ -249,7 +283,8 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     record = {"experiment": study.kind, "data": getattr(dataset, "source", None) or None,
               "dataset": dataset.name, "dataset_fingerprint": dataset.fingerprint(), "split": split,
               "val_split": val_split, "encoders": {"image": image_encoder, "text": text_encoder},
-              "params": plain(per)}
+              "params": plain(per), "budget": None if budget is None else budget.record(),
+              "train_splits": train_of, "derived_splits": plain(derived_splits or {})}
     old = _check_same(study, folder, record)
     params_all = {**(old.get("params") or {}), **record["params"]}
     folder.mkdir(parents=True, exist_ok=True)
@@ -257,6 +292,31 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     stop = should_stop or (lambda: False)
     yield Log(f"{study.title} on {dataset.name}: {', '.join(names)} x {seeds} seed(s), evaluated on {split} "
               f"({selection}); runs in {folder}" + (" (continuing: finished runs are read back)" if old else ""))
+    if budget is not None:
+        yield Log(f"budget of every {study.noun}: {budget.describe()}")
+    chosen: dict[str, dict[str, Any]] = {}
+    for n in names:
+        given = set(((params or {}).get("*") or {})) | set(((params or {}).get(n) or {}))
+        grid = {k: v for k, v in (study.tuned.get(n) or {}).items() if k not in given} if choose else None
+        if not grid:         # nothing to choose, or the user fixed it with --set
+            continue
+        grid = {k: [_coerce(study.variants[n][0], k, v) for v in vals] for k, vals in grid.items()}
+        yield Log(f"{n}: choosing {', '.join(grid)} among {'; '.join(f'{k} = ' + ', '.join(map(str, v)) for k, v in grid.items())}"
+                  f", never on {split}")
+        for ev in choose_params(study.variants[n][0], dataset, grid, {**per[n], "seed": 0}, reported_on=split,
+                                out=folder / f"choose-{n}", label=f"choosing for {n}", device=device,
+                                image_encoder=image_encoder, text_encoder=text_encoder, folds=folds):
+            if isinstance(ev, dict):
+                chosen[n] = ev
+            else:
+                yield ev
+            if stop():
+                yield Log(f"{n}: stopped while choosing; run the experiment again with --exp-dir {folder} to "
+                          "continue", "warning")
+                return
+        yield Log(f"{n}: chose {', '.join(f'{k}={v}' for k, v in chosen[n]['point'].items())} on "
+                  f"{chosen[n]['selected_on']} (rsum {chosen[n]['score']:.1f})")
+    run_params = {n: {**per[n], **chosen.get(n, {}).get("point", {})} for n in names}
     total = len(names) * seeds
     summaries: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     ranks: dict[str, list[dict[str, np.ndarray]]] = {n: [] for n in names}
@@ -277,9 +337,13 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
                     yield Log(f"{n} seed {seed}: resuming {run_dir.name}")
                     it = resume(run_dir, data=dataset)
                 else:
-                    it = train(method, dataset, run_dir=run_dir, params={**per[n], "seed": seed},
-                               split=split, train_split="train", val_split=val_split, device=device, seed=seed,
-                               image_encoder=image_encoder, text_encoder=text_encoder)
+                    it = train(method, dataset, run_dir=run_dir, params={**run_params[n], "seed": seed},
+                               split=split, train_split=train_of[n], val_split=val_split, device=device, seed=seed,
+                               image_encoder=image_encoder, text_encoder=text_encoder,
+                               derived_splits=derived_splits or None,
+                               selection=None if n not in chosen else
+                               {"what": ", ".join(chosen[n]["point"]), "by": "experiment",
+                                "selected_on": chosen[n]["selected_on"], "search": chosen[n]["folder"]})
                 if (yield from relay_run(it, f"{n} seed {seed}", folder, stop)):
                     return
                 if not run_finished(run_dir):
@@ -292,9 +356,14 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
                 query_ids.setdefault("t2i", z["caption_ids"].copy())
                 if caption_image is None and "caption_image" in z.files:
                     caption_image = z["caption_image"].copy()
+            try:
+                steps = float(read_json(run_dir / STATUS).get("checkpoint_step") or 0)
+            except CrossViewError:
+                steps = 0.0
             summaries[n].append({"i2t": {f"R@{q}": float(s["i2t"][f"R@{q}"]) for q in KS},
                                  "t2i": {f"R@{q}": float(s["t2i"][f"R@{q}"]) for q in KS},
-                                 "rsum": float(s["rsum"]), "train_seconds": float(s.get("train_seconds") or 0)})
+                                 "rsum": float(s["rsum"]), "train_seconds": float(s.get("train_seconds") or 0),
+                                 "steps": steps})
             k += 1
             yield Log(f"{n} seed {seed}: rsum {s['rsum']:.1f} ({run_dir.name})")
     base = study.baseline if study.baseline in names else names[0]
@@ -303,12 +372,27 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
         results[n], stds[n] = mean_std(summaries[n])
     pairs = {n: paired(ranks[n], ranks[base], caption_image, query_ids)
              for n in names if n != base}
+    by_subset: dict[str, dict[str, Any]] = {}
+    for sub, images in (subsets or {}).items():
+        keep_i, keep_t, ci_sub = _subset_queries(query_ids, caption_image, images)
+        if not keep_i.any():
+            continue
+        cut = lambda rs: [{"i2t": r["i2t"][keep_i], "t2i": r["t2i"][keep_t]} for r in rs]  # noqa: E731
+        by_subset[sub] = {"n_images": int(keep_i.sum()), "n_captions": int(keep_t.sum()),
+                          "paired": {n: paired(cut(ranks[n]), cut(ranks[base]), ci_sub,
+                                               {"i2t": query_ids["i2t"][keep_i], "t2i": query_ids["t2i"][keep_t]})
+                                     for n in names if n != base}}
+    resolution = {n: _resolution(study.expected[n], pairs[n]) for n in names if n in study.expected and n in pairs}
     result = {"experiment": study.kind, "dataset": dataset.name, "source": getattr(dataset, "source", ""),
-              "split": split, "val_split": val_split, "selection": selection, "train_images": len(splits["train"]),
+              "split": split, "val_split": val_split, "selection": selection,
+              "train_images": {n: len(splits[train_of[n]]) for n in names} if len(set(train_of.values())) > 1
+              else len(splits[train_of[names[0]]]),
               "test_images": len(query_ids.get("i2t", ())), "test_captions": len(query_ids.get("t2i", ())),
               "variants": names, "seeds": int(seeds), "baseline": base, "results": results, "std": stds,
-              "per_seed": summaries, "paired": pairs, "params": plain(per), "experiment_dir": str(folder),
-              "runs": runs}
+              "per_seed": summaries, "paired": pairs, "paired_subsets": by_subset, "resolution": resolution,
+              "budget": None if budget is None else {**budget.record(), "describe": budget.describe()},
+              "chosen": chosen, "controls": [n for n in study.controls if n in names], "notes": list(notes),
+              "params": plain(run_params), "experiment_dir": str(folder), "runs": runs}
     atomic_write_json(folder / EXPERIMENT_FILE, {**record, "params": params_all, "result": plain(result)})
     yield Progress(total, total, "done")
     yield Finished(summary=result)
@@ -323,6 +407,37 @@ def drain(events: Iterator[Event], what: str) -> dict[str, Any]:
     if result is None:
         raise CrossViewError(f"the {what} stopped before it finished; run it again to continue")
     return result
+
+
+def _subset_queries(query_ids: dict[str, np.ndarray], caption_image: np.ndarray | None,
+                    images: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Masks of the i2t queries (images) and t2i queries (their captions) among ``images`` (dataset indices),
+    and the kept captions' image positions among the kept images."""
+    ids_i = np.asarray(query_ids.get("i2t", []))
+    keep_i = np.isin(ids_i, np.asarray(list(images), dtype=np.int64))
+    if caption_image is None:
+        raise CrossViewError("a comparison on a subset of the images needs each run's caption -> image map "
+                             "(ranks.npz 'caption_image'); train the runs again with this version")
+    ci = np.asarray(caption_image, dtype=np.int64)
+    keep_t = keep_i[ci]
+    new_pos = np.cumsum(keep_i) - 1
+    return keep_i, keep_t, new_pos[ci[keep_t]]
+
+
+def _resolution(expected: dict[str, Any], pr: dict[str, Any]) -> dict[str, Any]:
+    """Whether the design resolves the effect a paper reports: the half-width of this design's 95% interval of
+    that difference (and its minimal detectable effect) against the paper's value."""
+    metric = str(expected["metric"])
+    if metric == "rsum":
+        ci, diff, mde = pr["rsum"]["ci"], pr["rsum"]["diff"], pr["mde"]["rsum"]
+    else:
+        d, _, k = metric.partition(" ")
+        ci, diff, mde = pr[d][k]["ci"], pr[d][k]["diff"], pr["mde"][metric]
+    half = (float(ci[1]) - float(ci[0])) / 2
+    value = float(expected["value"])
+    return {"metric": metric, "paper": value, "source": expected.get("source", ""), "observed": float(diff),
+            "ci": [float(ci[0]), float(ci[1])], "half_width": half, "mde": float(mde),
+            "resolves": bool(half < abs(value)), "excludes_paper": bool(not ci[0] <= value <= ci[1])}
 
 
 # ====================================================================== layout
@@ -344,7 +459,7 @@ def _rows(result: dict[str, Any]) -> list[list[str]]:
     for name in _names(result):
         r, s = result["results"][name], result["std"][name]
         rows.append([name, *[_cell(r[d][f"R@{q}"], s[d][f"R@{q}"], n) for d in ("i2t", "t2i") for q in KS],
-                     _cell(r["rsum"], s["rsum"], n), f"{r['train_seconds']:.0f}"])
+                     _cell(r["rsum"], s["rsum"], n), f"{r.get('steps', 0):.0f}", f"{r['train_seconds']:.0f}"])
     return rows
 
 
@@ -352,10 +467,10 @@ def _ci(value: float, ci: Sequence[float]) -> str:
     return f"{value:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"
 
 
-def _paired_rows(result: dict[str, Any]) -> list[list[str]]:
+def _paired_rows(result: dict[str, Any], paired_results: dict[str, Any] | None = None) -> list[list[str]]:
     """Two rows per variant (i2t, t2i); the rsum columns on the first."""
     rows = []
-    for name, pr in result["paired"].items():
+    for name, pr in (result["paired"] if paired_results is None else paired_results).items():
         for d in ("i2t", "t2i"):
             p, med = pr[d], pr[d]["median_rank_change"]
             first = [name, _ci(pr["rsum"]["diff"], pr["rsum"]["ci"]), _p(pr["rsum"]["p"])] if d == "i2t" else \
@@ -365,9 +480,9 @@ def _paired_rows(result: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _paired_notes(study: Study, result: dict[str, Any]) -> list[str]:
+def _paired_notes(study: Study, result: dict[str, Any], paired_results: dict[str, Any] | None = None) -> list[str]:
     """What the paired table is: n, seeds, what was resampled, the p-values, the minimal detectable effects."""
-    prs = result["paired"]
+    prs = result["paired"] if paired_results is None else paired_results
     one = next(iter(prs.values()))
     base = result["baseline"]
     mde = "; ".join(f"{n} rsum {pr['mde']['rsum']:.1f}, i2t R@1 {pr['mde']['i2t R@1']:.1f}, t2i R@1 "
@@ -384,13 +499,46 @@ def _paired_notes(study: Study, result: dict[str, Any]) -> list[str]:
 
 
 def _title(study: Study, result: dict[str, Any]) -> str:
-    return (f"{study.title} on {result['dataset']}: train {result['train_images']} images, evaluated "
+    tr = result["train_images"]
+    train = (f"train {tr} images" if not isinstance(tr, dict) else
+             "train " + ", ".join(f"{n} {k}" for n, k in tr.items()) + " images")
+    return (f"{study.title} on {result['dataset']}: {train}, evaluated "
             f"on {result['split']} ({result['test_images']} images, {result['test_captions']} captions); "
             f"{result['selection']}; mean ± sd over {result['seeds']} seed(s)")
 
 
+def _design_notes(study: Study, result: dict[str, Any]) -> list[str]:
+    """The budget, what each variant chose and where, the positive controls, whether a paper's effect can be
+    resolved, and the experiment's own notes."""
+    out = []
+    if result.get("budget"):
+        out.append(f"Budget, the same for every {study.noun}: {result['budget']['describe']} (--budget "
+                   f"{result['budget']['text']}); the steps column counts the optimiser steps of each run.")
+    for n, c in (result.get("chosen") or {}).items():
+        grid = "; ".join(f"{t['point']} {abs(t['score']):.1f}" + (f" ± {t['sd']:.1f}" if t.get("sd") is not None
+                                                                 else "") for t in c["trials"])
+        out.append(f"{n}: {', '.join(f'{k}={v}' for k, v in c['point'].items())} chosen by rsum on "
+                   f"{c['selected_on']}, not on {result['split']} ({grid}).")
+    for n in result.get("controls") or []:
+        out.append(f"{n} is a positive control: it is known to change the result, so a clear difference there "
+                   "shows the design can detect a change of that size.")
+    for n, r in (result.get("resolution") or {}).items():
+        verdict = ("this design resolves an effect of that size" if r["resolves"] else
+                   "this design CANNOT resolve an effect of that size")
+        out.append(f"{n} - {result['baseline']}: {r['source']} reports {r['paper']:+.1f} {r['metric']}; here "
+                   f"{r['observed']:+.1f} [{r['ci'][0]:+.1f}, {r['ci'][1]:+.1f}] (95% interval half-width "
+                   f"{r['half_width']:.1f}, minimal detectable {r['mde']:.1f}): {verdict}"
+                   + ("; the paper's value lies outside the interval." if r["excludes_paper"] else "."))
+    out += list(result.get("notes") or [])
+    return out
+
+
+def _subset_title(sub: str, info: dict[str, Any]) -> str:
+    return f"Restricted to {sub} ({info['n_images']} images as i2t queries, their {info['n_captions']} captions as t2i queries)"
+
+
 def _heads(study: Study) -> tuple[list[str], list[str]]:
-    return ([study.noun, "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum", "train s"],
+    return ([study.noun, "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum", "steps", "train s"],
             [study.noun, "rsum B - A [95% CI]", "p", "dir", "R@1 B - A [95% CI]", "median rank change [95% CI]",
              "won / lost / tied", "p"])
 
@@ -410,6 +558,12 @@ def format_table(study: Study, result: dict[str, Any]) -> str:
         lines += ["", f"Per query against {result['baseline']} (B - A: the {study.noun} minus {result['baseline']}):",
                   *table(phead, _paired_rows(result)),
                   *[w for note in _paired_notes(study, result) for w in textwrap.wrap(note, 116)]]
+    for sub, info in (result.get("paired_subsets") or {}).items():
+        lines += ["", _subset_title(sub, info) + ":", *table(phead, _paired_rows(result, info["paired"])),
+                  *[w for note in _paired_notes(study, result, info["paired"])[-1:] for w in textwrap.wrap(note, 116)]]
+    design = _design_notes(study, result)
+    if design:
+        lines += ["", *[w for note in design for w in textwrap.wrap(note, 116)]]
     lines += ["", f"runs: {result['experiment_dir']}"]
     return "\n".join(lines)
 
@@ -423,12 +577,21 @@ def format_markdown(study: Study, result: dict[str, Any], command: str | None = 
     out = [f"## {_title(study, result)}", ""]
     if command:
         out += ["```", command, "```", ""]
-    rows = [[f"{r[0]} ({study.labels[r[0]]})" if r[0] in study.labels else r[0], *r[1:]] for r in _rows(result)]
+    controls = set(result.get("controls") or [])
+    rows = [[(f"{r[0]} ({study.labels[r[0]]})" if r[0] in study.labels else r[0])
+             + (" - positive control" if r[0] in controls else ""), *r[1:]] for r in _rows(result)]
     out += md(head, rows)
     if result["paired"]:
         out += ["", f"Per query against **{result['baseline']}** (B - A: the {study.noun} minus "
                     f"{result['baseline']}):", "", *md(phead, _paired_rows(result)), "",
                 " ".join(_paired_notes(study, result)), ""]
+    for sub, info in (result.get("paired_subsets") or {}).items():
+        out += [f"{_subset_title(sub, info)}:", "", *md(phead, _paired_rows(result, info["paired"])), "",
+                _paired_notes(study, result, info["paired"])[-1], ""]
+    design = _design_notes(study, result)
+    if design:
+        out += ["Design:", "", *[f"- {d}" for d in design], ""]
+    if result["paired"]:
         for name, pr in result["paired"].items():
             for d, what in (("i2t", "images"), ("t2i", "captions")):
                 won = ", ".join(f"{q} ({v:+.1f})" for q, v in pr[d]["most_won"][:5]) or "none"
