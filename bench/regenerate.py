@@ -144,7 +144,8 @@ _SMOOTHAP_CV = [(0.01, 30, 20, 128, 2e-4), (0.01, 40, 30, 128, 2e-4), (0.01, 60,
 _INFONCE_CV = [(0.1, 30, 20, 128, 2e-4), (0.1, 40, 30, 128, 2e-4), (0.1, 60, 40, 128, 2e-4),
                (0.1, 100, 70, 128, 2e-4), (0.05, 60, 40, 128, 2e-4), (0.2, 60, 40, 128, 2e-4),
                (0.1, 60, 40, 128, 1e-3), (0.1, 60, 40, 32, 2e-4)]
-_VSEPP_CONFIGS = "vse0:minilm,vsepp:minilm,vse0:gru_glove,vsepp:gru_glove,vse0:gru,vsepp:gru,vse0:minilm_ft,vsepp:minilm_ft"
+_VSEPP_CONFIGS = ("vse0:minilm,vsepp:minilm,vse0:gru_glove,vsepp:gru_glove,vse0:gru,vsepp:gru,vse0:minilm_ft,"
+                  "vsepp:minilm_ft")
 _VSEPP_CV = [(6, 4), (8, 6), (10, 7), (12, 8), (15, 10), (20, 15), (30, 15)]
 
 ENTRIES: tuple[Entry, ...] = (
@@ -427,7 +428,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
         if not out.is_file():
             raise CrossViewError(f"{entry.name}: step {i} wrote no {out}; its command does not support --out")
         header, body = _stamp.parse_header(out.read_text(encoding="utf-8"), out)
-        data += [_clean(d, work, {}) for d in header.get("data", [])] if header else _experiment_data(argv)
+        data += [_clean(d, work, {}) for d in (header.get("data", []) if header else _experiment_data(argv))]
         parts.append((commands[-1], _clean(body, work, {str(out): final} if single else {}).strip("\n")))
     if len(parts) == 1:
         body = parts[0][1]
@@ -443,7 +444,8 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
     uses_work = any("$WORK" in c for c in commands)
     text = _stamp.format_header(entry.path, commands=commands, data=list(dict.fromkeys(data)), commit=commit,
                                 notes=notes, regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",
-                                work=f"$WORK = {work} (scratch: run folders, intermediate files)" if uses_work else None)
+                                work=f"$WORK = {work} (scratch: run folders, intermediate files)" if uses_work
+                                else None)
     return _stamp.atomic_write_bytes(entry.path, (text + body + "\n").encode("utf-8"))
 
 
