@@ -182,3 +182,18 @@ def test_paths_in_bodies_and_commands_read_from_the_repository_root(tmp_path):
         "$WORK/f8-cca/checkpoint.pt; ../shared/data/x.json; bench/results/a.txt; bench/results/b.md"
     assert R.shown([sys.executable, "bench/x.py", str(work / "a b"), "it's"], work).split(" ", 1)[1] == \
         "bench/x.py \"$WORK/a b\" 'it'\"'\"'s'"
+
+
+def test_every_crossview_step_parses_with_todays_command_line():
+    from crossview.cli import build_parser
+
+    parser = build_parser()
+    for e in R.ENTRIES:
+        for s in e.steps:
+            if s.is_script:
+                continue
+            argv = [R._expand(a, Path("/tmp/w")) for a in s.argv[1:]]
+            try:
+                parser.parse_args(argv + (["--out", "/tmp/w/x.md"] if s.is_experiment else []))
+            except SystemExit:
+                pytest.fail(f"{e.name}: 'crossview {' '.join(argv)}' no longer parses")
