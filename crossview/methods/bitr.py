@@ -344,7 +344,9 @@ class Bitr(Method):
         return "cca" if self.representation == "features" else "pca"
 
     def _fit_preprocessing(self, train: MethodData, text: np.ndarray) -> None:
-        self.pca_, self.norm_, self.domain_ = {}, {}, {}
+        """Fit what :meth:`_prep` applies, on the training rows only: the CCA or PCA of each view (``pca_``),
+        the training mean of a view that gets neither (``center_``), the normalisation and output domain."""
+        self.pca_, self.norm_, self.domain_, self.center_ = {}, {}, {}, {}
         cca = None
         if self._reduction() == "cca" and self.cca_dim:
             # Both views projected on the top canonical directions of the training pairs (one pair per
@@ -374,17 +376,29 @@ class Bitr(Method):
                 norm = self.normalize
             self.norm_[mod] = norm
             self.domain_[mod] = "simplex" if norm == "l1" else "sphere"
+            # PCA and CCA subtract their mean; a view that gets neither (narrower than pca_dim, e.g. GloVe-50
+            # captions) would be put on the sphere around the origin, where rows that share a large common
+            # direction all have cosines near 1 and a few captions top every list (issue 28: one caption in
+            # 31 of 100 top-5 lists). Centred first, the cosine compares what differs between rows. Not for
+            # l1: the simplex needs the non-negative distributions as they are.
+            self.center_[mod] = (np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
+                                 if pca is None and norm == "l2" and len(a) else None)
 
     def _prep(self, a: np.ndarray, mod: str) -> np.ndarray:
-        """Features of modality ``mod`` as the model sees them: PCA (if fitted) then normalised."""
+        """Features of modality ``mod`` as the model sees them: PCA / CCA (if fitted), else minus the training
+        mean (if fitted: checkpoints from before the centring have none), then normalised."""
         a = np.asarray(a, dtype=np.float32)
         pca = self.pca_[mod]
+        center = getattr(self, "center_", {}).get(mod)
+        fitted = pca["components"] if pca is not None else center
+        d = None if fitted is None else fitted.shape[-1]
+        if d is not None and a.ndim == 2 and a.shape[1] != d:
+            raise CrossViewError(f"BITR: the model was trained on {d}-d {mod} features, these are "
+                                 f"{a.shape[1]}-d; use the same {mod} encoder as for training")
         if pca is not None:
-            d = pca["components"].shape[1]
-            if a.shape[1] != d:
-                raise CrossViewError(f"BITR: the model was trained on {d}-d {mod} features, these are "
-                                     f"{a.shape[1]}-d; use the same {mod} encoder as for training")
             a = (a - pca["mean"]) @ pca["components"].T
+        elif center is not None:
+            a = a - center
         return normalize_rows(a, self.norm_[mod], what=f"{mod} features")
 
     # ------------------------------------------------------------------ training
@@ -573,3 +587,11 @@ class Bitr(Method):
             state["progress_"]["trainer"] = tr.state_dict()
         d["state"] = state
         return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> "Bitr":
+        """:meth:`Method.load_state_dict`; a state saved before the centring (no ``center_``) keeps its
+        rows uncentred, as its W was learned on them, also when this object was fitted before."""
+        super().load_state_dict(d)
+        if "center_" not in (d.get("state") or {}):
+            vars(self).pop("center_", None)
+        return self
