@@ -212,8 +212,10 @@ def _study_command(args: argparse.Namespace, exp_dir: Path, name: str, chosen: s
     """The command that reproduces a study (loss-compare, webly-ablation), for its Markdown report."""
     parts = ["crossview", "experiment", name, "--data", str(args.data)]
     for flag, v in (("--format", args.format), ("--image-root", args.image_root), ("--split", args.split),
-                    ("--web", getattr(args, "web", None)), ("--image-encoder", args.image_encoder),
-                    ("--text-encoder", args.text_encoder)):
+                    ("--web", getattr(args, "web", None)), ("--held-out", getattr(args, "held_out", None)),
+                    ("--n-concepts", getattr(args, "n_concepts", None) if getattr(args, "held_out", None) == "auto"
+                     else None),
+                    ("--image-encoder", args.image_encoder), ("--text-encoder", args.text_encoder)):
         if v:
             parts += [flag, str(v)]
     parts += [chosen, getattr(args, chosen[2:]), "--seeds", str(args.seeds)]
@@ -231,9 +233,10 @@ def _study_command(args: argparse.Namespace, exp_dir: Path, name: str, chosen: s
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _run_study_command(args: argparse.Namespace, study: Any, chosen: str) -> int:
+def _run_study_command(args: argparse.Namespace, study: Any, chosen: str, runner: Any = None) -> int:
     """Load the dataset, run the study's trials (progress on stderr), write results.md / results.json into the
-    experiment folder and print the table (or --json)."""
+    experiment folder and print the table (or --json). ``runner`` (default
+    :func:`crossview.experiments.variants.run_study` with ``study``) takes the dataset and run_study's keywords."""
     from crossview.core.events import Finished
     from crossview.core.io import atomic_write_json
     from crossview.data import load_dataset
@@ -261,10 +264,11 @@ def _run_study_command(args: argparse.Namespace, study: Any, chosen: str) -> int
     printer = EventPrinter(prefix="experiment: ")
     result = None
     try:
-        for ev in V.run_study(study, ds, variants=names, seeds=args.seeds, epochs=args.epochs, params=params,
-                              split=args.split, out=exp_dir, device=args.device,
-                              image_encoder=args.image_encoder, text_encoder=args.text_encoder,
-                              budget=budget, choose=not args.no_choose, folds=args.folds):
+        run = runner or (lambda data, **kw: V.run_study(study, data, **kw))
+        for ev in run(ds, variants=names, seeds=args.seeds, epochs=args.epochs, params=params,
+                      split=args.split, out=exp_dir, device=args.device,
+                      image_encoder=args.image_encoder, text_encoder=args.text_encoder,
+                      budget=budget, choose=not args.no_choose, folds=args.folds):
             if isinstance(ev, Finished):
                 result = ev.summary
             else:
@@ -294,11 +298,21 @@ def cmd_loss_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_webly_ablation(args: argparse.Namespace) -> int:
-    from crossview.experiments.webly_ablation import study_for
+    from crossview.experiments.webly_ablation import DEFAULT_VARIANTS, STUDY, run_webly_ablation, study_for
 
-    web = args.web or ("demo" if str(args.data) == "demo" else "")
+    if args.web and args.held_out:
+        raise CrossViewError("give either --web (a web set) or --held-out (the held-out-concepts design), not both")
+    web = args.web or ("demo" if str(args.data) == "demo" and not args.held_out else "")
     args.web = web
-    return _run_study_command(args, study_for(web), "--variants")
+    if not args.variants:
+        args.variants = ",".join((*DEFAULT_VARIANTS, "half-train" if web else "oracle"))
+    held = None if web else (args.held_out or "auto")
+    args.held_out = held
+
+    def runner(data: Any, **kw: Any) -> Any:
+        return run_webly_ablation(data, web=web or None, held_out=held, n_concepts=args.n_concepts, **kw)
+
+    return _run_study_command(args, study_for(web) if web else STUDY, "--variants", runner)
 
 
 def cmd_timam_ablation(args: argparse.Namespace) -> int:
@@ -465,26 +479,39 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = esub.add_parser(
         "webly-ablation", help="paper 003: which parts of webly supervised training carry its gain",
-        description="Paper 003's ablations: method webly on the same features and web set, once per seed, as "
-                    "full (Stage I, then Stage II on the web set with the curriculum: the baseline), no-stage2 "
-                    "(Stage I only: does the web data help?), no-curriculum (Stage II over the whole web set at "
-                    "once), no-lit (no image-tag loss in Stage I), sentence-tags (no tag branch: the sentence "
-                    "branch reads the tags as a string) and sentence-only (no tags, no web data: the VSE model "
-                    "alone). Evaluates on the test split (val then chooses each run's epoch), else on val (the "
-                    "last epoch kept); prints R@1/5/10 both ways and rsum, mean and spread over the seeds, and a "
-                    "paired comparison per query against full (won / lost / tied, sign and Wilcoxon tests). "
-                    "Every (variant, seed) is an ordinary run folder in --exp-dir (listed in the app); the same "
-                    "--exp-dir again reads finished runs back and resumes an interrupted one. Writes results.md "
-                    "and results.json into --exp-dir.")
+        description="Paper 003's ablations: method webly on the same features, once per seed, as full (Stage I, "
+                    "then Stage II on the web set with the curriculum: the baseline), no-stage2 (Stage I only: does "
+                    "the web data help?), no-curriculum (Stage II over the whole web set at once), no-lit (no "
+                    "image-tag loss in Stage I), sentence-tags (no tag branch: the sentence branch reads the tags as "
+                    "a string), sentence-only (no tags, no web data: the VSE model alone) and a positive control. "
+                    "Without --web (the default on a dataset of image files): held-out concepts: a few frequent "
+                    "nouns of the training captions are held out (--held-out auto, or name them), every training "
+                    "image that names one leaves the clean training set and becomes the web set with noisy tags, "
+                    "Stage II gets about as many optimiser steps as Stage I, and the positive control oracle trains "
+                    "Stage I on every training image with its captions; the table also compares the variants on "
+                    "the evaluation queries that name a held-out concept. With --web W: the ablations on a given "
+                    "web set, the positive control half-train (full on half the training images). Evaluates on the "
+                    "test split (val then chooses each run's epoch), else on val (the last epoch kept); prints "
+                    "R@1/5/10 both ways, rsum and steps, mean and spread over the seeds, and the paired effect "
+                    "against full (seeds averaged per query, bootstrap over the images, 95% intervals, the minimal "
+                    "detectable difference). Every (variant, seed) is an ordinary run folder in --exp-dir (listed "
+                    "in the app); the same --exp-dir again reads finished runs back and resumes an interrupted "
+                    "one. Writes results.md and results.json into --exp-dir.")
     p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
     _add_dataset_args(p)
     p.add_argument("--web", metavar="PATH|demo",
-                   help="the web image-tag set of Stage II (a webtags collection; 'crossview data make-web D --out "
-                        "DIR' builds one from D's own training images); default with --data demo: the demo's")
-    p.add_argument("--variants", default=",".join(["full", "no-stage2", "no-curriculum", "no-lit", "sentence-tags",
-                                                   "sentence-only"]),
-                   help="comma-separated: full, no-stage2, no-curriculum, no-lit, sentence-tags, sentence-only "
-                        "(default: all)")
+                   help="a web image-tag set for Stage II (a webtags collection; 'crossview data make-web D --out "
+                        "DIR' builds one from D's own training images); default with --data demo: the demo's; "
+                        "otherwise the held-out-concepts design")
+    p.add_argument("--held-out", metavar="auto|NOUN,NOUN",
+                   help="the held-out-concepts design (the default without --web): auto (the --n-concepts most "
+                        "frequent caption nouns that each name at most 12%% of the training images) or the nouns")
+    p.add_argument("--n-concepts", type=int, default=3, metavar="N",
+                   help="concepts held out by --held-out auto (default 3)")
+    p.add_argument("--variants",
+                   help="comma-separated: full, no-stage2, no-curriculum, no-lit, sentence-tags, sentence-only, "
+                        "oracle (held-out design), half-train (with --web) (default: the six ablations and the "
+                        "design's positive control)")
     _add_study_args(p, "variant", "no-curriculum.stage2_lr=1e-4")
     p.set_defaults(func=cmd_webly_ablation)
 

@@ -219,7 +219,9 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
               should_stop: Callable[[], bool] | None = None, budget: Any = None, choose: bool = True,
               folds: int | None = None, train_splits: dict[str, str] | None = None,
               derived_splits: dict[str, Any] | None = None,
-              subsets: dict[str, Any] | None = None, notes: Sequence[str] = ()) -> Iterator[Event]:
+              subsets: dict[str, Any] | None = None, notes: Sequence[str] = (),
+              prepare: Callable[[Path], Iterator[Event]] | None = None,
+              prepared_params: tuple[str, ...] = ()) -> Iterator[Event]:
     """Train every variant with every seed and compare them (see the module docstring). ``params``:
     ``{"*": {...}, "<variant>": {...}}`` (every variant; one). ``budget``
     (:class:`crossview.experiments.budget.Budget` or its text, e.g. ``"20x128"``) gives every variant the same
@@ -228,6 +230,9 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     ``train_splits`` (variant -> split) and ``derived_splits`` (recorded in every run) let variants train on
     different parts of the data; ``subsets`` (name -> dataset image indices of the evaluation split) adds a paired
     comparison restricted to those images (i2t) and their captions (t2i). ``notes`` are lines for the report.
+    ``prepare(folder)`` (a generator of events) makes what the runs read inside the experiment folder (a web set)
+    once the folder is there, before any run; it must do nothing when that is there already. Parameters named in
+    ``prepared_params`` point at what ``prepare`` makes: they are checked after it, the others before anything.
     Yields events; the last is ``Finished(summary=result)`` with ``{"experiment", "dataset", "split",
     "selection", "variants", "seeds", "baseline", "results": {name: {"i2t", "t2i", "rsum", "train_seconds",
     "steps"}}, "std": {...}, "per_seed": {...}, "paired": {name: ...}, "paired_subsets": {subset: {name: ...}},
@@ -265,7 +270,7 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
             per[n] = {**per[n], **budget.params_for(study.variants[n][0], n_caps / max(len(tr), 1)),
                       **study.variants[n][1]}
     for n, p in per.items():                # bad names and values fail now, before any training
-        create_method(study.variants[n][0], **p).check_params()
+        create_method(study.variants[n][0], **{k: v for k, v in p.items() if k not in prepared_params}).check_params()
     if split is None:
         split = "test" if "test" in splits else "val" if "val" in splits else None
         if split is None:
@@ -292,6 +297,10 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     stop = should_stop or (lambda: False)
     yield Log(f"{study.title} on {dataset.name}: {', '.join(names)} x {seeds} seed(s), evaluated on {split} "
               f"({selection}); runs in {folder}" + (" (continuing: finished runs are read back)" if old else ""))
+    if prepare is not None:
+        yield from prepare(folder)
+        for n, p in per.items():
+            create_method(study.variants[n][0], **p).check_params()
     if budget is not None:
         yield Log(f"budget of every {study.noun}: {budget.describe()}")
     chosen: dict[str, dict[str, Any]] = {}
