@@ -18,6 +18,7 @@ from crossview.eval.hubness import describe_hubness, hubness, hubness_of_embeddi
 from crossview.methods._bitr_losses import normalize_rows
 from crossview.methods.base import Method
 from crossview.methods.bitr import Bitr
+from crossview.methods.wsabie import Wsabie
 
 
 class UncentredBitr(Bitr):
@@ -200,3 +201,49 @@ def test_inspect_shows_the_hubness_line(qtbot, tmp_path: Path) -> None:
     assert not panel.hubness_label.isHidden()
     panel.set_run(None)
     assert panel.hubness_label.isHidden()
+
+
+class UncentredWsabie(Wsabie):
+    """WSABIE as it was before the centring."""
+
+    name = "wsabie"
+
+    def _fit_centring(self, train: MethodData) -> None:
+        super()._fit_centring(train)
+        self.center_ = {mod: None for mod in self.center_}
+
+
+def _wsabie(cls: type, train: MethodData) -> Wsabie:
+    return cls(dim=32, max_epochs=10, batch_size=32, patience=0, lr_decay_epoch=0, device="cpu", seed=0).fit(train)
+
+
+def test_wsabie_centres_its_l2_rows_and_keeps_the_mean(offset_pair, tmp_path: Path) -> None:
+    train, test = offset_pair
+    before, after = _wsabie(UncentredWsabie, train), _wsabie(Wsabie, train)
+    np.testing.assert_allclose(after.center_["text"], train.text_features.mean(axis=0), rtol=1e-5, atol=1e-5)
+
+    def figures(m: Wsabie) -> tuple[float, float, float]:
+        i2t = hubness_of_embeddings(m.encode_images(test), m.encode_texts(test))
+        t2i = hubness_of_embeddings(m.encode_texts(test), m.encode_images(test))
+        return i2t.top5_share, t2i.top5_share, m.evaluate(test)["rsum"]
+
+    b, a = figures(before), figures(after)
+    assert a[1] < b[1] - 0.1 and a[0] <= b[0]               # t2i top-5 share 0.475 -> 0.283
+    assert a[2] > b[2] + 20                                  # rsum 237 -> 274
+    back = Method.load(after.save(tmp_path / "wsabie.pt"))
+    np.testing.assert_array_equal(back.center_["text"], after.center_["text"])
+    np.testing.assert_allclose(back.scores(test), after.scores(test), rtol=1e-6, atol=1e-6)
+    old = after.state_dict()
+    del old["state"]["center_"]                              # a checkpoint from before the centring
+    loaded = Wsabie().load_state_dict(old)
+    assert not hasattr(loaded, "center_")
+    V = after.V_
+    V = np.asarray(V.detach().cpu().numpy() if hasattr(V, "detach") else V, dtype=np.float32)
+    x = normalize_rows(test.image_features, "l2")            # the rows as the old model saw them
+    np.testing.assert_allclose(loaded.encode_images(test), x @ V.T, rtol=1e-5, atol=1e-6)
+    # normalize="none" keeps the features as given
+    assert _wsabie_none(train).center_ == {"image": None, "text": None}
+
+
+def _wsabie_none(train: MethodData) -> Wsabie:
+    return Wsabie(dim=8, max_epochs=1, normalize="none", device="cpu", seed=0).fit(train)
