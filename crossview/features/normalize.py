@@ -15,6 +15,13 @@ accuracy on real photos (``bench/results/defaults_flickr8k.md``). The choices:
 ``center`` and ``whiten`` learn from the training split only, so no test row leaks into them; their state
 (mean, projection) is saved in the run's checkpoint, and queries (new image files, typed sentences) get the
 very same transform. The feature cache keeps the raw features: normalising is cheap and applied after it.
+
+``l2`` and ``ssr`` do not centre, and stay so: they are per-row maps with no training state (which is what
+keeps a query's transform and its explanation exact), and a run's method sees them before its own
+preprocessing. The methods whose cosine assumes centred rows centre on their training rows themselves: CCA,
+BITR for a view that gets no PCA / CCA, and WSABIE (uncentred rows that share a large common direction, such
+as pooled CNN features >= 0 or averaged GloVe vectors, have cosines near 1 and make hubs: issue 28,
+``bench/hubness_centring.py``). ``center`` / ``whiten`` centre for any method.
 """
 
 from __future__ import annotations

@@ -82,6 +82,9 @@ class SVM(LabelMethod):
     ``n_not_converged_``.
     """
 
+    # Not centred before the L2 (unlike BITR and WSABIE): a linear SVM with an intercept scores
+    # w . (x - m) + b = w . x + b' whatever the common mean m, and each label's column is ranked on its own
+    # scale, so the shared direction of uncentred rows cannot make a hub the way it does in a cosine.
     iterative = False
     validation_note = ("The one-vs-rest SVMs are fitted once (C by cross-validation on the training split when "
                        "c_grid is set, with each C's score in the log); val P@K and mAP are reported after fitting.")
