@@ -200,6 +200,33 @@ def test_cross_validation_picks_the_best_c_of_the_grid() -> None:
     assert any(isinstance(e, Log) and "cross-validation picks" in e.message for e in events)
 
 
+@pytest.mark.parametrize("reduce", ["cca", "pca"])
+def test_cross_validation_refits_the_preprocessing_inside_each_fold(monkeypatch, reduce) -> None:
+    """Issue 28: the CCA (learnt from the pairs) that C is chosen in is fitted on each fold's training rows, never
+    on the held-out fold that scores C; the final model's preprocessing is fitted on all training rows."""
+    import crossview.methods.bitr as B
+
+    data = _synthetic(n_img=36, p=8, q=7)
+    fitted: list[tuple[int, int, bytes]] = []
+    real = B.fit_preprocessing
+
+    def spy(image, text, caption_image, **kw):
+        fitted.append((len(image), len(text), np.asarray(image, dtype=np.float32).tobytes()))
+        return real(image, text, caption_image, **kw)
+
+    monkeypatch.setattr(B, "fit_preprocessing", spy)
+    m = create_method("bitr", device="cpu", c_grid="0.1,10", cv_folds=3, reduce=reduce, cca_dim=4, pca_dim=4)
+    m.fit(data)
+    folds = B.cv_folds(36, 3, 0)
+    assert fitted[0][:2] == (36, 72), "the final model: every training row"
+    per_fold = fitted[1:]
+    assert len(per_fold) == 2 * 3, "one fit per fold and direction"
+    for (n_img, n_cap, rows), (f, d) in zip(per_fold, [(f, d) for d in ("i2t", "t2i") for f in range(3)]):
+        tr, te = folds[f]
+        assert (n_img, n_cap) == (len(tr), 2 * len(tr))
+        assert rows == data.image_features[tr].astype(np.float32).tobytes(), "only the fold's training images"
+
+
 def test_cross_validation_in_worker_processes_matches_in_process() -> None:
     data = _synthetic(n_img=30, seed=1)
     one = create_method("bitr", device="cpu", c_grid=[0.1, 100.0], cv_folds=2).fit(data)

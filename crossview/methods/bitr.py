@@ -118,6 +118,87 @@ def _pca_fit_inner(a: np.ndarray, dim: int) -> dict[str, np.ndarray]:
     return {"mean": mean.astype(np.float32), "components": (comps * signs[:, None]).astype(np.float32)}
 
 
+#: paper 001's CTR step when BITR does it itself (``representation="ctr"``): a CCA of the training pairs over all
+#: the topic dimensions, unweighted, with CTR's ridge (:func:`crossview.features.topics.representation_features`)
+CTR_REG = 0.1
+
+
+def fit_preprocessing(image: np.ndarray, text: np.ndarray, caption_image: np.ndarray, *, reduction: str,
+                      cca_dim: int, pca_dim: int, normalize: str, loss: str) -> dict[str, dict[str, Any]]:
+    """What BITR does to its input features before the structured SVM, fitted on these training rows only:
+    ``{"pca": {mod: {"mean", "components"} | None}, "norm": {mod: "l2" | "l1" | "none"}, "domain": {mod: "sphere" |
+    "simplex"}, "center": {mod: (d,) | None}}`` for ``mod`` in image / text.
+
+    ``image (n_images, p)``, ``text (n_captions, q)`` and ``caption_image (n_captions,)`` are the training split;
+    ``reduction`` is ``"cca"`` (both views on the top ``cca_dim`` canonical directions of the pairs, weighted by
+    corr ** 0.5), ``"ctr"`` (paper 001's CTR: the CCA over all dimensions, unweighted), or ``"pca"`` (each view
+    wider than ``pca_dim`` by its own PCA). The CCAs learn from the pairs, so the cross-validation of C refits
+    this function inside every fold on the fold's training rows (:func:`_cv_job`)."""
+    pca_of: dict[str, Any] = {}
+    cca = None
+    if reduction in ("cca", "ctr") and (cca_dim or reduction == "ctr"):
+        # One training pair per caption (images repeated), as the CCA method does. "cca": dimension k weighted
+        # by corr_k ** 0.5, CCA's own best setting on real photos (bench/results/defaults_flickr8k.md); the
+        # structured SVM then learns W on top of that space.
+        from crossview.core.linalg import fit_cca
+
+        X = np.asarray(image, dtype=np.float32)[np.asarray(caption_image)]
+        Y = np.asarray(text, dtype=np.float32)
+        if reduction == "ctr":
+            res = fit_cca(X, Y, int(min(X.shape[1], Y.shape[1])), CTR_REG)
+            w = np.ones_like(np.asarray(res.correlations, dtype=np.float64))
+        else:
+            res = fit_cca(X, Y, int(cca_dim), CCA_REG)
+            w = np.power(np.maximum(res.correlations, 0), CCA_WEIGHT_POWER)
+        cca = {"image": {"mean": res.x_mean.astype(np.float32), "components": (res.x_proj * w).T.astype(np.float32)},
+               "text": {"mean": res.y_mean.astype(np.float32), "components": (res.y_proj * w).T.astype(np.float32)}}
+    state: dict[str, dict[str, Any]] = {"pca": {}, "norm": {}, "domain": {}, "center": {}}
+    for mod, a in (("image", image), ("text", text)):
+        a = np.asarray(a)
+        pca = None
+        if cca is not None:
+            pca = cca[mod]
+        elif pca_dim and a.shape[1] > pca_dim:
+            pca = _pca_fit(a, int(pca_dim))
+        pca_of[mod] = pca
+        if normalize == "paper":
+            # the paper: L1 for the M loss on topic features (probability distributions), L2 otherwise
+            is_dist = pca is None and a.size and a.min() >= 0 and np.allclose(a.sum(axis=1), 1.0, atol=1e-3)
+            norm = "l1" if (_check_loss(loss) == "M" and is_dist) else "l2"
+        else:
+            norm = normalize
+        state["pca"][mod] = pca
+        state["norm"][mod] = norm
+        state["domain"][mod] = "simplex" if norm == "l1" else "sphere"
+        # PCA and CCA subtract their mean; a view that gets neither (narrower than pca_dim, e.g. GloVe-50
+        # captions) would be put on the sphere around the origin, where rows that share a large common
+        # direction all have cosines near 1 and a few captions top every list (issue 28: one caption in
+        # 31 of 100 top-5 lists). Centred first, the cosine compares what differs between rows. Not for
+        # l1: the simplex needs the non-negative distributions as they are.
+        state["center"][mod] = (np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
+                                if pca is None and norm == "l2" and len(a) else None)
+    return state
+
+
+def apply_preprocessing(state: dict[str, dict[str, Any]], a: np.ndarray, mod: str) -> np.ndarray:
+    """Features of modality ``mod`` as the model sees them (:func:`fit_preprocessing`'s ``state``): PCA / CCA
+    (if fitted), else minus the training mean (if fitted: checkpoints from before the centring have none), then
+    normalised. ``(n, d) -> (n, d') float32``."""
+    a = np.asarray(a, dtype=np.float32)
+    pca = state["pca"].get(mod)
+    center = (state.get("center") or {}).get(mod)
+    fitted = pca["components"] if pca is not None else center
+    d = None if fitted is None else fitted.shape[-1]
+    if d is not None and a.ndim == 2 and a.shape[1] != d:
+        raise CrossViewError(f"BITR: the model was trained on {d}-d {mod} features, these are "
+                             f"{a.shape[1]}-d; use the same {mod} encoder as for training")
+    if pca is not None:
+        a = (a - pca["mean"]) @ pca["components"].T
+    elif center is not None:
+        a = a - center
+    return normalize_rows(a, state["norm"][mod], what=f"{mod} features")
+
+
 def _resolve_device(device: str) -> torch.device:
     from crossview.core.devices import torch_device  # auto | cpu | cuda[:n] | mps, checked
 
@@ -161,12 +242,17 @@ def _cv_job(job: dict[str, Any]):
     te_mask = np.isin(ci, te_img)
     remap = np.full(img.shape[0], -1, dtype=np.int64)
     remap[tr_img] = np.arange(len(tr_img))
-    prob = _direction_problem(d, img[tr_img], txt[tr_mask], remap[ci[tr_mask]], job["outputs"],
-                              job["max_candidates"], job["seed"])
+    tr_ci = remap[ci[tr_mask]]
     remap_te = np.full(img.shape[0], -1, dtype=np.int64)
     remap_te[te_img] = np.arange(len(te_img))
     te_ci = remap_te[ci[te_mask]]
-    img_te, txt_te = img[te_img], txt[te_mask]
+    # the raw features: the preprocessing (its CCA learns from pairs) is fitted on this fold's training rows
+    # only, so the held-out fold that scores C never shaped the space C is chosen in
+    prep = fit_preprocessing(img[tr_img], txt[tr_mask], tr_ci, **job["prep"])
+    img_tr, txt_tr = apply_preprocessing(prep, img[tr_img], "image"), apply_preprocessing(prep, txt[tr_mask], "text")
+    img_te, txt_te = apply_preprocessing(prep, img[te_img], "image"), apply_preprocessing(prep, txt[te_mask], "text")
+    prob = _direction_problem(d, img_tr, txt_tr, tr_ci, job["outputs"], job["max_candidates"], job["seed"])
+    job = {**job, "trainer": {**job["trainer"], "domain": prep["domain"]["text" if d == "i2t" else "image"]}}
     trainer = None
     results: dict[float, dict[str, float]] = {}
     for C in job["c_grid"]:
@@ -326,8 +412,9 @@ class Bitr(Method):
         self._check_params()
         if self.representation == "features":
             return None
-        return {"name": self.representation, "n_topics": int(self.n_topics), "n_words": int(self.n_words),
-                "seed": int(self.seed)}
+        # CTR is TR followed by a CCA of the training pairs: BITR fits that CCA itself (reduction "ctr"), so the
+        # cross-validation of C can refit it inside each fold instead of choosing C on a CCA that saw every fold
+        return {"name": "tr", "n_topics": int(self.n_topics), "n_words": int(self.n_words), "seed": int(self.seed)}
 
     def _trainer_kwargs(self, device: torch.device) -> dict[str, Any]:
         return {"loss": self.loss, "epsilon": float(self.epsilon), "max_iter": int(self.max_iter),
@@ -337,69 +424,30 @@ class Bitr(Method):
 
     # ------------------------------------------------------------------ features
     def _reduction(self) -> str:
-        """``"cca"`` or ``"pca"``: ``reduce="auto"`` is CCA on the run's encoder features, PCA (the paper's)
-        on the TR / CTR topic representations."""
+        """``"cca"``, ``"pca"`` or ``"ctr"``: ``reduce="auto"`` is CCA on the run's encoder features, PCA (the
+        paper's) on TR; ``representation="ctr"`` is TR with paper 001's CTR step done here (:data:`CTR_REG`),
+        so that the cross-validation of C refits that CCA inside each fold."""
+        if self.representation == "ctr":
+            return "ctr"
         if self.reduce != "auto":
             return self.reduce
         return "cca" if self.representation == "features" else "pca"
 
-    def _fit_preprocessing(self, train: MethodData, text: np.ndarray) -> None:
-        """Fit what :meth:`_prep` applies, on the training rows only: the CCA or PCA of each view (``pca_``),
-        the training mean of a view that gets neither (``center_``), the normalisation and output domain."""
-        self.pca_, self.norm_, self.domain_, self.center_ = {}, {}, {}, {}
-        cca = None
-        if self._reduction() == "cca" and self.cca_dim:
-            # Both views projected on the top canonical directions of the training pairs (one pair per
-            # caption), dimension k weighted by corr_k ** 0.5: CCA's own best setting on real photos
-            # (bench/results/defaults_flickr8k.md). The structured SVM then learns W on top of that space.
-            from crossview.core.linalg import fit_cca
+    def _preprocessing_settings(self) -> dict[str, Any]:
+        return {"reduction": self._reduction(), "cca_dim": int(self.cca_dim), "pca_dim": int(self.pca_dim),
+                "normalize": self.normalize, "loss": self.loss}
 
-            X = np.asarray(train.image_features, dtype=np.float32)[np.asarray(train.caption_image)]
-            res = fit_cca(X, np.asarray(text, dtype=np.float32), int(self.cca_dim), CCA_REG)
-            w = np.power(np.maximum(res.correlations, 0), CCA_WEIGHT_POWER)
-            cca = {"image": {"mean": res.x_mean.astype(np.float32),
-                             "components": (res.x_proj * w).T.astype(np.float32)},
-                   "text": {"mean": res.y_mean.astype(np.float32),
-                            "components": (res.y_proj * w).T.astype(np.float32)}}
-        for mod, a in (("image", train.image_features), ("text", text)):
-            pca = None
-            if cca is not None:
-                pca = cca[mod]
-            elif self.pca_dim and a.shape[1] > self.pca_dim:
-                pca = _pca_fit(a, int(self.pca_dim))
-            self.pca_[mod] = pca
-            if self.normalize == "paper":
-                # the paper: L1 for the M loss on topic features (probability distributions), L2 otherwise
-                is_dist = pca is None and a.size and a.min() >= 0 and np.allclose(a.sum(axis=1), 1.0, atol=1e-3)
-                norm = "l1" if (_check_loss(self.loss) == "M" and is_dist) else "l2"
-            else:
-                norm = self.normalize
-            self.norm_[mod] = norm
-            self.domain_[mod] = "simplex" if norm == "l1" else "sphere"
-            # PCA and CCA subtract their mean; a view that gets neither (narrower than pca_dim, e.g. GloVe-50
-            # captions) would be put on the sphere around the origin, where rows that share a large common
-            # direction all have cosines near 1 and a few captions top every list (issue 28: one caption in
-            # 31 of 100 top-5 lists). Centred first, the cosine compares what differs between rows. Not for
-            # l1: the simplex needs the non-negative distributions as they are.
-            self.center_[mod] = (np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
-                                 if pca is None and norm == "l2" and len(a) else None)
+    def _fit_preprocessing(self, train: MethodData, text: np.ndarray) -> None:
+        """Fit what :meth:`_prep` applies on the training rows only (:func:`fit_preprocessing`): the CCA or PCA
+        of each view (``pca_``), the training mean of a view that gets neither (``center_``), the normalisation
+        and output domain."""
+        st = fit_preprocessing(train.image_features, text, train.caption_image, **self._preprocessing_settings())
+        self.pca_, self.norm_, self.domain_, self.center_ = st["pca"], st["norm"], st["domain"], st["center"]
 
     def _prep(self, a: np.ndarray, mod: str) -> np.ndarray:
-        """Features of modality ``mod`` as the model sees them: PCA / CCA (if fitted), else minus the training
-        mean (if fitted: checkpoints from before the centring have none), then normalised."""
-        a = np.asarray(a, dtype=np.float32)
-        pca = self.pca_[mod]
-        center = getattr(self, "center_", {}).get(mod)
-        fitted = pca["components"] if pca is not None else center
-        d = None if fitted is None else fitted.shape[-1]
-        if d is not None and a.ndim == 2 and a.shape[1] != d:
-            raise CrossViewError(f"BITR: the model was trained on {d}-d {mod} features, these are "
-                                 f"{a.shape[1]}-d; use the same {mod} encoder as for training")
-        if pca is not None:
-            a = (a - pca["mean"]) @ pca["components"].T
-        elif center is not None:
-            a = a - center
-        return normalize_rows(a, self.norm_[mod], what=f"{mod} features")
+        """Features of modality ``mod`` as the model sees them (:func:`apply_preprocessing`)."""
+        return apply_preprocessing({"pca": self.pca_, "norm": self.norm_, "center": getattr(self, "center_", {})},
+                                   a, mod)
 
     # ------------------------------------------------------------------ training
     def fit_iter(self, train: MethodData, val: MethodData | None = None, *, resume: bool = False):
@@ -442,7 +490,8 @@ class Bitr(Method):
                       f"({self.norm_['text']}), device {dev}", "info")
 
         if prog["phase"] == "cv":
-            yield from self._cross_validate(grid, img, txt, ci, dev)
+            yield from self._cross_validate(grid, np.asarray(train.image_features, dtype=np.float32),
+                                            np.asarray(text, dtype=np.float32), ci, dev)
             prog["phase"] = "train"
         for di, d in enumerate(("i2t", "t2i")):
             if d in self.W_:
@@ -484,6 +533,8 @@ class Bitr(Method):
 
     def _cross_validate(self, grid: tuple[float, ...], img: np.ndarray, txt: np.ndarray, ci: np.ndarray,
                         dev: torch.device):
+        """Choose C per direction by k-fold cross-validation of the training images. ``img`` / ``txt`` are the
+        raw training features: each fold fits the preprocessing on its own training rows (:func:`_cv_job`)."""
         from crossview.core.events import Log, Loss, Progress
 
         k = int(self.cv_folds)
@@ -503,10 +554,11 @@ class Bitr(Method):
                 jobs.append({"key": key, "direction": d, "fold": f, "img": img, "txt": txt, "caption_image": ci,
                              "train_images": tr, "test_images": te, "c_grid": grid, "outputs": self.outputs,
                              "max_candidates": int(self.max_candidates), "seed": int(self.seed),
-                             "trainer": {**base, "domain": self.domain_["text" if d == "i2t" else "image"]}})
+                             "prep": self._preprocessing_settings(), "trainer": dict(base)})
         total = 2 * k
         yield Log(f"bitr: choosing C by {k}-fold cross-validation over {len(grid)} values "
-                  f"({grid[0]:g} ... {grid[-1]:g}), {len(jobs)} jobs, {int(self.n_jobs)} process(es)")
+                  f"({grid[0]:g} ... {grid[-1]:g}), {len(jobs)} jobs, {int(self.n_jobs)} process(es); each fold "
+                  f"fits the {self._reduction().upper()} preprocessing on its own training rows")
         if int(self.n_jobs) <= 1:
             for job in jobs:
                 gen = _cv_job(job)
