@@ -282,10 +282,10 @@ def plan_selection(ds: Any, select_on: str | None = "auto", *, folds: int | None
                              "Use --select-on auto (cross-validation of the training images)")
     same = split == reported
     if same and not optimistic:
-        raise CrossViewError(f"--select-on {split}: the best trial's refit is reported on {split} too, so its "
-                             f"number would be optimistic (chosen and reported on the same images). Leave "
-                             f"--select-on auto ({k}-fold cross-validation of the {train_split} images), or add "
-                             "--optimistic to allow it and have every output say so")
+        raise CrossViewError(f"choosing on {split}, where the best trial's refit is reported too, would make its "
+                             f"number optimistic (chosen and reported on the same images): choose on auto instead "
+                             f"({k}-fold cross-validation of the {n:,} {train_split} images), or allow optimistic "
+                             "numbers (--optimistic; in the app, the 'optimistic' box) and every output says so")
     desc = (f"chosen on {split}, reported once on {reported}" if not same else
             f"chosen and reported on {split} ({OPTIMISTIC})")
     return Selection(split, reported, same, [Part("", train_split, split)], desc)
