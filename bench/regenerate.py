@@ -199,17 +199,14 @@ ENTRIES: tuple[Entry, ...] = (
              "--backends exact,faiss-flat,faiss-sq8,faiss-pq4,faiss-ivf"),),
           ("synthetic",), 4, ("crossview/index", "crossview/eval/metrics.py")),
     Entry("loss_compare_demo", "loss_compare_demo.md",
-          (S("crossview experiment loss-compare --data demo --losses vsepp,vse0,smoothap,infonce --seeds 3 "
-             "--exp-dir {WORK}/exp"),),
+          (S("crossview experiment loss-compare --data demo --seeds 3 --exp-dir {WORK}/exp"),),
           ("demo",), 6, STUDY + ("crossview/experiments/loss_compare.py",) + methods("vsepp", "smoothap")),
     Entry("loss_compare_flickr8k", "loss_compare_flickr8k.md",
-          (S("crossview experiment loss-compare --data {F8K} --losses vsepp,vse0,smoothap,infonce --seeds 3 "
-             "--exp-dir {WORK}/exp"),
-           S("bench/vsepp_quality.py --no-select --configs smoothap:minilm --seeds 3 --set tau=0.01"),
-           *_sweep("smoothap", _SMOOTHAP_CV), *_sweep("infonce", _INFONCE_CV)),
-          ("flickr8k",), 180, STUDY + ("crossview/experiments/loss_compare.py",) + methods("vsepp", "smoothap"),
-          title="Paper 004's loss comparison on the Flickr8k sample, and the cross-validation behind smoothap's "
-                "defaults"),
+          (S("crossview experiment loss-compare --data {F8K} --seeds 3 --exp-dir {WORK}/exp"),),
+          ("flickr8k",), 60, STUDY + ("crossview/experiments/loss_compare.py", "crossview/experiments/budget.py",
+                                      "crossview/engine/tune.py") + methods("vsepp", "smoothap"),
+          title="Paper 004's loss comparison on the Flickr8k sample: one budget, each loss's own setting chosen by "
+                "cross-validation of train"),
     Entry("smoothap_step_cpu", "smoothap_step_cpu.txt", (S("bench/smoothap_step.py --steps 20 --reps 10"),),
           ("synthetic",), 4, ("crossview/nn/losses.py", *methods("vsepp", "smoothap"))),
     Entry("timam_demo", "timam_demo.md",
@@ -217,15 +214,10 @@ ENTRIES: tuple[Entry, ...] = (
              "--seeds 1 --set labels=identity --exp-dir {WORK}/exp"),),
           ("demo",), 45, STUDY + ("crossview/experiments/timam_ablation.py",) + methods("timam")),
     Entry("timam_flickr8k", "timam_flickr8k.md",
-          (S("bench/method_cv.py --method timam --configs ';lstm_hidden=128;text_model=features,max_epochs=30;"
-             "adv_target=swapped;adv_target=swapped,adv_weight=0.1;adv_weight=0.3;adv_weight=0'"),
-           S("crossview experiment timam-ablation --data {F8K_DIR} --variants full,no-discriminator,swapped-target "
-             "--seeds 3 --exp-dir {WORK}/ablation"),
-           S("crossview experiment timam-ablation --data {F8K_DIR} --variants "
-             "full,no-discriminator,no-identification,lm-finetuned --seeds 3 --exp-dir {WORK}/ablation-lm")),
-          ("flickr8k",), 150, STUDY + ("crossview/experiments/timam_ablation.py",) + methods("timam"),
-          title="TIMAM on real photos (the Flickr8k sample): settings by cross-validation and paper 002's "
-                "ablations"),
+          (S("crossview experiment timam-ablation --data {F8K} --variants full,no-discriminator --seeds 5 "
+             "--exp-dir {WORK}/ablation"),),
+          ("flickr8k",), 40, STUDY + ("crossview/experiments/timam_ablation.py",) + methods("timam"),
+          title="TIMAM on real photos (the Flickr8k sample): does the discriminator help, and can 100 images tell?"),
     Entry("topk_scale", "topk_scale.txt", (S("bench/topk_scale.py"),), ("synthetic",), 12, ("crossview/index",)),
     Entry("topk_scale_gpu", "topk_scale_gpu.txt", (S("bench/topk_scale.py --gpu-only --device cuda --repeats 10"),),
           ("synthetic",), 3, ("crossview/index",), gpu=True),
@@ -252,16 +244,15 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k", "demo"), 300, methods("vsepp", "cca") + FEATURES,
           title="VSE0 / VSE++ on real photos (the Flickr8k sample)"),
     Entry("webly_ablation_demo", "webly_ablation_demo.md",
-          (S("crossview experiment webly-ablation --data demo --web demo --variants "
-             "full,no-stage2,no-curriculum,no-lit,sentence-tags,sentence-only --seeds 3 --exp-dir {WORK}/exp"),),
+          (S("crossview experiment webly-ablation --data demo --web demo --seeds 3 --exp-dir {WORK}/exp"),),
           ("demo",), 40, STUDY + ("crossview/experiments/webly_ablation.py", "crossview/data/demo/web.py")
           + methods("webly")),
     Entry("webly_ablation_flickr8k", "webly_ablation_flickr8k.md",
-          (S("crossview data make-web {F8K_DIR} --out {WORK}/web-f8k", output=False),
-           S("crossview experiment webly-ablation --data {F8K_DIR} --web {WORK}/web-f8k --variants "
-             "full,no-stage2,no-curriculum,no-lit,sentence-tags,sentence-only --seeds 3 --exp-dir {WORK}/exp")),
-          ("flickr8k",), 35, STUDY + ("crossview/experiments/webly_ablation.py", "crossview/features/web_set.py",
-                                      "crossview/features/tags.py") + methods("webly")),
+          (S("crossview experiment webly-ablation --data {F8K} --held-out auto --seeds 3 --exp-dir {WORK}/exp"),),
+          ("flickr8k",), 50, STUDY + ("crossview/experiments/webly_ablation.py", "crossview/features/web_set.py",
+                                      "crossview/features/tags.py") + methods("webly"),
+          title="Paper 003's ablations on the Flickr8k sample: held-out concepts, a matched Stage II, the oracle "
+                "positive control"),
     Entry("webly_flickr8k", "webly_flickr8k.md",
           (S("bench/webly_quality.py --configs 'loss=vsepp;loss=vse0;loss=vse0,stage2_epochs=0;"
              "loss=vse0,stage2_lr=2e-4;loss=vse0,curriculum=none;loss=vse0,lambda2=0;loss=vse0,lambda2=0.1;"
