@@ -302,3 +302,23 @@ def test_metrics_show_their_bootstrap_interval(qtbot, tmp_path: Path) -> None:
     assert rs.text().startswith("250.00 ± ") and "interval" in rs.toolTip()
     panel.set_run(load_run_results(old))
     assert "±" not in panel.metrics.item(rows.index("R@1"), 0).text()
+
+
+def test_the_title_says_where_choices_were_made_and_marks_optimistic_runs(qtbot, tmp_path: Path) -> None:
+    d = _run(tmp_path, "a", [1, 2, 30, 4], [4, 1, 1, 9, 2, 2, 7, 1], split="val")
+    s = json.loads((d / "summary.json").read_text())
+    s.update(selected_on="train-cv3", reported_on="val", optimistic=False,
+             choices=[{"what": "parameters", "on": "train-cv3", "by": "search"}])
+    (d / "summary.json").write_text(json.dumps(s))
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    panel.set_run(load_run_results(d))
+    assert "chosen on train-cv3" in panel.title.text() and "optimistic" not in panel.title.text()
+    assert "parameters chosen on train-cv3" in panel.title.toolTip()
+    s.update(selected_on="val", optimistic=True)
+    (d / "summary.json").write_text(json.dumps(s))
+    panel.set_run(load_run_results(d))
+    assert "<b>optimistic</b>: chosen on val and reported on the same split" in panel.title.text()
+    old = _run(tmp_path, "old", [1, 2], [1, 1, 2, 2])          # a run from before selection was recorded
+    panel.set_run(load_run_results(old))
+    assert "chosen" not in panel.title.text()

@@ -338,9 +338,16 @@ class InspectPanel(QWidget):
         s = a.summary
         bits = [f"<b>{html.escape(a.name)}</b>", f"method {html.escape(a.method)}",
                 f"dataset {html.escape(str(s.get('dataset', '?')))}", f"split {html.escape(str(s.get('split', '?')))}"]
+        if s.get("selected_on") is not None:     # where choices were made, beside where the numbers are reported
+            where = str(s["selected_on"])
+            chosen = ("nothing chosen on data" if where == "nothing" else f"chosen on {html.escape(where)}")
+            bits.append(f"<span style='color:#9a6700'><b>optimistic</b>: {chosen} and reported on the same "
+                        "split</span>" if s.get("optimistic") else chosen)
         if s.get("train_seconds") is not None:
             bits.append(f"trained in {float(s['train_seconds']):.1f} s")
         self.title.setText(" &nbsp; ".join(bits))
+        self.title.setToolTip("; ".join(f"{c.get('what')} chosen on {c.get('on')}" for c in s.get("choices") or [])
+                              or "nothing was chosen on data (all settings given)")
         self.hubness_label.setText(describe_hubness(s.get("hubness")))
         self.hubness_label.setVisible(bool(self.hubness_label.text()))     # older runs have no figure
         self.paper_combo.blockSignals(True)
