@@ -179,6 +179,9 @@ ENTRIES: tuple[Entry, ...] = (
           title="The BITR table as engine runs: CCA, BITR-C and chance on the Flickr8k sample and the demo"),
     Entry("bitr_train", "bitr_train.md", (S("bench/bitr_train.py"),), ("synthetic",), 15, methods("bitr")),
     Entry("cca_fit", "cca_fit.txt", (S("bench/cca_fit.py"),), ("synthetic",), 4, methods("cca")),
+    Entry("defaults_quality_flickr8k", "defaults_quality_flickr8k.md",
+          (S("bench/defaults_quality.py --methods cca,bitr,wsabie,vsepp --seeds 3"),),
+          ("flickr8k",), 12, ("crossview/engine/run.py", *FEATURES) + methods("cca", "bitr", "wsabie", "vsepp")),
     Entry("defaults_flickr8k", "defaults_flickr8k.md",
           (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
              "bitr,bitr:fine,bitr:white"),),
