@@ -182,6 +182,10 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("defaults_quality_flickr8k", "defaults_quality_flickr8k.md",
           (S("bench/defaults_quality.py --methods cca,bitr,wsabie,vsepp --seeds 3"),),
           ("flickr8k",), 12, ("crossview/engine/run.py", *FEATURES) + methods("cca", "bitr", "wsabie", "vsepp")),
+    Entry("wsabie_max_norm_flickr8k", "wsabie_max_norm_flickr8k.md",
+          (S("bench/method_cv.py --method wsabie --configs 'max_norm=1;max_norm=10' --seeds 1"),),
+          ("flickr8k",), 12, methods("wsabie"),
+          title="WSABIE's max_norm by 3-fold cross-validation of the Flickr8k sample's training photos only"),
     Entry("defaults_flickr8k", "defaults_flickr8k.md",
           (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
              "bitr,bitr:fine,bitr:white"),),
