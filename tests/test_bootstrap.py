@@ -80,3 +80,9 @@ def test_a_run_reports_its_interval_in_summary_and_table(tmp_path):
             assert ci[d][k][0] <= summary[d][k] <= ci[d][k][1]
     table = format_metric_table(summary)
     assert table.count("±") == 6 and "95% interval" in table
+    assert table.splitlines()[-1] == "chosen: nothing (no choice made on data); reported on test"
+    # a run whose method chose on data says where, and an optimistic one says so
+    s = {**summary, "selected_on": "val", "reported_on": "test", "choices": [{"what": "epoch", "on": "val"}]}
+    assert format_metric_table(s).splitlines()[-1] == "chosen: epoch on val; reported on test"
+    s.update(reported_on="val", optimistic=True)
+    assert format_metric_table(s).splitlines()[-1].startswith("OPTIMISTIC: chosen and reported on the same split")

@@ -188,6 +188,11 @@ def format_metric_table(summary: dict[str, Any]) -> str:
         rsum += (f" ({level}% interval {ci['rsum'][0]:.1f}-{ci['rsum'][1]:.1f}, bootstrap over the "
                  f"{ci.get('n', '?')} images)")
     lines.append(f"{rsum}   train {summary.get('train_seconds', 0):.1f} s")
+    if summary.get("selected_on") is not None:
+        what = "; ".join(f"{c.get('what')} on {c.get('on')}" for c in summary.get("choices") or [])
+        lines.append((f"OPTIMISTIC: chosen and reported on the same split ({what})" if summary.get("optimistic") else
+                      f"chosen: {what or 'nothing (no choice made on data)'}; reported on "
+                      f"{summary.get('reported_on')}"))
     return "\n".join(lines)
 
 
