@@ -524,10 +524,10 @@ def _design_notes(study: Study, result: dict[str, Any]) -> list[str]:
         out.append(f"Budget, the same for every {study.noun}: {result['budget']['describe']} (--budget "
                    f"{result['budget']['text']}); the steps column counts the optimiser steps of each run.")
     for n, c in (result.get("chosen") or {}).items():
-        grid = "; ".join(f"{t['point']} {abs(t['score']):.1f}" + (f" ± {t['sd']:.1f}" if t.get("sd") is not None
-                                                                 else "") for t in c["trials"])
+        grid = "; ".join(", ".join(f"{k}={v}" for k, v in t["point"].items()) + f": {abs(t['score']):.1f}"
+                         + (f" ± {t['sd']:.1f}" if t.get("sd") is not None else "") for t in c["trials"])
         out.append(f"{n}: {', '.join(f'{k}={v}' for k, v in c['point'].items())} chosen by rsum on "
-                   f"{c['selected_on']}, not on {result['split']} ({grid}).")
+                   f"{c['selected_on']}, not on {result['split']} (mean ± sd over the folds, best first: {grid}).")
     for n in result.get("controls") or []:
         out.append(f"{n} is a positive control: it is known to change the result, so a clear difference there "
                    "shows the design can detect a change of that size.")
