@@ -606,6 +606,7 @@ def format_markdown(study: Study, result: dict[str, Any], command: str | None = 
                 won = ", ".join(f"{q} ({v:+.1f})" for q, v in pr[d]["most_won"][:5]) or "none"
                 lost = ", ".join(f"{q} ({v:+.1f})" for q, v in pr[d]["most_lost"][:5]) or "none"
                 out.append(f"- {name} {d}: {what} it wins most (mean rank change): {won}; loses most: {lost}")
-    params = "; ".join(f"{n}: " + ", ".join(f"{k}={v}" for k, v in p.items()) for n, p in result["params"].items())
+    params = "; ".join(f"{n}: " + (", ".join(f"{k}={v}" for k, v in p.items()) or "the defaults")
+                       for n, p in result["params"].items())
     out += ["", f"Parameters besides the methods' defaults: {params}.", f"Runs: `{result['experiment_dir']}`.", ""]
     return "\n".join(out)
