@@ -220,6 +220,12 @@ ENTRIES: tuple[Entry, ...] = (
           (S("crossview experiment timam-ablation --data demo --variants full,no-discriminator,no-identification "
              "--seeds 1 --set labels=identity --exp-dir {WORK}/exp"),),
           ("demo",), 45, STUDY + ("crossview/experiments/timam_ablation.py",) + methods("timam")),
+    Entry("timam_cv_flickr8k", "timam_cv_flickr8k.md",
+          (S("bench/method_cv.py --method timam --configs ';lstm_hidden=128;text_model=features,max_epochs=30'"),
+           S("bench/method_cv.py --method timam --configs ';adv_target=confusion;adv_weight=0.1;"
+             "adv_target=confusion,adv_weight=0.3;adv_weight=0'")),
+          ("flickr8k",), 150, methods("timam"),
+          title="TIMAM's defaults on real photos (the Flickr8k sample): cross-validation of the training photos"),
     Entry("timam_flickr8k", "timam_flickr8k.md",
           (S("crossview experiment timam-ablation --data {F8K} --variants full,no-discriminator --seeds 5 "
              "--exp-dir {WORK}/ablation"),),
