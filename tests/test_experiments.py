@@ -413,7 +413,12 @@ def test_topic_trials_reopen_query_and_give_the_recorded_metrics(representation,
     record = json.loads((exp / B.EXPERIMENT_FILE).read_text())
     assert set(record["trials"]) == {"test-cca", "test-bitr-c"}
     for name, trial in record["trials"].items():
-        assert read_config(exp / name)["representation"] == {"name": representation, "n_topics": 6, "n_words": 24}
+        # BITR on CTR trains on TR with its own CTR step (refitted inside each fold of its C cross-validation)
+        rep = B.row_representation(trial["method"], representation)
+        assert rep == ("tr" if (representation, trial["method"]) == ("ctr", "bitr-c") else representation)
+        assert read_config(exp / name)["representation"] == {"name": rep, "n_topics": 6, "n_words": 24}
+        if rep != representation:
+            assert read_config(exp / name)["params"]["reduce"] == "ctr"
         opened, got = _reopened_metrics(exp / name, ds, (5,))
         _assert_same_metrics(got, trial["metrics"])
     r = opened.retriever()

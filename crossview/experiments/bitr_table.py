@@ -44,6 +44,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -75,6 +76,21 @@ TABLE_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "random": ("random", {}),
 }
 DEFAULT_METHODS: tuple[str, ...] = ("cca", "wsabie", "bitr-m", "bitr-e", "bitr-c")
+
+
+def row_representation(method: str, representation: str) -> str:
+    """The representation a table row trains on: the table's, except BITR on CTR, which trains on TR with its
+    own CTR step (``reduce="ctr"``, :func:`_row_fixed`): the same CTR features, but BITR's cross-validation of C then
+    refits that CCA inside each fold instead of choosing C on a CCA fitted on every fold."""
+    return "tr" if representation == "ctr" and TABLE_METHODS[method][0] == "bitr" else representation
+
+
+def _row_fixed(method: str, representation: str) -> dict[str, Any]:
+    """The parameters that make a row that row (:data:`TABLE_METHODS`), on the table's representation."""
+    fixed = dict(TABLE_METHODS[method][1])
+    if row_representation(method, representation) != representation:
+        fixed["reduce"] = "ctr"
+    return fixed
 METHOD_LABELS = {"cca": "CCA", "wsabie": "WSABIE", "bitr-m": "BITR-M", "bitr-e": "BITR-E", "bitr-c": "BITR-C",
                  "random": "random"}
 OVERLAP_K = 5  # the paper scores the top five retrieved items
@@ -718,14 +734,16 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         "dataset_fingerprint": dataset.fingerprint(), "representation": representation,
         "representation_params": _representation_record(rep_kw),
         "protocol": {"folds": folds, "split": split, "description": protocol}, "seed": int(seed),
-        "method_params": {m: plain({**params[m], **TABLE_METHODS[m][1]}) for m in learned},
+        "method_params": {m: plain({**params[m], **_row_fixed(m, representation)}) for m in learned},
         "test_dataset": None if not cross else test_dataset.name,
         "test_dataset_fingerprint": None if not cross else test_dataset.fingerprint(),
         "test_parts": None if not cross else int(test_parts)}
     old = _check_same_experiment(folder, record)
-    # what each trial's config.json records to rebuild its features (None: the encoders', by name)
-    rep_record = None if representation == "default" else \
-        representation_record(representation, record["representation_params"])
+    # what each trial's config.json records to rebuild its features (None: the encoders', by name); a row may
+    # train on another representation than the table's (:func:`row_representation`: BITR on CTR = TR + its own
+    # CTR step, so its cross-validation of C refits that CCA inside each fold)
+    rep_records = {r: None if r == "default" else representation_record(r, record["representation_params"])
+                   for r in {row_representation(m, representation) for m in methods}}
     eval_key = {"ks": list(ks), "overlap_k": int(overlap_k),
                 "corpus": None if corpus_captions is None else
                 zlib.crc32("\n".join(corpus_captions).encode("utf-8", "surrogateescape"))}
@@ -758,58 +776,67 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
         names = {m: f"{fold.key}-{m}" for m in learned}
         done = {m: names[m] in trials and trials[names[m]].get("eval") == eval_key and run_finished(folder / names[m])
                 for m in learned}
-        data_needed = not all(done.values()) or "random" in methods
-        train_md = test_md = val_md = corpus_md = feats = source_md = target_md = None
         parts = cross_parts(test_dataset.n_images, test_parts, seed) if cross else []
-        if data_needed:
-            yield Progress(step, total, f"{fold.name}: {representation} features")
+        fold_data: dict[str, SimpleNamespace] = {}
+
+        def data_of(rep_name: str, fold: Fold = fold) -> Iterator[Event]:
+            """The fold's data in representation ``rep_name`` (built once per fold) into ``fold_data``."""
+            if rep_name in fold_data:
+                return
+            yield Progress(step, total, f"{fold.name}: {rep_name} features")
             t0 = time.monotonic()
-            rep = build_representation(dataset, representation, fit_images=fold.train, **rep_kw,
+            rep = build_representation(dataset, rep_name, fit_images=fold.train, **rep_kw,
                                        progress=feature_progress, should_stop=stop)
-            if not rep_info:
-                rep_info = {k: v for k, v in rep.info.items() if k not in ("cca", "correlations")}
-            train_md = method_data_for_images(dataset, rep, fold.train, "train")
-            test_md = method_data_for_images(dataset, rep, fold.test, "test")
-            val_md = method_data_for_images(dataset, rep, fold.val, "val") if fold.val is not None else None
+            d = SimpleNamespace(rep=rep, source=None, target=None, corpus=None)
+            d.train = method_data_for_images(dataset, rep, fold.train, "train")
+            d.test = method_data_for_images(dataset, rep, fold.test, "test")
+            d.val = method_data_for_images(dataset, rep, fold.val, "val") if fold.val is not None else None
             if cross:
-                yield Progress(step, total, f"{test_dataset.name}: {representation} features")
-                source_md = method_data_for_images(dataset, rep, np.arange(dataset.n_images), dataset.name)
-                target_md = foreign_method_data(test_dataset, rep, test_dataset.name, device=device)
+                yield Progress(step, total, f"{test_dataset.name}: {rep_name} features")
+                d.source = method_data_for_images(dataset, rep, np.arange(dataset.n_images), dataset.name)
+                d.target = foreign_method_data(test_dataset, rep, test_dataset.name, device=device)
             if corpus_captions is not None:
-                corpus_md = MethodData(image_features=np.zeros((1, rep.image.shape[1]), np.float32),
-                                       text_features=rep.encode_captions(corpus_captions), captions=corpus_captions,
-                                       caption_image=np.zeros(len(corpus_captions), np.int64), name="corpus")
+                d.corpus = MethodData(image_features=np.zeros((1, rep.image.shape[1]), np.float32),
+                                      text_features=rep.encode_captions(corpus_captions), captions=corpus_captions,
+                                      caption_image=np.zeros(len(corpus_captions), np.int64), name="corpus")
             # The runs get the fold's representation as given features. For "default" they are the
             # encoders' own, so open_run rebuilds them from the encoder names (fitted on exp-train); the
-            # others are recorded in config.json as the run's representation (rep_record), which open_run
+            # others are recorded in config.json as the run's representation (rep_records), which open_run
             # and a resume rebuild with build_representation fitted on exp-train: the same features.
-            if representation == "default":
-                feats = Features(image=rep.image, text=rep.text, image_encoder=rep.info.get("image_encoder", "?"),
-                                 text_encoder=rep.info.get("text_encoder", "?"))
+            if rep_name == "default":
+                d.feats = Features(image=rep.image, text=rep.text, image_encoder=rep.info.get("image_encoder", "?"),
+                                   text_encoder=rep.info.get("text_encoder", "?"))
             else:
-                feats = built_representation_features(rep, rep_record)
-            yield Log(f"{fold.name}: {representation} features {train_md.image_dim}-d images / "
-                      f"{train_md.text_dim}-d captions ({train_md.n_images} train, {test_md.n_images} test images) "
+                d.feats = built_representation_features(rep, rep_records[rep_name])
+            fold_data[rep_name] = d
+            yield Log(f"{fold.name}: {rep_name} features {d.train.image_dim}-d images / "
+                      f"{d.train.text_dim}-d captions ({d.train.n_images} train, {d.test.n_images} test images) "
                       f"in {time.monotonic() - t0:.1f} s")
+
+        if not all(done.values()) or "random" in methods:
+            yield from data_of(representation)
+            if not rep_info:
+                rep_info = {k: v for k, v in fold_data[representation].rep.info.items()
+                            if k not in ("cca", "correlations")}
+        main = fold_data.get(representation)
         # the chance level needs only the test set's caption counts
         if cross:
             chance.append(mean_std([chance_levels(_caption_counts_only(test_dataset, rows), ks) for rows in parts])[0])
         else:
-            chance.append(chance_levels(test_md if test_md is not None else
+            chance.append(chance_levels(main.test if main is not None else
                                         _caption_counts_only(dataset, fold.test), ks))
         step += 1
         for m in methods:
             if stop():
                 return
             if m not in names:           # the random baseline: no run (see random_baseline)
-                assert train_md is not None and test_md is not None
+                assert main is not None
                 if cross:
-                    assert source_md is not None and target_md is not None
                     rp = {**RANDOM_PARAMS, **params[m]}
-                    res = cross_metrics(random_embedder(int(rp["dim"]), int(rp["seed"])), source_md, target_md,
-                                        parts, ks=ks, corpus=corpus_md, overlap_k=overlap_k, index=index)
+                    res = cross_metrics(random_embedder(int(rp["dim"]), int(rp["seed"])), main.source, main.target,
+                                        parts, ks=ks, corpus=main.corpus, overlap_k=overlap_k, index=index)
                 else:
-                    res = random_baseline(train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
+                    res = random_baseline(main.train, main.test, ks=ks, corpus=main.corpus, overlap_k=overlap_k,
                                           index=index, **{**RANDOM_PARAMS, **params[m]})
                 res["train_seconds"] = 0.0
                 per_fold[m].append(res)
@@ -822,29 +849,31 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 step += 1
                 yield Log(f"{fold.name} {m}: finished earlier ({run_dir.name}), read back")
                 continue
+            rep_name = row_representation(m, representation)
+            yield from data_of(rep_name)
+            d = fold_data[rep_name]
             if not run_finished(run_dir):
-                registry, fixed = TABLE_METHODS[m]
+                registry = TABLE_METHODS[m][0]
                 if (run_dir / "config.json").is_file():
                     yield Log(f"{fold.name} {m}: resuming {run_dir.name}")
-                    it = resume(run_dir, data=dataset, features=feats)
+                    it = resume(run_dir, data=dataset, features=d.feats)
                 else:
-                    it = train(registry, dataset, run_dir=run_dir, params={**params[m], **fixed}, split=TEST_SPLIT,
+                    it = train(registry, dataset, run_dir=run_dir,
+                               params={**params[m], **_row_fixed(m, representation)}, split=TEST_SPLIT,
                                train_split=TRAIN_SPLIT, val_split=VAL_SPLIT if fold.val is not None else None,
-                               derived_splits=fold.derived_splits(), device=device, seed=seed, features=feats,
-                               image_encoder=feats.image_encoder if representation == "default" else None,
-                               text_encoder=feats.text_encoder if representation == "default" else None,
-                               representation=rep_record, image_norm="none", text_norm="none")
+                               derived_splits=fold.derived_splits(), device=device, seed=seed, features=d.feats,
+                               image_encoder=d.feats.image_encoder if rep_name == "default" else None,
+                               text_encoder=d.feats.text_encoder if rep_name == "default" else None,
+                               representation=rep_records[rep_name], image_norm="none", text_norm="none")
                 yield Progress(step, total, f"{fold.name}: training {m}")
                 if (yield from relay_run(it, f"{fold.name} {m}", folder, stop)):
                     return
-            assert train_md is not None and test_md is not None
             method = _load_fitted(run_dir)
             if cross:
-                assert source_md is not None and target_md is not None
-                res = cross_metrics(method_embedder(method), source_md, target_md, parts, ks=ks, corpus=corpus_md,
+                res = cross_metrics(method_embedder(method), d.source, d.target, parts, ks=ks, corpus=d.corpus,
                                     overlap_k=overlap_k, index=index)
             else:
-                res = evaluate_fold(method, train_md, test_md, ks=ks, corpus=corpus_md, overlap_k=overlap_k,
+                res = evaluate_fold(method, d.train, d.test, ks=ks, corpus=d.corpus, overlap_k=overlap_k,
                                     index=index)
             res["train_seconds"] = float(read_summary(run_dir).get("train_seconds", float("nan")))
             if registry_of(m) == "bitr" and isinstance(getattr(method, "C_", None), dict):

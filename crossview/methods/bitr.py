@@ -57,7 +57,7 @@ __all__ = [
 
 #: How BITR reduces its input features (the ``reduce`` parameter): ``cca`` projects both views on the top
 #: ``cca_dim`` canonical directions of the training pairs, ``pca`` reduces each view wider than ``pca_dim``.
-REDUCTIONS = ("auto", "pca", "cca")
+REDUCTIONS = ("auto", "pca", "cca", "ctr")
 #: The CCA of ``reduce="cca"``: relative ridge and correlation weighting (CCA's defaults on real photos).
 CCA_REG = 5.0
 CCA_WEIGHT_POWER = 0.5
@@ -306,8 +306,11 @@ class Bitr(Method):
             at chance). On the sphere, or with ``outputs="train"``, the same loss learns.
         reduce: ``"cca"`` (both views projected on the top ``cca_dim`` canonical directions of the training
             pairs, weighted by corr ** 0.5), ``"pca"`` (each view wider than ``pca_dim`` reduced by its own PCA,
-            as the paper does) or ``"auto"``: cca on the encoders' features (best on real photos:
-            bench/results/defaults_flickr8k.md), pca on the TR / CTR representations.
+            as the paper does), ``"ctr"`` (paper 001's CTR step: the CCA of the pairs over all dimensions,
+            unweighted, ridge :data:`CTR_REG`: BITR on TR features with ``reduce="ctr"`` is BITR on CTR) or
+            ``"auto"``: cca on the encoders' features (best on real photos: bench/results/defaults_flickr8k.md),
+            pca on TR, ctr for ``representation="ctr"``. Every reduction is refitted inside each fold of the
+            cross-validation of C.
         cca_dim: canonical directions kept by ``reduce="cca"``; 0 keeps the features as they are.
         pca_dim: features wider than this are reduced by PCA fitted on the training split (the paper
             reduces CNN features to 128-d); 0 keeps them.
@@ -427,7 +430,7 @@ class Bitr(Method):
         """``"cca"``, ``"pca"`` or ``"ctr"``: ``reduce="auto"`` is CCA on the run's encoder features, PCA (the
         paper's) on TR; ``representation="ctr"`` is TR with paper 001's CTR step done here (:data:`CTR_REG`),
         so that the cross-validation of C refits that CCA inside each fold."""
-        if self.representation == "ctr":
+        if self.representation == "ctr" or self.reduce == "ctr":
             return "ctr"
         if self.reduce != "auto":
             return self.reduce
