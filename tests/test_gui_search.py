@@ -96,7 +96,8 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     for row in range(4):
         assert table.item(row, 3).font().bold() == (row == best)
     assert table.item(best, 0).background().color().name() == "#dafbe1"
-    assert panel.progress.value() == 1000 and "Search finished" in panel.eta_label.text()
+    assert panel.progress.value() == 1000 and "Search done" in panel.eta_label.text()
+    assert "Search finished" in panel.eta_label.toolTip()
     assert (folder / "best" / "summary.json").is_file() and "refit" in panel.search_info.text()
     assert finished_runs == [str(folder / "best")], "the app loads the refit of the best point"
     # the trials (and the refit) are in the runs list
@@ -271,4 +272,11 @@ def test_the_dialog_says_where_it_chooses_and_refuses_the_reported_split_without
     assert "chosen on train-cv3" in panel.eta_label.text() and "on val" in panel.eta_label.text()
     assert "reported once on val" in panel.search_info.text()
     assert panel.trials_table.rowCount() == 2 and (folder / "trial-002-f3" / "summary.json").is_file()
+    t = panel.trials_table
+    headers = [t.horizontalHeaderItem(c).text() for c in range(t.columnCount())]
+    assert headers == ["#", "n_components", "rsum (3-fold mean)", "± sd", "i2t R@1", "t2i R@1", "run"]
+    by_trial = {r["trial"]: r for r in record["results"]}
+    for row in range(2):
+        trial = by_trial[int(t.item(row, 0).text())]
+        assert t.item(row, 3).text() == f"{trial['sd']:.1f}" and t.item(row, 6).text().endswith("-f1")
     _close_boxes(panel)

@@ -846,16 +846,17 @@ class TrainPanel(QWidget):
         folder = Path(kw["out"])
         self.search_folder = folder
         self.search_best = None
-        where = ""
+        where, folds = "", 1
         if not isinstance(kw["data"], (str, Path)):
             from crossview.engine.tune import plan_selection
             try:
-                where = plan_selection(kw["data"], kw.get("select_on", "auto"), folds=kw.get("folds"),
-                                       seed=kw.get("seed", 0), optimistic=kw.get("optimistic", False)).description
+                sel = plan_selection(kw["data"], kw.get("select_on", "auto"), folds=kw.get("folds"),
+                                     seed=kw.get("seed", 0), optimistic=kw.get("optimistic", False))
+                where, folds = sel.description, sel.folds
             except CrossViewError:      # pragma: no cover - tune checked it already
-                where = ""
+                pass
         search = {"folder": folder, "method": kw["method"], "metric": kw["metric"], "keys": list(kw["grid"]),
-                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None, "where": where}
+                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None, "where": where, "folds": folds}
         self._setup_trials_table(search)
         self._update_search_info(search)
 
@@ -872,8 +873,11 @@ class TrainPanel(QWidget):
 
     def _setup_trials_table(self, search: dict[str, Any]) -> None:
         metric = search["metric"]
-        cols = (["#", *search["keys"]] + ([] if metric == "rsum" else [metric])
-                + ["rsum", "i2t R@1", "t2i R@1", "run"])
+        k = int(search.get("folds") or 1)
+        # under cross-validation every number is the mean over the folds, and its spread follows the metric
+        mean = f" ({k}-fold mean)" if k > 1 else ""
+        cols = (["#", *search["keys"]] + ([] if metric == "rsum" else [metric + mean])
+                + ["rsum" + mean] + (["± sd"] if k > 1 else []) + ["i2t R@1", "t2i R@1", "run"])
         t = self.trials_table
         t.clearContents()
         t.setRowCount(0)
@@ -911,7 +915,10 @@ class TrainPanel(QWidget):
         values = [str(ev.trial)] + [str(ev.point.get(k, "")) for k in search["keys"]]
         if search["metric"] != "rsum":
             values.append(f"{abs(ev.score):.1f}")
-        values += [f"{ev.rsum:.1f}" if ev.rsum is not None else "-", r1(ev.i2t), r1(ev.t2i), Path(ev.run_dir).name]
+        values += [f"{ev.rsum:.1f}" if ev.rsum is not None else "-"]
+        if int(search.get("folds") or 1) > 1:
+            values.append(f"{ev.sd:.1f}" if ev.sd is not None else "-")
+        values += [r1(ev.i2t), r1(ev.t2i), Path(ev.run_dir).name]
         for col, text in enumerate(values):
             item = QTableWidgetItem(text)
             item.setData(Qt.ItemDataRole.UserRole, ev.run_dir)
@@ -1126,7 +1133,11 @@ class TrainPanel(QWidget):
                                                                if sel.get("optimistic") else "")
             tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')} ({chosen})"
                     if refit else "")
-            self.eta_label.setText(head + tail)
+            # the status line stays short enough for a 1280-pixel window; the log and search line have it all
+            short = (f"Search done: trial {best.get('trial')} best ({chosen})"
+                     + (f"; refit rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}" if refit else ""))
+            self.eta_label.setText(short)
+            self.eta_label.setToolTip(head + tail)
             self.log.appendPlainText(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
             self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
                                      f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))} "
