@@ -526,8 +526,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "lm-finetuned (a second phase fine-tuning its top layers); the one of the last two that is "
                     "the defaults is left out unless named. Evaluates on the test split (val then chooses each "
                     "run's epoch), else on val (the last epoch kept); prints R@1/5/10 both ways and rsum, mean and "
-                    "spread over the seeds, and a paired comparison per query against full (won / lost / tied, "
-                    "sign and Wilcoxon tests). Every (variant, seed) is an ordinary run folder in --exp-dir "
+                    "spread over the seeds, and the paired effect against full (seeds averaged per query, a "
+                    "bootstrap over the images: rsum and R@1 differences with 95% intervals, won / lost / tied, the "
+                    "minimal detectable difference), and says whether the design resolves the discriminator "
+                    "effect paper 002 reports (~1.8 R@1: the interval must be narrower than that; add --seeds when "
+                    "it is not). Every (variant, seed) is an ordinary run folder in --exp-dir "
                     "(listed in the app); the same --exp-dir again reads finished runs back and resumes an "
                     "interrupted one. Writes results.md and results.json into --exp-dir. On the demo, "
                     "--set labels=identity trains on its layout classes as identities.")
