@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +197,7 @@ def run_webly_ablation(dataset: Any, *, web: str | None = None, held_out: str | 
         names = list(variants or (*DEFAULT_VARIANTS, "half-train"))
         train = np.asarray(splits.get("train", []), dtype=np.int64)
         half = np.sort(np.random.default_rng(seed).choice(train, size=len(train) // 2, replace=False))
-        study = V.replace(study_for(web), controls=("half-train",))
+        study = replace(study_for(web), controls=("half-train",))
         yield from V.run_study(study, dataset, variants=names, split=eval_split, params=given,
                                train_splits={"half-train": "train-half"}, derived_splits={"train-half": half},
                                notes=[f"half-train trains on a seeded half ({len(half)}) of the {len(train)} "
@@ -227,7 +227,7 @@ def run_webly_ablation(dataset: Any, *, web: str | None = None, held_out: str | 
 
     folder = Path(kwargs.pop("out", None) or new_experiment_dir(STUDY.kind, dataset.name))
     derived = {"train-clean": design.clean.tolist(), "heldout-web": design.web.tolist()}
-    study = V.replace(STUDY.with_shared(web=str((folder / "web").resolve())), controls=("oracle",))
+    study = replace(STUDY.with_shared(web=str((folder / "web").resolve())), controls=("oracle",))
     yield Log(design.describe(eval_split))
     yield from V.run_study(study, dataset, variants=names, split=eval_split, params=given,
                            train_splits={n: "train" if n == "oracle" else "train-clean" for n in names},
