@@ -287,9 +287,35 @@ def _git(*args: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def _card_settings(commit: str, path: str) -> dict | None:
+    """A model card's parameters at ``commit`` without their help texts (what a run's defaults depend on), or None
+    where the card is missing or unreadable there."""
+    import tomllib
+    text = _git("show", f"{commit}:{path}")
+    if text is None:
+        return None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+    params = doc.get("params", {})
+    return {name: {k: v for k, v in spec.items() if k != "help"} if isinstance(spec, dict) else spec
+            for name, spec in params.items()}
+
+
+def _substantive(commit: str, path: str) -> bool:
+    """Whether ``commit``'s change to ``path`` can change a result: any change to code; for a model card
+    (``models/*.toml``) only a change to its parameters (a default, a choice, a type), not to its prose."""
+    if not (path.startswith("models/") and path.endswith(".toml")):
+        return True
+    before = _card_settings(f"{commit}^", path)
+    return before is None or before != _card_settings(commit, path)
+
+
 def state(entry: Entry) -> str:
     """``missing``, ``unstamped``, ``fresh`` or ``stale: PATH changed at X after Y`` (the stamped commit against the
-    last commit that touched the entry's sources); ``never regenerated`` is added for files stamped after the fact."""
+    first later commit that changed the entry's sources in a way that can change a result: code, or a model card's
+    parameters; a card's prose does not count); ``never regenerated`` is added for files stamped after the fact."""
     if not entry.path.is_file():
         return "missing"
     header, _ = _stamp.parse_header(entry.path.read_text(encoding="utf-8"), entry.path)
@@ -297,17 +323,15 @@ def state(entry: Entry) -> str:
     if made is None:
         return "unstamped"
     old = " (never regenerated)" if "made at commit" in header else ""
-    last = _git("log", "-1", "--format=%H", "--", *entry.all_deps())
-    if not last:
-        return "fresh" + old
-    r = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", last, made], capture_output=True)
-    if r.returncode == 0:
-        return "fresh" + old
-    if r.returncode != 1:
+    if _git("rev-parse", "--verify", "--quiet", f"{made}^{{commit}}") is None:
         return f"unknown: commit {made} is not in this repository's history" + old
-    changed = _git("show", "--name-only", "--format=", last, "--", *entry.all_deps()) or ""
-    first = changed.splitlines()[0] if changed else "a source"
-    return f"stale: {first} changed at {last[:7]} after {made[:7]}" + old
+    later = _git("log", "--reverse", "--format=%H", f"{made}..HEAD", "--", *entry.all_deps())
+    for commit in (later or "").split():
+        changed = _git("show", "--name-only", "--format=", commit, "--", *entry.all_deps()) or ""
+        for path in changed.splitlines():
+            if path and _substantive(commit, path):
+                return f"stale: {path} changed at {commit[:7]} after {made[:7]}" + old
+    return "fresh" + old
 
 
 def needs(entry: Entry) -> str:

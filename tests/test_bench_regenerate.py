@@ -197,3 +197,36 @@ def test_every_crossview_step_parses_with_todays_command_line():
                 parser.parse_args(argv + (["--out", "/tmp/w/x.md"] if s.is_experiment else []))
             except SystemExit:
                 pytest.fail(f"{e.name}: 'crossview {' '.join(argv)}' no longer parses")
+
+
+def test_a_cards_prose_does_not_make_a_result_stale_its_parameters_do(tmp_path, monkeypatch):
+    """A model card's description is edited often (numbers quoted from results); only a change to its parameters
+    (a default, a choice) can change a result, so only that makes the files that depend on the card stale."""
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    def commit(description: str, default: int, message: str) -> str:
+        (repo / "models" / "m.toml").write_text(
+            f'[method]\nname = "m"\ndescription = "{description}"\n\n'
+            f'[params.dim]\ntype = "int"\ndefault = {default}\nhelp = "the width"\n', encoding="utf-8")
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+        return git("rev-parse", "HEAD").strip()
+
+    git("init", "-q")
+    made = commit("first words", 8, "card")
+    monkeypatch.setattr(R, "REPO", repo)
+    results = tmp_path / "x.txt"
+    results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
+                       + "body\n")
+    entry = R.Entry("x", str(results), (), ("synthetic",), 1, ("models/m.toml",))
+    assert R.state(entry) == "fresh"
+    commit("other words, a new result quoted", 8, "prose")
+    (repo / "models" / "m.toml").write_text((repo / "models" / "m.toml").read_text().replace("the width", "width"))
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "help text")
+    assert R.state(entry) == "fresh", "prose and help texts change no result"
+    changed = commit("other words, a new result quoted", 16, "default")
+    assert R.state(entry) == f"stale: models/m.toml changed at {changed[:7]} after {made[:7]}"

@@ -315,7 +315,7 @@ def test_tr_learns_on_the_flickr8k_sample(flickr8k_sample, tmp_path):
     """``crossview train bitr --set representation=tr`` with the default backbone and the paper's sizes
     (1,000 visual words, 100 topics), train 600 -> val 100 images: far above chance, which is i2t R@10
     9.6% (5 relevant captions among 500), t2i R@10 10% and rsum about 31. Measured: i2t R@10 21.0, t2i R@10
-    25.6, rsum 80.4 (TR is weak, as in the paper's Table 2: the default encoders give i2t R@10 77); an
+    21.0, rsum 74.4 (TR is weak, as in the paper's Table 2: the default encoders give i2t R@10 77); an
     image file of the sample queried as a new file gets the stored image's topics."""
     from crossview.engine import run as run_mod
     from crossview.engine.session import open_run

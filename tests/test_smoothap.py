@@ -163,8 +163,9 @@ def test_end_to_end_on_image_files(tmp_path) -> None:
 
 # ---------------------------------------------------------------------------- the demo and real photos
 @pytest.mark.slow
-def test_learns_on_the_demo(tmp_path) -> None:
-    events = list(train("smoothap", "demo", run_dir=tmp_path / "demo", device="cpu",
+def test_learns_on_the_demo(tmp_path, small_demo) -> None:
+    """600 training scenes, 60 test scenes (chance rsum ~53): measured 350.7."""
+    events = list(train("smoothap", small_demo, run_dir=tmp_path / "demo", device="cpu",
                         params={"max_epochs": 12, "lr_decay_epoch": 8}))
     assert isinstance(events[-1], Finished)
     assert events[-1].summary["rsum"] > 250, events[-1].summary["rsum"]

@@ -293,9 +293,10 @@ def test_holdout_on_too_few_images_says_so_and_trains_on_all() -> None:
 
 # ---------------------------------------------------------------------------- the demo and real photos
 @pytest.mark.slow
-def test_learns_on_the_demo(tmp_path) -> None:
-    """The default configuration and encoders on the built-in demo: rsum well above chance in a few epochs."""
-    events = list(train("vsepp", "demo", run_dir=tmp_path / "demo", device="cpu",
+def test_learns_on_the_demo(tmp_path, small_demo) -> None:
+    """The default configuration and encoders on the built-in demo (600 training scenes, 60 test scenes: chance
+    rsum ~53): rsum well above chance in a few epochs (measured 493.7)."""
+    events = list(train("vsepp", small_demo, run_dir=tmp_path / "demo", device="cpu",
                         params={"max_epochs": 6, "lr_decay_epoch": 4}))
     assert isinstance(events[-1], Finished)
     assert events[-1].summary["rsum"] > 250, events[-1].summary["rsum"]
