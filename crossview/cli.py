@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -169,14 +171,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:  # bare `crossview`: the app on the demo
         args = parser.parse_args(["gui", *(argv or [])])
         func = args.func
+    terminated = {"yes": False}
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # a scheduler's or `timeout`'s stop goes the Ctrl-C way (runs record where they stopped, resumable);
+        # `crossview train` installs its own gentler handler (stop at the next batch, checkpoint)
+        terminated["yes"] = True
+        raise KeyboardInterrupt
+
+    previous = None
+    if func is not cmd_gui and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return int(func(args) or 0)
     except CrossViewError as e:
         print(f"crossview: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        if terminated["yes"]:
+            print("crossview: stopped by SIGTERM", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print("crossview: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -117,3 +117,26 @@ def test_data_demo_writes_a_folder_that_reads_back(tmp_path: Path, capsys) -> No
     # a non-empty folder is refused rather than overwritten
     assert main(["data", "demo", "--out", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_python_dash_m_crossview_is_the_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "crossview", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("usage: crossview "), out.stderr
+
+
+def test_sigterm_stops_any_command_the_ctrl_c_way(monkeypatch, capsys) -> None:
+    """A scheduler's or `timeout`'s SIGTERM in a command without its own handler goes the KeyboardInterrupt way
+    (runs record where they stopped), prints one line and exits 143; the previous handler is put back."""
+    import signal
+
+    import crossview.cli as cli
+
+    def stops_itself(args) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(cli, "cmd_data_info", stops_itself)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["data", "info", "demo"]) == 143
+    assert capsys.readouterr().err.strip() == "crossview: stopped by SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before

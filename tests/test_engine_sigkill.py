@@ -133,7 +133,10 @@ CLI_CHILD = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_in_the_cli_cancels_cleanly(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_in_the_cli_cancels_cleanly(tmp_path, sig):
+    """Ctrl-C, and SIGTERM (a scheduler's or `timeout`'s stop) alike: the run checkpoints where it stopped, says
+    how to continue, records "cancelled" and resumes from there."""
     run_dir = tmp_path / "run"
     tests_dir = Path(__file__).resolve().parent
     proc = subprocess.Popen([sys.executable, "-c", CLI_CHILD, str(run_dir), str(tests_dir), str(tmp_path / "data")],
@@ -144,13 +147,14 @@ def test_ctrl_c_in_the_cli_cancels_cleanly(tmp_path):
             if line.startswith("SAVED"):
                 break
         assert (run_dir / "checkpoint.pt").exists(), proc.stderr.read() if proc.poll() is not None else ""
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 128 + sig, err[-2000:]
     assert f"crossview train --resume {run_dir}" in err
+    assert f"{sig.name} received" in err and ("stopped by SIGTERM" if sig == signal.SIGTERM else "cancelled") in err
     status = read_status(run_dir)
     assert status["status"] == "cancelled" and status["checkpoint"] == "checkpoint.pt"
     ckpt = eio.load_checkpoint(run_dir / "checkpoint.pt")
@@ -159,3 +163,10 @@ def test_ctrl_c_in_the_cli_cancels_cleanly(tmp_path):
     assert ckpt["phase"] == "training" and state["batches_done_"] >= 1
     n_loss = sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"event": "loss"' in line)
     assert state["batches_done_"] == n_loss
+    # ... and a resume continues from that batch (the first loss it reports is the next step).
+    it = resume(run_dir)
+    try:
+        first = next(ev for ev in it if isinstance(ev, Loss))
+    finally:
+        it.close()
+    assert first.step == state["batches_done_"] + 1

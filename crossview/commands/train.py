@@ -90,8 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train", help="train a retrieval method in a run folder", add_help=False,
         description="Train METHOD on a dataset: features are extracted (and cached), the method is fitted on "
                     "the train split (val for early stopping), evaluated on --split, and the run folder gets "
-                    "config.json, metrics.jsonl, checkpoint.pt, ranks.npz and summary.json. Ctrl-C cancels "
-                    "cleanly (checkpoint kept); --resume continues.",
+                    "config.json, metrics.jsonl, checkpoint.pt, ranks.npz and summary.json. Ctrl-C or SIGTERM (a "
+                    "scheduler's stop) cancels cleanly (checkpoint kept); --resume continues.",
         epilog="Method parameters: --set NAME=VALUE (repeatable), typed by the method's card in models/ "
                "(lists: comma-separated). 'crossview train --list' shows the methods; 'crossview train METHOD --help' "
                "lists METHOD's parameters with their defaults, ranges and help.")
@@ -264,16 +264,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     follower = os.environ.get("RANK", "0") not in ("", "0")
     printer = EventPrinter(stream=open(os.devnull, "w")) if follower else EventPrinter()
     summary = None
-    stop = {"asked": False}
+    stop = {"asked": False, "signal": None}
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        if stop["asked"]:          # a second Ctrl-C: stop now, keeping the last checkpoint
+    def on_signal(signum: int, frame: Any) -> None:
+        # Ctrl-C and SIGTERM (a scheduler's or `timeout`'s stop) alike: stop at the next event, checkpoint, resume
+        if stop["asked"]:          # a second one: stop now, keeping the last checkpoint
             raise KeyboardInterrupt
-        stop["asked"] = True
-        print("\ncrossview: stopping after the current batch (Ctrl-C again to stop at once)", file=sys.stderr)
+        stop["asked"], stop["signal"] = True, signum
+        again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM"
+        print(f"\ncrossview: {signal.Signals(signum).name} received: stopping after the current batch "
+              f"({again} to stop at once)", file=sys.stderr)
 
-    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
-        else None
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for ev in gen:
             printer(ev)
@@ -285,12 +289,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         stop["asked"] = summary is None
     finally:
         printer.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if stop["asked"] and summary is None:
         gen.close()  # cancel at this event: the engine checkpoints and records "cancelled"
-        print(f"crossview: cancelled; continue with: crossview train --resume {gen.run_dir}", file=sys.stderr)
-        return 130
+        how = "stopped by SIGTERM" if stop["signal"] == signal.SIGTERM else "cancelled"
+        print(f"crossview: {how}; continue with: crossview train --resume "
+              f"{gen.run_dir}", file=sys.stderr)
+        return 128 + int(stop["signal"] or signal.SIGINT)
     if follower:
         return 0
     if summary is None:  # pragma: no cover - the engine always ends with Finished or raises
