@@ -499,3 +499,36 @@ def test_a_fifo_in_place_of_a_run_file_is_refused_not_waited_on(tmp_path, finish
         read_summary(run)
     with pytest.raises(CrossViewError, match=r"metrics\.jsonl: not a regular file"):
         list(eio.read_events(run / "metrics.jsonl"))
+
+
+# ---------------------------------------------------------------------------- run settings are the run's
+def test_a_run_written_on_a_gpu_resumes_and_opens_on_the_device_asked_for_now(tmp_path, toy):
+    """A checkpoint keeps learned state and the method's hyperparameters, never the device (nor worker counts):
+    a run whose checkpoint and config say cuda:0 (as one written on a GPU machine does, before this rule too)
+    resumes with --device cpu on the CPU, its log says so, and loading it for queries does not ask for CUDA."""
+    ds, feats = toy
+    run = tmp_path / "run"
+    params = {"dim": 16, "max_epochs": 4, "batch_size": 32, "lr": 0.01}
+    gen = train("wsabie", ds, run_dir=run, features=feats, device="cpu", params=params, checkpoint_seconds=0.0)
+    for ev in gen:
+        if isinstance(ev, CheckpointSaved):
+            break
+    gen.close()
+    ckpt = eio.load_checkpoint(run / "checkpoint.pt")
+    assert "device" not in ckpt["method_state"]["params"], "a checkpoint holds no run setting"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["device"] == "cpu" and "device" not in cfg["params"], "config.json: the run's device, once"
+    # what a GPU machine wrote (and what checkpoints before this rule held)
+    ckpt["method_state"]["params"]["device"] = "cuda:0"
+    eio.save_checkpoint(run / "checkpoint.pt", ckpt)
+    cfg.update(device="cuda:0", device_selected="cuda:0", user_params={**params, "device": "cuda:0"})
+    (run / "config.json").write_text(json.dumps(cfg))
+    events = list(resume(run, data=ds, features=feats, device="cpu"))
+    assert isinstance(events[-1], Finished), events[-1]
+    assert events[-1].summary["device"] == "cpu"
+    logged = [e.message for e in events if isinstance(e, Log)]
+    assert any("device cpu" in m for m in logged), logged
+    # loading that checkpoint for queries (open_run's way) keeps the device of the object loading it
+    from crossview.methods import create_method
+    m = create_method("wsabie", device="cpu").load_state_dict(ckpt["method_state"])
+    assert m.device == "cpu" and m.dim == 16

@@ -551,7 +551,7 @@ class _Run:
         cfg = dict(self.cfg.__dict__)
         cfg.update({
             "format": _FORMAT,
-            "params": self.method.get_params(),
+            "params": self.method.saved_params(),
             "user_params": dict(self.cfg.params),
             "dataset": self.dataset.name,
             "dataset_fingerprint": self.dataset.fingerprint(),
@@ -1040,7 +1040,7 @@ class _Run:
             "rsum": float(res["rsum"]),
             "train_seconds": round(self.train_seconds, 3),
             "status": "finished",
-            "params": self.method.get_params(),
+            "params": self.method.saved_params(),
             "image_encoder": f.image_encoder,
             "text_encoder": f.text_encoder,
             "n_images": test.n_images,
@@ -1206,6 +1206,7 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
     cfg.params = dict(raw.get("user_params", cfg.params))
     if device is not None:
         cfg.device = device
+        cfg.params.pop("device", None)     # a --set device=... of the first start gives way to the device asked now
     rank, _ = _distributed(cfg.device)
     holder = run_is_locked(folder) if rank == 0 else None    # under torchrun rank 0 alone writes
     if holder is not None:

@@ -78,6 +78,10 @@ class Method:
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
     default_image_norm: ClassVar[str] = "none"
     default_text_norm: ClassVar[str] = "none"
+    #: parameters that say how a run executes, not what is learned: the engine sets them from the run's own
+    #: settings; a checkpoint neither saves nor restores them (a run trained on cuda:0 resumes or opens on the
+    #: device asked for now)
+    RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset({"device", "workers", "n_jobs"})
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -200,15 +204,20 @@ class Method:
         """``{"method", "params", "state"}``: the parameters and every learned attribute (``*_``).
 
         Subclasses holding torch modules or optimisers override this (and :meth:`load_state_dict`)."""
-        return {"method": self.name, "params": self.get_params(),
+        return {"method": self.name, "params": self.saved_params(),
                 "state": {k: getattr(self, k) for k in self._learned_names()}}
+
+    def saved_params(self) -> dict[str, Any]:
+        """The parameters a checkpoint keeps: all but the run settings (:attr:`RUN_SETTINGS`)."""
+        return {k: v for k, v in self.get_params().items() if k not in self.RUN_SETTINGS}
 
     def load_state_dict(self, d: dict[str, Any]) -> "Method":
         """Restore parameters and learned attributes from :meth:`state_dict`'s output; returns ``self``."""
         if d.get("method") and self.name and d["method"] != self.name:
             raise CrossViewError(f"this checkpoint is for method {d['method']!r}, not {self.name!r}; "
                                  f"load it with create_method({d['method']!r})")
-        self.set_params(**d.get("params", {}))
+        # run settings in a checkpoint written before they were left out are not restored: this object's stand
+        self.set_params(**{k: v for k, v in d.get("params", {}).items() if k not in self.RUN_SETTINGS})
         for k, v in d.get("state", {}).items():
             setattr(self, k, v)
         return self
