@@ -30,6 +30,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.query",
     "crossview.commands.explain",
     "crossview.commands.screenshot",
+    "crossview.commands.runs",
 ]
 
 EXIT_USAGE = 2

@@ -112,6 +112,33 @@ def test_rename_and_delete_runs(qtbot, panel: TrainPanel) -> None:
     assert not new.exists() and panel.runs_list.count() == 0
 
 
+def test_a_run_another_process_writes_is_neither_renamed_nor_deleted(qtbot, panel: TrainPanel) -> None:
+    """The runs list goes through the run store: while a `crossview train` in another terminal holds the run's
+    writer lock, Rename and Delete say so (naming its PID) and leave the folder whole; then both work."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from test_runs_store import _Writer
+
+    panel.select_method("cca")
+    panel.set_param("n_components", 4)
+    with qtbot.waitSignal(panel.run_finished, timeout=120_000) as sig:
+        panel.start()
+    run = Path(sig.args[0])
+    with _Writer(run) as writer:
+        panel.refresh_runs()
+        panel.select_run(run)
+        assert f"PID {writer.proc.pid}" in panel.runs_list.currentItem().toolTip()
+        assert panel.rename_selected("elsewhere") is None
+        assert f"PID {writer.proc.pid}" in panel.last_error and run.is_dir()
+        assert not panel.delete_selected(confirm=False)
+        assert f"PID {writer.proc.pid}" in panel.last_error and (run / "summary.json").is_file()
+        assert panel.eta_label.text() != "Failed", "a refused rename is not a failed training"
+    for box in panel.findChildren(QMessageBox):
+        box.close()
+    assert panel.rename_selected("elsewhere") == run.with_name("elsewhere")
+    assert panel.delete_selected(confirm=False) and not run.with_name("elsewhere").exists()
+
+
 def test_bad_parameter_gives_a_clear_error(qtbot, panel: TrainPanel) -> None:
     panel.select_method("cca")
     panel.set_param("reg", "-1")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.core.errors import CrossViewError
+from crossview.engine.runs import list_runs  # noqa: F401  (the run store's; kept here for older imports)
 
 __all__ = ["OpenRun", "open_run", "list_runs"]
 
@@ -172,39 +173,3 @@ def _representation_features(dataset: Any, config: dict[str, Any], spec: dict[st
 
     return restore_representation_features(dataset, spec["representation"], fit_on=config.get("train_split", "train"),
                                            progress=progress, should_stop=should_stop)
-
-
-def list_runs(root: str | Path | None = None) -> list[Path]:
-    """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
-    (folders with a ``tune.json``) and of experiments (an ``experiment.json``) included."""
-    from crossview.core.settings import get_settings
-
-    base = Path(root) if root is not None else get_settings().runs_dir
-    if not base.is_dir():
-        return []
-
-    def mtime(p: Path) -> float | None:
-        try:
-            return (p / "config.json").stat().st_mtime if (p / "config.json").is_file() else None
-        except OSError:        # unreadable, or removed while listing
-            return None
-
-    def children(p: Path) -> list[Path]:
-        try:
-            return list(p.iterdir())
-        except OSError:
-            return []
-
-    runs = []
-    for p in children(base):
-        if (t := mtime(p)) is not None:
-            runs.append((t, p))
-        else:
-            try:
-                # a search (crossview tune) or an experiment (crossview experiment): its trials are runs too
-                search = (p / "tune.json").is_file() or (p / "experiment.json").is_file()
-            except OSError:
-                search = False
-            if search:
-                runs.extend((t, q) for q in children(p) if (t := mtime(q)) is not None)
-    return [p for _, p in sorted(runs, key=lambda tp: tp[0], reverse=True)]

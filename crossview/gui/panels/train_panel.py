@@ -17,7 +17,6 @@ appear with no change to this file. Run alone: ``python -m crossview.gui.panels.
 from __future__ import annotations
 
 import html
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -1092,6 +1091,15 @@ class TrainPanel(QWidget):
             self._pending_log.clear()
         self.curves.flush()
 
+    def _refuse(self, message: str, title: str) -> None:
+        """A runs-list action that was refused (a run being written, a name taken): said in the log and a box;
+        the training state and its ETA line are not touched."""
+        self.last_error = message
+        self.log.appendPlainText(f"{title}: {message}")
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, parent=self)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.open()
+
     def _fail(self, message: str, details: str, title: str = "Training failed") -> None:
         self.last_error = message
         self.log.appendPlainText(f"ERROR: {message}")
@@ -1152,20 +1160,18 @@ class TrainPanel(QWidget):
 
     # ------------------------------------------------------------------ runs list
     def refresh_runs(self) -> None:
-        from crossview.engine.run import read_status
-        from crossview.engine.session import list_runs
+        from crossview.engine.runs import describe_run, list_runs
 
         current = self.runs_list.currentItem().data(Qt.ItemDataRole.UserRole) if self.runs_list.currentItem() else None
         self.runs_list.clear()
         for path in list_runs(self.runs_root):
-            try:
-                status = read_status(path).get("status", "?")
-            except CrossViewError:
-                status = "?"
+            info = describe_run(path)
             # a search's trials say which search they belong to (after the status, which matters more)
             where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
-            it = QListWidgetItem(f"{path.name}   [{status}]{where}")
-            it.setToolTip(str(path))
+            it = QListWidgetItem(f"{path.name}   [{info.status}]{where}")
+            rsum = f", rsum {info.rsum:.1f}" if info.rsum is not None else ""
+            writer = f"\nbeing written by PID {info.writer_pid}" if info.writer_pid is not None else ""
+            it.setToolTip(f"{path}\n{info.method} on {info.data}{rsum}{writer}")
             it.setData(Qt.ItemDataRole.UserRole, str(path))
             self.runs_list.addItem(it)
             if str(path) == current:
@@ -1247,18 +1253,19 @@ class TrainPanel(QWidget):
             return None
         old = Path(it.data(Qt.ItemDataRole.UserRole))
         if self._busy_with(old):
-            self._fail("this run is training (or is a trial of the running search); stop it before renaming", "")
+            self._refuse("this run is training (or is a trial of the running search); stop it before renaming",
+                         "Cannot rename run")
             return None
         if new_name is None:
             new_name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old.name)
             if not ok:
                 return None
-        new_name = new_name.strip()
-        target = old.with_name(new_name)
-        if not new_name or any(ch in new_name for ch in "/\\") or target.exists():
-            self._fail(f"cannot rename to {new_name!r}: " + ("that run exists" if target.exists() else "invalid name"), "")
+        from crossview.engine.runs import rename_run
+        try:
+            target = rename_run(old, new_name)      # refused while another process writes the run
+        except CrossViewError as e:
+            self._refuse(str(e), "Cannot rename run")
             return None
-        old.rename(target)
         self.refresh_runs()
         self.select_run(target)
         self.runs_changed.emit()
@@ -1270,14 +1277,20 @@ class TrainPanel(QWidget):
             return False
         path = Path(it.data(Qt.ItemDataRole.UserRole))
         if self._busy_with(path):
-            self._fail("this run is training (or is a trial of the running search); stop it before deleting it", "")
+            self._refuse("this run is training (or is a trial of the running search); stop it before deleting it",
+                         "Cannot delete run")
             return False
         if confirm:
             answer = QMessageBox.question(self, "Delete run", f"Delete the run folder {path}?\n\nIts checkpoint, "
                                           "metrics and annotations are removed for good.")
             if answer != QMessageBox.StandardButton.Yes:
                 return False
-        shutil.rmtree(path)
+        from crossview.engine.runs import delete_run
+        try:
+            delete_run(path)                        # refused while another process writes the run
+        except CrossViewError as e:
+            self._refuse(str(e), "Cannot delete run")
+            return False
         self.refresh_runs()
         self.runs_changed.emit()
         return True

@@ -1,0 +1,177 @@
+"""The run store: list, describe, rename and delete run folders, knowing the writer lock.
+
+Every front end goes through here (the app's runs list, ``crossview runs``), so a run that a process is writing
+(``crossview train``, the app, a search, an experiment: they hold the run's ``writer.lock``, see
+:mod:`crossview.engine.run`) is never renamed or deleted under it: the change is refused in one line naming the
+PID. Renaming and deleting take the writer lock themselves for the time of the change, so a writer cannot start
+half-way through either. Deleting is refused for a folder that is not a run (no ``config.json``): a mistyped path
+never removes anything else.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from crossview.core.errors import CrossViewError
+from crossview.engine.run import CONFIG, _holder_info, _new_lock, read_config, read_status, run_is_locked
+
+__all__ = ["RunInfo", "describe_run", "list_runs", "rename_run", "delete_run"]
+
+
+def list_runs(root: str | Path | None = None) -> list[Path]:
+    """Run folders under ``root`` (default: the user's runs folder), newest first, the trials of searches
+    (folders with a ``tune.json``) and of experiments (an ``experiment.json``) included."""
+    from crossview.core.settings import get_settings
+
+    base = Path(root) if root is not None else get_settings().runs_dir
+    if not base.is_dir():
+        return []
+
+    def mtime(p: Path) -> float | None:
+        try:
+            return (p / CONFIG).stat().st_mtime if (p / CONFIG).is_file() else None
+        except OSError:        # unreadable, or removed while listing
+            return None
+
+    def children(p: Path) -> list[Path]:
+        try:
+            return list(p.iterdir())
+        except OSError:
+            return []
+
+    runs = []
+    for p in children(base):
+        if (t := mtime(p)) is not None:
+            runs.append((t, p))
+        else:
+            try:
+                # a search (crossview tune) or an experiment (crossview experiment): its trials are runs too
+                search = (p / "tune.json").is_file() or (p / "experiment.json").is_file()
+            except OSError:
+                search = False
+            if search:
+                runs.extend((t, q) for q in children(p) if (t := mtime(q)) is not None)
+    return [p for _, p in sorted(runs, key=lambda tp: tp[0], reverse=True)]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the runs list shows of one run."""
+
+    path: Path
+    method: str
+    data: str
+    status: str          # finished, running, cancelled, failed, interrupted (running, but no process writes it), ?
+    rsum: float | None
+    split: str | None
+    created: str
+    writer_pid: int | None     # the process writing it now, if any
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "name": self.name, "method": self.method, "data": self.data,
+                "status": self.status, "rsum": self.rsum, "split": self.split, "created": self.created,
+                "writer_pid": self.writer_pid}
+
+
+def describe_run(path: str | Path) -> RunInfo:
+    """:class:`RunInfo` of the run in ``path``; damaged files show as ``?`` rather than raising."""
+    folder = Path(path)
+    try:
+        cfg = read_config(folder)
+    except CrossViewError:
+        cfg = {}
+    try:
+        status = str(read_status(folder).get("status", "?"))
+    except CrossViewError:
+        status = "?"
+    pid = run_is_locked(folder)
+    if status == "running" and pid is None:
+        status = "interrupted"          # says running, but no process holds its lock: it was killed
+    rsum = None
+    if status == "finished":
+        from crossview.engine.run import read_summary
+        try:
+            value = read_summary(folder).get("rsum")
+            rsum = float(value) if isinstance(value, (int, float)) else None
+        except CrossViewError:
+            pass
+    data = cfg.get("data") or cfg.get("dataset") or "?"
+    return RunInfo(path=folder, method=str(cfg.get("method", "?")), data=str(data), status=status, rsum=rsum,
+                   split=cfg.get("split") if isinstance(cfg.get("split"), str) else None,
+                   created=str(cfg.get("created", "")), writer_pid=pid)
+
+
+def iter_runs(root: str | Path | None = None) -> Iterator[RunInfo]:
+    for path in list_runs(root):
+        yield describe_run(path)
+
+
+def _check_is_run(folder: Path, todo: str) -> None:
+    if not folder.is_dir():
+        raise CrossViewError(f"{folder}: no such run folder")
+    if not (folder / CONFIG).is_file():
+        raise CrossViewError(f"{folder}: not a run folder (no {CONFIG}); nothing was {todo}")
+
+
+class _Held:
+    """The run's writer lock for the time of a rename / delete; refused in one line when a process holds it."""
+
+    def __init__(self, folder: Path, todo: str) -> None:
+        self.folder, self.todo = folder, todo
+        self.lock = _new_lock(folder)
+
+    def __enter__(self) -> "_Held":
+        from filelock import Timeout
+
+        try:
+            self.lock.acquire(timeout=0.5)
+        except Timeout:
+            pid = _holder_info(self.folder).get("pid", "?")
+            raise CrossViewError(f"{self.folder} is being written by PID {pid} (a training, search or experiment); "
+                                 f"it was not {self.todo}: stop that process first (kill {pid}), or wait for it "
+                                 "to finish") from None
+        except (OSError, ValueError) as e:
+            raise CrossViewError(f"{self.folder}: cannot lock the run folder "
+                                 f"({getattr(e, 'strerror', None) or e}); it was not {self.todo}") from None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.lock.release(force=True)
+        except OSError:      # the folder (and its lock file) is gone: the descriptor is closed all the same
+            pass
+
+
+def rename_run(path: str | Path, new_name: str) -> Path:
+    """Rename the run folder ``path`` to ``new_name`` beside it; returns the new path. Refused (one line) for
+    a name with a path separator, an existing target, a folder that is not a run, or a run a process writes."""
+    folder = Path(path)
+    _check_is_run(folder, "renamed")
+    name = new_name.strip()
+    if not name or name in (".", "..") or any(ch in name for ch in "/\\\0"):
+        raise CrossViewError(f"cannot rename {folder.name!r} to {new_name!r}: give a plain folder name "
+                             "(no / or \\)")
+    target = folder.with_name(name)
+    if target == folder:
+        return folder
+    if target.exists():
+        raise CrossViewError(f"cannot rename {folder.name!r} to {name!r}: {target} exists")
+    with _Held(folder, "renamed"):
+        folder.rename(target)
+    return target
+
+
+def delete_run(path: str | Path) -> None:
+    """Delete the run folder ``path`` for good. Refused (one line) for a folder that is not a run or a run a
+    process writes; the lock is held while the folder is removed."""
+    folder = Path(path)
+    _check_is_run(folder, "deleted")
+    with _Held(folder, "deleted"):
+        shutil.rmtree(folder)
