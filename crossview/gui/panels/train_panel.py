@@ -438,6 +438,8 @@ class TrainPanel(QWidget):
                      if isinstance(v, (int, float, str, bool))}
         slots = self._show_slots(name, specs)
         for pname, spec in specs.items():
+            if pname == "device":       # a run setting: the "Features and device" box sets it, once for every method
+                continue
             if pname in slots:
                 self._getters[pname] = (spec, slots[pname].value)
                 continue
