@@ -77,7 +77,7 @@ def test_train_query_mark_compare_present(qtbot, window: MainWindow, small_demo:
     assert marks[-1]["relevant"] is True and marks[-1]["item"] == int(qp.caption_list.item(0).data(ItemRole))
 
     # a second run - a short BITR - then compare the two in Inspect
-    run_b = _train(qtbot, window, "bitr", loss="C", C=100.0, max_iter=60, pca_dim=64, device="cpu")
+    run_b = _train(qtbot, window, "bitr", loss="C", C=100.0, max_iter=60, pca_dim=64)
     assert json.loads((run_b / "summary.json").read_text())["method"] == "bitr"
     ip = window.inspect_panel
     assert ip.run_a is not None and str(ip.run_a.path) == str(run_b)

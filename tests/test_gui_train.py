@@ -93,6 +93,7 @@ def test_pause_and_continue(qtbot, panel: TrainPanel) -> None:
     n = len(panel.curves.points("mse")[0])
     qtbot.wait(200)
     assert len(panel.curves.points("mse")[0]) <= n + 2
+    assert panel.eta_label.text() == "Paused", "events already on their way do not overwrite it"
     panel.toggle_pause()
     qtbot.waitUntil(lambda: len(panel.curves.points("mse")[0]) > n + 10, timeout=30_000)
     with qtbot.waitSignal(panel.task.finished, timeout=30_000):
@@ -601,9 +602,9 @@ def test_training_webly_from_the_panel_feeds_the_slot_to_the_run(qtbot, panel: T
     web = _image_tag_folder(tmp_path / "web", 9)
     panel.set_dataset(load_dataset(clean))
     panel.select_method("webly")
-    for name, value in {"embed_dim": 16, "batch_size": 4, "max_epochs": 1, "stage2_epochs": 1,
-                        "device": "cpu"}.items():
+    for name, value in {"embed_dim": 16, "batch_size": 4, "max_epochs": 1, "stage2_epochs": 1}.items():
         panel.set_param(name, value)
+    panel.device_combo.setCurrentIndex(panel.device_combo.findData("cpu"))     # the run's device: set once
     slot = panel.slots()["web"]
     with qtbot.waitSignal(slot.described, timeout=30_000, check_params_cb=lambda t: "reading" not in t):
         panel.set_param("web", str(web))

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from crossview.core.progress import format_seconds
+
 __all__ = ["EventPrinter", "ProgressPrinter", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
 
 
@@ -23,16 +25,6 @@ def print_result(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def format_seconds(s: float) -> str:
-    """``7 s``, ``3 min 05 s``, ``1 h 02 min``: a duration for a person."""
-    s = max(0, int(round(s)))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 class ProgressPrinter:

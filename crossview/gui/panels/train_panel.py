@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDia
                                QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout, QWidget)
 
+from crossview.core.progress import StageEta, format_seconds, stage_key
 from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Progress, TrialFinished, Validation
 from crossview.engine.tune import TuneResult
 from crossview.core.errors import CrossViewError
@@ -141,6 +142,7 @@ class TrainPanel(QWidget):
         #: in a worker is never destroyed under it; only the selected method's are shown
         self._slots: dict[tuple[str, str], DatasetSlot] = {}
         self._t0 = 0.0
+        self._eta = StageEta()
         self.search_dialog: SearchDialog | None = None
         self.search_folder: Path | None = None
         self.search_result: Any = None       #: the last search's TuneResult (None until one finishes)
@@ -705,6 +707,7 @@ class TrainPanel(QWidget):
             self.view_tabs.setCurrentIndex(1)
         self.log.appendPlainText(f"== {title} -> {run_dir}")
         self._t0 = time.monotonic()
+        self._eta = StageEta()
         self.progress.setValue(0)
         self.eta_label.setText("Starting...")
         task = EventTask(factory, name="train", parent=self)
@@ -723,9 +726,11 @@ class TrainPanel(QWidget):
             return
         if self.task.paused:
             self.task.resume()
+            self._eta.resume()
             self.eta_label.setText("Continuing...")
         else:
             self.task.pause()
+            self._eta.pause()
             self.eta_label.setText("Paused")
 
     def stop(self) -> None:
@@ -1039,10 +1044,12 @@ class TrainPanel(QWidget):
         if isinstance(ev, Progress):
             frac = ev.fraction
             self.progress.setValue(int(1000 * frac))
-            elapsed = time.monotonic() - self._t0
-            if 0.02 < frac < 1:
-                eta = elapsed * (1 - frac) / frac
-                self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%  ETA {eta:.0f} s")
+            # the time left in this stage at its own rate (earlier stages and pauses do not count)
+            eta = self._eta.update(stage_key(ev.message, ev.total), frac) if ev.total else None
+            if self._eta.paused:
+                self.eta_label.setText("Paused")    # events already on their way do not overwrite it
+            elif eta is not None:
+                self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%  ETA {format_seconds(eta)}")
             else:
                 self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%" if ev.total else ev.message)
         elif isinstance(ev, Loss):
@@ -1072,7 +1079,6 @@ class TrainPanel(QWidget):
         total = max(1, search["total"])
         if ev.message != "trials":
             search["inner"] = ev.fraction
-        elapsed = time.monotonic() - self._t0
         if search["done"] >= search["total"]:
             self.progress.setValue(1000)
             self.eta_label.setText(f"refitting the best point: {ev.message}" if ev.message != "trials" else
@@ -1081,8 +1087,11 @@ class TrainPanel(QWidget):
         frac = min(1.0, (search["done"] + search["inner"]) / total)
         self.progress.setValue(int(1000 * frac))
         head = f"trial {min(search['done'] + 1, search['total'])}/{search['total']}"
-        if 0.02 < frac < 1:
-            self.eta_label.setText(f"{head}  {100 * frac:.0f}%  ETA {elapsed * (1 - frac) / frac:.0f} s")
+        eta = self._eta.update("search", frac)      # the whole search is one stage (pauses excluded)
+        if self._eta.paused:
+            self.eta_label.setText("Paused")
+        elif eta is not None:
+            self.eta_label.setText(f"{head}  {100 * frac:.0f}%  ETA {format_seconds(eta)}")
         else:
             self.eta_label.setText(f"{head}  {100 * frac:.0f}%")
 
