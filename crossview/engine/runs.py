@@ -13,12 +13,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from crossview.core.errors import CrossViewError
-from crossview.engine.run import CONFIG, _holder_info, _new_lock, read_config, read_status, run_is_locked
+from crossview.engine.run import (CHECKPOINT, CONFIG, STATUS, SUMMARY, _holder_info, _new_lock, read_config,
+                                  read_status, resume, run_is_locked)
 
-__all__ = ["RunInfo", "describe_run", "list_runs", "rename_run", "delete_run"]
+__all__ = ["RunInfo", "describe_run", "list_runs", "rename_run", "delete_run", "run_finished", "ensure_run", "drain",
+           "load_fitted"]
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
@@ -175,3 +177,76 @@ def delete_run(path: str | Path) -> None:
     _check_is_run(folder, "deleted")
     with _Held(folder, "deleted"):
         shutil.rmtree(folder)
+
+
+# ---------------------------------------------------------------------------- getting a run done
+def run_finished(run_dir: str | Path) -> bool:
+    """Whether the run in ``run_dir`` finished (its summary written, its status ``finished``)."""
+    folder = Path(run_dir)
+    return (folder / SUMMARY).is_file() and (folder / STATUS).is_file() and \
+        read_status(folder).get("status") == "finished"
+
+
+def ensure_run(run_dir: str | Path, start: Callable[[], Iterator[Any]], *, data: Any = None, features: Any = None,
+               cache: Any = None) -> tuple[str, Iterator[Any] | None]:
+    """Get the run in ``run_dir`` done, the one way every search and experiment does it: ``("finished", None)``
+    when it finished earlier (read it back), ``("resumed", events)`` when it started and stopped (its config.json
+    is there: it continues from its last checkpoint, with ``data`` / ``features`` given again), else
+    ``("started", start())``."""
+    folder = Path(run_dir)
+    if run_finished(folder):
+        return "finished", None
+    if (folder / CONFIG).is_file():
+        return "resumed", resume(folder, data=data, features=features, cache=cache)
+    return "started", start()
+
+
+def drain(events: Iterator[Any], what: str) -> dict[str, Any]:
+    """The result of a run's (or a runner's) events, ``Finished``'s summary; one line when it stopped before."""
+    from crossview.core.events import Finished
+
+    result = None
+    for ev in events:
+        if isinstance(ev, Finished):
+            result = ev.summary
+    if result is None:
+        raise CrossViewError(f"the {what} stopped before it finished; run it again to continue")
+    return result
+
+
+def load_fitted(run_dir: str | Path, checkpoint: dict[str, Any] | None = None) -> Any:
+    """The fitted method of a run, from its checkpoint (weights-only: data, never code; ``checkpoint``: one
+    already read), on this machine's device (a checkpoint holds no run settings). The one way a run's method is
+    loaded (:func:`crossview.engine.session.open_run`, the experiments); a missing, damaged or not-yet-fitted
+    state is one line saying what to do."""
+    from crossview.core.io import load_checkpoint
+    from crossview.methods import create_method
+
+    folder = Path(run_dir)
+    path = folder / CHECKPOINT
+    if checkpoint is None:
+        if not path.is_file():
+            raise CrossViewError(f"{folder}: the run has no checkpoint yet; let it train (or resume it) first")
+        checkpoint = load_checkpoint(path)
+    state = checkpoint.get("method_state")
+    if not state or not isinstance(state, dict):
+        raise CrossViewError(f"{path}: no method state in the checkpoint; it is damaged: resume the run "
+                             f"('crossview train --resume {folder}') or train again")
+    name = state.get("method")
+    if name is None and (folder / CONFIG).is_file():
+        name = read_config(folder).get("method")
+    if not isinstance(name, str):
+        raise CrossViewError(f"{path}: the method name in the checkpoint is {name!r}, not a name; it is damaged: "
+                             "train again")
+    method = create_method(name)
+    try:
+        method = method.load_state_dict(state) or method
+    except CrossViewError:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
+        raise CrossViewError(f"{path}: the method state does not fit {name!r} ({type(e).__name__}: "
+                             f"{str(e)[:160]}); the checkpoint is damaged: train again") from None
+    if not method.is_fitted:
+        raise CrossViewError(f"{folder}: the checkpoint was written before the method learned anything; "
+                             f"resume the run with 'crossview train --resume {folder}'")
+    return method

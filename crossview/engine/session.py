@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.core.errors import CrossViewError
-from crossview.engine.runs import list_runs  # noqa: F401  (the run store's; kept here for older imports)
+from crossview.engine.runs import list_runs, load_fitted  # noqa: F401  (list_runs: for older imports)
 
 __all__ = ["OpenRun", "open_run", "list_runs"]
 
@@ -58,7 +58,6 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     from crossview.core.io import load_checkpoint
     from crossview.engine.run import CHECKPOINT, CONFIG, SUMMARY, _load, read_config, read_summary
     from crossview.features import extract_features
-    from crossview.methods import create_method
 
     folder = Path(run_dir)
     if not (folder / CONFIG).is_file():
@@ -68,18 +67,7 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     config = read_config(folder)
     summary = read_summary(folder) if (folder / SUMMARY).is_file() else {}
     ckpt = load_checkpoint(folder / CHECKPOINT)      # weights-only: a planted pickle never runs
-    state = ckpt.get("method_state")
-    if not state or not isinstance(state, dict):
-        raise CrossViewError(f"{folder / CHECKPOINT}: no method state in the checkpoint; it is damaged: "
-                             f"resume the run ('crossview train --resume {folder}') or train again")
-    name = state.get("method") or config["method"]
-    if not isinstance(name, str):
-        raise CrossViewError(f"{folder / CHECKPOINT}: the method name in the checkpoint is {name!r}, not a name; "
-                             "it is damaged: train again")
-    method = _load_method_state(create_method(name), state, folder / CHECKPOINT)
-    if not method.is_fitted:
-        raise CrossViewError(f"{folder}: the checkpoint was written before the method learned anything; "
-                             f"resume the run with 'crossview train --resume {folder}'")
+    method = load_fitted(folder, ckpt)
     if dataset is None:
         if not config.get("data"):
             raise CrossViewError(f"{folder}: the run was trained on an in-memory dataset; open it with that dataset")
@@ -124,17 +112,6 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     features = restore_normalized(features, spec.get("norm_states"))
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=dataset,
                    features=features)
-
-
-def _load_method_state(method: Any, state: dict[str, Any], path: Path) -> Any:
-    """``method.load_state_dict(state)``; a state that does not fit is a damaged file, said in one line."""
-    try:
-        return method.load_state_dict(state) or method
-    except CrossViewError:
-        raise
-    except Exception as e:  # noqa: BLE001 - anything a malformed state makes the method raise
-        raise CrossViewError(f"{path}: the method state does not fit {method.name!r} ({type(e).__name__}: "
-                             f"{str(e)[:160]}); the checkpoint is damaged: train again") from None
 
 
 def _old_experiment_trial(spec: dict[str, Any], config: dict[str, Any]) -> bool:

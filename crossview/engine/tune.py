@@ -315,7 +315,8 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     of the training images when the evaluation split would otherwise be used, the mean over the folds. Every
     input is checked before anything is extracted or trained.
     """
-    from crossview.engine.run import SUMMARY, _load, resume, train
+    from crossview.engine.run import SUMMARY, _load, train
+    from crossview.engine.runs import ensure_run, run_finished
     from crossview.methods import create_method
 
     ds, source = _load(data, data_format, image_root)
@@ -372,20 +373,18 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
             run_dir = folder / f"trial-{i:03d}{part.suffix}"
             dirs.append(str(run_dir))
             where = f"trial {i}/{len(points)}" + (f" fold {j}/{n_parts}" if n_parts > 1 else "")
-            if (run_dir / SUMMARY).is_file():
+            if run_finished(run_dir):
                 summaries.append(read_json(run_dir / SUMMARY))
                 continue
             if feats is None:
                 feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
                                          device=device)
-            if (run_dir / "config.json").is_file():
-                it = resume(run_dir, data=ds, features=feats, cache=cache)
-            else:
-                it = train(method, ds, run_dir=run_dir, params=method_params, split=part.eval_split,
-                           train_split=part.train_split, val_split=None, image_encoder=image_encoder,
-                           text_encoder=text_encoder, device=device, seed=seed, features=feats, cache=cache,
-                           derived_splits=part.derived, image_norm=run_kw.get("image_norm", image_norm),
-                           text_norm=run_kw.get("text_norm", text_norm))
+            _, it = ensure_run(run_dir, lambda: train(
+                method, ds, run_dir=run_dir, params=method_params, split=part.eval_split, train_split=part.train_split,
+                val_split=None, image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
+                features=feats, cache=cache, derived_splits=part.derived,
+                image_norm=run_kw.get("image_norm", image_norm), text_norm=run_kw.get("text_norm", text_norm)),
+                data=ds, features=feats, cache=cache)
             summary = None
             for ev in it:
                 if isinstance(ev, Finished):
@@ -422,7 +421,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         yield Log(f"refitting the best point ({_label(best)}) on all {train_split} images, reported on "
                   f"{sel.reported_on}" + (f" ({OPTIMISTIC})" if sel.optimistic else ""),
                   "warning" if sel.optimistic else "info")
-        if (best_dir / SUMMARY).is_file():
+        if run_finished(best_dir):
             result.refit = read_json(best_dir / SUMMARY)
         else:
             if feats is None:
@@ -430,13 +429,12 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
                                          device=device)
             provenance = {"what": "parameters", "by": "search", "search": str(folder), "point": dict(best),
                           "metric": metric, **sel.record()}
-            it = (resume(best_dir, data=ds, features=feats, cache=cache) if (best_dir / "config.json").is_file()
-                  else train(method, ds, run_dir=best_dir,
-                             params={**fixed, **{k: v for k, v in best.items() if k not in RUN_KEYS}},
-                             train_split=train_split, val_split="val", image_encoder=image_encoder,
-                             text_encoder=text_encoder, device=device, seed=seed, features=feats, cache=cache,
-                             image_norm=best.get("image_norm", image_norm), text_norm=best.get("text_norm", text_norm),
-                             selection=provenance))
+            _, it = ensure_run(best_dir, lambda: train(
+                method, ds, run_dir=best_dir, params={**fixed, **{k: v for k, v in best.items() if k not in RUN_KEYS}},
+                train_split=train_split, val_split="val", image_encoder=image_encoder, text_encoder=text_encoder,
+                device=device, seed=seed, features=feats, cache=cache, image_norm=best.get("image_norm", image_norm),
+                text_norm=best.get("text_norm", text_norm), selection=provenance),
+                data=ds, features=feats, cache=cache)
             for ev in it:
                 if isinstance(ev, Finished):
                     result.refit = ev.summary

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from crossview.engine.runs import run_finished  # noqa: F401  (the run store's; re-exported)
+
 __all__ = ["plain", "mean_std", "run_finished", "new_experiment_dir", "relay_run"]
 
 
@@ -37,14 +39,6 @@ def mean_std(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, An
             mean[key] = float(a.mean())
             std[key] = float(a.std()) if len(a) > 1 else 0.0
     return mean, std
-
-
-def run_finished(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` finished (its summary written, its status ``finished``)."""
-    from crossview.engine.run import STATUS, SUMMARY, read_status
-
-    return (run_dir / SUMMARY).is_file() and (run_dir / STATUS).is_file() and \
-        read_status(run_dir).get("status") == "finished"
 
 
 def new_experiment_dir(kind: str, name: str) -> Path:

@@ -161,8 +161,9 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     the arguments as :func:`crossview.experiments.bitr_table.run_bitr_table`'s)."""
     from crossview.core.io import atomic_write_json
     from crossview.data.views import check_text_view, label_text, text_view
-    from crossview.engine.run import read_summary, resume, train
-    from crossview.experiments.bitr_table import _coerce, _load_fitted, _representation_record, make_folds, parse_ks
+    from crossview.engine.run import read_summary, train
+    from crossview.engine.runs import ensure_run, load_fitted
+    from crossview.experiments.bitr_table import _coerce, _representation_record, make_folds, parse_ks
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,
                                            check_representation, method_data_for_images, representation_record)
@@ -262,20 +263,19 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
                 yield Log(f"{fold.name} {m}: finished earlier ({name}), read back")
                 continue
             registry, fixed = LABEL_METHODS[m]
-            if not run_finished(run_dir):
-                if (run_dir / "config.json").is_file():
-                    it = resume(run_dir, data=vds, features=feats)
-                else:
-                    it = train(registry, vds, run_dir=run_dir, params={**params[m], **fixed}, split="exp-test",
-                               train_split="exp-train", val_split="exp-val" if fold.val is not None else None,
-                               derived_splits=fold.derived_splits(), device=device, seed=seed, features=feats,
-                               image_encoder=feats.image_encoder if representation == "default" else None,
-                               text_encoder=feats.text_encoder if representation == "default" else None,
-                               representation=rep_record, image_norm="none", text_norm="none", text_view=view)
+            _, it = ensure_run(run_dir, lambda: train(
+                registry, vds, run_dir=run_dir, params={**params[m], **fixed}, split="exp-test",
+                train_split="exp-train", val_split="exp-val" if fold.val is not None else None,
+                derived_splits=fold.derived_splits(), device=device, seed=seed, features=feats,
+                image_encoder=feats.image_encoder if representation == "default" else None,
+                text_encoder=feats.text_encoder if representation == "default" else None,
+                representation=rep_record, image_norm="none", text_norm="none", text_view=view),
+                data=vds, features=feats)
+            if it is not None:
                 yield Progress(step, total, f"{fold.name}: training {m}")
                 if (yield from relay_run(it, f"{fold.name} {m}", folder, stop)):
                     return
-            method = _load_fitted(run_dir)
+            method = load_fitted(run_dir)
             s_i2t, s_t2i = _scores(method, m, test_md, vocab, vocab_text)
             res = {**label_metrics(s_i2t, s_t2i, rel, ks),
                    "train_seconds": float(read_summary(run_dir).get("train_seconds", float("nan")))}
@@ -300,11 +300,8 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
 
 def bitr_labels(dataset: Any, **kwargs: Any) -> dict[str, Any]:
     """:func:`run_bitr_labels` drained: the result."""
-    for ev in run_bitr_labels(dataset, **kwargs):
-        if isinstance(ev, Finished):
-            return ev.summary
-    raise CrossViewError("the experiment stopped before it finished; run it again with the same --exp-dir to "
-                         "continue")
+    from crossview.engine.runs import drain
+    return drain(run_bitr_labels(dataset, **kwargs), "label experiment (run it again with the same --exp-dir)")
 
 
 # ====================================================================== layout

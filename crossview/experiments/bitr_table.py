@@ -564,28 +564,6 @@ def default_experiment_dir(dataset_name: str, representation: str) -> Path:
     return new_experiment_dir("bitr-table", f"{dataset_name}-{representation}")
 
 
-def _load_fitted(run_dir: Path) -> Method:
-    """The fitted method of a finished run, from its checkpoint (weights-only: data, never code)."""
-    from crossview.core.io import load_checkpoint
-    from crossview.engine.run import CHECKPOINT
-    from crossview.methods import create_method
-
-    state = load_checkpoint(run_dir / CHECKPOINT).get("method_state")
-    if not isinstance(state, dict) or not isinstance(state.get("method"), str):
-        raise CrossViewError(f"{run_dir / CHECKPOINT}: no method state in the checkpoint; the run is damaged: "
-                             f"delete the folder {run_dir} and run the experiment again to retrain it")
-    try:
-        method = create_method(state["method"]).load_state_dict(state)
-    except CrossViewError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a state the method cannot take: damaged
-        raise CrossViewError(f"{run_dir / CHECKPOINT}: the method state is damaged ({type(e).__name__}); delete "
-                             f"the folder {run_dir} and run the experiment again to retrain it") from None
-    if not method.is_fitted:
-        raise CrossViewError(f"{run_dir}: the run finished without a fitted method; delete it and run again")
-    return method
-
-
 def _representation_record(rep_kw: dict[str, Any]) -> dict[str, Any]:
     """What the representation's keyword arguments change (where features are cached and computed, and
     values equal to :func:`~crossview.features.topics.build_representation`'s defaults, left out), so that
@@ -678,7 +656,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     "experiment_dir", "runs": {method: [run folder per fold]}}``.
     """
     from crossview.core.io import atomic_write_json
-    from crossview.engine.run import SUMMARY, read_summary, resume, train
+    from crossview.engine.run import SUMMARY, read_summary, train
+    from crossview.engine.runs import ensure_run, load_fitted
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,
                                            check_representation, method_data_for_images, representation_record)
@@ -852,23 +831,21 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             rep_name = row_representation(m, representation)
             yield from data_of(rep_name)
             d = fold_data[rep_name]
-            if not run_finished(run_dir):
-                registry = TABLE_METHODS[m][0]
-                if (run_dir / "config.json").is_file():
+            how, it = ensure_run(run_dir, lambda: train(
+                TABLE_METHODS[m][0], dataset, run_dir=run_dir, params={**params[m], **_row_fixed(m, representation)},
+                split=TEST_SPLIT, train_split=TRAIN_SPLIT, val_split=VAL_SPLIT if fold.val is not None else None,
+                derived_splits=fold.derived_splits(), device=device, seed=seed, features=d.feats,
+                image_encoder=d.feats.image_encoder if rep_name == "default" else None,
+                text_encoder=d.feats.text_encoder if rep_name == "default" else None,
+                representation=rep_records[rep_name], image_norm="none", text_norm="none"),
+                data=dataset, features=d.feats)
+            if it is not None:
+                if how == "resumed":
                     yield Log(f"{fold.name} {m}: resuming {run_dir.name}")
-                    it = resume(run_dir, data=dataset, features=d.feats)
-                else:
-                    it = train(registry, dataset, run_dir=run_dir,
-                               params={**params[m], **_row_fixed(m, representation)}, split=TEST_SPLIT,
-                               train_split=TRAIN_SPLIT, val_split=VAL_SPLIT if fold.val is not None else None,
-                               derived_splits=fold.derived_splits(), device=device, seed=seed, features=d.feats,
-                               image_encoder=d.feats.image_encoder if rep_name == "default" else None,
-                               text_encoder=d.feats.text_encoder if rep_name == "default" else None,
-                               representation=rep_records[rep_name], image_norm="none", text_norm="none")
                 yield Progress(step, total, f"{fold.name}: training {m}")
                 if (yield from relay_run(it, f"{fold.name} {m}", folder, stop)):
                     return
-            method = _load_fitted(run_dir)
+            method = load_fitted(run_dir)
             if cross:
                 res = cross_metrics(method_embedder(method), d.source, d.target, parts, ks=ks, corpus=d.corpus,
                                     overlap_k=overlap_k, index=index)
@@ -933,14 +910,8 @@ def registry_of(table_name: str) -> str:
 
 def bitr_table(dataset: Any, **kwargs: Any) -> dict[str, Any]:
     """:func:`run_bitr_table` drained: the result dict."""
-    result: dict[str, Any] | None = None
-    for ev in run_bitr_table(dataset, **kwargs):
-        if isinstance(ev, Finished):
-            result = ev.summary
-    if result is None:
-        raise CrossViewError("the experiment stopped before it finished; run it again with the same --out "
-                             "folder to continue")
-    return result
+    from crossview.engine.runs import drain
+    return drain(run_bitr_table(dataset, **kwargs), "BITR table (run it again with the same --out folder)")
 
 
 # ====================================================================== layout

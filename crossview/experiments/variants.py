@@ -36,6 +36,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Progress
+from crossview.engine.runs import drain  # noqa: F401  (the run store's; experiments call V.drain)
 from crossview.eval.paired import DEFAULT_RESAMPLES, paired_effect
 from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
 
@@ -238,7 +239,8 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     "steps"}}, "std": {...}, "per_seed": {...}, "paired": {name: ...}, "paired_subsets": {subset: {name: ...}},
     "resolution": {name: ...}, "budget", "chosen", "params", "experiment_dir", "runs"}``."""
     from crossview.core.io import atomic_write_json, read_json
-    from crossview.engine.run import RANKS, STATUS, read_summary, resume, train
+    from crossview.engine.run import RANKS, STATUS, read_summary, train
+    from crossview.engine.runs import ensure_run
     from crossview.experiments.budget import choose_params, parse_budget
     from crossview.methods import create_method, method_class
 
@@ -339,20 +341,18 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
             run_dir = folder / f"{n}-seed{seed}"
             runs[n].append(str(run_dir))
             yield Progress(k, total, f"{n} seed {seed}")
-            if run_finished(run_dir):
+            how, it = ensure_run(run_dir, lambda: train(
+                method, dataset, run_dir=run_dir, params={**run_params[n], "seed": seed}, split=split,
+                train_split=train_of[n], val_split=val_split, device=device, seed=seed, image_encoder=image_encoder,
+                text_encoder=text_encoder, derived_splits=derived_splits or None,
+                selection=None if n not in chosen else
+                {"what": ", ".join(chosen[n]["point"]), "by": "experiment", "selected_on": chosen[n]["selected_on"],
+                 "search": chosen[n]["folder"]}), data=dataset)
+            if it is None:
                 yield Log(f"{n} seed {seed}: finished earlier ({run_dir.name}), read back")
             else:
-                if (run_dir / "config.json").is_file():
+                if how == "resumed":
                     yield Log(f"{n} seed {seed}: resuming {run_dir.name}")
-                    it = resume(run_dir, data=dataset)
-                else:
-                    it = train(method, dataset, run_dir=run_dir, params={**run_params[n], "seed": seed},
-                               split=split, train_split=train_of[n], val_split=val_split, device=device, seed=seed,
-                               image_encoder=image_encoder, text_encoder=text_encoder,
-                               derived_splits=derived_splits or None,
-                               selection=None if n not in chosen else
-                               {"what": ", ".join(chosen[n]["point"]), "by": "experiment",
-                                "selected_on": chosen[n]["selected_on"], "search": chosen[n]["folder"]})
                 if (yield from relay_run(it, f"{n} seed {seed}", folder, stop)):
                     return
                 if not run_finished(run_dir):
@@ -405,17 +405,6 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     atomic_write_json(folder / EXPERIMENT_FILE, {**record, "params": params_all, "result": plain(result)})
     yield Progress(total, total, "done")
     yield Finished(summary=result)
-
-
-def drain(events: Iterator[Event], what: str) -> dict[str, Any]:
-    """The result of a runner's events (``Finished``'s summary); one line when it stopped before the end."""
-    result = None
-    for ev in events:
-        if isinstance(ev, Finished):
-            result = ev.summary
-    if result is None:
-        raise CrossViewError(f"the {what} stopped before it finished; run it again to continue")
-    return result
 
 
 def _subset_queries(query_ids: dict[str, np.ndarray], caption_image: np.ndarray | None,
