@@ -23,11 +23,10 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QDoubleValidator
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout,
-                               QGroupBox, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea,
-                               QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox,
+                               QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMessageBox, QPlainTextEdit, QProgressBar,
+                               QPushButton, QScrollArea, QSizePolicy, QSpinBox, QSplitter, QTableWidget,
+                               QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from crossview.core.progress import StageEta, format_seconds, stage_key
 from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Progress, TrialFinished, Validation
@@ -36,6 +35,7 @@ from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
 from crossview.gui.dataset_slot import DatasetSlot
+from crossview.gui.runs_browser import RunsBrowser
 from crossview.gui.search_dialog import SearchDialog, SearchSpec
 from crossview.gui.workers import EventTask, preload_engine_modules
 
@@ -215,8 +215,6 @@ class TrainPanel(QWidget):
         self.start_button.setObjectName("primary")
         self.pause_button = QPushButton("Pause")
         self.stop_button = QPushButton("Stop")
-        self.resume_button = QPushButton("Resume run")
-        self.resume_button.setToolTip("Continue the selected (stopped or interrupted) run from its last checkpoint")
         self.start_button.clicked.connect(self.start)
         self.search_button = QPushButton("Search...")
         self.search_button.setToolTip("Try several values of the parameters (a validation search): every "
@@ -224,7 +222,6 @@ class TrainPanel(QWidget):
         self.search_button.clicked.connect(lambda: self.open_search_dialog())
         self.pause_button.clicked.connect(self.toggle_pause)
         self.stop_button.clicked.connect(self.stop)
-        self.resume_button.clicked.connect(self.resume_selected)
         buttons = QGridLayout()       # two rows: four buttons in one row are cut in a 345-px form
         for i, b in enumerate((self.start_button, self.search_button, self.pause_button, self.stop_button)):
             buttons.addWidget(b, i // 2, i % 2)
@@ -264,26 +261,19 @@ class TrainPanel(QWidget):
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(5000)
-        self.runs_list = QListWidget()
-        self.runs_list.itemActivated.connect(lambda it: self.open_run.emit(it.data(Qt.ItemDataRole.UserRole)))
-        self.runs_list.itemClicked.connect(lambda it: self.show_history(it.data(Qt.ItemDataRole.UserRole)))
-        self.open_button = QPushButton("Open")
-        self.open_folder_button = QPushButton("Open run folder...")
-        self.open_folder_button.setToolTip("Open a run folder from anywhere (e.g. one trained with --run-dir)")
-        self.rename_button = QPushButton("Rename...")
-        self.delete_button = QPushButton("Delete...")
-        self.open_button.clicked.connect(self._open_selected)
-        self.open_folder_button.clicked.connect(lambda: self.open_run_folder())
-        self.rename_button.clicked.connect(lambda: self.rename_selected())
-        self.delete_button.clicked.connect(lambda: self.delete_selected())
-        rb = QGridLayout()          # two rows: five buttons in one row do not fit a 1280-px window
-        for i, b in enumerate((self.open_button, self.resume_button, self.rename_button, self.delete_button)):
-            rb.addWidget(b, 0, i)
-        rb.addWidget(self.open_folder_button, 1, 0, 1, 4)
-        runs_box = QGroupBox("Runs")
-        rl = QVBoxLayout(runs_box)
-        rl.addWidget(self.runs_list)
-        rl.addLayout(rb)
+        # the runs browser (crossview/gui/runs_browser.py, on the run store); its list and buttons are reachable
+        # here under their old names for the scripted demos and tests
+        self.runs = RunsBrowser(self.runs_root, is_busy=self._busy_with)
+        self.runs.open_run.connect(self.open_run)
+        self.runs.history.connect(self.show_history)
+        self.runs.resume_requested.connect(self.resume)
+        self.runs.runs_changed.connect(self.runs_changed)
+        self.runs.selection_changed.connect(self._update_buttons)
+        self.runs.refused.connect(lambda title, message: self._refuse(message, title))
+        self.runs_list = self.runs.runs_list
+        self.open_button, self.resume_button = self.runs.open_button, self.runs.resume_button
+        self.rename_button, self.delete_button = self.runs.rename_button, self.runs.delete_button
+        self.open_folder_button = self.runs.open_folder_button
 
         top = QWidget()
         tl = QVBoxLayout(top)
@@ -298,7 +288,7 @@ class TrainPanel(QWidget):
         tl.addWidget(self.view_tabs, 1)
         bottom = QSplitter()
         bottom.addWidget(self.log)
-        bottom.addWidget(runs_box)
+        bottom.addWidget(self.runs)
         bottom.setSizes([500, 400])
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(top)
@@ -640,10 +630,8 @@ class TrainPanel(QWidget):
         return "the run has no val split, so there is no per-epoch validation or early stopping."
 
     def resume_selected(self) -> EventTask | None:
-        it = self.runs_list.currentItem()
-        if it is None:
-            return None
-        return self.resume(it.data(Qt.ItemDataRole.UserRole))
+        path = self.runs.selected()
+        return None if path is None else self.resume(path)
 
     def resume(self, run_dir: str | Path) -> EventTask | None:
         """Continue a stopped or interrupted run from its checkpoint."""
@@ -969,9 +957,9 @@ class TrainPanel(QWidget):
     def _search_to_continue(self) -> Path | None:
         """The search folder that Continue search would run: that of the trial selected in the runs list, or
         this panel's last search when it did not finish."""
-        it = self.runs_list.currentItem() if hasattr(self, "runs_list") else None
-        if it is not None:
-            parent = Path(it.data(Qt.ItemDataRole.UserRole)).parent
+        selected = self.runs.selected() if hasattr(self, "runs") else None
+        if selected is not None:
+            parent = selected.parent
             if (parent / "tune.json").is_file():
                 return parent
         if self._last_search is not None and self.search_result is None:
@@ -1171,29 +1159,10 @@ class TrainPanel(QWidget):
 
     # ------------------------------------------------------------------ runs list
     def refresh_runs(self) -> None:
-        from crossview.engine.runs import describe_run, list_runs
-
-        current = self.runs_list.currentItem().data(Qt.ItemDataRole.UserRole) if self.runs_list.currentItem() else None
-        self.runs_list.clear()
-        for path in list_runs(self.runs_root):
-            info = describe_run(path)
-            # a search's trials say which search they belong to (after the status, which matters more)
-            where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
-            it = QListWidgetItem(f"{path.name}   [{info.status}]{where}")
-            rsum = f", rsum {info.rsum:.1f}" if info.rsum is not None else ""
-            writer = f"\nbeing written by PID {info.writer_pid}" if info.writer_pid is not None else ""
-            it.setToolTip(f"{path}\n{info.method} on {info.data}{rsum}{writer}")
-            it.setData(Qt.ItemDataRole.UserRole, str(path))
-            self.runs_list.addItem(it)
-            if str(path) == current:
-                self.runs_list.setCurrentItem(it)
-        self.runs_list.currentItemChanged.connect(lambda *_: self._update_buttons())
+        self.runs.refresh()
 
     def select_run(self, run_dir: str | Path) -> None:
-        for row in range(self.runs_list.count()):
-            if self.runs_list.item(row).data(Qt.ItemDataRole.UserRole) == str(run_dir):
-                self.runs_list.setCurrentRow(row)
-                return
+        self.runs.select_run(run_dir)
 
     def show_history(self, run_dir: str | Path) -> int:
         """Draw the curves and log of a past run from its ``metrics.jsonl``; returns the number of events."""
@@ -1229,29 +1198,9 @@ class TrainPanel(QWidget):
         self.eta_label.setText(f"{Path(run_dir).name}: {status}")
         return n
 
-    def _open_selected(self) -> None:
-        it = self.runs_list.currentItem()
-        if it is not None:
-            self.open_run.emit(it.data(Qt.ItemDataRole.UserRole))
-
     def open_run_folder(self, folder: str | Path | None = None) -> Path | None:
-        """Open a run folder from anywhere (a folder chooser when ``folder`` is None): a folder with a run's
-        ``config.json`` is shown and ``open_run`` is emitted; anything else gets a message saying what to pick."""
-        if folder is None:
-            chosen = QFileDialog.getExistingDirectory(self, "Open run folder", str(self.runs_root))
-            if not chosen:
-                return None
-            folder = chosen
-        path = Path(folder)
-        if not (path / "config.json").is_file():
-            self._fail(f"{path} is not a run folder (it has no config.json): choose the folder that "
-                       "'crossview train' wrote (with config.json, metrics.jsonl and the checkpoint)", "",
-                       title="Not a run folder")
-            return None
-        if self.task is None or not self.task.is_running():
-            self.show_history(path)
-        self.open_run.emit(str(path))
-        return path
+        """Open a run folder from anywhere (see :meth:`RunsBrowser.open_run_folder`)."""
+        return self.runs.open_run_folder(folder)
 
     def _busy_with(self, path: Path) -> bool:
         """Whether ``path`` is the run being trained or a trial of the search being run."""
@@ -1259,52 +1208,10 @@ class TrainPanel(QWidget):
         return running and (self.run_dir == path or (self._search is not None and self.run_dir == path.parent))
 
     def rename_selected(self, new_name: str | None = None) -> Path | None:
-        it = self.runs_list.currentItem()
-        if it is None:
-            return None
-        old = Path(it.data(Qt.ItemDataRole.UserRole))
-        if self._busy_with(old):
-            self._refuse("this run is training (or is a trial of the running search); stop it before renaming",
-                         "Cannot rename run")
-            return None
-        if new_name is None:
-            new_name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old.name)
-            if not ok:
-                return None
-        from crossview.engine.runs import rename_run
-        try:
-            target = rename_run(old, new_name)      # refused while another process writes the run
-        except CrossViewError as e:
-            self._refuse(str(e), "Cannot rename run")
-            return None
-        self.refresh_runs()
-        self.select_run(target)
-        self.runs_changed.emit()
-        return target
+        return self.runs.rename_selected(new_name)
 
     def delete_selected(self, confirm: bool = True) -> bool:
-        it = self.runs_list.currentItem()
-        if it is None:
-            return False
-        path = Path(it.data(Qt.ItemDataRole.UserRole))
-        if self._busy_with(path):
-            self._refuse("this run is training (or is a trial of the running search); stop it before deleting it",
-                         "Cannot delete run")
-            return False
-        if confirm:
-            answer = QMessageBox.question(self, "Delete run", f"Delete the run folder {path}?\n\nIts checkpoint, "
-                                          "metrics and annotations are removed for good.")
-            if answer != QMessageBox.StandardButton.Yes:
-                return False
-        from crossview.engine.runs import delete_run
-        try:
-            delete_run(path)                        # refused while another process writes the run
-        except CrossViewError as e:
-            self._refuse(str(e), "Cannot delete run")
-            return False
-        self.refresh_runs()
-        self.runs_changed.emit()
-        return True
+        return self.runs.delete_selected(confirm)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual preview

@@ -1,0 +1,195 @@
+"""The runs browser: the run folders of the runs folder (and the trials of its searches and experiments) on the
+run store (:mod:`crossview.engine.runs`), with Open, Resume run, Rename..., Delete... and Open run folder....
+
+It knows runs, not training: what to do with a run (open it in Query / Inspect, resume it, draw its curves) is
+the owner's, through signals; whether a run is the one the owner is training now is asked through ``is_busy``.
+Rename and Delete go through the run store, so a run that another process writes is refused there too (one line
+naming its PID, through :attr:`refused`). Runnable alone: ``python -m crossview.gui.runs_browser [RUNS_DIR]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QGroupBox, QInputDialog, QListWidget, QListWidgetItem,
+                               QMessageBox, QPushButton, QVBoxLayout, QWidget)
+
+from crossview.core.errors import CrossViewError
+
+__all__ = ["RunsBrowser"]
+
+
+class RunsBrowser(QGroupBox):
+    """``open_run(str)``: open this run (double click, Open, Open run folder...); ``history(str)``: a run was
+    clicked (its curves can be drawn); ``resume_requested(str)``; ``runs_changed()`` after a rename / delete;
+    ``selection_changed()``; ``refused(title, message)`` when an action was refused."""
+
+    open_run = Signal(str)
+    history = Signal(str)
+    resume_requested = Signal(str)
+    runs_changed = Signal()
+    selection_changed = Signal()
+    refused = Signal(str, str)
+
+    def __init__(self, runs_root: str | Path, is_busy: Callable[[Path], bool] = lambda p: False,
+                 parent: QWidget | None = None) -> None:
+        super().__init__("Runs", parent)
+        self.runs_root = Path(runs_root)
+        self._is_busy = is_busy
+        self.last_error = ""
+        self.runs_list = QListWidget()
+        self.runs_list.itemActivated.connect(lambda it: self.open_run.emit(it.data(Qt.ItemDataRole.UserRole)))
+        self.runs_list.itemClicked.connect(lambda it: self.history.emit(it.data(Qt.ItemDataRole.UserRole)))
+        self.runs_list.currentItemChanged.connect(lambda *_: self.selection_changed.emit())
+        self.open_button = QPushButton("Open")
+        self.resume_button = QPushButton("Resume run")
+        self.resume_button.setToolTip("Continue the selected (stopped or interrupted) run from its last checkpoint")
+        self.rename_button = QPushButton("Rename...")
+        self.delete_button = QPushButton("Delete...")
+        self.open_folder_button = QPushButton("Open run folder...")
+        self.open_folder_button.setToolTip("Open a run folder from anywhere (e.g. one trained with --run-dir)")
+        self.open_button.clicked.connect(self._open_selected)
+        self.resume_button.clicked.connect(self._resume_selected)
+        self.open_folder_button.clicked.connect(lambda: self.open_run_folder())
+        self.rename_button.clicked.connect(lambda: self.rename_selected())
+        self.delete_button.clicked.connect(lambda: self.delete_selected())
+        rb = QGridLayout()          # two rows: five buttons in one row do not fit a 1280-px window
+        for i, b in enumerate((self.open_button, self.resume_button, self.rename_button, self.delete_button)):
+            rb.addWidget(b, 0, i)
+        rb.addWidget(self.open_folder_button, 1, 0, 1, 4)
+        rl = QVBoxLayout(self)
+        rl.addWidget(self.runs_list)
+        rl.addLayout(rb)
+
+    # ------------------------------------------------------------------ the list
+    def selected(self) -> Path | None:
+        it = self.runs_list.currentItem()
+        return Path(it.data(Qt.ItemDataRole.UserRole)) if it is not None else None
+
+    def refresh(self) -> None:
+        """List the runs again (keeping the selection): name, status, and which search a trial belongs to; the
+        tooltip names the method, data, rsum and the process writing it, if any."""
+        from crossview.engine.runs import describe_run, list_runs
+
+        current = self.selected()
+        self.runs_list.blockSignals(True)
+        try:
+            self.runs_list.clear()
+            for path in list_runs(self.runs_root):
+                info = describe_run(path)
+                # a search's trials say which search they belong to (after the status, which matters more)
+                where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
+                it = QListWidgetItem(f"{path.name}   [{info.status}]{where}")
+                rsum = f", rsum {info.rsum:.1f}" if info.rsum is not None else ""
+                writer = f"\nbeing written by PID {info.writer_pid}" if info.writer_pid is not None else ""
+                it.setToolTip(f"{path}\n{info.method} on {info.data}{rsum}{writer}")
+                it.setData(Qt.ItemDataRole.UserRole, str(path))
+                self.runs_list.addItem(it)
+                if path == current:
+                    self.runs_list.setCurrentItem(it)
+        finally:
+            self.runs_list.blockSignals(False)
+        self.selection_changed.emit()
+
+    def select_run(self, run_dir: str | Path) -> None:
+        for row in range(self.runs_list.count()):
+            if self.runs_list.item(row).data(Qt.ItemDataRole.UserRole) == str(run_dir):
+                self.runs_list.setCurrentRow(row)
+                return
+
+    # ------------------------------------------------------------------ actions
+    def _refuse(self, message: str, title: str) -> None:
+        self.last_error = message
+        self.refused.emit(title, message)
+
+    def _open_selected(self) -> None:
+        path = self.selected()
+        if path is not None:
+            self.open_run.emit(str(path))
+
+    def _resume_selected(self) -> None:
+        path = self.selected()
+        if path is not None:
+            self.resume_requested.emit(str(path))
+
+    def open_run_folder(self, folder: str | Path | None = None) -> Path | None:
+        """Open a run folder from anywhere (a folder chooser when ``folder`` is None): a folder with a run's
+        ``config.json`` is opened (``history`` and ``open_run``); anything else is refused, saying what to pick."""
+        if folder is None:
+            chosen = QFileDialog.getExistingDirectory(self, "Open run folder", str(self.runs_root))
+            if not chosen:
+                return None
+            folder = chosen
+        path = Path(folder)
+        if not (path / "config.json").is_file():
+            self._refuse(f"{path} is not a run folder (it has no config.json): choose the folder that "
+                         "'crossview train' wrote (with config.json, metrics.jsonl and the checkpoint)",
+                         "Not a run folder")
+            return None
+        self.history.emit(str(path))
+        self.open_run.emit(str(path))
+        return path
+
+    def rename_selected(self, new_name: str | None = None) -> Path | None:
+        old = self.selected()
+        if old is None:
+            return None
+        if self._is_busy(old):
+            self._refuse("this run is training (or is a trial of the running search); stop it before renaming",
+                         "Cannot rename run")
+            return None
+        if new_name is None:
+            new_name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old.name)
+            if not ok:
+                return None
+        from crossview.engine.runs import rename_run
+        try:
+            target = rename_run(old, new_name)      # refused while another process writes the run
+        except CrossViewError as e:
+            self._refuse(str(e), "Cannot rename run")
+            return None
+        self.refresh()
+        self.select_run(target)
+        self.runs_changed.emit()
+        return target
+
+    def delete_selected(self, confirm: bool = True) -> bool:
+        path = self.selected()
+        if path is None:
+            return False
+        if self._is_busy(path):
+            self._refuse("this run is training (or is a trial of the running search); stop it before deleting it",
+                         "Cannot delete run")
+            return False
+        if confirm:
+            answer = QMessageBox.question(self, "Delete run", f"Delete the run folder {path}?\n\nIts checkpoint, "
+                                          "metrics and annotations are removed for good.")
+            if answer != QMessageBox.StandardButton.Yes:
+                return False
+        from crossview.engine.runs import delete_run
+        try:
+            delete_run(path)                        # refused while another process writes the run
+        except CrossViewError as e:
+            self._refuse(str(e), "Cannot delete run")
+            return False
+        self.refresh()
+        self.runs_changed.emit()
+        return True
+
+
+if __name__ == "__main__":  # pragma: no cover - manual preview
+    import sys
+
+    from PySide6.QtWidgets import QApplication
+
+    from crossview.core.settings import get_settings
+
+    app = QApplication(sys.argv)
+    browser = RunsBrowser(sys.argv[1] if len(sys.argv) > 1 else get_settings().runs_dir)
+    browser.refused.connect(lambda title, message: QMessageBox.warning(browser, title, message))
+    browser.refresh()
+    browser.resize(480, 600)
+    browser.show()
+    sys.exit(app.exec())
