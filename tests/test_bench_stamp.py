@@ -67,6 +67,14 @@ def test_a_dirty_tree_is_marked_with_a_hash_of_its_diff(tmp_path):
     assert _stamp.commit_info(repo) != dirty                 # another change, another hash
     (repo / "a.py").write_text("x = 1\n")
     assert _stamp.commit_info(repo) == head
+    # the results folder is the output, not the code: a regeneration that already rewrote a file stays clean
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "bench" / "results" / "r.txt").write_text("old\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "results")
+    head = _git(repo, "rev-parse", "--short=12", "HEAD")
+    (repo / "bench" / "results" / "r.txt").write_text("new\n")
+    assert _stamp.commit_info(repo) == head
 
 
 def test_without_git_the_commit_comes_from_the_environment(tmp_path, monkeypatch):
