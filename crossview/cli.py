@@ -181,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     previous = None
-    if func is not cmd_gui and threading.current_thread() is threading.main_thread():
+    # not for the commands that run Qt's event loop (the app, screenshots): a Python handler only runs between two
+    # Python calls there, so SIGTERM keeps its default, immediate effect
+    qt_loop = func is cmd_gui or getattr(func, "__module__", "") == "crossview.commands.screenshot"
+    if not qt_loop and threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return int(func(args) or 0)

@@ -140,3 +140,30 @@ def test_sigterm_stops_any_command_the_ctrl_c_way(monkeypatch, capsys) -> None:
     assert cli.main(["data", "info", "demo"]) == 143
     assert capsys.readouterr().err.strip() == "crossview: stopped by SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("command", ["gui", "screenshot"])
+def test_the_app_keeps_sigterms_default(monkeypatch, tmp_path, command) -> None:
+    """In Qt's event loop a Python handler would only run between two Python calls: `crossview gui` and
+    `crossview screenshot` leave SIGTERM's default, immediate effect."""
+    import signal
+
+    import crossview.cli as cli
+    import crossview.commands.screenshot as shot
+
+    seen = {}
+
+    def fake(args) -> int:
+        seen["handler"] = signal.getsignal(signal.SIGTERM)
+        return 0
+
+    if command == "gui":
+        monkeypatch.setattr(cli, "cmd_gui", fake)
+        argv = ["gui"]
+    else:
+        fake.__module__ = shot.__name__
+        monkeypatch.setattr(shot, "cmd_screenshot", fake)
+        argv = ["screenshot", "--out", str(tmp_path)]
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(argv) == 0
+    assert seen["handler"] is before
