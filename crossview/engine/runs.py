@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterator
 
 from crossview.core.errors import CrossViewError
 from crossview.engine.run import (CHECKPOINT, CONFIG, STATUS, SUMMARY, _holder_info, _new_lock, read_config,
-                                  read_status, resume, run_is_locked)
+                                  read_status, read_summary, resume, run_is_locked)
 
-__all__ = ["RunInfo", "describe_run", "list_runs", "rename_run", "delete_run", "run_finished", "ensure_run", "drain",
-           "load_fitted"]
+__all__ = ["RunInfo", "describe_run", "iter_runs", "list_runs", "rename_run", "delete_run", "run_finished", "ensure_run",
+           "drain", "load_fitted"]
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
@@ -98,7 +98,6 @@ def describe_run(path: str | Path) -> RunInfo:
         status = "interrupted"          # says running, but no process holds its lock: it was killed
     rsum = None
     if status == "finished":
-        from crossview.engine.run import read_summary
         try:
             value = read_summary(folder).get("rsum")
             rsum = float(value) if isinstance(value, (int, float)) else None
