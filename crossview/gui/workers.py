@@ -1,14 +1,25 @@
-"""Run long work off the GUI thread and talk back only through queued signals (STYLE.md 2-3).
+"""Run long work off the GUI thread and talk back only through queued signals (STYLE.md 2, 3 and 17).
 
-The work is a plain function that knows nothing of Qt: ``fn(progress, should_stop) -> result``, where
-``progress(done, total)`` reports and ``should_stop()`` is polled between batches. Progress is throttled
-(sent only when the rounded percentage changes). A superseded task's results are dropped by the owner
-checking :attr:`Task.token`.
+One base, two kinds, as superqt's ``WorkerBase`` with its function and generator workers:
+
+* :class:`WorkerBase` holds what every worker needs: the ``QThread``, the runner object that lives on it,
+  the stop flag and the pause gate, the error handling (a :class:`CrossViewError` is the user's to fix and
+  fails with ``(message, "")``; anything else is a bug and fails with ``("Type: message", traceback)``),
+  and the queued relays that carry :attr:`~WorkerBase.failed` and :attr:`~WorkerBase.finished` to the
+  owner's thread. The relays are connected before the thread starts, so a caller that connects right
+  after :meth:`~WorkerBase.start` never misses the outcome, however fast the work fails.
+* :class:`Task` runs a plain function that knows nothing of Qt: ``fn(progress, should_stop) -> result``,
+  where ``progress(done, total)`` reports (sent only when the rounded percentage changes) and
+  ``should_stop()`` is polled between batches (it also holds there while the task is paused).
+  A superseded task's results are dropped by the owner checking :attr:`WorkerBase.token`.
+* :class:`EventTask` drives an event generator (the engine's ``train(...)``, a method's ``fit_iter``),
+  thinning out runs of progress events, holding between two events while paused, and closing the
+  generator on stop so the engine's ``finally`` checkpoints the run.
 
 Why not ``concurrent.futures`` (issue 12 asked): a ``Future`` reports once, at the end, and its
 ``cancel()`` only stops work that has not started; these workers must stream progress and events to
 the GUI thread as *queued Qt signals* while running (STYLE.md 3), hold a generator between two events
-(:meth:`EventTask.pause`), and close it on stop so the engine's ``finally`` checkpoints the run. A
+(:meth:`WorkerBase.pause`), and close it on stop so the engine's ``finally`` checkpoints the run. A
 futures-based version would still need this module's signals, stop flag and pause gate around the
 executor, plus a thread pool the GUI never shares: it would add a layer, not remove code. The thread
 itself is Qt's ``QThread`` (what superqt's ``thread_worker``, the model STYLE.md cites, uses too).
@@ -16,9 +27,11 @@ itself is Qt's ``QThread`` (what superqt's ``thread_worker``, the model STYLE.md
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Self
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal
 
@@ -26,52 +39,111 @@ from crossview.core.errors import CrossViewError
 
 Work = Callable[[Callable[[int, int], None], Callable[[], bool]], Any]
 
+_QUEUED = Qt.ConnectionType.QueuedConnection
 
-class Task(QObject):
-    """One piece of work in its own QThread. Connect to the signals, then call :meth:`start`.
 
-    :attr:`succeeded`, :attr:`failed` and :attr:`finished` are emitted on the thread that owns the task
-    (the GUI thread), relayed from the worker through queued connections made here, before the thread
-    starts. So a caller that connects right after :meth:`start` returns never misses the outcome, however
-    fast the work fails: the relay waits for the GUI thread's next event-loop turn. (Emitting them on the
-    worker thread, as before, lost the signal for such a connection when a damaged run failed at once.)
+def _describe(e: BaseException, prefix: str = "") -> tuple[str, str]:
+    """``(message, details)`` for :attr:`WorkerBase.failed`: an input error gives no details, a bug its traceback."""
+    if isinstance(e, CrossViewError):
+        return prefix + str(e), ""
+    return f"{prefix}{type(e).__name__}: {e}", traceback.format_exc()
+
+
+class _Runner(QObject):
+    """Lives on the worker thread. Its signals are the worker thread's only way out: each is relayed to the
+    worker's signal of the same meaning by a queued connection made before the thread starts."""
+
+    done = Signal()              # quits the thread (direct); QThread.finished then relays WorkerBase.finished
+    failed = Signal(str, str)    # -> WorkerBase.failed
+    progress = Signal(int, int)  # -> Task.progress
+    succeeded = Signal(object)   # -> Task.succeeded
+    event = Signal(object)       # -> EventTask.event
+
+    def __init__(self, worker: "WorkerBase") -> None:
+        super().__init__()
+        self._worker = worker
+
+    def run(self) -> None:
+        w = self._worker
+        try:
+            w._work(self)
+        except Exception as e:  # noqa: BLE001 - a bug too: keep the app alive and show the traceback
+            self.failed.emit(*_describe(e))
+        finally:
+            try:
+                w._cleanup()
+            except Exception as e:  # noqa: BLE001 - report, never crash the thread
+                self.failed.emit(*_describe(e, "while stopping: "))
+            self.done.emit()
+
+
+class WorkerBase(QObject):
+    """What both kinds of worker share: one QThread, a stop flag, a pause gate, failures and the end.
+
+    Connect to the signals, then call :meth:`start`. :attr:`failed` and :attr:`finished` (and each kind's
+    own outcome signals) are emitted on the thread that owns the worker (the GUI thread), relayed from the
+    worker thread through queued connections made here, before the thread starts: a caller that connects
+    right after :meth:`start` returns never misses the outcome, since the relay waits for the GUI thread's
+    next event-loop turn. (Emitting on the worker thread, as ``Task`` once did and ``EventTask`` did until
+    issue 29, lost the signal for such a connection when a damaged run failed at once.)
+
+    Subclasses implement :meth:`_work` (runs on the worker thread and emits through the runner's signals)
+    and may implement :meth:`_cleanup` (runs there after it, whatever happened).
     """
 
-    progress = Signal(int, int)  # done, total
-    succeeded = Signal(object)   # the function's return value
-    failed = Signal(str, str)    # user-facing message, details (traceback for bugs, empty for input errors)
-    finished = Signal()          # after succeeded/failed/cancel, always
+    failed = Signal(str, str)     # user-facing message, details (traceback for bugs, empty for input errors)
+    finished = Signal()           # after every other signal, always (success, failure or stop)
+    paused_changed = Signal(bool)  # True on pause, False on resume (emitted by the caller of pause/resume)
 
-    _counter = 0
+    _tokens = itertools.count(1)
 
-    def __init__(self, fn: Work, name: str = "task", parent: QObject | None = None) -> None:
+    def __init__(self, name: str, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        Task._counter += 1
-        self.token = Task._counter
+        self.token = next(WorkerBase._tokens)   # increases with each worker made: the newest one wins
         self.name = name
-        self._fn = fn
         self._stop = threading.Event()
-        self._last_pct = -1
+        self._gate = threading.Event()          # set: running; clear: paused (the worker waits on it)
+        self._gate.set()
         self._thread = QThread()
         self._thread.setObjectName(f"crossview-{name}")
         self._runner = _Runner(self)
         self._runner.moveToThread(self._thread)
         self._thread.started.connect(self._runner.run)
         self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)  # quit is thread-safe; wait() must not deadlock
-        self._runner.succeeded.connect(self.succeeded, Qt.ConnectionType.QueuedConnection)
-        self._runner.failed.connect(self.failed, Qt.ConnectionType.QueuedConnection)
-        self._thread.finished.connect(self.finished)
+        self._runner.failed.connect(self.failed, _QUEUED)
+        self._thread.finished.connect(self.finished, _QUEUED)   # emitted on the worker thread: queued after failed
 
-    def start(self) -> "Task":
+    def start(self) -> Self:
         self._thread.start()
         return self
 
-    def cancel(self) -> None:
+    def stop(self) -> None:
+        """Ask the work to end at its next check (between two batches or events); a paused worker wakes up to stop."""
         self._stop.set()
+        self._gate.set()
+
+    cancel = stop
+
+    def pause(self) -> None:
+        """Hold the work at its next check until :meth:`resume` (nothing is lost: the next batch is simply not asked for)."""
+        if self._gate.is_set() and not self._stop.is_set():
+            self._gate.clear()
+            self.paused_changed.emit(True)
+
+    def resume(self) -> None:
+        if not self._gate.is_set():
+            self._gate.set()
+            self.paused_changed.emit(False)
 
     @property
-    def cancelled(self) -> bool:
+    def paused(self) -> bool:
+        return not self._gate.is_set()
+
+    @property
+    def stopped(self) -> bool:
         return self._stop.is_set()
+
+    cancelled = stopped
 
     def is_running(self) -> bool:
         return self._thread.isRunning()
@@ -80,154 +152,106 @@ class Task(QObject):
         return self._thread.wait(msecs)
 
     # called on the worker thread
-    def _report(self, done: int, total: int) -> None:
+    def _checkpoint(self) -> bool:
+        """Between two batches or events: hold while paused, then say whether to stop."""
+        self._gate.wait()
+        return self._stop.is_set()
+
+    def _work(self, out: _Runner) -> None:
+        raise NotImplementedError
+
+    def _cleanup(self) -> None:
+        pass
+
+
+class Task(WorkerBase):
+    """A function worker: ``fn(progress, should_stop) -> result`` in its own QThread.
+
+    :attr:`succeeded` carries the return value (not sent when the task was cancelled); :attr:`progress`
+    is sent when the rounded percentage changes. ``should_stop()`` holds while the task is paused.
+    """
+
+    progress = Signal(int, int)  # done, total
+    succeeded = Signal(object)   # the function's return value
+
+    def __init__(self, fn: Work, name: str = "task", parent: QObject | None = None) -> None:
+        super().__init__(name, parent)
+        self._fn = fn
+        self._last_pct = -1
+        self._runner.progress.connect(self.progress, _QUEUED)
+        self._runner.succeeded.connect(self.succeeded, _QUEUED)
+
+    def _work(self, out: _Runner) -> None:
+        result = self._fn(lambda done, total: self._report(out, done, total), self._checkpoint)
+        if not self.cancelled:
+            out.succeeded.emit(result)
+
+    def _report(self, out: _Runner, done: int, total: int) -> None:
         pct = int(100 * done / total) if total else 100
         if pct != self._last_pct:
             self._last_pct = pct
-            self.progress.emit(done, total)
-
-
-class _Runner(QObject):
-    done = Signal()
-    succeeded = Signal(object)   # relayed to Task.succeeded on the GUI thread
-    failed = Signal(str, str)    # relayed to Task.failed on the GUI thread
-
-    def __init__(self, task: Task) -> None:
-        super().__init__()
-        self._task = task
-
-    def run(self) -> None:
-        t = self._task
-        try:
-            result = t._fn(t._report, t._stop.is_set)
-        except CrossViewError as e:
-            self.failed.emit(str(e), "")
-        except Exception as e:  # a bug: keep the app alive and show the traceback
-            self.failed.emit(f"{type(e).__name__}: {e}", traceback.format_exc())
-        else:
-            if not t.cancelled:
-                self.succeeded.emit(result)
-        finally:
-            self.done.emit()
-
-
-class EventTask(QObject):
-    """Drive an event generator (the engine's ``train(...)``, a method's ``fit_iter``) in a QThread.
-
-    ``factory()`` is called on the worker thread and returns the generator; each item it yields is
-    sent through :attr:`event` (a queued signal), except that consecutive progress-like events are
-    throttled to at most one per ``min_interval`` seconds (the last one is always delivered).
-    :meth:`pause` holds the generator between two events (nothing is lost; the method simply is not
-    asked for its next batch), :meth:`resume` continues, :meth:`stop` ends the iteration at the next
-    event, which is how cancelling works (ARCHITECTURE.md: the method checks between batches).
-    """
-
-    event = Signal(object)
-    failed = Signal(str, str)
-    finished = Signal()
-    paused_changed = Signal(bool)
-
-    def __init__(self, factory: Callable[[], Any], name: str = "events", min_interval: float = 0.05,
-                 parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self.name = name
-        self._factory = factory
-        self._min_interval = min_interval
-        self._stop = threading.Event()
-        self._run = threading.Event()
-        self._run.set()
-        self.result: Any = None
-        self._thread = QThread()
-        self._thread.setObjectName(f"crossview-{name}")
-        self._runner = _EventRunner(self)
-        self._runner.moveToThread(self._thread)
-        self._thread.started.connect(self._runner.run)
-        self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)  # quit is thread-safe; wait() must not deadlock
-        self._thread.finished.connect(self.finished)
-
-    def start(self) -> "EventTask":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._run.set()   # a paused task must wake up to stop
-
-    def pause(self) -> None:
-        if self._run.is_set() and not self._stop.is_set():
-            self._run.clear()
-            self.paused_changed.emit(True)
-
-    def resume(self) -> None:
-        if not self._run.is_set():
-            self._run.set()
-            self.paused_changed.emit(False)
-
-    @property
-    def paused(self) -> bool:
-        return not self._run.is_set()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
-
-    def is_running(self) -> bool:
-        return self._thread.isRunning()
-
-    def wait(self, msecs: int = 30000) -> bool:
-        return self._thread.wait(msecs)
+            out.progress.emit(done, total)
 
 
 def _is_progress(ev: Any) -> bool:
     return type(ev).__name__ == "Progress"
 
 
-class _EventRunner(QObject):
-    done = Signal()
+class EventTask(WorkerBase):
+    """A generator worker: drive the event generator ``factory()`` returns (called on the worker thread).
 
-    def __init__(self, task: EventTask) -> None:
-        super().__init__()
-        self._task = task
+    Each item it yields is sent through :attr:`event`, except that consecutive progress events are
+    throttled to at most one per ``min_interval`` seconds (the last one is always delivered).
+    :meth:`pause` holds the generator between two events, :meth:`resume` continues, :meth:`stop` ends the
+    iteration at the next event and closes the generator, which is how cancelling works (ARCHITECTURE.md:
+    the method checks between batches; the engine's ``finally`` writes the checkpoint). :attr:`result` is
+    the generator's return value once it has run to its end (``None`` if stopped or failed).
+    """
 
-    def run(self) -> None:
-        import time
+    event = Signal(object)
 
-        t = self._task
-        gen = None
+    def __init__(self, factory: Callable[[], Any], name: str = "events", min_interval: float = 0.05,
+                 parent: QObject | None = None) -> None:
+        super().__init__(name, parent)
+        self._factory = factory
+        self._min_interval = min_interval
+        self._gen: Any = None
+        self.result: Any = None
+        self._runner.event.connect(self.event, _QUEUED)
+
+    def _work(self, out: _Runner) -> None:
+        self._gen = self._factory()
+        events = iter(self._gen)
         last_sent = 0.0
-        held = None
-        try:
-            gen = t._factory()
-            for ev in gen:
-                if _is_progress(ev):
-                    now = time.monotonic()
-                    if now - last_sent < t._min_interval:
-                        held = ev
-                    else:
-                        held = None
-                        last_sent = now
-                        t.event.emit(ev)
+        held = None   # the newest progress event not sent yet
+        while True:
+            try:
+                ev = next(events)
+            except StopIteration as end:
+                self.result = end.value
+                break
+            if _is_progress(ev):
+                now = time.monotonic()
+                if now - last_sent < self._min_interval:
+                    held = ev
                 else:
-                    if held is not None:
-                        t.event.emit(held)
-                        held = None
-                    t.event.emit(ev)
-                t._run.wait()
-                if t._stop.is_set():
-                    break
-            if held is not None:
-                t.event.emit(held)
-        except CrossViewError as e:
-            t.failed.emit(str(e), "")
-        except Exception as e:  # a bug: keep the app alive and show the traceback
-            t.failed.emit(f"{type(e).__name__}: {e}", traceback.format_exc())
-        finally:
-            if gen is not None and hasattr(gen, "close"):
-                try:
-                    gen.close()   # runs the generator's finally blocks: the engine's cancel path
-                except Exception as e:  # noqa: BLE001 - report, never crash the thread
-                    t.failed.emit(f"while stopping: {type(e).__name__}: {e}", traceback.format_exc())
-            self.done.emit()
+                    held = None
+                    last_sent = now
+                    out.event.emit(ev)
+            else:
+                if held is not None:
+                    out.event.emit(held)
+                    held = None
+                out.event.emit(ev)
+            if self._checkpoint():
+                break
+        if held is not None:
+            out.event.emit(held)
+
+    def _cleanup(self) -> None:
+        gen, self._gen = self._gen, None
+        if gen is not None and hasattr(gen, "close"):
+            gen.close()   # runs the generator's finally blocks: the engine's cancel path
 
 
 #: Heavy modules the engine imports lazily. Importing one in a worker thread holds the GIL for up to
