@@ -130,3 +130,234 @@ def test_latency_probe_sees_a_blocked_gui_thread(qtbot) -> None:
     probe.start()
     qtbot.wait(100)
     assert probe.stop() < blocked - 100 and probe.ticks > 1
+
+
+# ---------------------------------------------------------------- the shared base, on both kinds (issue 29)
+
+def _failing(kind: str, exc: BaseException):
+    """A worker of ``kind`` whose work raises ``exc`` at once."""
+    if kind == "task":
+        def fn(progress, should_stop):
+            raise exc
+        return Task(fn)
+
+    def gen():
+        raise exc
+        yield  # noqa: unreachable - makes this a generator
+
+    return EventTask(gen)
+
+
+def _connect_outcome(task) -> list:
+    """Record each signal of ``task`` as ``(name, args, on the GUI thread?)``."""
+    seen = []
+
+    def record(name):
+        return lambda *args: seen.append((name, args, threading.current_thread() is threading.main_thread()))
+
+    task.failed.connect(record("failed"))
+    task.finished.connect(record("finished"))
+    if isinstance(task, Task):
+        task.succeeded.connect(record("succeeded"))
+    else:
+        task.event.connect(record("event"))
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["task", "events"])
+@pytest.mark.parametrize("error", ["input", "bug"])
+def test_a_failure_reaches_a_slot_connected_after_start_on_both_kinds(qtbot, kind, error) -> None:
+    """The race made certain: the worker has failed and its thread ended before anyone connects. The
+    failure still arrives, on the GUI thread, once, before finished; an input error has no details, a bug
+    its traceback."""
+    exc = CrossViewError("config.json: not a JSON object") if error == "input" else ZeroDivisionError("oops")
+    task = _failing(kind, exc)
+    task.start()
+    assert task.wait(10_000)
+    seen = _connect_outcome(task)
+    with qtbot.waitSignal(task.finished, timeout=5000):
+        pass
+    assert [name for name, _, _ in seen] == ["failed", "finished"]
+    assert all(on_gui for _, _, on_gui in seen), "signals must reach the GUI thread, not run on the worker"
+    message, details = seen[0][1]
+    if error == "input":
+        assert (message, details) == ("config.json: not a JSON object", "")
+    else:
+        assert message == "ZeroDivisionError: oops"
+        assert details.startswith("Traceback") and "ZeroDivisionError" in details
+
+
+def test_a_factory_that_fails_is_a_failure_not_a_crash(qtbot) -> None:
+    task = EventTask(lambda: 1 / 0)
+    with qtbot.waitSignal(task.failed, timeout=5000) as sig:
+        task.start()
+    assert sig.args[0].startswith("ZeroDivisionError") and "Traceback" in sig.args[1]
+    task.wait()
+
+
+def test_events_reach_a_slot_connected_after_start_and_the_return_value_is_kept(qtbot) -> None:
+    def work():
+        yield Log("a")
+        yield Log("b")
+        return 7
+
+    task = EventTask(work)
+    task.start()
+    assert task.wait(10_000)
+    seen = _connect_outcome(task)
+    with qtbot.waitSignal(task.finished, timeout=5000):
+        pass
+    assert [(name, args[0].message if args else None) for name, args, _ in seen] == [
+        ("event", "a"), ("event", "b"), ("finished", None)]
+    assert task.result == 7
+
+
+def test_pause_holds_an_event_task_between_events_and_resume_continues(qtbot) -> None:
+    produced = []
+
+    def work():
+        for i in range(5):
+            produced.append(i)
+            yield Log(str(i))
+
+    task = EventTask(work)
+    seen = _connect_outcome(task)
+    with qtbot.waitSignal(task.paused_changed) as sig:
+        task.pause()               # before start: held right after the first event
+    assert sig.args == [True] and task.paused
+    task.start()
+    qtbot.waitUntil(lambda: len(seen) == 1, timeout=5000)
+    qtbot.wait(50)                 # a negative check: nothing more may be asked for while paused
+    assert produced == [0] and task.is_running()
+    with qtbot.waitSignal(task.finished, timeout=5000):
+        task.resume()
+    assert produced == [0, 1, 2, 3, 4] and not task.paused
+    assert [args[0].message for name, args, _ in seen if name == "event"] == ["0", "1", "2", "3", "4"]
+
+
+def test_pause_holds_a_task_at_should_stop_and_resume_continues(qtbot) -> None:
+    reached = []
+
+    def work(progress, should_stop):
+        for i in range(3):
+            reached.append(i)
+            if should_stop():
+                return -1
+        return len(reached)
+
+    task = Task(work)
+    task.pause()
+    task.start()
+    qtbot.waitUntil(lambda: reached == [0], timeout=5000)
+    qtbot.wait(50)                 # a negative check: should_stop() holds while paused
+    assert reached == [0]
+    with qtbot.waitSignal(task.succeeded, timeout=5000) as sig:
+        task.resume()
+    assert sig.args == [3]
+    task.wait()
+
+
+def test_stop_ends_a_paused_generator_and_closes_it(qtbot) -> None:
+    produced = []
+    closed = threading.Event()
+
+    def work():
+        try:
+            for i in range(1000):
+                produced.append(i)
+                yield Loss(step=i, epoch=0, terms={"loss": 1.0})
+        finally:
+            closed.set()           # the engine writes its checkpoint here
+
+    task = EventTask(work)
+    seen = _connect_outcome(task)
+    task.pause()
+    task.start()
+    qtbot.waitUntil(lambda: len(seen) == 1, timeout=5000)
+    with qtbot.waitSignal(task.finished, timeout=5000):
+        task.stop()
+    assert closed.is_set() and produced == [0] and task.stopped
+    assert [name for name, _, _ in seen] == ["event", "finished"], "a stop is not a failure"
+    assert task.result is None
+
+
+def test_cancel_ends_a_paused_task_without_a_result(qtbot) -> None:
+    entered = threading.Event()
+    saw_stop = []
+
+    def work(progress, should_stop):
+        entered.set()
+        saw_stop.append(should_stop())   # held here: the task was paused before it started
+        return "done"
+
+    task = Task(work)
+    seen = _connect_outcome(task)
+    task.pause()
+    task.start()
+    qtbot.waitUntil(entered.is_set, timeout=5000)
+    with qtbot.waitSignal(task.finished, timeout=5000):
+        task.cancel()
+    assert saw_stop == [True] and task.cancelled
+    assert [name for name, _, _ in seen] == ["finished"], "a cancelled task sends no result"
+
+
+def test_a_generator_that_fails_while_closing_is_reported(qtbot) -> None:
+    def work():
+        try:
+            while True:
+                yield Log("tick")
+        finally:
+            raise CrossViewError("checkpoint.pt: disk full")
+
+    task = EventTask(work)
+    task.pause()
+    task.start()
+    with qtbot.waitSignal(task.failed, timeout=5000) as sig:
+        task.stop()
+    assert sig.args == ["while stopping: checkpoint.pt: disk full", ""]
+    task.wait()
+
+
+def test_task_progress_is_throttled_to_percent_changes_and_keeps_the_last(qtbot) -> None:
+    def work(progress, should_stop):
+        for i in range(5000):
+            progress(i + 1, 5000)
+        return "ok"
+
+    task = Task(work)
+    got = []
+    task.progress.connect(lambda done, total: got.append((done, total)))
+    with qtbot.waitSignal(task.finished, timeout=10_000):
+        task.start()
+    assert 1 <= len(got) <= 101
+    assert got[-1] == (5000, 5000), "the last progress (100 %) is always delivered"
+
+
+def test_event_task_progress_throttling_keeps_the_last_even_when_stopped(qtbot) -> None:
+    closed = threading.Event()
+
+    def work():
+        try:
+            for i in (1, 2, 3):
+                if i == 3:
+                    task.stop()    # thread-safe; checked right after this event, as a Stop button would be
+                yield Progress(i, 3)
+            yield Log("never reached")
+        finally:
+            closed.set()
+
+    task = EventTask(work, min_interval=3600)   # the first progress event goes out, the rest are held back
+    got = []
+    task.event.connect(got.append)
+    with qtbot.waitSignal(task.finished, timeout=5000):
+        task.start()
+    assert [(type(e).__name__, e.step) for e in got] == [("Progress", 1), ("Progress", 3)], \
+        "a held progress event is delivered when the task stops, and only the newest one"
+    assert closed.is_set()
+
+
+def test_tokens_increase_across_both_kinds() -> None:
+    a = Task(lambda p, s: None)
+    b = EventTask(lambda: iter(()))
+    c = Task(lambda p, s: None)
+    assert a.token < b.token < c.token

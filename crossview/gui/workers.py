@@ -222,7 +222,7 @@ class EventTask(WorkerBase):
     def _work(self, out: _Runner) -> None:
         self._gen = self._factory()
         events = iter(self._gen)
-        last_sent = 0.0
+        last_sent = float("-inf")   # (0.0 held back the first progress event on a machine up for less than min_interval)
         held = None   # the newest progress event not sent yet
         while True:
             try:
