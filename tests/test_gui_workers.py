@@ -143,7 +143,7 @@ def _failing(kind: str, exc: BaseException):
 
     def gen():
         raise exc
-        yield  # noqa: unreachable - makes this a generator
+        yield  # unreachable: makes this a generator
 
     return EventTask(gen)
 
