@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from crossview.core.progress import format_seconds
+from crossview.core.progress import RunEta, format_seconds
 
 __all__ = ["EventPrinter", "ProgressPrinter", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
 
@@ -51,6 +51,7 @@ class ProgressPrinter:
         self._last_write: float | None = None
         self._done = -1
         self._bar: Any = None       # the tqdm bar on a terminal, while the stage runs
+        self.suffix = ""            # said after the stage's own count and ETA (the whole run's progress)
         self.finished = False
 
     @property
@@ -73,10 +74,12 @@ class ProgressPrinter:
         return f"{done:,}/{total:,} ({int(100 * done / total)}%)"
 
     # ------------------------------------------------------------------ calls
-    def __call__(self, done: int, total: int, label: str | None = None) -> None:
+    def __call__(self, done: int, total: int, label: str | None = None, suffix: str | None = None) -> None:
         now = self.clock()
         if label:
             self.label = label
+        if suffix is not None:
+            self.suffix = suffix
         done, total = int(done), int(total)
         if self.finished or done < self._done:
             if done >= self._done and done >= total > 0:
@@ -93,6 +96,8 @@ class ProgressPrinter:
                 text = f"{self.label} {self._count(done, total)} done in {format_seconds(now - self.start)}"
             else:
                 text = f"{self.label} {self._count(done, total)}{self._eta(now, done, total)}"
+            if self.suffix:
+                text += f"; {self.suffix}"
             self.stream.write(text + "\n")
             self.stream.flush()
             self._last_write = now
@@ -105,6 +110,8 @@ class ProgressPrinter:
             self._bar = tqdm(total=total or None, initial=done, desc=self.label, file=self.stream, leave=True,
                              mininterval=0.2, miniters=1, smoothing=0, dynamic_ncols=True, ascii=True,
                              bar_format=_BAR if total else _COUNT)
+            if self.suffix:
+                self._bar.set_postfix_str(self.suffix, refresh=False)
             # tqdm reads time through this attribute; its own tests swap the timer the same way
             self._bar._time = self.clock
             self._bar.start_t = self._bar.last_print_t = self.clock()
@@ -114,6 +121,8 @@ class ProgressPrinter:
                 self._bar.bar_format = _BAR if total else _COUNT
             if self.label != self._bar.desc:
                 self._bar.set_description_str(self.label, refresh=False)
+            if self.suffix != self._bar.postfix:
+                self._bar.set_postfix_str(self.suffix, refresh=False)
             self._bar.update(done - self._bar.n)
         if final:
             self.close()
@@ -140,8 +149,8 @@ class ProgressPrinter:
         self.stream.flush()
 
 
-_BAR = "{desc} [{bar:25}] {n_fmt}/{total_fmt} ({percentage:.0f}%) {elapsed}<{remaining}"
-_COUNT = "{desc} {n_fmt} {elapsed}"
+_BAR = "{desc} [{bar:25}] {n_fmt}/{total_fmt} ({percentage:.0f}%) {elapsed}<{remaining}{postfix}"
+_COUNT = "{desc} {n_fmt} {elapsed}{postfix}"
 
 
 class EventPrinter:
@@ -157,6 +166,8 @@ class EventPrinter:
         self.prefix = prefix
         self.stage: tuple[str, int] | None = None
         self.bar: ProgressPrinter | None = None
+        # the whole run's progress and ETA, from the run's stage plan (crossview.core.events.Plan)
+        self.run_eta = RunEta(clock)
 
     @staticmethod
     def _family(message: str) -> str:
@@ -166,16 +177,19 @@ class EventPrinter:
         return re.sub(r"\s*\d+\s*/\s*\d+", "", message.split(":")[0]).strip() or "training"
 
     def __call__(self, ev: Any) -> None:
-        from crossview.core.events import Log, Progress, Validation
+        from crossview.core.events import Log, Plan, Progress, Validation
 
-        if isinstance(ev, Progress):
+        if isinstance(ev, Plan):
+            self.run_eta.plan(ev.stages)
+        elif isinstance(ev, Progress):
             message = ev.message or "training"
             stage = (self._family(message), int(ev.total))
             if stage != self.stage or self.bar is None:
                 self.close()
                 self.stage = stage
                 self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
-            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message)
+            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message,
+                     suffix=self._run_suffix(ev))
         elif isinstance(ev, Log):
             if ev.level != "debug":
                 self.line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
@@ -188,6 +202,15 @@ class EventPrinter:
                 self.line(f"validation {ev.epoch}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                                 for k, v in m.items()))
         # Loss and CheckpointSaved: losses go to metrics.jsonl; progress shows the run is alive
+
+    def _run_suffix(self, ev: Any) -> str:
+        """``run 35%, ETA 2 min 10 s``: the whole run, when the run said its plan and names this stage."""
+        if not self.run_eta.planned or self.run_eta.stage(ev.stage) is None:
+            return ""
+        left = self.run_eta.update(ev.stage, ev.fraction)
+        if left is None:
+            return ""
+        return f"run {100 * self.run_eta.fraction():.0f}%, ETA {format_seconds(left)}"
 
     def line(self, text: str) -> None:
         """A log line (``prefix`` first), above the current bar if one is open."""

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-__all__ = ["Event", "Progress", "Loss", "Validation", "Phase", "CheckpointSaved", "Log", "Finished", "TrialFinished",
+__all__ = ["Event", "Progress", "Plan", "Loss", "Validation", "Phase", "CheckpointSaved", "Log", "Finished", "TrialFinished",
            "event_from_dict", "EVENT_TYPES"]
 
 
@@ -51,12 +51,25 @@ class Progress(Event):
     step: int
     total: int
     message: str = ""
+    #: the :class:`Plan` stage this work belongs to (``"images"``, ``"fit"`` ...); empty: none named
+    stage: str = ""
     kind: ClassVar[str] = "progress"
 
     @property
     def fraction(self) -> float:
         """``step / total`` clipped to [0, 1] (0 when the total is unknown)."""
         return min(1.0, max(0.0, self.step / self.total)) if self.total else 0.0
+
+
+@dataclass
+class Plan(Event):
+    """The stages a run will go through, in order, said before the first one starts: ``[{"name": "images",
+    "label": "image features (mobilenet_v2)", "seconds": 21.0}, ...]``, each with the seconds it is expected to
+    take on this machine (:mod:`crossview.engine.timings`). :class:`Progress` events name their stage, so a
+    front end shows progress and an ETA over the whole run (:class:`crossview.core.progress.RunEta`)."""
+
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    kind: ClassVar[str] = "plan"
 
 
 @dataclass
@@ -141,7 +154,7 @@ class TrialFinished(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in
-                                       (Progress, Loss, Validation, Phase, CheckpointSaved, Log, Finished,
+                                       (Progress, Plan, Loss, Validation, Phase, CheckpointSaved, Log, Finished,
                                         TrialFinished)}
 
 

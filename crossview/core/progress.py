@@ -1,12 +1,13 @@
-"""Time left in a stage of work: one estimator for every front end (the app's progress line, the CLI's)."""
+"""Time left in a run and in a stage of work: one estimator for every front end (the app's progress line, the
+CLI's). :class:`RunEta` covers a whole run from its stage plan; :class:`StageEta` one stage at its own rate."""
 
 from __future__ import annotations
 
 import re
 import time
-from typing import Callable
+from typing import Any, Callable
 
-__all__ = ["StageEta", "format_seconds", "stage_key"]
+__all__ = ["RunEta", "StageEta", "format_seconds", "stage_key"]
 
 
 def format_seconds(s: float) -> str:
@@ -68,3 +69,163 @@ class StageEta:
         if fraction >= 1.0 or done < self.min_fraction or t <= self._t0:
             return None
         return (t - self._t0) * (1.0 - fraction) / done
+
+
+class _PlanStage:
+    __slots__ = ("name", "label", "prior", "state", "started", "actual", "fraction", "first", "first_at")
+
+    def __init__(self, name: str, label: str, prior: float) -> None:
+        self.name, self.label, self.prior = name, label, max(0.0, float(prior))
+        self.state = "pending"          # pending -> running -> done, or skipped (cached: no work done)
+        self.started = self.actual = self.fraction = 0.0
+        self.first = 0.0                # the fraction at its first event: a resumed stage has work behind it
+        self.first_at = 0.0             # when that event came (the stage's start-up, e.g. loading a model, is before)
+
+    def share_done(self) -> float:
+        """The share of the stage's work done in this execution."""
+        if self.state == "done":
+            return 1.0 - self.first
+        return max(0.0, self.fraction - self.first) if self.state == "running" else 0.0
+
+
+class RunEta:
+    """Seconds left in a whole run (every stage: features, fitting, evaluation), pauses excluded.
+
+    :meth:`plan` gives the stages in order with their expected seconds (the engine's :class:`~crossview.core.
+    events.Plan`: priors from this machine's earlier runs, or a built-in cost model). As the run goes, the
+    estimate learns from the run's own timings: the work done so far took ``k`` times its expected seconds, so
+    every stage still to come takes ``k`` times its own; the running stage, once it has done a tenth of its
+    work, goes at its own rate measured since its first event (its start-up, such as loading a model, does not
+    recur). A stage that reports itself done at its first event (its features
+    came from the cache) is skipped: neither its time nor its expected seconds count. Progress for a stage the
+    plan does not name (or with no plan) falls back to :class:`StageEta`: that stage alone."""
+
+    #: the running stage is timed at its own rate once it has done this share of its work
+    OWN_RATE_FRACTION = 0.1
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, min_fraction: float = 0.01) -> None:
+        self._clock = clock
+        self.min_fraction = min_fraction
+        self._stages: list[_PlanStage] = []
+        self._mark = 0.0                 # active seconds when the last stage ended (or the plan began)
+        self._paused_at: float | None = None
+        self._paused_total = 0.0
+        self._fallback = StageEta(clock, min_fraction)
+        self._last_eta: float | None = None
+        self._bar = 0.0
+
+    # ------------------------------------------------------------------ clock
+    @property
+    def paused(self) -> bool:
+        return self._paused_at is not None
+
+    def pause(self) -> None:
+        if self._paused_at is None:
+            self._paused_at = self._clock()
+        self._fallback.pause()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self._paused_total += self._clock() - self._paused_at
+            self._paused_at = None
+        self._fallback.resume()
+
+    def active_seconds(self) -> float:
+        now = self._clock()
+        return now - self._paused_total - (now - self._paused_at if self._paused_at is not None else 0.0)
+
+    # ------------------------------------------------------------------ plan and progress
+    def plan(self, stages: list[dict[str, Any]]) -> None:
+        """Start over with ``stages`` (``[{"name", "label", "seconds"}, ...]``, in the order they run)."""
+        self._stages = [_PlanStage(str(s.get("name", "")), str(s.get("label", s.get("name", ""))),
+                                   float(s.get("seconds") or 0.0)) for s in stages]
+        self._mark = self.active_seconds()
+        self._last_eta = None
+        self._bar = 0.0
+
+    @property
+    def planned(self) -> bool:
+        return bool(self._stages)
+
+    def stage(self, name: str) -> _PlanStage | None:
+        return next((s for s in self._stages if s.name == name), None)
+
+    def update(self, stage: str, fraction: float, key: str = "") -> float | None:
+        """Record that ``stage`` is at ``fraction`` (0-1) of its work now; returns the seconds left in the
+        whole run (None until enough is known). ``key`` identifies the stage for the fallback (no plan, or a
+        stage it does not name): the :func:`stage_key` of the message and total."""
+        t = self.active_seconds()
+        idx = next((i for i, s in enumerate(self._stages) if s.name == stage), None)
+        if idx is None:
+            self._last_eta = self._fallback.update(key or stage, fraction)
+            return self._last_eta
+        fraction = min(1.0, max(0.0, float(fraction)))
+        for s in self._stages[:idx]:         # earlier stages are over: done, or skipped if they never ran
+            self._close(s, t, skipped=s.state == "pending")
+        for s in self._stages[idx + 1:]:     # a stage reported again after later ones (a resume): start over
+            if s.state != "pending":
+                s.state, s.fraction, s.actual = "pending", 0.0, 0.0
+        cur = self._stages[idx]
+        if cur.state in ("done", "skipped") and fraction < 1.0:
+            cur.state, cur.actual = "pending", 0.0          # the stage runs again (e.g. a refit)
+        if cur.state == "pending":
+            if fraction >= 1.0:
+                cur.state = "skipped"         # done at once: nothing was computed (a cache hit)
+                self._mark = t
+            else:
+                cur.state, cur.started, cur.fraction, cur.first = "running", self._mark, fraction, fraction
+                cur.first_at = t
+        elif cur.state == "running":
+            cur.fraction = max(cur.fraction, fraction)      # sub-steps of one stage never move it back
+            if fraction >= 1.0:
+                self._close(cur, t)
+        self._last_eta = self._estimate(t)
+        return self._last_eta
+
+    def _close(self, s: _PlanStage, t: float, skipped: bool = False) -> None:
+        if s.state == "running":
+            s.state, s.actual, s.fraction = "done", max(0.0, t - s.started), 1.0
+            self._mark = t
+        elif skipped and s.state == "pending":
+            s.state = "skipped"
+
+    def _estimate(self, t: float) -> float | None:
+        known = [s for s in self._stages if s.state != "skipped" and s.prior > 0]
+        total_prior = sum(s.prior * (1.0 - s.first) for s in known)
+        done_prior = sum(s.prior * s.share_done() for s in known)
+        done_actual = sum(s.actual if s.state == "done" else (t - s.started) if s.state == "running" else 0.0
+                          for s in known)
+        if total_prior <= 0 or done_prior < self.min_fraction * total_prior or done_actual <= 0:
+            return None
+        k = done_actual / done_prior
+        left = 0.0
+        for s in self._stages:
+            if s.state == "running":
+                if s.share_done() >= self.OWN_RATE_FRACTION and t > s.first_at:
+                    # its rate since its first event: the start-up before it is spent and does not recur
+                    left += (t - s.first_at) * (1.0 - s.fraction) / s.share_done()
+                else:
+                    left += k * s.prior * (1.0 - s.fraction)
+            elif s.state == "pending":
+                left += k * s.prior
+        return left
+
+    def fraction(self) -> float:
+        """How much of the whole run is done (0-1), for a progress bar over the run: the active seconds so far
+        over those plus the estimate left once there is one, else the expected seconds of the work done over
+        all of them; it never goes back within one plan."""
+        if not self._stages:
+            return 0.0
+        if self._last_eta is not None:
+            spent = self.active_seconds() - min((s.started for s in self._stages if s.state in ("running", "done")),
+                                                default=self._mark)
+            if spent > 0:
+                self._bar = max(self._bar, min(1.0, spent / (spent + self._last_eta)))
+                return self._bar
+        known = [s for s in self._stages if s.state != "skipped"]
+        total = sum(s.prior * (1.0 - s.first) for s in known)
+        if total <= 0:
+            return 0.0
+        done = sum(s.prior * s.share_done() for s in known)
+        self._bar = max(self._bar, min(1.0, max(0.0, done / total)))
+        return self._bar

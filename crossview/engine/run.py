@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Progress, Validation
+from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Plan, Progress, Validation
 from crossview.core.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
                                  load_checkpoint, read_json_object, save_checkpoint)
 from crossview.core.errors import Cancelled, CrossViewError
@@ -498,6 +498,12 @@ class _Run:
         self._ckpt_info: dict[str, Any] = {}   # where the last checkpoint is, for status.json
         self._loaded = checkpoint              # read by resume() before the dataset (see _Loaded)
         self._lock = _WriterLock(run_dir)
+        # the stage plan (crossview.core.events.Plan) and each stage's timing: seconds are *active* ones, the
+        # time the consumer held the generator at a yield (a paused app, a slow terminal) left out
+        self._suspended = 0.0
+        self._stage_work: dict[str, tuple[str, float]] = {}     # stage -> (detail, units) for the timing book
+        self._stage_now: dict[str, Any] | None = None           # the stage being timed
+        self._stage_mark: float | None = None                   # active seconds when the last stage ended
         # under torchrun every process trains; rank 0 alone writes the run folder (see _follow)
         self.rank, self.world_size = _distributed(self.device)
 
@@ -511,6 +517,8 @@ class _Run:
                                                "updated": _now(), **self._ckpt_info, **extra})
 
     def _emit(self, ev: Event) -> Event:
+        if isinstance(ev, Progress) and ev.stage:
+            self._time_stage(ev)
         if self._log is None:          # a process of rank > 0 under torchrun writes nothing
             return ev
         if isinstance(ev, Progress):
@@ -520,6 +528,76 @@ class _Run:
             self._last_progress_log = now
         self._log.write(ev)
         return ev
+
+    # ------------------------------------------------------------------ the stage plan
+    def _active(self) -> float:
+        """Seconds of work so far: the clock less the time spent suspended at a yield."""
+        return time.monotonic() - self._suspended
+
+    def _plan(self) -> Plan:
+        """The stages this execution will go through, with the seconds each is expected to take here (the
+        timing book of :mod:`crossview.engine.timings`); a stage whose work is cached reports itself done at
+        once and the estimators skip it."""
+        from crossview.engine.timings import TimingBook
+        from crossview.features.image import DEFAULT_IMAGE_ENCODER
+        from crossview.features.text.base import DEFAULT_TEXT_ENCODER
+
+        book, ds, dev = TimingBook(), self.dataset, self.device
+        work: list[tuple[str, str, str, float]] = []    # (stage, label, detail, units)
+        if self.features is None:
+            if self.representation is not None or self.built is not None:
+                name = (self.representation or self.built or {}).get("name", "representation")
+                work.append(("features", f"{name} features", str(name), ds.n_images))
+            else:
+                if getattr(ds, "image_paths", None) is not None and self.cfg.image_encoder != "precomp":
+                    enc = self.cfg.image_encoder or DEFAULT_IMAGE_ENCODER
+                    work.append(("images", f"image features ({enc})", enc, ds.n_images))
+                if self.cfg.text_encoder != "none":
+                    enc = self.cfg.text_encoder or DEFAULT_TEXT_ENCODER
+                    n_fit = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.train_split])).sum())
+                    work.append(("text model", f"text model ({enc})", enc, n_fit))
+                    work.append(("captions", f"caption features ({enc})", enc, ds.n_captions))
+        want = getattr(self.method, "auxiliary_datasets", None)
+        if want is not None and want():
+            work.append(("auxiliary", "second dataset's features", "auxiliary", 0))
+        if self.phase != "trained":
+            params = self.method.get_params()
+            epochs = next((params[k] for k in ("max_epochs", "epochs", "n_epochs") if isinstance(params.get(k), int)
+                           and not isinstance(params.get(k), bool)), 1)
+            n_train = len(ds.splits[self.cfg.train_split])
+            work.append(("fit", f"fitting {self.cfg.method}", self.cfg.method, n_train * max(1, epochs)))
+        n_eval = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.split])).sum())
+        work.append(("evaluate", f"evaluating on {self.cfg.split}", self.cfg.method, n_eval))
+        self._stage_work = {stage: (detail, float(units)) for stage, _label, detail, units in work}
+        return Plan([{"name": stage, "label": label,
+                      "seconds": round(book.expect(stage, detail, dev, units), 3) if units else 0.0}
+                     for stage, label, detail, units in work])
+
+    def _time_stage(self, ev: Progress) -> None:
+        """Time the stages named by progress events; a stage that did work records its seconds per unit."""
+        now = self._active()
+        frac = ev.fraction if ev.total else 0.0
+        cur = self._stage_now
+        if cur is not None and cur["name"] != ev.stage:
+            self._end_stage(now)
+            cur = None
+        if cur is None:
+            cur = self._stage_now = {"name": ev.stage, "start": now if self._stage_mark is None else self._stage_mark, "first": frac,
+                                     "last": frac}
+        cur["last"] = max(cur["last"], frac)
+        if ev.total and ev.step >= ev.total:
+            self._end_stage(now)
+
+    def _end_stage(self, now: float) -> None:
+        cur, self._stage_now = self._stage_now, None
+        self._stage_mark = now
+        if cur is None or cur["first"] >= 1.0:        # done at its first event: cached, nothing measured
+            return
+        detail, units = self._stage_work.get(cur["name"], ("", 0.0))
+        share = max(0.0, cur["last"] - cur["first"])
+        if units > 0 and share > 0.5:                 # a stage stopped early says little about its speed
+            from crossview.engine.timings import TimingBook
+            TimingBook().record(cur["name"], detail, self.device, units * share, now - cur["start"])
 
     def _checkpoint(self, status: str | None = "running") -> CheckpointSaved:
         """Write the checkpoint, then (unless ``status`` is None) ``status.json`` saying where it is."""
@@ -614,7 +692,7 @@ class _Run:
             yield from self._features_in_thread(
                 lambda progress, should_stop: extract_features(
                     ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device, progress=progress,
-                    should_stop=should_stop), result, f"{name} set features")
+                    should_stop=should_stop), result, f"{name} set features", lambda _stage: "auxiliary")
             rows = result["value"].image
             if self.features.image_transform is not None:
                 rows = self.features.image_transform(rows)
@@ -664,14 +742,17 @@ class _Run:
             note = f"{note}; note: that run trained on {cfg.get('data')}, this one on {self.cfg.data}"
         yield self._emit(Log(note))
 
-    def _features_in_thread(self, make: Any, result: dict[str, Any], what: str) -> Iterator[Event]:
+    def _features_in_thread(self, make: Any, result: dict[str, Any], what: str,
+                            plan_stage: Any = None) -> Iterator[Event]:
         """``make(progress, should_stop)`` in a worker thread so that progress flows out and a cancel stops it
-        between batches; its value lands in ``result["value"]``."""
+        between batches; its value lands in ``result["value"]``. ``plan_stage(stage)`` names the plan's stage of
+        an extraction stage (default: :meth:`_feature_stage`)."""
+        plan_stage = plan_stage or self._feature_stage
         q: queue.Queue[Event | None] = queue.Queue()
         stop = threading.Event()
 
         def progress(stage: str, done: int, total: int) -> None:
-            q.put(Progress(done, total, f"{what}: {stage}"))
+            q.put(Progress(done, total, f"{what}: {stage}", stage=plan_stage(stage)))
 
         def work() -> None:
             try:
@@ -695,6 +776,12 @@ class _Run:
                 th.join()
         if "error" in result:
             raise result["error"]
+
+    def _feature_stage(self, stage: str) -> str:
+        """The plan's stage of one of feature extraction's stages (``images``, ``fit text``, ``captions``)."""
+        if self.representation is not None or self.built is not None:
+            return "features"
+        return {"fit text": "text model"}.get(stage, stage)
 
     def _check_representation(self) -> dict[str, Any] | None:
         """The representation the method asks its features to be (BITR's ``representation=tr|ctr``),
@@ -866,7 +953,10 @@ class _Run:
             self._lock.release()
             raise
         try:
-            yield from self._execute(took_over, trimmed)
+            for ev in self._execute(took_over, trimmed):
+                held = time.monotonic()
+                yield ev
+                self._suspended += time.monotonic() - held     # the consumer's time (a pause) is not the run's
         finally:
             self._lock.release()
 
@@ -895,6 +985,8 @@ class _Run:
                                     self.cfg.val_split in self.dataset.splits else "")
                                  + f"evaluating on {self.cfg.split} "
                                    f"({len(self.dataset.splits[self.cfg.split]):,} images)"))
+            yield self._emit(self._plan())
+            self._stage_mark = self._active()
             t0 = time.monotonic()
             if self.features is None:
                 yield from self._extract()
@@ -932,12 +1024,14 @@ class _Run:
                 self.phase = "trained"
                 yield self._emit(self._checkpoint())
             t1 = time.monotonic()
+            yield self._emit(Progress(0, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
             res = self.method.evaluate(test)
             eval_seconds = time.monotonic() - t1
             self._write_ranks(res["ranks"], test)
             self._write_embeddings(test)
             summary = self._summary(res, test, features_seconds, eval_seconds)
             atomic_write_json(self._path(SUMMARY), summary)
+            yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
             self.phase = "finished"
             status = "finished"
             self._status("finished")
@@ -971,6 +1065,8 @@ class _Run:
                 self.events += 1
                 if isinstance(ev, (Loss, Progress)):
                     self.step = ev.step
+                if isinstance(ev, Progress) and not ev.stage:
+                    ev.stage = "fit"
                 self.train_seconds = base_seconds + time.monotonic() - start
                 yield self._emit(ev)
                 due = time.monotonic() - last_ckpt >= self.cfg.checkpoint_seconds

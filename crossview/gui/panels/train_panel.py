@@ -28,8 +28,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLay
                                QPushButton, QScrollArea, QSizePolicy, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from crossview.core.progress import StageEta, format_seconds, stage_key
-from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Progress, TrialFinished, Validation
+from crossview.core.progress import RunEta, format_seconds, stage_key
+from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Plan, Progress, TrialFinished, Validation
 from crossview.engine.tune import TuneResult
 from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
@@ -142,7 +142,7 @@ class TrainPanel(QWidget):
         #: in a worker is never destroyed under it; only the selected method's are shown
         self._slots: dict[tuple[str, str], DatasetSlot] = {}
         self._t0 = 0.0
-        self._eta = StageEta()
+        self._eta = RunEta()
         self.search_dialog: SearchDialog | None = None
         self.search_folder: Path | None = None
         self.search_result: Any = None       #: the last search's TuneResult (None until one finishes)
@@ -695,7 +695,7 @@ class TrainPanel(QWidget):
             self.view_tabs.setCurrentIndex(1)
         self.log.appendPlainText(f"== {title} -> {run_dir}")
         self._t0 = time.monotonic()
-        self._eta = StageEta()
+        self._eta = RunEta()
         self.progress.setValue(0)
         self.eta_label.setText("Starting...")
         task = EventTask(factory, name="train", parent=self)
@@ -1029,17 +1029,25 @@ class TrainPanel(QWidget):
         if isinstance(ev, TuneResult):
             self.search_result = ev
             return
-        if isinstance(ev, Progress):
+        if isinstance(ev, Plan):
+            self._eta.plan(ev.stages)
+        elif isinstance(ev, Progress):
             frac = ev.fraction
-            self.progress.setValue(int(1000 * frac))
-            # the time left in this stage at its own rate (earlier stages and pauses do not count)
-            eta = self._eta.update(stage_key(ev.message, ev.total), frac) if ev.total else None
+            # over the whole run when the run said its stage plan (pauses excluded); else this stage alone
+            whole = self._eta.planned and self._eta.stage(ev.stage) is not None
+            eta = self._eta.update(ev.stage, frac, stage_key(ev.message, ev.total)) if ev.total or whole else None
+            run_frac = self._eta.fraction() if whole else frac
+            self.progress.setValue(int(1000 * run_frac))
+            stage = f"{ev.message}  {100 * frac:.0f}%" if ev.total else ev.message
             if self._eta.paused:
                 self.eta_label.setText("Paused")    # events already on their way do not overwrite it
+            elif whole:
+                self.eta_label.setText(f"{stage}  \u00b7  run {100 * run_frac:.0f}%"
+                                       + (f", ETA {format_seconds(eta)}" if eta is not None else ""))
             elif eta is not None:
-                self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%  ETA {format_seconds(eta)}")
+                self.eta_label.setText(f"{stage}  ETA {format_seconds(eta)}")
             else:
-                self.eta_label.setText(f"{ev.message}  {100 * frac:.0f}%" if ev.total else ev.message)
+                self.eta_label.setText(stage)
         elif isinstance(ev, Loss):
             self.curves.add_loss(ev.step, ev.epoch, ev.terms)
         elif isinstance(ev, Phase):

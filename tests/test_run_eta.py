@@ -1,0 +1,201 @@
+"""The whole-run ETA: a stage plan up front (crossview.core.events.Plan), priors from this machine's timings
+(crossview.engine.timings), scaled by the run's own pace (crossview.core.progress.RunEta)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from crossview.core.events import Plan, Progress, event_from_dict
+from crossview.core.progress import RunEta, StageEta, stage_key
+from crossview.engine import timings
+from crossview.engine.timings import TimingBook
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _simulate(plan, truth, startup, step=0.5):
+    """Drive a RunEta through stages whose true durations are ``truth`` (seconds, after ``startup`` seconds of
+    set-up before each stage's first event), as the engine reports them; returns (time, eta, true left) rows."""
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan(plan)
+    total = sum(truth.values()) + sum(startup.values())
+    rows = []
+    for s in plan:
+        name = s["name"]
+        clock.t += startup.get(name, 0.0)
+        n = max(1, int(truth[name] / step))
+        for i in range(n + 1):
+            if i:
+                clock.t += truth[name] / n
+            left = eta.update(name, i / n)
+            rows.append((clock.t, left, total - clock.t))
+    return rows, total
+
+
+def test_eta_is_within_a_factor_of_two_of_the_truth_from_a_tenth_of_the_run_on():
+    """A first run on a slow machine: every stage 3x slower than its prior, and the priors' relative sizes off
+    by up to 2x (captions 2x too cheap, fitting 2x too dear), a model loaded before each feature stage."""
+    plan = [{"name": "images", "seconds": 24.0}, {"name": "text model", "seconds": 1.0},
+            {"name": "captions", "seconds": 7.0}, {"name": "fit", "seconds": 4.0}, {"name": "evaluate", "seconds": 1.0}]
+    truth = {"images": 72.0, "text model": 3.0, "captions": 42.0, "fit": 6.0, "evaluate": 3.0}
+    startup = {"images": 3.0, "captions": 4.0}
+    rows, total = _simulate(plan, truth, startup)
+    judged = [(t, e, true) for t, e, true in rows if 0.1 * total <= t and true >= 0.1 * total]
+    assert judged
+    for t, e, true in judged:
+        assert e is not None and 0.5 <= e / true <= 2.0, f"at {t:.1f} s: ETA {e} s, truth {true:.1f} s"
+
+
+def test_the_old_per_stage_eta_misses_what_the_plan_sees():
+    """The same run through the per-stage estimator: at the end of the image stage it says 'done soon' although
+    half of the run is ahead. The plan is what makes the whole-run ETA possible."""
+    clock = Clock()
+    stage = StageEta(clock)
+    for i in range(101):
+        clock.t = 0.72 * i
+        left = stage.update(stage_key("features: images", 700), i / 100)
+    assert left is None or left < 1.0                      # images done: the stage has nothing left
+    clock.t = 0.0
+    run = RunEta(clock)
+    run.plan([{"name": "images", "seconds": 24.0}, {"name": "captions", "seconds": 24.0}])
+    for i in range(101):
+        clock.t = 0.72 * i
+        left = run.update("images", i / 100)
+    assert left == pytest.approx(72.0, rel=0.01)           # the caption stage, at the pace the images went
+
+
+def test_a_cached_stage_is_skipped_not_counted():
+    """Images came from the cache (no event), captions too (done at their first event): only fitting is left,
+    and its prior is scaled by the fitting's own pace, not by a near-zero 'pace' of the cached stages."""
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan([{"name": "images", "seconds": 100.0}, {"name": "captions", "seconds": 50.0},
+              {"name": "fit", "seconds": 10.0}, {"name": "evaluate", "seconds": 10.0}])
+    clock.t = 0.2
+    assert eta.update("captions", 1.0) is None
+    assert eta.stage("images").state == "skipped" and eta.stage("captions").state == "skipped"
+    eta.update("fit", 0.0)
+    clock.t = 2.2
+    left = eta.update("fit", 0.1)                          # 2 s for 10% of a 10 s prior: the machine is 2x slower
+    assert left == pytest.approx(2.0 * 9.0 + 2.0 * 10.0, rel=0.01)
+    assert 0.0 < eta.fraction() < 0.2
+
+
+def test_pauses_do_not_count_and_paused_is_said():
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan([{"name": "fit", "seconds": 100.0}])
+    eta.update("fit", 0.0)
+    clock.t = 20.0
+    before = eta.update("fit", 0.2)
+    eta.pause()
+    assert eta.paused
+    clock.t = 1000.0
+    eta.resume()
+    assert not eta.paused
+    assert eta.update("fit", 0.2) == pytest.approx(before)
+    clock.t = 1020.0
+    assert eta.update("fit", 0.4) == pytest.approx(60.0)
+
+
+def test_a_resumed_stage_is_timed_on_the_work_done_since():
+    """A resume: training starts at 50% of its work; 5 s later it is at 60%: 20 s are left, not 5 s x 0.4 / 0.6."""
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan([{"name": "fit", "seconds": 50.0}, {"name": "evaluate", "seconds": 0.0}])
+    eta.update("fit", 0.5)
+    clock.t = 5.0
+    assert eta.update("fit", 0.6) == pytest.approx(20.0)
+
+
+def test_without_a_plan_it_is_the_stage_estimator():
+    clock = Clock()
+    run, stage = RunEta(clock), StageEta(clock)
+    for t, f in ((0.0, 0.0), (10.0, 0.1), (20.0, 0.3)):
+        clock.t = t
+        key = stage_key("epoch 1/3", 90)
+        assert run.update("", f, key) == stage.update(key, f)
+
+
+def test_fraction_never_goes_back():
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan([{"name": "images", "seconds": 10.0}, {"name": "fit", "seconds": 10.0}])
+    seen = []
+    for i in range(11):
+        clock.t = i * (3.0 if i < 5 else 0.5)
+        eta.update("images", i / 10)
+        seen.append(eta.fraction())
+    assert seen == sorted(seen) and seen[-1] <= 1.0
+
+
+def test_plan_event_round_trips():
+    ev = Plan([{"name": "images", "label": "image features (x)", "seconds": 1.5}])
+    assert event_from_dict(json.loads(json.dumps(ev.to_dict()))) == ev
+    p = Progress(1, 2, "features: images", stage="images")
+    assert event_from_dict(p.to_dict()) == p
+    assert event_from_dict({"event": "progress", "step": 1, "total": 2}).stage == ""   # lines written before
+
+
+def test_timing_book_averages_and_ignores_damage(tmp_path):
+    book = TimingBook(tmp_path / "t.json")
+    assert book.per_unit("images", "mobilenet_v2", "cpu") == timings.DEFAULTS["images"]
+    assert book.per_unit("images", "mobilenet_v2", "cuda:0") < timings.DEFAULTS["images"]
+    assert book.per_unit("captions", "minilm", "cpu") > book.per_unit("captions", "glove", "cpu")
+    book.record("images", "mobilenet_v2", "cpu", 100, 10.0)
+    assert book.per_unit("images", "mobilenet_v2", "cpu") == pytest.approx(0.1)
+    book.record("images", "mobilenet_v2", "cpu", 100, 30.0)
+    assert book.per_unit("images", "mobilenet_v2", "cpu") == pytest.approx(0.2)     # the running average
+    assert book.per_unit("images", "mobilenet_v2", "cuda") != pytest.approx(0.2)   # another device kind
+    book.record("fit", "cca", "cpu", 0, 5.0)                                        # no work: nothing learned
+    book.record("fit", "cca", "cpu", 10, float("nan"))
+    assert "fit|cca|cpu" not in book.entries()
+    (tmp_path / "t.json").write_text('{"images|mobilenet_v2|cpu": "rm -rf /", "fit|cca|cpu": -1, "x": 1e999}')
+    assert book.entries() == {}
+    (tmp_path / "t.json").write_text("[1, 2")
+    assert book.per_unit("fit", "cca", "cpu") == timings.DEFAULTS["fit"]
+    book.record("fit", "cca", "cpu", 10, 1.0)                                        # rewritten, readable again
+    assert book.per_unit("fit", "cca", "cpu") == pytest.approx(0.1)
+
+
+def test_a_run_says_its_plan_first_and_names_every_stage(tmp_path, monkeypatch, demo_dataset):
+    """A CCA run on the demo (features from the session's cache): a Plan before the first progress, every
+    progress event names a planned stage, the run ends with the evaluation stage done, and the timing book
+    learns the stages that did work (fitting, evaluating), never the cached ones."""
+    from crossview.engine.run import train
+
+    book = tmp_path / "timings.json"
+    monkeypatch.setattr(timings, "default_path", lambda: book)
+    list(train("cca", demo_dataset, run_dir=tmp_path / "first"))    # the demo's features are in the cache now
+    book.unlink(missing_ok=True)
+    events = list(train("cca", demo_dataset, run_dir=tmp_path / "run"))
+    kinds = [type(e).__name__ for e in events]
+    assert "Plan" in kinds and kinds.index("Plan") < kinds.index("Progress")
+    plan = next(e for e in events if isinstance(e, Plan))
+    names = [s["name"] for s in plan.stages]
+    assert names[-2:] == ["fit", "evaluate"] and "images" in names and "captions" in names
+    assert all(s["seconds"] >= 0 for s in plan.stages)
+    progress = [e for e in events if isinstance(e, Progress)]
+    assert progress and all(e.stage in names for e in progress)
+    assert progress[-1].stage == "evaluate" and progress[-1].step == progress[-1].total
+    learned = TimingBook(book).entries()
+    assert "fit|cca|cpu" in learned and "evaluate|cca|cpu" in learned
+    assert not any(k.startswith(("images|", "captions|")) for k in learned), "cached stages teach nothing"
+    # the run's metrics.jsonl keeps the plan, for a later look at what was planned
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(d.get("event") == "plan" for d in lines)
+    eta = RunEta()
+    eta.plan(plan.stages)
+    for e in progress:
+        eta.update(e.stage, e.fraction)
+    assert eta.fraction() == pytest.approx(1.0) and np.isfinite(eta.fraction())
