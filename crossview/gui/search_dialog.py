@@ -9,7 +9,8 @@ number of random trials and the search folder's name complete it. Every value is
 range-checked by the method's card (:func:`crossview.engine.tune.parse_grid_values`) when the user presses
 "Start search": a bad one gets one clear line in the dialog, which stays open, and nothing starts.
 
-The search itself is :func:`crossview.engine.tune.tune`, started by the panel (:meth:`TrainPanel.start_search`).
+The search itself is :func:`crossview.engine.tune.tune`, started by the search view
+(:meth:`crossview.gui.search_view.SearchView.start_search`, under the Train panel's "Search trials" tab).
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ from the card: defaults, tooltips, ranges), a second dataset where the method tr
 evaluate on, the features (encoders and their
 normalisation) and the device; start / pause / stop / resume; progress with ETA, live curves
 (:mod:`crossview.gui.curves`: one plot per quantity family, R@K / rsum per validation or a note saying why
-there is none), a log, and the runs list (open, open a run folder from anywhere, rename, delete with
-confirmation). "Search..." (:mod:`crossview.gui.search_dialog`) starts a validation search whose trials
-fill a table as they finish (the best highlighted); a stopped search continues.
+there is none), a log, and the runs list (:mod:`crossview.gui.runs_browser`: open, open a run folder from
+anywhere, rename, delete with confirmation). "Search..." (:mod:`crossview.gui.search_dialog`) starts a
+validation search in the search view (:mod:`crossview.gui.search_view`, the "Search trials" tab), whose trials
+fill a table as they finish (the best highlighted); a stopped search continues. The search view runs the search
+and says what it shows through signals; this panel keeps its task (Pause / Stop act on it), draws its runs'
+events and relays its signals, and keeps ``start_search``, ``continue_search``, ``best_trial_row`` and the
+trials table under their old names.
 
-The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume` /
-:func:`crossview.engine.tune.tune`, generators of events driven by an
+The work is :func:`crossview.engine.train` / :func:`crossview.engine.run.resume` (and, in the search view,
+:func:`crossview.engine.tune.tune`), generators of events driven by an
 :class:`~crossview.gui.workers.EventTask`; nothing here trains. Methods registered later
 appear with no change to this file. Run alone: ``python -m crossview.gui.panels.train_panel``.
 """
@@ -22,21 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QDoubleValidator
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox,
-                               QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMessageBox, QPlainTextEdit, QProgressBar,
-                               QPushButton, QScrollArea, QSizePolicy, QSpinBox, QSplitter, QTableWidget,
-                               QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtGui import QDoubleValidator
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea,
+                               QSizePolicy, QSpinBox, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from crossview.core.progress import RunEta, format_seconds, stage_key
-from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Plan, Progress, TrialFinished, Validation
-from crossview.engine.tune import TuneResult
+from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Plan, Progress, Validation
 from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
 from crossview.gui.dataset_slot import DatasetSlot
 from crossview.gui.runs_browser import RunsBrowser
-from crossview.gui.search_dialog import SearchDialog, SearchSpec
+from crossview.gui.search_view import SearchChoices, SearchView, field_texts
 from crossview.gui.workers import EventTask, preload_engine_modules
 
 AUTO_SPLIT_TEXT = "auto (test, else val, else a held-out part of train)"
@@ -143,12 +145,7 @@ class TrainPanel(QWidget):
         self._slots: dict[tuple[str, str], DatasetSlot] = {}
         self._t0 = 0.0
         self._eta = RunEta()
-        self.search_dialog: SearchDialog | None = None
-        self.search_folder: Path | None = None
-        self.search_result: Any = None       #: the last search's TuneResult (None until one finishes)
-        self.search_best: int | None = None  #: the number of the shown search's best trial so far
-        self._last_search: dict[str, Any] | None = None  # tune()'s arguments of this panel's last search
-        self._search: dict[str, Any] | None = None   # the running search: keys, metric, total, done, rows
+        self._searching = False     # the task is the search view's (its progress and end are the view's)
         # Loss events can come thousands a second: collect them and redraw the curves 10 times a second,
         # so the GUI thread never spends more than a few ms per frame on plotting.
         self._pending_log: list[str] = []
@@ -274,6 +271,24 @@ class TrainPanel(QWidget):
         self.open_button, self.resume_button = self.runs.open_button, self.runs.resume_button
         self.rename_button, self.delete_button = self.runs.rename_button, self.runs.delete_button
         self.open_folder_button = self.runs.open_folder_button
+        # the search view (crossview/gui/search_view.py): searches and their trials table; its widgets and
+        # methods are reachable here under their old names too (start_search, continue_search, best_trial_row...)
+        self.search_view = SearchView(self.runs_root, self._search_choices, selected_run=self.runs.selected,
+                                      is_busy=lambda: self.task is not None and self.task.is_running())
+        self.search_view.started.connect(lambda task, folder, title: self._watch(task, Path(folder), title, True))
+        self.search_view.run_event.connect(self._on_event)
+        self.search_view.status.connect(self._show_search_status)
+        self.search_view.message.connect(self.log.appendPlainText)
+        self.search_view.failed.connect(lambda message, details, title: self._fail(message, details, title=title))
+        self.search_view.ended.connect(self._on_finished)
+        self.search_view.run_finished.connect(self.run_finished)
+        self.search_view.search_finished.connect(self.search_finished)
+        self.search_view.runs_changed.connect(self._on_search_runs_changed)
+        self.search_view.open_run.connect(self.open_run)
+        self.search_info, self.trials_table = self.search_view.search_info, self.search_view.trials_table
+        self.continue_search_button = self.search_view.continue_search_button
+        self.open_search_dialog, self.start_search = self.search_view.open_search_dialog, self.search_view.start_search
+        self.continue_search, self.best_trial_row = self.search_view.continue_search, self.search_view.best_trial_row
 
         top = QWidget()
         tl = QVBoxLayout(top)
@@ -284,7 +299,7 @@ class TrainPanel(QWidget):
         tl.addLayout(pr)
         self.view_tabs = QTabWidget()
         self.view_tabs.addTab(self.curves, "Curves")
-        self.view_tabs.addTab(self._build_search_view(), "Search trials")
+        self.view_tabs.addTab(self.search_view, "Search trials")
         tl.addWidget(self.view_tabs, 1)
         bottom = QSplitter()
         bottom.addWidget(self.log)
@@ -309,33 +324,6 @@ class TrainPanel(QWidget):
         self._fill_methods()
         self.refresh_runs()
         self._update_buttons()
-
-    def _build_search_view(self) -> QWidget:
-        """The trials of a validation search: one row per finished trial, the best highlighted."""
-        self.search_info = QLabel("No search yet: press Search... to try several parameter values.")
-        self.search_info.setWordWrap(True)
-        self.search_info.setTextFormat(Qt.TextFormat.RichText)
-        self.trials_table = QTableWidget(0, 0)
-        self.trials_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.trials_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.trials_table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.trials_table.verticalHeader().hide()
-        self.trials_table.setSortingEnabled(False)
-        self.trials_table.setToolTip("Double-click a trial to open its run")
-        self.trials_table.doubleClicked.connect(lambda index: self._open_trial(index.row()))
-        self.continue_search_button = QPushButton("Continue search")
-        self.continue_search_button.setToolTip("Run the search of the selected trial (in the runs list) or of "
-                                               "the stopped search again: finished trials are kept, the rest run")
-        self.continue_search_button.clicked.connect(lambda: self.continue_search())
-        head = QHBoxLayout()
-        head.addWidget(self.search_info, 1)
-        head.addWidget(self.continue_search_button, 0, Qt.AlignmentFlag.AlignTop)
-        w = QWidget()
-        v = QVBoxLayout(w)
-        v.setContentsMargins(4, 4, 4, 4)
-        v.addLayout(head)
-        v.addWidget(self.trials_table, 1)
-        return w
 
     # ------------------------------------------------------------------ choices
     def _fill_methods(self) -> None:
@@ -552,6 +540,7 @@ class TrainPanel(QWidget):
     def set_dataset(self, ds: Any) -> None:
         """Train on ``ds`` from now on (the split choices follow its splits)."""
         self.dataset = ds
+        self.search_view.set_dataset(ds)
         for slot in self._slots.values():
             slot.set_demo_available(self._dataset_is_demo())
         self._fill_splits()
@@ -562,7 +551,7 @@ class TrainPanel(QWidget):
         running = self.task is not None and self.task.is_running()
         self.start_button.setEnabled(not running and self.dataset is not None and self.method_combo.count() > 0)
         self.search_button.setEnabled(self.start_button.isEnabled())
-        self.continue_search_button.setEnabled(not running and self._search_to_continue() is not None)
+        self.search_view.update_buttons()
         self.pause_button.setEnabled(running)
         self.stop_button.setEnabled(running)
         self.resume_button.setEnabled(not running and self.runs_list.currentItem() is not None)
@@ -682,32 +671,35 @@ class TrainPanel(QWidget):
             return False
 
     def _drive(self, factory: Any, run_dir: Path, title: str, method: str | None = None,
-               no_validation_reason: str = "", search: dict[str, Any] | None = None) -> EventTask:
+               no_validation_reason: str = "") -> EventTask:
+        self.curves.reset(method, no_validation_reason)
+        self.view_tabs.setCurrentWidget(self.curves)
+        task = EventTask(factory, name="train", parent=self)
+        task.event.connect(self._on_event)
+        task.failed.connect(self._fail)
+        task.finished.connect(self._on_finished)
+        task.start()
+        self._watch(task, run_dir, title)
+        return task
+
+    def _watch(self, task: EventTask, run_dir: Path, title: str, search: bool = False) -> None:
+        """Show the started ``task`` as the panel's work: the log's title line, the bar and ETA from zero, the
+        buttons. A search's task (``search``) is the search view's: its events and end come through the view."""
         self.run_dir = run_dir
         self.last_summary = None
         self.last_error = None
-        self._search = search
-        if search is None:
-            self.curves.reset(method, no_validation_reason)
-            self.view_tabs.setCurrentWidget(self.curves)
-        else:
-            self.search_result = None
-            self.view_tabs.setCurrentIndex(1)
+        self._searching = search
+        if search:
+            self.view_tabs.setCurrentWidget(self.search_view)
         self.log.appendPlainText(f"== {title} -> {run_dir}")
         self._t0 = time.monotonic()
         self._eta = RunEta()
         self.progress.setValue(0)
         self.eta_label.setText("Starting...")
-        task = EventTask(factory, name="train", parent=self)
         self.task = task
-        task.event.connect(self._on_event)
-        task.failed.connect(self._fail)
         task.paused_changed.connect(lambda _p: self._update_buttons())
-        task.finished.connect(self._on_finished)
-        task.start()
         self._redraw.start()
         self._update_buttons()
-        return task
 
     def toggle_pause(self) -> None:
         if self.task is None:
@@ -727,308 +719,38 @@ class TrainPanel(QWidget):
             self.eta_label.setText("Stopping...")
             self.task.stop()
 
-    # ------------------------------------------------------------------ search
-    def _search_fields(self) -> dict[str, tuple[Any, str]]:
-        """Each form parameter's card spec and its current value as text (what the search dialog prefills)."""
-        out = {}
-        method = self.method_combo.currentData() or ""
-        for pname, (spec, get) in self._getters.items():
-            value = get()
-            try:
-                value = spec.coerce(value, method)
-            except CrossViewError:
-                pass                     # a bad value is shown as typed: the dialog refuses it with its reason
-            if isinstance(value, list):
-                text = ", ".join(map(str, value))
-            else:
-                text = "none" if value is None else str(value)
-            out[pname] = (spec, text)
-        return out
-
-    def _resolved_norms(self) -> tuple[str, str]:
-        from crossview.methods import default_norms_of
-
-        defaults = default_norms_of(self.method_combo.currentData())
+    # ------------------------------------------------------------------ search (crossview/gui/search_view.py)
+    def _search_choices(self) -> SearchChoices:
+        """What a search uses from the form: the method, its parameters as the dialog prefills them, the
+        normalisations, encoders, device and seed."""
+        method = self.method_combo.currentData()
         img, txt = self.norms()
-        return img or defaults[0], txt or defaults[1]
+        return SearchChoices(method, field_texts({p: (spec, get()) for p, (spec, get) in self._getters.items()},
+                                                 method or ""),
+                             image_norm=img, text_norm=txt, image_encoder=self.image_encoder.currentData(),
+                             text_encoder=self.text_encoder.currentData(), device=self.device_combo.currentData(),
+                             seed=self.seed_spin.value())
 
-    def open_search_dialog(self) -> SearchDialog | None:
-        """Open the search dialog for the current method (prefilled from the form); its Start search begins
-        :meth:`start_search`. Returns the dialog (shown window-modal, not blocking)."""
-        method = self.method_combo.currentData()
-        if self.dataset is None or not method or (self.task is not None and self.task.is_running()):
-            return None
-        splits = [n for n in self.dataset.split_names if n != "train"]
-        dialog = SearchDialog(method, self._search_fields(), self._resolved_norms(), splits, parent=self,
-                              describe=self._describe_selection)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda d=dialog: self.start_search(d.spec))
-        dialog.finished.connect(lambda _r, d=dialog: self._forget_dialog(d))
-        self.search_dialog = dialog
-        dialog.setWindowModality(Qt.WindowModality.WindowModal)
-        dialog.open()
-        return dialog
-
-    def _describe_selection(self, select_on: str, optimistic: bool) -> str:
-        """Where a search on the panel's dataset chooses and reports (raises when the choice is refused)."""
-        from crossview.engine.tune import plan_selection
-
-        if self.dataset is None:
-            return ""
-        return plan_selection(self.dataset, select_on, seed=self.seed_spin.value(), optimistic=optimistic).description
-
-    def _forget_dialog(self, dialog: SearchDialog) -> None:
-        if self.search_dialog is dialog:
-            self.search_dialog = None
-
-    def _new_search_dir(self, method: str, name: str) -> Path:
-        if name:
-            if any(ch in name for ch in "/\\") or name in (".", ".."):
-                raise CrossViewError(f"search folder name {name!r}: use letters, digits, '-' and '_' only")
-            path = self.runs_root / name
-            if path.exists() and not (path / "tune.json").is_file() and any(path.iterdir()):
-                raise CrossViewError(f"{path} exists and is not a search folder: choose another search folder name")
-            return path
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.dataset.name) or "data"
-        base = self.runs_root / f"tune-{method}-{safe}-{stamp}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return path
-
-    def start_search(self, spec: SearchSpec | None) -> EventTask | None:
-        """Start a validation search (:func:`crossview.engine.tune.tune`) of the current method on the current
-        dataset with the panel's encoders, device and seed. Every input is checked before anything runs: a bad
-        one gets one message and nothing starts."""
-        if spec is None or self.dataset is None or (self.task is not None and self.task.is_running()):
-            return None
-        method = self.method_combo.currentData()
-        try:
-            folder = self._new_search_dir(method, spec.name)
-        except CrossViewError as e:
-            self._fail(str(e), "", title="Search not started")
-            return None
-        return self._start_tune(dict(method=method, data=self.dataset, grid=spec.grid, params=spec.params,
-                                     metric=spec.metric, trials=spec.trials, out=folder, select_on=spec.select_on,
-                                     optimistic=spec.optimistic,
-                                     image_encoder=self.image_encoder.currentData(),
-                                     text_encoder=self.text_encoder.currentData(),
-                                     image_norm=spec.image_norm, text_norm=spec.text_norm,
-                                     device=self.device_combo.currentData(), seed=self.seed_spin.value()))
-
-    def _start_tune(self, kw: dict[str, Any]) -> EventTask | None:
-        import math
-
-        from crossview.engine.tune import tune
-
-        gen = tune(**kw)
-        try:
-            # the engine checks every input (grid, parameters, split, metric, an existing folder) before its
-            # first event, without extracting or training: doing that step here refuses bad input at once
-            first = next(gen)
-        except CrossViewError as e:
-            gen.close()
-            self._fail(str(e), "", title="Search not started")
-            return None
-        except StopIteration:      # pragma: no cover - tune always yields
-            return None
-        self._last_search = dict(kw)
-        n = math.prod(len(v) for v in kw["grid"].values())
-        total = min(n, kw["trials"]) if kw.get("trials") else n
-        folder = Path(kw["out"])
-        self.search_folder = folder
-        self.search_best = None
-        where, folds = "", 1
-        if not isinstance(kw["data"], (str, Path)):
-            from crossview.engine.tune import plan_selection
-            try:
-                sel = plan_selection(kw["data"], kw.get("select_on", "auto"), folds=kw.get("folds"),
-                                     seed=kw.get("seed", 0), optimistic=kw.get("optimistic", False))
-                where, folds = sel.description, sel.folds
-            except CrossViewError:      # pragma: no cover - tune checked it already
-                pass
-        search = {"folder": folder, "method": kw["method"], "metric": kw["metric"], "keys": list(kw["grid"]),
-                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None, "where": where, "folds": folds}
-        self._setup_trials_table(search)
-        self._update_search_info(search)
-
-        def events():
-            try:
-                yield first
-                yield from gen
-            finally:
-                gen.close()
-
-        return self._drive(events, folder, f"Searching {kw['method']} on {getattr(kw['data'], 'name', kw['data'])} "
-                           f"({total} trials, ranked by {kw['metric']}" + (f"; {where}" if where else "") + ")",
-                           kw["method"], search=search)
-
-    def _setup_trials_table(self, search: dict[str, Any]) -> None:
-        metric = search["metric"]
-        k = int(search.get("folds") or 1)
-        # under cross-validation every number is the mean over the folds, and its spread follows the metric
-        mean = f" ({k}-fold mean)" if k > 1 else ""
-        cols = (["#", *search["keys"]] + ([] if metric == "rsum" else [metric + mean])
-                + ["rsum" + mean] + (["± sd"] if k > 1 else []) + ["i2t R@1", "t2i R@1", "run"])
-        t = self.trials_table
-        t.clearContents()
-        t.setRowCount(0)
-        t.setColumnCount(len(cols))
-        t.setHorizontalHeaderLabels(cols)
-        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        t.horizontalHeader().setStretchLastSection(True)
-
-    def _update_search_info(self, search: dict[str, Any]) -> None:
-        best = search["rows"].get(search["best"]) if search["best"] is not None else None
-        text = (f"<b>Search</b> {html.escape(search['folder'].name)}: {search['done']} of {search['total']} trials "
-                f"done, ranked by {html.escape(search['metric'])}"
-                + (f"; {html.escape(search['where'])}" if search.get("where") else ""))
-        if best is not None:
-            text += (f"; best: trial {best.trial} ({html.escape(self._point_label(best.point))}), "
-                     f"{html.escape(search['metric'])} {abs(best.score):.1f}")
-        self.search_info.setText(text)
-
-    @staticmethod
-    def _point_label(point: dict[str, Any]) -> str:
-        return " ".join(f"{k}={v}" for k, v in point.items())
-
-    def _on_trial(self, ev: TrialFinished) -> None:
-        search = self._search
-        if search is None:
-            return
-        search["rows"][ev.trial] = ev
-        search["done"] = max(search["done"], ev.trial)
-        search["inner"] = 0.0
-        search["best"] = self.search_best = ev.best_trial
-        t = self.trials_table
-        row = t.rowCount()
-        t.insertRow(row)
-        r1 = (lambda d: f"{d['R@1']:.1f}" if isinstance(d, dict) and d.get("R@1") is not None else "-")
-        values = [str(ev.trial)] + [str(ev.point.get(k, "")) for k in search["keys"]]
-        if search["metric"] != "rsum":
-            values.append(f"{abs(ev.score):.1f}")
-        values += [f"{ev.rsum:.1f}" if ev.rsum is not None else "-"]
-        if int(search.get("folds") or 1) > 1:
-            values.append(f"{ev.sd:.1f}" if ev.sd is not None else "-")
-        values += [r1(ev.i2t), r1(ev.t2i), Path(ev.run_dir).name]
-        for col, text in enumerate(values):
-            item = QTableWidgetItem(text)
-            item.setData(Qt.ItemDataRole.UserRole, ev.run_dir)
-            if 0 < col < len(values) - 1:
-                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-            t.setItem(row, col, item)
-        self._highlight_best()
-        self._update_search_info(search)
+    def _on_search_runs_changed(self) -> None:
         self.refresh_runs()        # the new trial's run folder appears in the runs list
         self.runs_changed.emit()
 
-    def _highlight_best(self) -> None:
-        """Bold text on a green background for the best trial's row, plain for the others."""
-        best = self.search_best
-        t = self.trials_table
-        for row in range(t.rowCount()):
-            is_best = t.item(row, 0) is not None and t.item(row, 0).text() == str(best)
-            for col in range(t.columnCount()):
-                item = t.item(row, col)
-                if item is None:
-                    continue
-                font = item.font()
-                font.setBold(is_best)
-                item.setFont(font)
-                item.setBackground(QBrush(QColor("#dafbe1")) if is_best else QBrush())
-                item.setToolTip("the best trial so far" if is_best else "")
+    def _show_search_status(self, value: int, text: str, tooltip: str) -> None:
+        if value >= 0:
+            self.progress.setValue(value)
+        self.eta_label.setText(text)
+        if tooltip:
+            self.eta_label.setToolTip(tooltip)
 
-    def best_trial_row(self) -> int | None:
-        """The table row of the best trial (``None`` before the first trial finishes)."""
-        if self.search_best is None:
-            return None
-        for row in range(self.trials_table.rowCount()):
-            if self.trials_table.item(row, 0).text() == str(self.search_best):
-                return row
-        return None
-
-    def _open_trial(self, row: int) -> None:
-        item = self.trials_table.item(row, 0)
-        if item is not None and item.data(Qt.ItemDataRole.UserRole):
-            self.open_run.emit(item.data(Qt.ItemDataRole.UserRole))
-
-    def _search_to_continue(self) -> Path | None:
-        """The search folder that Continue search would run: that of the trial selected in the runs list, or
-        this panel's last search when it did not finish."""
-        selected = self.runs.selected() if hasattr(self, "runs") else None
-        if selected is not None:
-            parent = selected.parent
-            if (parent / "tune.json").is_file():
-                return parent
-        if self._last_search is not None and self.search_result is None:
-            return Path(self._last_search["out"])
-        return None
-
-    def continue_search(self, folder: str | Path | None = None) -> EventTask | None:
-        """Run the search in ``folder`` (default: :meth:`_search_to_continue`) again, as recorded in its
-        ``tune.json`` (or as this panel started it, when it stopped before its first trial finished): finished
-        trials are read back, an interrupted one resumes, the rest run, then the best is refitted."""
-        from crossview.core.io import read_json
-
-        folder = Path(folder) if folder is not None else self._search_to_continue()
-        if folder is None or (self.task is not None and self.task.is_running()):
-            return None
-        last = self._last_search
-        if last is not None and Path(last["out"]) == folder and not (folder / "tune.json").is_file():
-            return self._start_tune({**last, "device": self.device_combo.currentData()})
-        try:
-            rec = read_json(folder / "tune.json")
-            if not isinstance(rec, dict) or not isinstance(rec.get("grid"), dict) or not rec.get("method"):
-                raise CrossViewError(f"{folder / 'tune.json'} is not a search record; the folder is damaged")
-            data = self._search_data(folder, rec)
-        except CrossViewError as e:
-            self._fail(str(e), "", title="Search not continued")
-            return None
-        # a search recorded before selection was kept apart from reporting scored its trials on val_split
-        old = "select_on" not in rec
-        return self._start_tune(dict(method=rec["method"], data=data, grid=rec["grid"], params=rec.get("params") or {},
-                                     metric=rec.get("metric", "rsum"), trials=rec.get("trials"), out=folder,
-                                     select_on=rec.get("val_split", "val") if old else rec["select_on"],
-                                     folds=rec.get("folds"), optimistic=bool(rec.get("optimistic", old)),
-                                     train_split=rec.get("train_split", "train"),
-                                     image_encoder=rec.get("image_encoder"), text_encoder=rec.get("text_encoder"),
-                                     image_norm=rec.get("image_norm"), text_norm=rec.get("text_norm"),
-                                     device=self.device_combo.currentData(), seed=int(rec.get("seed", 0))))
-
-    def _search_data(self, folder: Path, rec: dict[str, Any]) -> Any:
-        """The dataset a recorded search ran on: the panel's own when a trial's fingerprint matches, else the
-        path the record names."""
-        from crossview.core.io import read_json
-
-        if self.dataset is not None:
-            for cfg_path in sorted(folder.glob("trial-*/config.json")):
-                try:
-                    cfg = read_json(cfg_path)
-                except CrossViewError:
-                    continue
-                if isinstance(cfg, dict) and cfg.get("dataset_fingerprint") == self.dataset.fingerprint():
-                    return self.dataset
-                break
-            if not any(folder.glob("trial-*/config.json")):
-                return self.dataset
-        if isinstance(rec.get("data"), str) and rec["data"]:
-            return rec["data"]
-        raise CrossViewError(f"the search in {folder} ran on another dataset that was not loaded from a file: "
-                             "load that dataset in the Data panel, then press Continue search")
+    # the search view's state, read here under its old names (the dialog, the last search's folder, TuneResult
+    # and best trial number); its methods are aliased in __init__
+    search_dialog = property(lambda self: self.search_view.search_dialog)
+    search_folder = property(lambda self: self.search_view.search_folder)
+    search_result = property(lambda self: self.search_view.search_result)
+    search_best = property(lambda self: self.search_view.search_best)
 
     # ------------------------------------------------------------------ events
     def _on_event(self, ev: Any) -> None:
-        if self._search is not None and isinstance(ev, Progress):
-            self._on_search_progress(ev)
-            return
-        if isinstance(ev, TrialFinished):
-            self._on_trial(ev)
-            return
-        if isinstance(ev, TuneResult):
-            self.search_result = ev
-            return
         if isinstance(ev, Plan):
             self._eta.plan(ev.stages)
         elif isinstance(ev, Progress):
@@ -1069,28 +791,6 @@ class TrainPanel(QWidget):
                     "finished: " + "  ".join(f"{d} " + " ".join(f"{k} {s[d][k]:.1f}" for k in ("R@1", "R@5", "R@10"))
                                              for d in ("i2t", "t2i")) + f"  rsum {s.get('rsum', 0):.1f}")
 
-    def _on_search_progress(self, ev: Progress) -> None:
-        """The bar and ETA over the whole search: finished trials plus the running trial's own progress."""
-        search = self._search
-        total = max(1, search["total"])
-        if ev.message != "trials":
-            search["inner"] = ev.fraction
-        if search["done"] >= search["total"]:
-            self.progress.setValue(1000)
-            self.eta_label.setText(f"refitting the best point: {ev.message}" if ev.message != "trials" else
-                                   "refitting the best point")
-            return
-        frac = min(1.0, (search["done"] + search["inner"]) / total)
-        self.progress.setValue(int(1000 * frac))
-        head = f"trial {min(search['done'] + 1, search['total'])}/{search['total']}"
-        eta = self._eta.update("search", frac)      # the whole search is one stage (pauses excluded)
-        if self._eta.paused:
-            self.eta_label.setText("Paused")
-        elif eta is not None:
-            self.eta_label.setText(f"{head}  {100 * frac:.0f}%  ETA {format_seconds(eta)}")
-        else:
-            self.eta_label.setText(f"{head}  {100 * frac:.0f}%")
-
     def _flush(self) -> None:
         """Redraw the curves and append the log lines gathered since the last frame."""
         if self._pending_log:
@@ -1122,11 +822,11 @@ class TrainPanel(QWidget):
         self._flush()
         task = self.task
         stopped = task is not None and task.stopped
-        search, self._search = self._search, None
+        searching, self._searching = self._searching, False
         self.refresh_runs()
         self._update_buttons()
-        if search is not None:
-            self._on_search_finished(search, stopped)
+        if searching:
+            pass        # the search view says how its search ended, right after this (SearchView.ended)
         elif self.last_summary is not None and self.last_summary.get("status", "finished") == "finished":
             self.progress.setValue(1000)
             self.eta_label.setText(f"Finished in {time.monotonic() - self._t0:.1f} s")
@@ -1134,36 +834,6 @@ class TrainPanel(QWidget):
         elif stopped:
             self.eta_label.setText("Stopped: select the run and press Resume run to continue")
         self.runs_changed.emit()
-
-    def _on_search_finished(self, search: dict[str, Any], stopped: bool) -> None:
-        res = self.search_result
-        if res is not None:
-            self.progress.setValue(1000)
-            best = res.best or {}
-            refit = res.refit or {}
-            head = (f"Search finished in {time.monotonic() - self._t0:.1f} s: best trial {best.get('trial')}, "
-                    f"{res.metric} {abs(best.get('score', 0)):.1f}")
-            sel = res.selection or {}
-            chosen = f"chosen on {sel.get('selected_on')}" + (" - OPTIMISTIC: chosen and reported on the same split"
-                                                               if sel.get("optimistic") else "")
-            tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')} ({chosen})"
-                    if refit else "")
-            # the status line stays short enough for a 1280-pixel window; the log and search line have it all
-            short = (f"Search done: trial {best.get('trial')} best ({chosen})"
-                     + (f"; refit rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}" if refit else ""))
-            self.eta_label.setText(short)
-            self.eta_label.setToolTip(head + tail)
-            self.log.appendPlainText(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
-            self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
-                                     f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))} "
-                                     f"({html.escape(chosen)})" if refit else ""))
-            if refit and (search["folder"] / "best" / "summary.json").is_file():
-                self.run_finished.emit(str(search["folder"] / "best"))    # the app loads the refit, as after Start
-            self.search_finished.emit(str(search["folder"]))
-        elif stopped:
-            self.eta_label.setText("Search stopped: press Continue search to run the remaining trials")
-            self.log.appendPlainText(f"search stopped after {search['done']} of {search['total']} trials; "
-                                     "Continue search runs the rest")
 
     # ------------------------------------------------------------------ runs list
     def refresh_runs(self) -> None:
@@ -1213,7 +883,7 @@ class TrainPanel(QWidget):
     def _busy_with(self, path: Path) -> bool:
         """Whether ``path`` is the run being trained or a trial of the search being run."""
         running = self.task is not None and self.task.is_running() and self.run_dir is not None
-        return running and (self.run_dir == path or (self._search is not None and self.run_dir == path.parent))
+        return running and (self.run_dir == path or (self._searching and self.run_dir == path.parent))
 
     def rename_selected(self, new_name: str | None = None) -> Path | None:
         return self.runs.rename_selected(new_name)
