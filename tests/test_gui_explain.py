@@ -215,7 +215,7 @@ def test_a_superseded_query_s_explanation_is_dropped(qtbot, panel: QueryPanel) -
         pass
     assert sig.args[0].image_path == str(panel.retriever.dataset.image_paths[25])
     assert all(e.image_path.endswith("im25.png") for e in shown), "image 22's explanation was shown"
-    assert not any(key[0] == 22 for key in panel._explained), "a superseded task's results are dropped"
+    assert not any(key[0] == 22 for key in panel.explain_controller.cache), "a superseded task's results are dropped"
     assert panel.ranking.query == {"image": 25}
 
 

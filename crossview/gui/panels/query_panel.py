@@ -15,9 +15,15 @@ holds the run's training images (ranks are then optimistic and differ from Inspe
 
 *Explain* (``E`` / ``Ctrl+E``, :meth:`QueryPanel.set_explain`) overlays region maps (:mod:`crossview.explain`)
 on the query image (i2t, for the selected caption) or on the result images in view (t2i), and shades the
-caption's words by importance in a band under the query box. One :class:`~crossview.explain.Explainer` per
-run, made on first use; the pairs in view are explained in one background task (a newer view supersedes it,
-and its results are dropped) and kept per pair, so toggling and going back cost nothing.
+caption's words by importance in a band under the query box. This module says which pairs are in view and
+draws what is known of them; :class:`~crossview.gui.explain_controller.ExplainController`
+(:attr:`QueryPanel.explain_controller`) does the rest: one :class:`~crossview.explain.Explainer` per run, made
+on first use, the pairs in view explained in one background task (a newer view supersedes it, and its results
+are dropped) and kept per pair, so toggling and going back cost nothing.
+
+Where the rest lives: the explain task's body and the drawing helpers (overlaid ``QImage``, shaded words) in
+:mod:`crossview.gui.explain_view`; the marks CSV export in :mod:`crossview.gui.marks` (the marks themselves in
+:class:`crossview.engine.annotations.AnnotationStore`).
 
 Run alone: ``python -m crossview.gui.panels.query_panel [RUN_DIR]`` (default: trains a quick CCA on
 the demo first).
@@ -25,10 +31,7 @@ the demo first).
 
 from __future__ import annotations
 
-import csv
 import html
-import io
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +42,12 @@ from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout
                                QListWidget, QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout,
                                QWidget)
 
-from crossview.engine.annotations import AnnotationStore, query_key
-from crossview.core.io import atomic_write_bytes
+from crossview.engine.annotations import AnnotationStore
 from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
-from crossview.explain import Explainer
-from crossview.gui.explain_view import Explained, Pair, explain_pairs, region_line, words_html, words_tooltip
+from crossview.gui.explain_controller import ExplainController
+from crossview.gui.explain_view import Pair, region_line, words_html, words_tooltip
+from crossview.gui.marks import describe_query, export_marks, marks_summary
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
 
@@ -62,14 +65,8 @@ EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the im
                "and kept, so turning it off and on again is instant.")
 #: at most this many result images are explained at once (the ones in view); scrolling explains more
 EXPLAIN_MAX_RESULTS = 24
-#: explained pairs kept with their overlaid pictures (the oldest go first; the explainer still has their numbers)
-EXPLAIN_KEEP = 400
 NOTE_STYLE = "color: #57606a;"
 ERROR_STYLE = "color: #9a6700;"
-
-
-def _default_explainer(retriever: Retriever) -> Explainer:
-    return Explainer(retriever, device=str(getattr(retriever, "device", "cpu") or "cpu"))
 
 
 class QueryPanel(QWidget):
@@ -93,16 +90,12 @@ class QueryPanel(QWidget):
         self.ranking: Ranking | None = None
         self._task: Task | None = None
         self.history: list[dict[str, Any]] = []
-        # Explain: one explainer per opened run (made on first use), results kept per pair
-        self.explainer_factory: Any = _default_explainer   #: ``retriever -> explainer`` (tests swap it)
-        self.explainer: Any = None
-        self._explained: dict[tuple[Any, ...], Explained] = {}
-        self._explain_task: Task | None = None
-        self._explain_tasks: set[Task] = set()     # running, superseded ones too: waited for on close
-        self._explain_out: list[Explained] = []
-        self._explain_used = 0
-        self._explain_todo: set[tuple[Any, ...]] = set()
-        self._explain_lock = threading.Lock()
+        # Explain: the explainer, its tasks and the explained pairs; this panel asks and draws
+        self.explain_controller = ExplainController(self)
+        self.explain_controller.started.connect(self._on_explain_started)
+        self.explain_controller.progress.connect(self._on_explain_progress)
+        self.explain_controller.done.connect(self._refresh_explain)   # shows it all; explains what came into view
+        self.explain_controller.failed.connect(lambda msg: self._set_note(f"Could not explain: {msg}", error=True))
         self._query_overlay: QPixmap | None = None
         self._filling = False
         self.small_cache = ThumbnailCache(size=96, parent=self)
@@ -327,15 +320,9 @@ class QueryPanel(QWidget):
         if annotations is not None and run_dir is not None and \
                 Path(annotations.path).parent.resolve() != Path(run_dir).resolve():
             raise ValueError(f"the annotations {annotations.path} do not belong to the run {run_dir}")
-        old = self.retriever
         self.retriever = retriever
-        self._cancel_explain()
-        if retriever is None or old is None or not (retriever.method is old.method and
-                                                    retriever.features is old.features and
-                                                    retriever.dataset is old.dataset):
-            # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
-            self.explainer = None
-            self._explained.clear()
+        # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
+        self.explain_controller.set_retriever(retriever)
         self._query_overlay = None
         self.explain_words.hide()
         self.explain_note.hide()
@@ -677,6 +664,24 @@ class QueryPanel(QWidget):
         """Whether the Explain toggle is on."""
         return self.explain_button.isChecked()
 
+    @property
+    def explainer(self) -> Any:
+        """The run's explainer, None until Explain first needs one (kept by :attr:`explain_controller`)."""
+        return self.explain_controller.explainer
+
+    @explainer.setter
+    def explainer(self, value: Any) -> None:
+        self.explain_controller.explainer = value
+
+    @property
+    def explainer_factory(self) -> Any:
+        """``retriever -> explainer``, called when Explain first needs one for a run (tests swap it)."""
+        return self.explain_controller.explainer_factory
+
+    @explainer_factory.setter
+    def explainer_factory(self, factory: Any) -> None:
+        self.explain_controller.explainer_factory = factory
+
     def set_explain(self, on: bool) -> None:
         """Turn Explain on or off (the toggle button, E or Ctrl+E): region maps over the query image (image
         queries) or the result images in view (sentence queries), and the caption's words shaded by
@@ -691,7 +696,7 @@ class QueryPanel(QWidget):
         if on:
             self._refresh_explain()
             return
-        self._cancel_explain()
+        self.explain_controller.cancel()
         self.explain_words.hide()
         self.explain_note.hide()
         self.explain_bar.hide()
@@ -762,84 +767,20 @@ class QueryPanel(QWidget):
             return
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
-        todo = [p for p in pairs if p.key not in self._explained]
-        if not todo:
-            self._cancel_explain()        # whatever still runs is for pairs no longer in view
-            if pairs:
-                self._emit_explained(pairs[0])
-            return
-        if self._explain_task is not None and {p.key for p in todo} <= self._explain_todo:
-            return                        # the running task will get to them
-        self._start_explain(todo)
+        if self.explain_controller.request(pairs) and pairs:      # all known already
+            self._emit_explained(pairs[0])
 
-    def _start_explain(self, todo: list[Pair]) -> None:
-        self._cancel_explain()
-        if self.explainer is None:
-            try:
-                self.explainer = self.explainer_factory(self.retriever)
-            except (CrossViewError, AttributeError) as e:     # a run object without method / features / dataset
-                self._set_note(f"Could not explain: {e}", error=True)
-                return
-        explainer, lock, out = self.explainer, self._explain_lock, []
-        task = Task(lambda progress, should_stop: explain_pairs(explainer, todo, lock, out, progress, should_stop),
-                    name="explain", parent=self)
-        self._explain_task, self._explain_out, self._explain_used = task, out, 0
-        self._explain_todo = {p.key for p in todo}
-        self._explain_tasks.add(task)
-        task.progress.connect(lambda done, total, t=task: self._on_explain_progress(t, done, total))
-        task.succeeded.connect(lambda _, t=task: self._on_explain_done(t))
-        task.failed.connect(lambda msg, details, t=task: self._on_explain_failed(t, msg))
-        task.finished.connect(lambda t=task: self._on_explain_finished(t))
-        if self.ranking is not None and self.ranking.direction == "t2i" and len(todo) > 1:
-            self._set_note(f"Explaining the results in view: 0 of {len(todo)}...")
+    def _on_explain_started(self, n_pairs: int) -> None:
+        if self.ranking is not None and self.ranking.direction == "t2i" and n_pairs > 1:
+            self._set_note(f"Explaining the results in view: 0 of {n_pairs}...")
         else:
             self._set_note("Explaining...")
-        task.start()
 
-    def _cancel_explain(self) -> None:
-        """Supersede the running explanation: it stops after its current pair and its results are dropped."""
-        if self._explain_task is not None:
-            self._explain_task.cancel()
-        self._explain_task = None
-        self._explain_todo = set()
-
-    def _take_results(self) -> None:
-        out = self._explain_out
-        while self._explain_used < len(out):        # the worker appends; the GUI thread reads
-            got = out[self._explain_used]
-            self._explain_used += 1
-            self._explained[got.pair.key] = got
-            self._explain_todo.discard(got.pair.key)
-        while len(self._explained) > EXPLAIN_KEEP:
-            del self._explained[next(iter(self._explained))]
-
-    def _on_explain_progress(self, task: Task, done: int, total: int) -> None:
-        if task is not self._explain_task:
-            return                                   # superseded: dropped
-        self._take_results()
+    def _on_explain_progress(self, done: int, total: int) -> None:
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
         if done < total and total > 1:
             self._set_note(f"Explaining the results in view: {done} of {total}...")
-
-    def _on_explain_done(self, task: Task) -> None:
-        if task is not self._explain_task:
-            return
-        self._take_results()
-        self._explain_task = None
-        self._explain_todo = set()
-        self._refresh_explain()       # shows it all and says so; explains what came into view meanwhile
-
-    def _on_explain_failed(self, task: Task, message: str) -> None:
-        if task is not self._explain_task:
-            return
-        self._explain_task = None
-        self._explain_todo = set()
-        self._set_note(f"Could not explain: {message}", error=True)
-
-    def _on_explain_finished(self, task: Task) -> None:
-        self._explain_tasks.discard(task)
-        task.deleteLater()
 
     def _set_note(self, text: str, error: bool = False) -> None:
         self.explain_note.setStyleSheet(ERROR_STYLE if error else NOTE_STYLE)
@@ -851,13 +792,6 @@ class QueryPanel(QWidget):
         self.explain_bar.setVisible(self.explaining and not (self.explain_words.isHidden() and
                                                              self.explain_note.isHidden()))
 
-    def _explained_pixmap(self, got: Explained | None) -> QPixmap | None:
-        if got is None or got.image is None:
-            return None
-        if got.pixmap is None:
-            got.pixmap = QPixmap.fromImage(got.image)
-        return got.pixmap
-
     def _explained_icon(self, view: QListWidget, it: QListWidgetItem) -> QPixmap | None:
         """The result image with its region map, when Explain is on and it has been explained."""
         if not self.explaining or view is not self.image_grid or self.ranking is None or \
@@ -866,7 +800,7 @@ class QueryPanel(QWidget):
         item = it.data(ItemRole)
         if item is None:
             return None
-        return self._explained_pixmap(self._explained.get(Pair(int(item), self._query_sentence(), "t2i").key))
+        return self.explain_controller.pixmap(Pair(int(item), self._query_sentence(), "t2i"))
 
     def _show_explained(self, pairs: list[Pair], why: str = "") -> None:
         """Paint what is known: the overlaid query image or result icons, the shaded words, the note."""
@@ -876,10 +810,10 @@ class QueryPanel(QWidget):
             self.explain_words.hide()
             self._set_note(why)
             return
-        focus = self._explained.get(pairs[0].key)
+        focus = self.explain_controller.get(pairs[0])
         rank = self._focus_row() + 1
         if self.ranking.direction == "i2t":
-            self._query_overlay = self._explained_pixmap(focus)
+            self._query_overlay = self.explain_controller.pixmap(pairs[0])
             if self._query_pixmap is not None:
                 self._paint_query_image()
             heading = f"Why caption #{rank} matches:"
@@ -888,7 +822,7 @@ class QueryPanel(QWidget):
             heading = f"Words that match image #{rank}:"
         if focus is None:
             self.explain_words.hide()
-            if self._explain_task is None:
+            if not self.explain_controller.busy:
                 self._set_note("Explaining...")
             self._sync_bar()
             return
@@ -902,12 +836,12 @@ class QueryPanel(QWidget):
         self.explain_words.show()
         note = region_line(e) if not focus.error else focus.error
         if self.ranking.direction == "t2i" and e.region is not None:
-            done = sum(p.key in self._explained for p in pairs)
+            done = self.explain_controller.count_known(pairs)
             note += f"  ·  {done} of the {len(pairs)} results in view explained"
         self._set_note(note, error=e.region is None or bool(focus.error))
 
     def _emit_explained(self, pair: Pair) -> None:
-        got = self._explained.get(pair.key)
+        got = self.explain_controller.get(pair)
         self.explained.emit(got.explanation if got is not None else None)
 
     # ------------------------------------------------------------------ results
@@ -982,7 +916,7 @@ class QueryPanel(QWidget):
 
     def _update_marks_label(self) -> None:
         n = len(self.annotations) if self.annotations is not None else 0
-        self.marks_label.setText(f"{n} mark{'s' if n != 1 else ''} saved" if self.annotations else "")
+        self.marks_label.setText(marks_summary(n) if self.annotations else "")
 
     def _export_marks(self) -> None:
         if self.annotations is None:
@@ -999,49 +933,13 @@ class QueryPanel(QWidget):
 
     def describe_query(self, query: dict[str, Any]) -> tuple[str, str]:
         """``(image file name, caption text)`` of a marked query, as far as the open dataset knows them."""
-        ds = self.retriever.dataset if self.retriever is not None else None
-        image, caption = "", ""
-        try:
-            if "image" in query and ds is not None:
-                i = int(query["image"])
-                if ds.image_paths is not None and 0 <= i < ds.n_images:
-                    image = Path(str(ds.image_paths[i])).name
-            elif "file" in query:
-                image = Path(str(query["file"])).name
-            elif "caption" in query and ds is not None:
-                c = int(query["caption"])
-                if 0 <= c < ds.n_captions:
-                    caption = ds.captions[c]
-            elif "text" in query:
-                caption = str(query["text"])
-            elif "tags" in query:
-                caption = f"tags: {query['tags']}"
-        except (TypeError, ValueError):
-            pass            # a hand-edited mark: its index columns still say what it is
-        return image, caption
+        return describe_query(self.retriever.dataset if self.retriever is not None else None, query)
 
     def export_marks(self, path: str | Path) -> Path:
-        """The run's marks to ``path`` (.csv or .jsonl, atomically). The CSV names each query by its image
-        file name or caption text beside the index, and each item by its caption / image file."""
+        """The run's marks to ``path`` (.csv or .jsonl, atomically): :func:`crossview.gui.marks.export_marks`
+        against the open dataset."""
         assert self.annotations is not None
-        path = Path(path)
-        if path.suffix.lower() != ".csv":
-            return self.annotations.export(path)
-        ds = self.retriever.dataset if self.retriever is not None else None
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(["time", "annotator", "direction", "query_kind", "query", "query_image_file", "query_caption",
-                    "item", "item_image_file", "item_text", "relevant"])
-        for r in self.annotations.records():
-            kind, _, value = query_key(r["query"]).partition(":")
-            image, caption = self.describe_query(r["query"])
-            item_file = ""
-            if r["direction"] == "t2i" and ds is not None and ds.image_paths is not None and \
-                    0 <= int(r["item"]) < ds.n_images:
-                item_file = Path(str(ds.image_paths[int(r["item"])])).name
-            w.writerow([r.get("time", ""), r.get("annotator", ""), r["direction"], kind, value, image, caption,
-                        r["item"], item_file, r.get("item_text", ""), int(bool(r["relevant"]))])
-        return atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+        return export_marks(self.annotations, self.retriever.dataset if self.retriever is not None else None, path)
 
     # ------------------------------------------------------------------ drop an image
     def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt API)
@@ -1125,10 +1023,10 @@ class QueryPanel(QWidget):
     def stop_tasks(self, msecs: int = 5000) -> None:
         """Cancel the query and every explanation in flight and wait for their threads (closing)."""
         self._scroll_timer.stop()
-        for t in [self._task, *self._explain_tasks]:
-            if t is not None and t.is_running():
-                t.cancel()
-                t.wait(msecs)
+        if self._task is not None and self._task.is_running():
+            self._task.cancel()
+            self._task.wait(msecs)
+        self.explain_controller.stop(msecs)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().showEvent(event)
