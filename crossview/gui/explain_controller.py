@@ -141,10 +141,12 @@ class ExplainController(QObject):
         self._task, self._out, self._used = task, out, 0
         self._todo = {p.key for p in todo}
         self._tasks.add(task)
-        task.progress.connect(lambda done, total, t=task: self._on_progress(t, done, total))
-        task.succeeded.connect(lambda _, t=task: self._on_done(t))
-        task.failed.connect(lambda msg, details, t=task: self._on_failed(t, msg))
-        task.finished.connect(lambda t=task: self._on_finished(t))
+        # bound slots that ask sender() which task spoke, not lambdas holding the task: those made a reference
+        # cycle, and collecting it while the task's queued ``finished`` was pending crashed PySide
+        task.progress.connect(self._on_progress)
+        task.succeeded.connect(self._on_done)
+        task.failed.connect(self._on_failed)
+        task.finished.connect(self._on_finished)
         self.started.emit(len(todo))
         task.start()
 
@@ -174,27 +176,28 @@ class ExplainController(QObject):
         while len(self.cache) > EXPLAIN_KEEP:
             del self.cache[next(iter(self.cache))]
 
-    def _on_progress(self, task: Task, done: int, total: int) -> None:
-        if task is not self._task:
+    def _on_progress(self, done: int, total: int) -> None:
+        if self.sender() is not self._task:
             return                                   # superseded: dropped
         self._take_results()
         self.progress.emit(done, total)
 
-    def _on_done(self, task: Task) -> None:
-        if task is not self._task:
+    def _on_done(self, _result: object) -> None:
+        if self.sender() is not self._task:
             return
         self._take_results()
         self._task = None
         self._todo = set()
         self.done.emit()
 
-    def _on_failed(self, task: Task, message: str) -> None:
-        if task is not self._task:
+    def _on_failed(self, message: str, _details: str) -> None:
+        if self.sender() is not self._task:
             return
         self._task = None
         self._todo = set()
         self.failed.emit(message)
 
-    def _on_finished(self, task: Task) -> None:
+    def _on_finished(self) -> None:
+        task = self.sender()
         self._tasks.discard(task)
         task.deleteLater()
