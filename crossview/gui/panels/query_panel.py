@@ -46,7 +46,7 @@ from crossview.engine.annotations import AnnotationStore
 from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.explain_controller import ExplainController
-from crossview.gui.explain_view import Pair, region_line, words_html, words_tooltip
+from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
 from crossview.gui.marks import describe_query, export_marks, marks_summary
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
@@ -65,8 +65,6 @@ EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the im
                "and kept, so turning it off and on again is instant.")
 #: at most this many result images are explained at once (the ones in view); scrolling explains more
 EXPLAIN_MAX_RESULTS = 24
-NOTE_STYLE = "color: #57606a;"
-ERROR_STYLE = "color: #9a6700;"
 
 
 class QueryPanel(QWidget):
@@ -95,7 +93,8 @@ class QueryPanel(QWidget):
         self.explain_controller.started.connect(self._on_explain_started)
         self.explain_controller.progress.connect(self._on_explain_progress)
         self.explain_controller.done.connect(self._refresh_explain)   # shows it all; explains what came into view
-        self.explain_controller.failed.connect(lambda msg: self._set_note(f"Could not explain: {msg}", error=True))
+        self.explain_controller.failed.connect(lambda msg: self.explain_bar.set_note(f"Could not explain: {msg}",
+                                                                                      error=True))
         self._query_overlay: QPixmap | None = None
         self._filling = False
         self.small_cache = ThumbnailCache(size=96, parent=self)
@@ -173,26 +172,9 @@ class QueryPanel(QWidget):
         self.gold_label = QLabel("")
         self.gold_label.setWordWrap(True)
         self.gold_label.setObjectName("gold")
-        self.explain_words = QLabel("")           # the caption, each word shaded by its importance
-        self.explain_words.setObjectName("explainWords")
-        self.explain_words.setWordWrap(True)
-        self.explain_words.setTextFormat(Qt.TextFormat.RichText)
-        self.explain_words.hide()
-        self.explain_note = QLabel("")            # what the map is, why there is none, or progress
-        self.explain_note.setObjectName("explainNote")
-        self.explain_note.setWordWrap(True)
-        self.explain_note.setStyleSheet(NOTE_STYLE)
-        self.explain_note.hide()
-        # a full-width band under the query box: a caption shaded word by word needs the width (and must stay
-        # legible in presentation mode, where the query column is narrow and its image large)
-        self.explain_bar = QWidget()
-        self.explain_bar.setObjectName("explainBar")
-        bar = QVBoxLayout(self.explain_bar)
-        bar.setContentsMargins(4, 2, 4, 2)
-        bar.setSpacing(2)
-        bar.addWidget(self.explain_words)
-        bar.addWidget(self.explain_note)
-        self.explain_bar.hide()
+        # a full-width band under the query box: the caption shaded word by word, and a note
+        self.explain_bar = ExplainBar()
+        self.explain_words, self.explain_note = self.explain_bar.words, self.explain_bar.note
         # scrolling the image grid explains the results that come into view (after the scroll settles)
         self._scroll_timer = QTimer(self)
         self._scroll_timer.setSingleShot(True)
@@ -324,9 +306,7 @@ class QueryPanel(QWidget):
         # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
         self.explain_controller.set_retriever(retriever)
         self._query_overlay = None
-        self.explain_words.hide()
-        self.explain_note.hide()
-        self.explain_bar.hide()
+        self.explain_bar.clear()
         self.annotations = annotations if run_dir is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.eval_split, self.train_split = eval_split, train_split
@@ -693,13 +673,12 @@ class QueryPanel(QWidget):
             self.explain_button.toggle()
 
     def _on_explain_toggled(self, on: bool) -> None:
+        self.explain_bar.active = on
         if on:
             self._refresh_explain()
             return
         self.explain_controller.cancel()
-        self.explain_words.hide()
-        self.explain_note.hide()
-        self.explain_bar.hide()
+        self.explain_bar.clear()
         if self._query_pixmap is not None:
             self._paint_query_image()
         self._refresh_icons(self.current_view())
@@ -712,13 +691,6 @@ class QueryPanel(QWidget):
     def _on_grid_scrolled(self, *_: object) -> None:
         if self.explaining and self.ranking is not None and self.ranking.direction == "t2i":
             self._scroll_timer.start()
-
-    def _query_sentence(self) -> str:
-        """The sentence of the t2i ranking shown ("" for none)."""
-        q = self.ranking.query if self.ranking is not None else {}
-        if "caption" in q and "text" not in q and self.retriever is not None:
-            return str(self.retriever.dataset.captions[int(q["caption"])])
-        return str(q.get("text", ""))
 
     def _visible_rows(self, view: QListWidget) -> list[int]:
         """Rows of ``view`` at least partly in view (the first few when it is not laid out yet)."""
@@ -739,27 +711,9 @@ class QueryPanel(QWidget):
 
     def _wanted_pairs(self) -> tuple[list[Pair], str]:
         """The pairs the current view explains (the focus pair first) or, when it explains none, why."""
-        r, ranking = self.retriever, self.ranking
-        if r is None or ranking is None:
-            return [], ""
-        view = self.current_view()
-        focus = self._focus_row()
-        if focus < 0:
-            return [], "No results to explain."
-        q = ranking.query
-        if ranking.direction == "i2t":
-            image = q.get("image", q.get("file"))
-            if image is None:
-                return [], "Nothing to explain for this query."
-            image = int(image) if isinstance(image, (int, np.integer)) else str(image)
-            text = r.gallery_caption_text(int(view.item(focus).data(ItemRole)))
-            return [Pair(image, text, "i2t")], ""
-        if "tags" in q:
-            return [], ("Explain works on sentences: a tag list goes through the run's tag branch, which it "
-                        "does not explain.")
-        text = self._query_sentence()
-        rows = [focus] + [x for x in self._visible_rows(view) if x != focus]
-        return [Pair(int(view.item(x).data(ItemRole)), text, "t2i") for x in rows], ""
+        view, focus = self.current_view(), self._focus_row()
+        return pairs_in_view(self.retriever, self.ranking, int(view.item(focus).data(ItemRole)) if focus >= 0 else None,
+                             lambda: [int(view.item(x).data(ItemRole)) for x in self._visible_rows(view)])
 
     def _refresh_explain(self) -> None:
         """Show what is known for the current view and explain, in one background task, what is not."""
@@ -772,25 +726,15 @@ class QueryPanel(QWidget):
 
     def _on_explain_started(self, n_pairs: int) -> None:
         if self.ranking is not None and self.ranking.direction == "t2i" and n_pairs > 1:
-            self._set_note(f"Explaining the results in view: 0 of {n_pairs}...")
+            self.explain_bar.set_note(f"Explaining the results in view: 0 of {n_pairs}...")
         else:
-            self._set_note("Explaining...")
+            self.explain_bar.set_note("Explaining...")
 
     def _on_explain_progress(self, done: int, total: int) -> None:
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
         if done < total and total > 1:
-            self._set_note(f"Explaining the results in view: {done} of {total}...")
-
-    def _set_note(self, text: str, error: bool = False) -> None:
-        self.explain_note.setStyleSheet(ERROR_STYLE if error else NOTE_STYLE)
-        self.explain_note.setText(text)
-        self.explain_note.setVisible(bool(text))
-        self._sync_bar()
-
-    def _sync_bar(self) -> None:
-        self.explain_bar.setVisible(self.explaining and not (self.explain_words.isHidden() and
-                                                             self.explain_note.isHidden()))
+            self.explain_bar.set_note(f"Explaining the results in view: {done} of {total}...")
 
     def _explained_icon(self, view: QListWidget, it: QListWidgetItem) -> QPixmap | None:
         """The result image with its region map, when Explain is on and it has been explained."""
@@ -800,15 +744,16 @@ class QueryPanel(QWidget):
         item = it.data(ItemRole)
         if item is None:
             return None
-        return self.explain_controller.pixmap(Pair(int(item), self._query_sentence(), "t2i"))
+        return self.explain_controller.pixmap(Pair(int(item), query_sentence(self.retriever, self.ranking), "t2i"))
 
     def _show_explained(self, pairs: list[Pair], why: str = "") -> None:
         """Paint what is known: the overlaid query image or result icons, the shaded words, the note."""
         if not self.explaining or self.ranking is None:
             return
+        bar = self.explain_bar
         if why or not pairs:
-            self.explain_words.hide()
-            self._set_note(why)
+            bar.words.hide()
+            bar.set_note(why)
             return
         focus = self.explain_controller.get(pairs[0])
         rank = self._focus_row() + 1
@@ -821,24 +766,22 @@ class QueryPanel(QWidget):
             self._refresh_icons(self.image_grid)
             heading = f"Words that match image #{rank}:"
         if focus is None:
-            self.explain_words.hide()
+            bar.words.hide()
             if not self.explain_controller.busy:
-                self._set_note("Explaining...")
-            self._sync_bar()
+                bar.set_note("Explaining...")
+            bar.sync()
             return
         if focus.explanation is None:
-            self.explain_words.hide()
-            self._set_note(f"Could not explain this pair: {focus.error}", error=True)
+            bar.words.hide()
+            bar.set_note(f"Could not explain this pair: {focus.error}", error=True)
             return
         e = focus.explanation
-        self.explain_words.setText(words_html(e, heading, self.explain_note.font().pointSizeF()))
-        self.explain_words.setToolTip(words_tooltip(e))
-        self.explain_words.show()
+        bar.show_words(e, heading)
         note = region_line(e) if not focus.error else focus.error
         if self.ranking.direction == "t2i" and e.region is not None:
             done = self.explain_controller.count_known(pairs)
             note += f"  ·  {done} of the {len(pairs)} results in view explained"
-        self._set_note(note, error=e.region is None or bool(focus.error))
+        bar.set_note(note, error=e.region is None or bool(focus.error))
 
     def _emit_explained(self, pair: Pair) -> None:
         got = self.explain_controller.get(pair)
@@ -966,13 +909,7 @@ class QueryPanel(QWidget):
                   self.explain_button):
             w.setFont(f)
         self.caption_list.setIconSize(QSize(120, 120) if on else QSize(64, 64))
-        # the shaded words must be legible from the back of the room
-        words = QFont(self.font())
-        words.setPointSizeF(26 if on else 13)
-        self.explain_words.setFont(words)
-        note = QFont(self.font())
-        note.setPointSizeF(15 if on else max(9.0, QFont().pointSizeF() - 1))
-        self.explain_note.setFont(note)
+        self.explain_bar.set_presenting(on, self.font())      # the shaded words, legible from the back of the room
         self._fit_layout()
         self._refresh_icons(self.current_view())
         if self.ranking is not None:
