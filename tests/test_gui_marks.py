@@ -1,11 +1,13 @@
-"""The marks export on its own (crossview.gui.marks, no Qt, no panel): queries named by file and caption, the
-CSV columns, JSON lines passed through, a store read without a dataset, and the line beside the buttons."""
+"""crossview.gui.marks without a Query panel: the export (queries named by file and caption, the CSV columns,
+JSON lines passed through, a store read without a dataset), the summary line, and the MarkButtons widget."""
 
 from __future__ import annotations
 
 import csv
 import json
 from pathlib import Path
+
+import pytest
 
 from crossview.engine.annotations import AnnotationStore
 from crossview.gui.marks import CSV_COLUMNS, describe_query, export_marks, marks_summary
@@ -64,3 +66,34 @@ def test_export_to_json_lines_is_the_store_s_own(tmp_path: Path) -> None:
 
 def test_marks_summary() -> None:
     assert [marks_summary(n) for n in (0, 1, 2)] == ["0 marks saved", "1 mark saved", "2 marks saved"]
+
+
+def test_mark_buttons_ask_and_say_how_many(qtbot, tmp_path: Path, monkeypatch) -> None:
+    """The buttons alone: each asks for its mark, the line counts the store, Export writes the CSV it is given."""
+    pytest.importorskip("pytestqt")
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QFileDialog
+
+    from crossview.gui.marks import MarkButtons
+
+    w = MarkButtons()
+    qtbot.addWidget(w)
+    asked = []
+    w.mark_requested.connect(asked.append)
+    for b in (w.yes, w.no, w.clear):
+        qtbot.mouseClick(b, Qt.MouseButton.LeftButton)
+    assert asked == [True, False, None]
+    assert [b.text() for b in w.buttons] == ["Relevant (R)", "Not relevant (N)", "Clear mark (0)", "Export marks..."]
+    w.refresh()
+    assert w.label.text() == ""                         # no store: nothing to count
+    w.store, w.dataset = AnnotationStore(tmp_path / "run"), _dataset()
+    w.refresh()
+    assert w.label.text() == ""                         # an empty store says nothing either (as before)
+    w.store.mark("i2t", {"image": 22}, 44, True, "x")
+    w.refresh()
+    assert w.label.text() == "1 mark saved"
+    target = tmp_path / "out.csv"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(target), ""))
+    qtbot.mouseClick(w.export_button, Qt.MouseButton.LeftButton)
+    assert w.label.text() == f"exported 1 marks to {target}"
+    assert list(csv.DictReader(target.open(encoding="utf-8")))[0]["query_image_file"] == "im22.png"

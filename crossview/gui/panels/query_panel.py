@@ -47,7 +47,7 @@ from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
-from crossview.gui.marks import describe_query, export_marks, marks_summary
+from crossview.gui.marks import MarkButtons, describe_query
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
 
@@ -79,7 +79,6 @@ class QueryPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.retriever: Retriever | None = None
-        self.annotations: AnnotationStore | None = None
         self.run_dir: Path | None = None
         self.eval_split: str | None = None      # the run's evaluation split (config.json "split")
         self.train_split: str | None = None     # the split the run was trained on
@@ -206,10 +205,10 @@ class QueryPanel(QWidget):
         self.results.addWidget(self.caption_list)
         self.results.addWidget(self.image_grid)
 
-        self.mark_yes = QPushButton("Relevant (R)")
-        self.mark_no = QPushButton("Not relevant (N)")
-        self.mark_clear = QPushButton("Clear mark (0)")
-        self.export_button = QPushButton("Export marks...")
+        self.marks = MarkButtons()      # the run's marks store, the mark buttons and "n marks saved"
+        self.marks.mark_requested.connect(self.mark_current)
+        self.mark_yes, self.mark_no, self.mark_clear, self.export_button = self.marks.buttons
+        self.marks_label = self.marks.label
         self.back_button = QPushButton("Back")
         self.back_button.setToolTip("Return to the previous query (Alt+Left)")
         self.back_button.clicked.connect(self.go_back)
@@ -217,11 +216,6 @@ class QueryPanel(QWidget):
         self.query_with_button.setToolTip("Query from the selected result: a caption ranks images, an image ranks "
                                           "captions (or double-click the result, or press Enter)")
         self.query_with_button.clicked.connect(self._query_with_current)
-        self.mark_yes.clicked.connect(lambda: self.mark_current(True))
-        self.mark_no.clicked.connect(lambda: self.mark_current(False))
-        self.mark_clear.clicked.connect(lambda: self.mark_current(None))
-        self.export_button.clicked.connect(self._export_marks)
-        self.marks_label = QLabel("")
         for key, value in (("R", True), ("N", False), ("0", None)):
             sc = QShortcut(QKeySequence(key), self)
             sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
@@ -259,9 +253,7 @@ class QueryPanel(QWidget):
         marks.addWidget(self.back_button)
         marks.addWidget(self.query_with_button)
         marks.addStretch(1)
-        marks.addWidget(self.marks_label)
-        for b in (self.mark_yes, self.mark_no, self.mark_clear, self.export_button):
-            marks.addWidget(b)
+        marks.addWidget(self.marks)
         layout = QVBoxLayout(self)
         head = QHBoxLayout()
         head.addWidget(self.header, 1)
@@ -280,8 +272,8 @@ class QueryPanel(QWidget):
 
     # ------------------------------------------------------------------ set-up
     def _set_enabled(self, on: bool) -> None:
-        for w in (self.sentence, self.image_button, self.mark_yes, self.mark_no, self.mark_clear,
-                  self.export_button, self.k_spin, self.mode_bar, self.explain_button):
+        for w in (self.sentence, self.image_button, *self.marks.buttons, self.k_spin, self.mode_bar,
+                  self.explain_button):
             w.setEnabled(on)
         self.back_button.setEnabled(on and len(self.history) > 1)
         self._update_query_with()
@@ -308,6 +300,7 @@ class QueryPanel(QWidget):
         self._query_overlay = None
         self.explain_bar.clear()
         self.annotations = annotations if run_dir is not None else None
+        self.marks.dataset = retriever.dataset if retriever is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.eval_split, self.train_split = eval_split, train_split
         self.history.clear()
@@ -334,7 +327,7 @@ class QueryPanel(QWidget):
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
         self.mode_bar.setEnabled(retriever.n_gallery_images > 0)
-        self._update_marks_label()
+        self.marks.refresh()
 
     def training_images_in_gallery(self, retriever: Retriever | None = None) -> int:
         """How many of the gallery's images the run was trained on (0 when unknown or a corpus)."""
@@ -538,7 +531,7 @@ class QueryPanel(QWidget):
         if view.count():
             view.setCurrentRow(0)
         view.setFocus()
-        self._update_marks_label()
+        self.marks.refresh()
         self._update_query_with()
 
     def _show_query(self, ranking: Ranking) -> None:
@@ -839,6 +832,15 @@ class QueryPanel(QWidget):
         if not self.sentence.hasFocus():
             self.mark_current(value)
 
+    @property
+    def annotations(self) -> AnnotationStore | None:
+        """The run's marks (``annotations.jsonl``), None for a run without a folder: :attr:`MarkButtons.store`."""
+        return self.marks.store
+
+    @annotations.setter
+    def annotations(self, store: AnnotationStore | None) -> None:
+        self.marks.store = store
+
     def mark_current(self, relevant: bool | None) -> None:
         """Mark the current result; saved at once to the run's annotations file."""
         view = self.current_view()
@@ -855,24 +857,7 @@ class QueryPanel(QWidget):
         row = view.currentRow()
         if relevant is not None and row + 1 < view.count():
             view.setCurrentRow(row + 1)        # annotators go down the list
-        self._update_marks_label()
-
-    def _update_marks_label(self) -> None:
-        n = len(self.annotations) if self.annotations is not None else 0
-        self.marks_label.setText(marks_summary(n) if self.annotations else "")
-
-    def _export_marks(self) -> None:
-        if self.annotations is None:
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Export marks", str(self.annotations.path.with_suffix(".csv")),
-                                              "CSV (*.csv);;JSON lines (*.jsonl)")
-        if path:
-            try:
-                self.export_marks(path)
-            except CrossViewError as e:
-                self.marks_label.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
-                return
-            self.marks_label.setText(f"exported {len(self.annotations)} marks to {path}")
+        self.marks.refresh()
 
     def describe_query(self, query: dict[str, Any]) -> tuple[str, str]:
         """``(image file name, caption text)`` of a marked query, as far as the open dataset knows them."""
@@ -881,8 +866,7 @@ class QueryPanel(QWidget):
     def export_marks(self, path: str | Path) -> Path:
         """The run's marks to ``path`` (.csv or .jsonl, atomically): :func:`crossview.gui.marks.export_marks`
         against the open dataset."""
-        assert self.annotations is not None
-        return export_marks(self.annotations, self.retriever.dataset if self.retriever is not None else None, path)
+        return self.marks.export(path)
 
     # ------------------------------------------------------------------ drop an image
     def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt API)
