@@ -93,7 +93,7 @@ def _icons(view) -> list[QImage]:
 def _thumbnails_loaded(qtbot, panel: QueryPanel, view) -> None:
     paths = [view.item(r).data(PATH) for r in range(view.count())]
     qtbot.waitUntil(lambda: all(panel.cache.get(p) is not None for p in paths), timeout=10_000)
-    panel._refresh_icons(view)
+    panel.results.refresh_icons(view)
 
 
 def test_i2t_overlays_the_query_image_and_shades_the_selected_caption(qtbot, panel: QueryPanel) -> None:
@@ -155,7 +155,7 @@ def test_t2i_overlays_the_result_images_and_shades_the_sentence(qtbot, panel: Qu
         view.setCurrentRow(3)
     assert "image #4" in panel.explain_words.text()
     # a thumbnail decoded late does not wipe a region map
-    panel._thumbnail_ready(view.item(0).data(PATH))
+    panel.results.thumbnail_ready(view.item(0).data(PATH))
     assert _icons(view)[0] == explained[0]
 
     panel.set_explain(False)

@@ -15,15 +15,20 @@ holds the run's training images (ranks are then optimistic and differ from Inspe
 
 *Explain* (``E`` / ``Ctrl+E``, :meth:`QueryPanel.set_explain`) overlays region maps (:mod:`crossview.explain`)
 on the query image (i2t, for the selected caption) or on the result images in view (t2i), and shades the
-caption's words by importance in a band under the query box. This module says which pairs are in view and
-draws what is known of them; :class:`~crossview.gui.explain_controller.ExplainController`
-(:attr:`QueryPanel.explain_controller`) does the rest: one :class:`~crossview.explain.Explainer` per run, made
-on first use, the pairs in view explained in one background task (a newer view supersedes it, and its results
-are dropped) and kept per pair, so toggling and going back cost nothing.
+caption's words by importance in a band under the query box. The panel says which pairs are in view and
+draws what is known of them; :attr:`QueryPanel.explain_controller` does the work: one
+:class:`~crossview.explain.Explainer` per run, made on first use, the pairs in view explained in one background
+task (a newer view supersedes it, and its results are dropped) and kept per pair, so toggling and going back
+cost nothing.
 
-Where the rest lives: the explain task's body and the drawing helpers (overlaid ``QImage``, shaded words) in
-:mod:`crossview.gui.explain_view`; the marks CSV export in :mod:`crossview.gui.marks` (the marks themselves in
-:class:`crossview.engine.annotations.AnnotationStore`).
+Where the pieces live: this module asks the retriever, keeps the history, shows the query (image, title,
+ground-truth ranks, gallery line), handles presentation mode and wires the rest together;
+:class:`~crossview.gui.results_view.ResultsView` shows the ranked results (list or grid, thumbnails, ground
+truth and marks drawn, double-click / Enter); :class:`~crossview.gui.explain_controller.ExplainController` runs
+and keeps the explanations; :mod:`crossview.gui.explain_view` holds which pairs a view explains, the task body
+and the band of shaded words (:class:`~crossview.gui.explain_view.ExplainBar`); :mod:`crossview.gui.marks` the
+mark buttons and the marks export (the marks themselves are
+:class:`crossview.engine.annotations.AnnotationStore`'s ``annotations.jsonl``). Each runs without this panel.
 
 Run alone: ``python -m crossview.gui.panels.query_panel [RUN_DIR]`` (default: trains a quick CCA on
 the demo first).
@@ -36,11 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
-from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView,
-                               QListWidget, QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QKeySequence, QPixmap, QShortcut
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListWidget,
+                               QListWidgetItem, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from crossview.engine.annotations import AnnotationStore
 from crossview.core.errors import CrossViewError
@@ -48,15 +52,12 @@ from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
 from crossview.gui.marks import MarkButtons, describe_query
+# GOLD and FIGURE_SPACE: re-exported (tests import the results' look from the panel)
+from crossview.gui.results_view import FIGURE_SPACE, GOLD, ItemRole, ResultsView  # noqa: F401
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
 
-GOLD = QColor("#d8f5d0")
-FIGURE_SPACE = "\u2007"     # as wide as a digit: keeps the rank and score columns aligned
 PRESENT_HINT = "Presentation mode: F11 or Esc to leave"
-MARK_YES = QColor("#1a7f37")
-MARK_NO = QColor("#cf222e")
-ItemRole = Qt.ItemDataRole.UserRole + 1
 SENTENCE_HINT = "Type a sentence and press Enter to find images, e.g. a red circle left of a blue square"
 TAGS_HINT = "Type tags separated by commas and press Enter to find images, e.g. dog, grass, run"
 EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the image shows the regions that add "
@@ -92,15 +93,9 @@ class QueryPanel(QWidget):
         self.explain_controller.started.connect(self._on_explain_started)
         self.explain_controller.progress.connect(self._on_explain_progress)
         self.explain_controller.done.connect(self._refresh_explain)   # shows it all; explains what came into view
-        self.explain_controller.failed.connect(lambda msg: self.explain_bar.set_note(f"Could not explain: {msg}",
-                                                                                      error=True))
+        self.explain_controller.failed.connect(self._on_explain_failed)
         self._query_overlay: QPixmap | None = None
         self._filling = False
-        self.small_cache = ThumbnailCache(size=96, parent=self)
-        self.big_cache = ThumbnailCache(size=224, parent=self, upscale=True)     # presentation mode: large thumbnails
-        self.cache = self.small_cache
-        for c in (self.small_cache, self.big_cache):
-            c.ready.connect(self._thumbnail_ready)
         self.setAcceptDrops(True)
 
         self.header = QLabel("No run loaded: train one in the Train panel or open a run.")
@@ -181,29 +176,13 @@ class QueryPanel(QWidget):
         self._scroll_timer.timeout.connect(self._refresh_explain)
 
         # results: captions (i2t) in a list, images (t2i) in a grid
-        self.caption_list = QListWidget()
-        self.caption_list.setIconSize(QSize(64, 64))
-        self.caption_list.setWordWrap(True)
-        self.caption_list.setSpacing(2)
-        self.image_grid = QListWidget()
-        self.image_grid.setViewMode(QListView.ViewMode.IconMode)
-        self.image_grid.setResizeMode(QListView.ResizeMode.Adjust)
-        self.image_grid.setMovement(QListView.Movement.Static)
-        self.image_grid.setIconSize(QSize(96, 96))
-        self.image_grid.setGridSize(QSize(118, 132))
-        self.image_grid.setWordWrap(True)
-        for view in (self.caption_list, self.image_grid):
-            # a single click only selects (annotators click, then mark); a double-click (eventFilter) or
-            # Enter (itemActivated) queries from the result
-            view.itemActivated.connect(self._activate)
-            view.viewport().installEventFilter(self)
-            view.currentItemChanged.connect(self._update_query_with)
-            view.currentItemChanged.connect(self._on_current_changed)
-        self.image_grid.verticalScrollBar().valueChanged.connect(self._on_grid_scrolled)
-        self.image_grid.installEventFilter(self)
-        self.results = QStackedWidget()
-        self.results.addWidget(self.caption_list)
-        self.results.addWidget(self.image_grid)
+        self.results = ResultsView()
+        self.caption_list, self.image_grid = self.results.caption_list, self.results.image_grid
+        self.results.icon_override = self._explained_icon
+        self.results.activated.connect(self._activate)
+        self.results.current_changed.connect(self._update_query_with)
+        self.results.current_changed.connect(self._on_current_changed)
+        self.results.grid_scrolled.connect(self._on_grid_scrolled)
 
         self.marks = MarkButtons()      # the run's marks store, the mark buttons and "n marks saved"
         self.marks.mark_requested.connect(self.mark_current)
@@ -305,8 +284,7 @@ class QueryPanel(QWidget):
         self.eval_split, self.train_split = eval_split, train_split
         self.history.clear()
         self.ranking = None
-        self.caption_list.clear()
-        self.image_grid.clear()
+        self.results.clear()
         self.query_view.clear()
         self._query_pixmap = None
         self.query_title.clear()
@@ -487,50 +465,9 @@ class QueryPanel(QWidget):
             self.history.append(query)
         self.back_button.setEnabled(len(self.history) > 1)
         self.ranking = ranking
-        r = self.retriever
-        ds = r.dataset
         self._show_query(ranking)
         marks = self.annotations.marks_for(ranking.direction, ranking.query) if self.annotations else {}
-        width = len(str(len(ranking.items)))
-        # identity datasets (CUHK-PEDES) and labelled classes: each result's identity / class beside its score
-        ids = r.result_identities(ranking)
-        short = "id" if r.identity_word == "identity" else "class"
-        tag = [f"   {short} {x}" if x is not None else "" for x in ids]
-        signed = bool(len(ranking.scores) and float(ranking.scores.min()) < 0)
-        if ranking.direction == "i2t":
-            view = self.caption_list
-            self.results.setCurrentWidget(view)
-            view.clear()
-            for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
-                it = QListWidgetItem()
-                it.setData(ItemRole, item)
-                text = r.gallery_caption_text(item)
-                it.setToolTip(text)
-                it.setData(Qt.ItemDataRole.UserRole + 2,
-                           f"{_rank_score(rank, score, width, signed)}{tag[rank - 1]}   {text}")
-                if r.corpus is None and ds.image_paths is not None:
-                    it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[int(ds.caption_image[item])])
-                self._style_item(it, ranking, item, marks.get(item))
-                view.addItem(it)
-        else:
-            view = self.image_grid
-            self.results.setCurrentWidget(view)
-            self._fit_grid()
-            view.clear()
-            for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
-                it = QListWidgetItem()
-                it.setData(ItemRole, item)
-                it.setData(Qt.ItemDataRole.UserRole + 2, _rank_score(rank, score, width, signed) + tag[rank - 1])
-                if ds.image_paths is not None:
-                    it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[item])
-                caps = ds.captions_of(item)
-                it.setToolTip("\n".join(ds.captions[c] for c in caps[:5]))
-                self._style_item(it, ranking, item, marks.get(item))
-                view.addItem(it)
-        self._refresh_icons(view)
-        if view.count():
-            view.setCurrentRow(0)
-        view.setFocus()
+        self.results.fill(ranking, self.retriever, marks)
         self.marks.refresh()
         self._update_query_with()
 
@@ -587,49 +524,12 @@ class QueryPanel(QWidget):
         same = sum(x == mine for x in r.result_identities(ranking))
         return f"; {same} of the top {len(ranking.items)} show {r.identity_word} {html.escape(mine)}"
 
-    def _style_item(self, it: QListWidgetItem, ranking: Ranking, item: int, mark: bool | None) -> None:
-        label = it.data(Qt.ItemDataRole.UserRole + 2)
-        prefix = {True: "✓ ", False: "✗ ", None: ""}[mark]
-        it.setText(prefix + label)
-        gold = ranking.is_gold(item)
-        it.setBackground(QBrush(GOLD) if gold else QBrush())
-        if mark is not None:
-            it.setForeground(QBrush(MARK_YES if mark else MARK_NO))
-        else:
-            it.setForeground(QBrush())
-        f = QFont(it.font())
-        f.setBold(gold)
-        it.setFont(f)
-
     def _paint_query_image(self) -> None:
         side = min(self.query_view.width(), self.query_view.height()) - 10
         pm = self._query_overlay if self.explaining and self._query_overlay is not None else self._query_pixmap
         self.query_view.setPixmap(placeholder(side) if pm is None else
                                   pm.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
                                             Qt.TransformationMode.SmoothTransformation))
-
-    def _refresh_icons(self, view: QListWidget) -> None:
-        size = view.iconSize()
-        for row in range(view.count()):
-            it = view.item(row)
-            path = it.data(Qt.ItemDataRole.UserRole + 3)
-            if not path:
-                continue
-            pm = self._explained_icon(view, it)
-            if pm is None:
-                pm = self.cache.get(path)
-            it.setIcon(QIcon(square_icon(pm if pm is not None else placeholder(size.width()), size)))
-
-    def _thumbnail_ready(self, path: str) -> None:
-        view = self.results.currentWidget()
-        pm = self.cache.get(path)
-        if pm is None:
-            return
-        size = view.iconSize()
-        for row in range(view.count()):
-            it = view.item(row)
-            if it.data(Qt.ItemDataRole.UserRole + 3) == path and self._explained_icon(view, it) is None:
-                it.setIcon(QIcon(square_icon(pm, size)))
 
     # ------------------------------------------------------------------ explain
     @property
@@ -674,7 +574,7 @@ class QueryPanel(QWidget):
         self.explain_bar.clear()
         if self._query_pixmap is not None:
             self._paint_query_image()
-        self._refresh_icons(self.current_view())
+        self.results.refresh_icons(self.current_view())
         self._fit_layout()
 
     def _on_current_changed(self, *_: object) -> None:
@@ -684,17 +584,6 @@ class QueryPanel(QWidget):
     def _on_grid_scrolled(self, *_: object) -> None:
         if self.explaining and self.ranking is not None and self.ranking.direction == "t2i":
             self._scroll_timer.start()
-
-    def _visible_rows(self, view: QListWidget) -> list[int]:
-        """Rows of ``view`` at least partly in view (the first few when it is not laid out yet)."""
-        if not view.count():
-            return []
-        view.doItemsLayout()
-        area = view.viewport().rect()
-        rows = [r for r in range(view.count()) if view.visualItemRect(view.item(r)).intersects(area)]
-        if not rows:
-            rows = list(range(min(view.count(), 12)))
-        return rows[:EXPLAIN_MAX_RESULTS]
 
     def _focus_row(self) -> int:
         """The result whose caption words are shown: the selected one, else the first."""
@@ -706,7 +595,8 @@ class QueryPanel(QWidget):
         """The pairs the current view explains (the focus pair first) or, when it explains none, why."""
         view, focus = self.current_view(), self._focus_row()
         return pairs_in_view(self.retriever, self.ranking, int(view.item(focus).data(ItemRole)) if focus >= 0 else None,
-                             lambda: [int(view.item(x).data(ItemRole)) for x in self._visible_rows(view)])
+                             lambda: [int(view.item(x).data(ItemRole))
+                                      for x in self.results.rows_in_view(view, EXPLAIN_MAX_RESULTS)])
 
     def _refresh_explain(self) -> None:
         """Show what is known for the current view and explain, in one background task, what is not."""
@@ -722,6 +612,9 @@ class QueryPanel(QWidget):
             self.explain_bar.set_note(f"Explaining the results in view: 0 of {n_pairs}...")
         else:
             self.explain_bar.set_note("Explaining...")
+
+    def _on_explain_failed(self, message: str) -> None:
+        self.explain_bar.set_note(f"Could not explain: {message}", error=True)
 
     def _on_explain_progress(self, done: int, total: int) -> None:
         pairs, why = self._wanted_pairs()
@@ -756,7 +649,7 @@ class QueryPanel(QWidget):
                 self._paint_query_image()
             heading = f"Why caption #{rank} matches:"
         else:
-            self._refresh_icons(self.image_grid)
+            self.results.refresh_icons(self.image_grid)
             heading = f"Words that match image #{rank}:"
         if focus is None:
             bar.words.hide()
@@ -784,22 +677,10 @@ class QueryPanel(QWidget):
     def current_view(self) -> QListWidget:
         return self.results.currentWidget()
 
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt API)
-        """A double-click on a result queries from it. Handled here, not by the view: the view only acts
-        on a double-click that follows its own press on the same item, which a re-query between the
-        two clicks (or a synthetic event) does not give; consuming it also keeps it to one query."""
-        if obj is self.image_grid and event.type() == QEvent.Type.Resize:
-            self._fit_grid()                   # the columns follow the grid's own width
-            return False
-        if event.type() == QEvent.Type.MouseButtonDblClick and event.button() == Qt.MouseButton.LeftButton:
-            for view in (self.caption_list, self.image_grid):
-                if obj is view.viewport():
-                    it = view.itemAt(event.position().toPoint())
-                    if it is not None:
-                        view.setCurrentItem(it)
-                        self._activate(it)
-                    return True
-        return super().eventFilter(obj, event)
+    @property
+    def cache(self) -> ThumbnailCache:
+        """The thumbnail cache the results draw from now (large ones in presentation mode)."""
+        return self.results.cache
 
     def _query_with_current(self) -> None:
         it = self.current_view().currentItem()
@@ -853,7 +734,7 @@ class QueryPanel(QWidget):
         item = int(it.data(ItemRole))
         text = self.retriever.gallery_caption_text(item) if self.ranking.direction == "i2t" else ""
         self.annotations.mark(self.ranking.direction, self.ranking.query, item, relevant, text)
-        self._style_item(it, self.ranking, item, relevant)
+        self.results.style_item(it, self.ranking, item, relevant)
         row = view.currentRow()
         if relevant is not None and row + 1 < view.count():
             view.setCurrentRow(row + 1)        # annotators go down the list
@@ -886,16 +767,15 @@ class QueryPanel(QWidget):
         for w in (self.mark_bar, self.k_spin, self.gallery_combo, self.gallery_label, self.image_button):
             w.setVisible(not on)
         self.present_hint.setVisible(on)
-        self.cache = self.big_cache if on else self.small_cache
+        self.results.set_presenting(on)
         f = QFont(self.font())
         f.setPointSizeF(18 if on else max(10.0, QFont().pointSizeF()))
         for w in (self.sentence, self.caption_list, self.image_grid, self.query_title, self.gold_label, self.header,
                   self.explain_button):
             w.setFont(f)
-        self.caption_list.setIconSize(QSize(120, 120) if on else QSize(64, 64))
         self.explain_bar.set_presenting(on, self.font())      # the shaded words, legible from the back of the room
         self._fit_layout()
-        self._refresh_icons(self.current_view())
+        self.results.refresh_icons(self.current_view())
         if self.ranking is not None:
             self._show_query(self.ranking)
         self._refresh_explain()       # larger cells: another set of results is in view
@@ -913,23 +793,7 @@ class QueryPanel(QWidget):
         self.query_view.setFixedSize(side - 20, side - 20)
         if self._query_pixmap is not None:
             self._paint_query_image()
-        self._fit_grid()
-
-    def _fit_grid(self) -> None:
-        grid = self.image_grid
-        scroll = grid.verticalScrollBar().sizeHint().width()
-        avail = max(grid.width() - 2 * grid.frameWidth() - scroll - 4, 100)
-        target = 250 if self.presenting else 124
-        cols = max(1, avail // target)
-        cell = avail // cols
-        text_h = grid.fontMetrics().lineSpacing() * 2 + 8
-        grid.setGridSize(QSize(cell, cell - 16 + text_h))
-        icon = cell - 20
-        if grid.iconSize().width() != icon:
-            grid.setIconSize(QSize(icon, icon))
-            # thumbnails are decoded at the cache's size; the icon is scaled to the cell
-            if self.results.currentWidget() is grid:
-                self._refresh_icons(grid)
+        self.results.fit_grid()
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().resizeEvent(event)
@@ -952,26 +816,6 @@ class QueryPanel(QWidget):
     def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().showEvent(event)
         self._fit_layout()
-
-
-def _rank_score(rank: int, score: float, width: int, signed: bool = False) -> str:
-    """``#  7   0.412``: rank and score padded with figure spaces (as wide as a digit) so the columns line
-    up row after row; ``signed`` (some score is negative) writes every score with + or - (equally wide)."""
-    r = f"#{rank}".rjust(width + 1, FIGURE_SPACE)
-    sc = f"{score:+.3f}".replace("-", "\u2212") if signed else f"{score:.3f}"
-    sc = sc.rjust(7 if signed else 6, FIGURE_SPACE)
-    return f"{r}  {sc}"
-
-
-def square_icon(pm: QPixmap, size: QSize) -> QPixmap:
-    """``pm`` scaled into and centred on a transparent ``size`` canvas, so every row's text starts at the same x."""
-    out = QPixmap(size)
-    out.fill(Qt.GlobalColor.transparent)
-    scaled = pm.scaled(size, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation)
-    p = QPainter(out)
-    p.drawPixmap((size.width() - scaled.width()) // 2, (size.height() - scaled.height()) // 2, scaled)
-    p.end()
-    return out
 
 
 if __name__ == "__main__":  # pragma: no cover - manual preview
