@@ -137,5 +137,5 @@ def test_pairs_in_view(retriever: Retriever) -> None:
     assert query_sentence(retriever, t2i) == text and not why
     assert pairs == [Pair(5, text, "t2i"), Pair(3, text, "t2i"), Pair(7, text, "t2i")]
     tags = dataclasses.replace(t2i, query={"tags": "dog, grass"})      # a tag list has no sentence to explain
-    assert pairs_in_view(retriever, tags, 5, in_view)[0] == [] and "tag branch" in pairs_in_view(retriever, tags, 5,
-                                                                                                in_view)[1]
+    pairs, why = pairs_in_view(retriever, tags, 5, in_view)
+    assert pairs == [] and "tag branch" in why
