@@ -22,7 +22,8 @@ task (a newer view supersedes it, and its results are dropped) and kept per pair
 cost nothing.
 
 Where the pieces live: this module asks the retriever, keeps the history, shows the query (image, title,
-ground-truth ranks, gallery line), handles presentation mode and wires the rest together;
+ground-truth ranks, the gallery line and choice, whose words come from :mod:`crossview.gui.galleries`), handles
+presentation mode and wires the rest together;
 :class:`~crossview.gui.results_view.ResultsView` shows the ranked results (list or grid, thumbnails, ground
 truth and marks drawn, double-click / Enter); :class:`~crossview.gui.explain_controller.ExplainController` runs
 and keeps the explanations; :mod:`crossview.gui.explain_view` holds which pairs a view explains, the task body
@@ -40,7 +41,6 @@ import html
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFont, QKeySequence, QPixmap, QShortcut
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListWidget,
@@ -51,6 +51,7 @@ from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
+from crossview.gui.galleries import gallery_choices, gallery_note, training_images_in
 from crossview.gui.marks import MarkButtons, describe_query
 # GOLD and FIGURE_SPACE: re-exported (tests import the results' look from the panel)
 from crossview.gui.results_view import FIGURE_SPACE, GOLD, ItemRole, ResultsView  # noqa: F401
@@ -309,54 +310,20 @@ class QueryPanel(QWidget):
 
     def training_images_in_gallery(self, retriever: Retriever | None = None) -> int:
         """How many of the gallery's images the run was trained on (0 when unknown or a corpus)."""
-        r = retriever or self.retriever
-        if r is None or r.corpus is not None or not self.train_split or \
-                self.train_split not in r.dataset.splits:
-            return 0
-        return int(np.isin(r.gallery_images, np.asarray(r.dataset.splits[self.train_split])).sum())
+        return training_images_in(retriever or self.retriever, self.train_split)
 
     def _describe_gallery(self, r: Retriever) -> None:
         """The line that says what ranks are against, with a visible warning when it holds training images."""
-        what = f"{r.n_gallery_images:,} images, {r.n_gallery_captions:,} captions" if r.corpus is None else \
-            f"{r.n_gallery_captions:,} captions, image -> text only"
-        name = "all images" if r.gallery_name == "all" else r.gallery_name
-        text = f"Ranking against: <b>{html.escape(name)}</b> ({what})"
-        if self.eval_split and r.gallery_name == self.eval_split:
-            text += " - the run's evaluation split (ranks match Inspect)"
-        n_train = self.training_images_in_gallery(r)
-        if n_train:
-            text += (f"<br><span style='color:#cf222e'><b>Warning:</b> this gallery includes {n_train:,} training "
-                     f"images (the run was trained on the {html.escape(str(self.train_split))} split): ranks are "
-                     "optimistic and differ from Inspect's")
-            if self.eval_split:
-                text += f"; choose the {html.escape(self.eval_split)} split for the run's evaluation gallery"
-            text += ".</span>"
-        elif self.eval_split and r.corpus is None and r.gallery_name != self.eval_split:
-            text += (f" - not the run's evaluation split ({html.escape(self.eval_split)}): ranks differ "
-                     "from Inspect's")
-        self.gallery_note.setText(text)
+        self.gallery_note.setText(gallery_note(r, self.eval_split, self.train_split))
         self.gallery_note.setToolTip("Ground-truth ranks are counted in this gallery")
 
     def _fill_galleries(self, retriever: Retriever) -> None:
         combo = self.gallery_combo
         combo.blockSignals(True)
         combo.clear()
-        ds = retriever.dataset
-        for split in ds.split_names:
-            label = f"{split} split ({len(ds.splits[split]):,} images)"
-            if split == self.eval_split:
-                label += " - the run's evaluation split"
-            elif split == self.train_split:
-                label += " - training images"
-            combo.addItem(label, split)
-        all_label = f"all images ({ds.n_images:,})"
-        if self.train_split and self.train_split in ds.splits:
-            all_label += " - includes training images"
-        combo.addItem(all_label, "all")
-        if retriever.corpus is not None:
-            combo.addItem(retriever.gallery_name, "corpus:current")
-        combo.addItem("caption corpus file...", "corpus:?")
-        current = "corpus:current" if retriever.corpus is not None else retriever.gallery_name
+        choices, current = gallery_choices(retriever, self.eval_split, self.train_split)
+        for label, choice in choices:
+            combo.addItem(label, choice)
         combo.setCurrentIndex(max(0, combo.findData(current)))
         combo.blockSignals(False)
 
