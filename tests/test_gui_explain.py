@@ -93,7 +93,7 @@ def _icons(view) -> list[QImage]:
 def _thumbnails_loaded(qtbot, panel: QueryPanel, view) -> None:
     paths = [view.item(r).data(PATH) for r in range(view.count())]
     qtbot.waitUntil(lambda: all(panel.cache.get(p) is not None for p in paths), timeout=10_000)
-    panel._refresh_icons(view)
+    panel.results.refresh_icons(view)
 
 
 def test_i2t_overlays_the_query_image_and_shades_the_selected_caption(qtbot, panel: QueryPanel) -> None:
@@ -155,7 +155,7 @@ def test_t2i_overlays_the_result_images_and_shades_the_sentence(qtbot, panel: Qu
         view.setCurrentRow(3)
     assert "image #4" in panel.explain_words.text()
     # a thumbnail decoded late does not wipe a region map
-    panel._thumbnail_ready(view.item(0).data(PATH))
+    panel.results.thumbnail_ready(view.item(0).data(PATH))
     assert _icons(view)[0] == explained[0]
 
     panel.set_explain(False)
@@ -215,7 +215,7 @@ def test_a_superseded_query_s_explanation_is_dropped(qtbot, panel: QueryPanel) -
         pass
     assert sig.args[0].image_path == str(panel.retriever.dataset.image_paths[25])
     assert all(e.image_path.endswith("im25.png") for e in shown), "image 22's explanation was shown"
-    assert not any(key[0] == 22 for key in panel._explained), "a superseded task's results are dropped"
+    assert not any(key[0] == 22 for key in panel.explain_controller.cache), "a superseded task's results are dropped"
     assert panel.ranking.query == {"image": 25}
 
 

@@ -1,8 +1,10 @@
-"""What the Query panel's *Explain* toggle shows, as Qt pieces: the work that explains a batch of pairs off
-the GUI thread, its overlaid pictures as ``QImage`` (allowed off the GUI thread, unlike ``QPixmap``), and a
-caption's words shaded by importance as rich text.
+"""What the Query panel's *Explain* toggle shows, as Qt pieces: which pairs a view of a ranking explains
+(:func:`pairs_in_view`), the work that explains a batch of pairs off the GUI thread (:func:`explain_pairs`), its
+overlaid pictures as ``QImage`` (allowed off the GUI thread, unlike ``QPixmap``), a caption's words shaded by
+importance as rich text, and the band under the query box that shows them (:class:`ExplainBar`).
 
-The explanations themselves come from :mod:`crossview.explain` (no Qt); this module only schedules and draws.
+The explanations themselves come from :mod:`crossview.explain` (no Qt); who runs :func:`explain_pairs`, when,
+and which results are kept is :class:`crossview.gui.explain_controller.ExplainController`'s business.
 """
 
 from __future__ import annotations
@@ -13,18 +15,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from PySide6.QtGui import QImage
+import numpy as np
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont, QImage
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from crossview.core.errors import CrossViewError
 from crossview.explain import Explanation, overlay, word_colours
 
-__all__ = ["Pair", "Explained", "explain_pairs", "pil_to_qimage", "words_html", "region_line",
-           "QUERY_SIDE", "THUMB_SIDE"]
+__all__ = ["Pair", "Explained", "explain_pairs", "pil_to_qimage", "words_html", "words_tooltip", "region_line",
+           "pairs_in_view", "query_sentence", "ExplainBar", "QUERY_SIDE", "THUMB_SIDE", "NOTE_STYLE", "ERROR_STYLE"]
 
 #: longest side of the overlaid query image (i2t) and of an overlaid result thumbnail (t2i), in pixels:
 #: the query view is at most 540 px, a presentation-mode thumbnail about 230 px
 QUERY_SIDE = 720
 THUMB_SIDE = 256
+NOTE_STYLE = "color: #57606a;"
+ERROR_STYLE = "color: #9a6700;"
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,40 @@ class Explained:
     image: QImage | None = None
     error: str = ""
     pixmap: Any = field(default=None, repr=False)    # the QPixmap made from ``image`` on the GUI thread, once
+
+
+def query_sentence(retriever: Any, ranking: Any) -> str:
+    """The sentence a ranking was asked with: its text, or the dataset caption it names ("" for none)."""
+    q = ranking.query if ranking is not None else {}
+    if "caption" in q and "text" not in q and retriever is not None:
+        return str(retriever.dataset.captions[int(q["caption"])])
+    return str(q.get("text", ""))
+
+
+def pairs_in_view(retriever: Any, ranking: Any, focus_item: int | None,
+                  items_in_view: Callable[[], Sequence[int]]) -> tuple[list[Pair], str]:
+    """The pairs a view of ``ranking`` explains, the focus pair first, or, when it explains none, why.
+
+    ``focus_item``: the gallery item of the result whose words are shown (None: no results);
+    ``items_in_view()``: the gallery items of the results in view, asked only for a sentence query (t2i),
+    whose result images each get a map. An image query (i2t) explains the query image with the focus caption."""
+    if retriever is None or ranking is None:
+        return [], ""
+    if focus_item is None:
+        return [], "No results to explain."
+    q = ranking.query
+    if ranking.direction == "i2t":
+        image = q.get("image", q.get("file"))
+        if image is None:
+            return [], "Nothing to explain for this query."
+        image = int(image) if isinstance(image, (int, np.integer)) else str(image)
+        return [Pair(image, retriever.gallery_caption_text(int(focus_item)), "i2t")], ""
+    if "tags" in q:
+        return [], ("Explain works on sentences: a tag list goes through the run's tag branch, which it "
+                    "does not explain.")
+    text = query_sentence(retriever, ranking)
+    items = [int(focus_item)] + [int(x) for x in items_in_view() if int(x) != int(focus_item)]
+    return [Pair(x, text, "t2i") for x in items], ""
 
 
 def pil_to_qimage(img: Any) -> QImage:
@@ -143,3 +184,64 @@ def region_line(e: Explanation) -> str:
         return f"No region map: {e.region_error}" if e.region_error else "No region map for this run"
     how = "exact split" if e.region.mode == "exact" else "first-order view"
     return f"Heat map: brighter regions add more to the score ({how}; score {e.region.score:.3f})"
+
+
+class ExplainBar(QWidget):
+    """The full-width band under the query box while Explain is on: the caption with each word shaded by its
+    importance (:attr:`words`), and a note (:attr:`note`: what the map is, why there is none, progress, or an
+    error). It shows only while :attr:`active` (Explain is on) and it has something to say."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("explainBar")
+        self.active = False
+        self.words = QLabel("")           # the caption, each word shaded by its importance
+        self.words.setObjectName("explainWords")
+        self.words.setWordWrap(True)
+        self.words.setTextFormat(Qt.TextFormat.RichText)
+        self.words.hide()
+        self.note = QLabel("")            # what the map is, why there is none, or progress
+        self.note.setObjectName("explainNote")
+        self.note.setWordWrap(True)
+        self.note.setStyleSheet(NOTE_STYLE)
+        self.note.hide()
+        # full width: a caption shaded word by word needs it (and must stay legible in presentation mode,
+        # where the query column is narrow and its image large)
+        bar = QVBoxLayout(self)
+        bar.setContentsMargins(4, 2, 4, 2)
+        bar.setSpacing(2)
+        bar.addWidget(self.words)
+        bar.addWidget(self.note)
+        self.hide()
+
+    def set_note(self, text: str, error: bool = False) -> None:
+        """The note under the words ("" hides it); ``error`` draws it in the warning colour."""
+        self.note.setStyleSheet(ERROR_STYLE if error else NOTE_STYLE)
+        self.note.setText(text)
+        self.note.setVisible(bool(text))
+        self.sync()
+
+    def show_words(self, e: Explanation, heading: str) -> None:
+        """``e``'s caption shaded word by word after ``heading`` (in the note's size), its values as tooltip."""
+        self.words.setText(words_html(e, heading, self.note.font().pointSizeF()))
+        self.words.setToolTip(words_tooltip(e))
+        self.words.show()
+
+    def clear(self) -> None:
+        """Hide the words, the note and the band (Explain off, another run)."""
+        self.words.hide()
+        self.note.hide()
+        self.hide()
+
+    def sync(self) -> None:
+        """Show the band only while Explain is on and the words or the note are there."""
+        self.setVisible(self.active and not (self.words.isHidden() and self.note.isHidden()))
+
+    def set_presenting(self, on: bool, base: QFont) -> None:
+        """Fonts for presentation mode (large enough for the back of the room) or back to normal."""
+        words = QFont(base)
+        words.setPointSizeF(26 if on else 13)
+        self.words.setFont(words)
+        note = QFont(base)
+        note.setPointSizeF(15 if on else max(9.0, QFont().pointSizeF() - 1))
+        self.note.setFont(note)

@@ -15,9 +15,21 @@ holds the run's training images (ranks are then optimistic and differ from Inspe
 
 *Explain* (``E`` / ``Ctrl+E``, :meth:`QueryPanel.set_explain`) overlays region maps (:mod:`crossview.explain`)
 on the query image (i2t, for the selected caption) or on the result images in view (t2i), and shades the
-caption's words by importance in a band under the query box. One :class:`~crossview.explain.Explainer` per
-run, made on first use; the pairs in view are explained in one background task (a newer view supersedes it,
-and its results are dropped) and kept per pair, so toggling and going back cost nothing.
+caption's words by importance in a band under the query box. The panel says which pairs are in view and
+draws what is known of them; :attr:`QueryPanel.explain_controller` does the work: one
+:class:`~crossview.explain.Explainer` per run, made on first use, the pairs in view explained in one background
+task (a newer view supersedes it, and its results are dropped) and kept per pair, so toggling and going back
+cost nothing.
+
+Where the pieces live: this module asks the retriever, keeps the history, shows the query (image, title,
+ground-truth ranks, the gallery line and choice, whose words come from :mod:`crossview.gui.galleries`), handles
+presentation mode and wires the rest together;
+:class:`~crossview.gui.results_view.ResultsView` shows the ranked results (list or grid, thumbnails, ground
+truth and marks drawn, double-click / Enter); :class:`~crossview.gui.explain_controller.ExplainController` runs
+and keeps the explanations; :mod:`crossview.gui.explain_view` holds which pairs a view explains, the task body
+and the band of shaded words (:class:`~crossview.gui.explain_view.ExplainBar`); :mod:`crossview.gui.marks` the
+mark buttons and the marks export (the marks themselves are
+:class:`crossview.engine.annotations.AnnotationStore`'s ``annotations.jsonl``). Each runs without this panel.
 
 Run alone: ``python -m crossview.gui.panels.query_panel [RUN_DIR]`` (default: trains a quick CCA on
 the demo first).
@@ -25,35 +37,28 @@ the demo first).
 
 from __future__ import annotations
 
-import csv
 import html
-import io
-import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
-from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListView,
-                               QListWidget, QListWidgetItem, QPushButton, QSpinBox, QStackedWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QKeySequence, QPixmap, QShortcut
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListWidget,
+                               QListWidgetItem, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from crossview.engine.annotations import AnnotationStore, query_key
-from crossview.core.io import atomic_write_bytes
+from crossview.engine.annotations import AnnotationStore
 from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
-from crossview.explain import Explainer
-from crossview.gui.explain_view import Explained, Pair, explain_pairs, region_line, words_html, words_tooltip
+from crossview.gui.explain_controller import ExplainController
+from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
+from crossview.gui.galleries import gallery_choices, gallery_note, training_images_in
+from crossview.gui.marks import MarkButtons, describe_query
+# GOLD and FIGURE_SPACE: re-exported (tests import the results' look from the panel)
+from crossview.gui.results_view import FIGURE_SPACE, GOLD, ItemRole, ResultsView  # noqa: F401
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 from crossview.gui.workers import Task
 
-GOLD = QColor("#d8f5d0")
-FIGURE_SPACE = "\u2007"     # as wide as a digit: keeps the rank and score columns aligned
 PRESENT_HINT = "Presentation mode: F11 or Esc to leave"
-MARK_YES = QColor("#1a7f37")
-MARK_NO = QColor("#cf222e")
-ItemRole = Qt.ItemDataRole.UserRole + 1
 SENTENCE_HINT = "Type a sentence and press Enter to find images, e.g. a red circle left of a blue square"
 TAGS_HINT = "Type tags separated by commas and press Enter to find images, e.g. dog, grass, run"
 EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the image shows the regions that add "
@@ -62,14 +67,6 @@ EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the im
                "and kept, so turning it off and on again is instant.")
 #: at most this many result images are explained at once (the ones in view); scrolling explains more
 EXPLAIN_MAX_RESULTS = 24
-#: explained pairs kept with their overlaid pictures (the oldest go first; the explainer still has their numbers)
-EXPLAIN_KEEP = 400
-NOTE_STYLE = "color: #57606a;"
-ERROR_STYLE = "color: #9a6700;"
-
-
-def _default_explainer(retriever: Retriever) -> Explainer:
-    return Explainer(retriever, device=str(getattr(retriever, "device", "cpu") or "cpu"))
 
 
 class QueryPanel(QWidget):
@@ -84,7 +81,6 @@ class QueryPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.retriever: Retriever | None = None
-        self.annotations: AnnotationStore | None = None
         self.run_dir: Path | None = None
         self.eval_split: str | None = None      # the run's evaluation split (config.json "split")
         self.train_split: str | None = None     # the split the run was trained on
@@ -93,23 +89,14 @@ class QueryPanel(QWidget):
         self.ranking: Ranking | None = None
         self._task: Task | None = None
         self.history: list[dict[str, Any]] = []
-        # Explain: one explainer per opened run (made on first use), results kept per pair
-        self.explainer_factory: Any = _default_explainer   #: ``retriever -> explainer`` (tests swap it)
-        self.explainer: Any = None
-        self._explained: dict[tuple[Any, ...], Explained] = {}
-        self._explain_task: Task | None = None
-        self._explain_tasks: set[Task] = set()     # running, superseded ones too: waited for on close
-        self._explain_out: list[Explained] = []
-        self._explain_used = 0
-        self._explain_todo: set[tuple[Any, ...]] = set()
-        self._explain_lock = threading.Lock()
+        # Explain: the explainer, its tasks and the explained pairs; this panel asks and draws
+        self.explain_controller = ExplainController(self)
+        self.explain_controller.started.connect(self._on_explain_started)
+        self.explain_controller.progress.connect(self._on_explain_progress)
+        self.explain_controller.done.connect(self._refresh_explain)   # shows it all; explains what came into view
+        self.explain_controller.failed.connect(self._on_explain_failed)
         self._query_overlay: QPixmap | None = None
         self._filling = False
-        self.small_cache = ThumbnailCache(size=96, parent=self)
-        self.big_cache = ThumbnailCache(size=224, parent=self, upscale=True)     # presentation mode: large thumbnails
-        self.cache = self.small_cache
-        for c in (self.small_cache, self.big_cache):
-            c.ready.connect(self._thumbnail_ready)
         self.setAcceptDrops(True)
 
         self.header = QLabel("No run loaded: train one in the Train panel or open a run.")
@@ -180,26 +167,9 @@ class QueryPanel(QWidget):
         self.gold_label = QLabel("")
         self.gold_label.setWordWrap(True)
         self.gold_label.setObjectName("gold")
-        self.explain_words = QLabel("")           # the caption, each word shaded by its importance
-        self.explain_words.setObjectName("explainWords")
-        self.explain_words.setWordWrap(True)
-        self.explain_words.setTextFormat(Qt.TextFormat.RichText)
-        self.explain_words.hide()
-        self.explain_note = QLabel("")            # what the map is, why there is none, or progress
-        self.explain_note.setObjectName("explainNote")
-        self.explain_note.setWordWrap(True)
-        self.explain_note.setStyleSheet(NOTE_STYLE)
-        self.explain_note.hide()
-        # a full-width band under the query box: a caption shaded word by word needs the width (and must stay
-        # legible in presentation mode, where the query column is narrow and its image large)
-        self.explain_bar = QWidget()
-        self.explain_bar.setObjectName("explainBar")
-        bar = QVBoxLayout(self.explain_bar)
-        bar.setContentsMargins(4, 2, 4, 2)
-        bar.setSpacing(2)
-        bar.addWidget(self.explain_words)
-        bar.addWidget(self.explain_note)
-        self.explain_bar.hide()
+        # a full-width band under the query box: the caption shaded word by word, and a note
+        self.explain_bar = ExplainBar()
+        self.explain_words, self.explain_note = self.explain_bar.words, self.explain_bar.note
         # scrolling the image grid explains the results that come into view (after the scroll settles)
         self._scroll_timer = QTimer(self)
         self._scroll_timer.setSingleShot(True)
@@ -207,34 +177,18 @@ class QueryPanel(QWidget):
         self._scroll_timer.timeout.connect(self._refresh_explain)
 
         # results: captions (i2t) in a list, images (t2i) in a grid
-        self.caption_list = QListWidget()
-        self.caption_list.setIconSize(QSize(64, 64))
-        self.caption_list.setWordWrap(True)
-        self.caption_list.setSpacing(2)
-        self.image_grid = QListWidget()
-        self.image_grid.setViewMode(QListView.ViewMode.IconMode)
-        self.image_grid.setResizeMode(QListView.ResizeMode.Adjust)
-        self.image_grid.setMovement(QListView.Movement.Static)
-        self.image_grid.setIconSize(QSize(96, 96))
-        self.image_grid.setGridSize(QSize(118, 132))
-        self.image_grid.setWordWrap(True)
-        for view in (self.caption_list, self.image_grid):
-            # a single click only selects (annotators click, then mark); a double-click (eventFilter) or
-            # Enter (itemActivated) queries from the result
-            view.itemActivated.connect(self._activate)
-            view.viewport().installEventFilter(self)
-            view.currentItemChanged.connect(self._update_query_with)
-            view.currentItemChanged.connect(self._on_current_changed)
-        self.image_grid.verticalScrollBar().valueChanged.connect(self._on_grid_scrolled)
-        self.image_grid.installEventFilter(self)
-        self.results = QStackedWidget()
-        self.results.addWidget(self.caption_list)
-        self.results.addWidget(self.image_grid)
+        self.results = ResultsView()
+        self.caption_list, self.image_grid = self.results.caption_list, self.results.image_grid
+        self.results.icon_override = self._explained_icon
+        self.results.activated.connect(self._activate)
+        self.results.current_changed.connect(self._update_query_with)
+        self.results.current_changed.connect(self._on_current_changed)
+        self.results.grid_scrolled.connect(self._on_grid_scrolled)
 
-        self.mark_yes = QPushButton("Relevant (R)")
-        self.mark_no = QPushButton("Not relevant (N)")
-        self.mark_clear = QPushButton("Clear mark (0)")
-        self.export_button = QPushButton("Export marks...")
+        self.marks = MarkButtons()      # the run's marks store, the mark buttons and "n marks saved"
+        self.marks.mark_requested.connect(self.mark_current)
+        self.mark_yes, self.mark_no, self.mark_clear, self.export_button = self.marks.buttons
+        self.marks_label = self.marks.label
         self.back_button = QPushButton("Back")
         self.back_button.setToolTip("Return to the previous query (Alt+Left)")
         self.back_button.clicked.connect(self.go_back)
@@ -242,11 +196,6 @@ class QueryPanel(QWidget):
         self.query_with_button.setToolTip("Query from the selected result: a caption ranks images, an image ranks "
                                           "captions (or double-click the result, or press Enter)")
         self.query_with_button.clicked.connect(self._query_with_current)
-        self.mark_yes.clicked.connect(lambda: self.mark_current(True))
-        self.mark_no.clicked.connect(lambda: self.mark_current(False))
-        self.mark_clear.clicked.connect(lambda: self.mark_current(None))
-        self.export_button.clicked.connect(self._export_marks)
-        self.marks_label = QLabel("")
         for key, value in (("R", True), ("N", False), ("0", None)):
             sc = QShortcut(QKeySequence(key), self)
             sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
@@ -284,9 +233,7 @@ class QueryPanel(QWidget):
         marks.addWidget(self.back_button)
         marks.addWidget(self.query_with_button)
         marks.addStretch(1)
-        marks.addWidget(self.marks_label)
-        for b in (self.mark_yes, self.mark_no, self.mark_clear, self.export_button):
-            marks.addWidget(b)
+        marks.addWidget(self.marks)
         layout = QVBoxLayout(self)
         head = QHBoxLayout()
         head.addWidget(self.header, 1)
@@ -305,8 +252,8 @@ class QueryPanel(QWidget):
 
     # ------------------------------------------------------------------ set-up
     def _set_enabled(self, on: bool) -> None:
-        for w in (self.sentence, self.image_button, self.mark_yes, self.mark_no, self.mark_clear,
-                  self.export_button, self.k_spin, self.mode_bar, self.explain_button):
+        for w in (self.sentence, self.image_button, *self.marks.buttons, self.k_spin, self.mode_bar,
+                  self.explain_button):
             w.setEnabled(on)
         self.back_button.setEnabled(on and len(self.history) > 1)
         self._update_query_with()
@@ -327,26 +274,18 @@ class QueryPanel(QWidget):
         if annotations is not None and run_dir is not None and \
                 Path(annotations.path).parent.resolve() != Path(run_dir).resolve():
             raise ValueError(f"the annotations {annotations.path} do not belong to the run {run_dir}")
-        old = self.retriever
         self.retriever = retriever
-        self._cancel_explain()
-        if retriever is None or old is None or not (retriever.method is old.method and
-                                                    retriever.features is old.features and
-                                                    retriever.dataset is old.dataset):
-            # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
-            self.explainer = None
-            self._explained.clear()
+        # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
+        self.explain_controller.set_retriever(retriever)
         self._query_overlay = None
-        self.explain_words.hide()
-        self.explain_note.hide()
-        self.explain_bar.hide()
+        self.explain_bar.clear()
         self.annotations = annotations if run_dir is not None else None
+        self.marks.dataset = retriever.dataset if retriever is not None else None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.eval_split, self.train_split = eval_split, train_split
         self.history.clear()
         self.ranking = None
-        self.caption_list.clear()
-        self.image_grid.clear()
+        self.results.clear()
         self.query_view.clear()
         self._query_pixmap = None
         self.query_title.clear()
@@ -367,58 +306,24 @@ class QueryPanel(QWidget):
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
         self.mode_bar.setEnabled(retriever.n_gallery_images > 0)
-        self._update_marks_label()
+        self.marks.refresh()
 
     def training_images_in_gallery(self, retriever: Retriever | None = None) -> int:
         """How many of the gallery's images the run was trained on (0 when unknown or a corpus)."""
-        r = retriever or self.retriever
-        if r is None or r.corpus is not None or not self.train_split or \
-                self.train_split not in r.dataset.splits:
-            return 0
-        return int(np.isin(r.gallery_images, np.asarray(r.dataset.splits[self.train_split])).sum())
+        return training_images_in(retriever or self.retriever, self.train_split)
 
     def _describe_gallery(self, r: Retriever) -> None:
         """The line that says what ranks are against, with a visible warning when it holds training images."""
-        what = f"{r.n_gallery_images:,} images, {r.n_gallery_captions:,} captions" if r.corpus is None else \
-            f"{r.n_gallery_captions:,} captions, image -> text only"
-        name = "all images" if r.gallery_name == "all" else r.gallery_name
-        text = f"Ranking against: <b>{html.escape(name)}</b> ({what})"
-        if self.eval_split and r.gallery_name == self.eval_split:
-            text += " - the run's evaluation split (ranks match Inspect)"
-        n_train = self.training_images_in_gallery(r)
-        if n_train:
-            text += (f"<br><span style='color:#cf222e'><b>Warning:</b> this gallery includes {n_train:,} training "
-                     f"images (the run was trained on the {html.escape(str(self.train_split))} split): ranks are "
-                     "optimistic and differ from Inspect's")
-            if self.eval_split:
-                text += f"; choose the {html.escape(self.eval_split)} split for the run's evaluation gallery"
-            text += ".</span>"
-        elif self.eval_split and r.corpus is None and r.gallery_name != self.eval_split:
-            text += (f" - not the run's evaluation split ({html.escape(self.eval_split)}): ranks differ "
-                     "from Inspect's")
-        self.gallery_note.setText(text)
+        self.gallery_note.setText(gallery_note(r, self.eval_split, self.train_split))
         self.gallery_note.setToolTip("Ground-truth ranks are counted in this gallery")
 
     def _fill_galleries(self, retriever: Retriever) -> None:
         combo = self.gallery_combo
         combo.blockSignals(True)
         combo.clear()
-        ds = retriever.dataset
-        for split in ds.split_names:
-            label = f"{split} split ({len(ds.splits[split]):,} images)"
-            if split == self.eval_split:
-                label += " - the run's evaluation split"
-            elif split == self.train_split:
-                label += " - training images"
-            combo.addItem(label, split)
-        all_label = f"all images ({ds.n_images:,})"
-        if self.train_split and self.train_split in ds.splits:
-            all_label += " - includes training images"
-        combo.addItem(all_label, "all")
-        if retriever.corpus is not None:
-            combo.addItem(retriever.gallery_name, "corpus:current")
-        combo.addItem("caption corpus file...", "corpus:?")
-        current = "corpus:current" if retriever.corpus is not None else retriever.gallery_name
+        choices, current = gallery_choices(retriever, self.eval_split, self.train_split)
+        for label, choice in choices:
+            combo.addItem(label, choice)
         combo.setCurrentIndex(max(0, combo.findData(current)))
         combo.blockSignals(False)
 
@@ -527,51 +432,10 @@ class QueryPanel(QWidget):
             self.history.append(query)
         self.back_button.setEnabled(len(self.history) > 1)
         self.ranking = ranking
-        r = self.retriever
-        ds = r.dataset
         self._show_query(ranking)
         marks = self.annotations.marks_for(ranking.direction, ranking.query) if self.annotations else {}
-        width = len(str(len(ranking.items)))
-        # identity datasets (CUHK-PEDES) and labelled classes: each result's identity / class beside its score
-        ids = r.result_identities(ranking)
-        short = "id" if r.identity_word == "identity" else "class"
-        tag = [f"   {short} {x}" if x is not None else "" for x in ids]
-        signed = bool(len(ranking.scores) and float(ranking.scores.min()) < 0)
-        if ranking.direction == "i2t":
-            view = self.caption_list
-            self.results.setCurrentWidget(view)
-            view.clear()
-            for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
-                it = QListWidgetItem()
-                it.setData(ItemRole, item)
-                text = r.gallery_caption_text(item)
-                it.setToolTip(text)
-                it.setData(Qt.ItemDataRole.UserRole + 2,
-                           f"{_rank_score(rank, score, width, signed)}{tag[rank - 1]}   {text}")
-                if r.corpus is None and ds.image_paths is not None:
-                    it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[int(ds.caption_image[item])])
-                self._style_item(it, ranking, item, marks.get(item))
-                view.addItem(it)
-        else:
-            view = self.image_grid
-            self.results.setCurrentWidget(view)
-            self._fit_grid()
-            view.clear()
-            for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
-                it = QListWidgetItem()
-                it.setData(ItemRole, item)
-                it.setData(Qt.ItemDataRole.UserRole + 2, _rank_score(rank, score, width, signed) + tag[rank - 1])
-                if ds.image_paths is not None:
-                    it.setData(Qt.ItemDataRole.UserRole + 3, ds.image_paths[item])
-                caps = ds.captions_of(item)
-                it.setToolTip("\n".join(ds.captions[c] for c in caps[:5]))
-                self._style_item(it, ranking, item, marks.get(item))
-                view.addItem(it)
-        self._refresh_icons(view)
-        if view.count():
-            view.setCurrentRow(0)
-        view.setFocus()
-        self._update_marks_label()
+        self.results.fill(ranking, self.retriever, marks)
+        self.marks.refresh()
         self._update_query_with()
 
     def _show_query(self, ranking: Ranking) -> None:
@@ -627,20 +491,6 @@ class QueryPanel(QWidget):
         same = sum(x == mine for x in r.result_identities(ranking))
         return f"; {same} of the top {len(ranking.items)} show {r.identity_word} {html.escape(mine)}"
 
-    def _style_item(self, it: QListWidgetItem, ranking: Ranking, item: int, mark: bool | None) -> None:
-        label = it.data(Qt.ItemDataRole.UserRole + 2)
-        prefix = {True: "✓ ", False: "✗ ", None: ""}[mark]
-        it.setText(prefix + label)
-        gold = ranking.is_gold(item)
-        it.setBackground(QBrush(GOLD) if gold else QBrush())
-        if mark is not None:
-            it.setForeground(QBrush(MARK_YES if mark else MARK_NO))
-        else:
-            it.setForeground(QBrush())
-        f = QFont(it.font())
-        f.setBold(gold)
-        it.setFont(f)
-
     def _paint_query_image(self) -> None:
         side = min(self.query_view.width(), self.query_view.height()) - 10
         pm = self._query_overlay if self.explaining and self._query_overlay is not None else self._query_pixmap
@@ -648,34 +498,29 @@ class QueryPanel(QWidget):
                                   pm.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
                                             Qt.TransformationMode.SmoothTransformation))
 
-    def _refresh_icons(self, view: QListWidget) -> None:
-        size = view.iconSize()
-        for row in range(view.count()):
-            it = view.item(row)
-            path = it.data(Qt.ItemDataRole.UserRole + 3)
-            if not path:
-                continue
-            pm = self._explained_icon(view, it)
-            if pm is None:
-                pm = self.cache.get(path)
-            it.setIcon(QIcon(square_icon(pm if pm is not None else placeholder(size.width()), size)))
-
-    def _thumbnail_ready(self, path: str) -> None:
-        view = self.results.currentWidget()
-        pm = self.cache.get(path)
-        if pm is None:
-            return
-        size = view.iconSize()
-        for row in range(view.count()):
-            it = view.item(row)
-            if it.data(Qt.ItemDataRole.UserRole + 3) == path and self._explained_icon(view, it) is None:
-                it.setIcon(QIcon(square_icon(pm, size)))
-
     # ------------------------------------------------------------------ explain
     @property
     def explaining(self) -> bool:
         """Whether the Explain toggle is on."""
         return self.explain_button.isChecked()
+
+    @property
+    def explainer(self) -> Any:
+        """The run's explainer, None until Explain first needs one (kept by :attr:`explain_controller`)."""
+        return self.explain_controller.explainer
+
+    @explainer.setter
+    def explainer(self, value: Any) -> None:
+        self.explain_controller.explainer = value
+
+    @property
+    def explainer_factory(self) -> Any:
+        """``retriever -> explainer``, called when Explain first needs one for a run (tests swap it)."""
+        return self.explain_controller.explainer_factory
+
+    @explainer_factory.setter
+    def explainer_factory(self, factory: Any) -> None:
+        self.explain_controller.explainer_factory = factory
 
     def set_explain(self, on: bool) -> None:
         """Turn Explain on or off (the toggle button, E or Ctrl+E): region maps over the query image (image
@@ -688,16 +533,15 @@ class QueryPanel(QWidget):
             self.explain_button.toggle()
 
     def _on_explain_toggled(self, on: bool) -> None:
+        self.explain_bar.active = on
         if on:
             self._refresh_explain()
             return
-        self._cancel_explain()
-        self.explain_words.hide()
-        self.explain_note.hide()
-        self.explain_bar.hide()
+        self.explain_controller.cancel()
+        self.explain_bar.clear()
         if self._query_pixmap is not None:
             self._paint_query_image()
-        self._refresh_icons(self.current_view())
+        self.results.refresh_icons(self.current_view())
         self._fit_layout()
 
     def _on_current_changed(self, *_: object) -> None:
@@ -708,24 +552,6 @@ class QueryPanel(QWidget):
         if self.explaining and self.ranking is not None and self.ranking.direction == "t2i":
             self._scroll_timer.start()
 
-    def _query_sentence(self) -> str:
-        """The sentence of the t2i ranking shown ("" for none)."""
-        q = self.ranking.query if self.ranking is not None else {}
-        if "caption" in q and "text" not in q and self.retriever is not None:
-            return str(self.retriever.dataset.captions[int(q["caption"])])
-        return str(q.get("text", ""))
-
-    def _visible_rows(self, view: QListWidget) -> list[int]:
-        """Rows of ``view`` at least partly in view (the first few when it is not laid out yet)."""
-        if not view.count():
-            return []
-        view.doItemsLayout()
-        area = view.viewport().rect()
-        rows = [r for r in range(view.count()) if view.visualItemRect(view.item(r)).intersects(area)]
-        if not rows:
-            rows = list(range(min(view.count(), 12)))
-        return rows[:EXPLAIN_MAX_RESULTS]
-
     def _focus_row(self) -> int:
         """The result whose caption words are shown: the selected one, else the first."""
         view = self.current_view()
@@ -734,27 +560,10 @@ class QueryPanel(QWidget):
 
     def _wanted_pairs(self) -> tuple[list[Pair], str]:
         """The pairs the current view explains (the focus pair first) or, when it explains none, why."""
-        r, ranking = self.retriever, self.ranking
-        if r is None or ranking is None:
-            return [], ""
-        view = self.current_view()
-        focus = self._focus_row()
-        if focus < 0:
-            return [], "No results to explain."
-        q = ranking.query
-        if ranking.direction == "i2t":
-            image = q.get("image", q.get("file"))
-            if image is None:
-                return [], "Nothing to explain for this query."
-            image = int(image) if isinstance(image, (int, np.integer)) else str(image)
-            text = r.gallery_caption_text(int(view.item(focus).data(ItemRole)))
-            return [Pair(image, text, "i2t")], ""
-        if "tags" in q:
-            return [], ("Explain works on sentences: a tag list goes through the run's tag branch, which it "
-                        "does not explain.")
-        text = self._query_sentence()
-        rows = [focus] + [x for x in self._visible_rows(view) if x != focus]
-        return [Pair(int(view.item(x).data(ItemRole)), text, "t2i") for x in rows], ""
+        view, focus = self.current_view(), self._focus_row()
+        return pairs_in_view(self.retriever, self.ranking, int(view.item(focus).data(ItemRole)) if focus >= 0 else None,
+                             lambda: [int(view.item(x).data(ItemRole))
+                                      for x in self.results.rows_in_view(view, EXPLAIN_MAX_RESULTS)])
 
     def _refresh_explain(self) -> None:
         """Show what is known for the current view and explain, in one background task, what is not."""
@@ -762,101 +571,23 @@ class QueryPanel(QWidget):
             return
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
-        todo = [p for p in pairs if p.key not in self._explained]
-        if not todo:
-            self._cancel_explain()        # whatever still runs is for pairs no longer in view
-            if pairs:
-                self._emit_explained(pairs[0])
-            return
-        if self._explain_task is not None and {p.key for p in todo} <= self._explain_todo:
-            return                        # the running task will get to them
-        self._start_explain(todo)
+        if self.explain_controller.request(pairs) and pairs:      # all known already
+            self._emit_explained(pairs[0])
 
-    def _start_explain(self, todo: list[Pair]) -> None:
-        self._cancel_explain()
-        if self.explainer is None:
-            try:
-                self.explainer = self.explainer_factory(self.retriever)
-            except (CrossViewError, AttributeError) as e:     # a run object without method / features / dataset
-                self._set_note(f"Could not explain: {e}", error=True)
-                return
-        explainer, lock, out = self.explainer, self._explain_lock, []
-        task = Task(lambda progress, should_stop: explain_pairs(explainer, todo, lock, out, progress, should_stop),
-                    name="explain", parent=self)
-        self._explain_task, self._explain_out, self._explain_used = task, out, 0
-        self._explain_todo = {p.key for p in todo}
-        self._explain_tasks.add(task)
-        task.progress.connect(lambda done, total, t=task: self._on_explain_progress(t, done, total))
-        task.succeeded.connect(lambda _, t=task: self._on_explain_done(t))
-        task.failed.connect(lambda msg, details, t=task: self._on_explain_failed(t, msg))
-        task.finished.connect(lambda t=task: self._on_explain_finished(t))
-        if self.ranking is not None and self.ranking.direction == "t2i" and len(todo) > 1:
-            self._set_note(f"Explaining the results in view: 0 of {len(todo)}...")
+    def _on_explain_started(self, n_pairs: int) -> None:
+        if self.ranking is not None and self.ranking.direction == "t2i" and n_pairs > 1:
+            self.explain_bar.set_note(f"Explaining the results in view: 0 of {n_pairs}...")
         else:
-            self._set_note("Explaining...")
-        task.start()
+            self.explain_bar.set_note("Explaining...")
 
-    def _cancel_explain(self) -> None:
-        """Supersede the running explanation: it stops after its current pair and its results are dropped."""
-        if self._explain_task is not None:
-            self._explain_task.cancel()
-        self._explain_task = None
-        self._explain_todo = set()
+    def _on_explain_failed(self, message: str) -> None:
+        self.explain_bar.set_note(f"Could not explain: {message}", error=True)
 
-    def _take_results(self) -> None:
-        out = self._explain_out
-        while self._explain_used < len(out):        # the worker appends; the GUI thread reads
-            got = out[self._explain_used]
-            self._explain_used += 1
-            self._explained[got.pair.key] = got
-            self._explain_todo.discard(got.pair.key)
-        while len(self._explained) > EXPLAIN_KEEP:
-            del self._explained[next(iter(self._explained))]
-
-    def _on_explain_progress(self, task: Task, done: int, total: int) -> None:
-        if task is not self._explain_task:
-            return                                   # superseded: dropped
-        self._take_results()
+    def _on_explain_progress(self, done: int, total: int) -> None:
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
         if done < total and total > 1:
-            self._set_note(f"Explaining the results in view: {done} of {total}...")
-
-    def _on_explain_done(self, task: Task) -> None:
-        if task is not self._explain_task:
-            return
-        self._take_results()
-        self._explain_task = None
-        self._explain_todo = set()
-        self._refresh_explain()       # shows it all and says so; explains what came into view meanwhile
-
-    def _on_explain_failed(self, task: Task, message: str) -> None:
-        if task is not self._explain_task:
-            return
-        self._explain_task = None
-        self._explain_todo = set()
-        self._set_note(f"Could not explain: {message}", error=True)
-
-    def _on_explain_finished(self, task: Task) -> None:
-        self._explain_tasks.discard(task)
-        task.deleteLater()
-
-    def _set_note(self, text: str, error: bool = False) -> None:
-        self.explain_note.setStyleSheet(ERROR_STYLE if error else NOTE_STYLE)
-        self.explain_note.setText(text)
-        self.explain_note.setVisible(bool(text))
-        self._sync_bar()
-
-    def _sync_bar(self) -> None:
-        self.explain_bar.setVisible(self.explaining and not (self.explain_words.isHidden() and
-                                                             self.explain_note.isHidden()))
-
-    def _explained_pixmap(self, got: Explained | None) -> QPixmap | None:
-        if got is None or got.image is None:
-            return None
-        if got.pixmap is None:
-            got.pixmap = QPixmap.fromImage(got.image)
-        return got.pixmap
+            self.explain_bar.set_note(f"Explaining the results in view: {done} of {total}...")
 
     def _explained_icon(self, view: QListWidget, it: QListWidgetItem) -> QPixmap | None:
         """The result image with its region map, when Explain is on and it has been explained."""
@@ -866,70 +597,57 @@ class QueryPanel(QWidget):
         item = it.data(ItemRole)
         if item is None:
             return None
-        return self._explained_pixmap(self._explained.get(Pair(int(item), self._query_sentence(), "t2i").key))
+        return self.explain_controller.pixmap(Pair(int(item), query_sentence(self.retriever, self.ranking), "t2i"))
 
     def _show_explained(self, pairs: list[Pair], why: str = "") -> None:
         """Paint what is known: the overlaid query image or result icons, the shaded words, the note."""
         if not self.explaining or self.ranking is None:
             return
+        bar = self.explain_bar
         if why or not pairs:
-            self.explain_words.hide()
-            self._set_note(why)
+            bar.words.hide()
+            bar.set_note(why)
             return
-        focus = self._explained.get(pairs[0].key)
+        focus = self.explain_controller.get(pairs[0])
         rank = self._focus_row() + 1
         if self.ranking.direction == "i2t":
-            self._query_overlay = self._explained_pixmap(focus)
+            self._query_overlay = self.explain_controller.pixmap(pairs[0])
             if self._query_pixmap is not None:
                 self._paint_query_image()
             heading = f"Why caption #{rank} matches:"
         else:
-            self._refresh_icons(self.image_grid)
+            self.results.refresh_icons(self.image_grid)
             heading = f"Words that match image #{rank}:"
         if focus is None:
-            self.explain_words.hide()
-            if self._explain_task is None:
-                self._set_note("Explaining...")
-            self._sync_bar()
+            bar.words.hide()
+            if not self.explain_controller.busy:
+                bar.set_note("Explaining...")
+            bar.sync()
             return
         if focus.explanation is None:
-            self.explain_words.hide()
-            self._set_note(f"Could not explain this pair: {focus.error}", error=True)
+            bar.words.hide()
+            bar.set_note(f"Could not explain this pair: {focus.error}", error=True)
             return
         e = focus.explanation
-        self.explain_words.setText(words_html(e, heading, self.explain_note.font().pointSizeF()))
-        self.explain_words.setToolTip(words_tooltip(e))
-        self.explain_words.show()
+        bar.show_words(e, heading)
         note = region_line(e) if not focus.error else focus.error
         if self.ranking.direction == "t2i" and e.region is not None:
-            done = sum(p.key in self._explained for p in pairs)
+            done = self.explain_controller.count_known(pairs)
             note += f"  ·  {done} of the {len(pairs)} results in view explained"
-        self._set_note(note, error=e.region is None or bool(focus.error))
+        bar.set_note(note, error=e.region is None or bool(focus.error))
 
     def _emit_explained(self, pair: Pair) -> None:
-        got = self._explained.get(pair.key)
+        got = self.explain_controller.get(pair)
         self.explained.emit(got.explanation if got is not None else None)
 
     # ------------------------------------------------------------------ results
     def current_view(self) -> QListWidget:
         return self.results.currentWidget()
 
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt API)
-        """A double-click on a result queries from it. Handled here, not by the view: the view only acts
-        on a double-click that follows its own press on the same item, which a re-query between the
-        two clicks (or a synthetic event) does not give; consuming it also keeps it to one query."""
-        if obj is self.image_grid and event.type() == QEvent.Type.Resize:
-            self._fit_grid()                   # the columns follow the grid's own width
-            return False
-        if event.type() == QEvent.Type.MouseButtonDblClick and event.button() == Qt.MouseButton.LeftButton:
-            for view in (self.caption_list, self.image_grid):
-                if obj is view.viewport():
-                    it = view.itemAt(event.position().toPoint())
-                    if it is not None:
-                        view.setCurrentItem(it)
-                        self._activate(it)
-                    return True
-        return super().eventFilter(obj, event)
+    @property
+    def cache(self) -> ThumbnailCache:
+        """The thumbnail cache the results draw from now (large ones in presentation mode)."""
+        return self.results.cache
 
     def _query_with_current(self) -> None:
         it = self.current_view().currentItem()
@@ -962,6 +680,15 @@ class QueryPanel(QWidget):
         if not self.sentence.hasFocus():
             self.mark_current(value)
 
+    @property
+    def annotations(self) -> AnnotationStore | None:
+        """The run's marks (``annotations.jsonl``), None for a run without a folder: :attr:`MarkButtons.store`."""
+        return self.marks.store
+
+    @annotations.setter
+    def annotations(self, store: AnnotationStore | None) -> None:
+        self.marks.store = store
+
     def mark_current(self, relevant: bool | None) -> None:
         """Mark the current result; saved at once to the run's annotations file."""
         view = self.current_view()
@@ -974,74 +701,20 @@ class QueryPanel(QWidget):
         item = int(it.data(ItemRole))
         text = self.retriever.gallery_caption_text(item) if self.ranking.direction == "i2t" else ""
         self.annotations.mark(self.ranking.direction, self.ranking.query, item, relevant, text)
-        self._style_item(it, self.ranking, item, relevant)
+        self.results.style_item(it, self.ranking, item, relevant)
         row = view.currentRow()
         if relevant is not None and row + 1 < view.count():
             view.setCurrentRow(row + 1)        # annotators go down the list
-        self._update_marks_label()
-
-    def _update_marks_label(self) -> None:
-        n = len(self.annotations) if self.annotations is not None else 0
-        self.marks_label.setText(f"{n} mark{'s' if n != 1 else ''} saved" if self.annotations else "")
-
-    def _export_marks(self) -> None:
-        if self.annotations is None:
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Export marks", str(self.annotations.path.with_suffix(".csv")),
-                                              "CSV (*.csv);;JSON lines (*.jsonl)")
-        if path:
-            try:
-                self.export_marks(path)
-            except CrossViewError as e:
-                self.marks_label.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
-                return
-            self.marks_label.setText(f"exported {len(self.annotations)} marks to {path}")
+        self.marks.refresh()
 
     def describe_query(self, query: dict[str, Any]) -> tuple[str, str]:
         """``(image file name, caption text)`` of a marked query, as far as the open dataset knows them."""
-        ds = self.retriever.dataset if self.retriever is not None else None
-        image, caption = "", ""
-        try:
-            if "image" in query and ds is not None:
-                i = int(query["image"])
-                if ds.image_paths is not None and 0 <= i < ds.n_images:
-                    image = Path(str(ds.image_paths[i])).name
-            elif "file" in query:
-                image = Path(str(query["file"])).name
-            elif "caption" in query and ds is not None:
-                c = int(query["caption"])
-                if 0 <= c < ds.n_captions:
-                    caption = ds.captions[c]
-            elif "text" in query:
-                caption = str(query["text"])
-            elif "tags" in query:
-                caption = f"tags: {query['tags']}"
-        except (TypeError, ValueError):
-            pass            # a hand-edited mark: its index columns still say what it is
-        return image, caption
+        return describe_query(self.retriever.dataset if self.retriever is not None else None, query)
 
     def export_marks(self, path: str | Path) -> Path:
-        """The run's marks to ``path`` (.csv or .jsonl, atomically). The CSV names each query by its image
-        file name or caption text beside the index, and each item by its caption / image file."""
-        assert self.annotations is not None
-        path = Path(path)
-        if path.suffix.lower() != ".csv":
-            return self.annotations.export(path)
-        ds = self.retriever.dataset if self.retriever is not None else None
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(["time", "annotator", "direction", "query_kind", "query", "query_image_file", "query_caption",
-                    "item", "item_image_file", "item_text", "relevant"])
-        for r in self.annotations.records():
-            kind, _, value = query_key(r["query"]).partition(":")
-            image, caption = self.describe_query(r["query"])
-            item_file = ""
-            if r["direction"] == "t2i" and ds is not None and ds.image_paths is not None and \
-                    0 <= int(r["item"]) < ds.n_images:
-                item_file = Path(str(ds.image_paths[int(r["item"])])).name
-            w.writerow([r.get("time", ""), r.get("annotator", ""), r["direction"], kind, value, image, caption,
-                        r["item"], item_file, r.get("item_text", ""), int(bool(r["relevant"]))])
-        return atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+        """The run's marks to ``path`` (.csv or .jsonl, atomically): :func:`crossview.gui.marks.export_marks`
+        against the open dataset."""
+        return self.marks.export(path)
 
     # ------------------------------------------------------------------ drop an image
     def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt API)
@@ -1061,22 +734,15 @@ class QueryPanel(QWidget):
         for w in (self.mark_bar, self.k_spin, self.gallery_combo, self.gallery_label, self.image_button):
             w.setVisible(not on)
         self.present_hint.setVisible(on)
-        self.cache = self.big_cache if on else self.small_cache
+        self.results.set_presenting(on)
         f = QFont(self.font())
         f.setPointSizeF(18 if on else max(10.0, QFont().pointSizeF()))
         for w in (self.sentence, self.caption_list, self.image_grid, self.query_title, self.gold_label, self.header,
                   self.explain_button):
             w.setFont(f)
-        self.caption_list.setIconSize(QSize(120, 120) if on else QSize(64, 64))
-        # the shaded words must be legible from the back of the room
-        words = QFont(self.font())
-        words.setPointSizeF(26 if on else 13)
-        self.explain_words.setFont(words)
-        note = QFont(self.font())
-        note.setPointSizeF(15 if on else max(9.0, QFont().pointSizeF() - 1))
-        self.explain_note.setFont(note)
+        self.explain_bar.set_presenting(on, self.font())      # the shaded words, legible from the back of the room
         self._fit_layout()
-        self._refresh_icons(self.current_view())
+        self.results.refresh_icons(self.current_view())
         if self.ranking is not None:
             self._show_query(self.ranking)
         self._refresh_explain()       # larger cells: another set of results is in view
@@ -1094,23 +760,7 @@ class QueryPanel(QWidget):
         self.query_view.setFixedSize(side - 20, side - 20)
         if self._query_pixmap is not None:
             self._paint_query_image()
-        self._fit_grid()
-
-    def _fit_grid(self) -> None:
-        grid = self.image_grid
-        scroll = grid.verticalScrollBar().sizeHint().width()
-        avail = max(grid.width() - 2 * grid.frameWidth() - scroll - 4, 100)
-        target = 250 if self.presenting else 124
-        cols = max(1, avail // target)
-        cell = avail // cols
-        text_h = grid.fontMetrics().lineSpacing() * 2 + 8
-        grid.setGridSize(QSize(cell, cell - 16 + text_h))
-        icon = cell - 20
-        if grid.iconSize().width() != icon:
-            grid.setIconSize(QSize(icon, icon))
-            # thumbnails are decoded at the cache's size; the icon is scaled to the cell
-            if self.results.currentWidget() is grid:
-                self._refresh_icons(grid)
+        self.results.fit_grid()
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().resizeEvent(event)
@@ -1125,34 +775,14 @@ class QueryPanel(QWidget):
     def stop_tasks(self, msecs: int = 5000) -> None:
         """Cancel the query and every explanation in flight and wait for their threads (closing)."""
         self._scroll_timer.stop()
-        for t in [self._task, *self._explain_tasks]:
-            if t is not None and t.is_running():
-                t.cancel()
-                t.wait(msecs)
+        if self._task is not None and self._task.is_running():
+            self._task.cancel()
+            self._task.wait(msecs)
+        self.explain_controller.stop(msecs)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().showEvent(event)
         self._fit_layout()
-
-
-def _rank_score(rank: int, score: float, width: int, signed: bool = False) -> str:
-    """``#  7   0.412``: rank and score padded with figure spaces (as wide as a digit) so the columns line
-    up row after row; ``signed`` (some score is negative) writes every score with + or - (equally wide)."""
-    r = f"#{rank}".rjust(width + 1, FIGURE_SPACE)
-    sc = f"{score:+.3f}".replace("-", "\u2212") if signed else f"{score:.3f}"
-    sc = sc.rjust(7 if signed else 6, FIGURE_SPACE)
-    return f"{r}  {sc}"
-
-
-def square_icon(pm: QPixmap, size: QSize) -> QPixmap:
-    """``pm`` scaled into and centred on a transparent ``size`` canvas, so every row's text starts at the same x."""
-    out = QPixmap(size)
-    out.fill(Qt.GlobalColor.transparent)
-    scaled = pm.scaled(size, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation)
-    p = QPainter(out)
-    p.drawPixmap((size.width() - scaled.width()) // 2, (size.height() - scaled.height()) // 2, scaled)
-    p.end()
-    return out
 
 
 if __name__ == "__main__":  # pragma: no cover - manual preview

@@ -1,0 +1,139 @@
+"""Relevance marks in the Query panel: the mark buttons with their "n marks saved" line (:class:`MarkButtons`),
+and the export that names each mark's query and item by file and caption (:func:`export_marks`).
+
+The marks themselves live in the run's ``annotations.jsonl`` (:class:`crossview.engine.annotations.AnnotationStore`,
+written at once on every mark). Which result a mark is for (the current one), its look in the result list and
+the R / N / 0 shortcuts are the Query panel's (:mod:`crossview.gui.panels.query_panel`). The functions here
+need no widget (a script can export a run's marks with them); :class:`MarkButtons` needs no panel.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QWidget
+
+from crossview.core.errors import CrossViewError
+from crossview.core.io import atomic_write_bytes
+from crossview.engine.annotations import AnnotationStore, query_key
+
+__all__ = ["describe_query", "export_marks", "marks_summary", "CSV_COLUMNS", "MarkButtons"]
+
+#: the columns of an exported marks CSV, in order
+CSV_COLUMNS = ("time", "annotator", "direction", "query_kind", "query", "query_image_file", "query_caption",
+               "item", "item_image_file", "item_text", "relevant")
+
+
+def marks_summary(n: int) -> str:
+    """``"3 marks saved"`` (``"1 mark saved"``): the line beside the mark buttons."""
+    return f"{n} mark{'s' if n != 1 else ''} saved"
+
+
+def describe_query(dataset: Any, query: dict[str, Any]) -> tuple[str, str]:
+    """``(image file name, caption text)`` of a marked ``query``, as far as ``dataset`` (may be None) knows them."""
+    ds = dataset
+    image, caption = "", ""
+    try:
+        if "image" in query and ds is not None:
+            i = int(query["image"])
+            if ds.image_paths is not None and 0 <= i < ds.n_images:
+                image = Path(str(ds.image_paths[i])).name
+        elif "file" in query:
+            image = Path(str(query["file"])).name
+        elif "caption" in query and ds is not None:
+            c = int(query["caption"])
+            if 0 <= c < ds.n_captions:
+                caption = ds.captions[c]
+        elif "text" in query:
+            caption = str(query["text"])
+        elif "tags" in query:
+            caption = f"tags: {query['tags']}"
+    except (TypeError, ValueError):
+        pass            # a hand-edited mark: its index columns still say what it is
+    return image, caption
+
+
+def export_marks(annotations: AnnotationStore, dataset: Any, path: str | Path) -> Path:
+    """The marks of ``annotations`` to ``path`` (.csv or .jsonl, atomically); returns ``path``. The CSV
+    (:data:`CSV_COLUMNS`) names each query by its image file name or caption text beside the index, and each
+    item by its caption / image file, looked up in ``dataset`` (None: the index columns only)."""
+    path = Path(path)
+    if path.suffix.lower() != ".csv":
+        return annotations.export(path)
+    ds = dataset
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_COLUMNS)
+    for r in annotations.records():
+        kind, _, value = query_key(r["query"]).partition(":")
+        image, caption = describe_query(ds, r["query"])
+        item_file = ""
+        if r["direction"] == "t2i" and ds is not None and ds.image_paths is not None and \
+                0 <= int(r["item"]) < ds.n_images:
+            item_file = Path(str(ds.image_paths[int(r["item"])])).name
+        w.writerow([r.get("time", ""), r.get("annotator", ""), r["direction"], kind, value, image, caption,
+                    r["item"], item_file, r.get("item_text", ""), int(bool(r["relevant"]))])
+    return atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+
+
+class MarkButtons(QWidget):
+    """Relevant (R) / Not relevant (N) / Clear mark (0) / Export marks..., after the line that says how many
+    marks :attr:`store` holds (None: the run has no folder, so no marks).
+
+    A mark button only asks (:attr:`mark_requested`: True, False or None): the owner knows which result is
+    current, marks it in :attr:`store` and calls :meth:`refresh`. Export asks for a file and writes it with
+    :func:`export_marks` against :attr:`dataset` (the dataset the run ranks, for file names and captions).
+    """
+
+    mark_requested = Signal(object)     # True (relevant), False (not relevant), None (clear the mark)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.store: AnnotationStore | None = None
+        self.dataset: Any = None
+        self.label = QLabel("")
+        self.yes = QPushButton("Relevant (R)")
+        self.no = QPushButton("Not relevant (N)")
+        self.clear = QPushButton("Clear mark (0)")
+        self.export_button = QPushButton("Export marks...")
+        self.yes.clicked.connect(lambda: self.mark_requested.emit(True))
+        self.no.clicked.connect(lambda: self.mark_requested.emit(False))
+        self.clear.clicked.connect(lambda: self.mark_requested.emit(None))
+        self.export_button.clicked.connect(self._export_dialog)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        for w in (self.label, *self.buttons):
+            row.addWidget(w)
+
+    @property
+    def buttons(self) -> tuple[QPushButton, ...]:
+        """The mark buttons and the export button, in their order."""
+        return (self.yes, self.no, self.clear, self.export_button)
+
+    def refresh(self) -> None:
+        """Say how many marks the store holds ("" without a store)."""
+        n = len(self.store) if self.store is not None else 0
+        self.label.setText(marks_summary(n) if self.store else "")
+
+    def export(self, path: str | Path) -> Path:
+        """:func:`export_marks` of :attr:`store` (which must be set) to ``path``."""
+        assert self.store is not None
+        return export_marks(self.store, self.dataset, path)
+
+    def _export_dialog(self) -> None:
+        if self.store is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export marks", str(self.store.path.with_suffix(".csv")),
+                                              "CSV (*.csv);;JSON lines (*.jsonl)")
+        if path:
+            try:
+                self.export(path)
+            except CrossViewError as e:
+                self.label.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
+                return
+            self.label.setText(f"exported {len(self.store)} marks to {path}")
