@@ -196,6 +196,8 @@ ENTRIES: tuple[Entry, ...] = (
            S("bench/explain_latency.py {WORK}/f8-cca {WORK}/cca-demo")),
           ("flickr8k", "demo"), 4, ("crossview/explain", "crossview/engine/retriever.py",
                                     "crossview/engine/session.py", *methods("cca"), *FEATURES)),
+    Entry("eta_whole_run_cpu", "eta_whole_run_cpu.txt", (S("bench/eta_whole_run.py"),), ("flickr8k",), 5,
+          ("crossview/core/progress.py", "crossview/engine/timings.py", "crossview/engine/run.py", *FEATURES)),
     Entry("feature_throughput_cpu", "feature_throughput_cpu.txt",
           (S("bench/feature_throughput.py --limit 320 --workers 1,2"),), ("flickr8k",), 3,
           ("crossview/features/image.py", "crossview/data/images.py")),

@@ -46,7 +46,9 @@ def test_four_losses_two_seeds_are_runs_the_app_lists_and_opens(tmp_path) -> Non
         assert len(per) == 2 and r["rsum"] == pytest.approx(np.mean([p["rsum"] for p in per]))
         assert result["std"][loss]["rsum"] == pytest.approx(np.std([p["rsum"] for p in per]))
         cfg = json.loads((folder / f"{loss}-seed1" / "config.json").read_text())
-        assert cfg["params"]["loss"] == loss and cfg["params"]["seed"] == 1 and cfg["params"]["max_epochs"] == 2
+        assert cfg["params"]["loss"] == loss and cfg["params"]["max_epochs"] == 2
+        assert cfg["seed"] == 1 and cfg["run_settings"]["seed"] == 1 and "seed" not in cfg["params"], \
+            "the seed is the run's setting, not the method's parameter"
     n_img, n_cap = result["test_images"], result["test_captions"]
     for loss, pr in result["paired"].items():     # one observation per query: the seeds are averaged, not pooled
         assert pr["i2t"]["won"] + pr["i2t"]["lost"] + pr["i2t"]["tied"] == n_img

@@ -532,3 +532,32 @@ def test_a_run_written_on_a_gpu_resumes_and_opens_on_the_device_asked_for_now(tm
     from crossview.methods import create_method
     m = create_method("wsabie", device="cpu").load_state_dict(ckpt["method_state"])
     assert m.device == "cpu" and m.dim == 16
+
+
+def test_run_settings_are_one_object_recorded_once_and_never_in_the_method(tmp_path, toy):
+    """Device, seed, amp, workers, loss-logging and checkpoint cadence are the run's settings: given among the
+    method's parameters (``--set seed=3``) they are taken out into the run settings, which config.json and the
+    summary record whole; the method's saved parameters (config.json and the checkpoint) hold none of them; a
+    setting given two ways, differently, is refused before anything is written."""
+    from crossview.core.run_settings import RunSettings
+    from crossview.methods import method_class
+
+    ds, feats = toy
+    params = {"dim": 16, "max_epochs": 2, "batch_size": 32, "lr": 0.01, "seed": 3, "log_every": 5}
+    events = list(train("wsabie", ds, run_dir=tmp_path / "r", features=feats, device="cpu", params=params,
+                        checkpoint_seconds=30.0))
+    assert isinstance(events[-1], Finished)
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    want = RunSettings(device="cpu", seed=3, log_every=5, checkpoint_seconds=30.0, train_split=cfg["train_split"],
+                       val_split=cfg["val_split"], eval_split=cfg["split"]).to_dict()
+    assert cfg["run_settings"] == want and events[-1].summary["run_settings"] == want
+    assert cfg["seed"] == 3 and cfg["user_params"] == params, "what the user typed is kept as typed"
+    run_names = method_class("wsabie").RUN_SETTINGS
+    assert not set(cfg["params"]) & run_names and not set(events[-1].summary["params"]) & run_names
+    ckpt = eio.load_checkpoint(tmp_path / "r" / "checkpoint.pt")
+    assert not set(ckpt["method_state"]["params"]) & run_names, "a checkpoint holds no run setting"
+    logged = " ".join(e.message for e in events if isinstance(e, Log))
+    assert "device cpu, seed 3, amp off" in logged
+    with pytest.raises(CrossViewError, match="seed is given twice"):
+        train("wsabie", ds, run_dir=tmp_path / "x", features=feats, seed=5, params={**params, "seed": 3})
+    assert not (tmp_path / "x").exists()

@@ -193,7 +193,8 @@ class RunEta:
         known = [s for s in self._stages if s.state != "skipped" and s.prior > 0]
         total_prior = sum(s.prior * (1.0 - s.first) for s in known)
         done_prior = sum(s.prior * s.share_done() for s in known)
-        done_actual = sum(s.actual if s.state == "done" else (t - s.started) if s.state == "running" else 0.0
+        # the running stage counts from its first event: its start-up (loading a model) is not a pace to scale by
+        done_actual = sum(s.actual if s.state == "done" else (t - s.first_at) if s.state == "running" else 0.0
                           for s in known)
         if total_prior <= 0 or done_prior < self.min_fraction * total_prior or done_actual <= 0:
             return None

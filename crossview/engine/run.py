@@ -54,6 +54,7 @@ from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, P
 from crossview.core.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
                                  load_checkpoint, read_json_object, save_checkpoint)
 from crossview.core.errors import Cancelled, CrossViewError
+from crossview.core.run_settings import RunSettings, split_run_settings
 # Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy
 # work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
 from crossview.engine import splits as _splits  # noqa: F401
@@ -97,9 +98,14 @@ class RunConfig:
     #: feature normalisations (crossview.features.normalize); runs written before they existed used "none"
     image_norm: str = "none"
     text_norm: str = "none"
+    # the run settings as asked (crossview.core.run_settings.RunSettings holds them resolved, once per execution)
     device: str = "auto"
     seed: int = 0
     checkpoint_seconds: float = 60.0
+    amp: bool = False
+    #: data-loader workers / n_jobs, and the loss-logging cadence (None: each method's own default)
+    workers: int | None = None
+    log_every: int | None = None
     #: splits the run made itself (a held-out part of train), applied whenever the run is opened or resumed
     derived_splits: dict[str, list[int]] | None = None
     #: the representation the run's features are built on instead of its encoders' (``{"name": "modern" |
@@ -108,6 +114,8 @@ class RunConfig:
     #: the dataset's text view the run trains on (its labels or its captions' phrases as the text side,
     #: crossview.data.views), applied again by resume and open_run to the dataset they load
     text_view: dict[str, Any] | None = None
+    #: the method's parameters as the user gave them (run settings among them included); None: ``params``
+    user_params: dict[str, Any] | None = None
     #: how the run's parameters were chosen before it started (a search's refit: ``{"what": "parameters",
     #: "by": "search", "selected_on": "train-cv3", "reported_on": "val", ...}``); ``None``: given by the user
     selection: dict[str, Any] | None = None
@@ -134,7 +142,8 @@ _CONFIG_TYPES: dict[str, Any] = {
     "data": _OPT_STR, "params": dict, "user_params": dict, "split": str, "train_split": str, "val_split": _OPT_STR,
     "data_format": _OPT_STR, "image_root": _OPT_STR, "image_encoder": _OPT_STR, "text_encoder": _OPT_STR,
     "device": str, "seed": int, "checkpoint_seconds": _NUM, "dataset_fingerprint": _OPT_STR,
-    "selection": (dict, type(None))}
+    "selection": (dict, type(None)), "amp": bool, "workers": (int, type(None)), "log_every": (int, type(None)),
+    "run_settings": dict}
 _STATUS_TYPES: dict[str, Any] = {"phase": str, "events": int, "train_seconds": _NUM, "updated": str,
                                  "error": _OPT_STR, "checkpoint": _OPT_STR, "checkpoint_events": int,
                                  "checkpoint_step": (int, type(None))}
@@ -467,7 +476,15 @@ class _Run:
         check_norm(cfg.image_norm, "image normalisation (--image-norm)")
         check_norm(cfg.text_norm, "text normalisation (--text-norm)")
         self.device = select_device(cfg.device)
+        # under torchrun every process trains; rank 0 alone writes the run folder (see _follow)
+        self.rank, self.world_size = _distributed(self.device)
+        # how this execution runs, resolved once: the method gets it (configure_run), config.json records it
+        self.settings = RunSettings(device=self.device, amp=bool(cfg.amp), seed=int(cfg.seed), workers=cfg.workers,
+                                    log_every=cfg.log_every, checkpoint_seconds=float(cfg.checkpoint_seconds),
+                                    rank=self.rank, world_size=self.world_size, train_split=cfg.train_split,
+                                    val_split=cfg.val_split, eval_split=str(cfg.split))
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
+        self.method.configure_run(self.settings)
         self.method.check_params()
         self.text_note: str | None = None
         if not self.method.needs_text_features and cfg.text_encoder != "none":
@@ -482,11 +499,6 @@ class _Run:
         if self.features is None and self.representation is None and self.built is None:
             from crossview.features.preflight import check_encoders
             check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
-        if "device" in self.method.param_names() and "device" not in cfg.params:
-            self.method.set_params(device=self.device)
-        for seed_param in ("seed", "random_state"):
-            if seed_param in self.method.param_names() and seed_param not in cfg.params:
-                self.method.set_params(**{seed_param: cfg.seed})
         self.events = 0                 # events received from fit_iter so far
         self.train_seconds = 0.0        # accumulated over resumes
         self.phase = "start"            # start -> training -> trained -> finished
@@ -500,12 +512,10 @@ class _Run:
         self._lock = _WriterLock(run_dir)
         # the stage plan (crossview.core.events.Plan) and each stage's timing: seconds are *active* ones, the
         # time the consumer held the generator at a yield (a paused app, a slow terminal) left out
-        self._suspended = 0.0
+        self._suspended = 0.0    # added to by the RunIterator between handing out an event and being asked again
         self._stage_work: dict[str, tuple[str, float]] = {}     # stage -> (detail, units) for the timing book
         self._stage_now: dict[str, Any] | None = None           # the stage being timed
         self._stage_mark: float | None = None                   # active seconds when the last stage ended
-        # under torchrun every process trains; rank 0 alone writes the run folder (see _follow)
-        self.rank, self.world_size = _distributed(self.device)
 
     # ------------------------------------------------------------------ files
     def _path(self, name: str) -> Path:
@@ -630,10 +640,11 @@ class _Run:
         cfg.update({
             "format": _FORMAT,
             "params": self.method.saved_params(),
-            "user_params": dict(self.cfg.params),
+            "user_params": dict(self.cfg.params if self.cfg.user_params is None else self.cfg.user_params),
             "dataset": self.dataset.name,
             "dataset_fingerprint": self.dataset.fingerprint(),
             "device_selected": self.device,
+            "run_settings": self.settings.to_dict(),
             "seeds": seeds,
             "created": _now(),
             "versions": {"crossview": __version__, "python": platform.python_version(),
@@ -953,10 +964,7 @@ class _Run:
             self._lock.release()
             raise
         try:
-            for ev in self._execute(took_over, trimmed):
-                held = time.monotonic()
-                yield ev
-                self._suspended += time.monotonic() - held     # the consumer's time (a pause) is not the run's
+            yield from self._execute(took_over, trimmed)
         finally:
             self._lock.release()
 
@@ -971,7 +979,7 @@ class _Run:
             self._status("running")
             yield self._emit(Log(f"{'resuming' if self.resuming else 'starting'} {self.cfg.method} on "
                                  f"{self.dataset.name} ({self.dataset.n_images} images, "
-                                 f"{self.dataset.n_captions} captions), device {self.device}, seed {self.cfg.seed}"))
+                                 f"{self.dataset.n_captions} captions), {self.settings.describe()}"))
             for note in (took_over, trimmed):
                 if note:
                     yield self._emit(Log(note, "warning" if note is took_over else "info"))
@@ -1069,7 +1077,7 @@ class _Run:
                     ev.stage = "fit"
                 self.train_seconds = base_seconds + time.monotonic() - start
                 yield self._emit(ev)
-                due = time.monotonic() - last_ckpt >= self.cfg.checkpoint_seconds
+                due = time.monotonic() - last_ckpt >= self.settings.checkpoint_seconds
                 if due or isinstance(ev, Validation):
                     yield self._emit(self._checkpoint())
                     last_ckpt = time.monotonic()
@@ -1143,6 +1151,7 @@ class _Run:
             "n_captions": test.n_captions,
             "device": self.device,
             "seed": self.cfg.seed,
+            "run_settings": self.settings.to_dict(),
             "features_seconds": round(features_seconds, 3),
             "eval_seconds": round(eval_seconds, 3),
             # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
@@ -1184,15 +1193,21 @@ class RunIterator:
     """The events of a run (what :func:`train` and :func:`resume` return): iterate it to drive the run,
     ``close()`` it (or stop iterating and drop it) to cancel. ``run_dir`` is the run's folder."""
 
-    def __init__(self, gen: Iterator[Event], run_dir: Path) -> None:
+    def __init__(self, gen: Iterator[Event], run_dir: Path, run: Any = None) -> None:
         self._gen = gen
         self.run_dir = run_dir
+        self._run = run                       # told how long the consumer held each event (see _Run._active)
+        self._returned: float | None = None
 
     def __iter__(self) -> "RunIterator":
         return self
 
     def __next__(self) -> Event:
-        return next(self._gen)
+        if self._run is not None and self._returned is not None:
+            self._run._suspended += time.monotonic() - self._returned    # a pause is not the run's time
+        ev = next(self._gen)
+        self._returned = time.monotonic()
+        return ev
 
     def close(self) -> None:
         """Cancel: the run stops at the current event, checkpoints and records ``"cancelled"``."""
@@ -1215,6 +1230,22 @@ def _load(data: Any, data_format: str | None, image_root: str | None) -> tuple[A
     return ds, str(data)
 
 
+def _merge_run_settings(from_params: dict[str, Any], given: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """The run settings asked for: each keyword's value (``given``: name -> (value, its default)) unless it is at
+    its default and the method's parameters name the setting; a setting given both ways, differently, is refused."""
+    out: dict[str, Any] = {}
+    for name, (value, default) in given.items():
+        if name in from_params:
+            theirs = from_params[name]
+            if value != default and value != theirs:
+                raise CrossViewError(f"{name} is given twice ({value!r} as the run's {name}, {theirs!r} among the "
+                                     f"method's parameters); {name} is a run setting: give it once")
+            out[name] = theirs
+        elif value is not None:
+            out[name] = value
+    return out
+
+
 def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           params: dict[str, Any] | None = None, split: str | None = None, train_split: str = "train",
           val_split: str | None = "val", image_encoder: str | None = None, text_encoder: str | None = None,
@@ -1223,7 +1254,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           image_norm: str | None = None, text_norm: str | None = None,
           derived_splits: dict[str, Any] | None = None,
           representation: dict[str, Any] | None = None, text_view: Any = None,
-          selection: dict[str, Any] | None = None) -> RunIterator:
+          selection: dict[str, Any] | None = None, amp: bool | None = None, workers: int | None = None,
+          log_every: int | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -1243,7 +1275,10 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     ``text_view`` (``"labels"`` or ``{"kind": "phrases", "min_images": N}``, :mod:`crossview.data.views`) trains
     on the dataset's labels or its captions' phrases as the text side, and is recorded likewise. ``selection``
     says how ``params`` were chosen (a search's refit, :func:`crossview.engine.tune.tune`); the summary carries it
-    with the method's own choices (:func:`selection_record`). Stop iterating to cancel.
+    with the method's own choices (:func:`selection_record`). ``device``, ``seed``, ``amp``, ``workers``,
+    ``log_every`` and ``checkpoint_seconds`` are the run's settings (:class:`crossview.core.run_settings.RunSettings`),
+    never the method's parameters: given in ``params`` (``--set amp=true``) they are taken out of them into the
+    settings; given both ways with different values they are refused. Stop iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
@@ -1260,15 +1295,20 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
         ds = apply_text_view(ds, view)
     given = _splits.checked_derived_splits(ds, derived_splits)
     ds = _splits.apply_derived_splits(ds, given)
+    hyper, asked = split_run_settings(dict(params or {}))
+    run = _merge_run_settings(asked, {"device": (device, "auto"), "seed": (seed, 0), "amp": (amp, None),
+                                      "workers": (workers, None), "log_every": (log_every, None)})
+    device, seed = str(run.get("device", device)), int(run.get("seed", seed))
     plan = plan_splits(ds, split, train_split, val_split, seed)
-    cfg = RunConfig(method=method, data=source, params=dict(params or {}), split=plan.eval,
+    cfg = RunConfig(method=method, data=source, params=hyper, split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
                     checkpoint_seconds=checkpoint_seconds, derived_splits={**given, **plan.derived} or None,
                     representation=None if representation is None else dict(representation), text_view=view,
                     image_norm=default_norms[0] if image_norm is None else image_norm,
                     text_norm=default_norms[1] if text_norm is None else text_norm,
-                    selection=None if selection is None else dict(selection))
+                    selection=None if selection is None else dict(selection), amp=bool(run.get("amp", False)),
+                    workers=run.get("workers"), log_every=run.get("log_every"), user_params=dict(params or {}))
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     rank, world_size = _distributed(device)
     if world_size > 1:
@@ -1279,7 +1319,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     if folder.exists() and not folder.is_dir():
         raise CrossViewError(f"{folder} is a file; give a folder for --run-dir")
     run = _Run(cfg, folder, ds, features, resuming=False, cache=cache, split_note=plan.note)
-    return RunIterator(run.execute(), folder)
+    return RunIterator(run.execute(), folder, run)
 
 
 def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, device: str | None = None,
@@ -1299,10 +1339,15 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
     raw = read_config(folder)
     fields = set(RunConfig.__dataclass_fields__)
     cfg = RunConfig(**{k: v for k, v in raw.items() if k in fields})
-    cfg.params = dict(raw.get("user_params", cfg.params))
+    # the method's parameters as the user gave them, less the run settings among them (a run written before they
+    # were kept apart has its amp / seed / workers there): those are the run's, and a device asked now wins
+    cfg.params, asked = split_run_settings(dict(raw.get("user_params", cfg.params)))
+    old_run = "run_settings" not in raw     # its seed param, if any, seeded the method; the run's seed did not
+    for name, value in asked.items():
+        if name not in raw or (old_run and name != "device"):
+            setattr(cfg, name, value)
     if device is not None:
         cfg.device = device
-        cfg.params.pop("device", None)     # a --set device=... of the first start gives way to the device asked now
     rank, _ = _distributed(cfg.device)
     holder = run_is_locked(folder) if rank == 0 else None    # under torchrun rank 0 alone writes
     if holder is not None:
@@ -1330,4 +1375,4 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         raise CrossViewError(f"{folder}: the dataset {cfg.data or ds.name!r} has changed since the run started "
                              f"(fingerprint {ds.fingerprint()} != {want}); start a new run instead of resuming")
     run = _Run(cfg, folder, ds, features, resuming=True, cache=cache, checkpoint=loaded)
-    return RunIterator(run.execute(), folder)
+    return RunIterator(run.execute(), folder, run)

@@ -23,8 +23,9 @@ __all__ = ["TimingBook", "DEFAULTS", "unit_key", "device_kind", "default_path"]
 
 #: seconds per unit of work before this machine has run a stage (2-core CPU; a GPU divides the neural ones)
 DEFAULTS: dict[str, float] = {
-    "images": 0.035,          # a CNN on one image (bench/results/feature_throughput_cpu.txt: 34 images/s)
-    "captions:neural": 0.004,  # a transformer on one caption
+    # measured on the Flickr8k sample (bench/results/eta_whole_run_cpu.txt), start-up (loading the model) included
+    "images": 0.042,          # a CNN on one image (efficientnet_lite0: 700 images in about 30 s)
+    "captions:neural": 0.0026,  # a transformer on one caption (MiniLM: 3,500 captions in about 9 s)
     "captions": 0.0002,       # a bag of words / word vectors / tags on one caption
     "text model": 0.0005,     # fitting TF-IDF, LDA ... per training caption
     "features": 0.05,         # a representation built from image regions (TR / CTR) per image

@@ -35,6 +35,7 @@ import numpy as np
 
 from crossview.data.method_data import MethodData
 from crossview.core.errors import CrossViewError
+from crossview.core.run_settings import RUN_SETTING_PARAMS
 
 __all__ = ["MethodData", "Method", "DIRECTIONS", "check_direction"]
 
@@ -78,10 +79,11 @@ class Method:
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
     default_image_norm: ClassVar[str] = "none"
     default_text_norm: ClassVar[str] = "none"
-    #: parameters that say how a run executes, not what is learned: the engine sets them from the run's own
-    #: settings; a checkpoint neither saves nor restores them (a run trained on cuda:0 resumes or opens on the
-    #: device asked for now)
-    RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset({"device", "workers", "n_jobs"})
+    #: parameters that say how a run executes, not what is learned (device, amp, seed, workers, log_every:
+    #: crossview.core.run_settings): the engine sets them from the run's settings (:meth:`configure_run`); a
+    #: checkpoint neither saves nor restores them (a run trained on cuda:0 resumes or opens on the device asked for
+    #: now), and a run's config.json keeps them apart from the method's parameters
+    RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset(RUN_SETTING_PARAMS)
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -119,6 +121,14 @@ class Method:
                 raise CrossViewError(f"method {self.name or type(self).__name__!r} has no parameter {k!r}; "
                                      f"its parameters are: {', '.join(valid)}")
             setattr(self, k, v)
+        return self
+
+    def configure_run(self, settings: Any) -> "Method":
+        """Take the run's settings (a :class:`crossview.core.run_settings.RunSettings`): each run-setting
+        parameter this method has (``device``, ``amp``, ``seed`` / ``random_state``, ``workers`` / ``n_jobs``,
+        ``log_every``) is set from them; the others are left as they are. Returns ``self``."""
+        mine = set(self.param_names())
+        self.set_params(**{k: v for k, v in settings.for_method().items() if k in mine})
         return self
 
     def __repr__(self) -> str:

@@ -55,6 +55,10 @@ NORM_HELP = {
 }
 
 
+AMP_HELP = ("Mixed precision: float16 autocast with gradient scaling on a GPU, bfloat16 on a CPU with bfloat16 "
+            "units; weights stay float32 (a run setting, recorded in the run)")
+
+
 def _images(n: int) -> str:
     return f"{n:,} image" + ("" if n == 1 else "s")
 
@@ -145,6 +149,7 @@ class TrainPanel(QWidget):
         self._slots: dict[tuple[str, str], DatasetSlot] = {}
         self._t0 = 0.0
         self._eta = RunEta()
+        self._run_extra: dict[str, Any] = {}   # run settings with no field (workers, log_every), set by set_param
         self._searching = False     # the task is the search view's (its progress and end are the view's)
         # Loss events can come thousands a second: collect them and redraw the curves 10 times a second,
         # so the GUI thread never spends more than a few ms per frame on plotting.
@@ -171,6 +176,8 @@ class TrainPanel(QWidget):
         self.device_combo = QComboBox()
         self.seed_spin = QSpinBox()
         self.seed_spin.setRange(0, 2**31 - 1)
+        self.amp_check = QCheckBox("Mixed precision (amp)")
+        self.amp_check.setToolTip(AMP_HELP)
         self.image_norm = QComboBox()
         self.text_norm = QComboBox()
         for combo, side in ((self.image_norm, "image"), (self.text_norm, "text")):
@@ -206,6 +213,7 @@ class TrainPanel(QWidget):
         ff.addRow("Text normalisation", self.text_norm)
         ff.addRow("Device", self.device_combo)
         ff.addRow("Seed", self.seed_spin)
+        ff.addRow("", self.amp_check)
         ff.addRow("Run name", self.run_name)
 
         self.start_button = QPushButton("Start")
@@ -417,8 +425,13 @@ class TrainPanel(QWidget):
             specs = {k: ParamSpec(k, v, _infer_type(v)) for k, v in cls.default_params().items()
                      if isinstance(v, (int, float, str, bool))}
         slots = self._show_slots(name, specs)
+        run_settings = method_class(name).RUN_SETTINGS
+        has_amp = "amp" in method_class(name).param_names()
+        self.amp_check.setEnabled(has_amp)
+        self.amp_check.setToolTip(AMP_HELP if has_amp else f"{AMP_HELP}\n{name} has no mixed precision (it trains "
+                                  "no network)")
         for pname, spec in specs.items():
-            if pname == "device":       # a run setting: the "Features and device" box sets it, once for every method
+            if pname in run_settings:    # device, seed, amp ...: the "Features and device" box sets them, once
                 continue
             if pname in slots:
                 self._getters[pname] = (spec, slots[pname].value)
@@ -514,7 +527,22 @@ class TrainPanel(QWidget):
         return out
 
     def set_param(self, name: str, value: Any) -> None:
-        """Set one form field (for tests and scripted demos); a second dataset slot takes "", "demo" or a path."""
+        """Set one form field (for tests and scripted demos); a second dataset slot takes "", "demo" or a path.
+        A run setting (device, seed, amp: the "Features and device" box; workers, log_every: the next run only,
+        having no field) goes to the run, not the method."""
+        from crossview.core.run_settings import RUN_SETTING_PARAMS
+
+        if name in RUN_SETTING_PARAMS:
+            field = RUN_SETTING_PARAMS[name]
+            if field == "seed":
+                self.seed_spin.setValue(int(value))
+            elif field == "amp":
+                self.amp_check.setChecked(bool(value))
+            elif field == "device":
+                self.device_combo.setCurrentIndex(max(0, self.device_combo.findData(value)))
+            else:
+                self._run_extra[field] = value
+            return
         spec, _ = self._getters[name]
         slot = self.slots().get(name)
         if slot is not None:
@@ -592,6 +620,8 @@ class TrainPanel(QWidget):
                                   image_encoder=self.image_encoder.currentData(),
                                   text_encoder=self.text_encoder.currentData(),
                                   device=self.device_combo.currentData(), seed=self.seed_spin.value(),
+                                  amp=self.amp_check.isChecked() if self.amp_check.isEnabled() else None,
+                                  **self._run_extra,
                                   image_norm=self.image_norm.currentData(), text_norm=self.text_norm.currentData())
         except CrossViewError as e:
             self._fail(str(e), "")

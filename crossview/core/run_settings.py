@@ -1,0 +1,70 @@
+"""How a run is executed, apart from what is trained: one object the engine owns (as Lightning's ``Trainer`` holds
+devices and precision apart from the ``LightningModule``).
+
+A method's parameters are its model, loss and optimisation hyperparameters (its card in ``models/``); the device,
+mixed precision, seed, data-loader workers, loss-logging cadence, checkpoint cadence, distributed place and the
+splits a run trains, validates and reports on are the run's. The engine resolves them once per execution
+(:func:`crossview.engine.run.train` / ``resume``), records them in ``config.json`` (``"run_settings"``), and hands
+them to the method with :meth:`crossview.methods.base.Method.configure_run`; checkpoints never hold them, so a run
+trained on ``cuda:0`` resumes or opens on the CPU when asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RunSettings", "RUN_SETTING_PARAMS", "split_run_settings"]
+
+#: Constructor parameters of methods that are run settings, with the :class:`RunSettings` field each comes from
+#: (``random_state`` and ``n_jobs`` are scikit-learn's names for the seed and the workers).
+RUN_SETTING_PARAMS: dict[str, str] = {"device": "device", "amp": "amp", "seed": "seed", "random_state": "seed",
+                                      "workers": "workers", "n_jobs": "workers", "log_every": "log_every"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One execution's settings, resolved: ``device`` is a concrete device (``"cpu"``, ``"cuda:0"``), never
+    ``"auto"``. ``None`` for ``workers`` / ``log_every`` keeps each method's own default."""
+
+    device: str = "cpu"
+    amp: bool = False
+    seed: int = 0
+    workers: int | None = None
+    log_every: int | None = None
+    checkpoint_seconds: float = 60.0
+    rank: int = 0
+    world_size: int = 1
+    train_split: str = "train"
+    val_split: str | None = "val"
+    eval_split: str = "test"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def for_method(self) -> dict[str, Any]:
+        """The values a method's run-setting parameters take (:data:`RUN_SETTING_PARAMS`), ``None`` left out."""
+        return {param: getattr(self, field) for param, field in RUN_SETTING_PARAMS.items()
+                if getattr(self, field) is not None}
+
+    def describe(self) -> str:
+        """``device cpu, seed 0, amp off, checkpoint every 60 s`` (the parts that are set)."""
+        parts = [f"device {self.device}", f"seed {self.seed}", f"amp {'on' if self.amp else 'off'}"]
+        if self.workers is not None:
+            parts.append(f"{self.workers} loader worker(s)")
+        if self.world_size > 1:
+            parts.append(f"process {self.rank} of {self.world_size}")
+        parts.append(f"checkpoint every {self.checkpoint_seconds:g} s")
+        return ", ".join(parts)
+
+
+def split_run_settings(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(hyperparameters, run settings)`` of a method's parameters as a user gave them (``--set amp=true``,
+    ``--set seed=3``): the run settings keyed by their :class:`RunSettings` field."""
+    hyper, run = {}, {}
+    for k, v in params.items():
+        if k in RUN_SETTING_PARAMS:
+            run[RUN_SETTING_PARAMS[k]] = v
+        else:
+            hyper[k] = v
+    return hyper, run
