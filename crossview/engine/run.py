@@ -34,49 +34,37 @@ is in the checkpoint) are superseded: they are **trimmed** (the file rewritten t
 from __future__ import annotations
 
 import glob
-import json
 import os
 import platform
-import queue
 import random
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Plan, Progress, Validation
-from crossview.core.io import (EventLog, _type_ok, atomic_write_bytes, atomic_write_json, atomic_writer,
-                                 load_checkpoint, read_json_object, save_checkpoint)
+from crossview.core.io import EventLog, atomic_write_json, atomic_writer, load_checkpoint, save_checkpoint
 from crossview.core.errors import Cancelled, CrossViewError
 from crossview.core.run_settings import RunSettings, split_run_settings
+# the folder's files, readers, lock and checkpoint checks (re-exported: scripts import them from here)
+from crossview.engine.run_folder import (CHECKPOINT, CONFIG, LOCK, LOCK_INFO, METRICS, RANKS, STATUS, SUMMARY,  # noqa: F401
+                                         SUMMARY_KEYS, _FORMAT, _METRIC_KEYS, _Loaded, _WriterLock, _check_checkpoint,
+                                         _checkpoint_info, _holder_info, _locked_message, _new_lock, _now,
+                                         _trim_metrics, _stat_key, default_run_dir, read_config, read_status,
+                                         read_summary, run_is_locked)
 # Light modules imported here, not lazily: the app calls train() on its GUI thread (checks only, no heavy
 # work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
 from crossview.engine import splits as _splits  # noqa: F401
+from crossview.engine.feature_stage import FeatureStage
 from crossview.features import normalize as _normalize, preflight as _preflight  # noqa: F401
 
 __all__ = ["train", "resume", "RunConfig", "RunIterator", "selection_record", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
            "SUMMARY", "STATUS", "LOCK", "default_run_dir", "read_summary", "read_status", "read_config",
            "run_is_locked"]
 
-CONFIG = "config.json"
-METRICS = "metrics.jsonl"
-CHECKPOINT = "checkpoint.pt"
-RANKS = "ranks.npz"
-SUMMARY = "summary.json"
-STATUS = "status.json"
-LOCK = "writer.lock"
-LOCK_INFO = "writer.json"
-
-#: The keys of summary.json that ARCHITECTURE.md fixes (scripts read them); more follow them.
-SUMMARY_KEYS = ("method", "dataset", "split", "i2t", "t2i", "rsum", "train_seconds")
-_METRIC_KEYS = ("R@1", "R@5", "R@10", "MedR", "MeanR")
-_FORMAT = 1
 # Progress events are logged at most this often (all of them still reach the consumer).
 _PROGRESS_LOG_SECONDS = 0.5
 
@@ -121,189 +109,6 @@ class RunConfig:
     selection: dict[str, Any] | None = None
 
 
-def default_run_dir(method: str, dataset_name: str) -> Path:
-    """``get_settings().runs_dir / "<method>-<dataset>-<timestamp>"`` (a new, unused name)."""
-    from crossview.core.settings import get_settings
-
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
-    base = get_settings().runs_dir / f"{method}-{safe}-{stamp}"
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
-
-
-_NUM = (int, float)
-_OPT_STR = (str, type(None))
-#: config.json keys a resume reads, with their JSON types (ints are accepted where floats are).
-_CONFIG_TYPES: dict[str, Any] = {
-    "data": _OPT_STR, "params": dict, "user_params": dict, "split": str, "train_split": str, "val_split": _OPT_STR,
-    "data_format": _OPT_STR, "image_root": _OPT_STR, "image_encoder": _OPT_STR, "text_encoder": _OPT_STR,
-    "device": str, "seed": int, "checkpoint_seconds": _NUM, "dataset_fingerprint": _OPT_STR,
-    "selection": (dict, type(None)), "amp": bool, "workers": (int, type(None)), "log_every": (int, type(None)),
-    "run_settings": dict}
-_STATUS_TYPES: dict[str, Any] = {"phase": str, "events": int, "train_seconds": _NUM, "updated": str,
-                                 "error": _OPT_STR, "checkpoint": _OPT_STR, "checkpoint_events": int,
-                                 "checkpoint_step": (int, type(None))}
-_SUMMARY_TYPES: dict[str, Any] = {"method": str, "dataset": str, "split": str, "i2t": dict, "t2i": dict,
-                                  "rsum": _NUM, "train_seconds": _NUM}
-_DAMAGED = "the run folder is damaged; restore the file from a copy, or delete the run and train again"
-
-
-def read_config(run_dir: str | Path) -> dict[str, Any]:
-    """``config.json`` of a run, with its keys' types checked (one clear :class:`CrossViewError` otherwise)."""
-    return read_json_object(Path(run_dir) / CONFIG, required={"method": str}, optional=_CONFIG_TYPES,
-                            hint=_DAMAGED)
-
-
-def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    """``summary.json`` of a finished run (a :class:`CrossViewError` naming the folder otherwise)."""
-    path = Path(run_dir) / SUMMARY
-    if not path.is_file():
-        raise CrossViewError(f"{run_dir}: no {SUMMARY}; the run has not finished (see {STATUS})")
-    summary = read_json_object(path, optional=_SUMMARY_TYPES,
-                               hint="the summary is damaged; resume the run to evaluate it again")
-    for d in ("i2t", "t2i"):
-        bad = [k for k, v in summary.get(d, {}).items() if not _type_ok(v, _NUM)]
-        if bad:
-            raise CrossViewError(f"{path}: {d}[{bad[0]!r}] should be a number; the summary is damaged; resume "
-                                 "the run to evaluate it again")
-    return summary
-
-
-def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """``status.json`` of a run: ``{"status": "running"|"finished"|"cancelled"|"failed", "phase",
-    "events", "checkpoint", "checkpoint_events", "checkpoint_step", "updated", ...}`` (types checked)."""
-    return read_json_object(Path(run_dir) / STATUS, required={"status": str}, optional=_STATUS_TYPES,
-                            hint=_DAMAGED)
-
-
-# ---------------------------------------------------------------------------------- one writer per run
-def _lock_info(run_dir: Path) -> dict[str, Any]:
-    try:
-        info = json.loads((run_dir / LOCK_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-def _holder_info(run_dir: Path, wait: float = 1.0) -> dict[str, Any]:
-    """``writer.json`` of the process holding the lock; it writes it just after locking, so a reader
-    that lands in between waits (up to ``wait`` s) for it."""
-    deadline = time.monotonic() + wait
-    while True:
-        info = _lock_info(run_dir)
-        if isinstance(info.get("pid"), int) or time.monotonic() >= deadline:
-            return info
-        time.sleep(0.02)
-
-
-def _pid_alive(pid: Any) -> bool | None:
-    """Whether process ``pid`` exists on this machine (None: cannot tell without harming it)."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    if os.name == "nt":     # os.kill(pid, 0) would terminate the process on Windows
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True    # exists, owned by someone else (or cannot tell: assume alive)
-    return True
-
-
-def _new_lock(run_dir: Path) -> Any:
-    from filelock import FileLock
-
-    # thread_local=False: the GUI may start a run on one thread and cancel it from another.
-    # preserve_lock_file: deleting a lock file on release lets two processes lock two different inodes
-    # (filelock < 4 has no such option and never deletes it on POSIX).
-    try:
-        return FileLock(str(run_dir / LOCK), thread_local=False, preserve_lock_file=True)
-    except TypeError:
-        return FileLock(str(run_dir / LOCK), thread_local=False)
-
-
-def _locked_message(run_dir: Path, info: dict[str, Any]) -> str:
-    pid, host, since = info.get("pid", "?"), info.get("host", "?"), info.get("started", "?")
-    return (f"{run_dir} is being written by another CrossView process (PID {pid} on {host}, since {since}); "
-            f"wait for it to finish or stop it (kill {pid}), then 'crossview train --resume {run_dir}'. "
-            "Two writers would corrupt the run")
-
-
-def run_is_locked(run_dir: str | Path) -> int | None:
-    """The PID of the process writing the run in ``run_dir`` now (``0`` if it has not said yet), or
-    ``None`` when no process holds its lock (a lock left by a dead process does not count)."""
-    from filelock import Timeout
-
-    folder = Path(run_dir)
-    if not (folder / LOCK).is_file():
-        return None
-    lock = _new_lock(folder)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        pid = _holder_info(folder).get("pid")
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
-    except (OSError, ValueError):   # a read-only folder: nobody can be writing the run there
-        return None
-    lock.release()
-    return None
-
-
-class _WriterLock:
-    """The OS lock (``flock`` / ``LockFileEx`` through ``filelock``) of one run folder, with
-    ``writer.json`` (PID, host, start time) beside it. The OS drops the lock when its process dies,
-    so a SIGKILLed run's lock is simply free: the next writer takes it and says so."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self._lock = _new_lock(run_dir)
-        self.held = False
-
-    def acquire(self, wait: float = 2.0) -> str | None:
-        """Take the lock (waiting up to ``wait`` s: a :func:`run_is_locked` probe holds it for an
-        instant) or raise :class:`CrossViewError` naming the holder. Returns a note when a lock left by
-        a process that died was taken over."""
-        from filelock import Timeout
-
-        try:
-            self._lock.acquire(timeout=wait)
-        except Timeout:
-            raise CrossViewError(_locked_message(self.run_dir, _holder_info(self.run_dir))) from None
-        except (OSError, ValueError) as e:
-            raise CrossViewError(f"{self.run_dir}: cannot lock the run folder ({getattr(e, 'strerror', None) or e}); "
-                                 "is it writable, on a file system with locks?") from None
-        self.held = True
-        previous = _lock_info(self.run_dir)
-        note = None
-        if previous.get("pid") not in (None, os.getpid()):
-            same_host = previous.get("host") == socket.gethostname()
-            alive = ", no longer running" if same_host and _pid_alive(previous.get("pid")) is False else ""
-            note = (f"took over the run folder's lock left by PID {previous.get('pid')} on "
-                    f"{previous.get('host', '?')}{alive} (it stopped without releasing it, e.g. killed)")
-        try:
-            atomic_write_json(self.run_dir / LOCK_INFO, {"pid": os.getpid(), "host": socket.gethostname(),
-                                                         "started": _now()})
-        except BaseException:
-            self.release()
-            raise
-        return note
-
-    def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
-        try:
-            (self.run_dir / LOCK_INFO).unlink(missing_ok=True)
-        except OSError:
-            pass
-        self._lock.release(force=True)
-
-
 def _distributed(device: str) -> tuple[int, int]:
     """``(rank, world_size)``: ``(0, 1)`` for one process; under ``torchrun`` (``WORLD_SIZE`` > 1) the
     process group is started (gloo on CPUs, NCCL on GPUs) and this process's place in it returned."""
@@ -329,10 +134,6 @@ def _broadcast_path(folder: Path) -> Path:
     box = [str(folder)]
     dist.broadcast_object_list(box, src=0)
     return Path(box[0])
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _seed_everything(seed: int) -> dict[str, int]:
@@ -374,84 +175,6 @@ def _coerce_features(features: Any) -> Any:
                          f"got {type(features).__name__}")
 
 
-def _stat_key(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
-
-
-@dataclass
-class _Loaded:
-    """A run's checkpoint as read (safely, and checked) before resuming, and the file's stat then."""
-
-    ckpt: dict[str, Any] | None
-    stat: tuple[int, int] | None
-
-    @classmethod
-    def read(cls, path: Path) -> "_Loaded":
-        stat = _stat_key(path)
-        if stat is None:
-            return cls(None, None)
-        ckpt = load_checkpoint(path)
-        _check_checkpoint(ckpt, path)
-        return cls(ckpt, stat)
-
-
-def _check_checkpoint(ckpt: dict[str, Any], path: Path) -> None:
-    """The fields a resume reads, with their types (a checkpoint is data: it may have been edited)."""
-    want = {"method_state": dict, "events": int, "phase": str, "train_seconds": (int, float)}
-    for key, typ in want.items():
-        if key not in ckpt or not _type_ok(ckpt[key], typ):
-            raise CrossViewError(f"{path}: the checkpoint has no valid {key!r}; it is damaged or from another "
-                                 "program: retrain, or resume from a copy of the run")
-
-
-def _checkpoint_info(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """What status.json says about a checkpoint (its payload): where it is and how far it got."""
-    step = ckpt.get("step")
-    return {"checkpoint": CHECKPOINT, "checkpoint_events": ckpt["events"],
-            "checkpoint_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
-            "checkpoint_phase": ckpt["phase"], "checkpoint_saved": str(ckpt.get("saved", ""))}
-
-
-def _trim_metrics(path: Path, keep_bytes: int | None, keep_checkpoint: int | None = None) -> int:
-    """Drop what ``metrics.jsonl`` holds after byte ``keep_bytes`` except ``log`` lines (the messages
-    of the stopped execution) and the ``checkpoint`` line of the checkpoint at event ``keep_checkpoint``
-    (written just after it), rewriting the file atomically; returns the number of lines dropped."""
-    if keep_bytes is None or keep_bytes < 0:
-        return 0
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return 0
-    if len(data) <= keep_bytes:
-        return 0
-    head, tail = data[:keep_bytes], data[keep_bytes:]
-    if head and not head.endswith(b"\n"):   # not a line boundary: the file is not the one the checkpoint saw
-        return 0
-    kept: list[bytes] = []
-    dropped = 0
-    for line in tail.splitlines():
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line.decode("utf-8"))
-        except (ValueError, RecursionError):
-            d = None
-        is_log = isinstance(d, dict) and d.get("event") == "log"
-        its_checkpoint = isinstance(d, dict) and d.get("event") == "checkpoint" and keep_checkpoint is not None \
-            and d.get("step") == keep_checkpoint
-        if is_log or its_checkpoint:
-            kept.append(line + b"\n")
-        else:
-            dropped += 1
-    if dropped:
-        atomic_write_bytes(path, head + b"".join(kept))
-    return dropped
-
-
 class _Run:
     """One execution of a run (a fresh start or a resume). Use through :func:`train` / :func:`resume`."""
 
@@ -466,11 +189,9 @@ class _Run:
         self.cfg = cfg
         self.run_dir = run_dir
         self.dataset = apply_derived_splits(dataset, cfg.derived_splits)
-        self.features = _coerce_features(features)
         self.resuming = resuming
         self.cache = cache
         self.split_note = split_note
-        self.norm_states: dict[str, Any] = {}
         plan_splits(self.dataset, cfg.split, cfg.train_split, cfg.val_split, cfg.seed)
         from crossview.features.normalize import check_norm
         check_norm(cfg.image_norm, "image normalisation (--image-norm)")
@@ -486,19 +207,9 @@ class _Run:
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.configure_run(self.settings)
         self.method.check_params()
-        self.text_note: str | None = None
-        if not self.method.needs_text_features and cfg.text_encoder != "none":
-            if cfg.text_encoder:
-                self.text_note = (f"text encoder {cfg.text_encoder!r} is not used: {cfg.method} with these parameters "
-                                  "reads the captions itself")
-            cfg.text_encoder = "none"      # no caption features to make (nor to record in config.json)
-        self.representation = self._check_representation()
-        if self.representation is not None:
-            self.features = None   # TR / CTR build their own; given encoder features (tune passes them) don't apply
-        self.built = self._check_built_representation()
-        if self.features is None and self.representation is None and self.built is None:
-            from crossview.features.preflight import check_encoders
-            check_encoders(self.dataset, cfg.image_encoder, cfg.text_encoder)
+        # the features: given, or extracted / built by the feature stage (checked now, made in execute)
+        self.stage = FeatureStage(cfg, self.dataset, self.method, self.device, features=_coerce_features(features),
+                                  cache=cache, run_dir=run_dir, resuming=resuming, emit=lambda ev: self._emit(ev))
         self.events = 0                 # events received from fit_iter so far
         self.train_seconds = 0.0        # accumulated over resumes
         self.phase = "start"            # start -> training -> trained -> finished
@@ -516,6 +227,11 @@ class _Run:
         self._stage_work: dict[str, tuple[str, float]] = {}     # stage -> (detail, units) for the timing book
         self._stage_now: dict[str, Any] | None = None           # the stage being timed
         self._stage_mark: float | None = None                   # active seconds when the last stage ended
+
+    @property
+    def features(self) -> Any:
+        """The run's features (the feature stage's: given, extracted, normalised)."""
+        return self.stage.features
 
     # ------------------------------------------------------------------ files
     def _path(self, name: str) -> Path:
@@ -549,27 +265,9 @@ class _Run:
         timing book of :mod:`crossview.engine.timings`); a stage whose work is cached reports itself done at
         once and the estimators skip it."""
         from crossview.engine.timings import TimingBook
-        from crossview.features.image import DEFAULT_IMAGE_ENCODER
-        from crossview.features.text.base import DEFAULT_TEXT_ENCODER
 
         book, ds, dev = TimingBook(), self.dataset, self.device
-        work: list[tuple[str, str, str, float]] = []    # (stage, label, detail, units)
-        if self.features is None:
-            if self.representation is not None or self.built is not None:
-                name = (self.representation or self.built or {}).get("name", "representation")
-                work.append(("features", f"{name} features", str(name), ds.n_images))
-            else:
-                if getattr(ds, "image_paths", None) is not None and self.cfg.image_encoder != "precomp":
-                    enc = self.cfg.image_encoder or DEFAULT_IMAGE_ENCODER
-                    work.append(("images", f"image features ({enc})", enc, ds.n_images))
-                if self.cfg.text_encoder != "none":
-                    enc = self.cfg.text_encoder or DEFAULT_TEXT_ENCODER
-                    n_fit = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.train_split])).sum())
-                    work.append(("text model", f"text model ({enc})", enc, n_fit))
-                    work.append(("captions", f"caption features ({enc})", enc, ds.n_captions))
-        want = getattr(self.method, "auxiliary_datasets", None)
-        if want is not None and want():
-            work.append(("auxiliary", "second dataset's features", "auxiliary", 0))
+        work: list[tuple[str, str, str, float]] = self.stage.plan()    # (stage, label, detail, units)
         if self.phase != "trained":
             params = self.method.get_params()
             epochs = next((params[k] for k in ("max_epochs", "epochs", "n_epochs") if isinstance(params.get(k), int)
@@ -592,8 +290,8 @@ class _Run:
             self._end_stage(now)
             cur = None
         if cur is None:
-            cur = self._stage_now = {"name": ev.stage, "start": now if self._stage_mark is None else self._stage_mark, "first": frac,
-                                     "last": frac}
+            start = now if self._stage_mark is None else self._stage_mark
+            cur = self._stage_now = {"name": ev.stage, "start": start, "first": frac, "last": frac}
         cur["last"] = max(cur["last"], frac)
         if ev.total and ev.step >= ev.total:
             self._end_stage(now)
@@ -653,74 +351,6 @@ class _Run:
         atomic_write_json(self._path(CONFIG), cfg)
 
     # ------------------------------------------------------------------ stages
-    def _extract(self) -> Iterator[Event]:
-        """The run's features (see :meth:`_features_in_thread`)."""
-        from crossview.features import extract_features
-
-        def make(progress: Any, should_stop: Any) -> Any:
-            if self.representation is not None:
-                return self._representation_features(progress, should_stop)
-            if self.built is not None:
-                from crossview.features.topics import rebuild_representation_features
-                return rebuild_representation_features(
-                    self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                    progress=progress, should_stop=should_stop, where=f"{self._path(CONFIG)}")
-            return extract_features(self.dataset, self.cfg.image_encoder, self.cfg.text_encoder,
-                                    fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                                    progress=progress, should_stop=should_stop)
-
-        result: dict[str, Any] = {}
-        yield from self._features_in_thread(make, result, "features")
-        self.features = result["value"]
-
-    def _auxiliary(self) -> Iterator[Event]:
-        """The second datasets a method trains on besides the run's (``auxiliary_datasets()``: name -> path,
-        e.g. webly's web image-tag set): loaded, their images encoded with the run's image encoder (the feature
-        cache serves a resume) and normalised as the run's, then handed to ``set_auxiliary``."""
-        self._text_encoder()
-        want = getattr(self.method, "auxiliary_datasets", None)
-        if want is None or not want():
-            return
-        from crossview.features import extract_features
-
-        for name, source in want().items():
-            if source == "demo":
-                from crossview.data.demo import load_demo_web
-                ds = load_demo_web()
-            else:
-                from crossview.data import load_dataset
-                ds = load_dataset(str(source), format=getattr(self.method, "auxiliary_format", {}).get(name))
-            if not getattr(ds, "image_paths", None):
-                raise CrossViewError(f"{name} set {source}: no image files to encode (a {ds.format} dataset of "
-                                     "feature rows); give a folder or list of images with their tags")
-            encoder = self.features.image_encoder
-            from crossview.features.image import list_image_encoders
-            if encoder not in list_image_encoders():
-                raise CrossViewError(f"{name} set {source}: its images must be encoded as the run's are, but this "
-                                     f"run's image features are {encoder!r} (precomputed); train on a dataset of "
-                                     "image files with an image encoder")
-            result: dict[str, Any] = {}
-            yield from self._features_in_thread(
-                lambda progress, should_stop: extract_features(
-                    ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device, progress=progress,
-                    should_stop=should_stop), result, f"{name} set features", lambda _stage: "auxiliary")
-            rows = result["value"].image
-            if self.features.image_transform is not None:
-                rows = self.features.image_transform(rows)
-            self.method.set_auxiliary(name, ds, rows)
-            yield self._emit(Log(f"{name} set: {ds.name} ({ds.n_images:,} images, {encoder} features) from {source}"))
-
-    def _text_encoder(self) -> None:
-        """Hand a method that encodes strings of its own as the run's captions are (``set_text_encoder``, e.g.
-        webly's tag strings through the sentence branch) the run's text encoder and normalisation."""
-        take = getattr(self.method, "set_text_encoder", None)
-        if take is None:
-            return
-        from crossview.features import encode_texts
-
-        features, device = self.features, self.device
-        take(lambda captions: encode_texts(features, captions, device=device))
-
     def _initial_state(self) -> Iterator[Event]:
         """A fresh run of a method that starts from another run's trained state (``initial_run()`` names its
         folder, e.g. webly's ``init_from``: Stage II from a finished Stage I run): that run's checkpoint is read
@@ -752,109 +382,6 @@ class _Run:
         if cfg.get("data") and self.cfg.data and str(cfg.get("data")) != str(self.cfg.data):
             note = f"{note}; note: that run trained on {cfg.get('data')}, this one on {self.cfg.data}"
         yield self._emit(Log(note))
-
-    def _features_in_thread(self, make: Any, result: dict[str, Any], what: str,
-                            plan_stage: Any = None) -> Iterator[Event]:
-        """``make(progress, should_stop)`` in a worker thread so that progress flows out and a cancel stops it
-        between batches; its value lands in ``result["value"]``. ``plan_stage(stage)`` names the plan's stage of
-        an extraction stage (default: :meth:`_feature_stage`)."""
-        plan_stage = plan_stage or self._feature_stage
-        q: queue.Queue[Event | None] = queue.Queue()
-        stop = threading.Event()
-
-        def progress(stage: str, done: int, total: int) -> None:
-            q.put(Progress(done, total, f"{what}: {stage}", stage=plan_stage(stage)))
-
-        def work() -> None:
-            try:
-                result["value"] = make(progress, stop.is_set)
-            except BaseException as e:  # noqa: BLE001 - handed to the generator's thread below
-                result["error"] = e
-            finally:
-                q.put(None)
-
-        th = threading.Thread(target=work, name="crossview-features", daemon=True)
-        th.start()
-        try:
-            while True:
-                ev = q.get()
-                if ev is None:
-                    break
-                yield self._emit(ev)
-        finally:
-            if th.is_alive():
-                stop.set()
-                th.join()
-        if "error" in result:
-            raise result["error"]
-
-    def _feature_stage(self, stage: str) -> str:
-        """The plan's stage of one of feature extraction's stages (``images``, ``fit text``, ``captions``)."""
-        if self.representation is not None or self.built is not None:
-            return "features"
-        return {"fit text": "text model"}.get(stage, stage)
-
-    def _check_representation(self) -> dict[str, Any] | None:
-        """The representation the method asks its features to be (BITR's ``representation=tr|ctr``),
-        checked against the data and the encoders before anything is made; ``None`` for the encoders'."""
-        from crossview.features.topics import check_run_representation, representation_request
-
-        req = representation_request(self.method)
-        if req is not None:
-            check_run_representation(self.dataset, req, image_encoder=self.cfg.image_encoder,
-                                     text_encoder=self.cfg.text_encoder)
-        return req
-
-    def _check_built_representation(self) -> dict[str, Any] | None:
-        """The run's recorded representation (``cfg.representation``: modern / TR / CTR built by
-        :func:`crossview.features.topics.build_representation`), checked against the data, the encoders and
-        the method; ``None`` when the run is on its encoders' features."""
-        from crossview.features.topics import check_representation, check_representation_record
-
-        record = self.cfg.representation
-        if record is None:
-            return None
-        name, params = check_representation_record(record)
-        if self.representation is not None:
-            raise CrossViewError(f"{self.cfg.method} is set to build its own representation "
-                                 f"({self.representation.get('name')}) and the run is on representation {name}; "
-                                 f"drop one of them")
-        if self.cfg.image_encoder is not None and self.cfg.image_encoder != params.get("image_encoder"):
-            raise CrossViewError(f"the run is on representation {name}, which names its own image encoder "
-                                 f"({params.get('image_encoder') or 'the default'}); drop --image-encoder "
-                                 f"{self.cfg.image_encoder} or put it in the representation")
-        check_representation(self.dataset, name, image_encoder=params.get("image_encoder"),
-                             text_encoder=None if self.cfg.text_encoder == "none" else self.cfg.text_encoder)
-        return dict(record)
-
-    def _representation_features(self, progress: Any, should_stop: Any) -> Any:
-        """TR / CTR features fitted on the training split; the fitted state goes into the feature spec
-        (``spec["representation"]``), hence into the checkpoint, and open_run rebuilds them from it."""
-        from crossview.features.topics import (representation_features, representation_request,
-                                               restore_representation_features)
-
-        if self.resuming and self._path(CHECKPOINT).is_file():     # continue on the very features trained on
-            saved = (load_checkpoint(self._path(CHECKPOINT)).get("features") or {}).get("representation")
-            if saved:
-                return restore_representation_features(self.dataset, saved, fit_on=self.cfg.train_split,
-                                                       cache=self.cache, device=self.device, progress=progress,
-                                                       should_stop=should_stop)
-        req = representation_request(self.method) or {}   # again: the engine has set the method's seed since
-        return representation_features(self.dataset, image_encoder=self.cfg.image_encoder,
-                                       fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                                       progress=progress, should_stop=should_stop, **req)
-
-    def _normalize(self) -> None:
-        """Fit the run's feature normalisations on the training rows and apply them (queries too)."""
-        from crossview.features.normalize import normalize_features
-
-        ds = self.dataset
-        train_images = np.asarray(ds.splits[self.cfg.train_split], dtype=np.int64)
-        in_train = np.zeros(ds.n_images, dtype=bool)
-        in_train[train_images] = True
-        train_captions = np.flatnonzero(in_train[ds.caption_image])
-        self.features, self.norm_states = normalize_features(self.features, self.cfg.image_norm,
-                                                             self.cfg.text_norm, train_images, train_captions)
 
     def _method_data(self) -> tuple[Any, Any, Any]:
         from crossview.data.method_data import MethodData
@@ -935,11 +462,11 @@ class _Run:
         _seed_everything(self.cfg.seed)
         _barrier()                        # rank 0 has extracted the features (into the cache) by now
         if self.features is None:
-            for _ in self._extract():
+            for _ in self.stage.extract():
                 pass
-        self._normalize()
+        self.stage.normalize()
         train, val, _test = self._method_data()
-        for _ in self._auxiliary():
+        for _ in self.stage.auxiliary():
             pass
         continued = self.resuming and self._restore()
         if not continued:
@@ -985,8 +512,8 @@ class _Run:
                     yield self._emit(Log(note, "warning" if note is took_over else "info"))
             if self.split_note:
                 yield self._emit(Log(self.split_note))
-            if self.text_note:
-                yield self._emit(Log(self.text_note))
+            if self.stage.text_note:
+                yield self._emit(Log(self.stage.text_note))
             yield self._emit(Log(f"splits: training on {self.cfg.train_split} "
                                  f"({len(self.dataset.splits[self.cfg.train_split]):,} images), "
                                  + (f"early stopping on {self.cfg.val_split}, " if self.cfg.val_split and
@@ -997,28 +524,19 @@ class _Run:
             self._stage_mark = self._active()
             t0 = time.monotonic()
             if self.features is None:
-                yield from self._extract()
+                yield from self.stage.extract()
             if self.world_size > 1:
                 _barrier()                # the other ranks now read the features from the cache
-            self._normalize()
+            self.stage.normalize()
             f = self.features
             features_seconds = time.monotonic() - t0
-            self.feature_spec = {"image_encoder": f.image_encoder, "text_encoder": f.text_encoder,
-                                 "image_dim": int(f.image.shape[1]),
-                                 "text_dim": None if f.text is None else int(f.text.shape[1]), **(f.spec or {}),
-                                 "norm_states": self.norm_states}
-            tm = getattr(f, "text_model", None)
-            if tm is not None and hasattr(tm, "state_dict"):
-                try:
-                    self.text_model_state = {"name": tm.name, "state": tm.state_dict()}
-                except Exception:  # noqa: BLE001 - optional: queries can re-fit the encoder
-                    self.text_model_state = None
+            self.feature_spec, self.text_model_state = self.stage.spec()
             text = (f"text {f.text_encoder} {f.text.shape[1]}-d" if f.text is not None
                     else "no caption features (the method reads the captions itself)")
             yield self._emit(Log(f"features: image {f.image_encoder} {f.image.shape[1]}-d, {text} "
                                  f"({features_seconds:.1f} s)"))
             train, val, test = self._method_data()
-            yield from self._auxiliary()
+            yield from self.stage.auxiliary()
 
             continued = self.resuming and self._restore()
             if self.resuming:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from crossview.core.errors import CrossViewError
-from crossview.engine.run import (CHECKPOINT, CONFIG, STATUS, SUMMARY, _holder_info, _new_lock, read_config,
-                                  read_status, read_summary, resume, run_is_locked)
+from crossview.engine.run import resume
+from crossview.engine.run_folder import (CHECKPOINT, CONFIG, STATUS, SUMMARY, _holder_info, _new_lock, read_config,
+                                         read_status, read_summary, run_is_locked)
 
 __all__ = ["RunInfo", "describe_run", "iter_runs", "list_runs", "rename_run", "delete_run", "run_finished", "ensure_run",
            "drain", "load_fitted"]
