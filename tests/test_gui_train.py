@@ -614,3 +614,35 @@ def test_training_webly_from_the_panel_feeds_the_slot_to_the_run(qtbot, panel: T
     assert cfg["params"]["web"] == str(web)
     log = panel.log.toPlainText()
     assert "web set: web (9 images" in log and "Stage II starts" in log, log[-2000:]
+
+
+def test_the_bar_and_eta_line_cover_the_whole_run_and_the_buttons_stay_in_view(qtbot, panel, tmp_path):
+    """A run that says its stage plan: the bar is over the whole run (half the image stage of a plan where the
+    images are a quarter of the work is about an eighth of the bar, not half), the line says the stage's own
+    share and the run's; Start / Pause / Stop sit outside the scrolling form, in view at 1280x800."""
+    import threading
+
+    from crossview.core.events import Log, Plan, Progress
+
+    gate = threading.Event()
+
+    def events():
+        yield Plan([{"name": "images", "seconds": 10.0}, {"name": "captions", "seconds": 10.0},
+                    {"name": "fit", "seconds": 20.0}])
+        yield Progress(0, 100, "features: images", stage="images")
+        yield Progress(50, 100, "features: images", stage="images")
+        yield Log("half the images")          # not a progress event: the worker delivers the one it held
+        gate.wait(30)
+
+    try:
+        panel._drive(events, tmp_path / "r", "planned run", "cca")
+        qtbot.waitUntil(lambda: "features: images  50%" in panel.eta_label.text(), timeout=10_000)
+        assert "\u00b7  run " in panel.eta_label.text()
+        assert 0 < panel.progress.value() <= 250, panel.progress.value()
+    finally:
+        gate.set()
+    qtbot.waitUntil(lambda: not panel.task.is_running(), timeout=10_000)
+    panel.resize(1280, 800)
+    for b in (panel.start_button, panel.pause_button, panel.stop_button, panel.search_button):
+        assert not panel.form_inner.isAncestorOf(b), f"{b.text()} scrolls away with the form"
+        assert b.isVisible()

@@ -195,3 +195,29 @@ def test_eval_overlap_reports_progress_off_a_terminal(tmp_path, capsys):
     assert err[0].startswith("caption overlap i2t 60/60 (100%) done in")   # one call: fewer than 100 queries
     assert err[-1].startswith("caption overlap t2i 300/300 (100%) done in")
     assert "caption overlap t2i 100/300 (33%)" in err
+
+
+def test_the_event_printer_says_the_whole_runs_progress_and_hides_cached_stages():
+    """A run's plan (images cached, captions to encode, then fitting): the cached stage prints nothing, the
+    caption lines carry the whole run's share and ETA, on a terminal as in a log."""
+    from crossview.commands._common import EventPrinter
+    from crossview.core.events import Plan, Progress
+
+    for stream in (io.StringIO(), Tty()):
+        clock = Clock()
+        printer = EventPrinter(stream, interval=5.0, clock=clock)
+        clock.t = 0.0
+        printer(Plan([{"name": "images", "seconds": 30.0}, {"name": "captions", "seconds": 10.0},
+                      {"name": "fit", "seconds": 10.0}]))
+        printer(Progress(700, 700, "features: images", stage="images"))       # from the cache
+        for done in range(0, 1001, 100):
+            printer(Progress(done, 1000, "features: captions", stage="captions"))
+            clock.t += 1.0
+        printer.close()
+        text = stream.getvalue()
+        assert "features: images" not in text
+        assert "features: captions" in text and "run " in text and "ETA" in text
+        if not isinstance(stream, Tty):
+            line = [x for x in text.splitlines() if x.startswith("features: captions 500/1,000")][0]
+            # 5 s for half the captions: 5 s left in them, then fitting at the same pace (10 s prior x 1.0)
+            assert line.endswith("; run 25%, ETA 15 s"), line

@@ -184,12 +184,14 @@ class EventPrinter:
         elif isinstance(ev, Progress):
             message = ev.message or "training"
             stage = (self._family(message), int(ev.total))
+            suffix = self._run_suffix(ev)
+            if ev.stage and ev.total and ev.step >= ev.total and stage != self.stage:
+                return       # a planned stage done at its first event: its work was cached, nothing to show
             if stage != self.stage or self.bar is None:
                 self.close()
                 self.stage = stage
                 self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
-            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message,
-                     suffix=self._run_suffix(ev))
+            self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message, suffix=suffix)
         elif isinstance(ev, Log):
             if ev.level != "debug":
                 self.line(("" if ev.level == "info" else f"{ev.level}: ") + ev.message)
@@ -208,7 +210,7 @@ class EventPrinter:
         if not self.run_eta.planned or self.run_eta.stage(ev.stage) is None:
             return ""
         left = self.run_eta.update(ev.stage, ev.fraction)
-        if left is None:
+        if left is None or left < 1.0:
             return ""
         return f"run {100 * self.run_eta.fraction():.0f}%, ETA {format_seconds(left)}"
 

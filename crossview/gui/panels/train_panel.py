@@ -246,14 +246,20 @@ class TrainPanel(QWidget):
         ll.addWidget(self.params_box)
         ll.addWidget(evaluation)
         ll.addWidget(feats)
-        ll.addLayout(buttons)
         ll.addStretch(1)
-        left = QScrollArea()
-        left.setWidgetResizable(True)
-        left.setWidget(left_inner)
-        left.setMinimumWidth(300)
-        self.form_scroll = left
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(left_inner)
+        self.form_scroll = scroll
         self.form_inner = left_inner
+        # Start / Search / Pause / Stop under the form, outside its scrolling: always in view (1280x800 included)
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(scroll, 1)
+        left_layout.addLayout(buttons)
+        left.setMinimumWidth(300)
+        self.button_row = buttons
 
         # ---- right: progress, curves, log, runs
         self.progress = QProgressBar()
