@@ -166,9 +166,10 @@ def test_svm_equals_linear_svcs_fitted_directly() -> None:
     # a label without positives (possible in a cross-validation fold): w = 0, b = -1
     w, b, stopped = _fit_label(X, np.zeros(len(X), bool), 1.0, 10, 0)
     assert not w.any() and b == -1.0 and not stopped
-    # threads give the same model
+    # threads give the same model up to liblinear's coordinate order: its random generator is one C-level state
+    # shared by threads fitting at once (seen on a loaded machine: 1e-5 apart), so equal to a tolerance, not bits
     m2 = create_method("svm", C=0.5, n_jobs=2).fit(data)
-    np.testing.assert_array_equal(m2.coef_, m.coef_)
+    np.testing.assert_allclose(m2.coef_, m.coef_, rtol=1e-3, atol=1e-4)
 
 
 def test_svm_cross_validates_c() -> None:

@@ -214,8 +214,17 @@ class Method:
         """``{"method", "params", "state"}``: the parameters and every learned attribute (``*_``).
 
         Subclasses holding torch modules or optimisers override this (and :meth:`load_state_dict`)."""
-        return {"method": self.name, "params": self.saved_params(),
+        return {"method": self.name, "params": self.saved_params(), "stream": self.stream_state(),
                 "state": {k: getattr(self, k) for k in self._learned_names()}}
+
+    #: the run settings a fit's random stream is drawn from: kept with the learned state (``"stream"``) so that a
+    #: state loaded into a new object continues the very same stream (the engine sets them from the run anyway)
+    STREAM_SETTINGS: ClassVar[tuple[str, ...]] = ("seed", "random_state")
+
+    def stream_state(self) -> dict[str, Any]:
+        """``{"seed": 7}``: the seed(s) this method's training draws from."""
+        mine = self.param_names()
+        return {k: getattr(self, k) for k in self.STREAM_SETTINGS if k in mine}
 
     def saved_params(self) -> dict[str, Any]:
         """The parameters a checkpoint keeps: all but the run settings (:attr:`RUN_SETTINGS`)."""
@@ -228,6 +237,10 @@ class Method:
                                  f"load it with create_method({d['method']!r})")
         # run settings in a checkpoint written before they were left out are not restored: this object's stand
         self.set_params(**{k: v for k, v in d.get("params", {}).items() if k not in self.RUN_SETTINGS})
+        # the seed the training drew from (a state written before "stream" existed kept it among its params)
+        stream = d.get("stream") if isinstance(d.get("stream"), dict) else d.get("params", {})
+        mine = self.param_names()
+        self.set_params(**{k: v for k, v in stream.items() if k in self.STREAM_SETTINGS and k in mine})
         for k, v in d.get("state", {}).items():
             setattr(self, k, v)
         return self

@@ -17,7 +17,9 @@ cross-validation (``c_grid``; ``"paper"`` = the paper's ``{1e-5, 1e-4, ..., 1e5}
 is short for that): the training images are split into ``cv_folds`` folds (shuffled with ``seed``), every C of
 the grid is fitted on each fold's complement and scored by the Im2Text mAP of the held-out images, and the C of
 the best mean is refitted on all of them (ties: the smaller C). ``n_jobs`` threads fit labels in parallel
-(liblinear releases the GIL).
+(liblinear releases the GIL). liblinear draws its coordinate order from one C-level random generator that threads
+fitting at once share, so with ``n_jobs > 1`` the weights may differ from a one-thread fit in their fifth digit
+(the same seed in one thread is exactly reproducible).
 
 The state is plain arrays: ``coef_ (n_labels, p) float32``, ``intercept_ (n_labels,) float32``, ``label_names_``,
 ``C_`` (the C used) and, after cross-validation, ``cv_grid_`` / ``cv_scores_`` (mean held-out mAP per C).

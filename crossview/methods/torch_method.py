@@ -253,7 +253,7 @@ class TorchMethod(Method):
 
     def state_dict(self) -> dict[str, Any]:
         self._sync()
-        return {"method": self.name, "params": self.saved_params(),
+        return {"method": self.name, "params": self.saved_params(), "stream": self.stream_state(),
                 "state": {k: numpy_tree(getattr(self, k)) for k in self._learned_names()}}
 
     def load_state_dict(self, d: dict[str, Any]) -> "TorchMethod":
