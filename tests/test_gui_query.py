@@ -98,6 +98,19 @@ def test_marks_are_saved_at_once_and_move_down(qtbot, panel: QueryPanel, tmp_pat
     assert panel.caption_list.item(0).text().startswith("✓")
     panel.annotations.export(tmp_path / "marks.csv")
     assert len((tmp_path / "marks.csv").read_text().splitlines()) == 3
+    # presentation mode: the audience sees the ranking, not the annotator's marks; they come back after
+    panel.set_presentation(True)
+    assert not any(panel.caption_list.item(r).text()[0] in "✓✗" for r in range(panel.caption_list.count()))
+    panel.set_presentation(False)
+    assert panel.caption_list.item(0).text().startswith("✓") and panel.caption_list.item(1).text().startswith("✗")
+    assert len((tmp_path / "run" / "annotations.jsonl").read_text().splitlines()) == 2, "presenting marks nothing"
+
+
+def test_an_image_query_clears_the_last_sentence(qtbot, panel: QueryPanel) -> None:
+    panel.sentence.setText("a dog runs on the beach")
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_image(3)
+    assert panel.sentence.text() == ""
 
 
 def test_errors_show_in_the_panel(qtbot, panel: QueryPanel) -> None:
@@ -348,3 +361,23 @@ def test_identity_datasets_show_each_results_identity(qtbot, tmp_path: Path) -> 
     with qtbot.waitSignal(w.answered, timeout=10_000):
         w.query_image(22)
     assert "identity" not in w.query_title.text() and " id " not in w.caption_list.item(0).text()
+
+
+def test_alt_left_goes_back_in_the_window_without_an_ambiguous_shortcut(qtbot, window):
+    """The Query menu shows Alt+Left and the panel's shortcut handles it, in the whole window while the panel is
+    shown: pressing it fires once (two active shortcuts on one key would make Qt warn "Ambiguous shortcut
+    overload", which fails this test, and do nothing)."""
+    from PySide6.QtCore import Qt as _Qt
+    from PySide6.QtGui import QShortcut
+    from PySide6.QtTest import QTest
+
+    window.tabs.setCurrentWidget(window.query_panel)
+    qtbot.waitExposed(window)
+    shortcuts = [s for s in window.query_panel.findChildren(QShortcut) if s.key().toString() == "Alt+Left"]
+    assert len(shortcuts) == 1 and shortcuts[0].context() == _Qt.ShortcutContext.WindowShortcut
+    fired = []
+    shortcuts[0].activated.connect(lambda: fired.append(True))
+    window.activateWindow()
+    window.tabs.tabBar().setFocus()          # focus outside the panel: the key still goes back
+    QTest.keyClick(window.tabs.tabBar(), _Qt.Key.Key_Left, _Qt.KeyboardModifier.AltModifier)
+    qtbot.waitUntil(lambda: bool(fired), timeout=5000)

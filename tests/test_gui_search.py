@@ -105,7 +105,9 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert {p.name for p in listed if p.parent == folder} == {"trial-001", "trial-002", "trial-003", "trial-004",
                                                               "best"}
     texts = [panel.runs_list.item(i).text() for i in range(panel.runs_list.count())]
-    assert f"trial-001   [finished]   in {folder.name}" in texts, "a trial says which search it belongs to"
+    trial = [t for t in texts if t.startswith("trial-001   [finished, rsum ")]
+    assert len(trial) == 1 and trial[0].endswith(f"]   in {folder.name}"), ("a finished trial shows its score and "
+                                                                               "the search it belongs to", texts)
     # double-click a trial row: its run opens
     index = table.model().index(2, 1)
     pos = table.visualRect(index).center()

@@ -203,6 +203,8 @@ class MainWindow(QMainWindow):
         act.triggered.connect(self._focus_sentence)
         query_menu.addAction(act)
         act = QAction("&Back to the previous query", self, shortcut=QKeySequence("Alt+Left"))
+        # shown in the menu, handled by the Query panel's own shortcut (two active ones would be "ambiguous")
+        act.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         act.triggered.connect(self.query_panel.go_back)
         query_menu.addAction(act)
 

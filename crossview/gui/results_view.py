@@ -132,7 +132,10 @@ class ResultsView(QStackedWidget):
         self.image_grid.clear()
 
     def style_item(self, it: QListWidgetItem, ranking: Ranking, item: int, mark: bool | None) -> None:
-        """A row's look: ✓ / ✗ and green / red for a mark, a green background and bold type for ground truth."""
+        """A row's look: ✓ / ✗ and green / red for a mark (not while presenting: the audience sees the ranking,
+        not the annotator's judgements), a green background and bold type for ground truth."""
+        if self.presenting:
+            mark = None
         label = it.data(LabelRole)
         prefix = {True: "✓ ", False: "✗ ", None: ""}[mark]
         it.setText(prefix + label)
@@ -171,6 +174,14 @@ class ResultsView(QStackedWidget):
             it = view.item(row)
             if it.data(PathRole) == path and self.icon_override(view, it) is None:
                 it.setIcon(QIcon(square_icon(pm, size)))
+
+    def restyle(self, ranking: Ranking, marks: dict[int, bool]) -> None:
+        """Draw every row of the current view again (after presentation mode turned on or off)."""
+        view = self.currentWidget()
+        for row in range(view.count()):
+            it = view.item(row)
+            item = int(it.data(ItemRole))
+            self.style_item(it, ranking, item, marks.get(item))
 
     def set_presenting(self, on: bool) -> None:
         """Large thumbnails and caption icons, wider grid cells (presentation mode), or back."""

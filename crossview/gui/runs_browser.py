@@ -81,7 +81,8 @@ class RunsBrowser(QGroupBox):
                 info = describe_run(path)
                 # a search's trials say which search they belong to (after the status, which matters more)
                 where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
-                it = QListWidgetItem(f"{path.name}   [{info.status}]{where}")
+                score = f", rsum {info.rsum:.1f}" if info.rsum is not None and info.status == "finished" else ""
+                it = QListWidgetItem(f"{path.name}   [{info.status}{score}]{where}")
                 rsum = f", rsum {info.rsum:.1f}" if info.rsum is not None else ""
                 writer = f"\nbeing written by PID {info.writer_pid}" if info.writer_pid is not None else ""
                 it.setToolTip(f"{path}\n{info.method} on {info.data}{rsum}{writer}")

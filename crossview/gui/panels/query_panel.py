@@ -201,7 +201,9 @@ class QueryPanel(QWidget):
             sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             sc.activated.connect(lambda v=value: self._mark_shortcut(v))
         back = QShortcut(QKeySequence("Alt+Left"), self)
-        back.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        # the whole window while the panel is shown (a hidden panel's shortcut does not fire); the main window's
+        # Query menu shows the key but leaves it to this one, so the two never make it ambiguous
+        back.setContext(Qt.ShortcutContext.WindowShortcut)
         back.activated.connect(self.go_back)
         explain_e = QShortcut(QKeySequence("E"), self)
         explain_e.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
@@ -344,6 +346,7 @@ class QueryPanel(QWidget):
     # ------------------------------------------------------------------ asking
     def query_image(self, image: int | str) -> Task | None:
         """Rank the gallery's captions for dataset image ``image`` (int) or an image file (str)."""
+        self.sentence.clear()          # the box would otherwise still show the last sentence asked
         return self._ask({"image": image} if isinstance(image, int) else {"file": str(image)})
 
     def query_text(self, text: str | int) -> Task | None:
@@ -745,6 +748,8 @@ class QueryPanel(QWidget):
         self.results.refresh_icons(self.current_view())
         if self.ranking is not None:
             self._show_query(self.ranking)
+            marks = self.annotations.marks_for(self.ranking.direction, self.ranking.query) if self.annotations else {}
+            self.results.restyle(self.ranking, marks)        # marks hidden from the audience, back after
         self._refresh_explain()       # larger cells: another set of results is in view
 
     # ------------------------------------------------------------------ sizes
