@@ -561,3 +561,30 @@ def test_run_settings_are_one_object_recorded_once_and_never_in_the_method(tmp_p
     with pytest.raises(CrossViewError, match="seed is given twice"):
         train("wsabie", ds, run_dir=tmp_path / "x", features=feats, seed=5, params={**params, "seed": 3})
     assert not (tmp_path / "x").exists()
+
+
+def test_a_start_makes_one_method_object(tmp_path, toy, monkeypatch):
+    """One method object per start: the run makes it, gives it the run settings and the default normalisations
+    are read from it (they used to be read from a second, throw-away object)."""
+    import functools
+
+    from crossview.methods import method_class
+
+    cls = method_class("wsabie")
+    made = []
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counting)
+    ds, feats = toy
+    gen = train("wsabie", ds, run_dir=tmp_path / "r", features=feats, device="cpu",
+                params={"dim": 8, "max_epochs": 1, "batch_size": 32})
+    assert len(made) == 1
+    events = list(gen)
+    assert isinstance(events[-1], Finished) and len(made) == 1
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert (cfg["image_norm"], cfg["text_norm"]) == (cls.default_image_norm, cls.default_text_norm)

@@ -83,9 +83,10 @@ class RunConfig:
     image_root: str | None = None
     image_encoder: str | None = None
     text_encoder: str | None = None
-    #: feature normalisations (crossview.features.normalize); runs written before they existed used "none"
-    image_norm: str = "none"
-    text_norm: str = "none"
+    #: feature normalisations (crossview.features.normalize); runs written before they existed used "none";
+    #: None (a new run not told): the method's defaults, filled in when the run's method is made
+    image_norm: str | None = "none"
+    text_norm: str | None = "none"
     # the run settings as asked (crossview.core.run_settings.RunSettings holds them resolved, once per execution)
     device: str = "auto"
     seed: int = 0
@@ -193,9 +194,6 @@ class _Run:
         self.cache = cache
         self.split_note = split_note
         plan_splits(self.dataset, cfg.split, cfg.train_split, cfg.val_split, cfg.seed)
-        from crossview.features.normalize import check_norm
-        check_norm(cfg.image_norm, "image normalisation (--image-norm)")
-        check_norm(cfg.text_norm, "text normalisation (--text-norm)")
         self.device = select_device(cfg.device)
         # under torchrun every process trains; rank 0 alone writes the run folder (see _follow)
         self.rank, self.world_size = _distributed(self.device)
@@ -204,9 +202,18 @@ class _Run:
                                     log_every=cfg.log_every, checkpoint_seconds=float(cfg.checkpoint_seconds),
                                     rank=self.rank, world_size=self.world_size, train_split=cfg.train_split,
                                     val_split=cfg.val_split, eval_split=str(cfg.split))
+        # the one method object of this execution
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.configure_run(self.settings)
         self.method.check_params()
+        from crossview.features.normalize import check_norm
+        from crossview.methods import default_norms_for
+        if cfg.image_norm is None or cfg.text_norm is None:      # not given: the method's own defaults
+            own = default_norms_for(self.method)
+            cfg.image_norm = own[0] if cfg.image_norm is None else cfg.image_norm
+            cfg.text_norm = own[1] if cfg.text_norm is None else cfg.text_norm
+        check_norm(cfg.image_norm, "image normalisation (--image-norm)")
+        check_norm(cfg.text_norm, "text normalisation (--text-norm)")
         # the features: given, or extracted / built by the feature stage (checked now, made in execute)
         self.stage = FeatureStage(cfg, self.dataset, self.method, self.device, features=_coerce_features(features),
                                   cache=cache, run_dir=run_dir, resuming=resuming, emit=lambda ev: self._emit(ev))
@@ -802,9 +809,6 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     unavailable device) raises :class:`CrossViewError` before the folder is created.
     """
     from crossview.engine.splits import plan_splits
-    from crossview.methods import default_norms_of
-
-    default_norms = default_norms_of(method, params)
     from crossview.data.views import apply_text_view, check_text_view
 
     ds, source = _load(data, data_format, image_root)
@@ -823,8 +827,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
                     checkpoint_seconds=checkpoint_seconds, derived_splits={**given, **plan.derived} or None,
                     representation=None if representation is None else dict(representation), text_view=view,
-                    image_norm=default_norms[0] if image_norm is None else image_norm,
-                    text_norm=default_norms[1] if text_norm is None else text_norm,
+                    image_norm=image_norm, text_norm=text_norm,     # None: the method's (set by _Run)
                     selection=None if selection is None else dict(selection), amp=bool(run.get("amp", False)),
                     workers=run.get("workers"), log_every=run.get("log_every"), user_params=dict(params or {}))
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)

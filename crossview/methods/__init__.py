@@ -100,11 +100,19 @@ def default_norms_of(method: str, params: dict[str, Any] | None = None) -> tuple
     method's own ``default_image_norm`` / ``default_text_norm``, chosen on real photos for the encoders'
     features (``bench/results/defaults_flickr8k.md``), and ``none`` when the method trains on a
     representation of its own (BITR's TR / CTR topic distributions must stay distributions)."""
-    cls = method_class(method)
     try:
-        own = create_method(method, **(params or {})).feature_representation()
+        return default_norms_for(create_method(method, **(params or {})))
     except (CrossViewError, AttributeError, TypeError):
-        own = None          # bad parameters are reported by the run's own checks
+        cls = method_class(method)       # bad parameters are reported by the run's own checks
+        return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))
+
+
+def default_norms_for(method: Any) -> tuple[str, str]:
+    """:func:`default_norms_of` for a method object already made (the run makes one per start)."""
+    try:
+        own = method.feature_representation()
+    except (CrossViewError, AttributeError, TypeError):
+        own = None
     if own:
         return ("none", "none")
-    return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))
+    return (getattr(method, "default_image_norm", "none"), getattr(method, "default_text_norm", "none"))
