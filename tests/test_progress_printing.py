@@ -221,3 +221,35 @@ def test_the_event_printer_says_the_whole_runs_progress_and_hides_cached_stages(
             line = [x for x in text.splitlines() if x.startswith("features: captions 500/1,000")][0]
             # 5 s for half the captions: 5 s left in them, then fitting at the same pace (10 s prior x 1.0)
             assert line.endswith("; run 25%, ETA 15 s"), line
+
+
+def test_a_stage_that_comes_back_keeps_its_count_and_time():
+    """A piped search: "trials" progress between each trial's own stages; its last line says the whole search's
+    time, not "done in 0 s" (the stage's printer used to start again after every trial)."""
+    from crossview.commands._common import EventPrinter
+    from crossview.core.events import Progress
+
+    clock, out = Clock(), io.StringIO()
+    printer = EventPrinter(out, interval=5.0, clock=clock)
+    for trial in range(3):
+        printer(Progress(trial, 3, "trials"))
+        for step in range(0, 11):
+            printer(Progress(step, 10, f"trial {trial + 1}: epoch 1/1"))
+            clock.t += 1.0
+    printer(Progress(3, 3, "trials"))
+    printer.close()
+    last = [x for x in out.getvalue().splitlines() if x.startswith("trials ")][-1]
+    assert last == "trials 3/3 (100%) done in 33 s", last
+
+
+def test_feature_progress_shows_work_and_hides_cache_hits():
+    from crossview.commands._common import feature_progress
+
+    out = io.StringIO()
+    progress = feature_progress(out)
+    progress("images", 700, 700)                 # from the cache: its end only
+    progress("captions", 0, 12)                  # encoded: 0 first, then the end
+    progress("captions", 12, 12)
+    progress.close()
+    text = out.getvalue()
+    assert "images" not in text and "features: captions 12/12 (100%) done in" in text

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from crossview.core.progress import RunEta, format_seconds
 
-__all__ = ["EventPrinter", "ProgressPrinter", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
+__all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
 
 
 def print_result(text: str) -> None:
@@ -114,7 +114,8 @@ class ProgressPrinter:
                 self._bar.set_postfix_str(self.suffix, refresh=False)
             # tqdm reads time through this attribute; its own tests swap the timer the same way
             self._bar._time = self.clock
-            self._bar.start_t = self._bar.last_print_t = self.clock()
+            self._bar.start_t = self.start            # a stage shown again (after another) keeps its elapsed time
+            self._bar.last_print_t = self.clock()
         else:
             if (total or None) != self._bar.total:
                 self._bar.total = total or None
@@ -153,6 +154,34 @@ _BAR = "{desc} [{bar:25}] {n_fmt}/{total_fmt} ({percentage:.0f}%) {elapsed}<{rem
 _COUNT = "{desc} {n_fmt} {elapsed}{postfix}"
 
 
+class feature_progress:  # noqa: N801 - used as the callback it makes: progress = feature_progress()
+    """A ``progress(stage, done, total)`` callback for :func:`crossview.features.extract_features` and the corpus
+    encoders: one :class:`ProgressPrinter` per stage (``features: images``), none for a stage whose first report is
+    already its end (the encoders report 0 first when they work: that is a cache hit, nothing to show).
+    :meth:`close` ends the bars; :meth:`clear` forgets them (the next report of a stage starts a new one)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+        self.bars: dict[str, ProgressPrinter | None] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.bars:
+            self.bars[stage] = (None if total > 0 and done >= total else
+                                ProgressPrinter(f"features: {stage}", self.stream))
+        bar = self.bars[stage]
+        if bar is not None:
+            bar(done, total)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            if bar is not None:
+                bar.close()
+
+    def clear(self) -> None:
+        self.close()
+        self.bars.clear()
+
+
 class EventPrinter:
     """Turns engine events into progress (one :class:`ProgressPrinter` per stage) and log lines on ``stream``
     (stderr): ``crossview train``, ``tune`` and ``experiment`` print through it. ``prefix`` starts each log
@@ -166,6 +195,9 @@ class EventPrinter:
         self.prefix = prefix
         self.stage: tuple[str, int] | None = None
         self.bar: ProgressPrinter | None = None
+        # one printer per stage: a stage that comes back after another (a search's "trials" between its trials'
+        # own stages) continues its count and its "done in" time instead of starting again
+        self._printers: dict[tuple[str, int], ProgressPrinter] = {}
         # the whole run's progress and ETA, from the run's stage plan (crossview.core.events.Plan)
         self.run_eta = RunEta(clock)
 
@@ -190,7 +222,10 @@ class EventPrinter:
             if stage != self.stage or self.bar is None:
                 self.close()
                 self.stage = stage
-                self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
+                self.bar = self._printers.get(stage)
+                if self.bar is None or self.bar.finished:
+                    self.bar = ProgressPrinter(message, self.stream, interval=self.interval, clock=self.clock)
+                    self._printers[stage] = self.bar
             self.bar(min(ev.step, ev.total) if ev.total else ev.step, ev.total, label=message, suffix=suffix)
         elif isinstance(ev, Log):
             if ev.level != "debug":

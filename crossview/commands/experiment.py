@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import EventPrinter, ProgressPrinter, _add_dataset_args
+from crossview.commands._common import EventPrinter, _add_dataset_args
+from crossview.commands._common import feature_progress as _feature_progress
 from crossview.core.errors import CrossViewError
 
 
@@ -87,10 +88,7 @@ def _print_experiment(start: Any) -> dict[str, Any]:
     for feature extraction, which runs outside the event stream); its result."""
     from crossview.core.events import Finished, Log
 
-    bars: dict[str, ProgressPrinter] = {}
-
-    def feature_progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
+    feature_progress = _feature_progress()    # a bar per feature stage that does work (none for cached ones)
 
     printer = EventPrinter(prefix="experiment: ")
     result = None
@@ -100,7 +98,7 @@ def _print_experiment(start: Any) -> dict[str, Any]:
                 result = ev.summary
             else:
                 if isinstance(ev, Log):
-                    bars.clear()
+                    feature_progress.clear()
                 printer(ev)
     finally:
         printer.close()

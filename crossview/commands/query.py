@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import ProgressPrinter, print_result
+from crossview.commands._common import feature_progress, print_result
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_query", "resolve_image"]
@@ -244,10 +244,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     run_dir = _check_run_dir(args.run)
     corpus = _load_corpus(args.corpus) if args.corpus is not None else None
     device = select_device(args.device)
-    bars: dict[str, ProgressPrinter] = {}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, ProgressPrinter(f"features: {stage}"))(done, total)
+    progress = feature_progress()         # a bar per feature stage that does work (none for the cached ones)
 
     if args.tags is not None:
         _check_tag_branch(run_dir)       # before the dataset and its features load
@@ -264,8 +261,7 @@ def cmd_query(args: argparse.Namespace) -> int:
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
     gallery = corpus if corpus is not None else args.split
     retriever = run.retriever(gallery=gallery, device=device, progress=progress)
-    for bar in bars.values():
-        bar.close()
+    progress.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)
     elif args.tags is not None:

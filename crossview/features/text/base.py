@@ -184,6 +184,8 @@ class TextEncoder:
             raise CrossViewError(f"batch_size must be >= 1, got {batch_size}")
         n = len(captions)
         out = np.zeros((n, self.dim), dtype=np.float32)
+        if n and progress is not None:
+            progress(0, n)        # work starts (a cache hit reports only its end: nothing was encoded)
         ctx = self._begin(device) if n else None
         order = self._order(captions)
         done = 0

@@ -177,6 +177,8 @@ class TransformerEncoder(TextEncoder):
         mask = np.zeros((n, max_len), dtype=bool)
         if n == 0:
             return states, mask
+        if progress is not None:
+            progress(0, n)        # work starts (a cache hit reports only its end)
         ctx = self._begin(device)
         order = self._order(captions)
         done = 0
