@@ -107,6 +107,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.tabs)
         self.train_panel.run_finished.connect(lambda d: self.open_run(d, show=None))
         self.train_panel.open_run.connect(lambda d: self.open_run(d, show="query"))
+        self.train_panel.inspect_run.connect(lambda d: self.open_run(d, show="inspect"))
         self.train_panel.runs_changed.connect(self._refresh_recent_runs)
         self.inspect_panel.open_query.connect(self._open_query_from_inspect)
         self.query_panel.show_image.connect(self.data_panel.select_image)

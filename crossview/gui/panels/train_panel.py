@@ -37,6 +37,7 @@ from crossview.core.errors import CrossViewError
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
 from crossview.gui.dataset_slot import DatasetSlot
+from crossview.gui.result_card import ResultCard
 from crossview.gui.runs_browser import RunsBrowser
 from crossview.gui.search_view import SearchChoices, SearchView, field_texts
 from crossview.gui.workers import EventTask, preload_engine_modules
@@ -123,11 +124,13 @@ def _param_widget(spec: Any) -> tuple[QWidget, Any]:
 
 
 class TrainPanel(QWidget):
-    """``run_finished(str)`` carries the run folder of a run that finished; ``open_run(str)`` asks to open one;
+    """``run_finished(str)`` carries the run folder of a run that finished; ``open_run(str)`` asks to open one
+    (in Query), ``inspect_run(str)`` to open one in Inspect (the result card's buttons);
     ``search_finished(str)`` carries the folder of a validation search that finished (trials and refit)."""
 
     run_finished = Signal(str)
     open_run = Signal(str)
+    inspect_run = Signal(str)
     runs_changed = Signal()
     search_finished = Signal(str)
 
@@ -311,6 +314,11 @@ class TrainPanel(QWidget):
         pr.addWidget(self.progress, 2)
         pr.addWidget(self.eta_label, 3)
         tl.addLayout(pr)
+        # a finished run's numbers and where to go next (crossview/gui/result_card.py)
+        self.result_card = ResultCard()
+        self.result_card.query_requested.connect(self.open_run)
+        self.result_card.inspect_requested.connect(self.inspect_run)
+        tl.addWidget(self.result_card)
         self.view_tabs = QTabWidget()
         self.view_tabs.addTab(self.curves, "Curves")
         self.view_tabs.addTab(self.search_view, "Search trials")
@@ -728,6 +736,7 @@ class TrainPanel(QWidget):
         if search:
             self.view_tabs.setCurrentWidget(self.search_view)
         self.log.appendPlainText(f"== {title} -> {run_dir}")
+        self.result_card.hide()
         self._t0 = time.monotonic()
         self._eta = RunEta()
         self.progress.setValue(0)
@@ -866,6 +875,8 @@ class TrainPanel(QWidget):
         elif self.last_summary is not None and self.last_summary.get("status", "finished") == "finished":
             self.progress.setValue(1000)
             self.eta_label.setText(f"Finished in {time.monotonic() - self._t0:.1f} s")
+            self.result_card.show_summary(self.last_summary, str(self.run_dir))
+            self.log.verticalScrollBar().setValue(self.log.verticalScrollBar().maximum())   # the run's last lines
             self.run_finished.emit(str(self.run_dir))
         elif stopped:
             self.eta_label.setText("Stopped: select the run and press Resume run to continue")
