@@ -638,7 +638,8 @@ def test_the_bar_and_eta_line_cover_the_whole_run_and_the_buttons_stay_in_view(q
         panel._drive(events, tmp_path / "r", "planned run", "cca")
         qtbot.waitUntil(lambda: "features: images  50%" in panel.eta_label.text(), timeout=10_000)
         assert "\u00b7  run " in panel.eta_label.text()
-        assert 0 < panel.progress.value() <= 250, panel.progress.value()
+        # about an eighth by the plan (real time between the events moves it a little): never the stage's half
+        assert 0 < panel.progress.value() < 500, panel.progress.value()
     finally:
         gate.set()
     qtbot.waitUntil(lambda: not panel.task.is_running(), timeout=10_000)
