@@ -407,3 +407,19 @@ def test_a_run_through_the_engine(tmp_path, labelled_toy, name: str, params: dic
     test = MD.from_features(ds, image, None, "test")
     res = m.evaluate_labels(test)
     assert res["P@1"] > 80 and res["t2i"]["mAP"] > 60, res
+
+
+@pytest.mark.parametrize("method", ["wknn", "svm"])
+def test_a_label_method_on_data_without_labels_is_refused_before_a_folder_is_made(method, tmp_path) -> None:
+    """A start that could never train leaves nothing behind (it used to leave a '[failed]' run in the list)."""
+    from _engine_helpers import make_toy_dataset
+    from crossview.engine.run import train
+
+    ds = make_toy_dataset(n_images=40)
+    assert ds.label_sets is None
+    rng = np.random.default_rng(0)
+    feats = (rng.standard_normal((ds.n_images, 8)).astype(np.float32),
+             rng.standard_normal((ds.n_captions, 8)).astype(np.float32))
+    with pytest.raises(CrossViewError, match="needs per-image label sets but dataset"):
+        train(method, ds, run_dir=tmp_path / "run", features=feats, device="cpu")
+    assert not (tmp_path / "run").exists()

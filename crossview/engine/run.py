@@ -206,6 +206,7 @@ class _Run:
         self.method = create_method(cfg.method, **cfg.params)   # checks the parameter names
         self.method.configure_run(self.settings)
         self.method.check_params()
+        self.method.check_dataset(self.dataset)       # labels / tags it trains on: said before the folder is made
         from crossview.features.normalize import check_norm
         from crossview.methods import default_norms_for
         if cfg.image_norm is None or cfg.text_norm is None:      # not given: the method's own defaults

@@ -121,6 +121,16 @@ class LabelMethod(Method):
     label_names_: list[str]
 
     # ------------------------------------------------------------------ shared checks
+    def check_dataset(self, dataset: Any) -> None:
+        """The labels the target needs must be in the dataset (said before a run's folder is made)."""
+        who, where = self.name or type(self).__name__, f"dataset {getattr(dataset, 'name', '?')!r}"
+        need = {"labels": ("labels", "class labels", "target 'label_sets'"),
+                "label_sets": ("label_sets", "per-image label sets", "a dataset with label sets (e.g. IAPR TC-12 "
+                               "with its label files), or target 'labels' / 'tags'"),
+                "tags": ("tags", "per-image tags", "a dataset with tags, or target 'label_sets'")}.get(self.target)
+        if need is not None and getattr(dataset, need[0], None) is None:
+            raise CrossViewError(f"{who} target {self.target!r} needs {need[1]} but {where} has none; use {need[2]}")
+
     def _check_common(self) -> None:
         who = self.name or type(self).__name__
         if self.target not in LABEL_TARGETS:

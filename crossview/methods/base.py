@@ -123,6 +123,10 @@ class Method:
             setattr(self, k, v)
         return self
 
+    def check_dataset(self, dataset: Any) -> None:
+        """Raise :class:`CrossViewError` when ``dataset`` lacks what this method trains on (labels, tags ...);
+        the engine calls it with :meth:`check_params`, before the run's folder is made. Default: nothing."""
+
     def configure_run(self, settings: Any) -> "Method":
         """Take the run's settings (a :class:`crossview.core.run_settings.RunSettings`): each run-setting
         parameter this method has (``device``, ``amp``, ``seed`` / ``random_state``, ``workers`` / ``n_jobs``,
