@@ -142,6 +142,10 @@ def test_nothing_to_search_is_refused(qtbot, panel: TrainPanel) -> None:
     dialog = _open_dialog(qtbot, panel)
     dialog.start_button.click()          # every line holds its single current value
     assert dialog.isVisible() and "nothing to search" in dialog.last_error
+    dialog.set_values("reg", "0.1, x")    # another problem replaces the shown one at once
+    assert "reg" in dialog.error_label.text() and dialog.error_label.isVisible()
+    dialog.set_values("reg", "0.1, 1")    # fixed: the red line goes, before Start is pressed again
+    assert not dialog.error_label.isVisible() and dialog.last_error is None
     dialog.reject()
     assert panel.task is None
 

@@ -160,7 +160,10 @@ class SearchDialog(QDialog):
         layout.addWidget(self.buttons)
         for e in self.edits.values():
             e.textChanged.connect(self._update_count)
+            e.textChanged.connect(self._recheck)
         self.trials_spin.valueChanged.connect(self._update_count)
+        self.select_combo.currentIndexChanged.connect(self._recheck)
+        self.optimistic_check.toggled.connect(self._recheck)
         self._update_count()
         self._update_selection()
         self.resize(520, 600)
@@ -228,17 +231,33 @@ class SearchDialog(QDialog):
                           select_on=self.select_combo.currentData() or "auto",
                           optimistic=self.optimistic_check.isChecked(), name=self.name_edit.text().strip())
 
-    def accept(self) -> None:
-        """Check every value first: a bad one is shown here and nothing starts."""
+    def _check(self) -> str | None:
+        """The first problem with the fields (None: they describe a search that can start)."""
         try:
             self.spec = self.build()
             if self._describe is not None:    # where it chooses: refused here, the dialog stays open
                 self._describe(self.spec.select_on, self.spec.optimistic)
         except CrossViewError as e:
             self.spec = None
-            self.last_error = str(e)
-            self.error_label.setText(str(e))
+            return str(e)
+        return None
+
+    def _recheck(self, *_: object) -> None:
+        """While an error is shown, every edit checks again: a fixed value clears it, another problem replaces it."""
+        if self.error_label.isHidden():
+            return
+        problem = self._check()
+        self.last_error = problem
+        self.error_label.setText(problem or "")
+        self.error_label.setVisible(problem is not None)
+
+    def accept(self) -> None:
+        """Check every value first: a bad one is shown here and nothing starts."""
+        problem = self._check()
+        self.last_error = problem
+        if problem is not None:
+            self.error_label.setText(problem)
             self.error_label.show()
             return
-        self.last_error = None
+        self.error_label.hide()
         super().accept()
