@@ -100,6 +100,12 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert "Search finished" in panel.eta_label.toolTip()
     assert (folder / "best" / "summary.json").is_file() and "refit" in panel.search_info.text()
     assert finished_runs == [str(folder / "best")], "the app loads the refit of the best point"
+    # the runs list shows the search by its refit; its trials when asked
+    texts = [panel.runs_list.item(i).text() for i in range(panel.runs_list.count())]
+    assert not any(t.startswith("trial-") for t in texts), texts
+    assert any(t.startswith(f"{folder.name} / best   [finished, rsum ") for t in texts), texts
+    assert "(4 hidden)" in panel.runs.show_trials.text()
+    panel.runs.show_trials.setChecked(True)
     # the trials (and the refit) are in the runs list
     listed = [Path(panel.runs_list.item(i).data(Qt.ItemDataRole.UserRole)) for i in range(panel.runs_list.count())]
     assert {p.name for p in listed if p.parent == folder} == {"trial-001", "trial-002", "trial-003", "trial-004",

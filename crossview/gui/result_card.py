@@ -27,6 +27,11 @@ def _with_interval(value: float, ci: Any) -> str:
     return f"{value:.1f}"
 
 
+def _seconds(v: float) -> str:
+    """``0.4 s`` under ten seconds (a rounded ``0 s`` says nothing), else :func:`format_seconds`."""
+    return f"{v:.1f} s" if v < 10 else format_seconds(v)
+
+
 def describe_summary(s: dict[str, Any]) -> tuple[str, str, str]:
     """``(title, metrics, timing)``: the card's three lines (HTML) for a run's summary."""
     title = (f"<b>{html.escape(str(s.get('method', '?')))}</b> on {html.escape(str(s.get('dataset', '?')))}, "
@@ -51,8 +56,8 @@ def describe_summary(s: dict[str, Any]) -> tuple[str, str, str]:
              if isinstance(s.get(k), (int, float))]
     total = sum(v for _k, v in parts)
     names = {"features_seconds": "features", "train_seconds": "training", "eval_seconds": "evaluation"}
-    timing = (f"took {format_seconds(total)} in all: " + ", ".join(f"{names[k]} {format_seconds(v)}"
-                                                                   for k, v in parts)) if parts else ""
+    timing = (f"took {_seconds(total)} in all: " + ", ".join(f"{names[k]} {_seconds(v)}" for k, v in parts)
+              if parts else "")
     return title, metrics, timing
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QGridLayout, QGroupBox, QInputDialog, QListWidget, QListWidgetItem,
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QGridLayout, QGroupBox, QInputDialog, QListWidget, QListWidgetItem,
                                QMessageBox, QPushButton, QVBoxLayout, QWidget)
 
 from crossview.core.errors import CrossViewError
@@ -59,8 +59,13 @@ class RunsBrowser(QGroupBox):
         for i, b in enumerate((self.open_button, self.resume_button, self.rename_button, self.delete_button)):
             rb.addWidget(b, 0, i)
         rb.addWidget(self.open_folder_button, 1, 0, 1, 4)
+        # searches and experiments make many runs: their trials are listed only when asked (a search's refit,
+        # "best", stands for it), so the list holds what a person trained
+        self.show_trials = QCheckBox("Show the trials of searches and experiments")
+        self.show_trials.toggled.connect(lambda _on: self.refresh())
         rl = QVBoxLayout(self)
         rl.addWidget(self.runs_list)
+        rl.addWidget(self.show_trials)
         rl.addLayout(rb)
 
     # ------------------------------------------------------------------ the list
@@ -77,12 +82,21 @@ class RunsBrowser(QGroupBox):
         self.runs_list.blockSignals(True)
         try:
             self.runs_list.clear()
+            hidden = 0
             for path in list_runs(self.runs_root):
+                nested = path.parent != self.runs_root
+                if nested and not self.show_trials.isChecked() and path.name != "best":
+                    hidden += 1
+                    continue
                 info = describe_run(path)
-                # a search's trials say which search they belong to (after the status, which matters more)
-                where = "" if path.parent == self.runs_root else f"   in {path.parent.name}"
                 score = f", rsum {info.rsum:.1f}" if info.rsum is not None and info.status == "finished" else ""
-                it = QListWidgetItem(f"{path.name}   [{info.status}{score}]{where}")
+                if nested and not self.show_trials.isChecked():     # a search's refit stands for its search
+                    it = QListWidgetItem(f"{path.parent.name} / {path.name}   [{info.status}{score}]   the search's "
+                                         "refit")
+                else:
+                    # a search's trials say which search they belong to (after the status, which matters more)
+                    where = "" if not nested else f"   in {path.parent.name}"
+                    it = QListWidgetItem(f"{path.name}   [{info.status}{score}]{where}")
                 rsum = f", rsum {info.rsum:.1f}" if info.rsum is not None else ""
                 writer = f"\nbeing written by PID {info.writer_pid}" if info.writer_pid is not None else ""
                 it.setToolTip(f"{path}\n{info.method} on {info.data}{rsum}{writer}")
@@ -92,13 +106,20 @@ class RunsBrowser(QGroupBox):
                     self.runs_list.setCurrentItem(it)
         finally:
             self.runs_list.blockSignals(False)
+        self.show_trials.setText(f"Show the trials of searches and experiments ({hidden} hidden)"
+                                 if hidden else "Show the trials of searches and experiments")
         self.selection_changed.emit()
 
     def select_run(self, run_dir: str | Path) -> None:
-        for row in range(self.runs_list.count()):
-            if self.runs_list.item(row).data(Qt.ItemDataRole.UserRole) == str(run_dir):
-                self.runs_list.setCurrentRow(row)
+        """Select the run in ``run_dir`` (a hidden trial: the trials are shown first)."""
+        for attempt in range(2):
+            for row in range(self.runs_list.count()):
+                if self.runs_list.item(row).data(Qt.ItemDataRole.UserRole) == str(run_dir):
+                    self.runs_list.setCurrentRow(row)
+                    return
+            if attempt or self.show_trials.isChecked() or Path(run_dir).parent == self.runs_root:
                 return
+            self.show_trials.setChecked(True)        # refreshes the list
 
     # ------------------------------------------------------------------ actions
     def _refuse(self, message: str, title: str) -> None:
