@@ -199,7 +199,11 @@ def test_plots_say_what_they_show(qtbot, tmp_path: Path) -> None:
     axis = panel.scatter_plot.getPlotItem().getAxis("bottom")
     labels = [t[1] for t in axis._tickLevels[0]]
     assert labels[:4] == ["1", "2", "5", "10"] and "0.2" not in labels
-    assert "rank in run A: run_a (log scale)" in axis.labelText
+    assert "rank in run A (log scale)" in axis.labelText and "run A: run_a (cca)" in axis.toolTip()
+    # the metrics' columns say A / B (a run's full name is cut to nothing at 1280 px) and name the runs in tooltips
+    heads = [panel.metrics.horizontalHeaderItem(j) for j in range(panel.metrics.columnCount())]
+    assert [h.text() for h in heads][:2] == ["i2t  A", "i2t  B"]
+    assert "run A: run_a (cca)" in heads[0].toolTip() and "run B: run_b (bitr)" in heads[1].toolTip()
     x, y = panel.diagonal.getData()
     assert list(x) == list(y) and x[0] == 0.0 and 10 ** x[-1] >= max(a.ranks["i2t"].max(), b.ranks["i2t"].max())
     assert "diagonal" in panel.scatter_plot.getPlotItem().titleLabel.text

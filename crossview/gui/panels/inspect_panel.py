@@ -382,16 +382,22 @@ class InspectPanel(QWidget):
             rows += [k for k in papers[d] if k not in rows]
         extra = [k for k in ("rsum",) if k in a.summary]
         cols: list[tuple[str, RunResults | dict, str]] = []
+        # compared runs are A and B in the headers (a run's name is cut to nothing at 1280 px); the tooltips and
+        # the legend above name them in full
         for d in ("i2t", "t2i"):
-            cols.append((f"{d}  {a.name}" if b else d, a, d))
+            cols.append((f"{d}  A" if b else d, a, d))
             if b is not None:
-                cols.append((f"{d}  {b.name}", b, d))
+                cols.append((f"{d}  B", b, d))
             if papers.get(d):
                 cols.append((f"{d}  paper", papers[d], d))
         self.metrics.clear()
         self.metrics.setColumnCount(len(cols))
         self.metrics.setRowCount(len(rows) + len(extra))
         self.metrics.setHorizontalHeaderLabels([c[0] for c in cols])
+        for j, (_, src, d) in enumerate(cols):
+            if isinstance(src, RunResults):
+                who = ("run A: " if src is a else "run B: ") if b is not None else "run: "
+                self.metrics.horizontalHeaderItem(j).setToolTip(f"{who}{src.name} ({src.method}), {d}")
         self.metrics.setVerticalHeaderLabels(rows + extra)
         for j, (_, src, d) in enumerate(cols):
             for i, key in enumerate(rows):
@@ -573,8 +579,10 @@ class InspectPanel(QWidget):
             ticks = rank_ticks(top)
             for axis in ("bottom", "left"):
                 self.scatter_plot.getPlotItem().getAxis(axis).setTicks([ticks])
-            self.scatter_plot.setLabel("bottom", f"rank in run A: {a.name} (log scale)")
-            self.scatter_plot.setLabel("left", f"rank in run B: {b.name} (log scale)")
+            self.scatter_plot.setLabel("bottom", "rank in run A (log scale)")
+            self.scatter_plot.setLabel("left", "rank in run B (log scale)")
+            self.scatter_plot.getPlotItem().getAxis("bottom").setToolTip(f"run A: {a.name} ({a.method})")
+            self.scatter_plot.getPlotItem().getAxis("left").setToolTip(f"run B: {b.name} ({b.method})")
             self.scatter_plot.setTitle(f"{d}: rank A vs B - dashed diagonal: same rank, below it B is better",
                                        color="#1f2328", size="10pt")
             self.scatter_plot.setToolTip("Each point is a query; click one to open it in the Query panel")
