@@ -350,7 +350,12 @@ def test_crossview_explain_writes_the_overlay_and_prints_the_words(demo_runs, tm
     text = capsys.readouterr().out
     assert "region map 7x7, exact" in text and "words, exact" in text and "circle" in text
     with Image.open(out) as im:
-        assert im.size == (128, 128)
+        # a figure to keep: scaled up from the 128 x 128 image, the query above it, a colour bar under it
+        assert im.size[0] == 640 and im.size[1] > 640 + 30
+        px = im.convert("RGB").load()
+        bar_y = next(y for y in range(im.size[1] - 1, 640, -1) if px[320, y] != (255, 255, 255))
+        left, right = px[12, bar_y - 4], px[im.size[0] - 12, bar_y - 4]
+        assert sum(left) < 150 and sum(right) > 500, (left, right)      # dark = least, light yellow = most
     assert main(["explain", str(run_dir), "--image", name, "--caption", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["region"]["mode"] == "exact" and len(doc["region"]["values"]) == 7

@@ -47,7 +47,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from crossview.core.devices import select_device
     from crossview.core.io import atomic_write_bytes
     from crossview.engine.session import open_run
-    from crossview.explain import Explainer, overlay
+    from crossview.explain import Explainer, explain_figure
 
     if (args.text is None) == (args.caption is None):
         raise CrossViewError("give the caption to explain: --text SENTENCE or --caption INDEX (one of them)")
@@ -83,8 +83,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         import io
 
         buf = io.BytesIO()
-        overlay(got.image_path, region).save(buf, format={".jpg": "JPEG", ".jpeg": "JPEG"}.get(out.suffix.lower(),
-                                                                                         out.suffix[1:].upper()))
+        title = f"{got.text[:90]}   (score {words.score:.3f})" if isinstance(got.text, str) else ""
+        fmt = {".jpg": "JPEG", ".jpeg": "JPEG"}.get(out.suffix.lower(), out.suffix[1:].upper())
+        explain_figure(got.image_path, region, title=title).save(buf, format=fmt)
         atomic_write_bytes(out, buf.getvalue())
     if args.json:
         doc: dict[str, Any] = {"run": str(run_dir), "method": run.method.name, "image": got.image_path,

@@ -7,7 +7,7 @@ image. See :mod:`crossview.explain.maps` for what is exact and what is first-ord
 
 from crossview.explain.maps import (Explainer, Explanation, RegionMap, WordImportance, caption_words,
                                     region_map, word_importance)
-from crossview.explain.render import heat_colour, heat_rgba, overlay, word_colours
+from crossview.explain.render import explain_figure, heat_colour, heat_rgba, overlay, word_colours
 
 __all__ = ["Explainer", "Explanation", "RegionMap", "WordImportance", "caption_words", "region_map",
-           "word_importance", "overlay", "heat_colour", "heat_rgba", "word_colours"]
+           "word_importance", "overlay", "explain_figure", "heat_colour", "heat_rgba", "word_colours"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["heat_colour", "heat_rgba", "overlay", "word_colours"]
+__all__ = ["heat_colour", "heat_rgba", "overlay", "explain_figure", "word_colours"]
 
 # A perceptually ordered dark-blue -> purple -> orange -> yellow ramp (close to matplotlib's "inferno",
 # written out so that nothing needs matplotlib).
@@ -69,6 +69,39 @@ def overlay(image: Any, region: Any, max_alpha: float = 0.7) -> Any:
     layer = Image.new("RGBA", base.size, (0, 0, 0, 0))
     layer.paste(heat, (int(round(left)), int(round(top))))
     return Image.alpha_composite(base, layer).convert("RGB")
+
+
+def explain_figure(image: Any, region: Any, min_width: int = 640, title: str = "") -> Any:
+    """The overlay as a figure to keep: scaled up to at least ``min_width`` pixels wide (small images, such as
+    the demo's 200 x 150, are unreadable otherwise), ``title`` above it (the query, the score), and under it a
+    colour bar saying what the colours mean (the map is stretched between its least and most contributing
+    regions). An RGB ``PIL.Image``."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    im = overlay(image, region)
+    if im.width < min_width:
+        scale = min_width / im.width
+        im = im.resize((min_width, max(1, int(round(im.height * scale)))), Image.Resampling.LANCZOS)
+    try:
+        font = ImageFont.load_default(size=max(12, im.width // 48))
+    except TypeError:               # Pillow < 10.1: one fixed size
+        font = ImageFont.load_default()
+    line = int(font.getbbox("Ag")[3]) + 6
+    top = line + 4 if title else 0
+    bar_h, pad = max(12, im.width // 40), 8
+    fig = Image.new("RGB", (im.width, top + im.height + pad + bar_h + line + pad), "white")
+    draw = ImageDraw.Draw(fig)
+    if title:
+        draw.text((pad, 3), title, fill=(31, 35, 40), font=font)
+    fig.paste(im, (0, top))
+    y = top + im.height + pad
+    ramp = heat_colour(np.linspace(0.0, 1.0, im.width - 2 * pad))[None].repeat(bar_h, axis=0)
+    fig.paste(Image.fromarray(ramp, mode="RGB"), (pad, y))
+    y += bar_h + 2
+    draw.text((pad, y), "adds least to the score", fill=(87, 96, 106), font=font)
+    right = "adds most"
+    draw.text((im.width - pad - draw.textlength(right, font=font), y), right, fill=(87, 96, 106), font=font)
+    return fig
 
 
 def word_colours(values: Any) -> list[tuple[int, int, int, float]]:
