@@ -60,3 +60,28 @@ def test_timam_terms_split_into_losses_and_the_discriminators_accuracy(qtbot, tm
     assert {"loss", "accuracy"} <= set(c.shown_plots())
     assert {"L_I", "L_M", "L_D", "L_G"} <= c.family_terms("loss") and c.family_terms("accuracy") == {"D_acc"}
     assert c.phase_markers("accuracy") == [(4.5, "language model fine-tuned")]
+
+
+def test_series_colours_are_distinct_and_loss_terms_explained(qtbot):
+    """TIMAM's terms get ten different colours (L_M and L_I were both red) and a tooltip saying what each is;
+    i2t and t2i R@1 differ in colour as well as in line style."""
+    from PySide6.QtCore import Qt
+
+    from crossview.gui.curves import CURVE_COLOURS, CurveBoard
+
+    assert len(set(CURVE_COLOURS)) == len(CURVE_COLOURS)
+    board = CurveBoard()
+    qtbot.addWidget(board)
+    board.reset("timam")
+    for step in range(1, 4):
+        board.add_loss(step, 1, {"loss": 1.0 / step, "L_I": 0.5, "L_M": 0.3, "L_D": 0.7, "L_G": 0.69, "D_acc": 0.5})
+    board.add_validation(1, {"i2t": {"R@1": 10.0, "R@5": 30.0, "R@10": 40.0},
+                             "t2i": {"R@1": 8.0, "R@5": 25.0, "R@10": 35.0}, "rsum": 148.0})
+    board.flush()
+    terms = ["loss", "L_I", "L_M", "L_D", "L_G", "D_acc"]
+    colours = [board._colour(t) for t in terms]
+    assert len(set(colours)) == len(colours), colours
+    assert board._colour("val:i2t R@1") != board._colour("val:t2i R@1")
+    tips = {board.series_list.item(i).data(Qt.ItemDataRole.UserRole): board.series_list.item(i).toolTip()
+            for i in range(board.series_list.count())}
+    assert "cross-modal projection matching" in tips["L_M"] and "identification" in tips["L_I"]

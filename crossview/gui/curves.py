@@ -25,10 +25,13 @@ from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (QGridLayout, QLabel, QListWidget, QListWidgetItem, QSizePolicy, QVBoxLayout,
                                QWidget)
 
-CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#116329",
-                 "#cf222e", "#1b7c83"]
+# ten hues far apart (no two reds or greens: TIMAM's L_M and L_I were both red), in the order series appear
+CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#bf3989",
+                 "#57606a", "#6e4b12"]
 VALIDATION_KEYS = ("R@1", "R@5", "R@10", "mAP")        # mAP: the ranking losses' validation (smoothap)
 VAL_COLOURS = {"R@1": "#0969da", "R@5": "#e16f24", "R@10": "#1a7f37", "mAP": "#8250df", "val:rsum": "#bf8700"}
+#: text -> image validation: its own colours (and dashed lines), so i2t and t2i R@1 are told apart at a glance
+VAL_COLOURS_T2I = {"R@1": "#8250df", "R@5": "#bf3989", "R@10": "#1b7c83", "mAP": "#6e4b12"}
 DIRECTIONS = ("i2t", "t2i")
 #: values spanning more than this ratio (max / smallest positive) get a log y-axis
 LOG_SPAN = 100.0
@@ -148,6 +151,7 @@ class CurveBoard(QWidget):
         self.directions_differ = False
         self.iterative = True
         self.has_epoch_validation = True
+        self.term_help: dict[str, str] = {}     # loss term -> what it is (the method's loss_terms), for tooltips
         self.validation_note_text = ""
         self.no_validation_reason = ""
         self.series: dict[str, Series] = {}
@@ -244,6 +248,7 @@ class CurveBoard(QWidget):
         self.directions_differ = bool(getattr(cls, "directions_differ", False))
         self.iterative = bool(getattr(cls, "iterative", True)) if cls is not None else True
         self.has_epoch_validation = bool(getattr(cls, "has_epoch_validation", True)) if cls is not None else True
+        self.term_help = dict(getattr(cls, "loss_terms", {}) or {}) if cls is not None else {}
         self.validation_note_text = str(getattr(cls, "validation_note", "") or "") if cls is not None else ""
         self._dirty = True
         self._layout_dirty = True
@@ -398,8 +403,9 @@ class CurveBoard(QWidget):
         return plot
 
     def _colour(self, label: str) -> str:
-        if label.startswith("val:"):             # validation: colour by K (the direction is the line style)
-            return VAL_COLOURS.get(label.split()[-1], "#57606a")
+        if label.startswith("val:"):             # validation: colour by direction and K (t2i dashed too)
+            table = VAL_COLOURS_T2I if label.startswith("val:t2i") else VAL_COLOURS
+            return table.get(label.split()[-1], "#57606a")
         if label not in self._colours:
             self._colours[label] = CURVE_COLOURS[len(self._colours) % len(CURVE_COLOURS)]
         return self._colours[label]
@@ -462,6 +468,10 @@ class CurveBoard(QWidget):
             entries.append((f"val:{key}", f"val {key}", icon))
         for key, text, icon in entries:
             it = QListWidgetItem(icon, text)
+            base = key.removesuffix(" (pass mean)")
+            if base in self.term_help:       # what a loss term is (the method's loss_terms)
+                it.setToolTip(f"{base}: {self.term_help[base]}" + (" (the mean over a pass through the data)"
+                                                                    if key != base else ""))
             it.setData(Qt.ItemDataRole.UserRole, key)
             it.setFlags(it.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             it.setCheckState(Qt.CheckState.Checked if checked.get(key, True) else Qt.CheckState.Unchecked)

@@ -76,6 +76,9 @@ class Method:
     wants_image_files: ClassVar[bool] = False
     has_epoch_validation: ClassVar[bool] = True
     validation_note: ClassVar[str] = ""
+    #: what each loss term a method reports is (``{"L_M": "cross-modal projection matching ..."}``): the curves'
+    #: tooltips
+    loss_terms: ClassVar[dict[str, str]] = {}
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
     default_image_norm: ClassVar[str] = "none"
     default_text_norm: ClassVar[str] = "none"

@@ -138,6 +138,13 @@ class Timam(Vsepp):
     """TIMAM (see the module docstring)."""
 
     second_stage_epochs = "finetune_epochs"
+    loss_terms = {
+        "loss": "the total: id_weight L_I + cmpm_weight L_M + L_D + adv_weight L_G",
+        "L_I": "identification: cross-entropy of each image and caption embedding over the training identities",
+        "L_M": "cross-modal projection matching (CMPM): image and caption projections of one identity agree",
+        "L_D": "the discriminator's loss telling image embeddings from text embeddings",
+        "L_G": "the encoders' adversarial loss: fool the discriminator (at rest when it cannot tell)",
+        "D_acc": "the discriminator's accuracy (0.5: the modalities are indistinguishable)"}
 
     def __init__(self, *, labels: str = "auto", id_weight: float = 1.0, cmpm_weight: float = 1.0,
                  adv_weight: float = 1.0, adv_target: str = "confusion", d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,

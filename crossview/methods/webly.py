@@ -124,6 +124,10 @@ class Webly(Vsepp):
     """Two-stage webly supervised training (see the module docstring)."""
 
     second_stage_epochs = "stage2_epochs"
+    loss_terms = {
+        "loss": "the total of the stage: lambda2 L_IT + lambda1 L_IS in Stage I, L_IT alone in Stage II",
+        "L_IT": "image - tag ranking loss (the web set's images against their tags)",
+        "L_IS": "image - sentence ranking loss (the run's captions)"}
 
     def __init__(self, *, web: str = "", init_from: str = "", loss: str = "vse0", margin: float = 0.2,
                  lambda1: float = 1.0, lambda2: float = 0.1, tag_branch: str = "glove",
