@@ -199,3 +199,39 @@ def test_a_run_says_its_plan_first_and_names_every_stage(tmp_path, monkeypatch, 
     for e in progress:
         eta.update(e.stage, e.fraction)
     assert eta.fraction() == pytest.approx(1.0) and np.isfinite(eta.fraction())
+
+
+def test_feature_extraction_is_the_runs_own_events_no_thread_and_a_cancel_closes_it(tmp_path, monkeypatch):
+    """First-time extraction on image files: its progress comes as the run's events from the run's own thread
+    (no worker thread, no queue: the encoders are generators the run drives); stopping the run between two
+    batches closes the extraction, the run says "cancelled", and a resume finishes it."""
+    import threading
+
+    from test_progress_printing import _tiny_dataset
+
+    from crossview.core.events import Finished
+    from crossview.engine import feature_stage
+    from crossview.engine.run import read_status, resume, train
+
+    monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(timings, "default_path", lambda: tmp_path / "timings.json")
+    monkeypatch.setattr(feature_stage.FeatureStage, "_in_thread",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("a thread for encoder features")))
+    data = _tiny_dataset(tmp_path / "tiny", n=9)
+    from crossview.features import image as image_mod
+    real = image_mod.create_image_encoder
+    monkeypatch.setattr(image_mod, "create_image_encoder",
+                        lambda name, **kw: real("resnet18", allow_random=True))
+    gen = train("cca", str(data), run_dir=tmp_path / "run", image_encoder="resnet18", text_encoder="tfidf",
+                params={"n_components": 2}, device="cpu")
+    seen = []
+    for ev in gen:
+        if isinstance(ev, Progress) and ev.stage == "images":
+            seen.append((ev.step, ev.total, threading.current_thread() is threading.main_thread()))
+            break                              # stop the run as the extraction starts
+    assert seen == [(0, 9, True)]
+    gen.close()
+    assert read_status(tmp_path / "run")["status"] == "cancelled"
+    assert not any(t.name == "crossview-features" for t in threading.enumerate())
+    events = list(resume(tmp_path / "run"))
+    assert isinstance(events[-1], Finished)

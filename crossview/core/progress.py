@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
-__all__ = ["RunEta", "StageEta", "format_seconds", "stage_key"]
+__all__ = ["RunEta", "StageEta", "drive", "format_seconds", "stage_key"]
 
 
 def format_seconds(s: float) -> str:
@@ -230,3 +231,29 @@ class RunEta:
         done = sum(s.prior * s.share_done() for s in known)
         self._bar = max(self._bar, min(1.0, max(0.0, done / total)))
         return self._bar
+
+
+def drive(work: Iterator[tuple[int, int]], progress: Callable[[int, int], None] | None = None,
+          should_stop: Callable[[], bool] | None = None,
+          stopped: Callable[[int, int], str] = lambda done, total: f"cancelled after {done:,} of {total:,}") -> Any:
+    """Run a unit of work written as a generator of ``(done, total)`` reports that *returns* its result (the
+    encoders' ``iter_*``): each report goes to ``progress``, ``should_stop()`` is asked after each one (between two
+    batches) and, when true, the generator is closed (its ``finally`` frees workers) and
+    :class:`~crossview.core.errors.Cancelled` raised with ``stopped(done, total)``. Returns the work's result.
+
+    This is how the callback interface of the encoders (``encode_paths(progress=, should_stop=)``) is kept on top
+    of their generators, which the engine drives directly as events."""
+    from crossview.core.errors import Cancelled
+
+    while True:
+        try:
+            done, total = next(work)
+        except StopIteration as end:
+            return end.value
+        if progress is not None:
+            progress(done, total)
+        if should_stop is not None and should_stop():
+            close = getattr(work, "close", None)
+            if close is not None:
+                close()
+            raise Cancelled(stopped(done, total))

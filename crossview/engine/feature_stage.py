@@ -8,9 +8,12 @@ normalisations on the training rows (:meth:`FeatureStage.normalize`), and hands 
 the caption encoder it asks for (:meth:`FeatureStage.auxiliary`). The run (:mod:`crossview.engine.run`) drives it
 and logs what it yields.
 
-Extraction itself reports through ``progress(stage, done, total)`` callbacks (:func:`crossview.features.
-extract_features`); it runs in a worker thread here so that those reports flow out as events between batches and a
-cancel (closing the generator) stops it at the next batch.
+The encoders' extraction is a generator of ``(stage, done, total)`` reports (:func:`crossview.features.
+iter_extract_features`, built on the encoders' ``iter_encode_paths`` / ``iter_encode``), driven here between two
+batches and yielded as the run's own progress events: no thread, and a cancel (closing the run's generator) closes
+it at the next batch. A representation built from image regions (BITR's TR / CTR, :mod:`crossview.features.topics`)
+still reports through ``progress`` callbacks from deep in its stages, so it alone runs in a worker thread whose
+reports flow out through a queue (:meth:`FeatureStage._in_thread`).
 """
 
 from __future__ import annotations
@@ -139,24 +142,44 @@ class FeatureStage:
         return dict(record)
 
     def extract(self) -> Iterator[Event]:
-        """The run's features (see :meth:`_features_in_thread`)."""
-        from crossview.features import extract_features
+        """The run's features. The encoders' extraction is a generator (:func:`crossview.features.
+        iter_extract_features`) driven here, between two batches, as the run's own events (closing the run closes
+        it); a representation built from image regions (TR / CTR, :mod:`crossview.features.topics`) reports
+        through callbacks and runs in a worker thread (:meth:`_in_thread`)."""
+        if self.representation is None and self.built is None:
+            from crossview.features import iter_extract_features
+
+            self.features = yield from self._events(iter_extract_features(
+                self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
+                cache=self.cache, device=self.device), "features", self.plan_stage_of)
+            return
 
         def make(progress: Any, should_stop: Any) -> Any:
             if self.representation is not None:
                 return self._representation_features(progress, should_stop)
-            if self.built is not None:
-                from crossview.features.topics import rebuild_representation_features
-                return rebuild_representation_features(
-                    self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                    progress=progress, should_stop=should_stop, where=f"{self._path(CONFIG)}")
-            return extract_features(self.dataset, self.cfg.image_encoder, self.cfg.text_encoder,
-                                    fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                                    progress=progress, should_stop=should_stop)
+            from crossview.features.topics import rebuild_representation_features
+            return rebuild_representation_features(
+                self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
+                progress=progress, should_stop=should_stop, where=f"{self._path(CONFIG)}")
 
         result: dict[str, Any] = {}
         yield from self._in_thread(make, result, "features")
         self.features = result["value"]
+
+    def _events(self, work: Iterator[tuple[str, int, int]], what: str,
+                plan_stage: Callable[[str], str]) -> Iterator[Event]:
+        """``work``'s ``(stage, done, total)`` reports as the run's progress events (``"features: images"``, plan
+        stage ``images``); returns its result. Closing this (a cancelled run) closes ``work``, which frees its
+        decoding workers."""
+        try:
+            while True:
+                try:
+                    stage, done, total = next(work)
+                except StopIteration as end:
+                    return end.value
+                yield self._emit(Progress(done, total, f"{what}: {stage}", stage=plan_stage(stage)))
+        finally:
+            work.close()
 
     def _in_thread(self, make: Any, result: dict[str, Any], what: str,
                             plan_stage: Any = None) -> Iterator[Event]:
@@ -236,7 +259,7 @@ class FeatureStage:
         want = getattr(self.method, "auxiliary_datasets", None)
         if want is None or not want():
             return
-        from crossview.features import extract_features
+        from crossview.features import iter_extract_features
 
         for name, source in want().items():
             if source == "demo":
@@ -254,12 +277,10 @@ class FeatureStage:
                 raise CrossViewError(f"{name} set {source}: its images must be encoded as the run's are, but this "
                                      f"run's image features are {encoder!r} (precomputed); train on a dataset of "
                                      "image files with an image encoder")
-            result: dict[str, Any] = {}
-            yield from self._in_thread(
-                lambda progress, should_stop: extract_features(
-                    ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device, progress=progress,
-                    should_stop=should_stop), result, f"{name} set features", lambda _stage: "auxiliary")
-            rows = result["value"].image
+            feats = yield from self._events(iter_extract_features(
+                ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device), f"{name} set features",
+                lambda _stage: "auxiliary")
+            rows = feats.image
             if self.features.image_transform is not None:
                 rows = self.features.image_transform(rows)
             self.method.set_auxiliary(name, ds, rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,8 @@ import numpy as np
 from crossview.core.errors import Cancelled, CrossViewError
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
-__all__ = ["Features", "FeatureCache", "extract_features", "encode_captions", "encode_texts", "image_set_fingerprint",
+__all__ = ["Features", "FeatureCache", "extract_features", "iter_extract_features", "encode_captions",
+           "iter_encode_captions", "encode_texts", "image_set_fingerprint",
            "PRECOMP"]
 
 log = logging.getLogger(__name__)
@@ -122,34 +123,40 @@ def _nonfinite_rows(x: np.ndarray, block_bytes: int = 16 << 20) -> np.ndarray:
     return np.concatenate(bad).astype(np.int64) if bad else np.zeros(0, dtype=np.int64)
 
 
-def _cached_finite(store: FeatureCache | None, parts: dict[str, Any], compute: Callable[[], np.ndarray],
-                   meta: dict[str, Any], what: str, row_name: Callable[[int], str]) -> tuple[np.ndarray, bool]:
-    """``(array, hit)`` through the cache, never with NaN / infinite rows.
+def _iter_cached_finite(store: FeatureCache | None, parts: dict[str, Any],
+                        compute: Callable[[], Iterator[tuple[int, int]]], meta: dict[str, Any], what: str,
+                        row_name: Callable[[int], str]) -> Iterator[tuple[int, int]]:
+    """``(array, hit)`` through the cache, never with NaN / infinite rows, for work written as a generator
+    (``compute()`` yields ``(done, total)`` and returns the array; its reports pass through).
 
-    A cached array with such rows is dropped and computed again; an encoder that produces them
-    raises :class:`CrossViewError` naming the first bad row (nothing is kept in the cache).
-    """
-    if store is None:
-        arr, hit, key = compute(), False, None
-    else:
-        key = FeatureCache.make_key(**parts)
-        arr, hit = store.get_or_compute(key, compute, meta=meta)
-    bad = _nonfinite_rows(arr)
-    if len(bad) and hit and store is not None and key is not None:
+    A cached array with such rows is dropped and computed again; an encoder that produces them raises
+    :class:`CrossViewError` naming the first bad row (nothing is kept in the cache)."""
+    result: dict[str, np.ndarray] = {}
+
+    def run() -> Iterator[tuple[int, int]]:
+        result["value"] = yield from compute()
+
+    key = FeatureCache.make_key(**parts) if store is not None else None
+    cached = store.load(key) if store is not None and key is not None else None
+    if cached is not None and not len(_nonfinite_rows(cached)):
+        return cached, True
+    if cached is not None and store is not None and key is not None:
+        bad = _nonfinite_rows(cached)
         log.warning("feature cache: %s holds NaN or infinite values in %d row(s) of the %s (first: %s); "
-                    "deleted it, extracting them again (%s)", store.path_of(key), len(bad), what, row_name(int(bad[0])),
-                    REBUILD_HINT)
+                    "deleted it, extracting them again (%s)", store.path_of(key), len(bad), what,
+                    row_name(int(bad[0])), REBUILD_HINT)
         store.delete(key)
-        arr, hit = store.save(key, compute(), meta), False
-        bad = _nonfinite_rows(arr)
+    yield from run()
+    arr = result["value"]
+    bad = _nonfinite_rows(arr)
     if len(bad):
-        if store is not None and key is not None:
-            store.delete(key)
         raise CrossViewError(
             f"the {what} contain NaN or infinite values in {len(bad):,} of {len(arr):,} rows (first: "
             f"{row_name(int(bad[0]))}) straight from the encoder, so extracting them again gives the same; "
             f"check that input (e.g. 'crossview data info DATASET --check-images') or choose another encoder")
-    return arr, hit
+    if store is not None and key is not None:
+        arr = store.save(key, arr, meta)
+    return arr, False
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
@@ -173,20 +180,45 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
                      text_params: dict | None = None, text_model: Any = None,
                      progress: Progress | None = None,
                      should_stop: Callable[[], bool] | None = None) -> Features:
-    """Image and caption features of every image and caption of ``dataset``.
+    """Image and caption features of every image and caption of ``dataset`` (:func:`iter_extract_features`
+    driven to its end): ``progress(stage, done, total)`` gets each report, ``should_stop()`` is asked between two
+    batches and cancels (:class:`~crossview.core.errors.Cancelled`)."""
+    work = iter_extract_features(dataset, image_encoder, text_encoder, fit_on=fit_on, cache=cache, device=device,
+                                 batch_size=batch_size, num_workers=num_workers, image_weights=image_weights,
+                                 allow_random=allow_random, text_params=text_params, text_model=text_model)
+    while True:
+        try:
+            stage, done, total = next(work)
+        except StopIteration as end:
+            return end.value
+        if progress is not None:
+            progress(stage, done, total)
+        if should_stop is not None and should_stop():
+            work.close()
+            raise Cancelled(f"feature extraction cancelled ({stage}: {done:,} of {total:,} done)")
+
+
+def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_encoder: str | None = None, *,
+                          fit_on: str | None = "train", cache: FeatureCache | None | bool = None,
+                          device: str = "cpu", batch_size: int | None = None, num_workers: int | None = None,
+                          image_weights: str | None = None, allow_random: bool = False,
+                          text_params: dict | None = None,
+                          text_model: Any = None) -> Iterator[tuple[str, int, int]]:
+    """Image and caption features of every image and caption of ``dataset``, as a generator: it yields
+    ``(stage, done, total)`` reports (stage ``"images"``, ``"fit text"`` or ``"captions"``; a stage that does
+    work reports 0 first, a cached one only its end) and *returns* the :class:`Features`
+    (``feats = yield from iter_extract_features(...)``). Closing it between two batches stops the work.
 
     ``image_encoder`` / ``text_encoder`` are registry names (defaults: the packages' defaults);
     a dataset with precomputed image features uses them (``"precomp"``). Fitted text encoders (TF-IDF,
     LDA, ...) learn on the captions of split ``fit_on`` only, so test captions never leak into them;
     pass ``text_model`` (an already fitted encoder, e.g. from a checkpoint) to reuse one instead.
-    ``cache=False`` disables the cache; ``None`` uses the default folder. Raises
-    :class:`~crossview.core.errors.Cancelled` when ``should_stop()`` turns True.
+    ``cache=False`` disables the cache; ``None`` uses the default folder.
     """
     from crossview.features import image as image_mod
     from crossview.features import text as text_mod
 
     store = None if cache is False else (cache if isinstance(cache, FeatureCache) else FeatureCache())
-    stop = should_stop or (lambda: False)
 
     # ---------------------------------------------------------------- images
     if dataset.image_features is not None and dataset.image_paths is None:
@@ -210,22 +242,23 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
         parts = {"kind": "image", "images": image_set_fingerprint(dataset.image_paths),
                  "encoder": enc.cache_parts()}
 
-        def compute_images() -> np.ndarray:
-            kw: dict[str, Any] = {"device": device, "progress": _stage(progress, "images"),
-                                  "should_stop": stop}
+        def compute_images() -> Iterator[tuple[int, int]]:
+            kw: dict[str, Any] = {"device": device}
             if batch_size:
                 kw["batch_size"] = batch_size
             if num_workers is not None:
                 kw["num_workers"] = num_workers
-            return np.asarray(enc.encode_paths(dataset.image_paths, **kw), dtype=np.float32)
+            if not hasattr(enc, "iter_encode_paths"):     # a plug-in encoder with the callback interface only
+                yield 0, len(dataset.image_paths)
+                return enc.encode_paths(dataset.image_paths, **kw)
+            return (yield from enc.iter_encode_paths(dataset.image_paths, **kw))
 
         paths = dataset.image_paths
-        image, image_hit = _cached_finite(store, parts, compute_images, {**parts, "dataset": dataset.name},
-                                          f"image features ({image_name})",
-                                          lambda i: f"image {i}, {paths[i]}")
+        image, image_hit = yield from _staged("images", _iter_cached_finite(
+            store, parts, compute_images, {**parts, "dataset": dataset.name}, f"image features ({image_name})",
+            lambda i: f"image {i}, {paths[i]}"))
+        image = np.asarray(image, dtype=np.float32) if not isinstance(image, np.ndarray) else image
         image_spec = {"name": image_name, "dim": int(image.shape[1]), **enc.cache_parts()}
-    if stop():
-        raise Cancelled("feature extraction cancelled")
 
     # ---------------------------------------------------------------- captions
     if text_encoder == NO_TEXT and text_model is None:      # the method reads the captions itself
@@ -238,36 +271,63 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
         text_model = text_mod.create_text_encoder(text_name, **(text_params or {}))
         if text_model.needs_fit:
             fit_caps = _fit_captions(dataset, fit_on)
-            if progress:
-                progress("fit text", 0, 1)
+            yield "fit text", 0, 1
             text_model.fit(fit_caps)
-            if progress:
-                progress("fit text", 1, 1)
-    text, text_hit = encode_captions(dataset.captions, text_model, cache=store, device=device,
-                                     progress=_stage(progress, "captions"), should_stop=stop,
-                                     dataset_name=dataset.name)
+            yield "fit text", 1, 1
+    text, text_hit = yield from _staged("captions", iter_encode_captions(
+        dataset.captions, text_model, cache=store, device=device, dataset_name=dataset.name))
     return Features(image=image, text=text, image_encoder=image_name, text_encoder=text_model.name,
                     text_model=text_model, image_cache_hit=image_hit, text_cache_hit=text_hit,
                     spec={"image": image_spec, "text": {"name": text_model.name, **text_model.cache_parts()},
                           "fit_on": fit_on, "dataset_fingerprint": dataset.fingerprint()})
 
 
+def _staged(stage: str, work: Iterator[tuple[int, int]]) -> Iterator[tuple[str, int, int]]:
+    """``work``'s ``(done, total)`` reports as ``(stage, done, total)``; returns its result (closing this closes
+    ``work``: its ``finally`` frees decoding workers)."""
+    while True:
+        try:
+            done, total = next(work)
+        except StopIteration as end:
+            return end.value
+        try:
+            yield stage, done, total
+        except GeneratorExit:
+            work.close()
+            raise
+
+
 def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureCache | None = None,
                     device: str = "cpu", progress: Callable[[int, int], None] | None = None,
                     should_stop: Callable[[], bool] | None = None,
                     dataset_name: str = "") -> tuple[np.ndarray, bool]:
-    """``(features (n, e) float32, cache_hit)`` of ``captions`` with a (fitted) text encoder.
+    """``(features (n, e) float32, cache_hit)`` of ``captions`` with a (fitted) text encoder
+    (:func:`iter_encode_captions` driven to its end).
 
     Used for a dataset's captions and for independent caption corpora (the BITR setting).
     """
-    def compute() -> np.ndarray:
-        return np.asarray(text_model.encode(list(captions), device=device, progress=progress,
-                                            should_stop=should_stop), dtype=np.float32)
+    from crossview.core.progress import drive
+
+    return drive(iter_encode_captions(captions, text_model, cache=cache, device=device, dataset_name=dataset_name),
+                 progress, should_stop,
+                 lambda done, n: f"text encoding ({text_model.name}) cancelled after {done} of {n} captions")
+
+
+def iter_encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureCache | None = None,
+                         device: str = "cpu", dataset_name: str = "") -> Iterator[tuple[int, int]]:
+    """:func:`encode_captions` as a generator: yields ``(done, total)`` (0 first when it encodes; only
+    ``(n, n)`` for a cache hit: the whole stage done at once) and returns ``(features, cache_hit)``."""
+    def compute() -> Iterator[tuple[int, int]]:
+        if not hasattr(text_model, "iter_encode"):      # a plug-in encoder with the callback interface only
+            yield 0, len(captions)
+            return np.asarray(text_model.encode(list(captions), device=device), dtype=np.float32)
+        x = yield from text_model.iter_encode(list(captions), device=device)
+        return np.asarray(x, dtype=np.float32)
 
     parts = {"kind": "text", "captions": _captions_fingerprint(captions), "encoder": text_model.cache_parts()}
-    text, hit = _cached_finite(cache, parts, compute, {**parts, "dataset": dataset_name},
-                               f"caption features ({text_model.name})",
-                               lambda i: f"caption {i}, {str(captions[i])[:60]!r}")
-    if hit and progress is not None:
-        progress(len(captions), len(captions))  # a hit is the whole stage done at once
+    text, hit = yield from _iter_cached_finite(cache, parts, compute, {**parts, "dataset": dataset_name},
+                                               f"caption features ({text_model.name})",
+                                               lambda i: f"caption {i}, {str(captions[i])[:60]!r}")
+    if hit:
+        yield len(captions), len(captions)
     return text, hit

@@ -22,14 +22,14 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from crossview.core.errors import Cancelled, CrossViewError, DatasetError, WeightsNotFoundError
+from crossview.core.errors import CrossViewError, DatasetError, WeightsNotFoundError
 from crossview.features.weights import (PackagedWeights, file_sha256, load_state_dict,
                                         missing_weights_message, resolve_weights)
 
@@ -282,16 +282,28 @@ class ImageEncoder:
                      device: str = "cpu", local: bool = False,
                      progress: Callable[[int, int], None] | None = None,
                      should_stop: Callable[[], bool] | None = None) -> np.ndarray:
-        """Features of the image files ``paths``.
+        """Features of the image files ``paths`` (:meth:`iter_encode_paths` driven to its end).
 
         Returns ``(n, dim) float32`` pooled features, or with ``local=True`` ``(n, h*w, local_dim)``
-        float32 local descriptors (row-major over the conv map). Images are decoded by ``num_workers``
-        worker processes (default :func:`default_num_workers`; 0 decodes in this process; a single batch is
-        always decoded here, as starting workers would cost more than it saves). ``progress(done, total)``
-        is called at the start and after each batch; ``should_stop()`` is checked before each batch and
-        raises :class:`~crossview.core.errors.Cancelled`. A file that cannot be decoded raises
+        float32 local descriptors (row-major over the conv map). ``progress(done, total)`` is called at the
+        start and after each batch; ``should_stop()`` is checked before each batch and raises
+        :class:`~crossview.core.errors.Cancelled`. A file that cannot be decoded raises
         :class:`~crossview.core.errors.DatasetError` naming it.
         """
+        from crossview.core.progress import drive
+
+        return drive(self.iter_encode_paths(paths, batch_size=batch_size, num_workers=num_workers, device=device,
+                                            local=local), progress, should_stop,
+                     lambda done, n: (f"{self.name} feature extraction cancelled before it started" if not done else
+                                      f"{self.name} feature extraction cancelled after {done} of {n} images"))
+
+    def iter_encode_paths(self, paths: Sequence[str | Path], *, batch_size: int = 64, num_workers: int | None = None,
+                          device: str = "cpu", local: bool = False) -> Iterator[tuple[int, int]]:
+        """:meth:`encode_paths` as a generator: yields ``(done, total)`` at the start and after each batch and
+        *returns* the features (``result = yield from enc.iter_encode_paths(...)``). Closing it between two
+        batches stops the work and shuts the decoding workers down. Images are decoded by ``num_workers``
+        worker processes (default :func:`default_num_workers`; 0 decodes in this process; a single batch is
+        always decoded here, as starting workers would cost more than it saves)."""
         import torch
         from torch.utils.data import DataLoader
 
@@ -306,12 +318,9 @@ class ImageEncoder:
             raise CrossViewError(f"number of workers must be 0 or more, got {num_workers}")
         n_batches = -(-n // batch_size)
         workers = 0 if n_batches <= 1 else min(num_workers, n_batches)
-        if progress is not None:
-            progress(0, n)
+        yield 0, n
         if n == 0:
             return np.zeros((0, 0, self.local_dim) if local else (0, self.dim), dtype=np.float32)
-        if should_stop is not None and should_stop():
-            raise Cancelled(f"{self.name} feature extraction cancelled before it started")
 
         mods = self.load()
         body, head = mods["body"].to(dev), mods["head"].to(dev)
@@ -324,10 +333,8 @@ class ImageEncoder:
         done = 0
         it = iter(loader)
         try:
-            with torch.inference_mode():
-                while True:
-                    if should_stop is not None and should_stop():
-                        raise Cancelled(f"{self.name} feature extraction cancelled after {done} of {n} images")
+            while True:
+                with torch.inference_mode():
                     try:
                         batch, idx, errors = next(it)
                     except StopIteration:
@@ -343,12 +350,11 @@ class ImageEncoder:
                     else:
                         res = head(fmap)
                     res = res.float().cpu().numpy()
-                    if out is None:
-                        out = np.empty((n, *res.shape[1:]), dtype=np.float32)
-                    out[idx.numpy()] = res
-                    done += len(idx)
-                    if progress is not None:
-                        progress(done, n)
+                if out is None:
+                    out = np.empty((n, *res.shape[1:]), dtype=np.float32)
+                out[idx.numpy()] = res
+                done += len(idx)
+                yield done, n        # outside inference_mode: the consumer's code runs as usual
         finally:
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown is not None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from crossview.core.errors import Cancelled, CrossViewError
+from crossview.core.errors import CrossViewError
 
 
 Progress = Callable[[int, int], None]
@@ -172,33 +172,39 @@ class TextEncoder:
     def encode(self, captions: Sequence[str], *, batch_size: int = 256, device: str = "cpu",
                progress: Progress | None = None,
                should_stop: Callable[[], bool] | None = None) -> np.ndarray:
-        """``(n, dim) float32`` features of ``captions``, ``batch_size`` at a time.
+        """``(n, dim) float32`` features of ``captions``, ``batch_size`` at a time (:meth:`iter_encode` driven to
+        its end).
 
-        ``progress(done, total)`` is called after each batch; when ``should_stop()`` returns True
-        (checked before each batch) :class:`~crossview.core.errors.Cancelled` is raised. ``device`` matters
-        for the transformers only (the others run on the CPU).
+        ``progress(done, total)`` is called when the work starts (0) and after each batch; when ``should_stop()``
+        returns True (checked before each batch) :class:`~crossview.core.errors.Cancelled` is raised.
+        ``device`` matters for the transformers only (the others run on the CPU).
         """
+        from crossview.core.progress import drive
+
+        return drive(self.iter_encode(captions, batch_size=batch_size, device=device), progress, should_stop,
+                     lambda done, n: f"text encoding ({self.name}) cancelled after {done} of {n} captions")
+
+    def iter_encode(self, captions: Sequence[str], *, batch_size: int = 256,
+                    device: str = "cpu") -> Iterator[tuple[int, int]]:
+        """:meth:`encode` as a generator: yields ``(done, total)`` when the work starts and after each batch,
+        and *returns* the features (``x = yield from enc.iter_encode(captions)``)."""
         captions = _check_captions(captions)
         self._check_fitted()
         if batch_size < 1:
             raise CrossViewError(f"batch_size must be >= 1, got {batch_size}")
         n = len(captions)
         out = np.zeros((n, self.dim), dtype=np.float32)
-        if n and progress is not None:
-            progress(0, n)        # work starts (a cache hit reports only its end: nothing was encoded)
-        ctx = self._begin(device) if n else None
+        yield 0, n            # work starts (a cache hit reports only its end: nothing was encoded)
+        if n == 0:
+            return out
+        ctx = self._begin(device)
         order = self._order(captions)
         done = 0
         for start in range(0, n, batch_size):
-            if should_stop is not None and should_stop():
-                raise Cancelled(f"text encoding ({self.name}) cancelled after {done} of {n} captions")
             idx = order[start:start + batch_size]
             out[idx] = self._encode_batch([captions[i] for i in idx], ctx)
             done += len(idx)
-            if progress is not None:
-                progress(done, n)
-        if n == 0 and progress is not None:
-            progress(0, 0)
+            yield done, n
         return out
 
     def _order(self, captions: list[str]) -> np.ndarray:
