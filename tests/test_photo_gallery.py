@@ -198,6 +198,65 @@ def test_an_undecodable_photo_is_skipped_with_a_warning(colour_run, photos, tmp_
     assert bad_index not in r.query_text("a red square", k=10).items.tolist()
 
 
+def test_cancel_stops_between_batches_and_keeps_what_was_encoded(colour_run, photos, tmp_path):
+    from crossview.core.errors import Cancelled
+
+    run = open_run(colour_run)
+    paths = load_photo_folder(photos).image_paths
+    rec = Recorder()
+    with pytest.raises(Cancelled):
+        encode_photos(run.features, paths, cache=tmp_path, batch_size=1, progress=rec,
+                      should_stop=lambda: len(rec.calls) >= 3)
+    assert rec.calls == [("photos", 0, 4), ("photos", 1, 4), ("photos", 2, 4)]
+    assert encode_photos(run.features, paths, cache=tmp_path).encoded == 2      # the first two were kept
+
+
+class _TopicFeatures:
+    """A stand-in for a TR / CTR run's features: its own image side (``encode_new_images``) and fitted state."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.spec = {"image": {"name": "fake"}}
+        self.image_transform = lambda x: 2 * x
+        self.calls: list[list[str]] = []
+
+        class Rep:
+            def state_dict(rep_self) -> dict:
+                return {"scale": np.array([scale], np.float32)}
+        self.representation = Rep()
+
+    def encode_new_images(self, paths, *, device="cpu"):
+        self.calls.append(list(paths))
+        return np.array([[self.scale * len(Path(p).name), 1.0] for p in paths], np.float32)
+
+
+def test_a_representations_own_image_side_encodes_and_its_state_names_the_store(photos, tmp_path):
+    paths = load_photo_folder(photos).image_paths
+    a = _TopicFeatures(1.0)
+    got = encode_photos(a, paths, cache=tmp_path)
+    assert got.encoded == 4 and len(a.calls) == 1
+    np.testing.assert_allclose(got.features[:, 0], [2 * len(Path(p).name) for p in paths])   # transform applied
+    assert encode_photos(_TopicFeatures(1.0), paths, cache=tmp_path).encoded == 0
+    assert encode_photos(_TopicFeatures(3.0), paths, cache=tmp_path).encoded == 4     # another fitted state
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+
+
+def test_a_method_that_reads_image_files_gets_the_photos_paths(colour_run, photos, tmp_path, monkeypatch):
+    run = open_run(colour_run)
+    seen = []
+    encode = run.method.encode_images
+
+    def spy(data, direction="i2t"):
+        seen.append(data.image_paths)
+        return encode(data, direction=direction)
+
+    monkeypatch.setattr(run.method, "encode_images", spy)
+    monkeypatch.setattr(run.method, "wants_image_files", True, raising=False)
+    folder = load_photo_folder(photos)
+    run.retriever(gallery=folder, cache=FeatureCache(tmp_path / "cache"))
+    assert seen[-1] == folder.image_paths
+
+
 def test_a_run_of_precomputed_features_cannot_encode_photos(photos):
     from crossview.features import Features
 
