@@ -22,7 +22,7 @@ from crossview.features.photo_cache import PhotoStore, encode_photos, encoder_id
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
 
-def _square(colour: str, seed: int, size: int = 40) -> "Image.Image":
+def _square(colour: str, seed: int, size: int = 40):
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -38,6 +38,7 @@ def test_folder_scan_is_recursive_sorted_and_skips_hidden_and_non_images(tmp_pat
                 "b/f.gif"):
         (tmp_path / rel).write_bytes(b"x")
     folder = load_photo_folder(tmp_path)
+    assert isinstance(folder, PhotoFolder)
     assert folder.relative_paths == ("a.png", "b/d.jpeg", "b/deep/c.webp", "z.JPG")
     assert folder.n_images == 4 and folder.name == tmp_path.name and folder.root == tmp_path.resolve()
     assert folder.image_paths[1] == str(tmp_path.resolve() / "b" / "d.jpeg")
