@@ -7,6 +7,7 @@
     crossview query runs/cca-flickr8k --image photo.jpg --corpus corpus.txt   # i2t over a caption corpus
     crossview query runs/cca-flickr8k --caption 1234 --k 5 --json             # a dataset caption, as JSON
     crossview query runs/webly-flickr8k --tags "dog, grass, run"              # a tag list (webly's tag branch)
+    crossview query runs/cca-flickr8k --text "a dog on a beach" --images ~/Pictures   # one's own photos
 
 Everything goes through :class:`crossview.engine.retriever.Retriever` (the Query panel's engine), so every
 registered method answers the same way and the ground truth and its ranks follow the evaluation's tie rule.
@@ -40,6 +41,13 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.split is not None and args.corpus is not None:
         raise CrossViewError("give --split or --corpus, not both: the gallery is a split of the run's dataset or "
                              "a caption corpus")
+    if args.images is not None and (args.split is not None or args.corpus is not None):
+        other = "--split" if args.split is not None else "--corpus"
+        raise CrossViewError(f"give --images or {other}, not both: the gallery is a photo folder, a split of the "
+                             "run's dataset or a caption corpus")
+    if args.images is not None and args.text is None:
+        raise CrossViewError(f"--images {args.images}: a photo folder has no captions: query it with a sentence "
+                             f"(--text SENTENCE), not {given[0]}")
     if args.corpus is not None and args.image is None:
         raise CrossViewError(f"--corpus {args.corpus}: a caption corpus has no images to rank for {given[0]}; "
                              "query it with --image, or rank a split's images with --split")
@@ -65,6 +73,16 @@ def _load_corpus(path: str) -> Any:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise CrossViewError(f"--corpus {p}: cannot read it ({type(e).__name__}: {e}); give a UTF-8 text file "
                              "with one caption a line") from None
+
+
+def _load_photos(path: str) -> Any:
+    """The photo folder ``path`` (searched recursively), or one line saying why it cannot be a gallery."""
+    from crossview.data.photos import load_photo_folder
+
+    try:
+        return load_photo_folder(path)
+    except CrossViewError as e:
+        raise CrossViewError(f"--images {e}") from None
 
 
 def _check_run_dir(path: str) -> Path:
@@ -156,11 +174,35 @@ def _results(retriever: Any, ranking: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _photo_results(retriever: Any, ranking: Any) -> list[dict[str, Any]]:
+    return [{"rank": rank, "score": float(score), "item": int(item), "file": str(retriever.gallery_image_path(item))}
+            for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1)]
+
+
+def _format_photo_table(run: Any, retriever: Any, ranking: Any, rows: list[dict[str, Any]]) -> str:
+    folder = retriever.photos
+    n = retriever.n_gallery_images
+    skipped = f", {len(retriever.photos_skipped)} unreadable skipped" if retriever.photos_skipped else ""
+    lines = [f"run {run.name} ({run.method.name} on {retriever.dataset.name})  gallery photo folder {folder.root} "
+             f"({n:,} photo{'s' if n != 1 else ''}{skipped})",
+             f"query sentence {ranking.query['text']!r} -> ranked photos (t2i)"]
+    width = max(4, len(str(len(rows))))
+    score_width = 7 + any(r["score"] < 0 for r in rows)
+    item_width = max(5, len(str(max((r["item"] for r in rows), default=0))))
+    lines.append(f"{'rank':>{width}}  {'score':>{score_width}}  {'photo':>{item_width}}  file")
+    for r in rows:
+        lines.append(f"{r['rank']:>{width}}  {r['score']:>{score_width}.4f}  {r['item']:>{item_width}}  {r['file']}")
+    return "\n".join(lines)
+
+
 def _gallery_info(retriever: Any, corpus_path: str | None) -> dict[str, Any]:
     info: dict[str, Any] = {"name": retriever.gallery_name, "images": retriever.n_gallery_images,
                             "captions": retriever.n_gallery_captions}
     if corpus_path is not None:
         info["corpus"] = str(corpus_path)
+    if retriever.photos is not None:
+        info["photos"] = str(retriever.photos.root)
+        info["skipped"] = [{"file": p, "problem": why} for p, why in retriever.photos_skipped]
     return info
 
 
@@ -243,6 +285,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     _check_args(args)
     run_dir = _check_run_dir(args.run)
     corpus = _load_corpus(args.corpus) if args.corpus is not None else None
+    photos = _load_photos(args.images) if args.images is not None else None
     device = select_device(args.device)
     progress = feature_progress()         # a bar per feature stage that does work (none for the cached ones)
 
@@ -259,7 +302,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.caption is not None and not 0 <= args.caption < ds.n_captions:
         raise CrossViewError(f"--caption {args.caption}: index out of range; dataset {ds.name!r} has "
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
-    gallery = corpus if corpus is not None else args.split
+    gallery = corpus if corpus is not None else (photos if photos is not None else args.split)
     retriever = run.retriever(gallery=gallery, device=device, progress=progress)
     progress.close()
     if image is not None:
@@ -268,7 +311,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         ranking = retriever.query_tags(args.tags, args.k)
     else:
         ranking = retriever.query_text(args.caption if args.caption is not None else args.text, args.k)
-    rows = _results(retriever, ranking)
+    rows = _photo_results(retriever, ranking) if photos is not None else _results(retriever, ranking)
     if args.json:
         doc = {"run": str(run_dir), "method": run.method.name, "dataset": ds.name,
                "gallery": _gallery_info(retriever, args.corpus),
@@ -278,6 +321,8 @@ def cmd_query(args: argparse.Namespace) -> int:
                                 for i, r in sorted(zip(ranking.gold.tolist(), ranking.gold_ranks.tolist()),
                                                    key=lambda ir: ir[1])]}
         text = json.dumps(doc, indent=2, ensure_ascii=False)
+    elif photos is not None:
+        text = _format_photo_table(run, retriever, ranking, rows)
     else:
         text = _format_table(run, retriever, ranking, rows, corpus is not None)
     print_result(text)
@@ -293,9 +338,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the gallery's images (t2i), as does --tags through a webly run's tag branch; --image ranks its "
                     "captions (i2t). The gallery is a split of "
                     "the run's dataset (default: the split the run was evaluated on, so ranks match its "
-                    "metrics) or, for --image, a caption corpus file.",
+                    "metrics), for --image a caption corpus file, or for --text a folder of your own photos "
+                    "(--images DIR: searched recursively, no captions needed; each photo is encoded once by the "
+                    "run's image encoder and cached).",
         epilog="Examples: crossview query RUN --text 'a dog runs on grass' | crossview query RUN --image 12 "
-               "--k 5 | crossview query RUN --image photo.jpg --corpus corpus_captions.txt --json")
+               "--k 5 | crossview query RUN --image photo.jpg --corpus corpus_captions.txt --json | "
+               "crossview query RUN --text 'a dog on a beach' --images ~/Pictures --k 5")
     p.add_argument("run", metavar="RUN", help="a run folder written by 'crossview train' (it needs its checkpoint)")
     q = p.add_argument_group("query (exactly one)")
     q.add_argument("--text", metavar="SENTENCE",
@@ -315,10 +363,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a split of the run's dataset, or 'all' (default: the split the run was evaluated on)")
     g.add_argument("--corpus", metavar="FILE",
                    help="a caption corpus, a UTF-8 text file with one caption a line (with --image only)")
+    g.add_argument("--images", metavar="DIR",
+                   help="a folder of your own photos (.jpg, .jpeg, .png, .webp, in subfolders too; hidden files "
+                        "skipped; with --text only): ranks them for the sentence; results give each photo's path, "
+                        "no ground truth. Photo features are cached, so only new or changed photos are encoded")
     p.add_argument("--k", type=int, default=10, help="number of results (default 10)")
-    p.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps, for encoding the query "
+    p.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps, for encoding the query, photos "
                    "and a corpus (default: cpu)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (run, method, gallery, query, results with rank, score, item, "
-                        "text or file, gt; ground_truth with the true items' ranks over the whole gallery)")
+                        "text or file, gt; ground_truth with the true items' ranks over the whole gallery); with "
+                        "--images the results are [{rank, score, item, file}]")
     p.set_defaults(func=cmd_query)

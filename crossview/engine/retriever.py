@@ -3,13 +3,15 @@ list) -> ranked images.
 
 :class:`Retriever` holds a fitted method, its dataset and features, and a *gallery*: the images and
 captions of one split (``"test"`` by default), of the whole dataset (``"all"``), or an independent
-caption corpus with no images (the BITR setting; i2t only). Gallery embeddings are computed once and
+caption corpus with no images (the BITR setting; i2t only), or a folder of one's own photos with no captions
+(:class:`~crossview.data.photos.PhotoFolder`; t2i only, no ground truth). Gallery embeddings are computed once and
 put into a top-k index (:mod:`crossview.index`); a query is encoded by the method (new image files go
 through the run's image encoder, new sentences through its fitted text encoder) and searched.
 
 A corpus's caption features go through the feature cache like a dataset's (keyed by the corpus's
 captions, the text encoder and its fitted state), so only the first retriever over a corpus encodes
-it; ``progress(stage, done, total)`` reports that encoding.
+it; ``progress(stage, done, total)`` reports that encoding. A photo folder's photos go through the run's
+image encoder once, cached photo by photo (:mod:`crossview.features.photo_cache`; stage ``"photos"``).
 
 Every :class:`Ranking` also carries the ground truth and its ranks over the *whole* gallery, however
 far down they are, under the tie rule of :mod:`crossview.eval.metrics` (descending score, then the
@@ -26,9 +28,13 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.data.photos import PhotoFolder
 from crossview.methods.base import MethodData, check_direction
 
-__all__ = ["Ranking", "Retriever", "ranks_of"]
+__all__ = ["NO_CAPTIONS", "Ranking", "Retriever", "ranks_of"]
+
+#: What a caption query on a photo gallery says.
+NO_CAPTIONS = "a photo folder has no captions: query it with a sentence"
 
 
 @dataclass
@@ -38,7 +44,7 @@ class Ranking:
     Attributes:
         direction: ``"i2t"`` (items are captions) or ``"t2i"`` (items are images).
         items: ``(k,) int64`` dataset caption / image indices, best first (corpus line numbers for a
-            corpus gallery).
+            corpus gallery, photo indices of the folder for a photo gallery).
         scores: ``(k,) float32`` their scores.
         gold: ``(g,) int64`` the query's ground-truth items present in the gallery (dataset indices).
         gold_ranks: ``(g,) int64`` their 1-based ranks among all gallery items.
@@ -83,10 +89,13 @@ class Retriever:
 
     ``features`` is what :func:`crossview.features.extract_features` returned for ``dataset`` (whole
     dataset, its numbering). ``gallery`` is a split name, ``"all"``, or a
-    :class:`~crossview.data.dataset.TextCorpus` (captions only). ``index_backend`` is a name of
+    :class:`~crossview.data.dataset.TextCorpus` (captions only), or a
+    :class:`~crossview.data.photos.PhotoFolder` (photos only: a sentence ranks them, items are photo indices,
+    :meth:`gallery_image_path` gives a result's file). ``index_backend`` is a name of
     :data:`crossview.index.BACKENDS`. ``cache`` is the :class:`~crossview.features.cache.FeatureCache`
-    for a corpus's caption features (``None``: the default one; ``False``: none). ``progress(stage,
-    done, total)`` reports the corpus encoding (stage ``"corpus captions"``); ``should_stop()`` cancels it.
+    for a corpus's caption features and a photo folder's photo features (``None``: the default one; ``False``:
+    none). ``progress(stage, done, total)`` reports that encoding (stage ``"corpus captions"`` or ``"photos"``);
+    ``should_stop()`` cancels it.
     """
 
     def __init__(self, method: Any, dataset: Any, features: Any, *, gallery: Any = "test",
@@ -101,6 +110,9 @@ class Retriever:
         self.index_backend = index_backend
         self._image_encoder = None
         self.corpus = None
+        self.photos = None    #: the PhotoFolder of a photo gallery
+        self.photos_skipped: list[tuple[str, str]] = []   #: a photo gallery's undecodable files (path, problem)
+        self.photos_encoded = 0   #: a photo gallery: how many photos were encoded now (the rest were cached)
         self._cache = cache
         self._progress = progress
         self._should_stop = should_stop
@@ -117,6 +129,11 @@ class Retriever:
             in_gallery = np.zeros(dataset.n_images, dtype=bool)
             in_gallery[self.gallery_images] = True
             self.gallery_captions = np.flatnonzero(in_gallery[dataset.caption_image]).astype(np.int64)
+        elif isinstance(gallery, PhotoFolder):   # one's own photos: ranked for sentences only
+            self.photos = gallery
+            self.gallery_name = f"photos {gallery.name}"
+            self.gallery_captions = np.zeros(0, dtype=np.int64)
+            self.gallery_images = np.zeros(0, dtype=np.int64)   # the photos that could be read (set below)
         else:  # an independent caption corpus: ranks captions only
             self.corpus = gallery
             self.gallery_name = f"corpus {getattr(gallery, 'name', '')}".strip()
@@ -168,6 +185,9 @@ class Retriever:
         from crossview.index import build_index
 
         ds, f = self.dataset, self.features
+        if self.photos is not None:
+            self._build_photo_gallery()
+            return
         if self.corpus is not None:
             caps = list(self.corpus.captions)
             data = MethodData(image_features=None, text_features=self._corpus_features(caps), captions=caps,
@@ -188,6 +208,38 @@ class Retriever:
         else:
             self._image_emb = None
             self._image_index = None
+
+    def _build_photo_gallery(self) -> None:
+        from crossview.features.cache import FeatureCache
+        from crossview.features.photo_cache import encode_photos
+        from crossview.index import build_index
+
+        folder = self.photos
+        assert folder is not None
+        cache = self._cache if self._cache is False or isinstance(self._cache, FeatureCache) else None
+        got = encode_photos(self.features, folder.image_paths, device=self.device, cache=cache,
+                            progress=self._progress, should_stop=self._should_stop)
+        self.photos_skipped, self.photos_encoded = got.skipped, got.encoded
+        if not len(got.kept):
+            raise CrossViewError(f"{folder.root}: none of its {folder.n_images} photos could be read "
+                                 f"(first: {got.skipped[0][0]}: {got.skipped[0][1]})")
+        self.gallery_images = got.kept
+        files = [str(folder.path_of(int(i))) for i in got.kept] \
+            if getattr(self.method, "wants_image_files", False) else None
+        data = MethodData(image_features=got.features, text_features=None, captions=[],
+                          caption_image=np.zeros(0, np.int64), name=self.gallery_name, image_paths=files)
+        self._caption_emb = None
+        self._caption_index = None
+        self._image_emb = np.ascontiguousarray(self.method.encode_images(data, direction="t2i"), np.float32)
+        self._image_index = build_index(self._image_emb, self.index_backend)
+
+    def gallery_image_path(self, item: int) -> Path | None:
+        """The file of gallery image ``item`` (a ranking's item): a photo of the folder for a photo gallery, a
+        dataset image's file otherwise (``None`` for a dataset of precomputed features)."""
+        if self.photos is not None:
+            return self.photos.path_of(int(item))
+        paths = getattr(self.dataset, "image_paths", None)
+        return Path(paths[int(item)]) if paths is not None else None
 
     @property
     def n_gallery_images(self) -> int:
@@ -231,6 +283,8 @@ class Retriever:
 
     def query_image(self, image: int | str | Path, k: int = 10) -> Ranking:
         """Captions of the gallery ranked for ``image`` (a dataset image index or an image file)."""
+        if self.photos is not None:
+            raise CrossViewError(NO_CAPTIONS)
         x, query = self._image_query_features(image)
         files = self._files([query["image"]]) if "image" in query else (
             [query["file"]] if getattr(self.method, "wants_image_files", False) else None)
@@ -255,6 +309,8 @@ class Retriever:
         check_direction("t2i")
         if self._image_index is None:
             raise CrossViewError("a caption-corpus gallery has no images to rank; choose a split as the gallery")
+        if self.photos is not None and isinstance(text, (int, np.integer)):
+            raise CrossViewError(NO_CAPTIONS)
         if isinstance(text, (int, np.integer)):
             c = int(text)
             if not 0 <= c < self.dataset.n_captions:
@@ -265,7 +321,8 @@ class Retriever:
             if not sentence:
                 raise CrossViewError("type a sentence to search for")
             query, rows = {"text": sentence}, None
-            same = [i for i, cap in enumerate(self.dataset.captions) if cap.strip().lower() == sentence.lower()]
+            same = [] if self.photos is not None else \
+                [i for i, cap in enumerate(self.dataset.captions) if cap.strip().lower() == sentence.lower()]
             if same:      # a typed sentence that is a dataset caption has that caption's ground truth
                 query["caption"] = same[0]
         feats = self._text_rows([sentence], rows)
@@ -280,7 +337,7 @@ class Retriever:
         """``"identity"`` (person datasets: CUHK-PEDES) or ``"class"`` when the dataset's labels group its images
         (several images a label: identities, classes, the demo's layouts), else None (each image its own)."""
         labels = getattr(self.dataset, "labels", None)
-        if labels is None or len(labels) != self.dataset.n_images:
+        if self.photos is not None or labels is None or len(labels) != self.dataset.n_images:
             return None
         cached = getattr(self, "_groups", None)
         if cached is None:

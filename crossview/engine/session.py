@@ -43,9 +43,10 @@ class OpenRun:
 
     def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu",
                   **options: Any) -> Any:
-        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"`` or a
-        corpus); by default the run's evaluation split, so ranks match the run's metrics. ``options``: the
-        Retriever's ``cache``, ``progress`` and ``should_stop`` (a corpus's encoding)."""
+        """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"``, a
+        corpus or a :class:`~crossview.data.photos.PhotoFolder`); by default the run's evaluation split, so ranks
+        match the run's metrics. ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a
+        corpus's or a photo folder's encoding)."""
         from crossview.engine.retriever import Retriever
         return Retriever(self.method, self.dataset, self.features,
                          gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,

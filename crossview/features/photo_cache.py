@@ -1,0 +1,291 @@
+"""A run's image features of a photo folder (:class:`~crossview.data.photos.PhotoFolder`), cached photo by photo.
+
+:func:`encode_photos` puts image files through the run's own image side, the way
+:class:`~crossview.engine.retriever.Retriever` encodes a new image file: the run's frozen backbone
+(:func:`crossview.features.run_image_encoder`), or a TR / CTR representation's ``encode_new_images``; the run's
+normalisation (``image_transform``) is applied after the cache, since it belongs to the run, not to the encoder.
+
+The cache is incremental: one store per image-encoder identity (the backbone's cache parts: name, weights hash,
+transform, output kind, version; for a representation also a hash of its fitted state) in
+``<features_dir>/photos/<identity>.npz``, one row per photo keyed by (absolute path, size, mtime_ns). Adding
+ten photos to a folder encodes those ten; a changed file is encoded again; rows of files that are gone or
+changed are dropped when the store is written. The store is data only (string, integer and float arrays,
+read with ``allow_pickle=False``), written atomically; a damaged one is discarded with a warning and rebuilt.
+
+A photo that cannot be decoded is skipped with a warning naming it (a personal folder with one broken file
+should still be searchable); :attr:`PhotoFeatures.kept` says which photos have rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.core.errors import Cancelled, CrossViewError, DatasetError
+from crossview.core.io import atomic_write_bytes
+from crossview.core.settings import get_settings
+
+__all__ = ["PhotoFeatures", "PhotoStore", "encode_photos", "encoder_identity", "photo_store_dir", "STORE_FORMAT"]
+
+log = logging.getLogger(__name__)
+
+#: The version of the ``.npz`` layout; a store with another is discarded and rebuilt.
+STORE_FORMAT = 1
+#: The progress stage of photo encoding.
+STAGE = "photos"
+
+
+def photo_store_dir() -> Path:
+    """Where the photo stores live by default: ``<features_dir>/photos``."""
+    return get_settings().features_dir / "photos"
+
+
+def _digest(obj: Any, h: Any) -> None:
+    """Feed a nested value of dicts, lists, arrays and plain values into hash ``h`` (order-stable)."""
+    if isinstance(obj, dict):
+        h.update(b"{")
+        for k in sorted(obj, key=str):
+            h.update(str(k).encode() + b":")
+            _digest(obj[k], h)
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for v in obj:
+            _digest(v, h)
+        h.update(b"]")
+    elif hasattr(obj, "detach") and hasattr(obj, "cpu"):     # a torch tensor
+        _digest(obj.detach().cpu().numpy(), h)
+    elif isinstance(obj, np.ndarray):
+        a = np.ascontiguousarray(obj)
+        h.update(f"a{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    else:
+        h.update(repr(obj).encode("utf-8", "surrogateescape"))
+
+
+def encoder_identity(features: Any) -> dict[str, Any]:
+    """What determines a run's image rows before its normalisation: the backbone's cache parts, and for a
+    TR / CTR representation a hash of its fitted state. Raises :class:`CrossViewError` for a run of
+    precomputed image features (it has no image encoder to run on new files)."""
+    from crossview.features import run_image_encoder
+
+    if getattr(features, "encode_new_images", None) is not None:
+        h = hashlib.sha256()
+        rep = getattr(features, "representation", None)
+        state = rep.state_dict() if callable(getattr(rep, "state_dict", None)) else \
+            (features.spec or {}).get("representation")
+        _digest(state, h)
+        return {"kind": "representation", "image": (features.spec or {}).get("image"), "state": h.hexdigest()[:24]}
+    try:
+        encoder = run_image_encoder(features)
+    except CrossViewError as e:
+        if "precomputed" in str(e):
+            raise CrossViewError("this run uses precomputed image features, so it cannot encode photos; search a "
+                                 "photo folder with a run trained with an image encoder") from None
+        raise
+    return {"kind": "encoder", **encoder.cache_parts()}
+
+
+def _identity_key(identity: dict[str, Any]) -> str:
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+class PhotoStore:
+    """The cached rows of one image-encoder identity: ``{(path, size, mtime_ns): (d,) float32}``.
+
+    :meth:`load` reads the store (a missing one is empty; a damaged one is discarded with a warning),
+    :meth:`save` writes it atomically, keeping only rows whose file still has the recorded size and mtime.
+    """
+
+    def __init__(self, identity: dict[str, Any], root: str | Path | None = None) -> None:
+        self.identity = identity
+        self.key = _identity_key(identity)
+        self.root = Path(root) if root is not None else photo_store_dir()
+        self.path = self.root / f"{self.key}.npz"
+        self.rows: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def load(self) -> "PhotoStore":
+        self.rows = {}
+        if not self.path.is_file():
+            return self
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                fmt = int(z["format"])
+                ident = str(z["identity"])
+                paths, sizes, mtimes = z["paths"], z["sizes"], z["mtimes"]
+                feats = z["features"]
+            n = len(paths)
+            if fmt != STORE_FORMAT or ident != json.dumps(self.identity, sort_keys=True, default=str):
+                raise ValueError(f"format {fmt} / identity do not match this encoder")
+            if paths.dtype.kind != "U" or sizes.shape != (n,) or mtimes.shape != (n,) or feats.ndim != 2 \
+                    or feats.shape[0] != n or feats.dtype != np.float32 or not np.isfinite(feats).all():
+                raise ValueError("arrays of the wrong shape, type or values")
+        except Exception as e:  # noqa: BLE001 - any damage (truncated zip, bad arrays) means: rebuild
+            log.warning("photo feature store %s is damaged (%s: %s); discarded it, the photos are encoded again",
+                        self.path, type(e).__name__, str(e)[:120])
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+            return self
+        self.rows = {(str(p), int(s), int(m)): feats[i] for i, (p, s, m) in enumerate(zip(paths, sizes, mtimes))}
+        return self
+
+    def save(self) -> None:
+        keep = [(k, v) for k, v in self.rows.items() if _stat(k[0]) == (k[1], k[2])]
+        self.rows = dict(keep)
+        dim = next((len(v) for _, v in keep), 0)
+        buf = io.BytesIO()
+        np.savez(buf, format=np.array(STORE_FORMAT, dtype=np.int64),
+                 identity=np.array(json.dumps(self.identity, sort_keys=True, default=str)),
+                 paths=np.array([k[0] for k, _ in keep], dtype=str).reshape(-1),
+                 sizes=np.array([k[1] for k, _ in keep], dtype=np.int64),
+                 mtimes=np.array([k[2] for k, _ in keep], dtype=np.int64),
+                 features=(np.stack([v for _, v in keep]).astype(np.float32) if keep
+                           else np.zeros((0, dim), np.float32)))
+        atomic_write_bytes(self.path, buf.getvalue())
+
+
+@dataclass
+class PhotoFeatures:
+    """What :func:`encode_photos` returns.
+
+    Attributes:
+        features: ``(len(kept), d) float32`` the kept photos' rows, after the run's normalisation.
+        kept: ``(len(kept),) int64`` positions in the given paths of the photos that have rows (all but the
+            undecodable ones, which are in ``skipped``).
+        encoded: how many photos were encoded now (the rest came from the cache).
+        skipped: ``(path, problem)`` of each photo that could not be decoded.
+    """
+
+    features: np.ndarray
+    kept: np.ndarray
+    encoded: int
+    skipped: list[tuple[str, str]]
+
+
+def encode_photos(features: Any, paths: Sequence[str | Path], *, device: str = "cpu", batch_size: int = 32,
+                  cache: Any = None, progress: Callable[[str, int, int], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> PhotoFeatures:
+    """The run's image rows of the image files ``paths`` (see the module docstring).
+
+    ``features`` is the run's :class:`~crossview.features.Features`. ``cache``: ``None`` the default folder,
+    ``False`` none, a folder, or a :class:`~crossview.features.cache.FeatureCache` (its ``root/photos``).
+    ``progress("photos", done, total)`` counts the photos to encode: ``(0, m)`` first, then after each batch;
+    only ``(n, n)`` when every photo came from the cache. ``should_stop()`` is checked before each batch and
+    raises :class:`~crossview.core.errors.Cancelled` (the photos encoded so far are kept in the cache).
+    """
+    if batch_size < 1:
+        raise CrossViewError(f"batch size must be at least 1, got {batch_size}")
+    files = [os.path.abspath(str(p)) for p in paths]
+    n = len(files)
+    identity = encoder_identity(features)
+    if cache is False:
+        store = PhotoStore(identity, root=photo_store_dir())
+    else:
+        from crossview.features.cache import FeatureCache
+
+        root = Path(cache.root) / "photos" if isinstance(cache, FeatureCache) else \
+            (Path(cache) if cache is not None else None)
+        store = PhotoStore(identity, root=root).load()
+    keys: list[tuple[str, int, int] | None] = []
+    for f in files:
+        st = _stat(f)
+        keys.append(None if st is None else (f, *st))
+    rows: list[np.ndarray | None] = [store.rows.get(k) if k is not None else None for k in keys]
+    skipped = [(files[i], "image file not found") for i, k in enumerate(keys) if k is None]
+    todo = [i for i, k in enumerate(keys) if k is not None and rows[i] is None]
+    m = len(todo)
+    if progress is not None:
+        progress(STAGE, *((0, m) if m else (n, n)))
+
+    encode = _encoder(features, device) if m else None
+    added = 0
+    try:
+        for start in range(0, m, batch_size):
+            if should_stop is not None and should_stop():
+                raise Cancelled(f"photo encoding cancelled after {start} of {m} photos")
+            chunk = todo[start:start + batch_size]
+            assert encode is not None
+            for i, row in zip(chunk, _encode_chunk(encode, [files[i] for i in chunk], skipped)):
+                if row is not None:
+                    rows[i] = row
+                    store.rows[keys[i]] = row   # type: ignore[index]
+                    added += 1
+            if progress is not None:
+                progress(STAGE, start + len(chunk), m)
+    finally:
+        if added and cache is not False:
+            try:
+                store.save()
+            except OSError as e:      # a read-only cache folder: the search still works, uncached
+                log.warning("photo feature store %s could not be written (%s); the photos will be encoded "
+                            "again next time", store.path, e)
+    for path, problem in skipped:
+        log.warning("photos: skipped %s: %s", path, problem)
+    kept = np.array([i for i, r in enumerate(rows) if r is not None], dtype=np.int64)
+    if len(kept):
+        x = np.stack([rows[i] for i in kept]).astype(np.float32)   # type: ignore[misc]
+        transform = getattr(features, "image_transform", None)
+        if transform is not None:
+            x = np.asarray(transform(x), dtype=np.float32)
+    else:
+        x = np.zeros((0, 0), np.float32)
+    return PhotoFeatures(features=x, kept=kept, encoded=m, skipped=skipped)
+
+
+def _encoder(features: Any, device: str) -> Callable[[list[str]], np.ndarray]:
+    """``encode(paths) -> (k, d) float32`` before the run's normalisation."""
+    rep_encode = getattr(features, "encode_new_images", None)    # a representation's own image side (TR / CTR)
+    if rep_encode is not None:
+        return lambda ps: np.asarray(rep_encode(ps, device=device), np.float32)
+    from crossview.features import run_image_encoder
+
+    enc = run_image_encoder(features)
+    # one batch a call, decoded in this process (workers would start again for every batch)
+    return lambda ps: np.asarray(enc.encode_paths(ps, batch_size=len(ps), num_workers=0, device=device),
+                                 np.float32)
+
+
+def _encode_chunk(encode: Callable[[list[str]], np.ndarray], chunk: list[str],
+                  skipped: list[tuple[str, str]]) -> list[np.ndarray | None]:
+    """Rows of ``chunk``; when a file in it cannot be decoded, the files one by one, skipping the bad ones."""
+    if len(chunk) > 1:
+        try:
+            x = encode(chunk)
+            return [x[j] for j in range(len(chunk))]
+        except DatasetError:
+            pass
+    out: list[np.ndarray | None] = []
+    for p in chunk:
+        try:
+            out.append(encode([p])[0])
+        except DatasetError as e:
+            skipped.append((p, _problem(e, p)))
+            out.append(None)
+    return out
+
+
+def _problem(e: DatasetError, path: str) -> str:
+    """The encoder's message about ``path`` without the path itself (the warning names it)."""
+    text = str(e)
+    at = text.find(path + ": ")
+    return text[at + len(path) + 2:] if at >= 0 else text
