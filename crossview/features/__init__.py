@@ -249,8 +249,11 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
             if num_workers is not None:
                 kw["num_workers"] = num_workers
             if not hasattr(enc, "iter_encode_paths"):     # a plug-in encoder with the callback interface only
-                yield 0, len(dataset.image_paths)
-                return enc.encode_paths(dataset.image_paths, **kw)
+                n = len(dataset.image_paths)
+                yield 0, n
+                out = enc.encode_paths(dataset.image_paths, **kw)
+                yield n, n
+                return out
             return (yield from enc.iter_encode_paths(dataset.image_paths, **kw))
 
         paths = dataset.image_paths
@@ -320,7 +323,9 @@ def iter_encode_captions(captions: Sequence[str], text_model: Any, *, cache: Fea
     def compute() -> Iterator[tuple[int, int]]:
         if not hasattr(text_model, "iter_encode"):      # a plug-in encoder with the callback interface only
             yield 0, len(captions)
-            return np.asarray(text_model.encode(list(captions), device=device), dtype=np.float32)
+            out = np.asarray(text_model.encode(list(captions), device=device), dtype=np.float32)
+            yield len(captions), len(captions)
+            return out
         x = yield from text_model.iter_encode(list(captions), device=device)
         return np.asarray(x, dtype=np.float32)
 
