@@ -73,7 +73,8 @@ class StageEta:
 
 
 class _PlanStage:
-    __slots__ = ("name", "label", "prior", "state", "started", "actual", "fraction", "first", "first_at")
+    __slots__ = ("name", "label", "prior", "state", "started", "actual", "fraction", "first", "first_at",
+                 "rate_from")
 
     def __init__(self, name: str, label: str, prior: float) -> None:
         self.name, self.label, self.prior = name, label, max(0.0, float(prior))
@@ -81,6 +82,9 @@ class _PlanStage:
         self.started = self.actual = self.fraction = 0.0
         self.first = 0.0                # the fraction at its first event: a resumed stage has work behind it
         self.first_at = 0.0             # when that event came (the stage's start-up, e.g. loading a model, is before)
+        #: (time, fraction) of its first report of work done (after its first batch): the stage's own pace is
+        #: measured from there, so loading a model after a "work starts" report does not count as pace
+        self.rate_from: tuple[float, float] | None = None
 
     def share_done(self) -> float:
         """The share of the stage's work done in this execution."""
@@ -96,8 +100,8 @@ class RunEta:
     events.Plan`: priors from this machine's earlier runs, or a built-in cost model). As the run goes, the
     estimate learns from the run's own timings: the work done so far took ``k`` times its expected seconds, so
     every stage still to come takes ``k`` times its own; the running stage, once it has done a tenth of its
-    work, goes at its own rate measured since its first event (its start-up, such as loading a model, does not
-    recur). A stage that reports itself done at its first event (its features
+    work since its first batch, goes at its own pace measured from there (its start-up, such as loading a model
+    after it said "work starts", does not recur). A stage that reports itself done at its first event (its features
     came from the cache) is skipped: neither its time nor its expected seconds count. Progress for a stage the
     plan does not name (or with no plan) falls back to :class:`StageEta`: that stage alone."""
 
@@ -177,6 +181,8 @@ class RunEta:
                 cur.state, cur.started, cur.fraction, cur.first = "running", self._mark, fraction, fraction
                 cur.first_at = t
         elif cur.state == "running":
+            if cur.rate_from is None and fraction > cur.first:
+                cur.rate_from = (t, fraction)
             cur.fraction = max(cur.fraction, fraction)      # sub-steps of one stage never move it back
             if fraction >= 1.0:
                 self._close(cur, t)
@@ -203,9 +209,10 @@ class RunEta:
         left = 0.0
         for s in self._stages:
             if s.state == "running":
-                if s.share_done() >= self.OWN_RATE_FRACTION and t > s.first_at:
-                    # its rate since its first event: the start-up before it is spent and does not recur
-                    left += (t - s.first_at) * (1.0 - s.fraction) / s.share_done()
+                r = s.rate_from
+                if r is not None and s.fraction - r[1] >= self.OWN_RATE_FRACTION and t > r[0]:
+                    # its pace since its first batch: the start-up before it is spent and does not recur
+                    left += (t - r[0]) * (1.0 - s.fraction) / (s.fraction - r[1])
                 else:
                     left += k * s.prior * (1.0 - s.fraction)
             elif s.state == "pending":
