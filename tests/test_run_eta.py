@@ -168,17 +168,27 @@ def test_timing_book_averages_and_ignores_damage(tmp_path):
     assert book.per_unit("fit", "cca", "cpu") == pytest.approx(0.1)
 
 
-def test_a_run_says_its_plan_first_and_names_every_stage(tmp_path, monkeypatch, demo_dataset):
-    """A CCA run on the demo (features from the session's cache): a Plan before the first progress, every
-    progress event names a planned stage, the run ends with the evaluation stage done, and the timing book
-    learns the stages that did work (fitting, evaluating), never the cached ones."""
-    from crossview.engine.run import train
+def test_a_run_says_its_plan_first_and_names_every_stage(tmp_path, monkeypatch):
+    """A CCA run on image files (nine small PNGs; a random-weight backbone stands in for the pretrained one, so
+    the test extracts in seconds): a Plan before the first progress, every progress event names a planned stage,
+    the run ends with the evaluation stage done, and the timing book learns the stages that did work; a second run
+    (features from the cache) teaches it fitting and evaluating only, never the cached stages."""
+    from test_progress_printing import _tiny_dataset
 
+    from crossview.engine.run import train
+    from crossview.features import image as image_mod
+
+    monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
+    real = image_mod.create_image_encoder
+    monkeypatch.setattr(image_mod, "create_image_encoder", lambda name, **kw: real("resnet18", allow_random=True))
     book = tmp_path / "timings.json"
     monkeypatch.setattr(timings, "default_path", lambda: book)
-    list(train("cca", demo_dataset, run_dir=tmp_path / "first"))    # the demo's features are in the cache now
-    book.unlink(missing_ok=True)
-    events = list(train("cca", demo_dataset, run_dir=tmp_path / "run"))
+    data = str(_tiny_dataset(tmp_path / "tiny", n=9))
+    kw = dict(image_encoder="resnet18", text_encoder="tfidf", params={"n_components": 2}, device="cpu")
+    list(train("cca", data, run_dir=tmp_path / "first", **kw))      # extracts: images and captions do work
+    assert any(k.startswith("images|resnet18|") for k in TimingBook(book).entries())
+    book.unlink()
+    events = list(train("cca", data, run_dir=tmp_path / "run", **kw))
     kinds = [type(e).__name__ for e in events]
     assert "Plan" in kinds and kinds.index("Plan") < kinds.index("Progress")
     plan = next(e for e in events if isinstance(e, Plan))
