@@ -113,31 +113,24 @@ class RunEta:
         self.min_fraction = min_fraction
         self._stages: list[_PlanStage] = []
         self._mark = 0.0                 # active seconds when the last stage ended (or the plan began)
-        self._paused_at: float | None = None
-        self._paused_total = 0.0
-        self._fallback = StageEta(clock, min_fraction)
+        self._fallback = StageEta(clock, min_fraction)   # a stage the plan does not name; and the pause clock
         self._last_eta: float | None = None
         self._bar = 0.0
 
-    # ------------------------------------------------------------------ clock
+    # ------------------------------------------------------------------ clock (the fallback's: one pause clock)
     @property
     def paused(self) -> bool:
-        return self._paused_at is not None
+        return self._fallback.paused
 
     def pause(self) -> None:
-        if self._paused_at is None:
-            self._paused_at = self._clock()
         self._fallback.pause()
 
     def resume(self) -> None:
-        if self._paused_at is not None:
-            self._paused_total += self._clock() - self._paused_at
-            self._paused_at = None
         self._fallback.resume()
 
     def active_seconds(self) -> float:
-        now = self._clock()
-        return now - self._paused_total - (now - self._paused_at if self._paused_at is not None else 0.0)
+        """The clock less every pause (the current one included)."""
+        return self._fallback.active_seconds()
 
     # ------------------------------------------------------------------ plan and progress
     def plan(self, stages: list[dict[str, Any]]) -> None:
