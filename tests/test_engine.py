@@ -348,6 +348,31 @@ def test_default_run_dir_is_under_the_runs_folder(tmp_path, toy, monkeypatch):
     assert os.listdir(tmp_path / "home" / "runs") == [it.run_dir.name]
 
 
+def test_unused_dir_never_reuses_a_folder_and_names_are_checked(tmp_path, monkeypatch):
+    """One helper names every new run / search folder (the engine, the Train panel, the search view, tune)."""
+    from datetime import datetime as real_datetime
+
+    import crossview.engine.run_folder as rf
+    from crossview.core.errors import CrossViewError
+
+    class Frozen(real_datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real_datetime(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(rf, "datetime", Frozen)
+    first = rf.unused_dir(tmp_path, "cca", rf.safe_name("my data/set"))
+    assert first == tmp_path / "cca-my_data_set-20260102-030405"
+    first.mkdir()
+    (tmp_path / f"{first.name}-2").mkdir()
+    assert rf.unused_dir(tmp_path, "cca", rf.safe_name("my data/set")) == tmp_path / f"{first.name}-3"
+    assert rf.safe_name("") == "data"
+    assert rf.check_folder_name("run_1") == "run_1"
+    for bad in ("a/b", "..", "x\\y"):
+        with pytest.raises(CrossViewError, match="use letters"):
+            rf.check_folder_name(bad, "search folder name")
+
+
 def test_card_flags_become_train_options(tmp_path, toy, monkeypatch, capsys):
     """A card parameter with ``flag = "--ridge"`` gets its own `crossview train` option."""
     from crossview.cli import main

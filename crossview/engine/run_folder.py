@@ -36,18 +36,36 @@ LOCK_INFO = "writer.json"
 SUMMARY_KEYS = ("method", "dataset", "split", "i2t", "t2i", "rsum", "train_seconds")
 _METRIC_KEYS = ("R@1", "R@5", "R@10", "MedR", "MeanR")
 _FORMAT = 1
-def default_run_dir(method: str, dataset_name: str) -> Path:
-    """``get_settings().runs_dir / "<method>-<dataset>-<timestamp>"`` (a new, unused name)."""
-    from crossview.core.settings import get_settings
+def safe_name(text: str) -> str:
+    """``text`` with every character but letters, digits, ``-``, ``_`` and ``.`` replaced by ``_`` (``data`` if
+    empty): a folder-name part made from a dataset's name."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "data"
 
+
+def check_folder_name(name: str, what: str = "run name") -> str:
+    """``name`` when it can be one folder under the runs folder; else one clear :class:`CrossViewError` line."""
+    if any(ch in name for ch in "/\\") or name in (".", ".."):
+        raise CrossViewError(f"{what} {name!r}: use letters, digits, '-' and '_' only")
+    return name
+
+
+def unused_dir(root: Path, *parts: str) -> Path:
+    """``root / "<parts>-<timestamp>"``, or with ``-2``, ``-3``, ... appended: a new, unused folder name (the
+    parts joined by ``-``; the dataset part should go through :func:`safe_name`)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset_name) or "data"
-    base = get_settings().runs_dir / f"{method}-{safe}-{stamp}"
+    base = Path(root) / "-".join([*parts, stamp])
     path, k = base, 1
     while path.exists():
         k += 1
         path = base.with_name(f"{base.name}-{k}")
     return path
+
+
+def default_run_dir(method: str, dataset_name: str) -> Path:
+    """``get_settings().runs_dir / "<method>-<dataset>-<timestamp>"`` (a new, unused name)."""
+    from crossview.core.settings import get_settings
+
+    return unused_dir(get_settings().runs_dir, method, safe_name(dataset_name))
 
 
 _NUM = (int, float)

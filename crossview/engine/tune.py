@@ -39,7 +39,6 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -336,9 +335,8 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
                   "t2i": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0}}, metric)
     if out is None:
         from crossview.core.settings import get_settings
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in ds.name) or "data"
-        out = get_settings().runs_dir / f"tune-{method}-{safe}-{stamp}"
+        from crossview.engine.run_folder import safe_name, unused_dir
+        out = unused_dir(get_settings().runs_dir, "tune", method, safe_name(ds.name))
     folder = Path(out)
     record = {"method": method, "data": source, "grid": grid, "params": fixed, "metric": metric,
               "select_on": str(select_on or "auto"), "folds": sel.folds if sel.selected_on.endswith(

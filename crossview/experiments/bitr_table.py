@@ -193,8 +193,8 @@ def make_folds(dataset: Any, *, folds: int | None = None, split: str | None = No
             val = val if len(val) else None
         desc = f"train on {len(train)} images ({'train' if 'train' in dataset.splits else 'all but ' + split}), " \
                f"test on the {len(test)} images of split {split!r}"
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in split)
-        return [Fold(split, np.sort(train), np.sort(test), val, safe)], desc
+        from crossview.engine.run_folder import safe_name
+        return [Fold(split, np.sort(train), np.sort(test), val, safe_name(split))], desc
     folds = int(folds)  # type: ignore[arg-type]
     if folds < 2:
         raise CrossViewError(f"--folds must be at least 2, got {folds}")
@@ -656,7 +656,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     "experiment_dir", "runs": {method: [run folder per fold]}}``.
     """
     from crossview.core.io import atomic_write_json
-    from crossview.engine.run import SUMMARY, read_summary, train
+    from crossview.engine.run import read_summary, train
     from crossview.engine.runs import ensure_run, load_fitted
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,

@@ -210,21 +210,14 @@ class SearchView(QWidget):
             self.search_dialog = None
 
     def _new_search_dir(self, method: str, name: str) -> Path:
+        from crossview.engine.run_folder import check_folder_name, safe_name, unused_dir
+
         if name:
-            if any(ch in name for ch in "/\\") or name in (".", ".."):
-                raise CrossViewError(f"search folder name {name!r}: use letters, digits, '-' and '_' only")
-            path = self.runs_root / name
+            path = self.runs_root / check_folder_name(name, "search folder name")
             if path.exists() and not (path / "tune.json").is_file() and any(path.iterdir()):
                 raise CrossViewError(f"{path} exists and is not a search folder: choose another search folder name")
             return path
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.dataset.name) or "data"
-        base = self.runs_root / f"tune-{method}-{safe}-{stamp}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return path
+        return unused_dir(self.runs_root, "tune", method, safe_name(self.dataset.name))
 
     def start_search(self, spec: SearchSpec | None) -> EventTask | None:
         """Start a validation search (:func:`crossview.engine.tune.tune`) of the owner's method on the view's

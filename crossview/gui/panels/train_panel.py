@@ -603,18 +603,12 @@ class TrainPanel(QWidget):
             w.setEnabled(not running)
 
     def _new_run_dir(self, method: str) -> Path:
+        from crossview.engine.run_folder import check_folder_name, safe_name, unused_dir
+
         name = self.run_name.text().strip()
         if name:
-            if any(ch in name for ch in "/\\") or name in (".", ".."):
-                raise CrossViewError(f"run name {name!r}: use letters, digits, '-' and '_' only")
-            return self.runs_root / name
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = self.runs_root / f"{method}-{self.dataset.name}-{stamp}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return path
+            return self.runs_root / check_folder_name(name)
+        return unused_dir(self.runs_root, method, safe_name(self.dataset.name))
 
     def start(self) -> EventTask | None:
         """Start training the chosen method on the current dataset in a new run folder."""
