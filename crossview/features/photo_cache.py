@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import Cancelled, CrossViewError, DatasetError
+from crossview.core.hashing import hash_into
 from crossview.core.io import atomic_write_bytes
 from crossview.core.settings import get_settings
 
@@ -49,29 +50,6 @@ def photo_store_dir() -> Path:
     return get_settings().features_dir / "photos"
 
 
-def _digest(obj: Any, h: Any) -> None:
-    """Feed a nested value of dicts, lists, arrays and plain values into hash ``h`` (order-stable)."""
-    if isinstance(obj, dict):
-        h.update(b"{")
-        for k in sorted(obj, key=str):
-            h.update(str(k).encode() + b":")
-            _digest(obj[k], h)
-        h.update(b"}")
-    elif isinstance(obj, (list, tuple)):
-        h.update(b"[")
-        for v in obj:
-            _digest(v, h)
-        h.update(b"]")
-    elif hasattr(obj, "detach") and hasattr(obj, "cpu"):     # a torch tensor
-        _digest(obj.detach().cpu().numpy(), h)
-    elif isinstance(obj, np.ndarray):
-        a = np.ascontiguousarray(obj)
-        h.update(f"a{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    else:
-        h.update(repr(obj).encode("utf-8", "surrogateescape"))
-
-
 def encoder_identity(features: Any) -> dict[str, Any]:
     """What determines a run's image rows before its normalisation: the backbone's cache parts, and for a
     TR / CTR representation a hash of its fitted state. Raises :class:`CrossViewError` for a run of
@@ -83,7 +61,7 @@ def encoder_identity(features: Any) -> dict[str, Any]:
         rep = getattr(features, "representation", None)
         state = rep.state_dict() if callable(getattr(rep, "state_dict", None)) else \
             (features.spec or {}).get("representation")
-        _digest(state, h)
+        hash_into(h, state)
         return {"kind": "representation", "image": (features.spec or {}).get("image"), "state": h.hexdigest()[:24]}
     try:
         encoder = run_image_encoder(features)

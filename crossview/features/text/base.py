@@ -4,13 +4,13 @@ registry (``register_text_encoder`` / ``create_text_encoder`` / ``list_text_enco
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.hashing import hash_into as _hash_obj
 
 
 Progress = Callable[[int, int], None]
@@ -64,29 +64,6 @@ def resolve_device(device: str | None) -> Any:
     from crossview.core.devices import torch_device
 
     return torch_device(device)
-
-
-def _hash_obj(h: "hashlib._Hash", obj: Any) -> None:
-    """Feed a nested structure of dicts, lists, arrays and scalars into ``h``, canonically."""
-    if isinstance(obj, np.ndarray):
-        h.update(f"nd{obj.dtype.str}{obj.shape}".encode())
-        h.update(np.ascontiguousarray(obj).tobytes())
-    elif isinstance(obj, Mapping):
-        h.update(b"{")
-        for k in sorted(obj, key=str):
-            h.update(str(k).encode() + b":")
-            _hash_obj(h, obj[k])
-        h.update(b"}")
-    elif isinstance(obj, (list, tuple)):
-        h.update(b"[")
-        for x in obj:
-            _hash_obj(h, x)
-            h.update(b",")
-        h.update(b"]")
-    else:
-        if isinstance(obj, np.generic):
-            obj = obj.item()
-        h.update(json.dumps(obj).encode())
 
 
 def _check_captions(captions: Any) -> list[str]:
