@@ -18,7 +18,7 @@ from PySide6.QtGui import QImage  # noqa: E402
 from crossview.engine.retriever import Retriever  # noqa: E402
 from crossview.explain import Explanation, RegionMap, WordImportance, caption_words  # noqa: E402
 from crossview.gui.panels.query_panel import ItemRole, QueryPanel  # noqa: E402
-from toy import Identity, toy_setup  # noqa: E402
+from toy import Identity, toy_images, toy_setup  # noqa: E402
 
 pytestmark = pytest.mark.gui
 PATH = Qt.ItemDataRole.UserRole + 3
@@ -52,12 +52,7 @@ class FakeExplainer:
 
 
 def _images(tmp_path: Path) -> list[str]:
-    paths = []
-    for i in range(30):
-        p = tmp_path / f"im{i}.png"
-        Image.new("RGB", (64, 48) if i % 2 else (40, 40), (i * 8, 100, 200)).save(p)
-        paths.append(str(p))
-    return paths
+    return toy_images(tmp_path, lambda i: (64, 48) if i % 2 else (40, 40))
 
 
 def _panel(qtbot, tmp_path: Path, features_hook=None) -> QueryPanel:

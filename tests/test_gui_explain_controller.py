@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 pytest.importorskip("pytestqt")
 from PySide6.QtGui import QPixmap  # noqa: E402
@@ -20,7 +19,7 @@ from crossview.explain import Explanation, RegionMap, WordImportance, caption_wo
 from crossview.gui.explain_controller import EXPLAIN_KEEP, ExplainController  # noqa: E402
 from crossview.gui.explain_view import Explained, Pair  # noqa: E402
 from crossview.gui.workers import Task  # noqa: E402
-from toy import Identity, toy_setup  # noqa: E402
+from toy import toy_retriever  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -56,24 +55,12 @@ class Fake:
         return Explanation(region=region, words=wi, image_path=path, text=text)
 
 
-def _retriever(tmp_path: Path, gallery: str = "test", hook=None) -> Retriever:
-    paths = []
-    for i in range(30):
-        p = tmp_path / f"im{i}.png"
-        Image.new("RGB", (40, 40), (i * 8, 100, 200)).save(p)
-        paths.append(str(p))
-    ds, feats, _ = toy_setup(paths)
-    if hook is not None:
-        hook(feats)
-    return Retriever(Identity().fit(None), ds, feats, gallery=gallery)
-
-
 @pytest.fixture
 def ctl(qtbot, tmp_path: Path):
     c = ExplainController()
     c.fakes = []
     c.explainer_factory = lambda r: c.fakes.append(Fake(r)) or c.fakes[-1]
-    c.set_retriever(_retriever(tmp_path))
+    c.set_retriever(toy_retriever(tmp_path))
     yield c
     for fake in c.fakes:                       # nothing may stay blocked on a gate
         for gate in fake.gates.values():
@@ -157,7 +144,7 @@ def test_the_explainer_and_kept_pairs_belong_to_one_run(qtbot, ctl, tmp_path: Pa
     assert ctl.explainer is explainer and ctl.get(t2i([22])[0]) is not None
     # another run: a fresh explainer, made on first use, and nothing kept
     (tmp_path / "other").mkdir()
-    ctl.set_retriever(_retriever(tmp_path / "other"))
+    ctl.set_retriever(toy_retriever(tmp_path / "other"))
     assert ctl.explainer is None and not ctl.cache
     ctl.set_retriever(None)
     assert ctl.explainer is None
@@ -220,7 +207,7 @@ def test_the_real_explainer_on_a_run_without_images_shades_the_words(qtbot, tmp_
         feats.image_encoder = PRECOMP
 
     ctl = ExplainController()
-    ctl.set_retriever(_retriever(tmp_path, hook=precomp))
+    ctl.set_retriever(toy_retriever(tmp_path, hook=precomp))
     pair = Pair(22, "a red thing", "i2t")
     try:
         with qtbot.waitSignal(ctl.pair_explained, timeout=30_000) as sig:

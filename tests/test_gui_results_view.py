@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
@@ -18,20 +17,14 @@ from crossview.engine.retriever import Retriever  # noqa: E402
 from crossview.explain import Explanation, WordImportance, caption_words  # noqa: E402
 from crossview.gui.explain_view import ERROR_STYLE, ExplainBar, Pair, pairs_in_view, query_sentence  # noqa: E402
 from crossview.gui.results_view import GOLD, MARK_YES, PathRole, ItemRole, ResultsView  # noqa: E402
-from toy import Identity, toy_setup  # noqa: E402
+from toy import toy_retriever  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
 
 @pytest.fixture
 def retriever(tmp_path: Path) -> Retriever:
-    paths = []
-    for i in range(30):
-        p = tmp_path / f"im{i}.png"
-        Image.new("RGB", (40, 24), (i * 8, 100, 200)).save(p)
-        paths.append(str(p))
-    ds, feats, _ = toy_setup(paths)
-    return Retriever(Identity().fit(None), ds, feats, gallery="test")
+    return toy_retriever(tmp_path, (40, 24))
 
 
 @pytest.fixture

@@ -55,3 +55,27 @@ def toy_setup(image_paths=None):
     text = enc.encode(caps) + 0.01 * rng.standard_normal((len(caps), 3)).astype(np.float32)
     feats = SimpleNamespace(image=image, text=text, text_model=enc, image_encoder="x", spec={})
     return ds, feats, colours
+
+
+def toy_images(folder, size=(40, 40), n: int = 30) -> list[str]:
+    """``n`` small PNGs ``im<i>.png`` in ``folder`` (one colour each); ``size`` is ``(w, h)`` or a function of
+    the index giving it."""
+    from PIL import Image
+
+    paths = []
+    for i in range(n):
+        p = folder / f"im{i}.png"
+        Image.new("RGB", size(i) if callable(size) else size, (i * 8, 100, 200)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+def toy_retriever(folder, size=(40, 40), hook=None, gallery: str = "test"):
+    """A :class:`~crossview.engine.retriever.Retriever` of :class:`Identity` on :func:`toy_setup` with real image
+    files in ``folder`` (``hook(features)`` may change the features first)."""
+    from crossview.engine.retriever import Retriever
+
+    ds, feats, _ = toy_setup(toy_images(folder, size))
+    if hook is not None:
+        hook(feats)
+    return Retriever(Identity().fit(None), ds, feats, gallery=gallery)
