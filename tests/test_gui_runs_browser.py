@@ -58,3 +58,42 @@ def test_the_browser_alone_lists_opens_renames_and_deletes(qtbot, runs_root, tmp
     with qtbot.waitSignal(browser.refused) as refused:
         assert browser.open_run_folder(not_a_run) is None
     assert "not a run folder" in refused.args[1]
+
+
+def test_the_rename_and_delete_dialogs_show_the_whole_name_and_cancel_does_nothing(qtbot, runs_root, tmp_path):
+    """Opened as a user opens them (no name given, confirmation asked) and dismissed: the rename box is wide
+    enough for the run's whole name, and neither dialog renames or deletes anything when cancelled. The dialogs
+    are caught and saved by the screenshot tool's own helper (``crossview screenshot --dialogs``)."""
+    from PIL import Image
+    from PySide6.QtWidgets import QApplication, QInputDialog
+
+    from crossview.gui.runs_browser import RunsBrowser
+    from crossview.gui.screenshots import _shoot_dialog
+
+    long_name = "cca-flickr8k_sample-20261126-183518"
+    (runs_root / "a").rename(runs_root / long_name)
+    browser = RunsBrowser(runs_root, is_busy=lambda p: False)
+    qtbot.addWidget(browser)
+    browser.refresh()
+    browser.select_run(runs_root / long_name)
+    seen = {}
+
+    def rename() -> None:
+        seen["rename"] = browser.rename_selected()
+
+    widths = []
+    real_exec = QInputDialog.exec
+
+    def exec_and_measure(dialog):
+        widths.append((dialog.width(), dialog.fontMetrics().horizontalAdvance(dialog.textValue())))
+        return real_exec(dialog)
+
+    import unittest.mock as mock
+    with mock.patch.object(QInputDialog, "exec", exec_and_measure):
+        shot = _shoot_dialog(QApplication.instance(), rename, tmp_path / "rename.png")
+    assert seen["rename"] is None and (runs_root / long_name).is_dir()
+    assert widths and widths[0][0] > widths[0][1] + 40          # the name fits with room to edit
+    assert Image.open(shot).size[0] >= widths[0][0] - 2
+    _shoot_dialog(QApplication.instance(), lambda: seen.setdefault("delete", browser.delete_selected()),
+                  tmp_path / "delete.png")
+    assert seen["delete"] is False and (runs_root / long_name).is_dir()

@@ -11,7 +11,8 @@ def cmd_screenshot(args: argparse.Namespace) -> int:
 
     paths = render_screenshots(args.out, data=args.data, run=args.run, compare=args.compare, method=args.method,
                                sentence=args.sentence, size=(args.width, args.height),
-                               log=lambda m: print(m, file=sys.stderr), explain=args.explain)
+                               log=lambda m: print(m, file=sys.stderr), explain=args.explain,
+                               dialogs=args.dialogs)
     print(f"wrote {len(paths)} screenshots to {args.out}")
     return 0
 
@@ -29,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sentence", default=None,
                    help="the text query to show (default: a demo sentence on the demo, else a caption of the "
                         "run's evaluation split)")
+    p.add_argument("--dialogs", action="store_true",
+                   help="also shoot the app's own dialogs (search, rename, delete, an error, about), each opened as a "
+                        "user opens it and closed without acting")
     p.add_argument("--explain", action="store_true",
                    help="also shoot the Query panel and presentation mode with Explain on (region maps over the "
                         "images, the caption's words shaded by importance)")

@@ -163,9 +163,16 @@ class RunsBrowser(QGroupBox):
                          "Cannot rename run")
             return None
         if new_name is None:
-            new_name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old.name)
-            if not ok:
+            dialog = QInputDialog(self)
+            dialog.setWindowTitle("Rename run")
+            dialog.setLabelText(f"New name for {old.name}:")
+            dialog.setTextValue(old.name)
+            # wide enough to show a whole run name (method-dataset-timestamp) and a few more characters
+            dialog.resize(max(360, dialog.fontMetrics().horizontalAdvance(old.name + "W" * 12) + 60),
+                          dialog.sizeHint().height())
+            if not dialog.exec():
                 return None
+            new_name = dialog.textValue()
         from crossview.engine.runs import rename_run
         try:
             target = rename_run(old, new_name)      # refused while another process writes the run

@@ -52,6 +52,44 @@ def _settle(app: Any, ms: int = 300) -> None:
     app.processEvents()
 
 
+def _shoot_dialog(app: Any, trigger: Callable[[], Any], path: Path, timeout_ms: int = 60_000) -> Path:
+    """Call ``trigger`` (which opens a dialog, blocking as ``exec()`` does or not as ``open()`` does), save the
+    dialog that appears as ``path`` and close it (rejected: nothing it offers is done)."""
+    from PySide6.QtCore import QElapsedTimer, QTimer
+    from PySide6.QtWidgets import QApplication, QDialog
+
+    from crossview.core.errors import CrossViewError
+
+    before = {id(w) for w in QApplication.topLevelWidgets() if isinstance(w, QDialog) and w.isVisible()}
+    state: dict[str, Any] = {"saved": False}
+    clock = QElapsedTimer()
+    clock.start()
+
+    def poll() -> None:
+        shown = [w for w in QApplication.topLevelWidgets()
+                 if isinstance(w, QDialog) and w.isVisible() and id(w) not in before]
+        if shown and not state.get("seen"):
+            state["seen"] = clock.elapsed()          # let it lay out and paint before grabbing
+        if shown and clock.elapsed() - state["seen"] >= 300:
+            dialog = shown[-1]
+            state["saved"] = dialog.grab().save(str(path))
+            dialog.reject()
+            return
+        if clock.elapsed() < timeout_ms:
+            QTimer.singleShot(50, poll)
+        else:
+            state["timeout"] = True
+
+    QTimer.singleShot(50, poll)
+    trigger()                                    # returns once the dialog closes (exec) or at once (open)
+    while not state["saved"] and not state.get("timeout"):
+        app.processEvents()
+        QApplication.instance().thread().msleep(20)
+    if not state["saved"]:
+        raise CrossViewError(f"{path}: the dialog did not appear or could not be saved")
+    return path
+
+
 def _show_run_settings(panel: Any, run: Path) -> None:
     """The Train form shows the method and parameters that trained ``run`` (not the panel's first method)."""
     import json
@@ -71,13 +109,15 @@ def _show_run_settings(panel: Any, run: Path) -> None:
 def render_screenshots(out: str | Path, data: str = "demo", run: str | None = None, compare: str | None = None,
                        method: str = "cca", sentence: str | None = None,
                        size: tuple[int, int] = (1440, 900), log: Callable[[str], None] = print,
-                       explain: bool = False) -> list[Path]:
+                       explain: bool = False, dialogs: bool = False) -> list[Path]:
     """Write ``data.png``, ``train.png``, ``query_i2t.png``, ``query_t2i.png``, ``inspect.png`` and
     ``presentation.png`` into ``out``; returns their paths. ``sentence``: the text query (default: a demo
     sentence on the demo, else a caption of an image of the run's evaluation split, the one after the image
     queried by image). ``explain``: also ``query_i2t_explain.png``, ``query_t2i_explain.png``,
     ``presentation_explain.png`` (t2i) and ``presentation_i2t_explain.png``: the Query panel with Explain on
-    (region maps over the images, the caption's words shaded)."""
+    (region maps over the images, the caption's words shaded). ``dialogs``: also the app's own dialogs
+    (``dialog_search.png``, ``dialog_rename.png``, ``dialog_delete.png``, ``dialog_error.png``,
+    ``dialog_about.png``), each opened the way a user opens it and closed without acting."""
     from crossview.core.errors import CrossViewError
     from crossview.gui.app import ensure_app, has_display, train_quick_run
 
@@ -131,6 +171,18 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
         win.train_panel.show_history(run)
         _show_run_settings(win.train_panel, Path(run))
         shot("train")
+        if dialogs:
+            def dialog_shot(name: str, trigger: Callable[[], Any]) -> None:
+                written.append(_shoot_dialog(app, trigger, out / f"dialog_{name}.png"))
+                log(f"  wrote {written[-1]}")
+
+            tp = win.train_panel
+            dialog_shot("search", tp.search_view.open_search_dialog)
+            dialog_shot("rename", tp.runs.rename_selected)
+            dialog_shot("delete", tp.runs.delete_selected)
+            missing = out / "no-such-dataset.json"
+            dialog_shot("error", lambda: win.open_dataset(str(missing)))
+            dialog_shot("about", win._about)
 
         qp = win.query_panel
         win.tabs.setCurrentWidget(qp)
