@@ -82,7 +82,7 @@ def test_plots_export_to_png_and_svg_with_title_axes_and_legend(compared, tmp_pa
     svgs = panel.export_plots(tmp_path / "out" / "fig.svg")
     assert [p.suffix for p in svgs] == [".svg"] * 4
     root = ET.parse(svgs[0]).getroot()
-    assert (root.get("width"), root.get("height"), root.get("viewBox")) == ("162.56mm", "101.6mm", "0 0 640 400")
+    assert (root.get("width"), root.get("height"), root.get("viewBox")) == ("6.4in", "4in", "0 0 640 400")
     text = _svg_text(svgs[0])
     assert "i2t" in text and "rank of the ground truth" in text            # the title
     assert "queries" in text and "bins grow with the rank" in text          # the axis labels

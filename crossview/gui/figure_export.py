@@ -6,7 +6,7 @@ lays it out in an off-screen pyqtgraph plot of :data:`FIGURE_INCHES` at :data:`L
 the legend in its own row under the plot (so it never hides a bar or a curve), and renders it:
 
 - PNG: :data:`PNG_DPI` dots an inch, i.e. 1920 x 1200 pixels for 6.4 x 4 in, the resolution recorded in the file;
-- SVG: Qt's ``QSvgGenerator``, 6.4 x 4 in (``width`` / ``height`` in mm, a 640 x 400 ``viewBox``), text as text.
+- SVG: Qt's ``QSvgGenerator``, ``width="6.4in" height="4in"`` over a 640 x 400 ``viewBox``, text as text.
 
 The panels build a :class:`Figure` from the data they draw on screen (not a screenshot of the widget, whose size,
 clipped labels and legend-less look are the screen's), so the export reads the same whatever the window size.
@@ -14,13 +14,14 @@ clipped labels and legend-less look are the screen's), so the export reads the s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRect, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtGui import QColor, QImage, QPainter, QPicture
 from PySide6.QtWidgets import QApplication, QGraphicsItem
 
 from crossview.core.errors import CrossViewError
@@ -79,13 +80,15 @@ def short_name(name: str, limit: int = SHORT_NAME) -> str:
     return name[:head] + "\u2026" + name[-(limit - 1 - head):]
 
 
-def _pen(s: FigureSeries) -> pg.QtGui.QPen:
-    return pg.mkPen(s.colour, width=2, style=s.dash)
+def _pen(s: FigureSeries, scale: float) -> pg.QtGui.QPen:
+    # pyqtgraph's pens are cosmetic (their width in device pixels): scaled here, so a line is as thick on paper
+    # in a 300-dpi PNG as in the SVG
+    return pg.mkPen(s.colour, width=1.5 * scale, style=s.dash)
 
 
-def build_figure(fig: Figure) -> pg.GraphicsLayoutWidget:
-    """The figure laid out in an off-screen widget of ``FIGURE_INCHES * LAYOUT_DPI`` logical pixels (the caller
-    closes it; :func:`save_figure` does)."""
+def build_figure(fig: Figure, scale: float = 1.0) -> pg.GraphicsLayoutWidget:
+    """The figure laid out in an off-screen widget of ``FIGURE_INCHES * LAYOUT_DPI`` logical pixels, its lines
+    ``scale`` device pixels a logical one (the caller closes it; :func:`save_figure` does)."""
     w_px, h_px = (round(v * LAYOUT_DPI) for v in FIGURE_INCHES)
     view = pg.GraphicsLayoutWidget()
     view.setBackground("w")
@@ -121,7 +124,7 @@ def build_figure(fig: Figure) -> pg.GraphicsLayoutWidget:
         elif s.kind == "line":
             if fig.log_y:          # a log axis cannot draw zeros or negatives: leave gaps
                 ys = np.where(ys > 0, ys, np.nan)
-            item = pg.PlotDataItem(xs, ys, pen=_pen(s), connect="finite")
+            item = pg.PlotDataItem(xs, ys, pen=_pen(s, scale), connect="finite")
             if s.symbol:
                 item.setSymbol(s.symbol)
                 item.setSymbolSize(6)
@@ -171,11 +174,11 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     suffix = path.suffix.lower()
     if suffix not in (".png", ".svg"):
         raise CrossViewError(f"{path}: a plot is written as .png or .svg; give the file one of those endings")
-    view = build_figure(fig)
+    scale = PNG_DPI / LAYOUT_DPI if suffix == ".png" else 1.0
+    view = build_figure(fig, scale)
     try:
         w_px, h_px = view.width(), view.height()
         if suffix == ".png":
-            scale = PNG_DPI / LAYOUT_DPI
             img = QImage(round(w_px * scale), round(h_px * scale), QImage.Format.Format_ARGB32)
             img.fill(QColor("white"))
             painter = QPainter(img)
@@ -197,7 +200,9 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
             gen.setFileName(str(path))
             gen.setSize(QSize(w_px, h_px))
             gen.setViewBox(QRect(0, 0, w_px, h_px))
-            gen.setResolution(LAYOUT_DPI)
+            # pyqtgraph's axes replay cached pictures scaled by the device's resolution over theirs: the same
+            # resolution here, or the axes drift from the data; the file's size in inches is set after
+            gen.setResolution(QPicture().logicalDpiX())
             gen.setTitle(fig.title)
             gen.setDescription(f"CrossView: {fig.title}")
             painter = QPainter()
@@ -208,6 +213,10 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
                 _render(view, painter, QRectF(0, 0, w_px, h_px), 1.0)
             finally:
                 painter.end()
+            text = path.read_text(encoding="utf-8")
+            text = re.sub(r'<svg width="[^"]*" height="[^"]*"',
+                          f'<svg width="{FIGURE_INCHES[0]:g}in" height="{FIGURE_INCHES[1]:g}in"', text, count=1)
+            path.write_text(text, encoding="utf-8")
     finally:
         view.close()
         view.deleteLater()
