@@ -193,3 +193,28 @@ def test_curves_export_with_a_legend_of_their_series(qtbot, tmp_path: Path) -> N
     assert "val i2t R@1" in recall and "val t2i R@1" in recall and "epoch" in recall
     png = board.export_plots(tmp_path / "curves.png")[0]
     assert QImage(str(png)).size().toTuple() == (1920, 1200)
+
+
+def test_the_export_buttons_write_every_file_and_say_which(compared, qtbot, tmp_path: Path, monkeypatch) -> None:
+    """The buttons ask for one name (the dialog's filter picks PNG or SVG when the name has no ending) and the
+    panel says which files it wrote, and where."""
+    from PySide6.QtWidgets import QFileDialog
+
+    panel, a, b = compared
+    answers = iter([(str(tmp_path / "talk"), "SVG (*.svg)"), (str(tmp_path / "tables.csv"), "CSV (*.csv)")])
+    asked: list[str] = []
+
+    def fake_dialog(parent, title, name, filters):
+        asked.append(filters)
+        return next(answers)
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(fake_dialog))
+    qtbot.mouseClick(panel.export_plot_button, Qt.MouseButton.LeftButton)
+    assert asked[0] == "PNG (*.png);;SVG (*.svg)"
+    written = sorted(p.name for p in tmp_path.glob("talk_*"))
+    assert written == ["talk_hist_i2t.svg", "talk_hist_t2i.svg", "talk_scatter_i2t.svg", "talk_scatter_t2i.svg"]
+    note = panel.export_note.text()
+    assert not panel.export_note.isHidden() and all(n in note for n in written) and str(tmp_path) in note
+    qtbot.mouseClick(panel.export_table_button, Qt.MouseButton.LeftButton)
+    assert (tmp_path / "tables_metrics.csv").is_file() and (tmp_path / "tables_queries.csv").is_file()
+    assert "tables_metrics.csv" in panel.export_note.text()

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QListWidget, QL
                                QSizePolicy, QVBoxLayout, QWidget)
 
 from crossview.core.errors import CrossViewError
-from crossview.gui.figure_export import PLOT_FILTER, Figure, FigureSeries, figure_paths, save_figure
+from crossview.gui.figure_export import PLOT_FILTER, Figure, FigureSeries, busy, figure_paths, save_figure
 
 # ten hues far apart (no two reds or greens: TIMAM's L_M and L_I were both red)
 CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#bf3989",
@@ -510,7 +510,8 @@ class CurveBoard(QWidget):
         if Path(path).suffix.lower() not in (".png", ".svg"):
             path += ".svg" if chosen_filter.startswith("SVG") else ".png"
         try:
-            paths = self.export_plots(path)
+            with busy():
+                paths = self.export_plots(path)
         except (OSError, CrossViewError) as e:
             self.export_note.setText(f"Could not write {path}: {e}")
         else:

@@ -15,6 +15,8 @@ clipped labels and legend-less look are the screen's), so the export reads the s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +223,16 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
         view.close()
         view.deleteLater()
     return path
+
+
+@contextmanager
+def busy() -> Iterator[None]:
+    """A wait cursor while an export writes its files (a second or two for four plots)."""
+    QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+    try:
+        yield
+    finally:
+        QApplication.restoreOverrideCursor()
 
 
 def figure_paths(chosen: str | Path, names: list[str], suffixes: tuple[str, ...] = (".png", ".svg")) -> list[Path]:

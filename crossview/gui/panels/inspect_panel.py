@@ -31,7 +31,8 @@ from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.paired import paired_effect
 from crossview.eval.hubness import describe_hubness
 from crossview.engine.results import RunResults
-from crossview.gui.figure_export import PLOT_FILTER, Figure, FigureSeries, figure_paths, save_figure, short_name
+from crossview.gui.figure_export import (PLOT_FILTER, Figure, FigureSeries, busy, figure_paths, save_figure,
+                                        short_name)
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
 DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
@@ -858,7 +859,9 @@ class InspectPanel(QWidget):
                                               "inspect.csv", "CSV (*.csv)")
         if path:
             try:
-                self._say_written("tables", self.export_tables(path))
+                with busy():
+                    paths = self.export_tables(path)
+                self._say_written("tables", paths)
             except OSError as e:
                 self.export_note.setText(f"Could not write {path}: {e.strerror or e}; choose another folder")
                 self.export_note.show()
@@ -871,7 +874,9 @@ class InspectPanel(QWidget):
         if Path(path).suffix.lower() not in (".png", ".svg"):
             path += ".svg" if chosen_filter.startswith("SVG") else ".png"
         try:
-            self._say_written("plots", self.export_plots(path))
+            with busy():
+                paths = self.export_plots(path)
+            self._say_written("plots", paths)
         except (OSError, CrossViewError) as e:
             self.export_note.setText(f"Could not write {path}: {e}; choose another folder")
             self.export_note.show()
