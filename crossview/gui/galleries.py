@@ -19,7 +19,6 @@ __all__ = ["training_images_in", "gallery_note", "gallery_choices", "photos_labe
 
 PHOTOS = "photos:"      #: a photo folder's gallery choice: ``photos:<folder>`` (``photos:?``: pick a folder)
 CORPUS = "corpus:"      #: a caption corpus's gallery choice: ``corpus:<file>`` (``corpus:?``: pick a file)
-NO_GROUND_TRUTH = "your own photos have no ground truth: no ranks of the right answer, no R@K"
 
 
 def photos_label(folder: str | Path, n_photos: int | None = None) -> str:
@@ -42,7 +41,7 @@ def gallery_note(r: Any, eval_split: str | None, train_split: str | None) -> str
     photos = getattr(r, "photos", None)
     if photos is not None:
         text = (f"Ranking against: <b>{html.escape(photos_label(photos.root))}</b> ({r.n_gallery_images:,} photos in "
-                f"{html.escape(str(photos.root))}, text -> image only) - {NO_GROUND_TRUTH}")
+                f"{html.escape(str(photos.root))}, text -> image only, no ground truth)")
         if r.photos_skipped:
             text += f"; {len(r.photos_skipped):,} unreadable file{'s' if len(r.photos_skipped) != 1 else ''} skipped"
         return text

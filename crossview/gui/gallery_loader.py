@@ -160,7 +160,8 @@ class GalleryLoader(QWidget):
     def _on_succeeded(self, retriever: Any) -> None:
         if self._current():
             self._reported = True
-            self.loaded.emit(retriever, self.choice)
+            choice, self.choice = self.choice, None      # loaded: the gallery box no longer says "Loading"
+            self.loaded.emit(retriever, choice)
 
     def _on_failed(self, message: str, details: str) -> None:
         if not self._current():

@@ -112,6 +112,8 @@ class ResultsView(QStackedWidget):
             self.fit_grid()
             view.clear()
             photos = getattr(r, "photos", None)    # a photo folder: each photo's file name under its score
+            # a long file name keeps its start and its end (the camera's number, the extension) in view
+            view.setTextElideMode(Qt.TextElideMode.ElideMiddle if photos is not None else Qt.TextElideMode.ElideRight)
             for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
                 it = QListWidgetItem()
                 it.setData(ItemRole, item)
