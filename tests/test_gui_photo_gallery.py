@@ -248,6 +248,19 @@ def test_a_caption_corpus_first_use_shows_the_bar_and_can_be_cancelled(qtbot, pa
     assert panel.gallery_combo.currentData() == "corpus:current"
 
 
+def test_a_folder_opened_before_any_run_is_searched_once_a_run_is_open(qtbot, setup, tmp_path):
+    base, enc, folder = setup
+    w = QueryPanel()
+    qtbot.addWidget(w)
+    assert w.open_photo_folder(folder) is None and "open or train a run" in w.gallery_note.text()
+    assert enc.paths == []
+    with qtbot.waitSignal(w.gallery_loader.loaded, timeout=20_000):
+        w.set_retriever(base, tmp_path / "run", title="toy", eval_split="test", train_split="train")
+    qtbot.waitUntil(w.gallery_loader.isHidden, timeout=5_000)
+    assert w.retriever.photos.root == folder.resolve() and len(enc.paths) == 12
+    assert w.gallery_combo.currentText() == "Photos: my photos (12)"
+
+
 # ------------------------------------------------------------------------------------------ the window
 def _drop(window, path: Path) -> None:
     mime = QMimeData()

@@ -105,6 +105,7 @@ class QueryPanel(QWidget):
         self._title = ""
         #: the photo folders offered in the gallery box: resolved folder -> photos (None until scanned)
         self.photo_folders: dict[str, int | None] = {}
+        self._pending_gallery: str | None = None     # a photo folder opened before any run: searched once one is
         self.gallery_loader = GalleryLoader()
         self.gallery_loader.loaded.connect(self._on_gallery_loaded)
         self.gallery_loader.cancelled.connect(self._on_gallery_stopped)
@@ -321,6 +322,9 @@ class QueryPanel(QWidget):
         self.header.setText(f"<b>{html.escape(title or retriever.method.name)}</b>")
         self._describe_gallery(retriever)
         self._set_enabled(True)
+        if self._pending_gallery is not None:
+            pending, self._pending_gallery = self._pending_gallery, None
+            self.load_gallery(pending)
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
         self.explain_button.setEnabled(not is_photo_gallery(retriever))   # maps of a dataset's images only
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
@@ -380,8 +384,9 @@ class QueryPanel(QWidget):
         path = str(Path(folder).expanduser().resolve())
         self.photo_folders.setdefault(path, None)
         if self.retriever is None:
-            self.gallery_note.setText(f"{html.escape(photos_label(path))} is in the gallery box: open or train a "
-                                      "run to search it.")
+            self._pending_gallery = PHOTOS + path
+            self.gallery_note.setText(f"{html.escape(photos_label(path))}: open or train a run, and its photos "
+                                      "are searched with it.")
             return None
         return self.load_gallery(PHOTOS + path)
 
