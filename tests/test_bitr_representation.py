@@ -200,6 +200,7 @@ def test_resume_continues_on_the_saved_representation(demo, encoder, tmp_path, m
         raise AssertionError("the representation was fitted again on resume")
 
     monkeypatch.setattr(T, "representation_features", refit)
+    monkeypatch.setattr(T, "iter_representation_features", refit)     # what the run's feature stage drives
     events = list(run_mod.resume(run_dir, data=demo))
     assert isinstance(events[-1], Finished) and events[-1].summary["image_encoder"] == "patches+tr"
 
