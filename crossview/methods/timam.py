@@ -40,8 +40,9 @@ several times slower on a CPU-sized budget); lr divided by 10 when the validatio
 without a validation split), down to ``min_lr``; weight decay 4e-4. Defaults for a CPU (3-fold cross-validation on
 the Flickr8k sample's training photos, bench/results/timam_flickr8k.md): a 256-unit Bi-LSTM (the paper: 512) and
 10 epochs.
-Two phases in one run, as the paper: the language model frozen (its token states computed once per caption)
-for ``max_epochs``, then its top ``finetune_layers`` layers unfrozen and the whole network fine-tuned at
+Two phases in one run, as the paper: the language model frozen (its token states computed once per caption
+text, ever: the token-state cache, :mod:`crossview.features.token_cache`, shared between runs and read by a resume,
+reported as the run's ``tokens`` stage) for ``max_epochs``, then its top ``finetune_layers`` layers unfrozen and the whole network fine-tuned at
 ``finetune_lr`` for ``finetune_epochs`` (0 = frozen throughout: an ablation); the curves mark where the second
 phase begins, its epochs continue the first's, a resume lands in the phase it stopped in, and the epoch with the
 best validation rsum over both phases is kept.
