@@ -218,6 +218,8 @@ ENTRIES: tuple[Entry, ...] = (
                 "cross-validation of train"),
     Entry("smoothap_step_cpu", "smoothap_step_cpu.txt", (S("bench/smoothap_step.py --steps 20 --reps 10"),),
           ("synthetic",), 4, ("crossview/nn/losses.py", *methods("vsepp", "smoothap"))),
+    Entry("timam_cpu", "timam_cpu.txt", (S("bench/timam_cpu.py --epochs 10 --threads 1"),), ("flickr8k",), 25,
+          methods("timam", "vsepp") + ("crossview/features/token_cache.py", "crossview/features/text/transformer.py")),
     Entry("timam_demo", "timam_demo.md",
           (S("crossview experiment timam-ablation --data demo --variants full,no-discriminator,no-identification "
              "--seeds 1 --set labels=identity --exp-dir {WORK}/exp"),),

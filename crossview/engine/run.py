@@ -315,6 +315,10 @@ class _Run:
             epochs = next((params[k] for k in ("max_epochs", "epochs", "n_epochs") if isinstance(params.get(k), int)
                            and not isinstance(params.get(k), bool)), 1)
             n_train = len(ds.splits[self.cfg.train_split])
+            n_caps = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.train_split])).sum()) + \
+                int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.split])).sum())
+            extra = getattr(self.method, "plan_stages", None)     # e.g. timam's token states before fitting
+            work.extend(extra(n_caps) if callable(extra) else [])
             work.append(("fit", f"fitting {self.cfg.method}", self.cfg.method, n_train * max(1, epochs)))
         n_eval = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.split])).sum())
         work.append(("evaluate", f"evaluating on {self.cfg.split}", self.cfg.method, n_eval))

@@ -55,11 +55,11 @@ def unit_key(stage: str, detail: str, device: str | None) -> str:
 
 
 def _default(stage: str, detail: str, device: str | None) -> float:
-    if stage == "captions" and any(n in detail.lower() for n in _NEURAL_TEXT):
-        base = DEFAULTS["captions:neural"]
+    if stage == "tokens" or (stage == "captions" and any(n in detail.lower() for n in _NEURAL_TEXT)):
+        base = DEFAULTS["captions:neural"]     # a language model's token states (timam): a transformer per caption
     else:
         base = DEFAULTS.get(stage, DEFAULTS["fit"])
-    neural = stage in ("images", "features", "fit") or (stage == "captions" and base == DEFAULTS["captions:neural"])
+    neural = stage in ("images", "features", "fit") or base == DEFAULTS["captions:neural"]
     return base / _GPU_SPEEDUP if neural and device_kind(device) != "cpu" else base
 
 

@@ -40,8 +40,9 @@ several times slower on a CPU-sized budget); lr divided by 10 when the validatio
 without a validation split), down to ``min_lr``; weight decay 4e-4. Defaults for a CPU (3-fold cross-validation on
 the Flickr8k sample's training photos, bench/results/timam_flickr8k.md): a 256-unit Bi-LSTM (the paper: 512) and
 10 epochs.
-Two phases in one run, as the paper: the language model frozen (its token states computed once per caption)
-for ``max_epochs``, then its top ``finetune_layers`` layers unfrozen and the whole network fine-tuned at
+Two phases in one run, as the paper: the language model frozen (its token states computed once per caption
+text, ever: the token-state cache, :mod:`crossview.features.token_cache`, shared between runs and read by a resume,
+reported as the run's ``tokens`` stage) for ``max_epochs``, then its top ``finetune_layers`` layers unfrozen and the whole network fine-tuned at
 ``finetune_lr`` for ``finetune_epochs`` (0 = frozen throughout: an ablation); the curves mark where the second
 phase begins, its epochs continue the first's, a resume lands in the phase it stopped in, and the epoch with the
 best validation rsum over both phases is kept.
@@ -58,7 +59,7 @@ import torch
 from torch import nn
 
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Log
+from crossview.core.events import Log, Progress
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.vsepp import TEXT_MODELS, Vsepp, VseModel, _load_transformer_model
@@ -290,13 +291,116 @@ class Timam(Vsepp):
                 + f"; text: {self._text_description()}; {self.embed_dim}-d, device {device}{self._amp_note(device)}")
 
     # ------------------------------------------------------------------ training
+    # ------------------------------------------------------------------ the language model's token states, cached
+    def plan_stages(self, n_captions: int) -> list[tuple[str, str, str, float]]:
+        """The run's stages before fitting (the engine's plan): the token states of the ``n_captions`` captions
+        that train and are evaluated on, when the text branch reads a transformer's token states."""
+        from crossview.features.token_cache import STAGE
+
+        if not self._uses_transformer():
+            return []
+        name = self._transformer_name()
+        return [(STAGE, f"token states ({name})", name, float(n_captions))]
+
+    def _token_cache(self, enc: TransformerTextEncoder) -> Any:
+        """The cache of ``enc``'s frozen bottom (embeddings and its ``n_frozen`` layers) for this ``max_len``."""
+        from crossview.features.text.transformer import minilm_path
+        from crossview.features.token_cache import TokenCache, transformer_identity
+
+        name = str(self.model_spec_["transformer"])
+        folder = minilm_path() if name == "minilm" else name
+        return TokenCache(transformer_identity(folder, name=name, max_len=int(self.max_len), layers=enc.n_frozen,
+                                               computation="crossview.nn.encoders.TransformerTextEncoder.frozen_hidden/1"))
+
+    def _compute_tokens(self, enc: TransformerTextEncoder, inputs: dict[str, torch.Tensor],
+                        device: torch.device) -> Any:
+        """``compute(rows)`` for :meth:`TokenCache.iter_states`: ``enc``'s frozen bottom over captions ``rows``."""
+        ids, mask = inputs["ids"], inputs["mask"]
+        lengths = mask.sum(1)
+
+        def compute(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            r = torch.as_tensor(rows, dtype=torch.int64)
+            w = max(int(lengths[r].max()), 1)
+            with torch.no_grad():
+                h = enc.frozen_hidden(ids[r, :w].to(device), mask[r, :w].to(device))
+            return h.float().cpu().numpy(), lengths[r].numpy()
+        return compute
+
+    def before_training(self, train: MethodData, val: MethodData | None, model: nn.Module,
+                        device: torch.device) -> Iterator[Any]:
+        """The frozen bottom of the language model (all of it in the first phase) over every training and
+        validation caption, from the token-state cache (:mod:`crossview.features.token_cache`): shared between
+        runs, only captions never seen are encoded, with progress."""
+        from crossview.features.token_cache import STAGE, caption_hash
+
+        self._tokens = None
+        enc = unwrap(model).text
+        if self.model_spec_.get("text_model") != "transformer" or not isinstance(enc, TransformerTextEncoder) \
+                or enc.n_frozen == 0:
+            return
+        captions = list(dict.fromkeys(list(train.captions) + (list(val.captions) if val is not None else [])))
+        cache = self._token_cache(enc)
+        inputs = self._text_inputs(captions)
+        name = str(self.model_spec_["transformer"])
+        label = f"token states ({name})"
+        work = cache.iter_states(captions, self._compute_tokens(enc, inputs, device),
+                                 lengths=inputs["mask"].sum(1).numpy(), batch_size=128)
+        first = True
+        while True:
+            try:
+                done, total = next(work)
+            except StopIteration as end:
+                states = end.value
+                break
+            if first and world()[0] == 0:
+                first = False
+                cached = len(captions) - total if done < total else len(captions)
+                yield Log(f"{self.name}: {name} token states of {len(captions)} captions: {cached} from the cache"
+                          + (f", {total} to encode" if done < total else ""), "info")
+            for w in cache.warnings:
+                yield Log(w, "warning")
+            cache.warnings.clear()
+            yield Progress(done, total, label, stage=STAGE)
+        self._tokens = {"layers": enc.n_frozen, "states": states,
+                        "rows": {caption_hash(c): i for i, c in enumerate(captions)}}
+
+    def _token_rows(self, captions: list[str], layers: int) -> np.ndarray | None:
+        """Rows of ``captions`` in the token states kept by :meth:`before_training` (None: not all there)."""
+        from crossview.features.token_cache import caption_hash
+
+        tok = getattr(self, "_tokens", None)
+        if not tok or tok["layers"] != layers:
+            return None
+        rows = [tok["rows"].get(caption_hash(c)) for c in captions]
+        return None if any(r is None for r in rows) else np.asarray(rows, dtype=np.int64)
+
     def prepare(self, train: MethodData, device: torch.device) -> None:
         super().prepare(train, device)
+        tok = getattr(self, "_tokens", None)
+        rows = None if tok is None else self._token_rows(list(train.captions), tok["layers"])
+        if rows is not None:
+            # each step reads its captions' frozen states from the packed float16 array (no padding kept)
+            states = tok["states"]
+            self._t["tok_states"] = torch.from_numpy(np.ascontiguousarray(states.states)).to(device)
+            self._t["tok_off"] = torch.as_tensor(states.offsets[:-1][rows]).to(device)
+            self._t["hidden"] = None          # not padded: vsepp's once-per-session bottom is not needed
         ids, _ = pair_labels(train, str(self.labels))
         if len(ids) and int(ids.max()) + 1 != int(self.model_spec_["n_classes"]):
             raise CrossViewError(f"timam: the training data has {int(ids.max()) + 1} labels, the model "
                                  f"{self.model_spec_['n_classes']}; train on the data the run started with")
         self._t["lab"] = torch.as_tensor(ids).to(device)
+
+    def _text_batch(self, t: dict[str, torch.Tensor], rows: torch.Tensor,
+                    rows_cpu: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if "tok_off" not in t:
+            return super()._text_batch(t, rows, rows_cpu)
+        host = rows.cpu() if rows_cpu is None else rows_cpu
+        width = max(int(t["width_cpu"][host].max()) if len(host) else 1, 1)
+        mask = t["mask"][rows, :width]
+        pos = t["tok_off"][rows, None] + torch.arange(width, device=mask.device)[None, :]
+        pos = torch.where(mask.bool(), pos, torch.zeros_like(pos))
+        hidden = t["tok_states"][pos].float() * mask.unsqueeze(-1).float()
+        return {"ids": t["ids"][rows, :width], "mask": mask, "frozen_hidden": hidden}
 
     def _embed_batch(self, model: nn.Module, batch: torch.Tensor, *,
                      distinct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -394,7 +498,53 @@ class Timam(Vsepp):
         return _unit_rows(super().embed_images(data))
 
     def embed_texts(self, data: MethodData) -> np.ndarray:
-        return _unit_rows(super().embed_texts(data))
+        x = self._embed_texts_from_tokens(data)
+        return _unit_rows(x if x is not None else super().embed_texts(data))
+
+    def _embed_texts_from_tokens(self, data: MethodData) -> np.ndarray | None:
+        """``(n, embed_dim)`` of ``data``'s captions over the language model's cached token states: those kept
+        for this training session (the validation captions each epoch), else, for :data:`_TOKEN_CACHE_MIN` or
+        more captions (an evaluation split), through the token-state cache; None when the text branch has no
+        frozen transformer layers to skip, or for a few captions (a query: computed directly, nothing cached)."""
+        from crossview.methods.vsepp import _EMBED_BATCH, length_batches
+
+        spec = self.model_spec_
+        if spec.get("text_model") != "transformer":
+            return None
+        enc = unwrap(self.model()).text
+        captions = list(data.captions)
+        n = len(captions)
+        if not isinstance(enc, TransformerTextEncoder) or enc.n_frozen == 0 or n == 0:
+            return None
+        dev = self._embed_device()
+        inputs = self._text_inputs(captions)
+        lengths = inputs["mask"].sum(1)
+        rows = self._token_rows(captions, enc.n_frozen)
+        if rows is not None:
+            states = self._tokens["states"]
+        elif n >= _TOKEN_CACHE_MIN:
+            states = self._token_cache(enc).states(captions, self._compute_tokens(enc, inputs, dev),
+                                                   lengths=lengths.numpy(), batch_size=128)
+            rows = np.arange(n)
+        else:
+            return None
+        res = np.zeros((n, int(spec["embed_dim"])), np.float32)
+        was = enc.training
+        enc.eval()
+        try:
+            with torch.no_grad():
+                for b in length_batches(lengths, _EMBED_BATCH):
+                    w = max(int(lengths[b].max()), 1)
+                    h = torch.from_numpy(states.padded(rows[b.numpy()], w)).to(dev)
+                    e = enc(inputs["ids"][b, :w].to(dev), inputs["mask"][b, :w].to(dev), frozen_hidden=h)
+                    res[b.numpy()] = e.float().cpu().numpy()
+        finally:
+            enc.train(was)
+        return res
+
+
+#: captions from which an evaluation reads (and fills) the token-state cache; fewer (a query) are computed directly
+_TOKEN_CACHE_MIN = 64
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:

@@ -6,6 +6,8 @@ A torch method supplies only what is its own:
 - ``optimizers(model) -> [optimiser, ...]`` (default: one, from the ``optimizer`` / ``lr`` parameters)
   and ``schedulers(optimizers)`` (default: ``lr`` divided by ``1 / lr_decay`` after ``lr_decay_epoch``
   epochs, when the method has those parameters);
+- ``before_training(train, val, model, device)`` (optional, a generator): long set-up that yields its own
+  progress events before ``prepare`` (timam: the language model's token states, cached per caption);
 - ``prepare(train, device)``: move what ``training_step`` reads to the device;
 - ``training_step(model, batch, generator) -> {term: loss}``;
 - ``embed_images(data)`` / ``embed_texts(data)`` for inference (float32 numpy).
@@ -93,6 +95,12 @@ class TorchMethod(Method):
 
     def build_model(self, spec: dict[str, Any]) -> torch.nn.Module:
         raise NotImplementedError
+
+    def before_training(self, train: MethodData, val: MethodData | None, model: torch.nn.Module,
+                        device: torch.device) -> Iterator[Any]:
+        """Long set-up before :meth:`prepare`, as events (``Progress`` with a ``stage``, ``Log``), on the data
+        that trains and validates (after any holdout). Default: nothing."""
+        return iter(())
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """Put what :meth:`training_step` reads on ``device`` (features, maps) and check the data."""
@@ -294,6 +302,7 @@ class TorchMethod(Method):
             model.load_state_dict(tensor_tree(self.model_state_))
         model.to(dev)
         train, val, note = self._holdout(train, val, seed)
+        yield from self.before_training(train, val, model, dev)
         self.prepare(train, dev)
         opts = self.optimizers(model)
         scheds = self.schedulers(opts)
