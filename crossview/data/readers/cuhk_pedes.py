@@ -20,7 +20,7 @@ import numpy as np
 
 from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
-from crossview.data.readers._common import guess_image_root, read_head, read_json, reader, safe_resolve
+from crossview.data.readers._common import guess_image_root, normalize_name, read_head, read_json, reader, safe_resolve
 from crossview.core.errors import DatasetError
 
 JSON_NAME = "reid_raw.json"
@@ -80,8 +80,8 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if not isinstance(fp, str) or not fp.strip():
             raise DatasetError("missing or empty 'file_path'", path, f"entry {k}",
                                hint="Each entry needs file_path, id, captions and split")
-        fp = fp.strip()
-        where = f"entry {k} {brief(fp)}"
+        where = f"entry {k} {brief(fp.strip())}"
+        fp = normalize_name(fp)
         if fp in seen:
             raise DatasetError(f"duplicate file_path: the same image as entry {seen[fp]}", path, where,
                                hint="Each image must appear once; merge their captions")
