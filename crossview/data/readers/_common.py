@@ -256,13 +256,14 @@ def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
     if not text.strip():
         raise DatasetError("the file is empty", path)
     try:
-        # The sniffer's regexes on a megabyte-long header line would take minutes: the start is enough.
-        dialect = csv.Sniffer().sniff(text.lstrip("\r\n").splitlines()[0][:4096], delimiters=",\t;")
+        # The sniffer's regexes on a megabyte-long header line would take minutes: the start is enough. Only
+        # its delimiter is used: from a header without quotes it also guesses doublequote=False, which would
+        # read a quote written "" inside a quoted field as the field's end.
+        delimiter = csv.Sniffer().sniff(text.lstrip("\r\n").splitlines()[0][:4096], delimiters=",\t;").delimiter
     except csv.Error:
-        dialect = csv.excel
+        delimiter = ","
     # newline="": only \r and \n end a row (str.splitlines would also break a caption at U+2028 or \x85).
-    reader = csv.reader(io.StringIO(text, newline=""), dialect=dialect, strict=True)
-    delimiter = getattr(dialect, "delimiter", ",")
+    reader = csv.reader(io.StringIO(text, newline=""), dialect=csv.excel, delimiter=delimiter, strict=True)
     header: list[str] = []
     try:
         while not header:
