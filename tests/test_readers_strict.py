@@ -82,6 +82,16 @@ def test_csv_quote_closed_by_chance_rows_later_is_an_error(tmp_path: Path) -> No
     assert f"{f} (line 4)" in msg and "unclosed quote" in msg and "im3.png,a dog 3,train" in msg
 
 
+def test_csv_quote_closed_right_before_a_delimiter_rows_later_is_an_error(tmp_path: Path) -> None:
+    _images(tmp_path)
+    f = tmp_path / "captions.csv"
+    # line 4 opens a quote on im2's caption; im3's caption on line 5 ends in a stray quote just before its
+    # comma, which closes the field: 6 rows would parse as 5 with no csv error at all
+    f.write_text("image,caption,split\n" + _rows().replace("a dog 2", '"a dog 2').replace("a dog 3,", 'a dog 3",'))
+    msg = _error(f)
+    assert f"{f} (line 4)" in msg and "unclosed quote" in msg and "line 5 inside it" in msg
+
+
 def test_csv_quoted_line_breaks_in_a_caption_are_kept(tmp_path: Path) -> None:
     _images(tmp_path)
     f = tmp_path / "captions.csv"

@@ -246,8 +246,11 @@ def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
       something other than the delimiter, is an error;
     - every row has as many fields as the header (more or fewer is an error; a blank line is skipped);
     - a quoted field may hold line breaks (CSV allows them: a caption written over two lines is kept),
-      but not a line that holds a whole row's worth of delimiters (as many as the header has columns,
-      less one): that is the next rows swallowed by a quote opened earlier and closed by chance later.
+      but no line after the row's first may look like a row: hold a whole row's worth of delimiters (as
+      many as the header has columns, less one, counted without regard to quotes) with a first piece that
+      does not end in the field's closing quote. That is the next rows swallowed by a quote opened earlier
+      and closed by chance later. (So with two columns, a caption's second line may not hold a comma before
+      its closing quote: ambiguous there, it is refused rather than guessed.)
 
     A field longer than the csv module's limit (131,072 characters, usually an unclosed quote) is an error
     naming the line.
@@ -264,6 +267,7 @@ def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
         delimiter = ","
     # newline="": only \r and \n end a row (str.splitlines would also break a caption at U+2028 or \x85).
     reader = csv.reader(io.StringIO(text, newline=""), dialect=csv.excel, delimiter=delimiter, strict=True)
+    physical = io.StringIO(text, newline="").readlines()  # the lines as the reader counts them
     header: list[str] = []
     try:
         while not header:
@@ -314,15 +318,17 @@ def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
             raise DatasetError(f"fewer fields ({len(row)}) than columns in the header ({n_columns})", path,
                                f"line {start}", hint="Give every column on every row (an empty value is allowed)")
         if end > start and n_columns > 1:
-            for value in row:
-                pieces = _LINE_ENDS.split(value)
-                for k, piece in enumerate(pieces[1:], start=1):
-                    if piece.count(delimiter) >= n_columns - 1:
-                        raise DatasetError(
-                            f"a quoted field of the row that starts here runs over {end - start + 1} lines and holds "
-                            f"what looks like a whole row ({brief(piece, 60)}): an unclosed quote",
-                            path, f"line {start}",
-                            hint='Close the quote, and write a quote inside a quoted field as ""')
+            # the physical lines after the row's first, read without regard to quotes: one with a whole row's
+            # worth of delimiters is a row swallowed by a quote left open above it -- unless its first piece
+            # ends in the quote that closes the field ('c.png",blue': the field ends, then the next column)
+            for lineno in range(start + 1, end + 1):
+                line = physical[lineno - 1]
+                if (line.count(delimiter) >= n_columns - 1
+                        and not line.split(delimiter, 1)[0].rstrip().endswith('"')):
+                    raise DatasetError(
+                        f"unclosed quote: a quoted field of the row that starts here runs on over {end - start + 1} "
+                        f"lines, and line {lineno} inside it looks like a whole row ({brief(line.rstrip(), 60)})",
+                        path, f"line {start}", hint='Close the quote, and write a quote inside a quoted field as ""')
         yield start, {f: v.strip() for f, v in zip(fields, row)}
 
 
@@ -448,6 +454,19 @@ def normalize_name(name: str) -> str:
     if not name or name.startswith("~"):
         return name
     return posixpath.normpath(name)
+
+
+def check_unique_images(abs_paths: Sequence[str], entry_names: Sequence[str], source: Path, word: str = "image",
+                        hint: str = "Each image must appear once; merge their sentences") -> None:
+    """An error naming both entries when two of ``abs_paths`` are one file once normalised (a relative name and
+    the same file's absolute path, ``images//x.jpg`` and ``images/x.jpg``)."""
+    seen: dict[str, int] = {}
+    for k, p in enumerate(abs_paths):
+        key = os.path.normpath(p)
+        if key in seen:
+            raise DatasetError(f"duplicate {word}: the same file as {entry_names[seen[key]]}", source, entry_names[k],
+                               hint=hint)
+        seen[key] = k
 
 
 def split_name(value: str, path: Path, where: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import brief, check_images_exist, check_unique_images, clean_caption, detector
 from crossview.data.readers._common import guess_image_root, normalize_name, read_head, read_json, reader, safe_resolve
 from crossview.core.errors import DatasetError
 
@@ -104,6 +104,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]
+    check_unique_images(abs_paths, entry_names, path, "file_path", "Each image must appear once; merge their captions")
     warnings: list[str] = []
     exists = check_images_exist(abs_paths, path, image_root, entry_names, warnings)
 
