@@ -9,6 +9,7 @@ and a lone UTF-16 surrogate (``"\\ud83d"``, legal in JSON) makes ``print`` raise
 
 from __future__ import annotations
 
+import html
 import re
 
 #: C0 controls (tab and newline by flag), DEL, C1 controls, the Unicode line and paragraph separators
@@ -33,6 +34,12 @@ def printable(text: object, *, newlines: bool = False, tabs: bool = False) -> st
     escaped (ESC shows as ``\x1b``, a lone surrogate as ``\ud83d``), so it can be printed or shown as one
     label whatever it holds. ``newlines`` / ``tabs`` keep newline / tab as they are (multi-line messages)."""
     return _PATTERNS[(newlines, tabs)].sub(_escape, str(text))
+
+
+def html_text(text: object) -> str:
+    """:func:`printable`, then HTML-escaped: a dataset string for a rich-text label (``<b>`` in a caption shows
+    as written instead of turning the rest of the label bold)."""
+    return html.escape(printable(text), quote=False)
 
 
 def has_unsafe(text: str) -> bool:
