@@ -9,6 +9,10 @@ The examples are mutations of small valid datasets in each format: byte flips, t
 bytes, byte-order marks, UTF-16, wrong JSON types in each field, huge numbers, deep nesting, huge fields,
 duplicate columns, unclosed quotes, special files (FIFO, symlink loop, /dev/null, a folder, long names).
 
+Since issue 31 some properties also generate what a dataset MEANS beside its file (rows, image aliases, split
+names, label types, hostile characters in every string field, degenerate feature matrices) and check that the
+reader returns exactly that or refuses it in one line naming the file: never silent loss.
+
 Size: a few hundred examples in all by default (CI). A nightly run sets the number of examples per
 property test through the environment, e.g.::
 
@@ -1034,7 +1038,12 @@ def test_fuzz_csv_quoting_keeps_every_row_or_names_the_line(data: st.DataObject)
                 assert "unclosed quote" in msg and any(looks_like_rows(c) for c in captions), msg
             return
         assert isinstance(outcome, PairedDataset)
-        assert outcome.n_images == n and outcome.n_captions == n, (damage, text)
+        if damage == "none" or (outcome.n_images, outcome.n_captions) != (n, n):
+            # a damaged file may still read, its rows all kept, or with what it lost said and counted (a row
+            # whose opening quote was dropped: an empty caption and a line naming a missing image, skipped)
+            lost = [w for w in outcome.warnings if w.startswith("skipped")]
+            assert (outcome.n_images, outcome.n_captions) == (n, n) or (damage != "none" and lost), \
+                (damage, text, outcome.warnings)
         if damage == "none":
             assert outcome.captions == [clean_caption(c) for c in captions]
 

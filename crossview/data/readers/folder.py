@@ -10,14 +10,19 @@ itself. Any other ``.jsonl`` / ``.csv`` / ``.tsv`` file whose first line names a
 
   ``image`` and ``caption`` are required; ``label`` (string or int), ``tags`` (a list or ``"a,b"``) and
   ``split`` are optional.
-- CSV (or TSV) with a header line: ``image,caption[,label][,tags][,split]``, columns in any order.
+- CSV (or TSV) with a header line: ``image,caption[,label][,tags][,split]``, columns in any order, every
+  column on every row; parsed strictly (an unclosed quote is an error naming the line its row starts on,
+  see :func:`~crossview.data.readers._common.iter_csv`).
 
 Several lines for one image are several captions of that image: images are numbered in order of first
 appearance, captions in file order. Image paths are relative to the file's folder unless ``image_root``
-is given; absolute paths are kept. Splits: ``train`` / ``val`` (also ``dev``, ``validation``) / ``test``;
-an image without one goes to ``train``; with no split key or column at all, a reproducible 80/10/10
+is given; absolute paths are kept; ``./x.jpg``, ``a/../x.jpg`` and ``x.jpg`` are one image. Splits: ``train``
+/ ``val`` (also ``dev``, ``validation``) / ``test`` / ``restval``; another name is kept as its own split with
+one warning naming it and its image count, a path-like one (``../x``) or one with control characters is an
+error; an image without one goes to ``train``; with no split key or column at all, a reproducible 80/10/10
 split is generated (``meta["generated_splits"] = True``). A label gives ``labels`` (indices into
-``label_names``, the sorted unique label strings), and then every image needs one. Tags give per-image
+``label_names``, the sorted unique label strings), and then every image needs one; a label is text or a
+number (``1`` and ``"1"`` are one label, said in a warning; NaN, infinity, booleans and lists are errors). Tags give per-image
 ``tags``, the union over that image's lines.
 """
 
