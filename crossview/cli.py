@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from crossview import __version__
 from crossview.commands._common import ProgressPrinter, _add_dataset_args  # noqa: F401 (re-exported)
 from crossview.core.errors import CrossViewError
+from crossview.core.text import printable
 
 # Command groups that live in their own modules under crossview/commands/; each has
 # ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``.
@@ -57,7 +58,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
             print(f"image check: {len(bad)} of {info['images']:,} images unreadable" if bad
                   else f"image check: all {info['images']:,} images decode")
             for msg in bad[:10]:
-                print(f"  {msg}")
+                print(f"  {printable(msg)}")
     return 1 if info.get("unreadable_images") else 0
 
 
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args) or 0)
     except CrossViewError as e:
-        print(f"crossview: error: {e}", file=sys.stderr)
+        print(f"crossview: error: {printable(str(e), newlines=True, tabs=True)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         if terminated["yes"]:

@@ -9,6 +9,10 @@ The examples are mutations of small valid datasets in each format: byte flips, t
 bytes, byte-order marks, UTF-16, wrong JSON types in each field, huge numbers, deep nesting, huge fields,
 duplicate columns, unclosed quotes, special files (FIFO, symlink loop, /dev/null, a folder, long names).
 
+Since issue 31 some properties also generate what a dataset MEANS beside its file (rows, image aliases, split
+names, label types, hostile characters in every string field, degenerate feature matrices) and check that the
+reader returns exactly that or refuses it in one line naming the file: never silent loss.
+
 Size: a few hundred examples in all by default (CI). A nightly run sets the number of examples per
 property test through the environment, e.g.::
 
@@ -25,6 +29,7 @@ import csv
 import importlib
 import io
 import json
+import math
 import os
 import random
 import struct
@@ -43,9 +48,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from crossview.core.text import has_unsafe
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.data.images import open_image, verify_images
 from crossview.data.readers import READERS, detect_format, load_dataset
+from crossview.data.readers._common import clean_caption
 from crossview.data.readers.labels import attach_label_sets
 from crossview.data.stats import dataset_info, format_info
 from crossview.core.errors import CrossViewError, DatasetError
@@ -929,3 +936,431 @@ def test_precomp_damaged_npy_header(tmp_path: Path, header: str, recwarn: pytest
     (tmp_path / "train_caps.txt").write_text("".join(f"caption {k}\n" for k in range(4)))
     one_line_error(lambda: load_dataset(tmp_path), tmp_path, "train_ims.npy", "cannot read as a .npy array")
     assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []
+
+
+# ---------------------------------------------------------------------------------------------- issue 31: intent
+# The properties above check that a reader never crashes. Those below generate a dataset together with what it
+# MEANS (its rows, images, splits, labels, features) and check that the reader returns exactly that, or raises
+# one DatasetError line naming the file: never silent loss (rows swallowed by a quote, one photo as two images,
+# an image moved out of train by a typo, labels merged without a word, features no method can learn from).
+
+#: Characters that must never reach a terminal raw: ESC (ANSI sequences), CR, NUL, DEL, C1, line separators,
+#: a bidirectional override and lone surrogates (legal in JSON, unencodable in UTF-8).
+HOSTILE_CHARS = ["\x1b", "\x1b[31m", "\r", "\x00", "\x07", "\x7f", "\x85", "\x9b", "\u2028", "\u202e",
+                 "\ud83d", "\udc00", "\t", "\n"]
+
+
+def hostile_text(min_size: int = 0) -> st.SearchStrategy[str]:
+    """Words with hostile characters mixed in."""
+    piece = st.one_of(st.sampled_from(HOSTILE_CHARS), st.sampled_from(["a", "dog", " ", "caf\u00e9", "\U0001f436",
+                                                                        ",", '"', ";", "|"]))
+    return st.lists(piece, min_size=min_size, max_size=8).map("".join)
+
+
+def _unsafe_in(text: str) -> bool:
+    """Whether ``text`` holds a character that must not reach a terminal raw (newline and tab allowed)."""
+    return has_unsafe(text.replace("\n", "").replace("\t", ""))
+
+
+def _write_images(root: Path, n: int) -> None:
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        (root / "images" / f"im{k}.png").write_bytes(PNG)
+
+
+def expect_error(fn: Callable[[], Any], root: Path, *needles: str) -> str:
+    """``fn`` must raise one DatasetError line naming a file under ``root`` and containing ``needles``."""
+    outcome = assert_outcome(fn, root)
+    assert isinstance(outcome, DatasetError), f"accepted: {outcome!r}"
+    msg = str(outcome)
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    assert not _unsafe_in(msg), f"raw control characters in {msg!r}"
+    return msg
+
+
+def expect_dataset(fn: Callable[[], Any], root: Path) -> PairedDataset:
+    outcome = assert_outcome(fn, root)
+    assert isinstance(outcome, PairedDataset), f"refused: {outcome}"
+    text = format_info(dataset_info(outcome))
+    assert not _unsafe_in(text), f"raw control characters in `data info`: {text!r}"
+    return outcome
+
+
+# -- CSV quoting
+@FUZZ
+@given(data=st.data())
+def test_fuzz_csv_quoting_keeps_every_row_or_names_the_line(data: st.DataObject) -> None:
+    """Rows written with the csv module (quoted commas, quotes and line breaks inside captions) load with
+    every row and caption intact; one quote then removed or added makes a file that is refused naming the
+    file, or still holds every row (never rows swallowed into one caption)."""
+    n = data.draw(st.integers(2, 7), label="rows")
+    caption = st.lists(st.sampled_from(["a", "dog", ",", '"', "\n", "red, big", " ", "x"]), min_size=1,
+                       max_size=6).map("".join).filter(lambda c: clean_caption(c) is not None)
+    captions = data.draw(st.lists(caption, min_size=n, max_size=n), label="captions")
+    with_split = data.draw(st.booleans(), label="split column")
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf, lineterminator="\n")
+    header = ["image", "caption"] + (["split"] if with_split else [])
+    writer.writerow(header)
+    for k, c in enumerate(captions):
+        writer.writerow([f"images/im{k}.png", c] + (["train"] if with_split else []))
+    text = buf.getvalue()
+    damage = data.draw(st.sampled_from(["none", "drop a quote", "add a quote"]), label="damage")
+    if damage != "none":
+        quotes = [i for i, ch in enumerate(text) if ch == '"']
+        commas = [i + 1 for i, ch in enumerate(text) if ch == "," and i > text.index("\n")]
+        if damage == "drop a quote" and quotes:
+            i = data.draw(st.sampled_from(quotes), label="quote dropped")
+            text = text[:i] + text[i + 1:]
+        elif damage == "add a quote" and commas:
+            i = data.draw(st.sampled_from(commas), label="quote added")
+            text = text[:i] + '"' + text[i:]
+        else:
+            damage = "none"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _write_images(root, n)
+        (root / "captions.csv").write_text(text, encoding="utf-8", newline="")
+        outcome = assert_outcome(lambda: load_dataset(root), root)
+        if isinstance(outcome, DatasetError):
+            msg = str(outcome)
+            assert "captions.csv (line " in msg, msg
+            if damage == "none":  # a valid file is refused only by the documented rule (see iter_csv): a line
+                # after the first of a quoted caption holds a row's worth of commas (the caption's last line
+                # is followed by the row's remaining fields on the same physical line)
+                def looks_like_rows(c: str) -> bool:
+                    lines = c.replace('"', '""').split("\n")[1:]
+                    if lines:
+                        lines[-1] += '"' + ",x" * (len(header) - 2)   # the caption's closing quote, next columns
+                    return any(line.count(",") >= len(header) - 1 and not line.split(",")[0].endswith('"')
+                               for line in lines)
+                assert "unclosed quote" in msg and any(looks_like_rows(c) for c in captions), msg
+            return
+        assert isinstance(outcome, PairedDataset)
+        if damage == "none" or (outcome.n_images, outcome.n_captions) != (n, n):
+            # a damaged file may still read, its rows all kept, or with what it lost said and counted (a row
+            # whose opening quote was dropped: an empty caption and a line naming a missing image, skipped)
+            lost = [w for w in outcome.warnings if w.startswith("skipped")]
+            assert (outcome.n_images, outcome.n_captions) == (n, n) or (damage != "none" and lost), \
+                (damage, text, outcome.warnings)
+        if damage == "none":
+            assert outcome.captions == [clean_caption(c) for c in captions]
+
+
+# -- dataset strings: control characters and surrogates in every string field
+@FUZZ
+@given(data=st.data())
+def test_fuzz_hostile_strings_in_every_field_are_escaped_or_refused(data: st.DataObject) -> None:
+    """ESC, CR, NUL, C1, line separators and lone surrogates in the caption, label, tags, split, image name and
+    dataset name of a Karpathy file or a captions.jsonl: captions are kept (cleaned of whitespace only), a
+    hostile split name is refused naming the entry, and nothing the reader says (error, warning, `data info`)
+    holds a raw control character."""
+    fmt = data.draw(st.sampled_from(["karpathy", "folder"]), label="format")
+    n = data.draw(st.integers(1, 4), label="images")
+    field = data.draw(st.sampled_from(["caption", "label", "tags", "split", "image", "name"]), label="field")
+    value = data.draw(hostile_text(min_size=1), label="value")
+    value = json.loads(json.dumps(value))  # what a reader sees: "\ud83d\udc00" in JSON is one character, a pair
+    captions = [f"a red box {k}" for k in range(n)]
+    labels: list[Any] = [f"c{k % 2}" for k in range(n)]
+    tags: list[Any] = [["red"] for _ in range(n)]
+    splits = ["train"] * n
+    images = [f"im{k}.png" for k in range(n)]
+    extra_image = None
+    if field == "caption":
+        captions[-1] = value + " box"
+    elif field == "label":
+        labels[-1] = value
+    elif field == "tags":
+        tags[-1] = [value, "ok"]
+    elif field == "split":
+        splits[-1] = value
+    elif field == "image":  # a missing image with a hostile name, beside the real ones
+        extra_image = value
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _write_images(root, n)
+        if fmt == "karpathy":
+            entries = [{"filename": img, "split": s, "label": lab, "tags": t, "sentences": [{"raw": c}]}
+                       for img, s, lab, t, c in zip(images, splits, labels, tags, captions)]
+            if extra_image is not None:
+                entries.append({"filename": extra_image, "split": "train", "label": "c0", "sentences": [{"raw": "x"}]})
+            doc = {"dataset": value if field == "name" else "tiny", "images": entries}
+            (root / "dataset_t.json").write_text(json.dumps(doc))
+            target = root / "dataset_t.json"
+        else:
+            rows = [{"image": f"images/{img}", "caption": c, "label": lab, "tags": t, "split": s}
+                    for img, s, lab, t, c in zip(images, splits, labels, tags, captions)]
+            if extra_image is not None:
+                rows.append({"image": f"images/{extra_image}", "caption": "x", "label": "c0", "split": "train"})
+            (root / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            target = root / "captions.jsonl"
+        outcome = assert_outcome(lambda: load_dataset(target), root)
+        if isinstance(outcome, DatasetError):
+            msg = str(outcome)
+            assert not _unsafe_in(msg), msg
+            clean_split = value.strip().lower()
+            allowed = ((field == "split" and (has_unsafe(clean_split) or "/" in clean_split or "\\" in clean_split
+                                              or clean_split in (".", "..")))
+                       or (field == "label" and not value.strip())   # a blank label: the image has none
+                       or (field == "image" and not value.strip()))   # a blank file name
+            assert allowed, f"refused: {msg}"
+            return
+        ds = outcome
+        assert not _unsafe_in(format_info(dataset_info(ds)))
+        assert ds.n_images == n and ds.captions == [clean_caption(c) for c in captions]
+        if field == "split":
+            name = value.strip().lower()
+            expected = {"dev": "val", "validation": "val", "valid": "val"}.get(name, name) or "train"
+            assert ds.split_names and int(ds.splits[expected][-1]) == n - 1
+        for w in ds.warnings:
+            assert not _unsafe_in(w), w
+
+
+# -- path aliases
+def _alias(name: str, root: Path, how: str) -> str:
+    return {"plain": name, "dot": f"./{name}", "up": f"sub/../{name}", "deep": f"./a/b/../.././{name}",
+            "double slash": f"images//{name.split('/', 1)[1]}" if "/" in name else name,
+            "absolute": str(root / name), "spaces": f"  {name} "}[how]
+
+
+ALIASES = ["plain", "dot", "up", "deep", "double slash", "absolute", "spaces"]
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_image_name_aliases_are_one_image(data: st.DataObject) -> None:
+    """The same photo written as ``x.png``, ``./x.png``, ``a/../x.png``, ``images//x.png``, its absolute path
+    or with spaces is one image: in a captions file its lines are its captions (so it cannot straddle two
+    splits), in a Karpathy / tags / labels file a second entry for it is a duplicate error."""
+    fmt = data.draw(st.sampled_from(["folder-jsonl", "folder-csv", "karpathy", "webtags", "labels"]), label="format")
+    n = data.draw(st.integers(1, 4), label="photos")
+    picks = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(ALIASES)), min_size=1, max_size=8),
+                      label="rows")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _write_images(root, n)
+        (root / "sub").mkdir()
+        used = sorted({k for k, _ in picks})
+        first = {k: i for i, (k, _) in reversed(list(enumerate(picks)))}
+        if fmt in ("folder-jsonl", "folder-csv"):
+            rows = [(_alias(f"images/im{k}.png", root, how), f"caption {i} of photo {k}") for i, (k, how) in
+                    enumerate(picks)]
+            if fmt == "folder-jsonl":
+                (root / "captions.jsonl").write_text("".join(json.dumps({"image": im, "caption": c}) + "\n"
+                                                             for im, c in rows))
+            else:
+                buf = io.StringIO(newline="")
+                w = csv.writer(buf, lineterminator="\n")
+                w.writerow(["image", "caption"])
+                w.writerows(rows)
+                (root / "captions.csv").write_text(buf.getvalue())
+            ds = expect_dataset(lambda: load_dataset(root), root)
+            order = sorted(used, key=lambda k: first[k])           # images numbered by first appearance
+            assert ds.n_images == len(used) and ds.n_captions == len(picks)
+            assert [Path(p).name for p in ds.image_paths] == [f"im{k}.png" for k in order]
+            for c, i in zip(ds.captions, ds.caption_image.tolist()):
+                assert c.endswith(f"of photo {order[i]}")
+            return
+        duplicate = len(used) < len(picks)
+        if fmt == "karpathy":
+            doc = {"images": [{"filename": _alias(f"im{k}.png", root / "images", how).replace("images//", ""),
+                               "split": "train", "sentences": [{"raw": f"photo {k}"}]} for k, how in picks]}
+            (root / "dataset_t.json").write_text(json.dumps(doc))
+            load = lambda: load_dataset(root / "dataset_t.json", image_root=root / "images")  # noqa: E731
+        else:
+            key = "tags" if fmt == "webtags" else "labels"
+            (root / f"{key}.jsonl").write_text("".join(
+                json.dumps({"image": _alias(f"images/im{k}.png", root, how), key: [f"t{k}"]}) + "\n"
+                for k, how in picks))
+            load = lambda: load_dataset(root / f"{key}.jsonl")  # noqa: E731
+        if duplicate:
+            expect_error(load, root, "duplicate")
+        else:
+            ds = expect_dataset(load, root)
+            assert sorted(Path(p).name for p in ds.image_paths) == sorted(f"im{k}.png" for k in used)
+
+
+# -- split names
+SPLIT_WORDS = ["train", "val", "test", "restval", "testall", "dev", "Validation", "TRAIN", " test ", "tset",
+               "trian", "holdout", "", "../x", "a/b", "..", "x\\y", "te\x1bst", "t\ud83d", "x" * 101]
+
+
+def _split_refused(name: str) -> bool:
+    s = name.strip().lower()
+    return has_unsafe(s) or "/" in s or "\\" in s or s in (".", "..") or len(s) > 100 or "\t" in s
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_split_names_known_warned_or_refused(data: st.DataObject) -> None:
+    """Each image's split is a known name (or an alias: dev, validation), an unknown word (one warning line
+    naming each with its image count), missing (train, counted), or path-like / control characters (refused
+    naming the file). The splits returned are exactly the intended ones."""
+    fmt = data.draw(st.sampled_from(["folder-csv", "folder-jsonl", "karpathy"]), label="format")
+    names = data.draw(st.lists(st.one_of(st.sampled_from(SPLIT_WORDS),
+                                         st.text(alphabet="abcxyz", min_size=1, max_size=5)),
+                               min_size=1, max_size=8), label="splits")
+    n = len(names)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _write_images(root, n)
+        if fmt == "karpathy":
+            doc = {"images": [{"filename": f"im{k}.png", "split": s, "sentences": [{"raw": "a box"}]}
+                              for k, s in enumerate(names)]}
+            (root / "dataset_t.json").write_text(json.dumps(doc))
+            target = root / "dataset_t.json"
+        elif fmt == "folder-jsonl":
+            (root / "captions.jsonl").write_text("".join(
+                json.dumps({"image": f"images/im{k}.png", "caption": "a box", "split": s}) + "\n"
+                for k, s in enumerate(names)))
+            target = root / "captions.jsonl"
+        else:
+            if any(ch in s for s in names for ch in "\r\n\x00,\""):
+                names = [s.replace("\x00", "") for s in names]
+            buf = io.StringIO(newline="")
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(["image", "caption", "split"])
+            w.writerows([f"images/im{k}.png", "a box", s] for k, s in enumerate(names))
+            (root / "captions.csv").write_text(buf.getvalue(), encoding="utf-8", errors="surrogatepass")
+            target = root / "captions.csv"
+        if "\ud83d" in "".join(names) and fmt == "folder-csv":
+            # a CSV file cannot hold a lone surrogate as UTF-8: the reader says the file is not UTF-8
+            expect_error(lambda: load_dataset(target), root)
+            return
+        refused = [k for k, s in enumerate(names) if _split_refused(s)]
+        if refused:
+            expect_error(lambda: load_dataset(target), root, "is not a split name")
+            return
+        ds = expect_dataset(lambda: load_dataset(target), root)
+        aliases = {"dev": "val", "validation": "val", "valid": "val"}
+        intended: dict[str, list[int]] = {}
+        for k, s in enumerate(names):
+            s = s.strip().lower()
+            intended.setdefault(aliases.get(s, s) or "train", []).append(k)
+        assert {k: v.tolist() for k, v in ds.splits.items()} == intended
+        unknown = {k: len(v) for k, v in intended.items() if k not in ("train", "val", "test", "restval", "testall")}
+        said = [w for w in ds.warnings if "unknown split" in w]
+        if unknown:
+            assert len(said) == 1, ds.warnings
+            for name, count in unknown.items():
+                assert f"{name!r} ({count} image{'s' * (count != 1)})" in said[0], (name, said)
+        else:
+            assert said == []
+
+
+# -- label types
+LABEL_VALUES = st.one_of(st.integers(-3, 3), st.sampled_from(["1", "2", "-3", "cat", "dog", "01"]),
+                         st.floats(allow_nan=True, allow_infinity=True, width=32).filter(lambda x: abs(x) < 1e6 or
+                                                                                          not math.isfinite(x)),
+                         st.sampled_from([1.0, 2.5, -0.5]), st.sampled_from([[1], ["a", "b"], {"a": 1}, True, False]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_label_types_kept_apart_reported_or_refused(data: st.DataObject) -> None:
+    """Per-image labels of every JSON type: text and whole numbers are class names; ``1`` and ``"1"`` are one
+    label with one warning line; decimal numbers are class names counted in a warning; NaN, infinity,
+    booleans, lists and objects are refused naming the file. The labels returned are the intended ones."""
+    fmt = data.draw(st.sampled_from(["folder", "karpathy"]), label="format")
+    values = data.draw(st.lists(LABEL_VALUES, min_size=1, max_size=6), label="labels")
+    n = len(values)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _write_images(root, n)
+        if fmt == "karpathy":
+            doc = {"images": [{"filename": f"im{k}.png", "split": "train", "label": v, "sentences": [{"raw": "a"}]}
+                              for k, v in enumerate(values)]}
+            (root / "dataset_t.json").write_text(json.dumps(doc))
+            target = root / "dataset_t.json"
+        else:
+            (root / "captions.jsonl").write_text("".join(
+                json.dumps({"image": f"images/im{k}.png", "caption": "a", "label": v}) + "\n"
+                for k, v in enumerate(values)))
+            target = root / "captions.jsonl"
+        bad = [v for v in values if isinstance(v, (bool, list, dict)) or (isinstance(v, float) and not math.isfinite(v))]
+        if bad:
+            expect_error(lambda: load_dataset(target), root, "label")
+            return
+        ds = expect_dataset(lambda: load_dataset(target), root)
+
+        def key(v: Any) -> str:  # naive: the text a class is known by
+            if isinstance(v, float):
+                return str(int(v)) if v == int(v) else repr(v)
+            return str(v).strip()
+        assert ds.label_names is not None
+        assert [ds.label_names[j] for j in ds.labels.tolist()] == [key(v) for v in values]
+        as_number = {key(v) for v in values if isinstance(v, (int, float))}
+        as_text = {key(v) for v in values if isinstance(v, str)}
+        both = [w for w in ds.warnings if "both as a number and as text" in w]
+        assert len(both) == (1 if as_number & as_text else 0), ds.warnings
+        n_float = sum(isinstance(v, float) for v in values)
+        decimal = [w for w in ds.warnings if "decimal numbers" in w]
+        assert (decimal[0].split(": ", 1)[1].startswith(f"{n_float} label(s)") if n_float else decimal == []), \
+            ds.warnings
+
+
+# -- degenerate feature matrices
+@FUZZ
+@given(data=st.data())
+def test_fuzz_degenerate_feature_matrices_refused_or_warned(data: st.DataObject) -> None:
+    """Precomputed features with zero rows, constant rows, constant columns, huge values, all zero or all
+    identical: refused or warned exactly as a naive loop over the matrix says, with its row / column counts."""
+    n = data.draw(st.integers(1, 8), label="rows")
+    d = data.draw(st.integers(1, 6), label="columns")
+    dtype = data.draw(st.sampled_from([np.float32, np.float64, np.int64]), label="dtype")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    x = rng.normal(size=(n, d)) * (100 if dtype is np.int64 else 1)
+    for _ in range(data.draw(st.integers(0, 4), label="edits")):
+        edit = data.draw(st.sampled_from(["zero row", "constant row", "constant column", "huge", "all zero",
+                                          "all identical"]), label="edit")
+        r, c = data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, d - 1))
+        if edit == "zero row":
+            x[r] = 0
+        elif edit == "constant row":
+            x[r] = data.draw(st.sampled_from([1.0, -2.0, 7.0]))
+        elif edit == "constant column":
+            x[:, c] = data.draw(st.sampled_from([0.0, 3.0]))
+        elif edit == "huge":
+            x[r, c] = data.draw(st.sampled_from([1e19, -1e30, 1e300, 3e38]))
+        elif edit == "all zero":
+            x[:] = 0
+        else:
+            x[:] = x[r]
+    with np.errstate(all="ignore"):
+        if dtype is np.int64:
+            x = np.clip(x, -2**62, 2**62)
+        arr = x.astype(dtype)
+    if dtype is np.float32 and not np.isfinite(arr).all():
+        arr = np.where(np.isfinite(arr), arr, np.float32(3e38))
+    rows = arr.astype(np.float64).tolist()
+    # the naive verdict, one value at a time
+    n_big = sum(any(abs(v) > 1e18 for v in row) for row in rows)
+    n_zero = sum(all(v == 0 for v in row) for row in rows)
+    n_const_rows = sum(all(v == row[0] for v in row) for row in rows)
+    n_const_cols = sum(all(rows[i][j] == rows[0][j] for i in range(n)) for j in range(d))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "t_precomp"
+        root.mkdir()
+        np.save(root / "train_ims.npy", arr)
+        # two captions an image: no VSE++ repeat detection in the way
+        (root / "train_caps.txt").write_text("".join(f"caption {i}\n" for i in range(2 * n)))
+        load = lambda: load_dataset(root)  # noqa: E731
+        if n_big:
+            expect_error(load, root, f"{n_big} of {n} feature rows hold values over 1e+18")
+        elif n_zero == n:
+            expect_error(load, root, f"all {n} feature rows are zero")
+        elif n_const_rows == n and d > 1:
+            expect_error(load, root, f"every one of the {n} feature rows is constant")
+        elif n > 1 and n_const_cols == d:
+            expect_error(load, root, f"all {n} feature rows are identical")
+        else:
+            ds = expect_dataset(load, root)
+            expected = []
+            if n_const_rows and d > 1:
+                expected.append(f"train_ims.npy: {n_const_rows} of {n} feature rows are constant")
+            if n > 1 and 2 * n_const_cols > d:
+                expected.append(f"train_ims.npy: {n_const_cols} of {d} feature columns are constant")
+            assert len(ds.warnings) == len(expected) and all(w.startswith(e) for w, e in zip(ds.warnings, expected)), \
+                (ds.warnings, expected)
+            assert ds.n_images == n and np.isfinite(np.asarray(ds.image_features)).all()

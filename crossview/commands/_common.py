@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from crossview.core.progress import RunEta, format_seconds
+from crossview.core.text import printable
 
 __all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
 
@@ -21,7 +22,9 @@ def print_result(text: str) -> None:
     import sys
 
     try:
-        print(text)
+        # results quote captions, file names and split names from the dataset: escape what would drive the
+        # terminal (ANSI sequences, carriage returns) or fail to encode (lone surrogates)
+        print(printable(text, newlines=True, tabs=True))
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -251,7 +254,7 @@ class EventPrinter:
 
     def line(self, text: str) -> None:
         """A log line (``prefix`` first), above the current bar if one is open."""
-        text = self.prefix + text
+        text = printable(self.prefix + text, newlines=True, tabs=True)  # dataset strings reach log lines
         if self.bar is not None:
             self.bar.note(text)
         else:

@@ -6,6 +6,7 @@ import argparse
 import time
 
 from crossview.commands._common import ProgressPrinter, _add_dataset_args, load_dataset_reporting
+from crossview.core.text import printable
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -25,7 +26,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
                              batch_size=args.batch_size, num_workers=args.workers, image_weights=args.weights,
                              allow_random=args.random_init, fit_on=args.fit_on, cache=cache, progress=progress)
     secs = time.monotonic() - t
-    print(f"dataset {ds.name}: {ds.n_images:,} images, {ds.n_captions:,} captions")
+    print(f"dataset {printable(ds.name)}: {ds.n_images:,} images, {ds.n_captions:,} captions")
     print(f"image features  {feats.image_encoder:<20} {feats.image.shape[0]:>8,} x {feats.image.shape[1]:<5}"
           f" {'cache hit' if feats.image_cache_hit else 'extracted'}")
     print(f"text features   {feats.text_encoder:<20} {feats.text.shape[0]:>8,} x {feats.text.shape[1]:<5}"

@@ -23,6 +23,11 @@ from crossview.core.errors import DatasetError
 #: Split names in their canonical order. Readers map other spellings ("dev", "restval") onto these
 #: or keep them as extra splits.
 SPLIT_ORDER = ("train", "restval", "val", "test")
+#: Every split name a reader accepts without a warning: the canonical ones and VSE++'s ``testall`` (the
+#: 5K COCO test set of ``*_precomp`` folders).
+KNOWN_SPLITS = (*SPLIT_ORDER, "testall")
+#: Other spellings readers map onto a canonical split name.
+SPLIT_ALIASES = {"dev": "val", "validation": "val", "valid": "val"}
 
 
 def _as_int_array(values: Iterable[int] | np.ndarray, n: int | None = None) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from crossview.core.text import printable
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.data.text import tokenize, word_counts
 
@@ -66,13 +67,16 @@ def dataset_info(ds: PairedDataset | TextCorpus) -> dict:
 
 def format_info(info: dict) -> str:
     """The summary as aligned text lines for the terminal."""
-    rows: list[tuple[str, str]] = [("dataset", f"{info['name']} ({info['format']})"), ("source", info["source"]),
+    # Dataset strings (name, source, split names, warnings quoting entries) are escaped: an ANSI sequence in a
+    # split name must not recolour the terminal, nor a lone surrogate make print() fail.
+    rows: list[tuple[str, str]] = [("dataset", f"{printable(info['name'])} ({info['format']})"),
+                                   ("source", printable(info["source"])),
                                    ("images", f"{info['images']:,}"), ("captions", f"{info['captions']:,}")]
     if "captions_per_image" in info:
         cpi = info["captions_per_image"]
         rows.append(("captions per image", f"{cpi['mean']:g} (min {cpi['min']}, max {cpi['max']})"))
     if info.get("splits"):
-        parts = [f"{k} {v['images']:,} images / {v['captions']:,} captions" for k, v in info["splits"].items()]
+        parts = [f"{printable(k)} {v['images']:,} images / {v['captions']:,} captions" for k, v in info["splits"].items()]
         label = "splits (generated 80/10/10)" if info.get("generated_splits") else "splits"
         rows.append((label, "; ".join(parts)))
     if "labels" in info:
@@ -93,5 +97,5 @@ def format_info(info: dict) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     for w in info.get("warnings", []):
-        lines.append(f"warning: {w}")
+        lines.append(f"warning: {printable(w)}")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QInputDialog, QLabel, QMainWindow, QMenu, QMessageBox, QProgressBar,
                                QStyle, QTabWidget, QWidget)
 
+from crossview.core.text import printable
 from crossview.data.dataset import PairedDataset, TextCorpus
 from crossview.gui.panels.data_panel import DataPanel
 from crossview.gui.panels.inspect_panel import InspectPanel
@@ -354,8 +355,9 @@ class MainWindow(QMainWindow):
         self.dataset_source = source
         self.data_panel.set_dataset(ds, prepared)
         self.train_panel.set_dataset(ds)
-        self.status_dataset.setText(f"Dataset: {ds.name}  ({ds.n_images:,} images, {ds.n_captions:,} captions)")
-        self.setWindowTitle(f"CrossView - {ds.name}")
+        self.status_dataset.setText(f"Dataset: {printable(ds.name)}  ({ds.n_images:,} images, "
+                                    f"{ds.n_captions:,} captions)")
+        self.setWindowTitle(f"CrossView - {printable(ds.name)}")
         self._remember(source)
         if ds.warnings:
             self.statusBar().showMessage("; ".join(ds.warnings), 15000)

@@ -20,6 +20,7 @@ from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QListView, QListWidget, QListWidgetItem, QStackedWidget, QWidget
 
+from crossview.core.text import printable
 from crossview.engine.retriever import Ranking
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
@@ -99,7 +100,7 @@ class ResultsView(QStackedWidget):
             for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
                 it = QListWidgetItem()
                 it.setData(ItemRole, item)
-                text = r.gallery_caption_text(item)
+                text = printable(r.gallery_caption_text(item))  # a caption's ESC / CR shown as \x1b, \r
                 it.setToolTip(text)
                 it.setData(LabelRole, f"{rank_score(rank, score, width, signed)}{tag[rank - 1]}   {text}")
                 if r.corpus is None and ds.image_paths is not None:
@@ -129,7 +130,7 @@ class ResultsView(QStackedWidget):
                 if ds.image_paths is not None:
                     it.setData(PathRole, ds.image_paths[item])
                 caps = ds.captions_of(item)
-                it.setToolTip("\n".join(ds.captions[c] for c in caps[:5]))
+                it.setToolTip("\n".join(printable(ds.captions[c]) for c in caps[:5]))
                 self.style_item(it, ranking, item, marks.get(item))
                 view.addItem(it)
         self.refresh_icons(view)

@@ -14,7 +14,10 @@ import errno
 import functools
 import io
 import json
+import math
 import os
+import posixpath
+import re
 import stat
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,22 +26,18 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from crossview.core.errors import CrossViewError, DatasetError
+from crossview.core.text import has_unsafe, printable
+from crossview.data.dataset import KNOWN_SPLITS, SPLIT_ALIASES
 
 _Read = TypeVar("_Read", bound=Callable[..., Any])
 
 #: Image file suffixes the folder readers look for.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
-#: Characters ``str.splitlines`` breaks on (a message must not contain any to stay one line), and the
-#: other control characters (a NUL or an escape sequence in a file name must not reach the terminal).
-_CONTROL = [chr(c) for c in (*range(0x20), *range(0x7f, 0xa0)) if chr(c) != "\t"] + ["\u2028", "\u2029"]
-_ESCAPE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in _CONTROL})
-
-
 def one_line(text: str, limit: int = 300) -> str:
-    """``text`` with line breaks and control characters escaped and cut to ``limit`` characters, for an
-    error message."""
-    text = str(text).translate(_ESCAPE_BREAKS)
+    """``text`` with line breaks, control characters and lone surrogates escaped (:func:`printable`, tabs
+    kept) and cut to ``limit`` characters, for an error message."""
+    text = printable(text, tabs=True)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -232,26 +231,52 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         yield lineno, obj
 
 
+#: Line ends as ``io.StringIO(newline="")`` and the csv module see them.
+_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+
+
 def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
     """Yields (line number, row dict) of a CSV/TSV file with a header; checks the required columns.
 
-    Column names are matched lower-cased; a column named twice is an error naming it. A field longer
-    than the csv module's limit (131,072 characters, usually an unclosed quote) is an error naming the line.
+    Column names are matched lower-cased; a column named twice is an error naming it. Parsing is strict,
+    so that a quoting mistake is an error naming the line where its row starts instead of rows silently
+    swallowed into one field:
+
+    - a quote that is never closed (end of file inside a quoted field), or a closing quote followed by
+      something other than the delimiter, is an error;
+    - every row has as many fields as the header (more or fewer is an error; a blank line is skipped);
+    - a quoted field may hold line breaks (CSV allows them: a caption written over two lines is kept),
+      but no line after the row's first may look like a row: hold a whole row's worth of delimiters (as
+      many as the header has columns, less one, counted without regard to quotes) with a first piece that
+      does not end in the field's closing quote. That is the next rows swallowed by a quote opened earlier
+      and closed by chance later. (So with two columns, a caption's second line may not hold a comma before
+      its closing quote: ambiguous there, it is refused rather than guessed.)
+
+    A field longer than the csv module's limit (131,072 characters, usually an unclosed quote) is an error
+    naming the line.
     """
     text = read_text(path)
     if not text.strip():
         raise DatasetError("the file is empty", path)
     try:
-        # The sniffer's regexes on a megabyte-long header line would take minutes: the start is enough.
-        dialect = csv.Sniffer().sniff(text.lstrip("\r\n").splitlines()[0][:4096], delimiters=",\t;")
+        # The sniffer's regexes on a megabyte-long header line would take minutes: the start is enough. Only
+        # its delimiter is used: from a header without quotes it also guesses doublequote=False, which would
+        # read a quote written "" inside a quoted field as the field's end.
+        delimiter = csv.Sniffer().sniff(text.lstrip("\r\n").splitlines()[0][:4096], delimiters=",\t;").delimiter
     except csv.Error:
-        dialect = csv.excel
+        delimiter = ","
     # newline="": only \r and \n end a row (str.splitlines would also break a caption at U+2028 or \x85).
-    reader = csv.DictReader(io.StringIO(text, newline=""), dialect=dialect)
+    reader = csv.reader(io.StringIO(text, newline=""), dialect=csv.excel, delimiter=delimiter, strict=True)
+    physical = io.StringIO(text, newline="").readlines()  # the lines as the reader counts them
+    header: list[str] = []
     try:
-        header = reader.fieldnames or []
+        while not header:
+            header = next(reader)
+    except StopIteration:
+        raise DatasetError("the file is empty", path) from None
     except csv.Error as e:
-        raise DatasetError(f"cannot parse the header ({one_line(str(e), 120)})", path, "line 1") from None
+        raise DatasetError(f"cannot parse the header ({one_line(str(e), 120)})", path, "line 1",
+                           hint="Check for an unclosed quote in the first line") from None
     fields = [f.strip().lower() for f in header]
     seen: set[str] = set()
     for f in fields:
@@ -264,19 +289,47 @@ def iter_csv(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
         raise DatasetError(f"missing column(s) {', '.join(missing)} in the header (found: "
                            f"{one_line(', '.join(fields), 200)})",
                            path, "line 1", hint=f"The first line must name the columns, e.g. {','.join(required)}")
+    n_columns = len(fields)
+    end = reader.line_num
     while True:
+        start = end + 1
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as e:
-            raise DatasetError(f"cannot parse CSV ({one_line(str(e), 120)})", path, f"line {reader.reader.line_num}",
-                               hint="Check for an unclosed quote before this line") from None
-        lineno = reader.line_num
-        if None in row:
-            raise DatasetError("more fields than columns in the header (quote fields that contain the "
-                               "delimiter)", path, f"line {lineno}")
-        yield lineno, {(k or "").strip().lower(): (v or "").strip() for k, v in row.items()}
+            problem = str(e)
+            if "field larger than field limit" in problem:
+                what = f"{one_line(problem, 80)}: a field over 131,072 characters (usually an unclosed quote)"
+            elif "unexpected end of data" in problem or "expected after" in problem:
+                what = (f"unclosed quote: the row that starts here runs on to line "
+                        f"{reader.line_num} ({one_line(problem, 80)})")
+            else:
+                what = f"cannot parse CSV ({one_line(problem, 120)})"
+            raise DatasetError(what, path, f"line {start}",
+                               hint='Close the quote, and write a quote inside a quoted field as ""') from None
+        end = reader.line_num
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # a blank line
+        if len(row) > n_columns:
+            raise DatasetError(f"more fields ({len(row)}) than columns in the header ({n_columns}); quote fields "
+                               f"that contain the delimiter", path, f"line {start}")
+        if len(row) < n_columns:
+            raise DatasetError(f"fewer fields ({len(row)}) than columns in the header ({n_columns})", path,
+                               f"line {start}", hint="Give every column on every row (an empty value is allowed)")
+        if end > start and n_columns > 1:
+            # the physical lines after the row's first, read without regard to quotes: one with a whole row's
+            # worth of delimiters is a row swallowed by a quote left open above it -- unless its first piece
+            # ends in the quote that closes the field ('c.png",blue': the field ends, then the next column)
+            for lineno in range(start + 1, end + 1):
+                line = physical[lineno - 1]
+                if (line.count(delimiter) >= n_columns - 1
+                        and not line.split(delimiter, 1)[0].rstrip().endswith('"')):
+                    raise DatasetError(
+                        f"unclosed quote: a quoted field of the row that starts here runs on over {end - start + 1} "
+                        f"lines, and line {lineno} inside it looks like a whole row ({brief(line.rstrip(), 60)})",
+                        path, f"line {start}", hint='Close the quote, and write a quote inside a quoted field as ""')
+        yield start, {f: v.strip() for f, v in zip(fields, row)}
 
 
 @contextmanager
@@ -343,6 +396,11 @@ def split_tags(value: Any) -> list[str]:
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
+        for v in value:
+            if (v is None or isinstance(v, (bool, list, tuple, dict))
+                    or (isinstance(v, float) and not math.isfinite(v))):
+                raise DatasetError(f"a list of tags or labels holds {type(v).__name__} {brief(v)}",
+                                   hint="Give text items only, e.g. [\"dog\", \"grass\"]")
         items = [str(v) for v in value]
     else:
         s = str(value)
@@ -385,6 +443,109 @@ def relative_to_root(root: Path, name: str) -> str:
         except RuntimeError:  # "~nosuchuser/a.jpg": kept as written, then reported missing
             pass
     return str(p if p.is_absolute() else (root / p))
+
+
+def normalize_name(name: str) -> str:
+    """An image name as written in a dataset file, normalised before it is used as the image's identity:
+    ``./x.jpg``, ``x.jpg`` and ``a/../x.jpg`` are one image (``posixpath.normpath`` on the relative name),
+    so the same photo cannot be two images (and straddle train and val). Absolute names stay absolute;
+    ``~`` names are left for :func:`relative_to_root` to expand."""
+    name = name.strip()
+    if not name or name.startswith("~"):
+        return name
+    return posixpath.normpath(name)
+
+
+def check_unique_images(abs_paths: Sequence[str], entry_names: Sequence[str], source: Path, word: str = "image",
+                        hint: str = "Each image must appear once; merge their sentences") -> None:
+    """An error naming both entries when two of ``abs_paths`` are one file once normalised (a relative name and
+    the same file's absolute path, ``images//x.jpg`` and ``images/x.jpg``)."""
+    seen: dict[str, int] = {}
+    for k, p in enumerate(abs_paths):
+        key = os.path.normpath(p)
+        if key in seen:
+            raise DatasetError(f"duplicate {word}: the same file as {entry_names[seen[key]]}", source, entry_names[k],
+                               hint=hint)
+        seen[key] = k
+
+
+def split_name(value: str, path: Path, where: str) -> str:
+    """A split name from a dataset file, lower-cased with its aliases mapped (``dev`` -> ``val``). A name that
+    looks like a path (``../x``, ``a/b``) or holds control characters is an error naming ``where``: split
+    names become file names and labels, and such a name is a mistake or an attack, never a split."""
+    s = value.strip().lower()
+    if has_unsafe(s) or "/" in s or "\\" in s or s in (".", "..") or len(s) > 100:
+        raise DatasetError(f"split name {brief(value)} is not a split name (it looks like a path, holds control "
+                           f"characters or is over 100 characters)", path, where,
+                           hint=f"Use {', '.join(KNOWN_SPLITS[:-1])} (or leave the split empty for train)")
+    return SPLIT_ALIASES.get(s, s)
+
+
+def unknown_splits_warning(splits: dict[str, Sequence[int]], source: Path) -> list[str]:
+    """One warning line naming the split names outside :data:`KNOWN_SPLITS` with how many images each holds
+    (a typo such as ``tset`` takes its images out of train / val / test), or none."""
+    unknown = sorted(((k, len(v)) for k, v in splits.items() if k not in KNOWN_SPLITS), key=lambda kv: -kv[1])
+    if not unknown:
+        return []
+    listed = ", ".join(f"{brief(k, 40)} ({n} image{'s' * (n != 1)})" for k, n in unknown[:8])
+    more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+    n_images = sum(n for _, n in unknown)
+    return [f"{one_line(source.name, 80)}: {n_images} image(s) are in {len(unknown)} unknown split(s), kept as "
+            f"their own split and not in train / val / test: {listed}{more} (known: {', '.join(KNOWN_SPLITS)})"]
+
+
+class LabelReader:
+    """Reads class labels from a dataset file, one value per image, as label names (text).
+
+    JSON gives labels types: ``1`` and ``"1"`` are read as one label (a class name is text) and, when both
+    spellings occur, one warning line says so with the number of images; a float label (``1.5``, ``2.0``)
+    is read as its text and counted in a warning; NaN, infinity, booleans, lists and objects are errors
+    naming the file and the entry."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._kinds: dict[str, set[str]] = {}
+        self._count: dict[str, int] = {}
+        self._floats = 0
+        self._float_example: str | None = None
+
+    def read(self, value: Any, where: str) -> str | None:
+        """The label name of ``value`` (None when it is absent or blank)."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise DatasetError(f"'label' must be a string or a number, got {type(value).__name__} {brief(value)}",
+                               self.path, where, hint="Give each image one label: a class name or number")
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise DatasetError(f"'label' is {value} (not a class)", self.path, where,
+                                   hint="Give each image one label: a class name or number")
+            text = str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+            self._floats += 1
+            self._float_example = self._float_example or repr(value)
+            kind = "number"
+        elif isinstance(value, int):
+            text, kind = str(value), "number"
+        else:
+            text, kind = value.strip(), "text"
+            if not text:
+                return None
+        self._kinds.setdefault(text, set()).add(kind)
+        self._count[text] = self._count.get(text, 0) + 1
+        return text
+
+    def warnings(self) -> list[str]:
+        out = []
+        both = [t for t, kinds in self._kinds.items() if len(kinds) > 1]
+        if both:
+            n = sum(self._count[t] for t in both)
+            out.append(f"{one_line(self.path.name, 80)}: {len(both)} label(s) are written both as a number and "
+                       f"as text ({', '.join(brief(t, 20) for t in both[:5])}); read as one label each "
+                       f"({n} label value(s))")
+        if self._floats:
+            out.append(f"{one_line(self.path.name, 80)}: {self._floats} label(s) are decimal numbers (e.g. "
+                       f"{self._float_example}), read as class names; write whole numbers or text")
+        return out
 
 
 def guess_image_root(base: Path, sample: Sequence[str], candidates: Sequence[str]) -> Path:

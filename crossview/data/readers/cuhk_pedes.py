@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
-from crossview.data.readers._common import guess_image_root, read_head, read_json, reader, safe_resolve
+from crossview.data.readers._common import brief, check_images_exist, check_unique_images, clean_caption, detector
+from crossview.data.readers._common import guess_image_root, normalize_name, read_head, read_json, reader, safe_resolve
 from crossview.core.errors import DatasetError
 
 JSON_NAME = "reid_raw.json"
@@ -80,8 +80,8 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if not isinstance(fp, str) or not fp.strip():
             raise DatasetError("missing or empty 'file_path'", path, f"entry {k}",
                                hint="Each entry needs file_path, id, captions and split")
-        fp = fp.strip()
-        where = f"entry {k} {brief(fp)}"
+        where = f"entry {k} {brief(fp.strip())}"
+        fp = normalize_name(fp)
         if fp in seen:
             raise DatasetError(f"duplicate file_path: the same image as entry {seen[fp]}", path, where,
                                hint="Each image must appear once; merge their captions")
@@ -104,6 +104,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]
+    check_unique_images(abs_paths, entry_names, path, "file_path", "Each image must appear once; merge their captions")
     warnings: list[str] = []
     exists = check_images_exist(abs_paths, path, image_root, entry_names, warnings)
 

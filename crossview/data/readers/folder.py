@@ -10,14 +10,19 @@ itself. Any other ``.jsonl`` / ``.csv`` / ``.tsv`` file whose first line names a
 
   ``image`` and ``caption`` are required; ``label`` (string or int), ``tags`` (a list or ``"a,b"``) and
   ``split`` are optional.
-- CSV (or TSV) with a header line: ``image,caption[,label][,tags][,split]``, columns in any order.
+- CSV (or TSV) with a header line: ``image,caption[,label][,tags][,split]``, columns in any order, every
+  column on every row; parsed strictly (an unclosed quote is an error naming the line its row starts on,
+  see :func:`~crossview.data.readers._common.iter_csv`).
 
 Several lines for one image are several captions of that image: images are numbered in order of first
 appearance, captions in file order. Image paths are relative to the file's folder unless ``image_root``
-is given; absolute paths are kept. Splits: ``train`` / ``val`` (also ``dev``, ``validation``) / ``test``;
-an image without one goes to ``train``; with no split key or column at all, a reproducible 80/10/10
+is given; absolute paths are kept; ``./x.jpg``, ``a/../x.jpg`` and ``x.jpg`` are one image. Splits: ``train``
+/ ``val`` (also ``dev``, ``validation``) / ``test`` / ``restval``; another name is kept as its own split with
+one warning naming it and its image count, a path-like one (``../x``) or one with control characters is an
+error; an image without one goes to ``train``; with no split key or column at all, a reproducible 80/10/10
 split is generated (``meta["generated_splits"] = True``). A label gives ``labels`` (indices into
-``label_names``, the sorted unique label strings), and then every image needs one. Tags give per-image
+``label_names``, the sorted unique label strings), and then every image needs one; a label is text or a
+number (``1`` and ``"1"`` are one label, said in a warning; NaN, infinity, booleans and lists are errors). Tags give per-image
 ``tags``, the union over that image's lines.
 """
 
@@ -30,15 +35,15 @@ from typing import Iterator
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
-from crossview.data.readers._common import generated_splits, iter_csv, iter_jsonl, read_head, reader
-from crossview.data.readers._common import relative_to_root, require_file, safe_resolve, split_tags
+from crossview.data.readers._common import LabelReader, brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import generated_splits, iter_csv, iter_jsonl, normalize_name, read_head, reader
+from crossview.data.readers._common import relative_to_root, require_file, safe_resolve, split_name, split_tags
+from crossview.data.readers._common import unknown_splits_warning
 from crossview.core.errors import DatasetError
 
 #: The file names looked for in a folder, in this order.
 CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.tsv")
 SUFFIXES = (".jsonl", ".csv", ".tsv")
-SPLIT_ALIASES = {"dev": "val", "validation": "val", "valid": "val"}
 
 
 @detector
@@ -97,6 +102,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     img_tags: list[list[str]] = []
     raw_caps: list[tuple[int, str | None]] = []      # (image number, cleaned caption or None)
     has_label = has_tags = has_split = False
+    labels_read = LabelReader(path)
     for lineno, row in _rows(path):
         image = row.get("image")
         if not isinstance(image, str) or not image.strip():
@@ -109,7 +115,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         caption = row["caption"]
         if caption is not None and not isinstance(caption, str):
             raise DatasetError(f"'caption' must be a string, got {type(caption).__name__}", path, where)
-        abs_path = os.path.normpath(relative_to_root(root, image))
+        abs_path = os.path.normpath(relative_to_root(root, normalize_name(image)))
         i = index.get(abs_path)
         if i is None:
             i = index[abs_path] = len(abs_paths)
@@ -118,9 +124,6 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             img_label.append(None)
             img_split.append(None)
             img_tags.append([])
-        if isinstance(row.get("label"), (list, dict, bool)):
-            raise DatasetError(f"'label' must be a string or a number, got {type(row['label']).__name__} "
-                               f"{brief(row['label'])}", path, where)
         if not isinstance(row.get("split"), (str, type(None))):
             raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
                                f"{type(row['split']).__name__} {brief(row['split'])}", path, where)
@@ -131,9 +134,12 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         has_split |= "split" in row
         has_tags |= "tags" in row
         for key, store in (("label", img_label), ("split", img_split)):
-            value = _optional(row.get(key))
-            if key == "split" and value is not None:
-                value = SPLIT_ALIASES.get(value.lower(), value.lower())
+            if key == "label":
+                value = labels_read.read(row.get("label"), where)
+            else:
+                value = _optional(row.get(key))
+                if value is not None:
+                    value = split_name(value, path, where)
             if value is None:
                 continue
             if store[i] is not None and store[i][0] != value:
@@ -141,7 +147,11 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
                                    f"on line {store[i][1]}", path, where,
                                    hint=f"Give one {key} per image")
             store[i] = (value, lineno)
-        for t in split_tags(row.get("tags")):
+        try:
+            row_tags = split_tags(row.get("tags"))
+        except DatasetError as e:
+            raise DatasetError(e.problem, path, where, e.hint) from None
+        for t in row_tags:
             if t not in img_tags[i]:
                 img_tags[i].append(t)
         raw_caps.append((i, clean_caption(caption)))
@@ -182,6 +192,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if n_nosplit:
             warnings.append(f"{n_nosplit} image(s) have no split and were put in 'train'")
         split_arrays = {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}
+        warnings.extend(unknown_splits_warning(split_arrays, path))
     else:
         split_arrays = generated_splits(len(kept))
         meta["generated_splits"] = True
@@ -197,6 +208,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         label_names = sorted(set(names))
         lookup = {n: j for j, n in enumerate(label_names)}
         labels = np.array([lookup[n] for n in names], dtype=np.int64)
+        warnings.extend(labels_read.warnings())
 
     return PairedDataset(
         name=path.parent.name or path.stem,

@@ -7,14 +7,16 @@ demo adds optional ``label`` (class), ``tags`` and ``labels`` (label set) keys p
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import Path
 
 import numpy as np
 
 from crossview.data.dataset import PairedDataset
-from crossview.data.readers._common import brief, check_images_exist, clean_caption, detector
+from crossview.data.readers._common import brief, check_images_exist, check_unique_images, clean_caption, detector
 from crossview.data.readers._common import guess_image_root, one_line, read_head, read_json, reader
-from crossview.data.readers._common import safe_resolve, split_tags
+from crossview.data.readers._common import LabelReader, normalize_name, safe_resolve, split_name, split_tags
+from crossview.data.readers._common import unknown_splits_warning
 from crossview.core.errors import DatasetError
 
 #: Folders next to the JSON where the images usually are, tried in order.
@@ -75,13 +77,18 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     entry_names: list[str] = []
     seen_ids: dict[object, int] = {}
     seen_files: dict[str, int] = {}
+    split_of_entry: dict[int, str] = {}
+    label_of_entry: dict[int, str | None] = {}
+    labels_read = LabelReader(path)
     for k, e in enumerate(entries):
         if not isinstance(e, dict):
             raise DatasetError(f"expected an object, got {type(e).__name__}", path, f"images[{k}]")
         fname = e.get("filename")
         if not isinstance(fname, str) or not fname.strip():
             raise DatasetError("missing or empty 'filename'", path, f"images[{k}]")
-        rel = str(Path(e["filepath"]) / fname) if isinstance(e.get("filepath"), str) else fname
+        fpath = e.get("filepath")
+        rel = normalize_name(posixpath.join(fpath.strip(), fname.strip()) if isinstance(fpath, str) and fpath.strip()
+                             else fname)
         name = f"images[{k}] {brief(fname)}"
         if rel in seen_files:
             raise DatasetError(f"duplicate image: the same file as images[{seen_files[rel]}]", path, name,
@@ -102,6 +109,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         if split is not None and not isinstance(split, str):
             raise DatasetError(f"'split' must be a string such as \"train\", \"val\" or \"test\", got "
                                f"{type(split).__name__} {brief(split)}", path, name)
+        if split is not None and split.strip():
+            split_of_entry[k] = split_name(split, path, name)
+        label_of_entry[k] = labels_read.read(e.get("label"), name) if e.get("label") is not None else None
         _check_optional_fields(e, path, name)
         rel_names.append(rel)
         entry_names.append(name)
@@ -112,6 +122,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     if not image_root.is_dir():
         raise DatasetError("image root is not a folder", image_root, hint="Pass --image-root FOLDER")
     abs_paths = [str(image_root / r) for r in rel_names]
+    check_unique_images(abs_paths, entry_names, path, "image", "Each image must appear once; merge their sentences")
     exists = check_images_exist(abs_paths, path, image_root, entry_names, warnings)
 
     paths: list[str] = []
@@ -143,11 +154,11 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         paths.append(abs_paths[k])
         captions.extend(caps)
         cap_img.extend([i] * len(caps))
-        split = (e.get("split") or "").strip().lower()
-        n_nosplit += not split
+        split = split_of_entry.get(k)
+        n_nosplit += split is None
         split_of.append(split or "train")
         has_label |= "label" in e
-        label_raw.append(e.get("label"))
+        label_raw.append(label_of_entry[k])
         has_tags |= "tags" in e
         tags.append(split_tags(e.get("tags")))
         has_sets |= "labels" in e
@@ -163,7 +174,8 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
 
     splits: dict[str, np.ndarray] = {}
     for i, s in enumerate(split_of):
-        splits.setdefault({"dev": "val"}.get(s, s), []).append(i)  # type: ignore[arg-type]
+        splits.setdefault(s, []).append(i)  # type: ignore[arg-type]
+    warnings.extend(unknown_splits_warning(splits, path))  # type: ignore[arg-type]
     labels = label_names = None
     if has_label:
         label_names = sorted({str(v) for v in label_raw if v is not None})
@@ -171,6 +183,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
             raise DatasetError("some images have a 'label' and others do not", path)
         lookup = {n: j for j, n in enumerate(label_names)}
         labels = np.array([lookup[str(v)] for v in label_raw], dtype=np.int64)
+        warnings.extend(labels_read.warnings())
     return PairedDataset(
         name=_name(doc.get("dataset"), path),
         captions=captions,

@@ -79,6 +79,58 @@ def _non_finite_rows(arr: np.ndarray) -> np.ndarray:
     return np.concatenate(bad)
 
 
+#: Feature values past this magnitude overflow float32 arithmetic: a dot product of two 2048-d rows of
+#: 1e18 is 2e39 > float32's 3.4e38.
+MAX_MAGNITUDE = 1e18
+
+
+def check_degenerate(arr: np.ndarray, where: Path, warnings: list[str]) -> None:
+    """Refuses a feature matrix no method can learn from, or warns when part of it is degenerate.
+
+    ``arr`` is ``(n, d)`` (possibly memory-mapped; read in ~16 MB blocks). Errors (naming ``where`` and the
+    row / column counts): values over :data:`MAX_MAGNITUDE` in magnitude, every value zero, every row
+    constant (each row one value repeated), every row the same. Warnings: some rows constant, or most
+    columns (over half) constant over all rows (zero variance: they carry nothing).
+    """
+    n, d = arr.shape
+    per_block = max(1, (1 << 24) // max(1, d * 8))
+    n_big = n_const_rows = n_zero_rows = 0
+    largest = 0.0
+    col_min = np.full(d, np.inf)
+    col_max = np.full(d, -np.inf)
+    for start in range(0, n, per_block):
+        block = np.asarray(arr[start:start + per_block], dtype=np.float64)
+        mag = np.abs(block)
+        row_max = mag.max(axis=1)
+        n_big += int((row_max > MAX_MAGNITUDE).sum())
+        largest = max(largest, float(row_max.max()))
+        row_lo, row_hi = block.min(axis=1), block.max(axis=1)
+        n_const_rows += int((row_lo == row_hi).sum())
+        n_zero_rows += int((row_max == 0).sum())
+        np.minimum(col_min, block.min(axis=0), out=col_min)
+        np.maximum(col_max, block.max(axis=0), out=col_max)
+    hint = "Re-extract the features; no method can learn from them"
+    if n_big:
+        raise DatasetError(f"{n_big} of {n} feature rows hold values over {MAX_MAGNITUDE:g} in magnitude (largest "
+                           f"{largest:.3g}): float32 arithmetic on them overflows", where,
+                           hint="Scale the features (e.g. L2-normalise each row) or re-extract them")
+    if n_zero_rows == n:
+        raise DatasetError(f"all {n} feature rows are zero ({n} x {d})", where, hint=hint)
+    if n_const_rows == n and d > 1:
+        raise DatasetError(f"every one of the {n} feature rows is constant (one value repeated over its {d} "
+                           f"columns)", where, hint=hint)
+    n_const_cols = int((col_min == col_max).sum())
+    if n > 1 and n_const_cols == d:
+        raise DatasetError(f"all {n} feature rows are identical (all {d} columns constant)", where, hint=hint)
+    if n_const_rows and d > 1:
+        zero = f", {n_zero_rows} of them all zero" if n_zero_rows else ""
+        warnings.append(f"{one_line(where.name, 80)}: {n_const_rows} of {n} feature rows are constant{zero} "
+                        f"(nothing to tell those images apart)")
+    if n > 1 and 2 * n_const_cols > d:
+        warnings.append(f"{one_line(where.name, 80)}: {n_const_cols} of {d} feature columns are constant over "
+                        f"all {n} rows (zero variance; the features may be damaged)")
+
+
 def _rows_repeated(ims: np.ndarray, k: int) -> bool:
     """Whether every group of ``k`` consecutive rows is made of identical rows (read in ~16 MB blocks)."""
     n, d = ims.shape
@@ -184,12 +236,11 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         cap_img.append(ci + n_images)
         splits[split] = np.arange(n_images, n_images + ims.shape[0], dtype=np.int64)
         n_images += ims.shape[0]
-    if len(feats) == 1:
-        features = feats[0]
-        if features.dtype != np.float32:
-            features = features.astype(np.float32)
-    else:
-        features = np.concatenate([np.asarray(f) for f in feats]).astype(np.float32, copy=False)
+    # Checked before the cast to float32, which would turn values past float32's range into inf.
+    features = feats[0] if len(feats) == 1 else np.concatenate([np.asarray(f) for f in feats])
+    check_degenerate(features, found[0][2] if len(feats) == 1 else path, warnings)
+    if features.dtype != np.float32:
+        features = features.astype(np.float32)
     return PairedDataset(
         name=path.name.removesuffix("_precomp") or path.name,
         captions=captions,

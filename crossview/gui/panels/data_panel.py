@@ -6,7 +6,6 @@ Run alone on the demo: ``python -m crossview.gui.panels.data_panel [PATH]``.
 
 from __future__ import annotations
 
-import html
 
 import numpy as np
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QSize, Qt, QTimer, Signal
@@ -16,6 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QListV
 
 import pyqtgraph as pg
 
+from crossview.core.text import html_text, printable
 from crossview.data.dataset import PairedDataset
 from crossview.data.stats import caption_lengths
 from crossview.data.text import tokenize
@@ -66,7 +66,8 @@ class ImageGridModel(QAbstractListModel):
             return self.cache.get(self.ds.image_paths[i]) or self.cache.loading
         if role == Qt.ItemDataRole.ToolTipRole:
             caps = self.ds.captions_of(i)
-            return self.ds.captions[caps[0]] if caps else None
+            # rich text made explicit, so that a caption starting with "<b>" shows as written
+            return f"<p>{html_text(self.ds.captions[caps[0]])}</p>" if caps else None
         if role == self.ImageRole:
             return i
         if role == self.PathRole and self.ds.image_paths is not None:
@@ -199,7 +200,7 @@ class DataPanel(QWidget):
         self.split_combo.addItem("All splits", None)
         if ds is not None:
             for s in ds.split_names:
-                self.split_combo.addItem(f"{s} ({len(ds.splits[s]):,})", s)
+                self.split_combo.addItem(f"{printable(s)} ({len(ds.splits[s]):,})", s)
         self.split_combo.blockSignals(False)
         self._image_words = []
         self._lengths = np.zeros(0, dtype=np.int64)
@@ -237,8 +238,9 @@ class DataPanel(QWidget):
         ds = self.ds
         if ds is None:
             return "No dataset loaded."
-        splits = ", ".join(f"{s} {len(ds.splits[s]):,}" for s in ds.split_names)
-        return (f"<b>{html.escape(ds.name)}</b> &nbsp; {ds.n_images:,} images, {ds.n_captions:,} captions"
+        # dataset strings are escaped twice over: control characters shown as \x1b etc., then HTML
+        splits = ", ".join(f"{html_text(s)} {len(ds.splits[s]):,}" for s in ds.split_names)
+        return (f"<b>{html_text(ds.name)}</b> &nbsp; {ds.n_images:,} images, {ds.n_captions:,} captions"
                 f" &nbsp; <span style='color:#666'>splits: {splits or 'none'} &nbsp; format: {ds.format}</span>")
 
     def apply_filter(self) -> None:
@@ -247,7 +249,9 @@ class DataPanel(QWidget):
             self.count_label.setText("")
             return
         keep = np.ones(ds.n_images, dtype=bool)
-        split = self.split_combo.currentData()
+        # the split by its position, not the item's data: Qt drops a lone surrogate from a string it stores
+        k = self.split_combo.currentIndex()
+        split = None if k <= 0 else ds.split_names[k - 1]
         if split is not None:
             mask = np.zeros(ds.n_images, dtype=bool)
             mask[ds.splits[split]] = True
@@ -302,7 +306,7 @@ class DataPanel(QWidget):
         if ds.image_paths is not None:
             pm = QPixmap(ds.image_paths[i])
             if pm.isNull():
-                self.image_view.setText("This image cannot be read:\n" + ds.image_paths[i])
+                self.image_view.setText("This image cannot be read:\n" + printable(ds.image_paths[i]))
             else:
                 side = max(256, min(self.image_view.width(), self.image_view.height()))
                 self.image_view.setPixmap(pm.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
@@ -310,21 +314,21 @@ class DataPanel(QWidget):
         else:
             self.image_view.setText("Precomputed features: no image file")
         split = next((s for s in ds.split_names if np.isin(i, ds.splits[s])), "-")
-        parts = [f"<p><b>Image {int(ds.image_ids[i])}</b> &nbsp; split <b>{split}</b>"]
+        parts = [f"<p><b>Image {int(ds.image_ids[i])}</b> &nbsp; split <b>{html_text(split)}</b>"]
         assert ds.labels is not None
         if ds.label_names is not None:
-            parts.append(f" &nbsp; label <b>{html.escape(ds.label_names[int(ds.labels[i])])}</b>")
+            parts.append(f" &nbsp; label <b>{html_text(ds.label_names[int(ds.labels[i])])}</b>")
         parts.append("</p>")
         if ds.image_paths is not None:
-            parts.append(f"<p style='color:#666'>{html.escape(ds.image_paths[i])}</p>")
+            parts.append(f"<p style='color:#666'>{html_text(ds.image_paths[i])}</p>")
         caps = ds.captions_of(i)
         parts.append(f"<p><b>Captions ({len(caps)})</b></p><ol>")
-        parts.extend(f"<li>{html.escape(ds.captions[c])}</li>" for c in caps)
+        parts.extend(f"<li>{html_text(ds.captions[c])}</li>" for c in caps)
         parts.append("</ol>")
         if ds.tags is not None and ds.tags[i]:
-            parts.append("<p><b>Tags</b> " + ", ".join(html.escape(t) for t in ds.tags[i]) + "</p>")
+            parts.append("<p><b>Tags</b> " + ", ".join(html_text(t) for t in ds.tags[i]) + "</p>")
         if ds.label_sets is not None and ds.label_sets[i]:
-            parts.append("<p><b>Labels</b> " + ", ".join(html.escape(t) for t in ds.label_sets[i]) + "</p>")
+            parts.append("<p><b>Labels</b> " + ", ".join(html_text(t) for t in ds.label_sets[i]) + "</p>")
         self.details.setHtml("".join(parts))
 
 

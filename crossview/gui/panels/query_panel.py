@@ -50,6 +50,7 @@ from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout
 
 from crossview.engine.annotations import AnnotationStore
 from crossview.core.errors import CrossViewError
+from crossview.core.text import html_text
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
@@ -537,9 +538,9 @@ class QueryPanel(QWidget):
         elif "tags" in q:
             title = f"Tags: {html.escape(q['tags'])}"
         elif "caption" in q and "text" not in q:
-            title = f"Caption {int(ds.caption_ids[q['caption']])}: “{html.escape(ds.captions[q['caption']])}”"
+            title = f"Caption {int(ds.caption_ids[q['caption']])}: “{html_text(ds.captions[q['caption']])}”"
         else:
-            title = f"“{html.escape(q.get('text', ''))}”"
+            title = f"“{html_text(q.get('text', ''))}”"
         self._query_overlay = None
         if path:
             loaded = QPixmap(path)

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, Q
 from crossview.core.progress import RunEta, format_seconds, stage_key
 from crossview.core.events import CheckpointSaved, Finished, Log, Loss, Phase, Plan, Progress, Validation
 from crossview.core.errors import CrossViewError
+from crossview.core.text import printable
 from crossview.features.normalize import NORMS
 from crossview.gui.curves import CurveBoard
 from crossview.gui.dataset_slot import DatasetSlot
@@ -368,7 +369,7 @@ class TrainPanel(QWidget):
         for name in (ds.split_names if ds is not None else []):
             if name == "train":         # the training split: evaluating on it says nothing (the engine refuses)
                 continue
-            self.split_combo.addItem(f"{name} ({_images(len(ds.splits[name]))})", name)
+            self.split_combo.addItem(f"{printable(name)} ({_images(len(ds.splits[name]))})", name)
         self.split_combo.setCurrentIndex(max(0, self.split_combo.findData(keep)) if keep else 0)
         self.split_combo.blockSignals(False)
         self._update_split_info()
