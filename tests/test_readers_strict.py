@@ -337,3 +337,23 @@ def test_print_result_escapes_captions(capsys: pytest.CaptureFixture) -> None:
     print_result("1. 0.91  a \x1b[2Jdog\ud83d\n2. 0.5\tcat")
     out = capsys.readouterr().out
     assert out == "1. 0.91  a \\x1b[2Jdog\\ud83d\n2. 0.5\tcat\n"
+
+
+def test_precomputed_features_built_in_code_are_checked_too():
+    """A dataset made in Python (no reader) gets the reader's degenerate-feature check when features are taken."""
+    from crossview.core.errors import CrossViewError
+    from crossview.data.dataset import PairedDataset
+    from crossview.features import extract_features
+
+    def dataset(image):
+        return PairedDataset(name="inline", captions=[f"caption {i}" for i in range(6)],
+                             caption_image=np.arange(6), image_features=image,
+                             splits={"train": np.arange(4), "val": np.arange(4, 6)})
+
+    with pytest.raises(CrossViewError, match="all 6 feature rows are zero"):
+        extract_features(dataset(np.zeros((6, 4), np.float32)), text_encoder="bow", cache=False)
+    with pytest.raises(CrossViewError, match="over 1e"):
+        extract_features(dataset(np.full((6, 4), 3e20, np.float32) * np.arange(1, 7)[:, None]),
+                         text_encoder="bow", cache=False)
+    ok = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    assert extract_features(dataset(ok), text_encoder="bow", cache=False).image.shape == (6, 4)

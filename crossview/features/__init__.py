@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from pathlib import Path
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -232,6 +233,12 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
             raise CrossViewError(f"dataset {dataset.name!r}: its precomputed image features contain NaN or "
                                  f"infinite values in {len(bad):,} of {len(image):,} rows (first: row {bad[0]}); "
                                  f"fix or re-export the dataset's feature file")
+        # a dataset built in code skips the reader's check: all-zero, constant or overflowing features refused
+        from crossview.data.readers.precomp import check_degenerate
+        notes: list[str] = []
+        check_degenerate(image, Path(f"dataset {dataset.name!r} (precomputed image features)"), notes)
+        for note in notes:
+            log.warning("%s", note)
         image_name, image_hit, image_spec = PRECOMP, True, {"name": PRECOMP, "dim": int(image.shape[1])}
     else:
         image_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
