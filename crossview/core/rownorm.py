@@ -15,6 +15,12 @@ The signed square root of :mod:`crossview.features.normalize` is held the same w
 ``sign(x) sqrt|x| = x / sqrt|x|``, and inside the block the divisor is the first row's ``sqrt|x|``, so the
 average of the parts' outputs is the whole's output exactly.
 
+``frozen_row_norms(group=k)`` holds the scales of several wholes in one batch: the rows come in consecutive
+blocks of ``k`` (a whole, then its parts) and each row is divided by its own block's first row's scalar, so
+the explainer sends the region maps of many images through the pipeline in one pass (every step after the
+scales is per row). A method that splits a batch internally must cut it at a multiple of ``k`` (the explainer
+keeps each batch within the smallest such chunk, see :mod:`crossview.explain.maps`).
+
 Outside the context nothing changes: each row uses its own norm. The switch is per thread, so a training
 run in another thread is never affected.
 """
@@ -25,20 +31,23 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["frozen_row_norms", "row_norms", "norms_frozen"]
+__all__ = ["frozen_row_norms", "row_norms", "norms_frozen", "first_rows"]
 
 _state = threading.local()
 
 
 @contextmanager
-def frozen_row_norms() -> Iterator[None]:
-    """Within the block (this thread only), :func:`row_norms` returns the first row's norm for every row."""
-    depth = getattr(_state, "depth", 0)
-    _state.depth = depth + 1
+def frozen_row_norms(group: int | None = None) -> Iterator[None]:
+    """Within the block (this thread only), :func:`row_norms` returns the first row's norm for every row, or
+    with ``group=k`` the first row's of each consecutive block of ``k`` rows."""
+    if group is not None and int(group) < 1:
+        raise ValueError(f"group must be at least 1, got {group}")
+    depth, old = getattr(_state, "depth", 0), getattr(_state, "group", None)
+    _state.depth, _state.group = depth + 1, (None if group is None else int(group))
     try:
         yield
     finally:
-        _state.depth = depth
+        _state.depth, _state.group = depth, old
 
 
 def norms_frozen() -> bool:
@@ -46,14 +55,33 @@ def norms_frozen() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
-def row_norms(norms: Any) -> Any:
-    """``norms`` (an ``(n, 1)`` numpy array or torch tensor of per-row norms or sums), or, inside
-    :func:`frozen_row_norms`, the first row's value for every row (same shape and type)."""
-    if not norms_frozen() or len(norms) == 0:
-        return norms
-    first = norms[:1]
-    if hasattr(first, "expand_as"):          # torch
-        return first.expand_as(norms)
+def first_rows(x: Any) -> Any:
+    """For each row of ``x`` (a numpy array or torch tensor, ``(n, ...)``), the first row of its block: row 0
+    for every row, or with :func:`frozen_row_norms`'s ``group=k`` row ``k * (i // k)`` for row ``i``."""
+    group = getattr(_state, "group", None)
+    if len(x) == 0:
+        return x
+    if group is None or group >= len(x):
+        first = x[:1]
+        if hasattr(first, "expand_as"):      # torch
+            return first.expand_as(x)
+        import numpy as np
+
+        return np.broadcast_to(first, x.shape).copy()
+    if hasattr(x, "expand_as"):              # torch
+        import torch
+
+        idx = torch.div(torch.arange(len(x), device=x.device), group, rounding_mode="floor") * group
+        return x[idx]
     import numpy as np
 
-    return np.broadcast_to(first, norms.shape).copy()
+    return x[(np.arange(len(x)) // group) * group]
+
+
+def row_norms(norms: Any) -> Any:
+    """``norms`` (an ``(n, 1)`` numpy array or torch tensor of per-row norms or sums), or, inside
+    :func:`frozen_row_norms`, the first row's value for every row (with ``group=k``: the first row's of each
+    block of ``k``), same shape and type."""
+    if not norms_frozen() or len(norms) == 0:
+        return norms
+    return first_rows(norms)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
-from crossview.core.rownorm import norms_frozen, row_norms
+from crossview.core.rownorm import first_rows, norms_frozen, row_norms
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
 
@@ -99,7 +99,7 @@ class FeatureNorm:
                                  f"features, got {x.shape[1]}-d ones")
         if self.kind == "ssr":
             if norms_frozen():      # an explanation: each channel's scale held at the first (whole) row's
-                d = np.sqrt(np.abs(x[:1]))
+                d = np.sqrt(np.abs(first_rows(x)))
                 x = np.where(d > 0, x / np.where(d > 0, d, 1.0), 0.0).astype(np.float32)
             else:
                 x = np.sign(x) * np.sqrt(np.abs(x))

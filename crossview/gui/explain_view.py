@@ -20,7 +20,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QImage
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from crossview.core.errors import CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError
 from crossview.explain import Explanation, overlay, word_colours
 
 __all__ = ["Pair", "Explained", "explain_pairs", "pil_to_qimage", "words_html", "words_tooltip", "region_line",
@@ -106,37 +106,85 @@ def pil_to_qimage(img: Any) -> QImage:
 
 
 def explain_pairs(explainer: Any, pairs: Sequence[Pair], lock: threading.Lock, out: list[Explained],
-                  progress: Callable[[int, int], None], should_stop: Callable[[], bool]) -> list[Explained]:
+                  progress: Callable[[int, int], None], should_stop: Callable[[], bool],
+                  groups: Sequence[int] | None = None) -> list[Explained]:
     """Explain ``pairs`` in order (a :class:`crossview.gui.workers.Task` body), appending each result to
     ``out`` as it is done so that the GUI can show it on the next ``progress`` signal; returns ``out``.
 
-    ``lock`` serialises the explainer between tasks: a superseded task finishes the pair it is on (an
-    explanation cannot be interrupted) and stops; the next one waits for it instead of racing it for the
-    explainer's backbone and caches. A pair that cannot be explained (a :class:`CrossViewError`) is kept
-    with its error; anything else is a bug and fails the task."""
+    ``groups``: the sizes of the consecutive runs of ``pairs`` explained together (a screenful each; default:
+    all of them at once). The pairs of a group that share one sentence of a sentence query (t2i) go to the
+    explainer's ``explain_many`` in **one** call, where it has one (:meth:`crossview.explain.Explainer.explain_many`:
+    the sentence encoded once, the images read by batched backbone passes); the others one at a time.
+    ``progress(done, total)`` counts pairs: during a batched call, the images whose maps are read (its last
+    one counts when its results are in ``out``), then the whole group.
+
+    ``lock`` serialises the explainer between tasks: a superseded task finishes the pair (or the backbone pass)
+    it is on and stops; the next one waits for it instead of racing it for the explainer's backbone and caches.
+    A pair that cannot be explained (a :class:`CrossViewError`) is kept with its error; anything else is a bug
+    and fails the task."""
     total = len(pairs)
-    for n, pair in enumerate(pairs):
-        if should_stop():
-            break
-        with lock:
+    sizes = list(groups) if groups else [total]
+    if sum(sizes) != total or any(n < 1 for n in sizes):
+        raise ValueError(f"groups {sizes} do not split {total} pairs")
+    batched = callable(getattr(explainer, "explain_many", None))
+    done, start = 0, 0
+    for size in sizes:
+        group = list(pairs[start:start + size])
+        start += size
+        # a sentence query's pairs, one sentence: one batched call; the rest one by one, in order
+        many = [p for p in group if p.direction == "t2i" and p.text == group[0].text] if batched else []
+        if len(many) < 2:
+            many = []
+        if many:
             if should_stop():
                 break
-            try:
-                e: Explanation | None = explainer.explain(pair.image, pair.text, pair.direction)
-                error = ""
-            except CrossViewError as err:
-                e, error = None, str(err)
-        image = None
-        if e is not None and e.region is not None:
-            try:
-                pic = overlay(e.image_path, e.region)
-                pic.thumbnail((pair.side, pair.side))
-                image = pil_to_qimage(pic)
-            except CrossViewError as err:
-                error = str(err)
-        out.append(Explained(pair, e, image, error))
-        progress(n + 1, total)
+            base, n_many = done, len(many)
+            with lock:
+                if should_stop():
+                    break
+                try:
+                    got = explainer.explain_many([p.image for p in many], many[0].text, "t2i",
+                                                 progress=lambda k, _n: progress(base + min(k, n_many - 1), total),
+                                                 should_stop=should_stop)
+                except Cancelled:
+                    break
+                except CrossViewError as err:       # the sentence itself (every pair fails alike)
+                    got = [err] * n_many
+            for pair, e in zip(many, got):
+                out.append(_explained(pair, e))
+            done += n_many
+            progress(done, total)
+        for pair in group:
+            if pair in many:
+                continue
+            if should_stop():
+                return out
+            with lock:
+                if should_stop():
+                    return out
+                try:
+                    e = explainer.explain(pair.image, pair.text, pair.direction)
+                except CrossViewError as err:
+                    e = err
+            out.append(_explained(pair, e))
+            done += 1
+            progress(done, total)
     return out
+
+
+def _explained(pair: Pair, e: Explanation | CrossViewError) -> Explained:
+    """What the panel keeps of one explained pair: the overlaid picture made here, off the GUI thread."""
+    if isinstance(e, CrossViewError):
+        return Explained(pair, None, None, str(e))
+    image, error = None, ""
+    if e.region is not None:
+        try:
+            pic = overlay(e.image_path, e.region)
+            pic.thumbnail((pair.side, pair.side))
+            image = pil_to_qimage(pic)
+        except CrossViewError as err:
+            error = str(err)
+    return Explained(pair, e, image, error)
 
 
 def _mix(rgb: tuple[int, int, int], strength: float) -> tuple[int, int, int]:

@@ -84,7 +84,8 @@ class TransformerEncoder(TextEncoder):
     """Mean-pooled token states of a local BERT-style model, L2-normalised (sentence-transformers' recipe).
 
     ``max_length`` caps the word pieces per caption (longer ones are cut); ``normalize=False`` keeps the
-    raw mean. Captions are batched by length so little padding is computed.
+    raw mean. Captions are batched by length in word pieces (longest first), so a batch computes little
+    padding; the rows come back in the captions' order.
     """
 
     defaults = {"max_length": 256, "normalize": True}
@@ -124,8 +125,17 @@ class TransformerEncoder(TextEncoder):
         return f"{f.name}:{_weights_digest(str(f), st.st_size, st.st_mtime_ns)}"
 
     def _order(self, captions: list[str]) -> np.ndarray:
-        lengths = np.array([len(c) for c in captions])
-        return np.argsort(-lengths, kind="stable")
+        """Longest first by word pieces (what a batch is padded to), so each batch pads to about its own length;
+        :meth:`iter_encode` writes every row back to its caption's place."""
+        return np.argsort(-self.token_lengths(captions), kind="stable")
+
+    def token_lengths(self, captions: Sequence[str]) -> np.ndarray:
+        """``(n,) int64``: each caption's word pieces as encoded ([CLS] and [SEP] included, cut at max_length)."""
+        if not captions:
+            return np.zeros(0, dtype=np.int64)
+        tok, _ = _load_transformer(str(self._resolved()))
+        ids = tok(list(captions), truncation=True, max_length=self._max_length(tok))["input_ids"]
+        return np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
 
     def _begin(self, device: str) -> Any:
         tok, model = _load_transformer(str(self._resolved()))

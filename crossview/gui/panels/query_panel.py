@@ -659,8 +659,19 @@ class QueryPanel(QWidget):
             return
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
-        if self.explain_controller.request(pairs) and pairs:      # all known already
+        if self.explain_controller.request(pairs, self._ahead_pairs(pairs)) and pairs:      # all known already
             self._emit_explained(pairs[0])
+
+    def _ahead_pairs(self, pairs: list[Pair]) -> list[Pair]:
+        """A sentence query's next screenful of results after those in view: explained after them, in the
+        background, so that scrolling finds them ready."""
+        if not pairs or pairs[0].direction != "t2i":
+            return []
+        view = self.current_view()
+        rows = self.results.rows_in_view(view, EXPLAIN_MAX_RESULTS)
+        first = max(rows) + 1 if rows else 0
+        return [Pair(int(view.item(r).data(ItemRole)), pairs[0].text, "t2i")
+                for r in range(first, min(view.count(), first + EXPLAIN_MAX_RESULTS))]
 
     def _on_explain_started(self, n_pairs: int) -> None:
         if self.ranking is not None and self.ranking.direction == "t2i" and n_pairs > 1:
@@ -675,7 +686,7 @@ class QueryPanel(QWidget):
         pairs, why = self._wanted_pairs()
         self._show_explained(pairs, why)
         if done < total and total > 1:
-            self.explain_bar.set_note(f"Explaining the results in view: {done} of {total}...")
+            self.explain_bar.set_note(f"Explaining the results in view: {done} of {total} images read...")
 
     def _explained_icon(self, view: QListWidget, it: QListWidgetItem) -> QPixmap | None:
         """The result image with its region map, when Explain is on and it has been explained."""
