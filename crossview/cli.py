@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from crossview import __version__
 from crossview.commands._common import ProgressPrinter, _add_dataset_args  # noqa: F401 (re-exported)
+from crossview.commands._common import float_option, int_option, seed_option
 from crossview.core.errors import CrossViewError
 
 # Command groups that live in their own modules under crossview/commands/; each has
@@ -134,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "folder: dataset_demo.json, images/, scenes.json and the noisy web set "
                                     "in web/.")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty output folder")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--n-scenes", type=int, default=2400, help="image-caption scenes (default 2400)")
-    p.add_argument("--n-web", type=int, default=800, help="noisy web image-tag scenes (default 800)")
+    p.add_argument("--seed", type=seed_option, default=0, help="random seed (default 0)")
+    p.add_argument("--n-scenes", type=int_option(1), default=2400, help="image-caption scenes (default 2400)")
+    p.add_argument("--n-web", type=int_option(0), default=800, help="noisy web image-tag scenes (default 800)")
     p.set_defaults(func=cmd_data_demo)
 
     p = dsub.add_parser(
@@ -149,10 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="new folder for tags.jsonl and web.json")
     p.add_argument("--split", default="train", help="the images to use (default: train)")
-    p.add_argument("--drop", type=float, default=0.2, help="probability of dropping each true tag (default 0.2)")
-    p.add_argument("--add", type=float, default=0.2,
+    p.add_argument("--drop", type=float_option(0, 1), default=0.2, help="probability of dropping each true tag (default 0.2)")
+    p.add_argument("--add", type=float_option(0, 1), default=0.2,
                    help="wrong tags added per true tag, on average (default 0.2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    p.add_argument("--seed", type=seed_option, default=0, help="seed of the noise (default 0)")
     p.set_defaults(func=cmd_data_make_web)
 
     p = dsub.add_parser("formats", help="list the dataset formats CrossView reads",

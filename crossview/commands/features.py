@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args, load_dataset_reporting
+from crossview.commands._common import ProgressPrinter, _add_dataset_args, int_option, load_dataset_reporting
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -96,8 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", metavar="FILE", help="image backbone weights file (overrides the lookup)")
     p.add_argument("--random-init", action="store_true", help="allow random backbone weights when none are found")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--batch-size", type=int, help="images per batch")
-    p.add_argument("--workers", type=int, help="image decoding worker processes")
+    p.add_argument("--batch-size", type=int_option(1), help="images per batch")
+    p.add_argument("--workers", type=int_option(0), help="image decoding worker processes")
     p.add_argument("--fit-on", default="train", help="split whose captions fitted text encoders learn from")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")

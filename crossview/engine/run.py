@@ -48,7 +48,7 @@ import numpy as np
 from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Plan, Progress, Validation
 from crossview.core.io import EventLog, atomic_write_json, atomic_writer, load_checkpoint, save_checkpoint
 from crossview.core.errors import Cancelled, CrossViewError
-from crossview.core.run_settings import RunSettings, split_run_settings
+from crossview.core.run_settings import RunSettings, check_checkpoint_seconds, check_seed, split_run_settings
 # the folder's files, readers, lock and checkpoint checks (re-exported: scripts import them from here)
 from crossview.engine.run_folder import (CHECKPOINT, CONFIG, LOCK, LOCK_INFO, METRICS, RANKS, STATUS, SUMMARY,  # noqa: F401
                                          SUMMARY_KEYS, _FORMAT, _METRIC_KEYS, _Loaded, _WriterLock, _check_checkpoint,
@@ -812,16 +812,18 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     from crossview.engine.splits import plan_splits
     from crossview.data.views import apply_text_view, check_text_view
 
+    hyper, asked = split_run_settings(dict(params or {}))
+    run = _merge_run_settings(asked, {"device": (device, "auto"), "seed": (seed, 0), "amp": (amp, None),
+                                      "workers": (workers, None), "log_every": (log_every, None)})
+    # run settings are checked before any work: a bad seed must not fail the run after its training
+    device, seed = str(run.get("device", device)), check_seed(run.get("seed", seed))
+    checkpoint_seconds = check_checkpoint_seconds(checkpoint_seconds)
     ds, source = _load(data, data_format, image_root)
     view = check_text_view(text_view)
     if view is not None and ds.meta.get("text_view") is None:
         ds = apply_text_view(ds, view)
     given = _splits.checked_derived_splits(ds, derived_splits)
     ds = _splits.apply_derived_splits(ds, given)
-    hyper, asked = split_run_settings(dict(params or {}))
-    run = _merge_run_settings(asked, {"device": (device, "auto"), "seed": (seed, 0), "amp": (amp, None),
-                                      "workers": (workers, None), "log_every": (log_every, None)})
-    device, seed = str(run.get("device", device)), int(run.get("seed", seed))
     plan = plan_splits(ds, split, train_split, val_split, seed)
     cfg = RunConfig(method=method, data=source, params=hyper, split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
