@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from crossview import __version__
 from crossview.commands._common import ProgressPrinter, _add_dataset_args  # noqa: F401 (re-exported)
 from crossview.commands._common import float_option, int_option, seed_option
-from crossview.core.errors import CrossViewError
+from crossview.core.errors import CrossViewError, is_storage_error, storage_error
 
 # Command groups that live in their own modules under crossview/commands/; each has
 # ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``.
@@ -166,7 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _safe_streams() -> None:
+    """Text the terminal cannot take (a lone UTF-16 surrogate from a dataset, a character outside a non-UTF-8
+    locale) is written as a backslash escape instead of raising UnicodeEncodeError mid-print."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (OSError, ValueError):
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _safe_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
@@ -191,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except CrossViewError as e:
         print(f"crossview: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        # a full disk or a place the user cannot write is the environment, not a bug: one line naming the path
+        if not is_storage_error(e):
+            raise
+        print(f"crossview: error: {storage_error(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         if terminated["yes"]:

@@ -47,7 +47,7 @@ import numpy as np
 
 from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Plan, Progress, Validation
 from crossview.core.io import EventLog, atomic_write_json, atomic_writer, load_checkpoint, save_checkpoint
-from crossview.core.errors import Cancelled, CrossViewError
+from crossview.core.errors import Cancelled, CrossViewError, is_storage_error, storage_error
 from crossview.core.run_settings import RunSettings, check_checkpoint_seconds, check_seed, split_run_settings
 # the folder's files, readers, lock and checkpoint checks (re-exported: scripts import them from here)
 from crossview.engine.run_folder import (CHECKPOINT, CONFIG, LOCK, LOCK_INFO, METRICS, RANKS, STATUS, SUMMARY,  # noqa: F401
@@ -487,7 +487,10 @@ class _Run:
         if self.rank != 0:
             yield from self._follow()
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise (storage_error(e, self.run_dir) if is_storage_error(e) else e) from None
         took_over = self._lock.acquire()      # raises, touching nothing, when another process writes the run
         try:
             if not self.resuming and self._path(CONFIG).exists():
