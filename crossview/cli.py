@@ -171,7 +171,7 @@ def _safe_streams() -> None:
     locale) is written as a backslash escape instead of raising UnicodeEncodeError mid-print."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict", "surrogateescape"):
             try:
                 reconfigure(errors="backslashreplace")
             except (OSError, ValueError):

@@ -518,6 +518,8 @@ class _Run:
             yield self._emit(Log(f"{'resuming' if self.resuming else 'starting'} {self.cfg.method} on "
                                  f"{self.dataset.name} ({self.dataset.n_images} images, "
                                  f"{self.dataset.n_captions} captions), {self.settings.describe()}"))
+            for warning in self.dataset.warnings:      # what the reader skipped or repaired (never in silence)
+                yield self._emit(Log(f"dataset: {warning}", "warning"))
             for note in (took_over, trimmed):
                 if note:
                     yield self._emit(Log(note, "warning" if note is took_over else "info"))

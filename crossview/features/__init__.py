@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import Cancelled, CrossViewError
+from crossview.core.hashing import utf8_bytes
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
 __all__ = ["Features", "FeatureCache", "extract_features", "iter_extract_features", "encode_captions",
@@ -90,7 +91,7 @@ def image_set_fingerprint(paths: Sequence[str]) -> str:
     """A hash of the image files: paths, sizes and modification times (changed files -> new key)."""
     h = hashlib.sha256()
     for p in paths:
-        h.update(str(p).encode("utf-8", "surrogateescape"))
+        h.update(utf8_bytes(str(p)))
         try:
             st = os.stat(p)
             h.update(f"|{st.st_size}|{st.st_mtime_ns}\0".encode())
@@ -102,7 +103,7 @@ def image_set_fingerprint(paths: Sequence[str]) -> str:
 def _captions_fingerprint(captions: Sequence[str]) -> str:
     h = hashlib.sha256()
     for c in captions:
-        h.update(c.encode("utf-8", "surrogateescape"))
+        h.update(utf8_bytes(c))
         h.update(b"\0")
     return h.hexdigest()[:24]
 
