@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from crossview.core.errors import is_storage_error
 from crossview.core.io import atomic_writer
 from crossview.core.settings import get_settings
 
@@ -262,6 +263,8 @@ class FeatureCache:
         try:
             return self._save(key, array, meta)
         except OSError as e:
+            if not is_storage_error(e):
+                raise
             npy, meta_path = self._paths(key)
             for p in (meta_path, npy):
                 try:
