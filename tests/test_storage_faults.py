@@ -121,3 +121,17 @@ def test_cache_write_failure_warns_once_and_work_goes_on(tmp_path, monkeypatch, 
 def test_storage_error_is_a_crossview_error():
     e = StorageError(errno.EROFS, "/x: read-only", "/x")
     assert isinstance(e, CrossViewError) and isinstance(e, OSError) and str(e) == "/x: read-only"
+
+
+def test_features_extract_out_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    data = str(_precomp(tmp_path / "toy_precomp"))
+    argv = ["features", "extract", "--data", data, "--text-encoder", "tfidf", "--no-cache"]
+    assert main([*argv, "--out", str(tmp_path / "feats")]) == 0
+    with np.load(tmp_path / "feats.npz") as z:
+        assert z["image"].shape == (18, 8)
+    monkeypatch.setattr(cio.os, "fsync", _full_disk)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "again.npz")]) == 2
+    err = capsys.readouterr().err
+    assert f"crossview: error: {tmp_path / 'again.npz'}: the disk is full;" in err and "were needed" in err
+    assert not (tmp_path / "again.npz").exists()

@@ -32,8 +32,15 @@ def cmd_extract(args: argparse.Namespace) -> int:
           f" {'cache hit' if feats.text_cache_hit else 'extracted'}")
     print(f"{secs:.1f} s")
     if args.out:
-        np.savez(args.out, image=feats.image, text=feats.text, caption_image=ds.caption_image)
-        print(f"wrote {args.out}")
+        from pathlib import Path
+
+        from crossview.core.io import atomic_writer
+
+        out = Path(args.out) if str(args.out).endswith(".npz") else Path(f"{args.out}.npz")   # as np.savez names it
+        need = feats.image.nbytes + feats.text.nbytes + ds.caption_image.nbytes
+        atomic_writer(out, lambda f: np.savez(f, image=feats.image, text=feats.text, caption_image=ds.caption_image),
+                      size=need)
+        print(f"wrote {out}")
     return 0
 
 
