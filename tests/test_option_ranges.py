@@ -98,3 +98,15 @@ def test_eval_ranks_out_folder_is_refused_and_a_file_is_written_atomically(tmp_p
         assert z["i2t"].shape == (4,) and z["t2i"].shape == (8,)
     assert main(["eval", str(emb), "--ranks-out", str(tmp_path / "nowhere" / "r.npz")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_library_extraction_checks_batch_size_and_workers():
+    from crossview.data.dataset import PairedDataset
+    from crossview.features import extract_features
+
+    ds = PairedDataset(name="t", captions=["a", "b"], caption_image=[0, 1],
+                       image_features=np.zeros((2, 3), np.float32))
+    with pytest.raises(CrossViewError, match=r"batch size 0: give an integer >= 1"):
+        extract_features(ds, batch_size=0, cache=False)
+    with pytest.raises(CrossViewError, match=r"workers -1: give an integer >= 0"):
+        extract_features(ds, num_workers=-1, cache=False)
