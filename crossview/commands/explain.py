@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import ProgressPrinter, int_option, print_result
+from crossview.commands._common import ProgressPrinter, print_result
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_explain"]
@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", required=True, metavar="PATH|INDEX|NAME",
                    help="an image file, or a dataset image by index or file name")
     p.add_argument("--text", metavar="SENTENCE", help="the caption to explain")
-    p.add_argument("--caption", type=int_option(0), metavar="INDEX", help="a dataset caption by index, instead of --text")
+    p.add_argument("--caption", type=int, metavar="INDEX", help="a dataset caption by index, instead of --text")
     p.add_argument("--out", metavar="FILE.png", help="write the image with its region map blended over it")
     p.add_argument("--direction", default="i2t", help="i2t (default) or t2i: the model that scores the pair "
                    "(only BITR has one per direction)")

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import feature_progress, int_option, print_result
+from crossview.commands._common import feature_progress, print_result
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_query", "resolve_image"]
@@ -352,7 +352,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--image", metavar="PATH|INDEX|NAME",
                    help="an image file, or a dataset image by index or file name: ranks the gallery's captions "
                         "(a dataset image's own captions are the ground truth)")
-    q.add_argument("--caption", type=int_option(0), metavar="INDEX",
+    q.add_argument("--caption", type=int, metavar="INDEX",
                    help="a dataset caption by index: ranks the gallery's images, its own image is the "
                         "ground truth")
     q.add_argument("--tags", metavar="'TAG, TAG'",
@@ -367,7 +367,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a folder of your own photos (.jpg, .jpeg, .png, .webp, in subfolders too; hidden files "
                         "skipped; with --text only): ranks them for the sentence; results give each photo's path, "
                         "no ground truth. Photo features are cached, so only new or changed photos are encoded")
-    p.add_argument("--k", type=int_option(1), default=10, help="number of results (default 10)")
+    p.add_argument("--k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps, for encoding the query, photos "
                    "and a corpus (default: cpu)")
     p.add_argument("--json", action="store_true",

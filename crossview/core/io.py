@@ -319,12 +319,9 @@ def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
 
     payload = to_plain({**obj, "format": CHECKPOINT_FORMAT})
 
-    def write(f: BinaryIO) -> None:
-        buf = io.BytesIO()
-        torch.save(payload, buf)
-        _write_payload(f, buf.getbuffer())
-
-    return atomic_writer(path, write)
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return atomic_writer(path, lambda f: _write_payload(f, buf.getbuffer()), size=buf.getbuffer().nbytes)
 
 
 def _refused_global(e: BaseException) -> str | None:
