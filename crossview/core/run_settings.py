@@ -38,13 +38,16 @@ def check_seed(seed: Any, name: str = "seed") -> int:
 
 
 def check_checkpoint_seconds(value: Any, name: str = "checkpoint_seconds") -> float:
-    """``value`` as a float when it is a finite number > 0, else :class:`CrossViewError` naming ``name``."""
+    """``value`` as a float when it is a finite number >= 0 (0: a checkpoint after every event, which tests and
+    tools use; the command line asks for > 0), else :class:`CrossViewError` naming ``name``: nan would mean
+    "never", a negative number nothing."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         v = float("nan")
-    if isinstance(value, bool) or not math.isfinite(v) or v <= 0:
-        raise CrossViewError(f"{name} {value!r}: give a finite number of seconds > 0 (e.g. 60)")
+    if isinstance(value, bool) or not math.isfinite(v) or v < 0:
+        raise CrossViewError(f"{name} {value!r}: give a finite number of seconds >= 0 (e.g. 60; 0: after every "
+                             "event)")
     return v
 
 #: Constructor parameters of methods that are run settings, with the :class:`RunSettings` field each comes from
