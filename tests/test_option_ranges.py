@@ -28,14 +28,14 @@ BAD = [
     (["tune", "cca", "--grid", "reg=0.1", "--trials", "0"], "--trials", ">= 1"),
     (["tune", "cca", "--grid", "reg=0.1", "--folds", "1"], "--folds", ">= 2"),
     (["tune", "cca", "--grid", "reg=0.1", "--seed", "-2"], "--seed", "from 0"),
-    (["experiment", "loss-compare", "--data", "demo", "--seeds", "0"], "--seeds", ">= 1"),
-    (["experiment", "loss-compare", "--data", "demo", "--epochs", "0"], "--epochs", ">= 1"),
+    (["experiment", "loss-compare", "--data", "demo", "--folds", "1"], "--folds", ">= 2"),
+    (["experiment", "bitr-labels", "--data", "demo", "--min-images", "0"], "--min-images", ">= 1"),
     (["experiment", "bitr-table", "--data", "demo", "--test-parts", "0"], "--test-parts", ">= 1"),
     (["experiment", "bitr-table", "--data", "demo", "--seed", "-1"], "--seed", "from 0"),
     (["screenshot", "--out", "OUT", "--width", "0"], "--width", "from 320"),
 ]
-# query --k / --caption and explain --caption are checked by their commands (one "crossview: error:" line with the
-# dataset's caption range; tests/test_cli_query.py)
+# query --k / --caption, explain --caption and experiment --seeds / --epochs / --n-topics / --n-words are checked by
+# their commands before any work (one "crossview: error:" line; tests/test_cli_query.py, test_loss_compare.py ...)
 
 
 @pytest.mark.parametrize("argv,option,allowed", BAD, ids=[" ".join(a[:2] + a[-2:]) for a, _, _ in BAD])

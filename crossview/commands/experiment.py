@@ -321,8 +321,8 @@ def cmd_timam_ablation(args: argparse.Namespace) -> int:
 
 
 def _add_study_args(p: argparse.ArgumentParser, noun: str, example: str) -> None:
-    p.add_argument("--seeds", type=int_option(1), default=3, help=f"seeds per {noun}, 0..N-1 (default 3)")
-    p.add_argument("--epochs", type=int_option(1), metavar="E",
+    p.add_argument("--seeds", type=int, default=3, help=f"seeds per {noun}, 0..N-1 (default 3)")
+    p.add_argument("--epochs", type=int, metavar="E",
                    help=f"max_epochs of every {noun} (default: the method's own); lr_decay_epoch moves in "
                         "proportion to the method's default schedule")
     p.add_argument("--budget", metavar="EPOCHSxBATCH[@DECAY]",
@@ -400,8 +400,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "wsabie.lr=0.01, cca.reg=0.1")
     p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
     p.add_argument("--text-encoder", metavar="NAME", help="text encoder for --representation default")
-    p.add_argument("--n-topics", type=int_option(1), default=100, help="LDA topics for tr / ctr (default 100, as the paper)")
-    p.add_argument("--n-words", type=int_option(2), default=1000, help="visual words for tr / ctr (default 1000, as the paper)")
+    p.add_argument("--n-topics", type=int, default=100, help="LDA topics for tr / ctr (default 100, as the paper)")
+    p.add_argument("--n-words", type=int, default=1000, help="visual words for tr / ctr (default 1000, as the paper)")
     p.add_argument("--seed", type=seed_option, default=0, help="seed of the folds, k-means and LDA (default 0)")
     p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
