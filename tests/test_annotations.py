@@ -110,3 +110,28 @@ def test_a_fifo_in_place_of_the_file_is_refused_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "annotations.jsonl")
     with pytest.raises(CrossViewError, match="not a regular file"):
         AnnotationStore(tmp_path)
+
+
+def test_photo_marks_are_kept_by_path_apart_from_the_datasets(tmp_path):
+    """A photo folder's photo index shifts when photos are added: its marks are keyed by the photo's path, and a
+    sentence's marks on the dataset's images and on a photo folder never mix (issue 30)."""
+    store = AnnotationStore(tmp_path, annotator="ann")
+    q = {"text": "a red dog"}
+    photos = {**q, "photos": "/home/me/photos"}
+    store.mark("t2i", q, 3, True)                                      # a dataset image
+    store.mark("t2i", photos, 3, False, "/home/me/photos/a.jpg")        # photo 3 is a.jpg today
+    store.mark("t2i", photos, 3, True, "/home/me/photos/b.jpg")         # a photo added: photo 3 is b.jpg now
+    again = AnnotationStore(tmp_path)
+    assert again.marks_for("t2i", q) == {3: True}
+    assert again.marks_by_path("t2i", photos) == {"/home/me/photos/a.jpg": False, "/home/me/photos/b.jpg": True}
+    assert again.marks_by_path("t2i", {**q, "photos": "/elsewhere"}) == {} and again.marks_by_path("t2i", q) == {}
+    store.mark("t2i", photos, 7, None, "/home/me/photos/a.jpg")         # cleared by path, whatever its index now
+    assert AnnotationStore(tmp_path).marks_by_path("t2i", photos) == {"/home/me/photos/b.jpg": True}
+    with pytest.raises(CrossViewError, match="photo's path"):
+        store.mark("t2i", photos, 1, True)
+    # a hand-edited photo mark without its path (or with a folder that is not a string) is skipped, not fatal
+    with open(store.path, "a") as f:
+        f.write(json.dumps({"time": "t", "direction": "t2i", "query": photos, "item": 1, "relevant": True}) + "\n")
+        f.write(json.dumps({"time": "t", "direction": "t2i", "query": {**q, "photos": 5}, "item": 1,
+                            "item_text": "/x.jpg", "relevant": True}) + "\n")
+    assert AnnotationStore(tmp_path).skipped == 2

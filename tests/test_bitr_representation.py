@@ -200,6 +200,7 @@ def test_resume_continues_on_the_saved_representation(demo, encoder, tmp_path, m
         raise AssertionError("the representation was fitted again on resume")
 
     monkeypatch.setattr(T, "representation_features", refit)
+    monkeypatch.setattr(T, "iter_representation_features", refit)     # what the run's feature stage drives
     events = list(run_mod.resume(run_dir, data=demo))
     assert isinstance(events[-1], Finished) and events[-1].summary["image_encoder"] == "patches+tr"
 
@@ -371,3 +372,115 @@ def test_the_app_opens_a_ctr_run_and_queries_it_with_new_inputs(qtbot, demo, enc
         assert sig.args[0].direction == "t2i" and qp.image_grid.count() > 0
     finally:
         win.close()
+
+
+class BatchedPatchEncoder(PatchEncoder):
+    """The patch encoder with the generator interface the engine drives (``iter_encode_paths``: ``(done, total)``
+    at the start and after each batch of ``batch_size`` images, the features returned)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def iter_encode_paths(self, paths, *, local=False, batch_size=16, **_):
+        paths = list(paths)
+        out = []
+        yield 0, len(paths)
+        for s in range(0, len(paths), batch_size):
+            out.append(PatchEncoder.encode_paths(self, paths[s:s + batch_size], local=local))
+            self.batches += 1
+            yield min(len(paths), s + batch_size), len(paths)
+        return np.concatenate(out)
+
+
+@pytest.mark.parametrize("how", ["bitr-ctr", "recorded-ctr"])
+def test_tr_ctr_features_are_the_runs_own_events_from_its_own_thread(how, demo, tmp_path, monkeypatch):
+    """A TR / CTR run's feature stage is a generator the run drives: every report arrives as a Progress event
+    (stage ``features``) on the thread iterating the run, with no other thread alive, and the reports are the
+    very ``(stage, done, total)`` triples the callback API gives for the same work. ``bitr-ctr``: BITR's own
+    representation (TR features; BITR does CTR's CCA itself); ``recorded-ctr``: a run recorded on CTR
+    (``representation=``, built by :func:`crossview.features.topics.iter_build_representation`)."""
+    import threading
+
+    from crossview.core.events import Finished, Progress
+    from crossview.engine import run as run_mod
+    from crossview.features import image as image_mod
+    from crossview.features.cache import FeatureCache
+    from crossview.methods import create_method
+
+    enc = BatchedPatchEncoder()
+    monkeypatch.setattr(image_mod, "create_image_encoder", lambda name, **kw: enc)
+    if how == "bitr-ctr":
+        params, kw = {**PARAMS, "representation": "ctr"}, {}
+        method, encoded = "bitr", "patches+tr"
+    else:
+        record = T.representation_record("ctr", {"n_topics": 6, "n_words": 24})
+        method, params, kw = "cca", {}, {"representation": record}
+        encoded = image_mod.DEFAULT_IMAGE_ENCODER       # the name it asks for (the patch encoder stands in)
+    before = set(threading.enumerate())
+    reports, events = [], []
+    for ev in run_mod.train(method, demo, run_dir=tmp_path / "run", params=params, checkpoint_seconds=1e9,
+                            device="cpu", cache=FeatureCache(tmp_path / "cache1"), **kw):
+        events.append(ev)
+        if isinstance(ev, Progress) and ev.stage == "features":
+            assert threading.current_thread() is threading.main_thread()
+            assert set(threading.enumerate()) <= before, "a thread besides the run's"
+            reports.append((ev.message.split(": ", 1)[1], ev.step, ev.total))
+    assert isinstance(events[-1], Finished) and events[-1].summary["image_encoder"] == encoded
+    n = demo.n_images
+    assert [r for r in reports if r[0] == "local descriptors"] == \
+        [("local descriptors", d, n) for d in [0, *range(16, n, 16), n]]
+    steps = [s for s, _, _ in reports if s not in ("local descriptors", "captions")]
+    # the callback API drives the same generators: the same reports, in the same order
+    calls = []
+    cache = FeatureCache(tmp_path / "cache2")
+    if how == "bitr-ctr":
+        assert steps == ["visual words"] * 4 + ["fit text"] * 2 + ["topics"] * 2
+        T.representation_features(demo, fit_on="train", cache=cache, progress=lambda *r: calls.append(r),
+                                  **T.representation_request(create_method("bitr", **params)))
+    else:
+        assert steps == ["visual words"] * 4 + ["fit text"] * 2 + ["cca"] * 2
+        T.rebuild_representation_features(demo, record, fit_on="train", cache=cache,
+                                          progress=lambda *r: calls.append(r))
+    assert calls == reports
+
+
+def test_cancelling_during_tr_features_stops_between_steps_and_resumes(demo, tmp_path, monkeypatch):
+    """Stop requested at the first report of the TR features: the run says cancelled before a single batch is
+    encoded; stopped at the visual words' first report, the k-means codebook is never computed; a resume
+    finishes the run."""
+    from crossview.core.events import Finished, Progress
+    from crossview.engine import run as run_mod
+    from crossview.features import image as image_mod
+    from crossview.features.cache import FeatureCache
+
+    enc = BatchedPatchEncoder()
+    monkeypatch.setattr(image_mod, "create_image_encoder", lambda name, **kw: enc)
+    kmeans = []
+    real_kmeans = T.kmeans_codebook
+    monkeypatch.setattr(T, "kmeans_codebook", lambda *a, **k: kmeans.append(1) or real_kmeans(*a, **k))
+    run_dir, cache = tmp_path / "run", FeatureCache(tmp_path / "cache")
+    params = {**PARAMS, "representation": "tr"}
+
+    def stop_at(it, message):
+        """Iterate the run to its first feature report named ``message``, close it there; the reports seen."""
+        seen = []
+        for ev in it:
+            if isinstance(ev, Progress) and ev.stage == "features":
+                seen.append(ev.message)
+                if ev.message == message:
+                    it.close()
+                    return seen
+        raise AssertionError(f"no report {message!r}")
+
+    seen = stop_at(run_mod.train("bitr", demo, run_dir=run_dir, params=params, checkpoint_seconds=1e9,
+                                 device="cpu", cache=cache), "features: local descriptors")
+    assert seen == ["features: local descriptors"]          # stopped at the very first report
+    assert run_mod.read_status(run_dir)["status"] == "cancelled"
+    assert enc.batches == 0 and not kmeans                  # nothing encoded after it
+    seen = stop_at(run_mod.resume(run_dir, data=demo, cache=cache), "features: visual words")
+    assert run_mod.read_status(run_dir)["status"] == "cancelled"
+    assert enc.batches == 4 and not kmeans                  # the descriptors are done, the codebook never began
+    events = list(run_mod.resume(run_dir, data=demo, cache=cache))
+    assert isinstance(events[-1], Finished) and events[-1].summary["image_encoder"] == "patches+tr"
+    assert kmeans == [1] and enc.batches == 4               # the descriptors came from the cache

@@ -129,6 +129,36 @@ def test_cli_eval_table_json_and_errors(tmp_path: Path, capsys) -> None:
     assert main(["eval", str(tmp_path / "nothing")]) == 2
 
 
+def test_cli_eval_csv_puts_intervals_in_columns_of_their_own(tmp_path: Path, capsys) -> None:
+    import csv
+
+    from crossview.eval.bootstrap import bootstrap_ci
+
+    rng = np.random.default_rng(5)
+    emb = _emb(rng)
+    path = save_embeddings(tmp_path / "e.npz", emb)
+    assert main(["eval", str(path), "--k", "1,5,10,50", "--json", "--csv", str(tmp_path / "m.csv")]) == 0
+    res = json.loads(capsys.readouterr().out)
+    with open(tmp_path / "m.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["direction"] for r in rows] == ["i2t", "t2i"]
+    assert list(rows[0])[:4] == ["direction", "R@1", "R@1_low", "R@1_high"]
+    ref = evaluate(emb.image @ emb.text.T, emb.caption_image)
+    ci = bootstrap_ci(ref["ranks"]["i2t"], ref["ranks"]["t2i"], emb.caption_image, ks=(1, 5, 10, 50))
+    rsum_ci = bootstrap_ci(ref["ranks"]["i2t"], ref["ranks"]["t2i"], emb.caption_image)["rsum"]
+    for r in rows:
+        d = r["direction"]
+        for k in ("R@1", "R@5", "R@10", "R@50", "MedR", "MeanR"):
+            assert float(r[k]) == pytest.approx(res[d][k], abs=1e-4)
+        for k in ("R@1", "R@50"):
+            assert (float(r[f"{k}_low"]), float(r[f"{k}_high"])) == pytest.approx(tuple(ci[d][k]), abs=1e-4)
+        assert (float(r["rsum_low"]), float(r["rsum_high"])) == pytest.approx(tuple(rsum_ci), abs=1e-4)
+        assert r["MedR_low"] == "" and all("±" not in c and "+-" not in c for c in r.values())
+    assert main(["eval", str(path), "--csv", str(tmp_path / "no" / "such" / "m.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "m.csv" in err
+
+
 def test_a_finished_run_is_evaluated_from_its_folder(tmp_path: Path, capsys) -> None:
     from _engine_helpers import make_toy_dataset, toy_features
     from crossview.engine.run import train

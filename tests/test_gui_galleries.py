@@ -36,4 +36,5 @@ def test_gallery_choices_label_the_splits() -> None:
     assert choices == [("train split (20 images) - training images", "train"),
                        ("test split (10 images) - the run's evaluation split", "test"),
                        ("all images (30) - includes training images", "all"),
-                       ("caption corpus file...", "corpus:?")]
+                       ("caption corpus file...", "corpus:?"),
+                       ("photo folder...", "photos:?")]

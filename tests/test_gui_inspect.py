@@ -81,11 +81,12 @@ def test_compare_two_runs(qtbot, tmp_path: Path) -> None:
     with qtbot.waitSignal(panel.open_query) as sig:
         panel._on_point_clicked(panel.scatter, [pts[2]])
     assert sig.args == ["i2t", 2]
-    out = panel.export_tables(tmp_path / "t.csv")
-    text = out.read_text()
-    assert "change (B - A)" in text and "-27" in text
-    pngs = panel.export_plots(tmp_path / "plots")
-    assert {p.name for p in pngs} == {"i2t.png", "t2i.png", "scatter.png"} and all(p.stat().st_size > 500 for p in pngs)
+    metrics, per_query = panel.export_tables(tmp_path / "t.csv")
+    assert (metrics.name, per_query.name) == ("t_metrics.csv", "t_queries.csv")
+    assert "i2t,2,image 2,30,3,-27" in per_query.read_text()
+    pngs = panel.export_plots(tmp_path / "plots.png")
+    assert {p.name for p in pngs} == {"plots_hist_i2t.png", "plots_hist_t2i.png", "plots_scatter_i2t.png",
+                                      "plots_scatter_t2i.png"} and all(p.stat().st_size > 500 for p in pngs)
     panel.close()
 
 

@@ -75,11 +75,19 @@ def test_live_curves_stop_resume_and_a_responsive_gui(qtbot, panel: TrainPanel) 
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "cancelled"
     assert "Stopped" in panel.eta_label.text()
+    before, colour = list(panel.curves.points("mse")[0]), panel.curves.colour_of("mse")
     panel.select_run(run_dir)
     panel.set_param("epochs", 400)
     with qtbot.waitSignal(panel.run_finished, timeout=120_000):
         panel.resume_selected()
     assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
+    # the curves show the whole run, from its first step (not from the checkpoint on), each step once, in the
+    # colour the series had before the resume
+    xs = panel.curves.points("mse")[0]
+    assert xs[:5] == before[:5] and all(a < b for a, b in zip(xs, xs[1:]))
+    logged = [float(e["step"]) for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if e.get("event") == "loss" and "mse" in e.get("terms", {})]
+    assert xs == logged and panel.curves.colour_of("mse") == colour
 
 
 def test_pause_and_continue(qtbot, panel: TrainPanel) -> None:

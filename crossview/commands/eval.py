@@ -179,6 +179,55 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def metric_table(res: dict[str, Any], ci: dict[str, Any] | None = None) -> tuple[list[str], list[list]]:
+    """The metric table of an :func:`~crossview.eval.embeddings.evaluate_embeddings` result as a spreadsheet reads
+    it: a header and one row per direction (i2t, t2i; ``labels`` for the labels protocol), each metric beside the
+    ends of its interval from ``ci`` (:func:`crossview.eval.bootstrap.bootstrap_ci`) in columns of their own
+    (``R@1``, ``R@1_low``, ``R@1_high``: empty where there is none); rsum last."""
+    def num(v: Any) -> Any:
+        return round(float(v), 4) if isinstance(v, (int, float, np.integer, np.floating)) else ""
+
+    if "labels" in res:
+        lab = res["labels"]
+        keys = [k for k in lab if k.startswith("P@")] + ["mAP"]
+        return ["direction", *keys], [["labels", *(num(lab[k]) for k in keys)]]
+    ci = ci or {}
+    keys = list(res["i2t"]) + (["rsum"] if res.get("rsum") is not None else [])
+    header = ["direction"] + [c for k in keys for c in (k, f"{k}_low", f"{k}_high")]
+    rows = []
+    for d in ("i2t", "t2i"):
+        row: list = [d]
+        for k in keys:
+            band = ci.get("rsum") if k == "rsum" else (ci.get(d) or {}).get(k)
+            row += [num(res["rsum"] if k == "rsum" else res[d].get(k)), *(num(x) for x in (band or ("", "")))]
+        rows.append(row)
+    return header, rows
+
+
+def _write_csv(path: str, res: dict[str, Any], caption_image: np.ndarray, ks: tuple[int, ...]) -> Path:
+    """``--csv``: :func:`metric_table` with bootstrap intervals over the images (when the protocol gives ranks)."""
+    import csv
+
+    from crossview.eval.bootstrap import bootstrap_ci
+
+    ci = None
+    if "ranks" in res and "labels" not in res:
+        ci = bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], caption_image, ks=ks)
+        if tuple(ks) != (1, 5, 10):       # its rsum sums the K asked for; rsum is R@1, 5 and 10 both ways
+            ci["rsum"] = bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], caption_image)["rsum"]
+    header, rows = metric_table(res, ci)
+    out = Path(path).expanduser()
+    try:
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+    except OSError as e:
+        raise CrossViewError(f"cannot write {out}: {e.strerror or e}; give --csv a path in a folder you can write "
+                             "to") from None
+    return out
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from crossview.eval.embeddings import evaluate_embeddings, format_report, load_embeddings
 
@@ -205,6 +254,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from crossview.core.io import atomic_writer
 
         atomic_writer(ranks_out, lambda f: np.savez(f, **{d: r for d, r in res["ranks"].items()}))
+    if args.csv:
+        _write_csv(args.csv, res, emb.caption_image, ks)
     if args.json:
         print_result(json.dumps(_jsonable(res), indent=2))
     else:
@@ -241,4 +292,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also BLEU-1..4 and ROUGE-1/L of the top-5 (needs captions in the file)")
     p.add_argument("--ranks-out", metavar="FILE.npz", help="write the per-query ranks (i2t, t2i) here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--csv", metavar="FILE.csv",
+                   help="also write the metric table as CSV: a header, one row per direction, each R@K beside its "
+                        "95%% bootstrap interval over the images in columns of their own (R@1, R@1_low, R@1_high)")
     p.set_defaults(func=cmd_eval)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable
 
-__all__ = ["RunEta", "StageEta", "drive", "format_seconds", "stage_key"]
+__all__ = ["RunEta", "StageEta", "drive", "drive_stages", "format_seconds", "stage_key"]
 
 
 def format_seconds(s: float) -> str:
@@ -257,3 +257,27 @@ def drive(work: Iterator[tuple[int, int]], progress: Callable[[int, int], None] 
             if close is not None:
                 close()
             raise Cancelled(stopped(done, total))
+
+
+def drive_stages(work: Iterator[tuple[str, int, int]], progress: Callable[[str, int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 stopped: Callable[[str, int, int], str] = lambda stage, done, total:
+                 f"cancelled in {stage} after {done:,} of {total:,}") -> Any:
+    """:func:`drive` for work whose reports name their stage, ``(stage, done, total)`` (feature extraction,
+    :func:`crossview.features.iter_extract_features`; the TR / CTR representations of
+    :mod:`crossview.features.topics`): each report goes to ``progress(stage, done, total)``, ``should_stop()`` is
+    asked after each one and closes the work with :class:`~crossview.core.errors.Cancelled`. Returns its result."""
+    from crossview.core.errors import Cancelled
+
+    while True:
+        try:
+            stage, done, total = next(work)
+        except StopIteration as end:
+            return end.value
+        if progress is not None:
+            progress(stage, done, total)
+        if should_stop is not None and should_stop():
+            close = getattr(work, "close", None)
+            if close is not None:
+                close()
+            raise Cancelled(stopped(stage, done, total))

@@ -10,6 +10,10 @@ item). Export writes the current state as CSV or JSONL (atomically).
 A line: ``{"time", "annotator", "direction": "i2t"|"t2i", "query": {"image": 3} | {"caption": 12} |
 {"text": "..."} | {"file": "..."}, "item": int, "item_text": str, "relevant": true|false|null}``
 (``null`` clears a mark).
+
+A mark on a photo-folder gallery's result (issue 30) has ``"photos": "<folder>"`` in its query and the photo's
+absolute path as ``item_text``; it is keyed by that path, not by ``item`` (the photo's index, which shifts when
+photos are added), and it is never confused with a mark of the same sentence on a dataset's images.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def query_key(query: dict[str, Any]) -> str:
 _QUERY_TYPES = {"image": int, "caption": int, "file": str, "text": str, "tags": str}   # in query_key's order
 
 
-def _parse_line(raw: bytes) -> tuple[tuple[str, str, int], dict[str, Any]] | None:
+def _parse_line(raw: bytes) -> tuple[tuple[str, str, int | str], dict[str, Any]] | None:
     """``(key, record)`` of one line of the file, or None when it is not a valid mark."""
     try:
         rec = json.loads(raw.decode("utf-8"))
@@ -68,7 +72,14 @@ def _parse_line(raw: bytes) -> tuple[tuple[str, str, int], dict[str, Any]] | Non
     rec.setdefault("annotator", "")
     rec.setdefault("item_text", "")
     rec.setdefault("relevant", None)
-    return (direction, f"{kind}:{value}", item), rec
+    if "photos" in query and (not isinstance(query["photos"], str) or not rec["item_text"]):
+        return None
+    return (direction, f"{kind}:{value}", _item_key(query, item, rec["item_text"])), rec
+
+
+def _item_key(query: dict[str, Any], item: int, item_text: str) -> int | str:
+    """What a mark is kept under besides its direction and query: a photo's path, else the item's index."""
+    return f"{query['photos']}\0{item_text}" if "photos" in query else int(item)
 
 
 class AnnotationStore:
@@ -81,7 +92,7 @@ class AnnotationStore:
         except Exception:  # noqa: BLE001 - no user name on some systems
             default = "annotator"
         self.annotator = annotator or default
-        self._state: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self._state: dict[tuple[str, str, int | str], dict[str, Any]] = {}
         self.skipped_lines = 0
         self._read()
 
@@ -122,7 +133,9 @@ class AnnotationStore:
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "annotator": self.annotator, "direction": direction,
                "query": dict(query), "item": int(item), "item_text": item_text,
                "relevant": None if relevant is None else bool(relevant)}
-        key = (direction, query_key(query), int(item))
+        if "photos" in query and not item_text:
+            raise CrossViewError("a mark on a photo folder's result needs the photo's path as its item_text")
+        key = (direction, query_key(query), _item_key(query, item, item_text))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         torn = False
         if self.path.exists() and self.path.stat().st_size:
@@ -140,9 +153,16 @@ class AnnotationStore:
         return rec
 
     def marks_for(self, direction: str, query: dict[str, Any]) -> dict[int, bool]:
-        """``{item: relevant}`` for one query."""
-        qk = query_key(query)
-        return {item: rec["relevant"] for (d, q, item), rec in self._state.items() if d == direction and q == qk}
+        """``{item: relevant}`` for one query (a photo-folder query: :meth:`marks_by_path`)."""
+        qk, photos = query_key(query), query.get("photos")
+        return {rec["item"]: rec["relevant"] for (d, q, _), rec in self._state.items()
+                if d == direction and q == qk and rec["query"].get("photos") == photos}
+
+    def marks_by_path(self, direction: str, query: dict[str, Any]) -> dict[str, bool]:
+        """``{photo path: relevant}`` for one query on a photo folder (``query["photos"]``: the folder)."""
+        qk, photos = query_key(query), query.get("photos")
+        return {rec["item_text"]: rec["relevant"] for (d, q, _), rec in self._state.items()
+                if d == direction and q == qk and photos is not None and rec["query"].get("photos") == photos}
 
     def records(self) -> list[dict[str, Any]]:
         """The current marks, oldest first."""

@@ -8,18 +8,15 @@ normalisations on the training rows (:meth:`FeatureStage.normalize`), and hands 
 the caption encoder it asks for (:meth:`FeatureStage.auxiliary`). The run (:mod:`crossview.engine.run`) drives it
 and logs what it yields.
 
-The encoders' extraction is a generator of ``(stage, done, total)`` reports (:func:`crossview.features.
-iter_extract_features`, built on the encoders' ``iter_encode_paths`` / ``iter_encode``), driven here between two
-batches and yielded as the run's own progress events: no thread, and a cancel (closing the run's generator) closes
-it at the next batch. A representation built from image regions (BITR's TR / CTR, :mod:`crossview.features.topics`)
-still reports through ``progress`` callbacks from deep in its stages, so it alone runs in a worker thread whose
-reports flow out through a queue (:meth:`FeatureStage._in_thread`).
+All feature work is a generator of ``(stage, done, total)`` reports: the encoders' extraction
+(:func:`crossview.features.iter_extract_features`, built on the encoders' ``iter_encode_paths`` / ``iter_encode``)
+and the representations built from image regions (BITR's TR / CTR and the recorded modern / TR / CTR,
+:mod:`crossview.features.topics`' ``iter_*``). It is driven here between two steps and yielded as the run's own
+progress events: no thread, and a cancel (closing the run's generator) closes it at the next step.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -142,29 +139,21 @@ class FeatureStage:
         return dict(record)
 
     def extract(self) -> Iterator[Event]:
-        """The run's features. The encoders' extraction is a generator (:func:`crossview.features.
-        iter_extract_features`) driven here, between two batches, as the run's own events (closing the run closes
-        it); a representation built from image regions (TR / CTR, :mod:`crossview.features.topics`) reports
-        through callbacks and runs in a worker thread (:meth:`_in_thread`)."""
-        if self.representation is None and self.built is None:
+        """The run's features: a generator of ``(stage, done, total)`` (:func:`crossview.features.
+        iter_extract_features`, or a representation's, :mod:`crossview.features.topics`) driven here, between two
+        steps, as the run's own events (closing the run closes it)."""
+        if self.representation is not None:
+            work = self._representation_features()
+        elif self.built is not None:
+            from crossview.features.topics import iter_rebuild_representation_features
+            work = iter_rebuild_representation_features(self.dataset, self.built, fit_on=self.cfg.train_split,
+                                                        cache=self.cache, device=self.device,
+                                                        where=f"{self._path(CONFIG)}")
+        else:
             from crossview.features import iter_extract_features
-
-            self.features = yield from self._events(iter_extract_features(
-                self.dataset, self.cfg.image_encoder, self.cfg.text_encoder, fit_on=self.cfg.train_split,
-                cache=self.cache, device=self.device), "features", self.plan_stage_of)
-            return
-
-        def make(progress: Any, should_stop: Any) -> Any:
-            if self.representation is not None:
-                return self._representation_features(progress, should_stop)
-            from crossview.features.topics import rebuild_representation_features
-            return rebuild_representation_features(
-                self.dataset, self.built, fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                progress=progress, should_stop=should_stop, where=f"{self._path(CONFIG)}")
-
-        result: dict[str, Any] = {}
-        yield from self._in_thread(make, result, "features")
-        self.features = result["value"]
+            work = iter_extract_features(self.dataset, self.cfg.image_encoder, self.cfg.text_encoder,
+                                         fit_on=self.cfg.train_split, cache=self.cache, device=self.device)
+        self.features = yield from self._events(work, "features", self.plan_stage_of)
 
     def _events(self, work: Iterator[tuple[str, int, int]], what: str,
                 plan_stage: Callable[[str], str]) -> Iterator[Event]:
@@ -181,63 +170,28 @@ class FeatureStage:
         finally:
             work.close()
 
-    def _in_thread(self, make: Any, result: dict[str, Any], what: str,
-                            plan_stage: Any = None) -> Iterator[Event]:
-        """``make(progress, should_stop)`` in a worker thread so that progress flows out and a cancel stops it
-        between batches; its value lands in ``result["value"]``. ``plan_stage(stage)`` names the plan's stage of
-        an extraction stage (default: :meth:`_feature_stage`)."""
-        plan_stage = plan_stage or self.plan_stage_of
-        q: queue.Queue[Event | None] = queue.Queue()
-        stop = threading.Event()
-
-        def progress(stage: str, done: int, total: int) -> None:
-            q.put(Progress(done, total, f"{what}: {stage}", stage=plan_stage(stage)))
-
-        def work() -> None:
-            try:
-                result["value"] = make(progress, stop.is_set)
-            except BaseException as e:  # noqa: BLE001 - handed to the generator's thread below
-                result["error"] = e
-            finally:
-                q.put(None)
-
-        th = threading.Thread(target=work, name="crossview-features", daemon=True)
-        th.start()
-        try:
-            while True:
-                ev = q.get()
-                if ev is None:
-                    break
-                yield self._emit(ev)
-        finally:
-            if th.is_alive():
-                stop.set()
-                th.join()
-        if "error" in result:
-            raise result["error"]
-
     def plan_stage_of(self, stage: str) -> str:
         """The plan's stage of one of feature extraction's stages (``images``, ``fit text``, ``captions``)."""
         if self.representation is not None or self.built is not None:
             return "features"
         return {"fit text": "text model"}.get(stage, stage)
 
-    def _representation_features(self, progress: Any, should_stop: Any) -> Any:
-        """TR / CTR features fitted on the training split; the fitted state goes into the feature spec
-        (``spec["representation"]``), hence into the checkpoint, and open_run rebuilds them from it."""
-        from crossview.features.topics import (representation_features, representation_request,
-                                               restore_representation_features)
+    def _representation_features(self) -> Iterator[tuple[str, int, int]]:
+        """TR / CTR features fitted on the training split, as a generator of reports that returns them; the
+        fitted state goes into the feature spec (``spec["representation"]``), hence into the checkpoint, and
+        open_run rebuilds them from it."""
+        from crossview.features.topics import (iter_representation_features, iter_restore_representation_features,
+                                               representation_request)
 
         if self.resuming and self._path(CHECKPOINT).is_file():     # continue on the very features trained on
             saved = (load_checkpoint(self._path(CHECKPOINT)).get("features") or {}).get("representation")
             if saved:
-                return restore_representation_features(self.dataset, saved, fit_on=self.cfg.train_split,
-                                                       cache=self.cache, device=self.device, progress=progress,
-                                                       should_stop=should_stop)
+                return iter_restore_representation_features(self.dataset, saved, fit_on=self.cfg.train_split,
+                                                            cache=self.cache, device=self.device)
         req = representation_request(self.method) or {}   # again: the engine has set the method's seed since
-        return representation_features(self.dataset, image_encoder=self.cfg.image_encoder,
-                                       fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
-                                       progress=progress, should_stop=should_stop, **req)
+        return iter_representation_features(self.dataset, image_encoder=self.cfg.image_encoder,
+                                            fit_on=self.cfg.train_split, cache=self.cache, device=self.device,
+                                            **req)
 
     def normalize(self) -> None:
         """Fit the run's feature normalisations on the training rows and apply them (queries too)."""

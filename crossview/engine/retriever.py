@@ -95,13 +95,13 @@ class Retriever:
     :data:`crossview.index.BACKENDS`. ``cache`` is the :class:`~crossview.features.cache.FeatureCache`
     for a corpus's caption features and a photo folder's photo features (``None``: the default one; ``False``:
     none). ``progress(stage, done, total)`` reports that encoding (stage ``"corpus captions"`` or ``"photos"``);
-    ``should_stop()`` cancels it.
+    ``should_stop()`` cancels it (checked between batches of ``photo_batch_size`` photos for a photo folder).
     """
 
     def __init__(self, method: Any, dataset: Any, features: Any, *, gallery: Any = "test",
                  index_backend: str = "exact", device: str = "cpu", cache: Any = None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+                 should_stop: Callable[[], bool] | None = None, photo_batch_size: int = 32) -> None:
         method.check_is_fitted()
         self.method = method
         self.dataset = dataset
@@ -116,6 +116,7 @@ class Retriever:
         self._cache = cache
         self._progress = progress
         self._should_stop = should_stop
+        self._photo_batch_size = photo_batch_size
         self.corpus_cache_hit: bool | None = None  #: for a corpus gallery: were its features cached?
         if isinstance(gallery, str):
             if gallery == "all":
@@ -218,7 +219,8 @@ class Retriever:
         assert folder is not None
         cache = self._cache if self._cache is False or isinstance(self._cache, FeatureCache) else None
         got = encode_photos(self.features, folder.image_paths, device=self.device, cache=cache,
-                            progress=self._progress, should_stop=self._should_stop)
+                            batch_size=self._photo_batch_size, progress=self._progress,
+                            should_stop=self._should_stop)
         self.photos_skipped, self.photos_encoded = got.skipped, got.encoded
         if not len(got.kept):
             raise CrossViewError(f"{folder.root}: none of its {folder.n_images} photos could be read "

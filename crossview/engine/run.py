@@ -1,5 +1,10 @@
 """The training loop: a run in a folder, driven by a generator of events.
 
+This module orchestrates one execution (:class:`_Run`): checks, the lock, config / status / checkpoint, the stage
+plan and its timing, resume and cancel. The work is done by its stages, each a module: the run folder's files and
+lock (:mod:`crossview.engine.run_folder`), the features (:mod:`crossview.engine.feature_stage`), and fitting and
+evaluating (:mod:`crossview.engine.fit_stage`).
+
 :func:`train` loads the dataset, gets features through :func:`crossview.features.extract_features`,
 builds :class:`~crossview.methods.base.MethodData` for the train / val / evaluation splits, drains the
 method's ``fit_iter`` while logging every event, checkpoints periodically and at the end, evaluates on
@@ -45,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from crossview.core.events import CheckpointSaved, Event, Finished, Log, Loss, Plan, Progress, Validation
-from crossview.core.io import EventLog, atomic_write_json, atomic_writer, load_checkpoint, save_checkpoint
+from crossview.core.events import CheckpointSaved, Event, Finished, Log, Plan, Progress
+from crossview.core.io import EventLog, atomic_write_json, load_checkpoint, save_checkpoint
 from crossview.core.errors import Cancelled, CrossViewError, is_storage_error, storage_error
 from crossview.core.run_settings import RunSettings, check_checkpoint_seconds, check_seed, split_run_settings
 # the folder's files, readers, lock and checkpoint checks (re-exported: scripts import them from here)
@@ -59,6 +64,7 @@ from crossview.engine.run_folder import (CHECKPOINT, CONFIG, LOCK, LOCK_INFO, ME
 # work), and a first import there holds the GIL (bench/gui_latency.py saw a 0.5 s stall).
 from crossview.engine import splits as _splits  # noqa: F401
 from crossview.engine.feature_stage import FeatureStage
+from crossview.engine.fit_stage import FitStage, selection_record
 from crossview.features import normalize as _normalize, preflight as _preflight  # noqa: F401
 
 __all__ = ["train", "resume", "RunConfig", "RunIterator", "selection_record", "SUMMARY_KEYS", "CONFIG", "METRICS", "CHECKPOINT", "RANKS",
@@ -218,14 +224,14 @@ class _Run:
         # the features: given, or extracted / built by the feature stage (checked now, made in execute)
         self.stage = FeatureStage(cfg, self.dataset, self.method, self.device, features=_coerce_features(features),
                                   cache=cache, run_dir=run_dir, resuming=resuming, emit=lambda ev: self._emit(ev))
-        self.events = 0                 # events received from fit_iter so far
-        self.train_seconds = 0.0        # accumulated over resumes
+        # fitting and evaluating: counts the method's events and training seconds, checkpoints on its cadence
+        self.fitting = FitStage(cfg, self.method, self.dataset, self.settings, run_dir, emit=lambda ev: self._emit(ev),
+                                checkpoint=lambda: self._checkpoint())
         self.phase = "start"            # start -> training -> trained -> finished
         self.feature_spec: dict[str, Any] = {}
         self.text_model_state: Any = None
         self._log: EventLog | None = None
         self._last_progress_log = 0.0
-        self.step: int | None = None    # the step of the last Loss / Progress the method yielded
         self._ckpt_info: dict[str, Any] = {}   # where the last checkpoint is, for status.json
         self._loaded = checkpoint              # read by resume() before the dataset (see _Loaded)
         self._lock = _WriterLock(run_dir)
@@ -240,6 +246,34 @@ class _Run:
     def features(self) -> Any:
         """The run's features (the feature stage's: given, extracted, normalised)."""
         return self.stage.features
+
+    # the fit stage's counts, which the checkpoint and status.json record (a resume restores them)
+    @property
+    def events(self) -> int:
+        """Events received from ``fit_iter`` so far, over resumes."""
+        return self.fitting.events
+
+    @events.setter
+    def events(self, value: int) -> None:
+        self.fitting.events = value
+
+    @property
+    def train_seconds(self) -> float:
+        """Seconds spent fitting, accumulated over resumes."""
+        return self.fitting.train_seconds
+
+    @train_seconds.setter
+    def train_seconds(self, value: float) -> None:
+        self.fitting.train_seconds = value
+
+    @property
+    def step(self) -> int | None:
+        """The step of the last Loss / Progress the method yielded."""
+        return self.fitting.step
+
+    @step.setter
+    def step(self, value: int | None) -> None:
+        self.fitting.step = value
 
     # ------------------------------------------------------------------ files
     def _path(self, name: str) -> Path:
@@ -559,18 +593,10 @@ class _Run:
                 yield from self._initial_state()
             if self.phase != "trained":
                 self.phase = "training"
-                yield from self._fit(train, val, resume=continued)
+                yield from self.fitting.fit(train, val, resume=continued)
                 self.phase = "trained"
                 yield self._emit(self._checkpoint())
-            t1 = time.monotonic()
-            yield self._emit(Progress(0, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
-            res = self.method.evaluate(test)
-            eval_seconds = time.monotonic() - t1
-            self._write_ranks(res["ranks"], test)
-            self._write_embeddings(test)
-            summary = self._summary(res, test, features_seconds, eval_seconds)
-            atomic_write_json(self._path(SUMMARY), summary)
-            yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
+            summary = yield from self.fitting.evaluate(test, self.features, features_seconds)
             self.phase = "finished"
             status = "finished"
             self._status("finished")
@@ -594,28 +620,6 @@ class _Run:
                 self._finish_unfinished(status, error)
             self._log.close()
 
-    def _fit(self, train: Any, val: Any, resume: bool) -> Iterator[Event]:
-        start = time.monotonic()
-        base_seconds = self.train_seconds
-        last_ckpt = time.monotonic()
-        it = self.method.fit_iter(train, val, resume=resume)
-        try:
-            for ev in it:
-                self.events += 1
-                if isinstance(ev, (Loss, Progress)):
-                    self.step = ev.step
-                if isinstance(ev, Progress) and not ev.stage:
-                    ev.stage = "fit"
-                self.train_seconds = base_seconds + time.monotonic() - start
-                yield self._emit(ev)
-                due = time.monotonic() - last_ckpt >= self.settings.checkpoint_seconds
-                if due or isinstance(ev, Validation):
-                    yield self._emit(self._checkpoint())
-                    last_ckpt = time.monotonic()
-        finally:
-            it.close()  # on cancel: the method's own clean-up runs here
-            self.train_seconds = base_seconds + time.monotonic() - start
-
     def _finish_unfinished(self, status: str, error: str | None) -> None:
         """A cancelled or failed run: checkpoint the training state reached (so resume continues
         there) and record the status. Never raises over the original exception."""
@@ -633,91 +637,6 @@ class _Run:
         except Exception:  # noqa: BLE001 - the original exception matters more
             pass
 
-    def _write_ranks(self, ranks: dict[str, np.ndarray], test: Any) -> None:
-        ds = test.dataset
-
-        def write(f: Any) -> None:
-            np.savez(f, i2t=np.asarray(ranks["i2t"], dtype=np.int64), t2i=np.asarray(ranks["t2i"], dtype=np.int64),
-                     caption_image=test.caption_image,
-                     image_ids=np.asarray(ds.image_ids if ds is not None else np.arange(test.n_images)),
-                     caption_ids=np.asarray(ds.caption_ids if ds is not None else np.arange(test.n_captions)))
-
-        atomic_writer(self._path(RANKS), write)
-
-    def _write_embeddings(self, test: Any) -> None:
-        """``embeddings_<split>.npz`` (crossview.eval.embeddings): what ``crossview eval RUN`` re-scores
-        under any protocol (COCO 1K, identity, caption overlap) without loading the model."""
-        from crossview.eval.embeddings import Embeddings, save_embeddings
-
-        m = self.method
-        two = getattr(m, "directions_differ", False)
-        emb = Embeddings(
-            image=m.encode_images(test, direction="i2t"), text=m.encode_texts(test, direction="i2t"),
-            caption_image=test.caption_image,
-            image_t2i=m.encode_images(test, direction="t2i") if two else None,
-            text_t2i=m.encode_texts(test, direction="t2i") if two else None,
-            image_labels=test.labels, captions=list(test.captions),
-            info={"method": self.cfg.method, "dataset": self.dataset.name, "split": self.cfg.split})
-        save_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"), emb)
-
-    def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
-                 eval_seconds: float) -> dict[str, Any]:
-        from crossview.eval.bootstrap import bootstrap_ci
-        from crossview.eval.embeddings import embeddings_hubness, load_embeddings
-
-        f = self.features
-        return {
-            "method": self.cfg.method,
-            "dataset": self.dataset.name,
-            "split": self.cfg.split,
-            "i2t": {k: float(res["i2t"][k]) for k in _METRIC_KEYS},
-            "t2i": {k: float(res["t2i"][k]) for k in _METRIC_KEYS},
-            "rsum": float(res["rsum"]),
-            "train_seconds": round(self.train_seconds, 3),
-            "status": "finished",
-            "params": self.method.saved_params(),
-            "image_encoder": f.image_encoder,
-            "text_encoder": f.text_encoder,
-            "n_images": test.n_images,
-            "n_captions": test.n_captions,
-            "device": self.device,
-            "seed": self.cfg.seed,
-            "run_settings": self.settings.to_dict(),
-            "features_seconds": round(features_seconds, 3),
-            "eval_seconds": round(eval_seconds, 3),
-            # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
-            "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
-            # whether a few items fill every top-k list (crossview.eval.hubness), from the embeddings just
-            # written: no model call, only the top-10 indices of each query are kept
-            "hubness": embeddings_hubness(load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))),
-            "data": self.cfg.data,
-            "run_dir": str(self.run_dir),
-            # what was chosen on which images, and where the numbers above are reported (never the same images
-            # unless marked optimistic)
-            **selection_record(self.cfg, self.method),
-            "finished": _now(),
-        }
-
-
-def selection_record(cfg: RunConfig, method: Any) -> dict[str, Any]:
-    """``{"selected_on", "reported_on", "optimistic", "choices"}`` of a run: every choice made from data (the
-    search that chose its parameters, ``cfg.selection``; the method's own, :meth:`Method.selection_info`: the
-    epoch on val, C by cross-validation of train) and the split its metrics are reported on. ``selected_on`` joins
-    the distinct places (``"nothing"`` when no choice was made from data); ``optimistic`` is true when one of
-    them is the reported split itself."""
-    choices: list[dict[str, Any]] = []
-    if cfg.selection:
-        sel = dict(cfg.selection)
-        choices.append({"what": str(sel.get("what", "parameters")), "on": str(sel.get("selected_on", "?")),
-                        **({"by": sel["by"]} if "by" in sel else {}),
-                        **({"search": sel["search"]} if "search" in sel else {})})
-    info = getattr(method, "selection_info", None)
-    if info is not None:
-        choices.extend(dict(c) for c in info(cfg.train_split, cfg.val_split))
-    places = list(dict.fromkeys(c["on"] for c in choices))
-    optimistic = cfg.split in places or bool((cfg.selection or {}).get("optimistic"))
-    return {"selected_on": ", ".join(places) or "nothing", "reported_on": cfg.split, "optimistic": optimistic,
-            "choices": choices}
 
 
 class RunIterator:

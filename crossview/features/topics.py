@@ -35,19 +35,26 @@ both LDA models, CCA; :meth:`TopicRepresentation.state_dict` is numpy arrays and
 scikit-learn object), which the checkpoint saves in its feature spec. ``open_run`` rebuilds the features
 from it with :func:`restore_representation_features` (nothing refitted), and the
 :class:`RepresentationFeatures` it returns encode new image files and sentences for the Retriever.
+
+**Long work is a generator**, as :func:`crossview.features.iter_extract_features`: each builder has an ``iter_*``
+form (:func:`iter_build_representation`, :func:`iter_representation_features`,
+:func:`iter_restore_representation_features`, :func:`iter_rebuild_representation_features`) that yields
+``(stage, done, total)`` between two steps and *returns* its result, so the engine drives it as the run's own
+events in the run's own thread (closing it stops the work). The plain functions drive those generators with
+``progress(stage, done, total)`` / ``should_stop()`` callbacks (:func:`crossview.core.progress.drive_stages`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from crossview.core.errors import Cancelled, CrossViewError
-from crossview.features import Features
+from crossview.core.errors import CrossViewError
+from crossview.features import Features, _staged
 from crossview.features.cache import FeatureCache
 
 __all__ = ["REPRESENTATIONS", "Representation", "RepresentationSplits", "build_representation", "check_representation",
@@ -57,7 +64,9 @@ __all__ = ["REPRESENTATIONS", "Representation", "RepresentationSplits", "build_r
            "RUN_REPRESENTATIONS", "TopicRepresentation", "RepresentationFeatures", "representation_request",
            "check_run_representation", "representation_features", "restore_representation_features",
            "BUILT_REPRESENTATIONS", "representation_record", "check_representation_record", "BuiltRepresentation",
-           "built_representation_features", "rebuild_representation_features"]
+           "built_representation_features", "rebuild_representation_features", "iter_build_representation",
+           "iter_local_descriptors", "iter_representation_features", "iter_restore_representation_features",
+           "iter_rebuild_representation_features"]
 
 #: Representation names, as ``crossview experiment bitr-table --representation`` spells them.
 REPRESENTATIONS: dict[str, str] = {
@@ -69,6 +78,8 @@ REPRESENTATIONS: dict[str, str] = {
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``, as :func:`crossview.features.extract_features` calls it."""
+Report = tuple[str, int, int]
+"""``(stage, done, total)``: what the ``iter_*`` generators yield (:func:`crossview.features.iter_extract_features`)."""
 
 # Bump when the way TR image features are computed changes, so old cache entries stop matching.
 _TR_VERSION = 2  # 2: CrossView's own k-means++ seeding (was scikit-learn's)
@@ -339,27 +350,29 @@ class VisualTopics:
 
     def fit(self, local: np.ndarray, fit_images: np.ndarray, *, progress: Progress | None = None,
             should_stop: Callable[[], bool] | None = None) -> "VisualTopics":
-        """Learn the reducer, the codebook and the topics from the descriptors of images ``fit_images``."""
-        stop = should_stop or (lambda: False)
+        """Learn the reducer, the codebook and the topics from the descriptors of images ``fit_images``
+        (:meth:`iter_fit` driven to its end; ``should_stop()`` cancels between two steps)."""
+        from crossview.core.progress import drive_stages
+
+        return drive_stages(self.iter_fit(local, fit_images), progress, should_stop,
+                            lambda *_: "TR features cancelled while learning the visual words")
+
+    def iter_fit(self, local: np.ndarray, fit_images: np.ndarray) -> Iterator[Report]:
+        """:meth:`fit` as a generator: yields ``("visual words", step, 3)`` before the k-means codebook and after
+        each step (codebook, histograms, LDA), and returns ``self``. Closing it between two steps stops it."""
         fit = np.asarray(fit_images, dtype=np.int64)
         self.reducer_, reduce_block = prepare_descriptors(local, fit, dim=self.descriptor_dim, seed=self.seed)
-        if progress:
-            progress("visual words", 0, 3)
+        yield "visual words", 0, 3
         rows = np.sort(fit)
         step = max(1, 65536 // max(int(local.shape[1]), 1))     # a block at a time: no copy of all training rows
         train_desc = np.concatenate([reduce_block(local[rows[s:s + step]]) for s in range(0, len(rows), step)])
         self.codebook_ = kmeans_codebook(train_desc, int(self.n_words), seed=self.seed)
         del train_desc
-        if stop():
-            raise Cancelled("TR features cancelled after the k-means codebook")
-        if progress:
-            progress("visual words", 1, 3)
+        yield "visual words", 1, 3
         hist = self.histograms(local, fit)
-        if progress:
-            progress("visual words", 2, 3)
+        yield "visual words", 2, 3
         self.lda_ = fit_topic_model(hist, int(self.n_topics), seed=self.seed)
-        if progress:
-            progress("visual words", 3, 3)
+        yield "visual words", 3, 3
         return self
 
     def histograms(self, local: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -491,15 +504,35 @@ def _store(cache: FeatureCache | None | bool) -> FeatureCache | None:
     return cache if isinstance(cache, FeatureCache) else FeatureCache()
 
 
-def _get(store: FeatureCache | None, parts: dict[str, Any], compute: Callable[[], np.ndarray],
-         meta: dict[str, Any]) -> tuple[np.ndarray, bool]:
+def _iter_get(store: FeatureCache | None, parts: dict[str, Any], compute: Callable[[], Iterator[Any]],
+              meta: dict[str, Any]) -> Iterator[Any]:
+    """``(array, hit)`` through the cache (:meth:`FeatureCache.get_or_compute`) for work written as a generator:
+    ``compute()``'s reports pass through (none on a hit) and its returned array is stored."""
     if store is None:
-        return compute(), False
-    return store.get_or_compute(FeatureCache.make_key(**parts), compute, meta={**parts, **meta})
+        return (yield from compute()), False
+    key = FeatureCache.make_key(**parts)
+    arr = store.load(key)
+    if arr is not None:
+        return arr, True
+    value = yield from compute()
+    return store.save(key, value, {**parts, **meta}), False
+
+
+def _drained(work: Iterator[Any]) -> Any:
+    """``work``'s result with its reports dropped (a step that reports nothing of its own)."""
+    while True:
+        try:
+            next(work)
+        except StopIteration as end:
+            return end.value
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
     return None if progress is None else (lambda d, t: progress(stage, d, t))
+
+
+def _stopped(what: str) -> Callable[[str, int, int], str]:
+    return lambda stage, done, total: f"{what} cancelled ({stage}: {done:,} of {total:,} done)"
 
 
 def local_descriptors(dataset: Any, encoder: Any, *, cache: FeatureCache | None = None, device: str = "cpu",
@@ -507,7 +540,19 @@ def local_descriptors(dataset: Any, encoder: Any, *, cache: FeatureCache | None 
                       progress: Callable[[int, int], None] | None = None,
                       should_stop: Callable[[], bool] | None = None) -> tuple[np.ndarray, dict[str, Any], bool]:
     """``(local (n_images, h*w, c) float32, cache parts, hit)``: the backbone's local descriptors of every
-    image of ``dataset``, through the feature cache."""
+    image of ``dataset``, through the feature cache (:func:`iter_local_descriptors` driven to its end)."""
+    from crossview.core.progress import drive
+
+    return drive(iter_local_descriptors(dataset, encoder, cache=cache, device=device, batch_size=batch_size,
+                                        num_workers=num_workers), progress, should_stop,
+                 lambda done, n: f"local descriptors cancelled after {done:,} of {n:,} images")
+
+
+def iter_local_descriptors(dataset: Any, encoder: Any, *, cache: FeatureCache | None = None, device: str = "cpu",
+                           batch_size: int | None = None,
+                           num_workers: int | None = None) -> Iterator[tuple[int, int]]:
+    """:func:`local_descriptors` as a generator: yields ``(done, total)`` images at the start and after each
+    batch (nothing on a cache hit) and returns ``(local, cache parts, hit)``."""
     from crossview.features import image_set_fingerprint
 
     if dataset.image_paths is None:
@@ -518,24 +563,30 @@ def local_descriptors(dataset: Any, encoder: Any, *, cache: FeatureCache | None 
              "images": image_set_fingerprint(dataset.image_paths, getattr(cache, "root", None)),
              "encoder": encoder.cache_parts(local=True)}
 
-    def compute() -> np.ndarray:
-        kw: dict[str, Any] = {"device": device, "local": True, "progress": progress, "should_stop": should_stop}
+    def compute() -> Iterator[tuple[int, int]]:
+        kw: dict[str, Any] = {"device": device, "local": True}
         if batch_size:
             kw["batch_size"] = batch_size
         if num_workers is not None:
             kw["num_workers"] = num_workers
-        return np.asarray(encoder.encode_paths(dataset.image_paths, **kw), dtype=np.float32)
+        if not hasattr(encoder, "iter_encode_paths"):   # a plug-in encoder with the callback interface only
+            n = len(dataset.image_paths)
+            yield 0, n
+            out = encoder.encode_paths(dataset.image_paths, **kw)
+            yield n, n
+            return np.asarray(out, dtype=np.float32)
+        out = yield from encoder.iter_encode_paths(dataset.image_paths, **kw)
+        return np.asarray(out, dtype=np.float32)
 
-    arr, hit = _get(cache, parts, compute, {"dataset": dataset.name})
+    arr, hit = yield from _iter_get(cache, parts, compute, {"dataset": dataset.name})
     return arr, parts, hit
 
 
-def _visual_topics(local: np.ndarray, fit_images: np.ndarray, *, n_words: int, n_topics: int,
-                   descriptor_dim: int, seed: int, progress: Progress | None,
-                   should_stop: Callable[[], bool]) -> np.ndarray:
-    """``(n_images, n_topics) float32`` visual topic distributions (see the module docstring)."""
+def _iter_visual_topics(local: np.ndarray, fit_images: np.ndarray, *, n_words: int, n_topics: int,
+                        descriptor_dim: int, seed: int) -> Iterator[Report]:
+    """Returns the ``(n_images, n_topics) float32`` visual topic distributions (see the module docstring)."""
     model = VisualTopics(n_words=n_words, n_topics=n_topics, descriptor_dim=descriptor_dim, seed=seed)
-    model.fit(local, fit_images, progress=progress, should_stop=should_stop)
+    yield from model.iter_fit(local, fit_images)
     return model.transform(local)
 
 
@@ -575,7 +626,8 @@ def build_representation(dataset: Any, name: str = "default", *,
                          image_weights: str | None = None, allow_random: bool = False,
                          progress: Progress | None = None,
                          should_stop: Callable[[], bool] | None = None) -> Representation:
-    """Features of every image and caption of ``dataset`` in representation ``name``.
+    """Features of every image and caption of ``dataset`` in representation ``name``
+    (:func:`iter_build_representation` driven to its end).
 
     Args:
         dataset: a :class:`~crossview.data.dataset.PairedDataset`.
@@ -594,17 +646,45 @@ def build_representation(dataset: Any, name: str = "default", *,
         seed: k-means and LDA seed.
         cache: a :class:`FeatureCache`, ``None`` for the default one, ``False`` for none.
         progress: ``progress(stage, done, total)``; ``should_stop()`` cancels
-            (:class:`~crossview.core.errors.Cancelled`).
+            (:class:`~crossview.core.errors.Cancelled`) between two steps. Both also serve the returned
+            representation's encoders when they run later (``encode_captions`` of a corpus,
+            ``encode_dataset_images``).
 
     Returns:
         A :class:`Representation`; ``image (n_images, p)``, ``text (n_captions, q)`` float32.
     """
+    from crossview.core.progress import drive_stages
+
+    work = iter_build_representation(
+        dataset, name, fit_images=fit_images, image_encoder=image_encoder, text_encoder=text_encoder,
+        n_topics=n_topics, n_words=n_words, descriptor_dim=descriptor_dim, pca_dim=pca_dim, cca_reg=cca_reg,
+        seed=seed, cache=cache, device=device, batch_size=batch_size, num_workers=num_workers,
+        image_weights=image_weights, allow_random=allow_random, encoders_progress=progress,
+        encoders_should_stop=should_stop)
+    return drive_stages(work, progress, should_stop, _stopped(f"the {name} representation"))
+
+
+def iter_build_representation(dataset: Any, name: str = "default", *,
+                              fit_images: Sequence[int] | np.ndarray | str | None = "train",
+                              image_encoder: str | None = None, text_encoder: str | None = None,
+                              n_topics: int = 100, n_words: int = 1000, descriptor_dim: int = 128,
+                              pca_dim: int = 128, cca_reg: float = 0.1, seed: int = 0,
+                              cache: FeatureCache | None | bool = None, device: str = "cpu",
+                              batch_size: int | None = None, num_workers: int | None = None,
+                              image_weights: str | None = None, allow_random: bool = False,
+                              encoders_progress: Progress | None = None,
+                              encoders_should_stop: Callable[[], bool] | None = None) -> Iterator[Report]:
+    """:func:`build_representation` as a generator: yields ``(stage, done, total)`` (``images``, ``local
+    descriptors``, ``visual words``, ``fit text``, ``captions``, ``cca``) and returns the :class:`Representation`.
+    Closing it between two steps stops the work. ``encoders_progress`` / ``encoders_should_stop`` are for the
+    returned representation's encoders when they run later (a corpus's captions, another dataset's images)."""
     from crossview import features as F
     from crossview.features import image as image_mod
 
     check_representation(dataset, name, image_encoder=image_encoder, text_encoder=text_encoder)
     store = _store(cache)
-    stop = should_stop or (lambda: False)
+    progress = encoders_progress          # the returned encoders' later work only: the build yields its reports
+    stop = encoders_should_stop or (lambda: False)
     fit = _resolve_fit_images(dataset, fit_images)
     fit_caps_idx = _captions_of_images(dataset, fit)
     fit_caps = [dataset.captions[i] for i in fit_caps_idx]
@@ -625,15 +705,13 @@ def build_representation(dataset: Any, name: str = "default", *,
         from crossview.features import text as text_mod
 
         text_name = "glove" if name == "modern" else (text_encoder or text_mod.DEFAULT_TEXT_ENCODER)
-        if progress:
-            progress("fit text", 0, 1)
+        yield "fit text", 0, 1
         text_model = _fitted_text_encoder(text_name, {}, fit_caps)
-        if progress:
-            progress("fit text", 1, 1)
-        feats = F.extract_features(dataset, image_encoder, text_encoder=None, text_model=text_model,
-                                   cache=store if store is not None else False, device=device,
-                                   batch_size=batch_size, num_workers=num_workers, image_weights=image_weights,
-                                   allow_random=allow_random, progress=progress, should_stop=should_stop)
+        yield "fit text", 1, 1
+        feats = yield from F.iter_extract_features(
+            dataset, image_encoder, text_encoder=None, text_model=text_model,
+            cache=store if store is not None else False, device=device, batch_size=batch_size,
+            num_workers=num_workers, image_weights=image_weights, allow_random=allow_random)
         image = np.asarray(feats.image, dtype=np.float32)
         text = np.asarray(feats.text, dtype=np.float32)
         info.update(image_encoder=feats.image_encoder, text_encoder=feats.text_encoder,
@@ -663,7 +741,7 @@ def build_representation(dataset: Any, name: str = "default", *,
             got = F.extract_features(other, feats.image_encoder, text_encoder=None, text_model=text_model,
                                      cache=store if store is not None else False, device=device,
                                      batch_size=batch_size, num_workers=num_workers, image_weights=image_weights,
-                                     allow_random=allow_random, progress=progress, should_stop=should_stop)
+                                     allow_random=allow_random, progress=progress, should_stop=stop)
             x = np.asarray(got.image, dtype=np.float32)
             return x if pca is None else np.asarray(pca.transform(x), dtype=np.float32)
 
@@ -679,24 +757,22 @@ def build_representation(dataset: Any, name: str = "default", *,
     # ---------------------------------------------------------------- TR / CTR
     enc_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
     encoder = image_mod.create_image_encoder(enc_name, weights=image_weights, allow_random=allow_random)
-    local, local_parts, local_hit = local_descriptors(dataset, encoder, cache=store, device=device,
-                                                      batch_size=batch_size, num_workers=num_workers,
-                                                      progress=_stage(progress, "local descriptors"),
-                                                      should_stop=stop)
+    local, local_parts, local_hit = yield from _staged("local descriptors", iter_local_descriptors(
+        dataset, encoder, cache=store, device=device, batch_size=batch_size, num_workers=num_workers))
     tr_parts = {"kind": "tr-image", "version": _TR_VERSION, "local": FeatureCache.make_key(**local_parts),
                 "fit": _ids_hash(fit), "n_words": int(n_words), "n_topics": int(n_topics),
                 "descriptor_dim": int(descriptor_dim), "seed": int(seed)}
-    image, image_hit = _get(store, tr_parts, lambda: _visual_topics(
-        local, fit, n_words=n_words, n_topics=n_topics, descriptor_dim=descriptor_dim, seed=seed,
-        progress=progress, should_stop=stop), {"dataset": dataset.name})
+    image, image_hit = yield from _iter_get(store, tr_parts, lambda: _iter_visual_topics(
+        local, fit, n_words=n_words, n_topics=n_topics, descriptor_dim=descriptor_dim, seed=seed),
+        {"dataset": dataset.name})
     image = np.asarray(image, dtype=np.float32)
-    if progress:
-        progress("fit text", 0, 1)
+    yield "fit text", 0, 1
     lda_text = _fitted_text_encoder("lda", {"n_topics": int(n_topics), "random_state": int(seed)}, fit_caps)
-    if progress:
-        progress("fit text", 1, 1)
+    yield "fit text", 1, 1
     encode_tr = encode_with(lda_text, "captions")
-    text = encode_tr(dataset.captions)
+    text, _ = yield from _staged("captions", F.iter_encode_captions(dataset.captions, lda_text, cache=store,
+                                                                    device=device, dataset_name=dataset.name))
+    text = np.asarray(text, dtype=np.float32)
     info.update(image_encoder=enc_name, text_encoder="lda", n_words=int(n_words), n_topics=int(n_topics),
                 descriptors_per_image=int(local.shape[1]), descriptor_dim=int(descriptor_dim),
                 local_cache_hit=local_hit, image_cache_hit=image_hit,
@@ -722,13 +798,11 @@ def build_representation(dataset: Any, name: str = "default", *,
 
     from crossview.core.linalg import cca_transform, fit_cca
 
-    if progress:
-        progress("cca", 0, 1)
+    yield "cca", 0, 1
     # One training pair per caption (images repeated), as the CCA method does.
     res = fit_cca(image[dataset.caption_image[fit_caps_idx]], text[fit_caps_idx], n_components=n_topics,
                   reg=cca_reg)
-    if progress:
-        progress("cca", 1, 1)
+    yield "cca", 1, 1
     img_ctr = cca_transform(image, res.x_mean, res.x_proj)
     txt_ctr = cca_transform(text, res.y_mean, res.y_proj)
 
@@ -831,12 +905,21 @@ class TopicRepresentation:
     def encode_captions(self, captions: Sequence[str], *, device: str = "cpu", cache: FeatureCache | None = None,
                         progress: Callable[[int, int], None] | None = None,
                         should_stop: Callable[[], bool] | None = None, dataset_name: str = "") -> np.ndarray:
-        """Caption features ``(n, dim) float32`` (the fitted ``lda`` topics, CCA-projected for CTR)."""
+        """Caption features ``(n, dim) float32`` (the fitted ``lda`` topics, CCA-projected for CTR;
+        :meth:`iter_encode_captions` driven to its end)."""
+        from crossview.core.progress import drive
+
+        return drive(self.iter_encode_captions(captions, device=device, cache=cache, dataset_name=dataset_name),
+                     progress, should_stop, lambda done, n: f"caption topics cancelled after {done:,} of {n:,}")
+
+    def iter_encode_captions(self, captions: Sequence[str], *, device: str = "cpu",
+                             cache: FeatureCache | None = None, dataset_name: str = "") -> Iterator[tuple[int, int]]:
+        """:meth:`encode_captions` as a generator of ``(done, total)`` reports that returns the features."""
         from crossview import features as F
         from crossview.core.linalg import cca_transform
 
-        t, _ = F.encode_captions(list(captions), self.text, cache=cache, device=device, progress=progress,
-                                 should_stop=should_stop, dataset_name=dataset_name)
+        t, _ = yield from F.iter_encode_captions(list(captions), self.text, cache=cache, device=device,
+                                                 dataset_name=dataset_name)
         t = np.asarray(t, dtype=np.float32)
         return t if self.cca is None else cca_transform(t, self.cca["y_mean"], self.cca["y_proj"])
 
@@ -963,19 +1046,15 @@ def _encoder_record(encoder: Any) -> dict[str, Any]:
             "weights_path": str(path) if source == "user" and path is not None else None}
 
 
-def _representation_result(dataset: Any, model: TopicRepresentation, local: np.ndarray, *, encoder: Any,
-                           fit_on: str | None, cache: FeatureCache | None, device: str, hits: dict[str, bool],
-                           progress: Progress | None, should_stop: Callable[[], bool]) -> RepresentationFeatures:
-    """The whole dataset's features through ``model`` (the same code path for a run and for open_run)."""
-    if progress:
-        progress("topics", 0, 1)
+def _iter_representation_result(dataset: Any, model: TopicRepresentation, local: np.ndarray, *, encoder: Any,
+                                fit_on: str | None, cache: FeatureCache | None, device: str,
+                                hits: dict[str, bool]) -> Iterator[Report]:
+    """Returns the whole dataset's features through ``model`` (the same code path for a run and for open_run)."""
+    yield "topics", 0, 1
     image = model.encode_local(local)
-    if progress:
-        progress("topics", 1, 1)
-    if should_stop():
-        raise Cancelled("TR/CTR features cancelled")
-    text = model.encode_captions(dataset.captions, device=device, cache=cache, progress=_stage(progress, "captions"),
-                                 should_stop=should_stop, dataset_name=dataset.name)
+    yield "topics", 1, 1
+    text = yield from _staged("captions", model.iter_encode_captions(dataset.captions, device=device, cache=cache,
+                                                                     dataset_name=dataset.name))
     enc_name = model.image_encoder["name"]
     spec = {"image": {"name": enc_name, "dim": int(image.shape[1]), **encoder.cache_parts(local=True)},
             "text": {"name": "lda", **model.text.cache_parts()}, "fit_on": fit_on,
@@ -992,19 +1071,37 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
                             device: str = "cpu", batch_size: int | None = None, num_workers: int | None = None,
                             progress: Progress | None = None,
                             should_stop: Callable[[], bool] | None = None) -> RepresentationFeatures:
+    """TR / CTR features of every image and caption of ``dataset`` for a run (:func:`iter_representation_features`
+    driven to its end): ``progress(stage, done, total)`` gets every report; ``should_stop()`` is asked after each
+    and cancels (:class:`~crossview.core.errors.Cancelled`)."""
+    from crossview.core.progress import drive_stages
+
+    return drive_stages(iter_representation_features(
+        dataset, name, fit_on=fit_on, image_encoder=image_encoder, n_topics=n_topics, n_words=n_words,
+        descriptor_dim=descriptor_dim, cca_reg=cca_reg, seed=seed, cache=cache, device=device,
+        batch_size=batch_size, num_workers=num_workers), progress, should_stop,
+        _stopped(f"{name.upper()} features"))
+
+
+def iter_representation_features(dataset: Any, name: str, *, fit_on: str = "train", image_encoder: str | None = None,
+                                 n_topics: int = 100, n_words: int = 1000, descriptor_dim: int = 128,
+                                 cca_reg: float = 0.1, seed: int = 0, cache: FeatureCache | None | bool = None,
+                                 device: str = "cpu", batch_size: int | None = None,
+                                 num_workers: int | None = None) -> Iterator[Report]:
     """TR / CTR features of every image and caption of ``dataset`` for a run, everything fitted on the
     images of split ``fit_on`` and their captions only (the descriptor PCA, the k-means codebook, the
     image LDA, the ``lda`` text encoder, CTR's CCA), with the fitted :class:`TopicRepresentation`
     attached (``spec["representation"]`` is its state, which the run's checkpoint keeps).
 
-    The local descriptors go through the feature cache; ``progress(stage, done, total)`` reports every
-    stage; ``should_stop()`` cancels (:class:`~crossview.core.errors.Cancelled`).
+    A generator, as :func:`crossview.features.iter_extract_features`: it yields ``(stage, done, total)``
+    (``local descriptors``, ``visual words``, ``fit text``, ``cca``, ``topics``, ``captions``) and *returns* the
+    :class:`RepresentationFeatures`; closing it between two steps stops the work (the engine drives it as the
+    run's own events). The local descriptors go through the feature cache.
     """
     from crossview.features import image as image_mod
 
     check_run_representation(dataset, {"name": name}, image_encoder=image_encoder)
     store = _store(cache)
-    stop = should_stop or (lambda: False)
     fit = _resolve_fit_images(dataset, fit_on)
     if len(fit) < 2:
         raise CrossViewError(f"split {fit_on!r} of dataset {dataset.name!r} has {len(fit)} image(s); the "
@@ -1014,36 +1111,32 @@ def representation_features(dataset: Any, name: str, *, fit_on: str = "train", i
         raise CrossViewError(f"the {len(fit)} training images of dataset {dataset.name!r} have no captions to "
                              "fit the text topics on")
     encoder = image_mod.create_image_encoder(image_encoder or image_mod.DEFAULT_IMAGE_ENCODER)
-    local, _, local_hit = local_descriptors(dataset, encoder, cache=store, device=device, batch_size=batch_size,
-                                            num_workers=num_workers, progress=_stage(progress, "local descriptors"),
-                                            should_stop=stop)
+    local, _, local_hit = yield from _staged("local descriptors", iter_local_descriptors(
+        dataset, encoder, cache=store, device=device, batch_size=batch_size, num_workers=num_workers))
     visual = VisualTopics(n_words=n_words, n_topics=n_topics, descriptor_dim=descriptor_dim, seed=seed)
-    visual.fit(local, fit, progress=progress, should_stop=stop)
-    if progress:
-        progress("fit text", 0, 1)
+    yield from visual.iter_fit(local, fit)
+    yield "fit text", 0, 1
     text_model = _fitted_text_encoder("lda", {"n_topics": int(n_topics), "random_state": int(seed)}, fit_caps)
-    if progress:
-        progress("fit text", 1, 1)
+    yield "fit text", 1, 1
     model = TopicRepresentation(name, _encoder_record(encoder), visual, text_model)
     if name == "ctr":
         from crossview.core.linalg import fit_cca
 
-        if progress:
-            progress("cca", 0, 1)
+        yield "cca", 0, 1
         fit_caps_idx = _captions_of_images(dataset, fit)
         # One training pair per caption (images repeated), as the CCA method does.
         img_tr = visual.transform(local, fit)
         row = {int(i): r for r, i in enumerate(fit)}
         pairs = np.array([row[int(dataset.caption_image[c])] for c in fit_caps_idx], dtype=np.int64)
-        txt_tr = model.encode_captions([dataset.captions[c] for c in fit_caps_idx], cache=store, device=device,
-                                       dataset_name=dataset.name)
+        # the training captions' topics: a part of the "cca" step, which reports no progress of its own
+        txt_tr = _drained(model.iter_encode_captions([dataset.captions[c] for c in fit_caps_idx], cache=store,
+                                                     device=device, dataset_name=dataset.name))
         res = fit_cca(img_tr[pairs], txt_tr, n_components=int(n_topics), reg=float(cca_reg))
         model.cca = {"x_mean": res.x_mean, "x_proj": res.x_proj, "y_mean": res.y_mean, "y_proj": res.y_proj,
                      "correlations": np.asarray(res.correlations, dtype=np.float64)}
-        if progress:
-            progress("cca", 1, 1)
-    return _representation_result(dataset, model, local, encoder=encoder, fit_on=fit_on, cache=store,
-                                  device=device, hits={"image": local_hit}, progress=progress, should_stop=stop)
+        yield "cca", 1, 1
+    return (yield from _iter_representation_result(dataset, model, local, encoder=encoder, fit_on=fit_on,
+                                                   cache=store, device=device, hits={"image": local_hit}))
 
 
 def restore_representation_features(dataset: Any, state: Any, *, fit_on: str | None = "train",
@@ -1051,16 +1144,28 @@ def restore_representation_features(dataset: Any, state: Any, *, fit_on: str | N
                                     progress: Progress | None = None,
                                     should_stop: Callable[[], bool] | None = None) -> RepresentationFeatures:
     """The features a TR / CTR run was trained on, rebuilt from its checkpoint's saved representation
+    (:func:`iter_restore_representation_features` driven to its end)."""
+    from crossview.core.progress import drive_stages
+
+    return drive_stages(iter_restore_representation_features(dataset, state, fit_on=fit_on, cache=cache,
+                                                              device=device), progress, should_stop,
+                        _stopped("TR/CTR features"))
+
+
+def iter_restore_representation_features(dataset: Any, state: Any, *, fit_on: str | None = "train",
+                                         cache: FeatureCache | None | bool = None,
+                                         device: str = "cpu") -> Iterator[Report]:
+    """The features a TR / CTR run was trained on, rebuilt from its checkpoint's saved representation
     (``state``, :meth:`TopicRepresentation.state_dict`): nothing is refitted; the local descriptors
-    come from the feature cache (a hit on the machine that trained the run)."""
+    come from the feature cache (a hit on the machine that trained the run). A generator of ``(stage, done,
+    total)`` that returns the :class:`RepresentationFeatures`."""
     model = TopicRepresentation.from_state_dict(state)
     store = _store(cache)
-    stop = should_stop or (lambda: False)
     encoder = model.image_encoder_instance()
-    local, _, local_hit = local_descriptors(dataset, encoder, cache=store, device=device,
-                                            progress=_stage(progress, "local descriptors"), should_stop=stop)
-    return _representation_result(dataset, model, local, encoder=encoder, fit_on=fit_on, cache=store, device=device,
-                                  hits={"image": local_hit}, progress=progress, should_stop=stop)
+    local, _, local_hit = yield from _staged("local descriptors", iter_local_descriptors(
+        dataset, encoder, cache=store, device=device))
+    return (yield from _iter_representation_result(dataset, model, local, encoder=encoder, fit_on=fit_on,
+                                                   cache=store, device=device, hits={"image": local_hit}))
 
 
 # ====================================================================== modern / TR / CTR as a run's recorded representation
@@ -1136,14 +1241,30 @@ def rebuild_representation_features(dataset: Any, record: Any, *, fit_on: str = 
                                     cache: FeatureCache | None | bool = None, device: str = "cpu",
                                     progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
                                     where: str = "representation") -> RepresentationFeatures:
+    """The features of a run recorded on representation ``record`` (:func:`iter_rebuild_representation_features`
+    driven to its end; ``progress`` and ``should_stop`` also serve the representation's encoders later)."""
+    from crossview.core.progress import drive_stages
+
+    return drive_stages(iter_rebuild_representation_features(
+        dataset, record, fit_on=fit_on, cache=cache, device=device, where=where, encoders_progress=progress,
+        encoders_should_stop=should_stop), progress, should_stop, _stopped(f"{where}: the representation"))
+
+
+def iter_rebuild_representation_features(dataset: Any, record: Any, *, fit_on: str = "train",
+                                         cache: FeatureCache | None | bool = None, device: str = "cpu",
+                                         where: str = "representation", encoders_progress: Progress | None = None,
+                                         encoders_should_stop: Callable[[], bool] | None = None
+                                         ) -> Iterator[Report]:
     """The features of a run recorded on representation ``record`` (:func:`representation_record`): built
-    by :func:`build_representation` fitted on the images of split ``fit_on``, so a run, its resume and
+    by :func:`iter_build_representation` fitted on the images of split ``fit_on``, so a run, its resume and
     ``open_run`` get the very features the run was trained on (deterministic, seeded; the expensive parts
-    come from the feature cache)."""
+    come from the feature cache). A generator of ``(stage, done, total)`` that returns the
+    :class:`RepresentationFeatures`; the record is checked before the first report."""
     name, params = check_representation_record(record, where)
     if fit_on not in dataset.splits:
         raise CrossViewError(f"{where}: dataset {dataset.name!r} has no split {fit_on!r} to fit the {name} "
                              "representation on")
-    rep = build_representation(dataset, name, fit_images=np.asarray(dataset.splits[fit_on], dtype=np.int64),
-                               cache=cache, device=device, progress=progress, should_stop=should_stop, **params)
+    rep = yield from iter_build_representation(
+        dataset, name, fit_images=np.asarray(dataset.splits[fit_on], dtype=np.int64), cache=cache, device=device,
+        encoders_progress=encoders_progress, encoders_should_stop=encoders_should_stop, **params)
     return built_representation_features(rep, record)

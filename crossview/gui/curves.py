@@ -15,19 +15,42 @@ from __future__ import annotations
 
 import html
 import math
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPixmap
-from PySide6.QtWidgets import (QGridLayout, QLabel, QListWidget, QListWidgetItem, QSizePolicy, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
+                               QSizePolicy, QVBoxLayout, QWidget)
 
-# ten hues far apart (no two reds or greens: TIMAM's L_M and L_I were both red), in the order series appear
+from crossview.core.errors import CrossViewError
+from crossview.gui.figure_export import PLOT_FILTER, Figure, FigureSeries, busy, figure_paths, save_figure
+
+# ten hues far apart (no two reds or greens: TIMAM's L_M and L_I were both red)
 CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#bf3989",
                  "#57606a", "#6e4b12"]
+#: A term's colour is fixed by its name, never by the order series appear in (a resumed run's first events are
+#: not the original run's): the method's own ``loss_terms`` in their order, else these common terms (the terms
+#: that share a plot apart), else a hash of the name.
+TERM_COLOUR_INDEX = {name: i for names in (
+    ("loss", "i2t", "t2i", "primal", "dual", "hinge", "xi", "objective", "mse"),
+    ("gap", "violation"),
+    ("draws", "constraints", "qp_steps", "iterations"),
+    ("violated",), ("norm_w",), ("seconds",),
+) for i, name in enumerate(names)}
+#: the line style of each kind of series, the same in the plots, the series list and an exported legend
+STYLE_OF_KIND = {
+    "term": Qt.PenStyle.SolidLine,            # a training term per logged step
+    "pass mean": Qt.PenStyle.DashDotLine,     # its mean over a pass through the data
+    "t2i solve": Qt.PenStyle.DashLine,        # the t2i model of a method whose directions differ (BITR)
+    "val i2t": Qt.PenStyle.DashLine,          # validation, per epoch (with markers)
+    "val t2i": Qt.PenStyle.DotLine,
+    "val": Qt.PenStyle.DashLine,              # rsum
+}
 VALIDATION_KEYS = ("R@1", "R@5", "R@10", "mAP")        # mAP: the ranking losses' validation (smoothap)
 VAL_COLOURS = {"R@1": "#0969da", "R@5": "#e16f24", "R@10": "#1a7f37", "mAP": "#8250df", "val:rsum": "#bf8700"}
 #: text -> image validation: its own colours (and dashed lines), so i2t and t2i R@1 are told apart at a glance
@@ -117,7 +140,17 @@ class Series:
     max: float = -math.inf
     item: Any = None
 
+    #: set when a run resumes: the next point may go back over points the resumed run supersedes
+    rewind: bool = False
+
     def add(self, x: float, y: float) -> None:
+        if self.rewind:
+            self.rewind = False
+            if self.xs and self.xs[-1] >= x:          # logged after the checkpoint, then trimmed by the resume
+                keep = next((i for i, v in enumerate(self.xs) if v >= x), len(self.xs))
+                del self.xs[keep:], self.ys[keep:]
+                self.min_pos = min((v for v in self.ys if v > 0), default=math.inf)
+                self.max = max(self.ys, default=-math.inf)
         self.xs.append(x)
         self.ys.append(y)
         if y > 0 and y < self.min_pos:
@@ -126,16 +159,44 @@ class Series:
             self.max = y
 
 
-def _swatch(colour: str, dashed: bool = False) -> QIcon:
-    pm = QPixmap(18, 10)
-    pm.fill(QColor(0, 0, 0, 0))
+def term_colour(label: str, declared: list[str] | tuple[str, ...] = ()) -> str:
+    """The colour of a training term (``"L_M"``, ``"loss (pass mean)"``): fixed by its name (a pass mean shares its
+    term's colour and differs in line style), so a series keeps its colour across a resume and between runs."""
+    base = label.removesuffix(" (pass mean)").removeprefix("epoch_")
+    if base in declared:
+        return CURVE_COLOURS[list(declared).index(base) % len(CURVE_COLOURS)]
+    if base in TERM_COLOUR_INDEX:
+        return CURVE_COLOURS[TERM_COLOUR_INDEX[base]]
+    return CURVE_COLOURS[zlib.crc32(base.encode("utf-8")) % len(CURVE_COLOURS)]
+
+
+def series_kind(key: str) -> str:
+    """The kind of a series key (a term label, ``"primal [t2i]"``, ``"val:t2i R@1"``): a key of
+    :data:`STYLE_OF_KIND`."""
+    if key.startswith("val:"):
+        rest = key[4:]
+        return "val t2i" if rest.startswith("t2i ") else "val i2t" if rest.startswith("i2t ") else "val"
+    if key.endswith(" [t2i]") or key == "dir:t2i":
+        return "t2i solve"
+    if key.removesuffix(" [i2t]").endswith(" (pass mean)"):
+        return "pass mean"
+    return "term"
+
+
+def _swatch(colour: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine, marker: bool = False) -> QIcon:
+    """A legend sample: a line in the series' colour and style (28 px: room for two dashes), a dot for markers."""
     from PySide6.QtGui import QPainter, QPen
+    pm = QPixmap(28, 10)
+    pm.fill(QColor(0, 0, 0, 0))
     p = QPainter(pm)
-    pen = QPen(QColor(colour), 3)
-    if dashed:
-        pen.setStyle(Qt.PenStyle.DashLine)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    pen = QPen(QColor(colour), 2)
+    pen.setStyle(style)
     p.setPen(pen)
-    p.drawLine(1, 5, 17, 5)
+    p.drawLine(1, 5, 27, 5)
+    if marker:
+        p.setBrush(QColor(colour))
+        p.drawEllipse(11, 2, 6, 6)
     p.end()
     return QIcon(pm)
 
@@ -187,7 +248,9 @@ class CurveBoard(QWidget):
             note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
             note.setMinimumHeight(60)
         self.series_list = QListWidget()
-        self.series_list.setToolTip("The curves drawn: untick one to hide it (solid = i2t, dashed = t2i)")
+        self.series_list.setToolTip("The curves drawn: untick one to hide it. Solid: a term per step; dash-dot: "
+                                    "its mean over a pass; dashed / dotted with dots: validation i2t / t2i (and "
+                                    "dashed: the t2i solve of a method whose directions differ)")
         self.series_list.itemChanged.connect(self._on_toggle)
         self.series_list.setMinimumWidth(130)
         self.series_list.setMaximumWidth(190)
@@ -198,6 +261,14 @@ class CurveBoard(QWidget):
         head = QLabel("<b>Curves</b> (tick to show)")
         side.addWidget(head)
         side.addWidget(self.series_list, 1)
+        self.export_button = QPushButton("Export curves...")
+        self.export_button.setToolTip("Each plot with a title and a legend: PNG at 300 dpi or SVG, 6.4 x 4 in")
+        self.export_button.clicked.connect(self._export_dialog)
+        side.addWidget(self.export_button)
+        self.export_note = QLabel("")
+        self.export_note.setWordWrap(True)
+        self.export_note.hide()
+        side.addWidget(self.export_note)
         outer = QGridLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.grid_host, 0, 0)
@@ -289,7 +360,9 @@ class CurveBoard(QWidget):
     def add_phase(self, step: int, epoch: int, name: str) -> None:
         """A stage of training begins (a ``Phase`` event): a labelled vertical marker at ``step`` on the loss
         plots and between epochs ``epoch`` and ``epoch + 1`` on the validation plots."""
-        self.phases.append((int(step), int(epoch), str(name)))
+        phase = (int(step), int(epoch), str(name))
+        if phase not in self.phases:            # a resumed run says again the stage it resumes in
+            self.phases.append(phase)
         self._dirty = True
 
     def phase_markers(self, plot_key: str) -> list[tuple[float, str]]:
@@ -377,6 +450,76 @@ class CurveBoard(QWidget):
         return {s.label for s in self.series.values() if s.family == family}
 
     # ------------------------------------------------------------------ drawing
+    @staticmethod
+    def _key(s: Series, is_val: bool) -> str:
+        return f"val:{s.label}" if is_val else (f"{s.label} [{s.direction}]" if s.direction else s.label)
+
+    def _style(self, s: Series, is_val: bool) -> Qt.PenStyle:
+        return STYLE_OF_KIND[series_kind(self._key(s, is_val))]
+
+    def colour_of(self, key: str) -> str:
+        """The colour a series is drawn in (a training series key, ``"primal [t2i]"``, or ``"val:<key>"``)."""
+        s = self.val_series.get(key[4:]) if key.startswith("val:") else self.series.get(key)
+        if s is None:
+            raise KeyError(key)
+        return self._colour(key if key.startswith("val:") else s.label)
+
+    # ------------------------------------------------------------------ export
+    def figures(self) -> dict[str, Figure]:
+        """The plots on show as exportable figures (their visible series, each named in a legend with its line
+        style), keyed by plot (a family key, ``"recall"``, ``"rsum"``)."""
+        toggles = self._toggles()
+        out: dict[str, Figure] = {}
+        who = f"{self.method_title}: " if self.method_title else ""
+        for key in self._in_use:
+            is_val = key in ("recall", "rsum")
+            group = [s for s in (self.val_series.values() if is_val else self.series.values())
+                     if (("rsum" if s.label == "rsum" else "recall") if is_val else s.family) == key]
+            series = []
+            for s in group:
+                tkey = f"val:{s.label}" if is_val else s.label
+                if not (toggles.get(tkey, True) and (s.direction is None or toggles.get(f"dir:{s.direction}", True))):
+                    continue
+                name = (f"val {s.label}" if is_val else s.label) + (f" [{s.direction}]" if s.direction else "")
+                series.append(FigureSeries(name, "line", np.asarray(s.xs), np.asarray(s.ys), self._colour(tkey),
+                                           dash=self._style(s, is_val), symbol="o" if is_val else None))
+            if not series:
+                continue
+            plot = self.plots[key]
+            title = plot.getPlotItem().titleLabel.text
+            unit = FAMILIES[key].unit if key in FAMILIES else ("%" if key == "recall" else "rsum")
+            log = self._log.get(key, False)
+            out[key] = Figure(who + html.unescape(title), "epoch" if is_val else self._x_label(),
+                              unit + (" (log scale)" if log else ""), series, log_y=log)
+        return out
+
+    def export_plots(self, chosen: str | Path) -> list[Path]:
+        """Each plot on show to its own file named after ``chosen`` (``curves.png`` -> ``curves_loss.png``...;
+        PNG at 300 dpi, or SVG when ``chosen`` ends in ``.svg``); returns the paths written."""
+        figs = self.figures()
+        paths = figure_paths(chosen, list(figs))
+        for path, fig in zip(paths, figs.values()):
+            save_figure(fig, path)
+        return paths
+
+    def _export_dialog(self) -> None:
+        path, chosen_filter = QFileDialog.getSaveFileName(
+            self, "Export curves (one file per plot; the name is a prefix)", "curves.png", PLOT_FILTER)
+        if not path:
+            return
+        if Path(path).suffix.lower() not in (".png", ".svg"):
+            path += ".svg" if chosen_filter.startswith("SVG") else ".png"
+        try:
+            with busy():
+                paths = self.export_plots(path)
+        except (OSError, CrossViewError) as e:
+            self.export_note.setText(f"Could not write {path}: {e}")
+        else:
+            self.export_note.setText(("Exported " + ", ".join(p.name for p in paths) + f" in {paths[0].parent}")
+                                     if paths else "No curves to export yet")
+        self.export_note.setToolTip(self.export_note.text())
+        self.export_note.show()
+
     def _x_label(self) -> str:
         return "iteration of each solve" if self.directions_differ else "step"
 
@@ -403,12 +546,48 @@ class CurveBoard(QWidget):
         return plot
 
     def _colour(self, label: str) -> str:
-        if label.startswith("val:"):             # validation: colour by direction and K (t2i dashed too)
+        if label.startswith("val:"):             # validation: colour by direction and K (t2i dotted too)
             table = VAL_COLOURS_T2I if label.startswith("val:t2i") else VAL_COLOURS
             return table.get(label.split()[-1], "#57606a")
         if label not in self._colours:
-            self._colours[label] = CURVE_COLOURS[len(self._colours) % len(CURVE_COLOURS)]
+            self._colours[label] = term_colour(label, tuple(self.term_help))
         return self._colours[label]
+
+    def load_history(self, run_dir: str | Path) -> int:
+        """Draw the ``Loss`` / ``Validation`` / ``Phase`` events of a run folder's ``metrics.jsonl`` (a run about to
+        resume: its curves from the start, not from the checkpoint on), then :meth:`mark_resume`; returns how
+        many events were drawn (0 when the file is missing or unreadable)."""
+        from crossview.core.events import Loss, Phase, Validation, event_from_dict
+        from crossview.core.io import read_events
+
+        n = 0
+        try:
+            for d in read_events(Path(run_dir) / "metrics.jsonl"):
+                if d.get("event") not in ("loss", "validation", "phase"):
+                    continue
+                try:
+                    ev = event_from_dict(d)
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(ev, Loss):
+                    self.add_loss(ev.step, ev.epoch, ev.terms)
+                elif isinstance(ev, Validation):
+                    self.add_validation(ev.epoch, ev.metrics)
+                elif isinstance(ev, Phase):
+                    self.add_phase(ev.step, ev.epoch, ev.name)
+                n += 1
+        except (CrossViewError, OSError):
+            return 0
+        self.mark_resume()
+        self.flush()
+        return n
+
+    def mark_resume(self) -> None:
+        """The run resumes from its checkpoint: the curves drawn so far stay (its history), and each series'
+        next point replaces the points from its step on (what was logged after the checkpoint is superseded)."""
+        for s in (*self.series.values(), *self.val_series.values()):
+            s.rewind = True
+        self._dirty = True
 
     def _relayout(self) -> None:
         """Show the plots the data needs and place plots and notes in the grid, and list the series (only
@@ -458,13 +637,14 @@ class CurveBoard(QWidget):
         entries: list[tuple[str, str, QIcon]] = []
         for fam in FAMILIES:
             for label in dict.fromkeys(s.label for s in self.series.values() if s.family == fam):
-                entries.append((label, f"{label}", _swatch(self._colour(label))))
+                entries.append((label, f"{label}", _swatch(self._colour(label),
+                                                           STYLE_OF_KIND[series_kind(label)])))
         directions = sorted({s.direction for s in self.series.values() if s.direction})
         for d in directions:
             entries.append((f"dir:{d}", f"{d} solve ({'solid' if d == 'i2t' else 'dashed'})",
-                            _swatch("#24292f", dashed=d != "i2t")))
+                            _swatch("#24292f", STYLE_OF_KIND[series_kind(f"dir:{d}")])))
         for key in self.val_series:
-            icon = _swatch(self._colour(f"val:{key}"), dashed=key.startswith("t2i"))
+            icon = _swatch(self._colour(f"val:{key}"), STYLE_OF_KIND[series_kind(f"val:{key}")], marker=True)
             entries.append((f"val:{key}", f"val {key}", icon))
         for key, text, icon in entries:
             it = QListWidgetItem(icon, text)
@@ -564,8 +744,7 @@ class CurveBoard(QWidget):
                 vis = toggles.get(tkey, True) and (s.direction is None or toggles.get(f"dir:{s.direction}", True))
                 if s.item is None:
                     colour = self._colour(tkey)
-                    dashed = s.direction == "t2i" or s.label.startswith("t2i ")
-                    pen = pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
+                    pen = pg.mkPen(colour, width=2, style=self._style(s, is_val))
                     s.item = plot.plot([], [], pen=pen, name=None)
                     if is_val:
                         s.item.setSymbol("o")

@@ -4,7 +4,9 @@ presentation mode (F11) for live demos.
 
 Datasets and runs load in background tasks (the demo renders on first use), so the window stays
 responsive. The panels talk through the window: a finished run opens in Query and Inspect, a query
-picked in Inspect opens in Query, an image picked in Data can be queried.
+picked in Inspect opens in Query, an image picked in Data can be queried. A folder of one's own photos (File >
+Open photo folder..., or dropped) becomes a gallery of the Query panel; an image file dropped anywhere queries
+with it; a dropped folder that is a dataset opens as one.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class MainWindow(QMainWindow):
         self.dataset_source: str | None = None
         self._task: Task | None = None
         self._run_task: Task | None = None
+        self._drop_task: Task | None = None      # sorting a dropped folder: a dataset, or photos to search
+        self._dropped = ""
         self.run = None            # the OpenRun shown in Query / Inspect
         self.presenting = False
 
@@ -158,6 +162,11 @@ class MainWindow(QMainWindow):
         act = QAction("Open dataset as &format...", self)
         act.setStatusTip("Open a file or folder whose format is not recognised by naming the format")
         act.triggered.connect(self.choose_dataset_as_format)
+        file_menu.addAction(act)
+        act = QAction("Open &photo folder...", self, shortcut=QKeySequence("Ctrl+Shift+P"))
+        act.setStatusTip("Search a folder of your own photos (JPEG, PNG, WebP; subfolders too) by sentence with "
+                         "the run in the Query panel")
+        act.triggered.connect(self.choose_photo_folder)
         file_menu.addAction(act)
         act = QAction("Open the built-in &demo", self, shortcut=QKeySequence("Ctrl+D"))
         act.triggered.connect(lambda: self.open_dataset("demo"))
@@ -270,6 +279,30 @@ class MainWindow(QMainWindow):
         if path:
             self.open_dataset(path)
 
+    def choose_photo_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a folder of photos", str(Path.home()))
+        if path:
+            self.open_photo_folder(path)
+
+    def open_photo_folder(self, folder: str) -> Task | None:
+        """Search ``folder``'s photos with the open run: it becomes a gallery of the Query panel ("Photos: name"),
+        encoded there in the background with a bar and Cancel. Returns that task (None without a run)."""
+        self.tabs.setCurrentWidget(self.query_panel)
+        task = self.query_panel.open_photo_folder(folder)
+        if task is None:
+            self.statusBar().showMessage(f"{Path(folder).name}: train or open a run to search these photos "
+                                         "(Train panel, or File > Open run folder)", 10000)
+        return task
+
+    def query_image_file(self, path: str) -> None:
+        """Query the open run with an image file (dropped anywhere on the window)."""
+        self.tabs.setCurrentWidget(self.query_panel)
+        if self.query_panel.retriever is None:
+            self.statusBar().showMessage("Train or open a run first (Train panel, or File > Open run folder), "
+                                         f"then drop {Path(path).name} again to query with it", 10000)
+            return
+        self.query_panel.query_image(path)
+
     def choose_dataset_as_format(self) -> None:
         """Ask for a format, then a file or folder, and open it with that format's reader."""
         from crossview.data.readers import READERS
@@ -332,6 +365,9 @@ class MainWindow(QMainWindow):
             return
         self.status_dataset.setText("No dataset" if self.dataset is None else
                                     f"Dataset: {self.dataset.name}")
+        self._warn_cannot_open(source, message, details)
+
+    def _warn_cannot_open(self, source: str, message: str, details: str) -> None:
         message = gui_message(message)
         box = QMessageBox(QMessageBox.Icon.Warning, "Cannot open dataset", message, parent=self)
         box.setInformativeText(f"Source: {source}")
@@ -357,11 +393,57 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
 
     def dropEvent(self, event) -> None:  # noqa: N802 (Qt API)
-        """A dataset file or folder dropped anywhere on the window opens it."""
+        """Dropped anywhere on the window: an image file queries with it, a folder opens as a dataset when it is
+        one and as a photo gallery otherwise, any other file opens as a dataset."""
         path = self._dropped_path(event)
         if path:
             event.acceptProposedAction()
-            self.open_dataset(path)
+            self.open_dropped(path)
+
+    def open_dropped(self, path: str) -> Task | None:
+        """What a drop of ``path`` does (see :meth:`dropEvent`); returns the task it starts, if any."""
+        from crossview.gui.photo_results import IMAGE_SUFFIXES
+
+        if Path(path).is_file() and path.lower().endswith(IMAGE_SUFFIXES):
+            self.query_image_file(path)
+            return None
+        if not Path(path).is_dir():
+            return self.open_dataset(path)
+
+        def work(progress, should_stop):        # off the GUI thread: detection reads the folder
+            from crossview.core.errors import DatasetError
+            from crossview.data.photos import load_photo_folder
+            from crossview.data.readers import detect_format
+            try:
+                detect_format(Path(path))
+                return "dataset"
+            except DatasetError:
+                load_photo_folder(path)          # no photos either: its message says so
+                return "photos"
+
+        task = Task(work, name="dropped-folder", parent=self)
+        self._drop_task = task
+        task.succeeded.connect(self._on_drop_sorted)
+        task.failed.connect(self._on_drop_failed)
+        self.status_dataset.setText(f"Looking at {path} ...")
+        self._dropped = path
+        return task.start()
+
+    def _on_drop_sorted(self, kind: str) -> None:
+        if self.sender() is not self._drop_task:
+            return
+        self.status_dataset.setText("No dataset" if self.dataset is None else f"Dataset: {self.dataset.name}")
+        if kind == "dataset":
+            self.open_dataset(self._dropped)
+        else:
+            self.open_photo_folder(self._dropped)
+
+    def _on_drop_failed(self, message: str, details: str) -> None:
+        if self.sender() is not self._drop_task:
+            return
+        self.status_dataset.setText("No dataset" if self.dataset is None else f"Dataset: {self.dataset.name}")
+        self._warn_cannot_open(self._dropped, f"{message} (nor is it a dataset: drop a dataset file or folder, a "
+                               "folder of photos or an image file)", details)
 
     # ------------------------------------------------------------------ runs
     def recent_runs(self) -> list[str]:
@@ -558,7 +640,7 @@ class MainWindow(QMainWindow):
         if self.train_panel.task is not None and self.train_panel.task.is_running():
             self.train_panel.task.stop()           # the run keeps a checkpoint and can be resumed
             self.train_panel.task.wait(10000)
-        for t in (self._run_task,):
+        for t in (self._run_task, self._drop_task):
             if t is not None and t.is_running():
                 t.cancel()
                 t.wait(5000)

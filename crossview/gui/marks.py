@@ -76,6 +76,8 @@ def export_marks(annotations: AnnotationStore, dataset: Any, path: str | Path) -
         if r["direction"] == "t2i" and ds is not None and ds.image_paths is not None and \
                 0 <= int(r["item"]) < ds.n_images:
             item_file = Path(str(ds.image_paths[int(r["item"])])).name
+        if "photos" in r["query"]:          # a photo folder's result: its path is the mark's item_text
+            item_file = Path(str(r.get("item_text", ""))).name
         w.writerow([r.get("time", ""), r.get("annotator", ""), r["direction"], kind, value, image, caption,
                     r["item"], item_file, r.get("item_text", ""), int(bool(r["relevant"]))])
     return atomic_write_bytes(path, buf.getvalue().encode("utf-8"))

@@ -13,6 +13,7 @@ annotators can click, then mark). Asking, marking and explaining are the Query p
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
@@ -110,9 +111,20 @@ class ResultsView(QStackedWidget):
             self.setCurrentWidget(view)
             self.fit_grid()
             view.clear()
+            photos = getattr(r, "photos", None)    # a photo folder: each photo's file name under its score
+            # a long file name keeps its start and its end (the camera's number, the extension) in view
+            view.setTextElideMode(Qt.TextElideMode.ElideMiddle if photos is not None else Qt.TextElideMode.ElideRight)
             for rank, (item, score) in enumerate(zip(ranking.items.tolist(), ranking.scores.tolist()), 1):
                 it = QListWidgetItem()
                 it.setData(ItemRole, item)
+                if photos is not None:
+                    path = str(r.gallery_image_path(item))
+                    it.setData(LabelRole, f"{rank_score(rank, score, width, signed)}\n{Path(path).name}")
+                    it.setData(PathRole, path)
+                    it.setToolTip(f"{path}\n(double-click to open it)")
+                    self.style_item(it, ranking, item, marks.get(item))
+                    view.addItem(it)
+                    continue
                 it.setData(LabelRole, rank_score(rank, score, width, signed) + tag[rank - 1])
                 if ds.image_paths is not None:
                     it.setData(PathRole, ds.image_paths[item])

@@ -8,7 +8,8 @@ on (its dataset and protocol) beside this run's split and gallery size: MedR and
 gallery, so they are not comparable across galleries of different sizes.
 
 ``open_query(direction, dataset_index)`` asks the main window to show that query in the Query panel.
-Tables export to CSV, plots to PNG. Run alone: ``python -m crossview.gui.panels.inspect_panel RUN [RUN_B]``.
+Tables export to CSV (one file per table, both directions, intervals in their own columns), plots to PNG at
+300 dpi or SVG with a title, axis labels and a legend (:mod:`crossview.gui.figure_export`). Run alone: ``python -m crossview.gui.panels.inspect_panel RUN [RUN_B]``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.paired import paired_effect
 from crossview.eval.hubness import describe_hubness
 from crossview.engine.results import RunResults
+from crossview.gui.figure_export import (PLOT_FILTER, Figure, FigureSeries, busy, figure_paths, save_figure,
+                                        short_name)
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
 DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
@@ -173,10 +176,19 @@ class InspectPanel(QWidget):
         for d, label in DIRECTION_NAMES.items():
             self.direction_combo.addItem(label, d)
         self.direction_combo.currentIndexChanged.connect(self._refresh_queries)
-        self.export_table_button = QPushButton("Export table (CSV)...")
+        self.export_table_button = QPushButton("Export tables (CSV)...")
+        self.export_table_button.setToolTip("The metric table and the per-query table, one CSV file each, both "
+                                            "directions; intervals in their own columns")
         self.export_table_button.clicked.connect(self._export_tables_dialog)
-        self.export_plot_button = QPushButton("Export plots (PNG)...")
+        self.export_plot_button = QPushButton("Export plots...")
+        self.export_plot_button.setToolTip("The rank histograms (and the rank scatter of a comparison), both "
+                                           "directions, with titles and legends: PNG at 300 dpi or SVG, 6.4 x 4 in")
         self.export_plot_button.clicked.connect(self._export_plots_dialog)
+        self.export_note = QLabel("")         # what the last export wrote, and where
+        self.export_note.setObjectName("exportNote")
+        self.export_note.setWordWrap(True)
+        self.export_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.export_note.hide()
 
         self.metrics = QTableWidget()
         self.metrics.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -271,6 +283,7 @@ class InspectPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.title)
         layout.addLayout(bar)
+        layout.addWidget(self.export_note)
         layout.addWidget(self.splitter, 1)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
@@ -474,27 +487,42 @@ class InspectPanel(QWidget):
                     if key in GALLERY_BOUND and cell.text() != "-":
                         cell.setForeground(pg.mkColor("#8c959f"))
 
+    def _compared(self) -> list[tuple[RunResults, str, str]]:
+        """``(run, colour, tag)`` of run A and run B (when compared)."""
+        return [(r, c, tag) for r, c, tag in ((self.run_a, PEN_A, "A"), (self.run_b, PEN_B, "B")) if r is not None]
+
+    def _hist_bars(self, d: str) -> tuple[list[tuple[RunResults, str, str, np.ndarray, np.ndarray, float]],
+                                          list[tuple[float, str]]]:
+        """The bars of the ``d`` rank histogram: ``(run, colour, tag, x, counts, width)`` per run, and the bins'
+        tick labels (``"1"``, ``"3-5"``...)."""
+        bars, labels = [], []
+        runs = self._compared()
+        for run, colour, tag in runs:
+            if d not in run.ranks or not run.ranks[d].size:
+                continue
+            ranks = run.ranks[d]
+            edges = np.unique(np.concatenate([[1, 2, 3, 6, 11, 21, 51, 101, 201, 501, 1001], [ranks.max() + 1]]))
+            edges = edges[edges <= max(ranks.max() + 1, 2)]
+            counts, _ = np.histogram(ranks, bins=edges)
+            offset = (-0.2 if tag == "A" else 0.2) if len(runs) > 1 else 0.0
+            bars.append((run, colour, tag, np.arange(len(counts)) + offset, counts, 0.38 if len(runs) > 1 else 0.8))
+            this = [(float(i), f"{edges[i]}" if edges[i + 1] - edges[i] == 1 else f"{edges[i]}-{edges[i + 1] - 1}")
+                    for i in range(len(counts))]
+            labels = this if len(this) > len(labels) else labels
+        return bars, labels
+
     def _draw_histograms(self) -> None:
-        a, b = self.run_a, self.run_b
-        entries = [(r, c, tag) for r, c, tag in ((a, PEN_A, "A"), (b, PEN_B, "B")) if r is not None]
+        entries = self._compared()
         self.hist_legend.setText("Bars: " + " &nbsp; ".join(
             f"<span style='color:{c}'>&#9632;</span> {tag}: {html.escape(r.name)} ({html.escape(r.method)})"
             for r, c, tag in entries) if entries else "")
         for d, plot in self.hist_plots.items():
             plot.clear()
-            for run, colour, offset in ((self.run_a, PEN_A, -0.2), (self.run_b, PEN_B, 0.2)):
-                if run is None or d not in run.ranks or not run.ranks[d].size:
-                    continue
-                ranks = run.ranks[d]
-                edges = np.unique(np.concatenate([[1, 2, 3, 6, 11, 21, 51, 101, 201, 501, 1001],
-                                                  [ranks.max() + 1]]))
-                edges = edges[edges <= max(ranks.max() + 1, 2)]
-                counts, _ = np.histogram(ranks, bins=edges)
-                xs = np.arange(len(counts)) + offset
-                plot.addItem(pg.BarGraphItem(x=xs, height=counts, width=0.38 if self.run_b else 0.8,
-                                             brush=pg.mkBrush(colour), pen=pg.mkPen(None)))
-                labels = [(i, f"{edges[i]}" if edges[i + 1] - edges[i] == 1 else f"{edges[i]}-{edges[i + 1] - 1}")
-                          for i in range(len(counts))]
+            bars, labels = self._hist_bars(d)
+            for _, colour, _, xs, counts, width in bars:
+                plot.addItem(pg.BarGraphItem(x=xs, height=counts, width=width, brush=pg.mkBrush(colour),
+                                             pen=pg.mkPen(None)))
+            if labels:
                 plot.getPlotItem().getAxis("bottom").setTicks([labels])
 
     def _refresh_queries(self) -> None:
@@ -683,47 +711,175 @@ class InspectPanel(QWidget):
         self.open_query.emit(*self._row_query(pos))
 
     # ------------------------------------------------------------------ export
-    def export_tables(self, path: str | Path) -> Path:
-        """The metric table and the per-query table, one CSV file (two blocks)."""
-        path = Path(path)
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["metric"] + [self.metrics.horizontalHeaderItem(j).text()
-                                     for j in range(self.metrics.columnCount())])
-            for i in range(self.metrics.rowCount()):
-                w.writerow([self.metrics.verticalHeaderItem(i).text()] +
-                           [self.metrics.item(i, j).text() if self.metrics.item(i, j) else ""
-                            for j in range(self.metrics.columnCount())])
-            w.writerow([])
-            w.writerow(self._headers or [self.queries.horizontalHeaderItem(j).text()
-                                         for j in range(self.queries.columnCount())])
-            for i in range(self.queries.rowCount()):
-                w.writerow([self.queries.item(i, j).text() for j in range(self.queries.columnCount())])
-        return path
-
-    def export_plots(self, folder: str | Path) -> list[Path]:
-        """Each visible plot as a PNG in ``folder``."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        out = []
-        widgets = dict(self.hist_plots)
-        if self.scatter_plot.isVisible():
-            widgets["scatter"] = self.scatter_plot
-        for name, w in widgets.items():
-            p = folder / f"{name}.png"
-            w.grab().save(str(p))
-            out.append(p)
+    def _sources(self) -> list[tuple[str, str, str, str, object]]:
+        """The metric table's columns as rows of an export: ``(role, name, method, split, source)``, source a
+        :class:`RunResults` or the paper's ``{direction: metrics}``."""
+        out: list[tuple[str, str, str, str, object]] = []
+        for run, _, tag in self._compared():
+            role = tag if self.run_b is not None else "run"
+            out.append((role, run.name, run.method, str(run.summary.get("split", "")), run))
+        label = self.paper_combo.currentData()
+        if label and self.run_a is not None:
+            papers = {d: self.run_a.paper_metrics(label, d) for d in ("i2t", "t2i")}
+            if any(papers.values()):
+                out.append(("paper", label, self.run_a.method, "", papers))
         return out
 
+    def metric_rows(self) -> tuple[list[str], list[list]]:
+        """The metric table as a spreadsheet reads it: a header and one row per run (A, B, the paper's numbers)
+        and direction (i2t and t2i, whichever is on screen), each metric's value beside its interval's ends in
+        columns of their own (``R@1``, ``R@1_low``, ``R@1_high``; empty where there is no interval)."""
+        keys: list[str] = []
+        for _, _, _, _, src in self._sources():
+            for d in ("i2t", "t2i"):
+                vals = (src.summary.get(d) or {}) if isinstance(src, RunResults) else src.get(d, {})
+                keys += [k for k in vals if k not in keys]
+        header = ["run", "role", "method", "split", "direction"]
+        for k in keys + ["rsum"]:
+            header += [k, f"{k}_low", f"{k}_high"]
+        rows: list[list] = []
+
+        def num(v) -> object:
+            return "" if not isinstance(v, (int, float, np.integer, np.floating)) else round(float(v), 4)
+
+        for role, name, method, split, src in self._sources():
+            for d in ("i2t", "t2i"):
+                row: list = [name, role, method, split, d]
+                for k in keys + ["rsum"]:
+                    if isinstance(src, RunResults):
+                        v = src.summary.get("rsum") if k == "rsum" else (src.summary.get(d) or {}).get(k)
+                        band = _interval(src.summary, None if k == "rsum" else d, k)
+                    else:
+                        v, band = (None if k == "rsum" else src.get(d, {}).get(k)), None
+                    row += [num(v), *(num(x) for x in (band or ("", "")))]
+                rows.append(row)
+        return header, rows
+
+    def query_rows(self) -> tuple[list[str], list[list]]:
+        """The per-query table of both directions: ``direction, query_id, query, rank_A`` (``rank`` without a
+        comparison) and, comparing, ``rank_B, change_B_minus_A``; in the runs' query order."""
+        a, b = self.run_a, self.run_b
+        comparing = b is not None
+        header = ["direction", "query_id", "query"] + (["rank_A", "rank_B", "change_B_minus_A"] if comparing
+                                                       else ["rank"])
+        rows: list[list] = []
+        if a is None:
+            return header, rows
+        for d in ("i2t", "t2i"):
+            if d not in a.ranks:
+                continue
+            ra = a.ranks[d]
+            q = a.queries.get(d, np.arange(len(ra)))
+            rb = b.ranks.get(d) if comparing else None
+            if rb is not None and len(rb) != len(ra):
+                rb = None                      # a different query set: the comparison line says so
+            text_of = self._query_text_fn(d)
+            for i in range(len(ra)):
+                row = [d, int(q[i]), text_of(int(q[i])), int(ra[i])]
+                if comparing:
+                    row += ["", ""] if rb is None else [int(rb[i]), int(rb[i]) - int(ra[i])]
+                rows.append(row)
+        return header, rows
+
+    def export_tables(self, chosen: str | Path) -> list[Path]:
+        """The metric table and the per-query table, one CSV file each, named after ``chosen`` (``inspect.csv``
+        -> ``inspect_metrics.csv``, ``inspect_queries.csv``); both directions, a header row in each."""
+        paths = figure_paths(chosen, ["metrics", "queries"], suffixes=(".csv",))
+        for path, (header, rows) in zip(paths, (self.metric_rows(), self.query_rows())):
+            with open(path, "w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f)
+                w.writerow(header)
+                w.writerows(rows)
+        return paths
+
+    def hist_figure(self, d: str) -> Figure:
+        """The ``d`` rank histogram as an exportable figure: a legend naming run A and run B."""
+        bars, labels = self._hist_bars(d)
+        series = [FigureSeries(f"{tag}: {short_name(run.name)} ({run.method})" if self.run_b is not None
+                               else f"{short_name(run.name)} ({run.method})", "bars", xs, counts, colour, width=width)
+                  for run, colour, tag, xs, counts, width in bars]
+        split = str(self.run_a.summary.get("split", "")) if self.run_a is not None else ""
+        return Figure(f"{DIRECTION_NAMES[d]}: rank of the ground truth" + (f" ({split} split)" if split else ""),
+                      "rank of the ground truth (bins grow with the rank)", "queries", series, x_ticks=labels)
+
+    def scatter_figure(self, d: str) -> Figure | None:
+        """The ``d`` rank scatter of a comparison (None without one, or when the query sets differ)."""
+        a, b = self.run_a, self.run_b
+        if a is None or b is None or d not in a.ranks or d not in b.ranks:
+            return None
+        try:
+            comp = compare_ranks(a.ranks[d], b.ranks[d])
+        except Exception:  # noqa: BLE001 - different query sets: the panel says so; nothing to plot
+            return None
+        top = int(max(comp.rank_a.max(), comp.rank_b.max()))
+        edge = float(np.log10(top * 1.2))
+        ticks = rank_ticks(top)
+        series = [FigureSeries(f"queries ({len(comp.rank_a):,}); below the diagonal B ranks better", "points",
+                               np.log10(comp.rank_a), np.log10(comp.rank_b), PEN_A, alpha=110),
+                  FigureSeries("same rank in A and B", "line", np.array([0.0, edge]), np.array([0.0, edge]),
+                               "#6e7781", dash=Qt.PenStyle.DashLine)]
+        return Figure(f"{DIRECTION_NAMES[d]}: rank in B vs rank in A",
+                      f"rank in A: {short_name(a.name)} (log scale)", f"rank in B: {short_name(b.name)} (log)",
+                      series, x_ticks=ticks, y_ticks=ticks)
+
+    def plot_figures(self) -> dict[str, Figure]:
+        """Every plot the panel can export, both directions: ``hist_i2t``, ``hist_t2i`` and, comparing,
+        ``scatter_i2t``, ``scatter_t2i``."""
+        figs: dict[str, Figure] = {}
+        if self.run_a is None:
+            return figs
+        for d in ("i2t", "t2i"):
+            if self._hist_bars(d)[0]:
+                figs[f"hist_{d}"] = self.hist_figure(d)
+        for d in ("i2t", "t2i"):
+            fig = self.scatter_figure(d)
+            if fig is not None:
+                figs[f"scatter_{d}"] = fig
+        return figs
+
+    def export_plots(self, chosen: str | Path) -> list[Path]:
+        """Each plot of :meth:`plot_figures` to its own file named after ``chosen`` (``inspect.svg`` ->
+        ``inspect_hist_i2t.svg``...; PNG at 300 dpi unless ``chosen`` ends in ``.svg``); returns the paths."""
+        figs = self.plot_figures()
+        paths = figure_paths(chosen, list(figs))
+        for path, fig in zip(paths, figs.values()):
+            save_figure(fig, path)
+        return paths
+
+    def _say_written(self, what: str, paths: list[Path]) -> None:
+        if paths:
+            self.export_note.setText(f"Exported {what}: " + ", ".join(p.name for p in paths)
+                                     + f" in {paths[0].parent}")
+        else:
+            self.export_note.setText(f"Nothing to export: no {what} (open a run first)")
+        self.export_note.show()
+
     def _export_tables_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export tables", "inspect.csv", "CSV (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(self, "Export tables (one CSV file per table; the name is a prefix)",
+                                              "inspect.csv", "CSV (*.csv)")
         if path:
-            self.export_tables(path)
+            try:
+                with busy():
+                    paths = self.export_tables(path)
+                self._say_written("tables", paths)
+            except OSError as e:
+                self.export_note.setText(f"Could not write {path}: {e.strerror or e}; choose another folder")
+                self.export_note.show()
 
     def _export_plots_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Export plots to folder")
-        if folder:
-            self.export_plots(folder)
+        path, chosen_filter = QFileDialog.getSaveFileName(
+            self, "Export plots (one file per plot; the name is a prefix)", "inspect.png", PLOT_FILTER)
+        if not path:
+            return
+        if Path(path).suffix.lower() not in (".png", ".svg"):
+            path += ".svg" if chosen_filter.startswith("SVG") else ".png"
+        try:
+            with busy():
+                paths = self.export_plots(path)
+            self._say_written("plots", paths)
+        except (OSError, CrossViewError) as e:
+            self.export_note.setText(f"Could not write {path}: {e}; choose another folder")
+            self.export_note.show()
 
 
 if __name__ == "__main__":  # pragma: no cover - manual preview

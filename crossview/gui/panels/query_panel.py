@@ -24,6 +24,8 @@ cost nothing.
 Where the pieces live: this module asks the retriever, keeps the history, shows the query (image, title,
 ground-truth ranks, the gallery line and choice, whose words come from :mod:`crossview.gui.galleries`), handles
 presentation mode and wires the rest together;
+:class:`~crossview.gui.gallery_loader.GalleryLoader` encodes a photo folder or a caption corpus chosen in the
+gallery box (bar, ETA, Cancel); :mod:`crossview.gui.photo_results` keys marks on photos by path and opens a photo;
 :class:`~crossview.gui.results_view.ResultsView` shows the ranked results (list or grid, thumbnails, ground
 truth and marks drawn, double-click / Enter); :class:`~crossview.gui.explain_controller.ExplainController` runs
 and keeps the explanations; :mod:`crossview.gui.explain_view` holds which pairs a view explains, the task body
@@ -51,7 +53,10 @@ from crossview.core.errors import CrossViewError
 from crossview.engine.retriever import Ranking, Retriever
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
-from crossview.gui.galleries import gallery_choices, gallery_note, training_images_in
+from crossview.gui.galleries import CORPUS, PHOTOS, gallery_choices, gallery_note, photos_label, training_images_in
+from crossview.gui.gallery_loader import GalleryLoader
+from crossview.gui.photo_results import (IMAGE_SUFFIXES, is_photo_gallery, mark_query, no_ground_truth_line,
+                                         open_photo, result_marks)
 from crossview.gui.marks import MarkButtons, describe_query
 # GOLD and FIGURE_SPACE: re-exported (tests import the results' look from the panel)
 from crossview.gui.results_view import FIGURE_SPACE, GOLD, ItemRole, ResultsView  # noqa: F401
@@ -76,7 +81,7 @@ class QueryPanel(QWidget):
     explained = Signal(object)     # the Explanation now shown in the words line (None when that pair failed)
     failed = Signal(str)
     show_image = Signal(int)
-    gallery_requested = Signal(object)   # a split name, "all", or a corpus file path (str starting with "corpus:")
+    gallery_requested = Signal(object)   # a split name or "all" (photo folders and corpora load here: gallery_loader)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -97,6 +102,15 @@ class QueryPanel(QWidget):
         self.explain_controller.failed.connect(self._on_explain_failed)
         self._query_overlay: QPixmap | None = None
         self._filling = False
+        self._title = ""
+        #: the photo folders offered in the gallery box: resolved folder -> photos (None until scanned)
+        self.photo_folders: dict[str, int | None] = {}
+        self._pending_gallery: str | None = None     # a photo folder opened before any run: searched once one is
+        self.gallery_loader = GalleryLoader()
+        self.gallery_loader.loaded.connect(self._on_gallery_loaded)
+        self.gallery_loader.cancelled.connect(self._on_gallery_stopped)
+        self.gallery_loader.failed.connect(self._on_gallery_failed)
+        self.gallery_loader.busy_changed.connect(self._on_loader_busy)
         self.setAcceptDrops(True)
 
         self.header = QLabel("No run loaded: train one in the Train panel or open a run.")
@@ -113,8 +127,9 @@ class QueryPanel(QWidget):
         self.present_hint.hide()
 
         self.gallery_combo = QComboBox()
-        self.gallery_combo.setToolTip("What to rank: the images and captions of a split, all of them, or an "
-                                      "independent caption corpus (image -> text only)")
+        self.gallery_combo.setToolTip("What to rank: the images and captions of a split, all of them, an "
+                                      "independent caption corpus (image -> text only) or a folder of your own "
+                                      "photos (text -> image only)")
         self.gallery_combo.activated.connect(self._on_gallery_choice)
 
         self.sentence = QLineEdit()
@@ -246,6 +261,7 @@ class QueryPanel(QWidget):
         self.head_bar = head
         layout.addLayout(head)
         layout.addWidget(self.gallery_note)
+        layout.addWidget(self.gallery_loader)
         layout.addLayout(ask)
         layout.addWidget(self.explain_bar)
         layout.addLayout(body, 1)
@@ -277,6 +293,7 @@ class QueryPanel(QWidget):
                 Path(annotations.path).parent.resolve() != Path(run_dir).resolve():
             raise ValueError(f"the annotations {annotations.path} do not belong to the run {run_dir}")
         self.retriever = retriever
+        self._title = title
         # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
         self.explain_controller.set_retriever(retriever)
         self._query_overlay = None
@@ -305,7 +322,11 @@ class QueryPanel(QWidget):
         self.header.setText(f"<b>{html.escape(title or retriever.method.name)}</b>")
         self._describe_gallery(retriever)
         self._set_enabled(True)
+        if self._pending_gallery is not None:
+            pending, self._pending_gallery = self._pending_gallery, None
+            self.load_gallery(pending)
         self.image_button.setEnabled(retriever.n_gallery_captions > 0)
+        self.explain_button.setEnabled(not is_photo_gallery(retriever))   # maps of a dataset's images only
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
         self.mode_bar.setEnabled(retriever.n_gallery_images > 0)
         self.marks.refresh()
@@ -323,7 +344,10 @@ class QueryPanel(QWidget):
         combo = self.gallery_combo
         combo.blockSignals(True)
         combo.clear()
-        choices, current = gallery_choices(retriever, self.eval_split, self.train_split)
+        loader = self.gallery_loader
+        loading = (f"Loading {loader.what}...", loader.choice) if loader.busy and loader.choice else None
+        choices, current = gallery_choices(retriever, self.eval_split, self.train_split,
+                                           list(self.photo_folders.items()), loading)
         for label, choice in choices:
             combo.addItem(label, choice)
         combo.setCurrentIndex(max(0, combo.findData(current)))
@@ -331,17 +355,76 @@ class QueryPanel(QWidget):
 
     def _on_gallery_choice(self, index: int) -> None:
         choice = self.gallery_combo.itemData(index)
-        if choice == "corpus:current":
+        if choice == "corpus:current" or choice == self.gallery_loader.choice:
             return
-        if choice == "corpus:?":
-            path, _ = QFileDialog.getOpenFileName(self, "Caption corpus (one caption a line)", "",
-                                                  "Text (*.txt);;All files (*)")
+        if choice in ("corpus:?", PHOTOS + "?"):
+            if choice == PHOTOS + "?":
+                path = QFileDialog.getExistingDirectory(self, "Open a folder of photos")
+            else:
+                path, _ = QFileDialog.getOpenFileName(self, "Caption corpus (one caption a line)", "",
+                                                      "Text (*.txt);;All files (*)")
             if not path:
                 if self.retriever is not None:
                     self._fill_galleries(self.retriever)
                 return
+            if choice == PHOTOS + "?":
+                self.open_photo_folder(path)
+                return
             choice = f"corpus:{path}"
+        if isinstance(choice, str) and choice.startswith((PHOTOS, CORPUS)):
+            self.load_gallery(choice)
+            return
+        self.gallery_loader.cancel()        # a split: the window opens it; a photo folder loading is superseded
         self.gallery_requested.emit(choice)
+
+    # ------------------------------------------------------------------ photo folders and corpora
+    def open_photo_folder(self, folder: str | Path) -> Task | None:
+        """Offer ``folder`` in the gallery box ("Photos: name") and, with a run loaded, search it: its photos are
+        encoded in the background (bar, ETA, Cancel), then sentences rank them. Returns the loading task."""
+        path = str(Path(folder).expanduser().resolve())
+        self.photo_folders.setdefault(path, None)
+        if self.retriever is None:
+            self._pending_gallery = PHOTOS + path
+            self.gallery_note.setText(f"{html.escape(photos_label(path))}: open or train a run, and its photos "
+                                      "are searched with it.")
+            return None
+        return self.load_gallery(PHOTOS + path)
+
+    def load_gallery(self, choice: str) -> Task | None:
+        """Rank against ``photos:<folder>`` or ``corpus:<file>`` from now on, once its features are ready
+        (:class:`~crossview.gui.gallery_loader.GalleryLoader`: first use encodes, with progress and Cancel)."""
+        if self.retriever is None:
+            return None
+        task = self.gallery_loader.load(self.retriever, choice)
+        self._fill_galleries(self.retriever)            # the box says what is loading
+        return task
+
+    def _on_loader_busy(self, busy: bool) -> None:
+        if self.retriever is not None:
+            self._fill_galleries(self.retriever)
+
+    def _on_gallery_loaded(self, retriever: Retriever, choice: str) -> None:
+        if self.retriever is None or retriever.method is not self.retriever.method:
+            return                               # another run was opened meanwhile
+        if retriever.photos is not None:
+            self.photo_folders[str(retriever.photos.root)] = retriever.photos.n_images
+        sentence = self.sentence.text().strip()
+        self.set_retriever(retriever, self.run_dir, self._title, annotations=self.annotations,
+                           eval_split=self.eval_split, train_split=self.train_split)
+        if sentence and not self.tag_mode and retriever.n_gallery_images:
+            self.sentence.setText(sentence)
+            self.query_text(sentence)            # the sentence asked before, on the new gallery
+
+    def _on_gallery_stopped(self, choice: str, message: str) -> None:
+        if self.retriever is not None:
+            self._describe_gallery(self.retriever)
+            self.gallery_note.setText(f"{self.gallery_note.text()}<br>{html.escape(message)}")
+
+    def _on_gallery_failed(self, choice: str, message: str) -> None:
+        if self.retriever is not None:
+            self._describe_gallery(self.retriever)
+            self.gallery_note.setText(f"{self.gallery_note.text()}<br><span style='color:#cf222e'>Could not load "
+                                      f"{html.escape(choice.partition(':')[2])}: {html.escape(message)}</span>")
 
     # ------------------------------------------------------------------ asking
     def query_image(self, image: int | str) -> Task | None:
@@ -436,8 +519,7 @@ class QueryPanel(QWidget):
         self.back_button.setEnabled(len(self.history) > 1)
         self.ranking = ranking
         self._show_query(ranking)
-        marks = self.annotations.marks_for(ranking.direction, ranking.query) if self.annotations else {}
-        self.results.fill(ranking, self.retriever, marks)
+        self.results.fill(ranking, self.retriever, result_marks(self.annotations, self.retriever, ranking))
         self.marks.refresh()
         self._update_query_with()
 
@@ -480,6 +562,8 @@ class QueryPanel(QWidget):
             shown = ", ".join(f"<b>{x}</b>" if x <= len(ranking.items) else str(x) for x in ranks)
             self.gold_label.setText(f"Ground truth {what}{'s' if len(ranks) > 1 else ''} at rank {shown} "
                                     f"of {n:,}" + self._same_identity(ranking, mine))
+        elif is_photo_gallery(r):
+            self.gold_label.setText(no_ground_truth_line(n))
         elif "tags" in q:
             self.gold_label.setText(f"No ground truth for a tag list ({n:,} images ranked through the tag branch)")
         else:
@@ -659,8 +743,8 @@ class QueryPanel(QWidget):
 
     def _can_query_from(self) -> bool:
         r, ranking = self.retriever, self.ranking
-        if r is None or ranking is None:
-            return False
+        if r is None or ranking is None or is_photo_gallery(r):
+            return False                 # a photo opens in the system's viewer instead (double-click)
         return ranking.direction == "t2i" or (r.corpus is None and r.n_gallery_images > 0)
 
     def _update_query_with(self, *_: object) -> None:
@@ -672,6 +756,9 @@ class QueryPanel(QWidget):
         if self.ranking is None or self.retriever is None or it is None or it.listWidget() is not self.current_view():
             return
         item = int(it.data(ItemRole))
+        if is_photo_gallery(self.retriever):
+            open_photo(self.retriever.gallery_image_path(item))
+            return
         if self.ranking.direction == "i2t":
             if self.retriever.corpus is None and self.retriever.n_gallery_images:
                 self.query_text(item)
@@ -703,7 +790,10 @@ class QueryPanel(QWidget):
             return
         item = int(it.data(ItemRole))
         text = self.retriever.gallery_caption_text(item) if self.ranking.direction == "i2t" else ""
-        self.annotations.mark(self.ranking.direction, self.ranking.query, item, relevant, text)
+        if is_photo_gallery(self.retriever):
+            text = str(self.retriever.gallery_image_path(item))     # photo marks are kept by path
+        self.annotations.mark(self.ranking.direction, mark_query(self.retriever, self.ranking.query), item,
+                              relevant, text)
         self.results.style_item(it, self.ranking, item, relevant)
         row = view.currentRow()
         if relevant is not None and row + 1 < view.count():
@@ -720,15 +810,26 @@ class QueryPanel(QWidget):
         return self.marks.export(path)
 
     # ------------------------------------------------------------------ drop an image
+    @staticmethod
+    def _dropped_image(event) -> str | None:
+        """The image file dropped (anything else, a folder included, is left to the window)."""
+        urls = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()] if event.mimeData().hasUrls() \
+            else []
+        return urls[0] if urls and urls[0].lower().endswith(IMAGE_SUFFIXES) and Path(urls[0]).is_file() else None
+
     def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt API)
-        if event.mimeData().hasUrls() and self.retriever is not None:
+        if self.retriever is not None and self._dropped_image(event):
             event.acceptProposedAction()
+        else:
+            event.ignore()            # a folder goes on to the window: a dataset, or photos to search
 
     def dropEvent(self, event) -> None:  # noqa: N802 (Qt API)
-        urls = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
-        if urls:
+        path = self._dropped_image(event)
+        if path:
             event.acceptProposedAction()
-            self.query_image(urls[0])
+            self.query_image(path)
+        else:
+            event.ignore()
 
     # ------------------------------------------------------------------ presentation
     def set_presentation(self, on: bool) -> None:
@@ -748,8 +849,7 @@ class QueryPanel(QWidget):
         self.results.refresh_icons(self.current_view())
         if self.ranking is not None:
             self._show_query(self.ranking)
-            marks = self.annotations.marks_for(self.ranking.direction, self.ranking.query) if self.annotations else {}
-            self.results.restyle(self.ranking, marks)        # marks hidden from the audience, back after
+            self.results.restyle(self.ranking, result_marks(self.annotations, self.retriever, self.ranking))        # marks hidden from the audience, back after
         self._refresh_explain()       # larger cells: another set of results is in view
 
     # ------------------------------------------------------------------ sizes
@@ -780,6 +880,7 @@ class QueryPanel(QWidget):
     def stop_tasks(self, msecs: int = 5000) -> None:
         """Cancel the query and every explanation in flight and wait for their threads (closing)."""
         self._scroll_timer.stop()
+        self.gallery_loader.stop(msecs)
         if self._task is not None and self._task.is_running():
             self._task.cancel()
             self._task.wait(msecs)

@@ -673,8 +673,11 @@ class TrainPanel(QWidget):
             self._fail(str(e), "")
             return None
         cfg = self._run_config(run_dir)
-        return self._drive(lambda: gen, run_dir, f"Resuming {run_dir.name}", cfg.get("method"),
+        task = self._drive(lambda: gen, run_dir, f"Resuming {run_dir.name}", cfg.get("method"),
                            self._config_no_validation_reason(cfg))
+        # the curves from the run's start (its events arrive after this: queued to this thread)
+        self.curves.load_history(run_dir)
+        return task
 
     @staticmethod
     def _run_config(run_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,179 @@
+"""The fit and evaluation stages of a run: the method trained on the run's features, then scored.
+
+:class:`FitStage` drives ``method.fit_iter`` (:meth:`FitStage.fit`): every event is logged through the run's
+logger, counted (``events``, the step of the last loss / progress, the training seconds over resumes), and the run
+is checkpointed every ``checkpoint_seconds`` of its settings and after each validation event. :meth:`FitStage.
+evaluate` scores the evaluation split and writes ``ranks.npz``, ``embeddings_<split>.npz`` and ``summary.json``
+(:mod:`crossview.engine.run_folder`), between a ``0 / 1`` and a ``1 / 1`` progress event of the plan's stage
+``evaluate``. The run (:mod:`crossview.engine.run`) owns the folder, the lock, the phase and the checkpoint's
+content; it hands this stage its logger (``emit``) and its checkpoint writer (``checkpoint``), and reads back
+``events``, ``step`` and ``train_seconds`` for ``status.json`` and the checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossview.core.events import Event, Loss, Progress, Validation
+from crossview.core.io import atomic_write_json, atomic_writer
+from crossview.engine.run_folder import _METRIC_KEYS, RANKS, SUMMARY, _now
+
+__all__ = ["FitStage", "selection_record"]
+
+
+class FitStage:
+    """Fitting and evaluating one execution of a run. ``cfg`` is the run's :class:`~crossview.engine.run.RunConfig`,
+    ``settings`` its :class:`~crossview.core.run_settings.RunSettings`; ``emit`` logs an event and returns it;
+    ``checkpoint()`` writes the run's checkpoint (and ``status.json``) and returns its ``CheckpointSaved`` event.
+    ``events`` / ``train_seconds`` / ``step`` start at what a resumed checkpoint says (the run sets them)."""
+
+    def __init__(self, cfg: Any, method: Any, dataset: Any, settings: Any, run_dir: Path, *,
+                 emit: Callable[[Event], Event] = lambda ev: ev, checkpoint: Callable[[], Event]) -> None:
+        self.cfg = cfg
+        self.method = method
+        self.dataset = dataset
+        self.settings = settings
+        self.device = settings.device
+        self.run_dir = run_dir
+        self._emit = emit
+        self._checkpoint = checkpoint
+        self.events = 0                 # events received from fit_iter so far
+        self.train_seconds = 0.0        # accumulated over resumes
+        self.step: int | None = None    # the step of the last Loss / Progress the method yielded
+        self.features: Any = None       # the run's features (their encoders go into the summary)
+
+    def _path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def fit(self, train: Any, val: Any, resume: bool) -> Iterator[Event]:
+        """Drain ``method.fit_iter(train, val, resume=resume)``, yielding each event logged (a progress event
+        without a stage is the plan's ``fit``), counting events and the training seconds, and checkpointing every
+        ``checkpoint_seconds`` and after each validation. Closing this closes the method's generator (its own
+        clean-up runs) with the training seconds up to date."""
+        start = time.monotonic()
+        base_seconds = self.train_seconds
+        last_ckpt = time.monotonic()
+        it = self.method.fit_iter(train, val, resume=resume)
+        try:
+            for ev in it:
+                self.events += 1
+                if isinstance(ev, (Loss, Progress)):
+                    self.step = ev.step
+                if isinstance(ev, Progress) and not ev.stage:
+                    ev.stage = "fit"
+                self.train_seconds = base_seconds + time.monotonic() - start
+                yield self._emit(ev)
+                due = time.monotonic() - last_ckpt >= self.settings.checkpoint_seconds
+                if due or isinstance(ev, Validation):
+                    yield self._emit(self._checkpoint())
+                    last_ckpt = time.monotonic()
+        finally:
+            it.close()  # on cancel: the method's own clean-up runs here
+            self.train_seconds = base_seconds + time.monotonic() - start
+
+    def evaluate(self, test: Any, features: Any, features_seconds: float) -> Iterator[Event]:
+        """Score ``test`` (the evaluation split's :class:`~crossview.data.method_data.MethodData`) and write the
+        ranks, the embeddings and the summary; returns the summary. ``features`` are the run's (their encoders
+        are recorded), ``features_seconds`` the time their stage took."""
+        self.features = features
+        t1 = time.monotonic()
+        yield self._emit(Progress(0, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
+        res = self.method.evaluate(test)
+        eval_seconds = time.monotonic() - t1
+        self._write_ranks(res["ranks"], test)
+        self._write_embeddings(test)
+        summary = self._summary(res, test, features_seconds, eval_seconds)
+        atomic_write_json(self._path(SUMMARY), summary)
+        yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
+        return summary
+
+    def _write_ranks(self, ranks: dict[str, np.ndarray], test: Any) -> None:
+        ds = test.dataset
+
+        def write(f: Any) -> None:
+            np.savez(f, i2t=np.asarray(ranks["i2t"], dtype=np.int64), t2i=np.asarray(ranks["t2i"], dtype=np.int64),
+                     caption_image=test.caption_image,
+                     image_ids=np.asarray(ds.image_ids if ds is not None else np.arange(test.n_images)),
+                     caption_ids=np.asarray(ds.caption_ids if ds is not None else np.arange(test.n_captions)))
+
+        atomic_writer(self._path(RANKS), write)
+
+    def _write_embeddings(self, test: Any) -> None:
+        """``embeddings_<split>.npz`` (crossview.eval.embeddings): what ``crossview eval RUN`` re-scores
+        under any protocol (COCO 1K, identity, caption overlap) without loading the model."""
+        from crossview.eval.embeddings import Embeddings, save_embeddings
+
+        m = self.method
+        two = getattr(m, "directions_differ", False)
+        emb = Embeddings(
+            image=m.encode_images(test, direction="i2t"), text=m.encode_texts(test, direction="i2t"),
+            caption_image=test.caption_image,
+            image_t2i=m.encode_images(test, direction="t2i") if two else None,
+            text_t2i=m.encode_texts(test, direction="t2i") if two else None,
+            image_labels=test.labels, captions=list(test.captions),
+            info={"method": self.cfg.method, "dataset": self.dataset.name, "split": self.cfg.split})
+        save_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"), emb)
+
+    def _summary(self, res: dict[str, Any], test: Any, features_seconds: float,
+                 eval_seconds: float) -> dict[str, Any]:
+        from crossview.eval.bootstrap import bootstrap_ci
+        from crossview.eval.embeddings import embeddings_hubness, load_embeddings
+
+        f = self.features
+        return {
+            "method": self.cfg.method,
+            "dataset": self.dataset.name,
+            "split": self.cfg.split,
+            "i2t": {k: float(res["i2t"][k]) for k in _METRIC_KEYS},
+            "t2i": {k: float(res["t2i"][k]) for k in _METRIC_KEYS},
+            "rsum": float(res["rsum"]),
+            "train_seconds": round(self.train_seconds, 3),
+            "status": "finished",
+            "params": self.method.saved_params(),
+            "image_encoder": f.image_encoder,
+            "text_encoder": f.text_encoder,
+            "n_images": test.n_images,
+            "n_captions": test.n_captions,
+            "device": self.device,
+            "seed": self.cfg.seed,
+            "run_settings": self.settings.to_dict(),
+            "features_seconds": round(features_seconds, 3),
+            "eval_seconds": round(eval_seconds, 3),
+            # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
+            "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
+            # whether a few items fill every top-k list (crossview.eval.hubness), from the embeddings just
+            # written: no model call, only the top-10 indices of each query are kept
+            "hubness": embeddings_hubness(load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))),
+            "data": self.cfg.data,
+            "run_dir": str(self.run_dir),
+            # what was chosen on which images, and where the numbers above are reported (never the same images
+            # unless marked optimistic)
+            **selection_record(self.cfg, self.method),
+            "finished": _now(),
+        }
+
+
+def selection_record(cfg: Any, method: Any) -> dict[str, Any]:
+    """``{"selected_on", "reported_on", "optimistic", "choices"}`` of a run: every choice made from data (the
+    search that chose its parameters, ``cfg.selection``; the method's own, :meth:`Method.selection_info`: the
+    epoch on val, C by cross-validation of train) and the split its metrics are reported on. ``selected_on`` joins
+    the distinct places (``"nothing"`` when no choice was made from data); ``optimistic`` is true when one of
+    them is the reported split itself."""
+    choices: list[dict[str, Any]] = []
+    if cfg.selection:
+        sel = dict(cfg.selection)
+        choices.append({"what": str(sel.get("what", "parameters")), "on": str(sel.get("selected_on", "?")),
+                        **({"by": sel["by"]} if "by" in sel else {}),
+                        **({"search": sel["search"]} if "search" in sel else {})})
+    info = getattr(method, "selection_info", None)
+    if info is not None:
+        choices.extend(dict(c) for c in info(cfg.train_split, cfg.val_split))
+    places = list(dict.fromkeys(c["on"] for c in choices))
+    optimistic = cfg.split in places or bool((cfg.selection or {}).get("optimistic"))
+    return {"selected_on": ", ".join(places) or "nothing", "reported_on": cfg.split, "optimistic": optimistic,
+            "choices": choices}
