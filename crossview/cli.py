@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 from crossview import __version__
 from crossview.commands._common import ProgressPrinter, _add_dataset_args  # noqa: F401 (re-exported)
-from crossview.core.errors import CrossViewError
+from crossview.commands._common import float_option, int_option, seed_option
+from crossview.core.errors import CrossViewError, is_storage_error, storage_error
 from crossview.core.text import printable
 
 # Command groups that live in their own modules under crossview/commands/; each has
@@ -135,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "folder: dataset_demo.json, images/, scenes.json and the noisy web set "
                                     "in web/.")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty output folder")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--n-scenes", type=int, default=2400, help="image-caption scenes (default 2400)")
-    p.add_argument("--n-web", type=int, default=800, help="noisy web image-tag scenes (default 800)")
+    p.add_argument("--seed", type=seed_option, default=0, help="random seed (default 0)")
+    p.add_argument("--n-scenes", type=int_option(1), default=2400, help="image-caption scenes (default 2400)")
+    p.add_argument("--n-web", type=int_option(0), default=800, help="noisy web image-tag scenes (default 800)")
     p.set_defaults(func=cmd_data_demo)
 
     p = dsub.add_parser(
@@ -150,10 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="new folder for tags.jsonl and web.json")
     p.add_argument("--split", default="train", help="the images to use (default: train)")
-    p.add_argument("--drop", type=float, default=0.2, help="probability of dropping each true tag (default 0.2)")
-    p.add_argument("--add", type=float, default=0.2,
+    p.add_argument("--drop", type=float_option(0, 1), default=0.2, help="probability of dropping each true tag (default 0.2)")
+    p.add_argument("--add", type=float_option(0, 1), default=0.2,
                    help="wrong tags added per true tag, on average (default 0.2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    p.add_argument("--seed", type=seed_option, default=0, help="seed of the noise (default 0)")
     p.set_defaults(func=cmd_data_make_web)
 
     p = dsub.add_parser("formats", help="list the dataset formats CrossView reads",
@@ -166,7 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _safe_streams() -> None:
+    """Text the terminal cannot take (a lone UTF-16 surrogate from a dataset, a character outside a non-UTF-8
+    locale) is written as a backslash escape instead of raising UnicodeEncodeError mid-print."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict", "surrogateescape"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (OSError, ValueError):
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _safe_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
@@ -191,6 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except CrossViewError as e:
         print(f"crossview: error: {printable(str(e), newlines=True, tabs=True)}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        # a full disk or a place the user cannot write is the environment, not a bug: one line naming the path
+        if not is_storage_error(e):
+            raise
+        print(f"crossview: error: {printable(str(storage_error(e)), newlines=True, tabs=True)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         if terminated["yes"]:

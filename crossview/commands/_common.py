@@ -12,7 +12,55 @@ from typing import Any, TextIO
 from crossview.core.progress import RunEta, format_seconds
 from crossview.core.text import printable
 
-__all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting", "render_demo_reporting"]
+__all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting",
+           "render_demo_reporting", "int_option", "float_option", "seed_option"]
+
+
+def int_option(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer option in ``lo..hi`` (``hi`` None: no upper bound): a value out of
+    range is refused while the command line is parsed, before any work, with one line naming the option and the
+    range (``argument --k: 0 is out of range: give an integer >= 1``)."""
+    want = f">= {lo}" if hi is None else f"from {lo} to {hi}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer: give an integer {want}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give an integer {want}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def float_option(lo: float, hi: float | None = None, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number >= ``lo`` (> ``lo`` when ``above``) and <= ``hi``; nan and inf are
+    refused like any value out of range."""
+    want = (f"> {lo:g}" if above else f">= {lo:g}") if hi is None else \
+        f"from {lo:g} to {hi:g}" + (" (not 0)" if above and lo == 0 else "")
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a finite number {want}") from None
+        if not math.isfinite(v) or v < lo or (above and v == lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a finite number {want}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
+def seed_option(text: str) -> int:
+    """An argparse ``type`` for a seed: an integer every random generator accepts
+    (:data:`crossview.core.run_settings.SEED_MAX`)."""
+    from crossview.core.run_settings import SEED_MAX
+
+    return int_option(0, SEED_MAX)(text)
 
 
 def print_result(text: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.commands._common import ProgressPrinter, print_result
+from crossview.commands._common import ProgressPrinter, int_option, print_result
 from crossview.core.errors import CrossViewError
 
 
@@ -64,6 +64,19 @@ def _ks(value: str) -> list[int]:
     if not ks or ks[0] < 1:
         raise CrossViewError(f"--k {value!r}: K must be positive integers")
     return ks
+
+
+def _ranks_out(value: str) -> Path:
+    """The file ``--ranks-out`` names (``.npz`` added when missing, as numpy does), checked before evaluating: a
+    folder is refused (its ranks would land beside it, or over a run's own ranks.npz inside it)."""
+    p = Path(value).expanduser()
+    if p.is_dir():
+        raise CrossViewError(f"--ranks-out {p}: that is a folder; give a file name, e.g. {p / 'ranks-eval.npz'}")
+    if p.suffix != ".npz":
+        p = p.with_name(p.name + ".npz")
+    if not p.parent.is_dir():
+        raise CrossViewError(f"--ranks-out {p}: the folder {p.parent} does not exist; create it or choose another")
+    return p
 
 
 def _compare_runs(targets: list[str], split: str | None) -> list[tuple[Path, Any, str, str]]:
@@ -224,6 +237,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CrossViewError(f"eval takes one run or embeddings file, got {len(args.target)}; several runs (seeds) "
                              "only with --compare: crossview eval A1 A2 --compare B1 B2")
     path = _embeddings_path(args.target[0], args.split)
+    ranks_out = _ranks_out(args.ranks_out) if args.ranks_out else None
     emb = load_embeddings(path)
     ks = _ks(args.k)
     bars: dict[str, ProgressPrinter] = {}
@@ -237,7 +251,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.ranks_out:
         if "ranks" not in res:
             raise CrossViewError(f"protocol {args.protocol!r} gives no per-query ranks to write")
-        np.savez(args.ranks_out, **{d: r for d, r in res["ranks"].items()})
+        from crossview.core.io import atomic_writer
+
+        atomic_writer(ranks_out, lambda f: np.savez(f, **{d: r for d, r in res["ranks"].items()}))
     if args.csv:
         _write_csv(args.csv, res, emb.caption_image, ks)
     if args.json:
@@ -267,7 +283,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "median rank change, queries won / lost / tied, a sign test over images and the minimal "
                         "detectable difference; seeds are averaged per query and the bootstrap resamples images "
                         "(each with its captions). Reads each run's ranks.npz")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for --compare (default 2000)")
+    p.add_argument("--resamples", type=int_option(10), default=2000, help="bootstrap resamples for --compare (default 2000)")
     p.add_argument("--split", default=None,
                    help="split of a run to evaluate (default: the split the run was evaluated on)")
     p.add_argument("--protocol", default="standard", choices=list(PROTOCOLS), help="evaluation protocol")

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import EventPrinter, _add_dataset_args
+from crossview.commands._common import EventPrinter, _add_dataset_args, int_option, seed_option
 from crossview.commands._common import feature_progress as _feature_progress
 from crossview.core.errors import CrossViewError
 
@@ -335,7 +335,7 @@ def _add_study_args(p: argparse.ArgumentParser, noun: str, example: str) -> None
                    help=f"keep each {noun}'s own setting (margin, temperature) at its method default instead of "
                         "choosing it first by cross-validation of the training images (never on the reported "
                         "split)")
-    p.add_argument("--folds", type=int, default=None, metavar="K",
+    p.add_argument("--folds", type=int_option(2), default=None, metavar="K",
                    help="folds of that cross-validation (default 3)")
     p.add_argument("--split", metavar="NAME", help="evaluate on this split (default: test, else val)")
     p.add_argument("--set", dest="set_values", action="append", metavar=f"[{noun.upper()}.]NAME=VALUE",
@@ -380,7 +380,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default="cca,wsabie,bitr-m,bitr-e,bitr-c",
                    help="comma-separated rows: cca, wsabie, bitr-m, bitr-e, bitr-c, random (chance baseline) "
                         "(default: the paper's five)")
-    p.add_argument("--folds", type=int, metavar="N", help="N-fold protocol over all images (the paper: 10)")
+    p.add_argument("--folds", type=int_option(2), metavar="N", help="N-fold protocol over all images (the paper: 10)")
     p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train' (e.g. val or test)")
     p.add_argument("--k", default="50", metavar="K[,K...]", help="K of R@K, one or more (default 50, as the paper)")
     p.add_argument("--corpus", metavar="PATH", help="independent caption corpus (one caption a line) for Im2Text")
@@ -393,7 +393,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exhaustive search; exact-fp16; faiss-flat; approximate: faiss-ivf, faiss-sq8, faiss-sqfp16, "
                         "faiss-pq4) instead of a dense score matrix: for collections of a million captions (the "
                         "paper's SBU); the search time is reported")
-    p.add_argument("--test-parts", type=int, default=10, metavar="N",
+    p.add_argument("--test-parts", type=int_option(1), default=10, metavar="N",
                    help="partitions of --test-data that R@K and MedR are computed within (default 10, as the paper)")
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
                    help="a method parameter, repeatable: bitr.C=100 (all BITR rows), bitr-c.c_grid=paper, "
@@ -402,7 +402,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-encoder", metavar="NAME", help="text encoder for --representation default")
     p.add_argument("--n-topics", type=int, default=100, help="LDA topics for tr / ctr (default 100, as the paper)")
     p.add_argument("--n-words", type=int, default=1000, help="visual words for tr / ctr (default 1000, as the paper)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the folds, k-means and LDA (default 0)")
+    p.add_argument("--seed", type=seed_option, default=0, help="seed of the folds, k-means and LDA (default 0)")
     p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
@@ -428,19 +428,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_dataset_args(p)
     p.add_argument("--text", choices=["labels", "phrases"], default="labels",
                    help="labels (Experiment 4) or the captions' relation phrases (Experiment 3)")
-    p.add_argument("--min-images", type=int, default=2, metavar="N",
+    p.add_argument("--min-images", type=int_option(1), default=2, metavar="N",
                    help="phrases: keep a phrase when at least N images have it (default 2)")
     p.add_argument("--representation", default="modern", choices=["modern", "tr", "ctr", "default"],
                    help="features, as bitr-table (default modern: CNN + PCA, averaged GloVe of the label's words)")
     p.add_argument("--methods", default="cca,wknn,svm,wsabie,bitr-m,bitr-e,bitr-c,random",
                    help="comma-separated rows: cca, wknn, svm, wsabie, bitr-m, bitr-e, bitr-c, random")
-    p.add_argument("--folds", type=int, metavar="N", help="N-fold protocol over all images (the paper: 10)")
+    p.add_argument("--folds", type=int_option(2), metavar="N", help="N-fold protocol over all images (the paper: 10)")
     p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train'")
     p.add_argument("--k", default="5", metavar="K[,K...]", help="K of P@K (default 5, as the paper)")
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
                    help="a method parameter, repeatable: wknn.k=20, svm.C=10, bitr.C=100")
     p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the folds and the representation (default 0)")
+    p.add_argument("--seed", type=seed_option, default=0, help="seed of the folds and the representation (default 0)")
     p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
@@ -504,7 +504,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--held-out", metavar="auto|NOUN,NOUN",
                    help="the held-out-concepts design (the default without --web): auto (the --n-concepts most "
                         "frequent caption nouns that each name at most 12%% of the training images) or the nouns")
-    p.add_argument("--n-concepts", type=int, default=3, metavar="N",
+    p.add_argument("--n-concepts", type=int_option(1), default=3, metavar="N",
                    help="concepts held out by --held-out auto (default 3)")
     p.add_argument("--variants",
                    help="comma-separated: full, no-stage2, no-curriculum, no-lit, sentence-tags, sentence-only, "

@@ -39,6 +39,9 @@ def _check_out(out: str | None) -> Path | None:
         raise CrossViewError(f"--out {p}: give an image file name ending in .png, .jpg, .webp or .bmp")
     if not p.parent.is_dir():
         raise CrossViewError(f"--out {p}: the folder {p.parent} does not exist; create it or choose another")
+    from crossview.core.io import check_writable_folder
+
+    check_writable_folder(p.parent, "--out")     # before the run is opened and the map computed
     return p
 
 

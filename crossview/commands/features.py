@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args, load_dataset_reporting
+from crossview.commands._common import ProgressPrinter, _add_dataset_args, int_option, load_dataset_reporting
 from crossview.core.text import printable
 
 
@@ -33,8 +33,15 @@ def cmd_extract(args: argparse.Namespace) -> int:
           f" {'cache hit' if feats.text_cache_hit else 'extracted'}")
     print(f"{secs:.1f} s")
     if args.out:
-        np.savez(args.out, image=feats.image, text=feats.text, caption_image=ds.caption_image)
-        print(f"wrote {args.out}")
+        from pathlib import Path
+
+        from crossview.core.io import atomic_writer
+
+        out = Path(args.out) if str(args.out).endswith(".npz") else Path(f"{args.out}.npz")   # as np.savez names it
+        need = feats.image.nbytes + feats.text.nbytes + ds.caption_image.nbytes
+        atomic_writer(out, lambda f: np.savez(f, image=feats.image, text=feats.text, caption_image=ds.caption_image),
+                      size=need)
+        print(f"wrote {out}")
     return 0
 
 
@@ -97,8 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", metavar="FILE", help="image backbone weights file (overrides the lookup)")
     p.add_argument("--random-init", action="store_true", help="allow random backbone weights when none are found")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--batch-size", type=int, help="images per batch")
-    p.add_argument("--workers", type=int, help="image decoding worker processes")
+    p.add_argument("--batch-size", type=int_option(1), help="images per batch")
+    p.add_argument("--workers", type=int_option(0), help="image decoding worker processes")
     p.add_argument("--fit-on", default="train", help="split whose captions fitted text encoders learn from")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")

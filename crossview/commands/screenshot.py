@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from crossview.commands._common import int_option
+
 
 def cmd_screenshot(args: argparse.Namespace) -> int:
     from crossview.gui.screenshots import render_screenshots
@@ -36,6 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--explain", action="store_true",
                    help="also shoot the Query panel and presentation mode with Explain on (region maps over the "
                         "images, the caption's words shaded by importance)")
-    p.add_argument("--width", type=int, default=1440)
-    p.add_argument("--height", type=int, default=900)
+    p.add_argument("--width", type=int_option(320, 16384), default=1440)
+    p.add_argument("--height", type=int_option(240, 16384), default=900)
     p.set_defaults(func=cmd_screenshot)

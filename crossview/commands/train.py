@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from crossview.commands._common import EventPrinter, _add_dataset_args, render_demo_reporting
+from crossview.commands._common import EventPrinter, _add_dataset_args, float_option, render_demo_reporting, seed_option
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
@@ -118,12 +118,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-norm", choices=NORMS, default=None,
                    help="normalise the caption features first, same choices (default: the method's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed of python, numpy and torch (default 0)")
+    p.add_argument("--seed", type=seed_option, default=0, help="seed of python, numpy and torch (default 0)")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (refused while another "
                    "process writes it; from its last checkpoint, which never runs code)")
     p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
                    help="set a method parameter (repeatable)")
-    p.add_argument("--checkpoint-seconds", type=float, default=60.0,
+    p.add_argument("--checkpoint-seconds", type=float_option(0, above=True), default=60.0,
                    help="write a checkpoint at least this often while training (default 60)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     for flag, owners in sorted(_card_flags().items()):

@@ -55,7 +55,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from crossview.commands._common import _add_dataset_args
+    from crossview.commands._common import _add_dataset_args, int_option, seed_option
     from crossview.features.normalize import NORMS
 
     p = sub.add_parser(
@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="values to try for one parameter (repeatable; the search is their product)")
     p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
                    help="a parameter fixed for every trial (repeatable)")
-    p.add_argument("--trials", type=int, default=None,
+    p.add_argument("--trials", type=int_option(1), default=None,
                    help="try only this many points of the grid, drawn at random (default: all of them)")
     p.add_argument("--metric", default="rsum",
                    help="what the trials are ranked by: rsum, or DIRECTION.KEY such as i2t.R@1, t2i.R@10, "
@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "else cross-validation of the training images), cv (k-fold cross-validation of the "
                         "training images; cv5 for 5 folds), holdout (a seeded 20%% of the training images), or a "
                         "split name (default: auto)")
-    p.add_argument("--folds", type=int, default=None, metavar="K",
+    p.add_argument("--folds", type=int_option(2), default=None, metavar="K",
                    help="folds of --select-on cv (default 3)")
     p.add_argument("--optimistic", action="store_true",
                    help="allow --select-on to name the split the refit is reported on; every output then says "
@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-norm", choices=NORMS, default=None, help="image normalisation for every trial")
     p.add_argument("--text-norm", choices=NORMS, default=None, help="text normalisation for every trial")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every trial, and of the random draw (default 0)")
+    p.add_argument("--seed", type=seed_option, default=0, help="seed of every trial, and of the random draw (default 0)")
     p.add_argument("--out", metavar="DIR",
                    help="search folder (default: <user data>/runs/tune-<method>-<dataset>-<timestamp>)")
     p.add_argument("--no-refit", action="store_true", help="do not refit the best point at the end")

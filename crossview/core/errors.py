@@ -43,3 +43,53 @@ class WeightsNotFoundError(CrossViewError):
 
 class Cancelled(CrossViewError):
     """Long work stopped because the caller asked it to (``should_stop()`` returned True)."""
+
+
+class StorageError(CrossViewError, OSError):
+    """A file could not be written where it was asked: the disk (or quota) is full, or the place is read-only
+    or not the user's. It is an :class:`OSError` too (``errno`` and ``filename`` kept), so code that tolerates a
+    failing optional write (the feature cache) catches it as one."""
+
+    def __init__(self, errno_: int, message: str, filename: str | None = None) -> None:
+        super().__init__(errno_, message, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: errno values that say the environment refused a write (not a bug): full disk or quota, no permission,
+#: read-only file system, file too large, a file where a folder should be (or the reverse), a name too long
+_STORAGE_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "ENOTDIR", "EISDIR", "ENAMETOOLONG"}
+
+
+def is_storage_error(e: BaseException) -> bool:
+    """True for an :class:`OSError` the environment caused while writing (see :data:`_STORAGE_ERRNOS`)."""
+    import errno
+
+    return isinstance(e, OSError) and e.errno in {getattr(errno, n) for n in _STORAGE_ERRNOS if hasattr(errno, n)}
+
+
+def storage_error(e: OSError, path: str | Path | None = None, need: int | None = None) -> StorageError:
+    """One line for a write that failed with ``e``: the path, what the system said, how many bytes the write
+    needed when known, and what to do."""
+    import errno
+
+    where = str(path if path is not None else (e.filename or "a file"))
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EFBIG):
+        size = f"; {_size(need)} were needed" if need else ""
+        what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or "file too large").lower()
+        hint = "free some space there, or choose a folder on another disk"
+    else:
+        size = ""
+        what = "it cannot be written here: " + (e.strerror or str(e)).lower()
+        hint = "choose a folder you can write to"
+    return StorageError(e.errno or 0, f"{where}: {what}{size}; {hint}", where)
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"

@@ -6,12 +6,35 @@ store's representation identity."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["hash_into"]
+__all__ = ["hash_into", "utf8_bytes", "repair_text"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_bytes(text: str) -> bytes:
+    """``text`` as UTF-8 for a hash or a key, whatever it holds: bytes a file name could not decode (the
+    ``surrogateescape`` code points) go back to those bytes, as before; any other lone UTF-16 surrogate (a broken
+    ``"\\ud83d"`` in a JSON file), which strict UTF-8 refuses, is written with ``surrogatepass``."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def repair_text(text: str) -> tuple[str, int]:
+    """``(text, n)``: ``text`` with each lone UTF-16 surrogate replaced by U+FFFD (a valid high + low pair
+    becomes the character it encodes), and how many were replaced. Tokenizers, encoders and files need valid
+    Unicode; a caption holding half an emoji is otherwise unchanged."""
+    if not _SURROGATE.search(text):
+        return text, 0
+    fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return fixed, fixed.count("\ufffd") - text.count("\ufffd")
 
 
 def hash_into(h: Any, obj: Any) -> None:
@@ -37,4 +60,4 @@ def hash_into(h: Any, obj: Any) -> None:
     else:
         if isinstance(obj, np.generic):
             obj = obj.item()
-        h.update(json.dumps(obj, default=repr).encode("utf-8", "surrogateescape"))
+        h.update(utf8_bytes(json.dumps(obj, default=repr)))

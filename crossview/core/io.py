@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from crossview.core.errors import CrossViewError
+from crossview.core.errors import CrossViewError, StorageError, is_storage_error, storage_error
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
+__all__ = ["atomic_write_bytes", "check_writable_folder", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
            "read_events"]
 
@@ -46,13 +46,24 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_writer(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+def atomic_writer(path: str | Path, write: Callable[[BinaryIO], None], size: int | None = None) -> Path:
     """Call ``write(f)`` on a temp file beside ``path`` and rename it over ``path`` once complete.
 
     If ``write`` raises (or the process dies) the temp file is removed (or left as ``.*.tmp``, which
-    is never read) and ``path`` keeps its previous content.
+    is never read) and ``path`` keeps its previous content. A full disk or an unwritable folder raises
+    :class:`~crossview.core.errors.StorageError` (one line naming ``path``, and ``size``, the bytes the write
+    needed, when given).
     """
     path = Path(path)
+    try:
+        return _atomic_writer(path, write)
+    except OSError as e:
+        if is_storage_error(e) and not isinstance(e, StorageError):
+            raise storage_error(e, path, size) from None
+        raise
+
+
+def _atomic_writer(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -71,9 +82,26 @@ def atomic_writer(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
+def check_writable_folder(folder: str | Path, what: str = "") -> None:
+    """Raise :class:`~crossview.core.errors.StorageError` (one line naming ``folder``, after ``what``, e.g.
+    ``"--out"``) unless a file can be created in ``folder``; tried for real (a temp file made and removed), so a
+    read-only file system and a folder of another user are caught wherever permission bits would not say."""
+    folder = Path(folder)
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".crossview-write-test."):
+            pass
+    except OSError as e:
+        if is_storage_error(e):
+            err = storage_error(e, folder)
+            if what:
+                err = StorageError(err.errno, f"{what} {err.message}", err.filename)
+            raise err from None
+        raise
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically."""
-    return atomic_writer(path, lambda f: f.write(data))
+    return atomic_writer(path, lambda f: f.write(data), size=len(data))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
@@ -291,12 +319,9 @@ def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
 
     payload = to_plain({**obj, "format": CHECKPOINT_FORMAT})
 
-    def write(f: BinaryIO) -> None:
-        buf = io.BytesIO()
-        torch.save(payload, buf)
-        _write_payload(f, buf.getbuffer())
-
-    return atomic_writer(path, write)
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return atomic_writer(path, lambda f: _write_payload(f, buf.getbuffer()), size=buf.getbuffer().nbytes)
 
 
 def _refused_global(e: BaseException) -> str | None:
@@ -356,9 +381,17 @@ class EventLog:
 
     def __init__(self, path: str | Path, fsync: bool = True) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
         self._start = time.monotonic()
+        try:
+            self._open()
+        except OSError as e:
+            if is_storage_error(e):
+                raise storage_error(e, self.path) from None
+            raise
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         # A torn last line (crash mid-append) must not glue itself to the next event.
         if self.path.exists() and self.path.stat().st_size:
             with open(self.path, "rb") as f:
@@ -373,10 +406,16 @@ class EventLog:
         """Append one event (an :class:`~crossview.core.events.Event` or a plain dict)."""
         d = event.to_dict() if hasattr(event, "to_dict") else dict(event)
         d = {**d, "time": round(time.time(), 3), "t": round(time.monotonic() - self._start, 3)}
-        self._f.write(json.dumps(d) + "\n")
-        self._f.flush()
-        if self._fsync:
-            os.fsync(self._f.fileno())
+        line = json.dumps(d) + "\n"
+        try:
+            self._f.write(line)
+            self._f.flush()
+            if self._fsync:
+                os.fsync(self._f.fileno())
+        except OSError as e:
+            if is_storage_error(e):
+                raise storage_error(e, self.path, len(line.encode("utf-8"))) from None
+            raise
 
     def size(self) -> int:
         """Bytes in the log so far (everything written is flushed): where the next event will start."""
@@ -385,7 +424,10 @@ class EventLog:
 
     def close(self) -> None:
         if not self._f.closed:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:     # the last buffered line on a full disk: the write that failed said so already
+                pass
 
     def __enter__(self) -> "EventLog":
         return self

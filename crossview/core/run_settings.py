@@ -11,10 +11,44 @@ trained on ``cuda:0`` resumes or opens on the CPU when asked.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RunSettings", "RUN_SETTING_PARAMS", "split_run_settings"]
+from crossview.core.errors import CrossViewError
+
+__all__ = ["RunSettings", "RUN_SETTING_PARAMS", "split_run_settings", "SEED_MAX", "check_seed",
+           "check_checkpoint_seconds"]
+
+#: The largest seed every consumer accepts: numpy's legacy ``np.random.seed`` and scikit-learn's ``random_state``
+#: take 0..2**32-1 (``default_rng`` and ``torch.manual_seed`` take more, but not negative numbers both).
+SEED_MAX = 2**32 - 1
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` as an int when it is an integer in 0..:data:`SEED_MAX`, else :class:`CrossViewError` naming
+    ``name`` and the range (checked before any work, so a bad seed never leaves a failed run behind)."""
+    ok = isinstance(seed, int) and not isinstance(seed, bool)
+    if not ok and hasattr(seed, "__index__") and not isinstance(seed, bool):   # numpy integers
+        seed, ok = int(seed.__index__()), True
+    if not ok or not 0 <= seed <= SEED_MAX:
+        raise CrossViewError(f"{name} {seed!r}: give an integer from 0 to {SEED_MAX} (2**32 - 1, the range numpy, "
+                             "torch and scikit-learn all accept)")
+    return int(seed)
+
+
+def check_checkpoint_seconds(value: Any, name: str = "checkpoint_seconds") -> float:
+    """``value`` as a float when it is a finite number >= 0 (0: a checkpoint after every event, which tests and
+    tools use; the command line asks for > 0), else :class:`CrossViewError` naming ``name``: nan would mean
+    "never", a negative number nothing."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if isinstance(value, bool) or not math.isfinite(v) or v < 0:
+        raise CrossViewError(f"{name} {value!r}: give a finite number of seconds >= 0 (e.g. 60; 0: after every "
+                             "event)")
+    return v
 
 #: Constructor parameters of methods that are run settings, with the :class:`RunSettings` field each comes from
 #: (``random_state`` and ``n_jobs`` are scikit-learn's names for the seed and the workers).
@@ -38,6 +72,10 @@ class RunSettings:
     train_split: str = "train"
     val_split: str | None = "val"
     eval_split: str = "test"
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+        check_checkpoint_seconds(self.checkpoint_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

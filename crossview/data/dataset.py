@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from crossview.core.errors import DatasetError
+from crossview.core.hashing import repair_text, utf8_bytes
 
 #: Split names in their canonical order. Readers map other spellings ("dev", "restval") onto these
 #: or keep them as extra splits.
@@ -35,6 +36,25 @@ def _as_int_array(values: Iterable[int] | np.ndarray, n: int | None = None) -> n
     if arr.ndim != 1 or (n is not None and len(arr) != n):
         raise ValueError(f"expected a 1-d array of length {n}, got shape {arr.shape}")
     return arr
+
+
+def _repaired_captions(captions: Iterable[str], warnings: list[str]) -> list[str]:
+    """``captions`` as a list, each lone UTF-16 surrogate (half an emoji, as ``"\\ud83d"`` in a JSON file)
+    replaced by U+FFFD, with one line added to ``warnings`` saying how many captions were repaired (a tokenizer, a
+    cache key or a UTF-8 file would fail on them later, in the middle of a run)."""
+    out = list(captions)
+    bad, first = 0, -1
+    for i, c in enumerate(out):
+        if isinstance(c, str):
+            fixed, n = repair_text(c)
+            out[i] = fixed              # a surrogate pair (not an error) becomes the one character it encodes
+            if n:
+                bad += 1
+                first = i if first < 0 else first
+    if bad:
+        warnings.append(f"{bad:,} caption(s) held invalid text (a lone UTF-16 surrogate, e.g. half an emoji); "
+                        f"replaced it with U+FFFD (first: caption {first})")
+    return out
 
 
 @dataclass
@@ -79,7 +99,7 @@ class PairedDataset:
         if self.image_paths is None and self.image_features is None:
             raise ValueError("a PairedDataset needs image_paths or image_features")
         n = self.n_images
-        self.captions = list(self.captions)
+        self.captions = _repaired_captions(self.captions, self.warnings)
         self.caption_image = _as_int_array(self.caption_image, len(self.captions))
         if len(self.caption_image) and (self.caption_image.min() < 0 or self.caption_image.max() >= n):
             raise ValueError("caption_image refers to an image index out of range")
@@ -193,7 +213,7 @@ class PairedDataset:
         h.update(self.format.encode())
         if self.image_paths is not None:
             for p in self.image_paths:
-                h.update(p.encode("utf-8", "surrogateescape"))
+                h.update(utf8_bytes(p))
                 h.update(b"\0")
         else:
             assert self.image_features is not None
@@ -201,7 +221,7 @@ class PairedDataset:
             h.update(str(feats.shape).encode())
             h.update(memoryview(feats).cast("B"))
         for c in self.captions:
-            h.update(c.encode("utf-8", "surrogateescape"))
+            h.update(utf8_bytes(c))
             h.update(b"\0")
         h.update(self.caption_image.tobytes())
         assert self.image_ids is not None
@@ -224,6 +244,9 @@ class TextCorpus:
     format: str = "corpus"
     warnings: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.captions = _repaired_captions(self.captions, self.warnings)
+
     @property
     def n_captions(self) -> int:
         return len(self.captions)
@@ -231,7 +254,7 @@ class TextCorpus:
     def fingerprint(self) -> str:
         h = hashlib.sha256(b"corpus")
         for c in self.captions:
-            h.update(c.encode("utf-8", "surrogateescape"))
+            h.update(utf8_bytes(c))
             h.update(b"\0")
         return h.hexdigest()[:16]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crossview.core.errors import DatasetError
+from crossview.core.hashing import utf8_bytes
 
 __all__ = ["PHOTO_SUFFIXES", "PhotoFolder", "load_photo_folder"]
 
@@ -50,9 +51,9 @@ class PhotoFolder:
 
     def fingerprint(self) -> str:
         """A hash of the folder and its photo list (not of the files' contents)."""
-        h = hashlib.sha256(b"photos\0" + str(self.root).encode("utf-8", "surrogateescape"))
+        h = hashlib.sha256(b"photos\0" + utf8_bytes(str(self.root)))
         for rel in self.relative_paths:
-            h.update(b"\0" + rel.encode("utf-8", "surrogateescape"))
+            h.update(b"\0" + utf8_bytes(rel))
         return h.hexdigest()[:16]
 
     def __repr__(self) -> str:

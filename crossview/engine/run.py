@@ -52,8 +52,8 @@ import numpy as np
 
 from crossview.core.events import CheckpointSaved, Event, Finished, Log, Plan, Progress
 from crossview.core.io import EventLog, atomic_write_json, load_checkpoint, save_checkpoint
-from crossview.core.errors import Cancelled, CrossViewError
-from crossview.core.run_settings import RunSettings, split_run_settings
+from crossview.core.errors import Cancelled, CrossViewError, is_storage_error, storage_error
+from crossview.core.run_settings import RunSettings, check_checkpoint_seconds, check_seed, split_run_settings
 # the folder's files, readers, lock and checkpoint checks (re-exported: scripts import them from here)
 from crossview.engine.run_folder import (CHECKPOINT, CONFIG, LOCK, LOCK_INFO, METRICS, RANKS, STATUS, SUMMARY,  # noqa: F401
                                          SUMMARY_KEYS, _FORMAT, _METRIC_KEYS, _Loaded, _WriterLock, _check_checkpoint,
@@ -525,7 +525,10 @@ class _Run:
         if self.rank != 0:
             yield from self._follow()
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise (storage_error(e, self.run_dir) if is_storage_error(e) else e) from None
         took_over = self._lock.acquire()      # raises, touching nothing, when another process writes the run
         try:
             if not self.resuming and self._path(CONFIG).exists():
@@ -553,6 +556,8 @@ class _Run:
             yield self._emit(Log(f"{'resuming' if self.resuming else 'starting'} {self.cfg.method} on "
                                  f"{self.dataset.name} ({self.dataset.n_images} images, "
                                  f"{self.dataset.n_captions} captions), {self.settings.describe()}"))
+            for warning in self.dataset.warnings:      # what the reader skipped or repaired (never in silence)
+                yield self._emit(Log(f"dataset: {warning}", "warning"))
             for note in (took_over, trimmed):
                 if note:
                     yield self._emit(Log(note, "warning" if note is took_over else "info"))
@@ -735,16 +740,18 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     from crossview.engine.splits import plan_splits
     from crossview.data.views import apply_text_view, check_text_view
 
+    hyper, asked = split_run_settings(dict(params or {}))
+    run = _merge_run_settings(asked, {"device": (device, "auto"), "seed": (seed, 0), "amp": (amp, None),
+                                      "workers": (workers, None), "log_every": (log_every, None)})
+    # run settings are checked before any work: a bad seed must not fail the run after its training
+    device, seed = str(run.get("device", device)), check_seed(run.get("seed", seed))
+    checkpoint_seconds = check_checkpoint_seconds(checkpoint_seconds)
     ds, source = _load(data, data_format, image_root)
     view = check_text_view(text_view)
     if view is not None and ds.meta.get("text_view") is None:
         ds = apply_text_view(ds, view)
     given = _splits.checked_derived_splits(ds, derived_splits)
     ds = _splits.apply_derived_splits(ds, given)
-    hyper, asked = split_run_settings(dict(params or {}))
-    run = _merge_run_settings(asked, {"device": (device, "auto"), "seed": (seed, 0), "amp": (amp, None),
-                                      "workers": (workers, None), "log_every": (log_every, None)})
-    device, seed = str(run.get("device", device)), int(run.get("seed", seed))
     plan = plan_splits(ds, split, train_split, val_split, seed)
     cfg = RunConfig(method=method, data=source, params=hyper, split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import Cancelled, CrossViewError
+from crossview.core.hashing import utf8_bytes
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
 __all__ = ["Features", "FeatureCache", "extract_features", "iter_extract_features", "encode_captions",
@@ -87,23 +88,26 @@ def run_image_encoder(features: Any) -> Any:
                                 allow_random=spec.get("weights_hash") == "random")
 
 
-def image_set_fingerprint(paths: Sequence[str]) -> str:
-    """A hash of the image files: paths, sizes and modification times (changed files -> new key)."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(str(p).encode("utf-8", "surrogateescape"))
-        try:
-            st = os.stat(p)
-            h.update(f"|{st.st_size}|{st.st_mtime_ns}\0".encode())
-        except OSError:
-            h.update(b"|missing\0")
+def image_set_fingerprint(paths: Sequence[str], memo_root: str | os.PathLike[str] | None = None) -> str:
+    """A hash of the image files' contents, in order (:mod:`crossview.features.file_hashes`): a file replaced by
+    another gives a new key whatever its name, size and times; the same files moved elsewhere give the same key.
+    Each file's hash is remembered in ``memo_root`` (default: the feature cache folder) per file state, so an
+    unchanged file is not read again."""
+    from crossview.core.settings import get_settings
+    from crossview.features.file_hashes import FileHashes
+
+    hashes = FileHashes(memo_root if memo_root is not None else get_settings().features_dir)
+    h = hashlib.sha256(b"image-contents-v1\0")
+    for d in hashes.digests(paths):
+        h.update(d if d is not None else b"missing")
+        h.update(b"\0")
     return h.hexdigest()[:24]
 
 
 def _captions_fingerprint(captions: Sequence[str]) -> str:
     h = hashlib.sha256()
     for c in captions:
-        h.update(c.encode("utf-8", "surrogateescape"))
+        h.update(utf8_bytes(c))
         h.update(b"\0")
     return h.hexdigest()[:24]
 
@@ -219,6 +223,10 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
     from crossview.features import image as image_mod
     from crossview.features import text as text_mod
 
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise CrossViewError(f"batch size {batch_size!r}: give an integer >= 1 (images per batch)")
+    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
+        raise CrossViewError(f"workers {num_workers!r}: give an integer >= 0 (image decoding processes; 0: none)")
     store = None if cache is False else (cache if isinstance(cache, FeatureCache) else FeatureCache())
 
     # ---------------------------------------------------------------- images
@@ -246,8 +254,9 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
             raise CrossViewError(f"dataset {dataset.name!r} has no precomputed image features; "
                                  f"choose an image encoder ({', '.join(image_mod.list_image_encoders())})")
         enc = image_mod.create_image_encoder(image_name, weights=image_weights, allow_random=allow_random)
-        parts = {"kind": "image", "images": image_set_fingerprint(dataset.image_paths),
-                 "encoder": enc.cache_parts()}
+        # keyed on the files' contents; nothing to key when there is no cache to look in
+        parts = {"kind": "image", "images": None if store is None else
+                 image_set_fingerprint(dataset.image_paths, store.root), "encoder": enc.cache_parts()}
 
         def compute_images() -> Iterator[tuple[int, int]]:
             kw: dict[str, Any] = {"device": device}

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from crossview.core.errors import is_storage_error
 from crossview.core.io import atomic_writer
 from crossview.core.settings import get_settings
 
@@ -45,6 +46,9 @@ CHUNK_BYTES = 4 * 1024 * 1024
 _PROBE = 1 << 20  # bytes hashed at each end of the file (the old check; still written for old readers)
 _HASH = "sha256-128"
 FORMAT_VERSION = 1
+
+#: Cache folders a write failed in (full, read-only): said once per process, then the work goes on uncached.
+_UNWRITABLE: set[str] = set()
 
 #: What a user runs to rebuild cached features by hand.
 REBUILD_HINT = ("to rebuild the cache by hand: 'crossview features cache --clear', then "
@@ -248,12 +252,37 @@ class FeatureCache:
 
     # ------------------------------------------------------------------ write
     def save(self, key: str, array: np.ndarray, meta: Mapping[str, Any] | None = None) -> np.ndarray:
-        """Store ``array`` under ``key`` atomically and return the stored copy (memory-mapped if large)."""
-        npy, meta_path = self._paths(key)
-        npy.parent.mkdir(parents=True, exist_ok=True)
+        """Store ``array`` under ``key`` atomically and return the stored copy (memory-mapped if large).
+
+        The cache is an optimisation: when the write fails (a full disk, a read-only or foreign cache folder) a
+        warning names the folder once per process and ``array`` is returned unstored, so the work goes on
+        without the cache (no partial entry is left)."""
         array = np.ascontiguousarray(array)
         if array.dtype.hasobject:
             raise ValueError("the feature cache stores numeric arrays only")
+        try:
+            return self._save(key, array, meta)
+        except OSError as e:
+            if not is_storage_error(e):
+                raise
+            npy, meta_path = self._paths(key)
+            for p in (meta_path, npy):
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+            root = str(self.root)
+            if root not in _UNWRITABLE:
+                _UNWRITABLE.add(root)
+                need = f" ({array.nbytes / 2**20:.1f} MiB needed for this entry)" if array.nbytes else ""
+                log.warning("feature cache: cannot write to %s (%s)%s; going on without caching features, so they "
+                            "are extracted again next time; free space there or set another cache folder "
+                            "(--cache-dir, CROSSVIEW_CACHE_DIR)", root, getattr(e, "strerror", None) or e, need)
+            return array
+
+    def _save(self, key: str, array: np.ndarray, meta: Mapping[str, Any] | None) -> np.ndarray:
+        npy, meta_path = self._paths(key)
+        npy.parent.mkdir(parents=True, exist_ok=True)
         # The description goes first out of the way: a stale one must never vouch for a new array.
         try:
             meta_path.unlink()
@@ -293,6 +322,8 @@ class FeatureCache:
                 p.unlink()
             except FileNotFoundError:
                 pass
+            except OSError as e:     # a read-only cache folder: the entry stays, and is checked (and missed) again
+                log.warning("feature cache: cannot delete %s (%s)", p, e.strerror or e)
 
     def entries(self) -> list[dict[str, Any]]:
         """Descriptions of all complete entries (for ``crossview features list``)."""

@@ -7,9 +7,12 @@ normalisation (``image_transform``) is applied after the cache, since it belongs
 
 The cache is incremental: one store per image-encoder identity (the backbone's cache parts: name, weights hash,
 transform, output kind, version; for a representation also a hash of its fitted state) in
-``<features_dir>/photos/<identity>.npz``, one row per photo keyed by (absolute path, size, mtime_ns). Adding
-ten photos to a folder encodes those ten; a changed file is encoded again; rows of files that are gone or
-changed are dropped when the store is written. The store is data only (string, integer and float arrays,
+``<features_dir>/photos/<identity>.npz``, one row per photo keyed by (absolute path, content hash): the hash of
+the file's bytes (:mod:`crossview.features.file_hashes`, remembered per file state in the same folder, so an
+unchanged photo is not read again). Adding ten photos to a folder encodes those ten; a changed file is encoded
+again, even one replaced by another of the same size with its mtime put back; a photo that is moved or copied
+keeps its row (its bytes are the same); rows of files that are gone or changed are dropped when the store is
+written. The store is data only (string, integer and float arrays,
 read with ``allow_pickle=False``), written atomically; a damaged one is discarded with a warning and rebuilt.
 
 A photo that cannot be decoded is skipped with a warning naming it (a personal folder with one broken file
@@ -39,8 +42,9 @@ __all__ = ["PhotoFeatures", "PhotoStore", "encode_photos", "encoder_identity", "
 
 log = logging.getLogger(__name__)
 
-#: The version of the ``.npz`` layout; a store with another is discarded and rebuilt.
-STORE_FORMAT = 1
+#: The version of the ``.npz`` layout; a store with another is discarded and rebuilt (1: rows keyed on path,
+#: size and mtime; 2: on path and content hash).
+STORE_FORMAT = 2
 #: The progress stage of photo encoding.
 STAGE = "photos"
 
@@ -78,27 +82,33 @@ def _identity_key(identity: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _stat(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return int(st.st_size), int(st.st_mtime_ns)
-
-
 class PhotoStore:
-    """The cached rows of one image-encoder identity: ``{(path, size, mtime_ns): (d,) float32}``.
+    """The cached rows of one image-encoder identity: ``{(path, content hash (hex)): (d,) float32}``.
 
-    :meth:`load` reads the store (a missing one is empty; a damaged one is discarded with a warning),
-    :meth:`save` writes it atomically, keeping only rows whose file still has the recorded size and mtime.
+    :meth:`load` reads the store (a missing one is empty; one of an older layout or a damaged one is discarded,
+    the latter with a warning), :meth:`save` writes it atomically, keeping only rows whose file still holds the
+    bytes it was encoded from. :attr:`hashes` gives the files' content hashes (memo beside the stores).
     """
 
-    def __init__(self, identity: dict[str, Any], root: str | Path | None = None) -> None:
+    def __init__(self, identity: dict[str, Any], root: str | Path | None = None, *, memo: bool = True) -> None:
+        from crossview.features.file_hashes import FileHashes
+
         self.identity = identity
         self.key = _identity_key(identity)
         self.root = Path(root) if root is not None else photo_store_dir()
         self.path = self.root / f"{self.key}.npz"
-        self.rows: dict[tuple[str, int, int], np.ndarray] = {}
+        self.rows: dict[tuple[str, str], np.ndarray] = {}
+        self.hashes = FileHashes(self.root if memo else None)
+        self._index: tuple[int, dict[str, np.ndarray]] = (-1, {})
+
+    def row_of(self, path: str, digest: str) -> np.ndarray | None:
+        """The row of a file with content hash ``digest``: its own, else one of another file with the same bytes."""
+        row = self.rows.get((path, digest))
+        if row is None:
+            if self._index[0] != len(self.rows):
+                self._index = (len(self.rows), {d: v for (_, d), v in self.rows.items()})
+            row = self._index[1].get(digest)
+        return row
 
     def load(self) -> "PhotoStore":
         self.rows = {}
@@ -107,13 +117,17 @@ class PhotoStore:
         try:
             with np.load(self.path, allow_pickle=False) as z:
                 fmt = int(z["format"])
+                if fmt < STORE_FORMAT:       # an older layout (rows keyed on size and mtime): rebuilt, quietly
+                    log.info("photo feature store %s has the older layout %d; the photos are encoded again",
+                             self.path, fmt)
+                    return self
                 ident = str(z["identity"])
-                paths, sizes, mtimes = z["paths"], z["sizes"], z["mtimes"]
+                paths, digests = z["paths"], z["digests"]
                 feats = z["features"]
             n = len(paths)
             if fmt != STORE_FORMAT or ident != json.dumps(self.identity, sort_keys=True, default=str):
                 raise ValueError(f"format {fmt} / identity do not match this encoder")
-            if paths.dtype.kind != "U" or sizes.shape != (n,) or mtimes.shape != (n,) or feats.ndim != 2 \
+            if paths.dtype.kind != "U" or digests.dtype.kind != "U" or digests.shape != (n,) or feats.ndim != 2 \
                     or feats.shape[0] != n or feats.dtype != np.float32 or not np.isfinite(feats).all():
                 raise ValueError("arrays of the wrong shape, type or values")
         except Exception as e:  # noqa: BLE001 - any damage (truncated zip, bad arrays) means: rebuild
@@ -124,19 +138,19 @@ class PhotoStore:
             except OSError:
                 pass
             return self
-        self.rows = {(str(p), int(s), int(m)): feats[i] for i, (p, s, m) in enumerate(zip(paths, sizes, mtimes))}
+        self.rows = {(str(p), str(d)): feats[i] for i, (p, d) in enumerate(zip(paths, digests))}
         return self
 
     def save(self) -> None:
-        keep = [(k, v) for k, v in self.rows.items() if _stat(k[0]) == (k[1], k[2])]
+        # a row stays while its file is unchanged since it was hashed (checked on the file's state, not re-read)
+        keep = [(k, v) for k, v in self.rows.items() if (d := self.hashes.peek(k[0])) is not None and d.hex() == k[1]]
         self.rows = dict(keep)
         dim = next((len(v) for _, v in keep), 0)
         buf = io.BytesIO()
         np.savez(buf, format=np.array(STORE_FORMAT, dtype=np.int64),
                  identity=np.array(json.dumps(self.identity, sort_keys=True, default=str)),
                  paths=np.array([k[0] for k, _ in keep], dtype=str).reshape(-1),
-                 sizes=np.array([k[1] for k, _ in keep], dtype=np.int64),
-                 mtimes=np.array([k[2] for k, _ in keep], dtype=np.int64),
+                 digests=np.array([k[1] for k, _ in keep], dtype=str).reshape(-1),
                  features=(np.stack([v for _, v in keep]).astype(np.float32) if keep
                            else np.zeros((0, dim), np.float32)))
         atomic_write_bytes(self.path, buf.getvalue())
@@ -177,18 +191,21 @@ def encode_photos(features: Any, paths: Sequence[str | Path], *, device: str = "
     n = len(files)
     identity = encoder_identity(features)
     if cache is False:
-        store = PhotoStore(identity, root=photo_store_dir())
+        store = PhotoStore(identity, root=photo_store_dir(), memo=False)
     else:
         from crossview.features.cache import FeatureCache
 
         root = Path(cache.root) / "photos" if isinstance(cache, FeatureCache) else \
             (Path(cache) if cache is not None else None)
         store = PhotoStore(identity, root=root).load()
-    keys: list[tuple[str, int, int] | None] = []
-    for f in files:
-        st = _stat(f)
-        keys.append(None if st is None else (f, *st))
-    rows: list[np.ndarray | None] = [store.rows.get(k) if k is not None else None for k in keys]
+    keys: list[tuple[str, str] | None] = [None if d is None else (f, d.hex())
+                                          for f, d in zip(files, store.hashes.digests(files))]
+    rows: list[np.ndarray | None] = [store.row_of(*k) if k is not None else None for k in keys]
+    linked = 0          # files whose bytes another file's row already holds (a copy, a moved photo)
+    for k, row in zip(keys, rows):
+        if k is not None and row is not None and k not in store.rows:
+            store.rows[k] = row
+            linked += 1
     skipped = [(files[i], "image file not found") for i, k in enumerate(keys) if k is None]
     todo = [i for i, k in enumerate(keys) if k is not None and rows[i] is None]
     m = len(todo)
@@ -211,7 +228,7 @@ def encode_photos(features: Any, paths: Sequence[str | Path], *, device: str = "
             if progress is not None:
                 progress(STAGE, start + len(chunk), m)
     finally:
-        if added and cache is not False:
+        if (added or linked) and cache is not False:
             try:
                 store.save()
             except OSError as e:      # a read-only cache folder: the search still works, uncached

@@ -559,7 +559,8 @@ def iter_local_descriptors(dataset: Any, encoder: Any, *, cache: FeatureCache | 
         raise CrossViewError(f"the TR/CTR representations need image files to compute visual words, but dataset "
                              f"{dataset.name!r} only ships precomputed image features; use --representation "
                              f"modern or default")
-    parts = {"kind": "image-local", "images": image_set_fingerprint(dataset.image_paths),
+    parts = {"kind": "image-local",
+             "images": image_set_fingerprint(dataset.image_paths, getattr(cache, "root", None)),
              "encoder": encoder.cache_parts(local=True)}
 
     def compute() -> Iterator[tuple[int, int]]:

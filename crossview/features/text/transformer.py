@@ -56,6 +56,15 @@ def _weights_digest(path: str, size: int, mtime_ns: int) -> str:
     return h.hexdigest()[:32]
 
 
+def _short(e: BaseException) -> str:
+    """The first line of an exception's message, at most 160 characters (torch's advice to unpickle with
+    ``weights_only=False`` is never passed on: that would run code from the file)."""
+    if "weights_only" in str(e):
+        return "it is not a plain tensor file: reading it would need to run pickled code, which CrossView never does"
+    text = str(e).strip().splitlines()
+    return (text[0] if text else "")[:160]
+
+
 @lru_cache(maxsize=4)
 def _load_transformer(path: str) -> tuple[Any, Any]:
     """``(tokenizer, model)`` from a local folder, never from the network; cached per process."""
@@ -67,12 +76,19 @@ def _load_transformer(path: str) -> tuple[Any, Any]:
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-load tqdm bar would garble the CLI's own progress line
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        raise WeightsNotFoundError(f"cannot load a transformer from {path}: {e}. The folder must hold "
-                                   "config.json, the tokenizer files and the weights, as written by "
-                                   "save_pretrained") from None
+        try:
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own types for a damaged file
+            raise WeightsNotFoundError(f"cannot load the tokenizer of {path} ({type(e).__name__}: {_short(e)}); "
+                                       "the folder must hold the tokenizer files (tokenizer.json or vocab.txt) as "
+                                       "save_pretrained writes them: copy them again") from None
+        try:
+            model = AutoModel.from_pretrained(path, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - SafetensorError, UnpicklingError, EOFError, RuntimeError...
+            weights = next((Path(path) / n for n in _WEIGHT_FILES if (Path(path) / n).is_file()), Path(path))
+            raise WeightsNotFoundError(f"{weights}: the weights file is damaged or is not this model's weights "
+                                       f"({type(e).__name__}: {_short(e)}); copy it again from where the model came "
+                                       "from (nothing in it was run)") from None
     finally:
         if bar:
             hf_logging.enable_progress_bar()

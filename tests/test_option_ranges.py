@@ -1,0 +1,111 @@
+"""Numeric options are checked before any work (issue 31, item 2): one line naming the option and the range the
+program accepts, never a traceback and never a run that fails after its training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crossview.cli import main
+from crossview.core.errors import CrossViewError
+from crossview.core.run_settings import SEED_MAX, RunSettings, check_checkpoint_seconds, check_seed
+
+BAD = [
+    (["train", "cca", "--seed", "-5"], "--seed", "from 0 to 4294967295"),
+    (["train", "cca", "--seed", "12345678901234567890"], "--seed", "from 0 to 4294967295"),
+    (["train", "cca", "--checkpoint-seconds", "-1"], "--checkpoint-seconds", "> 0"),
+    (["train", "cca", "--checkpoint-seconds", "0"], "--checkpoint-seconds", "> 0"),
+    (["train", "cca", "--checkpoint-seconds", "nan"], "--checkpoint-seconds", "finite"),
+    (["train", "cca", "--checkpoint-seconds", "inf"], "--checkpoint-seconds", "finite"),
+    (["features", "extract", "--batch-size", "0"], "--batch-size", ">= 1"),
+    (["features", "extract", "--workers", "-1"], "--workers", ">= 0"),
+    (["data", "demo", "--out", "OUT", "--n-scenes", "0"], "--n-scenes", ">= 1"),
+    (["data", "demo", "--out", "OUT", "--n-web", "-1"], "--n-web", ">= 0"),
+    (["data", "demo", "--out", "OUT", "--seed", "-1"], "--seed", "from 0"),
+    (["data", "make-web", "D", "--out", "OUT", "--drop", "1.5"], "--drop", "from 0 to 1"),
+    (["data", "make-web", "D", "--out", "OUT", "--add", "nan"], "--add", "from 0 to 1"),
+    (["eval", "E", "--resamples", "0"], "--resamples", ">= 10"),
+    (["tune", "cca", "--grid", "reg=0.1", "--trials", "0"], "--trials", ">= 1"),
+    (["tune", "cca", "--grid", "reg=0.1", "--folds", "1"], "--folds", ">= 2"),
+    (["tune", "cca", "--grid", "reg=0.1", "--seed", "-2"], "--seed", "from 0"),
+    (["experiment", "loss-compare", "--data", "demo", "--folds", "1"], "--folds", ">= 2"),
+    (["experiment", "bitr-labels", "--data", "demo", "--min-images", "0"], "--min-images", ">= 1"),
+    (["experiment", "bitr-table", "--data", "demo", "--test-parts", "0"], "--test-parts", ">= 1"),
+    (["experiment", "bitr-table", "--data", "demo", "--seed", "-1"], "--seed", "from 0"),
+    (["screenshot", "--out", "OUT", "--width", "0"], "--width", "from 320"),
+]
+# query --k / --caption, explain --caption and experiment --seeds / --epochs / --n-topics / --n-words are checked by
+# their commands before any work (one "crossview: error:" line; tests/test_cli_query.py, test_loss_compare.py ...)
+
+
+@pytest.mark.parametrize("argv,option,allowed", BAD, ids=[" ".join(a[:2] + a[-2:]) for a, _, _ in BAD])
+def test_out_of_range_option_is_refused_while_parsing(argv, option, allowed, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert f"argument {option}" in last and allowed in last, err
+    assert "Traceback" not in err
+
+
+def test_in_range_values_parse():
+    from crossview.cli import build_parser
+
+    args = build_parser().parse_args(["train", "cca", "--seed", str(SEED_MAX), "--checkpoint-seconds", "0.5"])
+    assert args.seed == SEED_MAX and args.checkpoint_seconds == 0.5
+
+
+def test_library_checks_seed_and_checkpoint_interval_before_loading(tmp_path):
+    from crossview.engine import run as engine
+
+    missing = tmp_path / "no-such-dataset"
+    # the dataset does not exist: the seed's error coming first shows nothing was loaded before the check
+    with pytest.raises(CrossViewError, match=r"seed -5: give an integer from 0 to 4294967295"):
+        engine.train("cca", str(missing), seed=-5)
+    with pytest.raises(CrossViewError, match=r"seed 18446744073709551616"):
+        engine.train("cca", str(missing), params={"seed": 2**64})
+    with pytest.raises(CrossViewError, match=r"checkpoint_seconds nan"):
+        engine.train("cca", str(missing), checkpoint_seconds=float("nan"))
+    with pytest.raises(CrossViewError, match=r"checkpoint_seconds -1"):
+        RunSettings(checkpoint_seconds=-1)
+    with pytest.raises(CrossViewError, match=r"seed True"):
+        check_seed(True)
+    assert check_seed(np.int64(7)) == 7 and check_checkpoint_seconds("2.5") == 2.5
+
+
+def _embeddings(path):
+    from crossview.eval.embeddings import Embeddings, save_embeddings
+
+    rng = np.random.default_rng(0)
+    return save_embeddings(path, Embeddings(image=rng.normal(size=(4, 3)).astype(np.float32),
+                                            text=rng.normal(size=(8, 3)).astype(np.float32),
+                                            caption_image=np.repeat(np.arange(4), 2)))
+
+
+def test_eval_ranks_out_folder_is_refused_and_a_file_is_written_atomically(tmp_path, capsys):
+    emb = _embeddings(tmp_path / "e.npz")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert main(["eval", str(emb), "--ranks-out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "--ranks-out" in err and "that is a folder" in err
+    assert not (tmp_path / "out.npz").exists() and not any(folder.iterdir())
+
+    assert main(["eval", str(emb), "--ranks-out", str(tmp_path / "ranks")]) == 0
+    with np.load(tmp_path / "ranks.npz") as z:
+        assert z["i2t"].shape == (4,) and z["t2i"].shape == (8,)
+    assert main(["eval", str(emb), "--ranks-out", str(tmp_path / "nowhere" / "r.npz")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_library_extraction_checks_batch_size_and_workers():
+    from crossview.data.dataset import PairedDataset
+    from crossview.features import extract_features
+
+    ds = PairedDataset(name="t", captions=["a", "b"], caption_image=[0, 1],
+                       image_features=np.zeros((2, 3), np.float32))
+    with pytest.raises(CrossViewError, match=r"batch size 0: give an integer >= 1"):
+        extract_features(ds, batch_size=0, cache=False)
+    with pytest.raises(CrossViewError, match=r"workers -1: give an integer >= 0"):
+        extract_features(ds, num_workers=-1, cache=False)
