@@ -237,6 +237,8 @@ def test_wsabie_centres_its_l2_rows_and_keeps_the_mean(offset_pair, tmp_path: Pa
     del old["state"]["center_"]                              # a checkpoint from before the centring
     loaded = Wsabie().load_state_dict(old)
     assert not hasattr(loaded, "center_")
+    # loaded into an object that was centred (the app reusing a method object): the old mean goes too
+    assert hasattr(back, "center_") and not hasattr(back.load_state_dict(old), "center_")
     V = after.V_
     V = np.asarray(V.detach().cpu().numpy() if hasattr(V, "detach") else V, dtype=np.float32)
     x = normalize_rows(test.image_features, "l2")            # the rows as the old model saw them

@@ -246,14 +246,6 @@ class Wsabie(TorchMethod):
             a = a - c        # a wrong width is left to the model's own dimension check, which names the encoder
         return normalize_rows(a, self.normalize)
 
-    def load_state_dict(self, d: dict[str, Any]) -> "Wsabie":
-        """:meth:`TorchMethod.load_state_dict`; a state from before the centring (no ``center_``) stays
-        uncentred, as its model was trained on uncentred rows."""
-        super().load_state_dict(d)
-        if "center_" not in (d.get("state") or {}):
-            vars(self).pop("center_", None)
-        return self
-
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """The training tensors on ``device``: features, positives, negative counts and the L table."""
         X = torch.as_tensor(self._rows(train.require_image_features("wsabie"), "image")).to(device)
@@ -402,7 +394,9 @@ class Wsabie(TorchMethod):
 
     def load_state_dict(self, d: dict[str, Any]) -> "Wsabie":
         """Restore from :meth:`state_dict`; a finished model saved before WSABIE ran on the shared trainer
-        (matrices ``V_`` / ``Z_`` / ``W_`` as learned attributes) loads too, for querying (not resuming)."""
+        (matrices ``V_`` / ``Z_`` / ``W_`` as learned attributes) loads too, for querying (not resuming). A
+        state from before the centring (no ``center_``) stays uncentred, as its model was trained on
+        uncentred rows."""
         state = dict(d.get("state") or {})
         if "V_" in state:
             mats = {k[0]: np.asarray(state.pop(k), dtype=np.float32) for k in ("V_", "Z_", "W_")
@@ -419,6 +413,8 @@ class Wsabie(TorchMethod):
             params = {k: v for k, v in (d.get("params") or {}).items() if k in self.param_names()}
             d = {**d, "params": params, "state": state}
         super().load_state_dict(d)
+        if "center_" not in (d.get("state") or {}):
+            vars(self).pop("center_", None)
         return self
 
     # ------------------------------------------------------------------ label ranking
