@@ -69,9 +69,7 @@ def score(method: str, point: dict, ds, feats, train_idx, test_idx, seed: int = 
     txt_norm = FeatureNorm(point.get("text_norm", "none")).fit(feats.text[in_train[ds.caption_image]])
     image, text = img_norm.transform(feats.image), txt_norm.transform(feats.text)
     params = {k: v for k, v in point.items() if k not in ("image_norm", "text_norm")}
-    if "seed" in create_method(method).param_names():
-        params["seed"] = seed
-    m = create_method(method, **params)
+    m = create_method(method, **params).with_run(seed=seed)
     tr = MethodData.from_features(d, image, text, "a")
     te = MethodData.from_features(d, image, text, "b")
     m.fit(tr)

@@ -83,11 +83,11 @@ def mean_pairwise_cosine(rows: np.ndarray) -> float:
 def fit_one(name: str, centre: bool, C: float, train: MethodData, val: MethodData, seed: int) -> dict[str, Any]:
     params: dict[str, Any]
     if name.startswith("bitr-"):
-        params = {"loss": name[-1].upper(), "reduce": "pca", "C": C, "seed": seed, "device": "cpu"}
-        m = Bitr(**params) if centre else UncentredBitr(**params)
+        params = {"loss": name[-1].upper(), "reduce": "pca", "C": C}
+        m = (Bitr(**params) if centre else UncentredBitr(**params)).with_run(seed=seed, device="cpu")
         tr, va = train, val
     elif name == "wsabie":
-        m = (Wsabie if centre else UncentredWsabie)(seed=seed, device="cpu")
+        m = (Wsabie if centre else UncentredWsabie)().with_run(seed=seed, device="cpu")
         tr, va = train, val
     else:
         m = create_method(name)

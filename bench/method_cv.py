@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from crossview.data.method_data import MethodData
     from crossview.features import extract_features
     from crossview.features.normalize import FeatureNorm
-    from crossview.methods import create_method, method_class
+    from crossview.methods import method_class, method_from_params
 
     ds = load_dataset(args.data)
     f = extract_features(ds, fit_on="train")
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         for seed in range(args.seeds):
             for a, b in splits:
                 image = FeatureNorm(norm_name).fit(f.image[a]).transform(f.image).astype(np.float32)
-                m = create_method(args.method, **{"device": "cpu", **cfg, "seed": seed})
+                m = method_from_params(args.method, {"device": "cpu", **cfg, "seed": seed})
                 t0 = time.time()
                 for _ in m.fit_iter(data_for(a, image, "train"), None):
                     pass

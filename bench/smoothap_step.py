@@ -168,7 +168,7 @@ def step_bench(b: int, steps: int, device: torch.device, text_model: str) -> lis
     for name, method, kw in [("vsepp (hardest negative), B captions", "vsepp", {"loss": "vsepp"}),
                              ("smoothap (SmoothAP), B images x 5 captions", "smoothap", {"loss": "smoothap"}),
                              ("smoothap (InfoNCE), B images x 5 captions", "smoothap", {"loss": "infonce"})]:
-        m = create_method(method, text_model=text_model, batch_size=b, device=str(device), **kw)
+        m = create_method(method, text_model=text_model, batch_size=b, **kw).with_run(device=str(device))
         spec = m.model_spec(data, resume=False)
         m._fresh_state(spec)
         torch.manual_seed(0)

@@ -62,7 +62,8 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
     data = MethodData(image_features=None, text_features=None, captions=captions, caption_image=ci, name="train",
                       image_paths=paths)
     m = create_method("vsepp", image_model="cnn", backbone=backbone, finetune_cnn=finetune, text_model="gru",
-                      max_epochs=1, batch_size=128, device=device, amp=amp, workers=workers, log_every=1000)
+                      max_epochs=1, batch_size=128).with_run(device=device, amp=amp, workers=workers,
+                                                             log_every=1000)
     it = m.fit_iter(data)
     t0, done = 0.0, 0
     for ev in it:

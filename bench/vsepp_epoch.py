@@ -131,8 +131,8 @@ def run_ours(image: np.ndarray, captions: list[str], ci: np.ndarray, device: tor
     from crossview.methods import create_method
 
     data = MethodData(image_features=image, text_features=None, captions=captions, caption_image=ci, name="train")
-    m = create_method("vsepp", text_model=text_model, max_epochs=1, batch_size=128, device=str(device), seed=seed,
-                      amp=amp, log_every=1000)
+    m = create_method("vsepp", text_model=text_model, max_epochs=1, batch_size=128).with_run(
+        device=str(device), seed=seed, amp=amp, log_every=1000)
     it = m.fit_iter(data)
     done = 0
     t0 = 0.0

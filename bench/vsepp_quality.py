@@ -101,18 +101,18 @@ def method_of(params: dict) -> str:
 def trial(d: SimpleNamespace, train_ids: np.ndarray, test_ids: np.ndarray, params: dict, select: bool = True,
           refit: bool = False) -> dict:
     from crossview.features.normalize import FeatureNorm
-    from crossview.methods import create_method
+    from crossview.methods import method_from_params
 
     norm = FeatureNorm("ssr").fit(d.image[train_ids])
     image = norm.transform(d.image).astype(np.float32)
     method = method_of(params)
-    m = create_method(method, **params)
+    m = method_from_params(method, params)
     tr, te = data_for(d, train_ids, image, "train"), data_for(d, test_ids, image, "val")
     if not select:      # as a run without a validation split (holdout of train, else the last epoch), scored once
         m.fit(tr)
         epoch = int(m.best_epoch_) or len(m.history_)
         if refit and m.best_epoch_:     # the chosen number of epochs again on all the training images
-            m = create_method(method, **{**params, "holdout": 0.0, "max_epochs": epoch}).fit(tr)
+            m = method_from_params(method, {**params, "holdout": 0.0, "max_epochs": epoch}).fit(tr)
         last = float(m.evaluate(te)["rsum"])
         return {"best": last, "best_epoch": epoch, "last": last}
     m.fit(tr, te)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.features import encode_texts, extract_features
     from crossview.features.normalize import FeatureNorm
-    from crossview.methods import create_method
+    from crossview.methods import method_from_params
     from crossview.methods.webly import web_method_data
 
     ds = load_dataset(args.data)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 image = norm.transform(f.image).astype(np.float32)
                 ids, tags = fold_web(ds, a, seed)
                 web = web_method_data(image[ids], tags)
-                m = create_method("webly", **{"device": "cpu", **cfg, "seed": seed})
+                m = method_from_params("webly", {"device": "cpu", **cfg, "seed": seed})
                 m.set_text_encoder(lambda c: encode_texts(f, c))
                 t0 = time.time()
                 for _ in m.fit_iter(data_for(a, image, "train"), None, web=web):

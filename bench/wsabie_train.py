@@ -136,8 +136,8 @@ def run(args: argparse.Namespace) -> None:
     for cap in args.max_draws:
         # the paper's algorithm: one ranking direction, a constant learning rate, lambda 10
         m = create_method("wsabie", dim=args.embed_dim, batch_size=args.batch_size, max_epochs=args.epochs,
-                          patience=0, device=args.device, seed=args.seed, max_draws=cap, directions="i2t",
-                          lr_decay_epoch=0, max_norm=10.0)
+                          patience=0, max_draws=cap, directions="i2t",
+                          lr_decay_epoch=0, max_norm=10.0).with_run(device=args.device, seed=args.seed)
         print(f"ours, max_draws={cap} ({'exact: up to every negative' if cap == 0 else 'capped'}):", flush=True)
         pass_times: list[float] = []
         t0 = last = time.perf_counter()

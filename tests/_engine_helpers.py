@@ -65,13 +65,11 @@ class ToyIterative(Method):
 
     iterative = True
 
-    def __init__(self, epochs: int = 4, batch_size: int = 32, lr: float = 0.01, seed: int = 0,
-                 ballast_mb: float = 0.0) -> None:
+    def __init__(self, epochs: int = 4, batch_size: int = 32, lr: float = 0.01, ballast_mb: float = 0.0) -> None:
         self.epochs = epochs
         self.batch_size = batch_size
         self.lr = lr
-        self.seed = seed
-        self.ballast_mb = ballast_mb
+        self.ballast_mb = ballast_mb      # the seed is the run's (self.seed: Method.run_settings)
 
     def fit_iter(self, train: MethodData, val: MethodData | None = None, *,
                  resume: bool = False) -> Iterator[Event]:

@@ -14,8 +14,10 @@ CONCEPTS = [("dog", "grass"), ("cat", "sofa"), ("car", "street"), ("boat", "wate
 _FORMS = ["a {a} on the {b}", "the {a} near some {b}", "one {a} and the {b}", "a photo of a {a} by the {b}"]
 
 #: small settings: Stage I only (no web set), a second or two on a CPU
-FAST = {"embed_dim": 16, "batch_size": 32, "max_epochs": 6, "lr": 0.005, "lr_decay_epoch": 0, "device": "cpu",
-        "stage2_epochs": 0, "text_model": "features", "patience": 0, "log_every": 50}
+FAST = {"embed_dim": 16, "batch_size": 32, "max_epochs": 6, "lr": 0.005, "lr_decay_epoch": 0,
+        "stage2_epochs": 0, "text_model": "features", "patience": 0}
+#: the run settings they train with (Method.with_run; --device / --set on the command line)
+RUN = {"device": "cpu", "log_every": 50}
 
 
 def make_word_dataset(n_images: int = 160, seed: int = 0) -> PairedDataset:
@@ -69,6 +71,6 @@ def trained_webly(ds: PairedDataset, **params):
     from crossview.methods import create_method
 
     img, txt = word_features(ds)
-    m = create_method("webly", **{**FAST, **params})
+    m = create_method("webly", **{**FAST, **params}).with_run(**RUN)
     m.fit(MethodData.from_features(ds, img, txt, "train"))
     return m

@@ -109,7 +109,7 @@ def test_registered_with_its_card() -> None:
                                     {"loss": "C", "outputs": "train", "max_candidates": 1500}],
                          ids=["C", "E", "M-finite", "C-finite"])
 def test_learns_on_demo(demo, params: dict) -> None:
-    m = create_method("bitr", device="cpu", **params)
+    m = create_method("bitr", **params).with_run(device="cpu")
     events = list(m.fit_iter(demo["train"], demo["val"]))
     assert all(m.converged_.values()), m.n_iter_
     assert m.domain_ == {"image": "sphere", "text": "sphere"}  # normalize="l2" by default (see the card)
@@ -122,7 +122,7 @@ def test_learns_on_demo(demo, params: dict) -> None:
 
 
 def test_embeddings_give_the_bilinear_score(demo) -> None:
-    m = create_method("bitr", device="cpu", C=100.0).fit(demo["train"])
+    m = create_method("bitr", C=100.0).with_run(device="cpu").fit(demo["train"])
     test = demo["test"]
     x = m._prep(test.image_features, "image")
     y = m._prep(test.text_features, "text")
@@ -142,8 +142,8 @@ def test_embeddings_give_the_bilinear_score(demo) -> None:
 # ---------------------------------------------------------------------------- events, cancel, resume
 def test_events_every_iteration_and_cancel_resume_is_exact(demo) -> None:
     train = demo["train"]
-    kw = dict(device="cpu", C=300.0, loss="E", epsilon=1e-4)
-    full = create_method("bitr", **kw)
+    kw = dict(C=300.0, loss="E", epsilon=1e-4)
+    full = create_method("bitr", **kw).with_run(device="cpu")
     events = list(full.fit_iter(train))
     losses = [e for e in events if isinstance(e, Loss)]
     assert len(losses) == sum(full.n_iter_.values())  # one Loss per cutting-plane iteration
@@ -176,7 +176,7 @@ def test_events_every_iteration_and_cancel_resume_is_exact(demo) -> None:
 
 
 def test_save_load_round_trip(tmp_path, demo) -> None:
-    m = create_method("bitr", device="cpu", C=50.0).fit(demo["train"])
+    m = create_method("bitr", C=50.0).with_run(device="cpu").fit(demo["train"])
     path = m.save(tmp_path / "bitr.pt")
     back = Method.load(path)
     assert isinstance(back, Bitr) and back.C == 50.0
@@ -188,7 +188,7 @@ def test_save_load_round_trip(tmp_path, demo) -> None:
 # ---------------------------------------------------------------------------- cross-validation
 def test_cross_validation_picks_the_best_c_of_the_grid() -> None:
     data = _synthetic()
-    m = create_method("bitr", device="cpu", c_grid="1e-3,1,1e3", cv_folds=3)
+    m = create_method("bitr", c_grid="1e-3,1,1e3", cv_folds=3).with_run(device="cpu")
     events = list(m.fit_iter(data))
     assert m.cv_["grid"] == [1e-3, 1.0, 1e3] and m.cv_["folds"] == 3
     for d in ("i2t", "t2i"):
@@ -215,7 +215,7 @@ def test_cross_validation_refits_the_preprocessing_inside_each_fold(monkeypatch,
         return real(image, text, caption_image, **kw)
 
     monkeypatch.setattr(B, "fit_preprocessing", spy)
-    m = create_method("bitr", device="cpu", c_grid="0.1,10", cv_folds=3, reduce=reduce, cca_dim=4, pca_dim=4)
+    m = create_method("bitr", c_grid="0.1,10", cv_folds=3, reduce=reduce, cca_dim=4, pca_dim=4).with_run(device="cpu")
     m.fit(data)
     folds = B.cv_folds(36, 3, 0)
     assert fitted[0][:2] == (36, 72), "the final model: every training row"
@@ -229,8 +229,8 @@ def test_cross_validation_refits_the_preprocessing_inside_each_fold(monkeypatch,
 
 def test_cross_validation_in_worker_processes_matches_in_process() -> None:
     data = _synthetic(n_img=30, seed=1)
-    one = create_method("bitr", device="cpu", c_grid=[0.1, 100.0], cv_folds=2).fit(data)
-    two = create_method("bitr", device="cpu", c_grid=[0.1, 100.0], cv_folds=2, n_jobs=2).fit(data)
+    one = create_method("bitr", c_grid=[0.1, 100.0], cv_folds=2).with_run(device="cpu").fit(data)
+    two = create_method("bitr", c_grid=[0.1, 100.0], cv_folds=2).with_run(device="cpu", n_jobs=2).fit(data)
     assert one.C_ == two.C_
     assert one.cv_["table"] == two.cv_["table"]
 
@@ -257,7 +257,7 @@ def test_stopping_during_cross_validation_in_worker_processes_kills_them() -> No
     """The pool is stopped through loky's documented shutdown(kill_workers=True), not a private attribute."""
     data = _synthetic(n_img=400, caps=5, p=40, q=30, seed=3)
     before = _live_children()
-    m = create_method("bitr", device="cpu", c_grid=[1e3, 1e4, 1e5], cv_folds=5, n_jobs=2)
+    m = create_method("bitr", c_grid=[1e3, 1e4, 1e5], cv_folds=5).with_run(device="cpu", n_jobs=2)
     gen = m.fit_iter(data)
     for ev in gen:
         if isinstance(ev, Progress) and ev.message.startswith("cross-validation:"):
@@ -289,7 +289,7 @@ def test_bad_input_gives_clear_errors(demo) -> None:
         create_method("bitr", c_grid="1,10", cv_folds=10).fit(data)
     with pytest.raises(CrossViewError, match="not trained yet"):
         create_method("bitr").encode_images(data)
-    m = create_method("bitr", device="cpu", C=1.0, pca_dim=4).fit(data)
+    m = create_method("bitr", C=1.0, pca_dim=4).with_run(device="cpu").fit(data)
     wrong = MethodData(image_features=np.ones((3, 9), np.float32), text_features=np.ones((3, 5), np.float32),
                        captions=["a", "b", "c"], caption_image=np.arange(3))
     with pytest.raises(CrossViewError, match="trained on 6-d image features, these are 9-d"):
@@ -297,7 +297,7 @@ def test_bad_input_gives_clear_errors(demo) -> None:
     with pytest.raises(CrossViewError, match="direction must be"):
         m.encode_texts(data, direction="both")
     with pytest.raises(CrossViewError, match="cannot resume.*6-d image features"):
-        state = create_method("bitr", device="cpu", pca_dim=4)
+        state = create_method("bitr", pca_dim=4).with_run(device="cpu")
         it = state.fit_iter(data)
         next(it)
         next(it)
@@ -310,8 +310,8 @@ def test_bad_input_gives_clear_errors(demo) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_trains_on_gpu_like_on_cpu() -> None:
     data = _synthetic(n_img=200, p=20, q=16)
-    cpu = create_method("bitr", device="cpu", C=100.0).fit(data)
-    gpu = create_method("bitr", device="cuda", C=100.0).fit(data)
+    cpu = create_method("bitr", C=100.0).with_run(device="cpu").fit(data)
+    gpu = create_method("bitr", C=100.0).with_run(device="cuda").fit(data)
     for d in ("i2t", "t2i"):
         a, b = cpu.W_[d], gpu.W_[d]
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(a)

@@ -148,15 +148,21 @@ def test_a_run_another_process_writes_is_neither_renamed_nor_deleted(qtbot, pane
     assert panel.delete_selected(confirm=False) and not run.with_name("elsewhere").exists()
 
 
-@pytest.mark.parametrize("method", ["vsepp", "wsabie", "timam"])
+@pytest.mark.parametrize("method", ["vsepp", "wsabie", "timam", "bitr", "svm"])
 def test_the_device_is_chosen_once(qtbot, panel: TrainPanel, method: str) -> None:
     """The device is a run setting: one control ("Features and device"), not a second one among the method's
-    parameters, and what the panel starts carries no device parameter that could disagree with it."""
+    parameters, and what the panel starts carries no device parameter that could disagree with it; no other run
+    setting (seed, amp, workers, n_jobs, log_every) is among the method's fields either, and the amp box is on
+    only for a method that trains in mixed precision."""
+    from crossview.core.run_settings import RUN_SETTING_PARAMS
+
     panel.select_method(method)
     labels = [panel.params_form.itemAt(r, panel.params_form.ItemRole.LabelRole).widget().text()
               for r in range(panel.params_form.rowCount())]
     assert "device" not in labels and "device" not in panel.params()
-    assert "lr" in labels or "max_epochs" in labels
+    assert not set(labels) & set(RUN_SETTING_PARAMS) and not set(panel.params()) & set(RUN_SETTING_PARAMS)
+    assert "lr" in labels or "max_epochs" in labels or "C" in labels
+    assert panel.amp_check.isEnabled() == (method in ("vsepp", "timam"))
 
 
 def test_bad_parameter_gives_a_clear_error(qtbot, panel: TrainPanel) -> None:

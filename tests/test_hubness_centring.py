@@ -46,7 +46,7 @@ def _offset_data(seed: int, n_images: int, per: int = 3, p: int = 12, q: int = 1
 
 
 def _fit(cls: type, train: MethodData, **kw) -> Bitr:
-    return cls(C=10.0, reduce="pca", device="cpu", seed=0, **kw).fit(train)
+    return cls(C=10.0, reduce="pca", **kw).with_run(device="cpu", seed=0).fit(train)
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +111,10 @@ def test_wrong_width_and_the_simplex_are_handled(offset_pair) -> None:
     dist = MethodData(image_features=rng.dirichlet(np.ones(6), 30).astype(np.float32),
                       text_features=rng.dirichlet(np.ones(5), 60).astype(np.float32),
                       captions=[""] * 60, caption_image=np.repeat(np.arange(30), 2))
-    simplex = Bitr(C=1.0, reduce="pca", normalize="l1", device="cpu", max_iter=5).fit(dist)
+    simplex = Bitr(C=1.0, reduce="pca", normalize="l1", max_iter=5).with_run(device="cpu").fit(dist)
     assert simplex.center_ == {"image": None, "text": None}
     # and a view that PCA reduces keeps its PCA mean only
-    wide = Bitr(C=1.0, reduce="pca", pca_dim=4, device="cpu", max_iter=5).fit(dist)
+    wide = Bitr(C=1.0, reduce="pca", pca_dim=4, max_iter=5).with_run(device="cpu").fit(dist)
     assert wide.pca_["image"] is not None and wide.center_["image"] is None and wide.center_["text"] is None
 
 
@@ -214,7 +214,8 @@ class UncentredWsabie(Wsabie):
 
 
 def _wsabie(cls: type, train: MethodData) -> Wsabie:
-    return cls(dim=32, max_epochs=10, batch_size=32, patience=0, lr_decay_epoch=0, device="cpu", seed=0).fit(train)
+    return cls(dim=32, max_epochs=10, batch_size=32, patience=0,
+               lr_decay_epoch=0).with_run(device="cpu", seed=0).fit(train)
 
 
 def test_wsabie_centres_its_l2_rows_and_keeps_the_mean(offset_pair, tmp_path: Path) -> None:
@@ -248,4 +249,4 @@ def test_wsabie_centres_its_l2_rows_and_keeps_the_mean(offset_pair, tmp_path: Pa
 
 
 def _wsabie_none(train: MethodData) -> Wsabie:
-    return Wsabie(dim=8, max_epochs=1, normalize="none", device="cpu", seed=0).fit(train)
+    return Wsabie(dim=8, max_epochs=1, normalize="none").with_run(device="cpu", seed=0).fit(train)

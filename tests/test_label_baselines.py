@@ -168,7 +168,7 @@ def test_svm_equals_linear_svcs_fitted_directly() -> None:
     assert not w.any() and b == -1.0 and not stopped
     # threads give the same model up to liblinear's coordinate order: its random generator is one C-level state
     # shared by threads fitting at once (seen on a loaded machine: 1e-5 apart), so equal to a tolerance, not bits
-    m2 = create_method("svm", C=0.5, n_jobs=2).fit(data)
+    m2 = create_method("svm", C=0.5).with_run(n_jobs=2).fit(data)
     np.testing.assert_allclose(m2.coef_, m.coef_, rtol=1e-3, atol=1e-4)
 
 
@@ -284,7 +284,7 @@ def test_class_labels_as_target(name: str) -> None:
 
 def test_wsabie_label_scores_are_its_image_and_label_embeddings() -> None:
     data = _clustered(n=60, L=5, p=8, n_clusters=3, seed=7)
-    m = create_method("wsabie", target="label_sets", dim=4, max_epochs=1, device="cpu").fit(data)
+    m = create_method("wsabie", target="label_sets", dim=4, max_epochs=1).with_run(device="cpu").fit(data)
     s = m.label_scores(data)
     assert s.shape == (60, 5) and s.dtype == np.float32
     np.testing.assert_allclose(s, m.encode_images(data) @ m.encode_labels().T, rtol=1e-6)
@@ -369,7 +369,10 @@ def test_bad_params_and_data_give_one_line() -> None:
     _one_line_error(lambda: fit("svm", c_grid="1:0.1"), r"svm: c_grid range '1:0.1' must be 'LOW:HIGH'")
     _one_line_error(lambda: fit("svm", c_grid="a,b"), r"svm: c_grid 'a,b' must be 'paper'")
     _one_line_error(lambda: fit("svm", cv_folds=1, c_grid="1"), r"svm: cv_folds must be a whole number >= 2")
-    _one_line_error(lambda: fit("svm", n_jobs=0), r"svm: n_jobs must be a whole number >= 1")
+    _one_line_error(lambda: create_method("svm").with_run(n_jobs=0).fit(train),
+                    r"svm: workers must be a whole number >= 1")
+    _one_line_error(lambda: fit("svm", n_jobs=2), r"n_jobs is a run setting, not a parameter of method 'svm'.*"
+                                                  r"with_run\(workers=\.\.\.\)")
     few = _data(train.image_features[:3], train.label_sets[:3], train.label_set_names)
     _one_line_error(lambda: fit("svm", data=few, c_grid="1"), r"5-fold cross-validation of C needs at least 5")
     # the engine checks the parameters before extracting anything

@@ -29,7 +29,7 @@ def test_a_split_as_image_files(demo_dataset) -> None:
     with pytest.raises(CrossViewError, match="needs image feature rows but the val data has image files only"):
         files.require_image_features("wsabie")
     with pytest.raises(CrossViewError, match="needs image feature rows"):
-        create_method("wsabie", device="cpu").fit(files)
+        create_method("wsabie").with_run(device="cpu").fit(files)
     both = MethodData.from_features(ds, np.ones((ds.n_images, 4), np.float32), text, "val", with_paths=True)
     assert both.image_dim == 4 and both.image_paths == files.image_paths
 

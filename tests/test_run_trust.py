@@ -123,9 +123,7 @@ def test_method_save_is_weights_only_and_loads_back(tmp_path, toy, method, param
 
     ds, (image, text) = toy
     data = MethodData.from_features(ds, image, text, "train")
-    m = create_method(method, **params)
-    if "device" in m.param_names():
-        m.set_params(device="cpu")
+    m = create_method(method, **params).with_run(device="cpu")
     m.fit(data)
     path = m.save(tmp_path / "m.pt")
     torch.load(path, weights_only=True)
@@ -530,8 +528,8 @@ def test_a_run_written_on_a_gpu_resumes_and_opens_on_the_device_asked_for_now(tm
     assert any("device cpu" in m for m in logged), logged
     # loading that checkpoint for queries (open_run's way) keeps the device of the object loading it
     from crossview.methods import create_method
-    m = create_method("wsabie", device="cpu").load_state_dict(ckpt["method_state"])
-    assert m.device == "cpu" and m.dim == 16
+    m = create_method("wsabie").with_run(device="cpu").load_state_dict(ckpt["method_state"])
+    assert m.device == "cpu" and m.dim == 16 and "device" not in m.get_params()
 
 
 def test_run_settings_are_one_object_recorded_once_and_never_in_the_method(tmp_path, toy):

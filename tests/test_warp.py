@@ -95,7 +95,7 @@ def test_caption_step_is_one_paper_sgd_step() -> None:
     lr, lam = 0.3, 1.1
     for directions in ("i2t", "both"):
         m = create_method("wsabie", dim=P, lr=lr, max_norm=lam, margin=100.0, normalize="none",
-                          directions=directions, device="cpu")
+                          directions=directions).with_run(device="cpu")
         out = _one_sgd_step(m, data, V, Z, [0])
         assert out["violated"] == 1.0 and out["draws"] == 1.0
         Vn, Zn = V.numpy().copy(), Z.numpy().copy()
@@ -140,8 +140,8 @@ def test_caption_step_gradient_matches_naive_loop() -> None:
         return d
 
     lr = 0.01
-    m = create_method("wsabie", dim=P, lr=lr, max_norm=1e6, margin=5.0, normalize="none", directions="i2t",
-                      device="cpu")
+    m = create_method("wsabie", dim=P, lr=lr, max_norm=1e6, margin=5.0, normalize="none",
+                      directions="i2t").with_run(device="cpu")
     import crossview.methods.wsabie as W
     W.sample_violators = spy
     try:
@@ -184,8 +184,8 @@ def test_label_step_skips_positives_and_steps_on_a_negative() -> None:
     x = torch.randn(2, p, generator=g, dtype=torch.float32).double()   # features are float32
     data = MethodData(image_features=x.numpy(), text_features=None, captions=[], caption_image=np.zeros(0, np.int64),
                       dataset=_Tags(), name="train")
-    m = create_method("wsabie", target="tags", dim=P, lr=0.5, max_norm=100.0, normalize="none", directions="i2t",
-                      device="cpu")
+    m = create_method("wsabie", target="tags", dim=P, lr=0.5, max_norm=100.0, normalize="none",
+                      directions="i2t").with_run(device="cpu")
     out = _one_sgd_step(m, data, V, W, [0])
     assert out["violated"] == 1.0 and out["draws"] == 1.0
     u = V @ x[0]

@@ -18,8 +18,9 @@ from crossview.methods import create_method
 from crossview.methods.webly import curriculum_order, tag_vectors, web_method_data
 from crossview.nn.trainer import CurriculumSampler
 
-FAST = {"embed_dim": 16, "batch_size": 16, "max_epochs": 4, "lr": 0.003, "lr_decay_epoch": 3, "device": "cpu",
-        "stage2_epochs": 3, "stage2_lr": 3e-4, "log_every": 1}
+FAST = {"embed_dim": 16, "batch_size": 16, "max_epochs": 4, "lr": 0.003, "lr_decay_epoch": 3,
+        "stage2_epochs": 3, "stage2_lr": 3e-4}
+RUN = {"device": "cpu", "log_every": 1}      # the run settings these tests train with (Method.with_run)
 
 
 def _data():
@@ -63,7 +64,7 @@ def test_curriculum_sampler_grows_from_the_easy_prefix() -> None:
 
 def test_two_stages_in_one_fit() -> None:
     split, web = _data()
-    m = create_method("webly", **FAST)
+    m = create_method("webly", **FAST).with_run(**RUN)
     events = list(m.fit_iter(split["train"], split["val"], web=web))
     logs = [e.message for e in events if isinstance(e, Log)]
     assert any("Stage II starts" in x for x in logs)
@@ -83,7 +84,7 @@ def test_two_stages_in_one_fit() -> None:
 
 def test_stage_two_trains_the_image_and_tag_branches_at_its_own_rate() -> None:
     split, web = _data()
-    m = create_method("webly", **{**FAST, "max_epochs": 1, "stage2_epochs": 1, "patience": 0})
+    m = create_method("webly", **{**FAST, "max_epochs": 1, "stage2_epochs": 1, "patience": 0}).with_run(**RUN)
     seen = {}
 
     def spy(model):
@@ -98,14 +99,14 @@ def test_stage_two_trains_the_image_and_tag_branches_at_its_own_rate() -> None:
 
 def test_without_a_web_set_it_is_stage_one_only() -> None:
     split, _ = _data()
-    m = create_method("webly", **FAST)
+    m = create_method("webly", **FAST).with_run(**RUN)
     list(m.fit_iter(split["train"], split["val"]))
     assert m.stage_ == 1 and len(m.history_) == FAST["max_epochs"]
 
 
 def test_resume_inside_stage_two_lands_there(tmp_path) -> None:
     split, web = _data()
-    m = create_method("webly", **FAST)
+    m = create_method("webly", **FAST).with_run(**RUN)
     it = m.fit_iter(split["train"], split["val"], web=web)
     for ev in it:
         if isinstance(ev, Loss) and "L_IS" not in ev.terms:
@@ -113,7 +114,7 @@ def test_resume_inside_stage_two_lands_there(tmp_path) -> None:
     it.close()
     state = m.state_dict()
     assert state["state"]["stage_"] == 2
-    r = create_method("webly", **FAST).load_state_dict(state)
+    r = create_method("webly", **FAST).with_run(**RUN).load_state_dict(state)
     events = list(r.fit_iter(split["train"], split["val"], resume=True, web=web))
     assert not any("L_IS" in e.terms for e in events if isinstance(e, Loss)), "no Stage I again"
     assert r.done_ and r.stage_ == 2
@@ -148,7 +149,7 @@ def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> 
 
     clean, web = H.image_folders_with_web(tmp_path)
     ds = load_dataset(clean)
-    params = {**FAST, "web": str(web), "max_epochs": 2, "stage2_epochs": 3, "batch_size": 4}
+    params = {**FAST, **RUN, "web": str(web), "max_epochs": 2, "stage2_epochs": 3, "batch_size": 4}
     it = train("webly", ds, run_dir=tmp_path / "r", device="cpu", params=params, text_encoder="tfidf",
                checkpoint_seconds=0.0)
     seen = []
@@ -179,7 +180,7 @@ def test_stage_two_from_a_finished_stage_one_run_and_the_sentence_branch_on_tags
 
     clean, web = H.image_folders_with_web(tmp_path)
     ds = load_dataset(clean)
-    base = {**FAST, "max_epochs": 2, "batch_size": 4, "stage2_epochs": 2, "tag_branch": "sentence"}
+    base = {**FAST, **RUN, "max_epochs": 2, "batch_size": 4, "stage2_epochs": 2, "tag_branch": "sentence"}
     first = list(train("webly", ds, run_dir=tmp_path / "s1", device="cpu", text_encoder="tfidf",
                        params={**base, "stage2_epochs": 0}))
     assert isinstance(first[-1], Finished)
@@ -224,9 +225,9 @@ def test_end_to_end_trains_both_stages_on_the_image_files(tmp_path) -> None:
     ds = load_dataset(clean)
     wds = load_dataset(web, format="webtags")
     web_data = web_method_data(None, [list(t) for t in wds.tags], image_paths=[str(p) for p in wds.image_paths])
-    params = {**FAST, "image_model": "cnn", "text_model": "gru", "workers": 0, "max_epochs": 1,
+    params = {**FAST, "image_model": "cnn", "text_model": "gru", "max_epochs": 1,
               "stage2_epochs": 2, "batch_size": 4, "curriculum_epochs": 1}
-    m = create_method("webly", **params)
+    m = create_method("webly", **params).with_run(**RUN, workers=0)
     after_stage1 = None
     for ev in m.fit_iter(MethodData.from_features(ds, None, None, "train"), web=web_data):
         if isinstance(ev, Phase):
@@ -247,12 +248,13 @@ def test_the_sentence_branch_reads_the_tags_without_a_tag_branch() -> None:
     """``tag_branch=sentence`` with a GRU: the model has no tag branch; L_IT ranks images against the tag
     strings through the sentence encoder, in both stages; over caption features it needs the engine's encoder."""
     split, web = _data()
-    m = create_method("webly", **{**FAST, "tag_branch": "sentence", "text_model": "gru", "embed_dim": 32})
+    m = create_method("webly", **{**FAST, "tag_branch": "sentence", "text_model": "gru",
+                                "embed_dim": 32}).with_run(**RUN)
     events = list(m.fit_iter(split["train"], split["val"], web=web))
     assert m.model().tags is None and m.stage_ == 2
     assert any("L_IS" not in e.terms and "L_IT" in e.terms for e in events if isinstance(e, Loss))
     assert m.evaluate(split["test"])["rsum"] > 150
-    f = create_method("webly", **{**FAST, "tag_branch": "sentence"})
+    f = create_method("webly", **{**FAST, "tag_branch": "sentence"}).with_run(**RUN)
     with pytest.raises(CrossViewError, match="encodes the tag strings with the run's text encoder"):
         list(f.fit_iter(split["train"], split["val"]))
 
@@ -268,10 +270,10 @@ def test_a_web_set_needs_a_run_on_image_files(tmp_path) -> None:
     ds = H.make_toy_dataset()
     with pytest.raises(CrossViewError, match="no such file or folder"):
         list(train("webly", ds, run_dir=tmp_path / "e", features=H.toy_features(ds), device="cpu",
-                   params={**FAST, "web": str(tmp_path / "empty")}))
+                   params={**FAST, **RUN, "web": str(tmp_path / "empty")}))
     with pytest.raises(CrossViewError, match="precomputed"):
         list(train("webly", ds, run_dir=tmp_path / "r", features=H.toy_features(ds), device="cpu",
-                   params={**FAST, "web": str(tmp_path / "web")}))
+                   params={**FAST, **RUN, "web": str(tmp_path / "web")}))
 
 
 @pytest.mark.slow

@@ -92,8 +92,8 @@ def test_no_lit_still_trains_the_tags_in_stage_two() -> None:
     train, val = (MethodData.from_features(ds, img, txt, s) for s in ("train", "val"))
     tr = ds.splits["train"]
     web = web_method_data(img[tr], [["dog", "photo"] if ds.labels[i] % 2 else ["car"] for i in tr])
-    m = create_method("webly", embed_dim=16, batch_size=16, max_epochs=1, stage2_epochs=1, lambda2=0.0,
-                      device="cpu", log_every=1)
+    m = create_method("webly", embed_dim=16, batch_size=16, max_epochs=1, stage2_epochs=1,
+                      lambda2=0.0).with_run(device="cpu", log_every=1)
     optimised = []
     step = m.training_step
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from _engine_helpers import write_toy_precomp
-from _webly_words import CONCEPTS, FAST, make_word_dataset, trained_webly, word_features
+from _webly_words import CONCEPTS, FAST, RUN, make_word_dataset, trained_webly, word_features
 from crossview.cli import main
 from crossview.core.errors import CrossViewError
 from crossview.data.method_data import MethodData
@@ -71,7 +71,7 @@ def test_retriever_ranks_images_for_a_tag_list_through_the_tag_branch(words) -> 
     from crossview.methods import create_method
 
     enc = WordCounts(ds)
-    st = create_method("webly", **{**FAST, "tag_branch": "sentence"})
+    st = create_method("webly", **{**FAST, "tag_branch": "sentence"}).with_run(**RUN)
     st.set_text_encoder(enc.encode)
     st.fit(MethodData.from_features(ds, img, txt, "train"))
     assert m.has_tag_branch and not st.has_tag_branch and st.tags_as_sentences
@@ -96,7 +96,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     data = base / "words_precomp"
     write_toy_precomp(data, make_word_dataset(), (("train", "train"), ("dev", "val"), ("test", "test")))
     out = {}
-    for method, sets in (("webly", [f"{k}={v}" for k, v in FAST.items() if k != "device"]),
+    for method, sets in (("webly", [f"{k}={v}" for k, v in {**FAST, "log_every": RUN["log_every"]}.items()]),
                          ("cca", ["n_components=6"])):
         argv = ["train", method, "--data", str(data), "--run-dir", str(base / method), "--text-encoder", "bow",
                 "--device", "cpu"]

@@ -11,6 +11,7 @@ import torch
 
 from crossview.core.events import Log, Loss, Progress, Validation
 from crossview.core.errors import CrossViewError
+from crossview.core.run_settings import RunSettings
 from crossview.methods import create_method, list_methods, method_class
 from crossview.data.method_data import MethodData
 from crossview.methods.wsabie import Wsabie
@@ -102,7 +103,7 @@ def test_registered_with_keyword_params() -> None:
 def test_caption_version_learns_on_demo(demo) -> None:
     # The card's defaults otherwise, except max_norm: these hand-made bag-of-words captions (a few words of
     # weight ~0.3 each) need the looser norm the card's help names for count features
-    m = create_method("wsabie", max_epochs=8, patience=0, max_norm=10.0, device="cpu")
+    m = create_method("wsabie", max_epochs=8, patience=0, max_norm=10.0).with_run(device="cpu")
     events = _fit(m, demo["train"], demo["val"])
     vals = [e for e in events if isinstance(e, Validation)]
     assert len(vals) == 8 and all("rsum" in v.metrics for v in vals)
@@ -128,7 +129,7 @@ def test_label_version_learns_on_demo(demo, target: str, epochs: int) -> None:
     "red circle"-style phrases, harder for colour-grid features), and caption retrieval through the
     labels a caption names."""
     m = create_method("wsabie", target=target, lr=0.01, max_norm=10.0, max_epochs=epochs, patience=0,
-                      batch_size=128, device="cpu")
+                      batch_size=128).with_run(device="cpu")
     events = _fit(m, demo["train"], demo["val"])
     assert any(isinstance(e, Validation) and "mAP" in e.metrics for e in events)
     test = demo["test"]
@@ -159,7 +160,7 @@ def test_class_label_version_learns() -> None:
         return MethodData(image_features=x, text_features=None, captions=[], caption_image=np.zeros(0, np.int64),
                           labels=lab, name="train")
 
-    m = create_method("wsabie", target="labels", dim=16, lr=0.05, max_epochs=5, patience=0, device="cpu")
+    m = create_method("wsabie", target="labels", dim=16, lr=0.05, max_epochs=5, patience=0).with_run(device="cpu")
     m.fit(data(1000, 1), data(200, 2))
     res = m.evaluate_labels(data(300, 3))
     assert res["P@1"] > 80.0, res                      # chance is 10 %
@@ -169,7 +170,7 @@ def test_class_label_version_learns() -> None:
 # ---------------------------------------------------------------------------- training loop behaviour
 def test_events_and_cancellation_within_one_batch() -> None:
     train = _synthetic()
-    m = create_method("wsabie", dim=8, batch_size=32, max_epochs=2, log_every=2, device="cpu")
+    m = create_method("wsabie", dim=8, batch_size=32, max_epochs=2).with_run(log_every=2, device="cpu")
     it = m.fit_iter(train)
     kinds = []
     for ev in it:
@@ -180,7 +181,7 @@ def test_events_and_cancellation_within_one_batch() -> None:
     assert kinds[0] is Log and kinds[-1] is Progress
     assert m.step_ == 1 and m.epoch_ == 0                # one batch done, no more
 
-    m = create_method("wsabie", dim=8, batch_size=32, max_epochs=2, log_every=2, device="cpu")
+    m = create_method("wsabie", dim=8, batch_size=32, max_epochs=2).with_run(log_every=2, device="cpu")
     events = _fit(m, train)
     n_batches = (train.n_captions + 31) // 32
     progress = [e for e in events if isinstance(e, Progress)]
@@ -193,7 +194,7 @@ def test_events_and_cancellation_within_one_batch() -> None:
 
 def test_learns_on_synthetic_and_early_stopping_keeps_the_best_pass() -> None:
     train, val = _synthetic(seed=0), _synthetic(seed=1, name="val")
-    m = create_method("wsabie", dim=12, lr=0.01, max_epochs=6, patience=0, device="cpu")
+    m = create_method("wsabie", dim=12, lr=0.01, max_epochs=6, patience=0).with_run(device="cpu")
     _fit(m, train, val)
     res = m.evaluate(_synthetic(seed=2, name="test"))
     assert res["t2i"]["R@1"] > 5 * 100.0 / 120, res["t2i"]          # chance R@1 = 0.8 %
@@ -202,7 +203,7 @@ def test_learns_on_synthetic_and_early_stopping_keeps_the_best_pass() -> None:
     # model is the best validation pass, not the last.
     noise = _synthetic(seed=3, name="val")
     noise.text_features = np.random.default_rng(4).normal(size=noise.text_features.shape).astype(np.float32)
-    m = create_method("wsabie", dim=12, lr=0.01, max_epochs=20, patience=1, device="cpu")
+    m = create_method("wsabie", dim=12, lr=0.01, max_epochs=20, patience=1).with_run(device="cpu")
     events = _fit(m, train, noise)
     assert len(m.history_) < 20 and m.stopped_
     assert any(isinstance(e, Log) and "stopping" in e.message for e in events)
@@ -214,18 +215,19 @@ def test_learns_on_synthetic_and_early_stopping_keeps_the_best_pass() -> None:
 # ---------------------------------------------------------------------------- checkpoints
 def test_save_load_round_trip(tmp_path) -> None:
     train = _synthetic()
-    m = create_method("wsabie", dim=8, max_epochs=2, device="cpu")
+    m = create_method("wsabie", dim=8, max_epochs=2).with_run(device="cpu")
     m.fit(train)
     path = m.save(tmp_path / "wsabie.pt")
     back = Wsabie.load(path)
     assert isinstance(back, Wsabie) and back.saved_params() == m.saved_params()
-    assert back.device == "auto", "the device is not the model's: a saved model opens on this machine's"
+    assert back.run_settings == RunSettings() and "device" not in back.saved_params(), \
+        "the device is not the model's: a saved model opens on the device its loader is given"
     np.testing.assert_array_equal(back.encode_images(train), m.encode_images(train))
     np.testing.assert_array_equal(back.encode_texts(train), m.encode_texts(train))
     state = m.state_dict()
     assert all(not isinstance(v, torch.Tensor) for v in state["state"].values())
 
-    labels = create_method("wsabie", target="labels", dim=8, max_epochs=1, device="cpu").fit(train)
+    labels = create_method("wsabie", target="labels", dim=8, max_epochs=1).with_run(device="cpu").fit(train)
     back = Wsabie.load(labels.save(tmp_path / "labels.pt"))
     assert back.label_names_ == labels.label_names_
     np.testing.assert_array_equal(back.encode_labels(), labels.encode_labels())
@@ -236,13 +238,13 @@ def test_resume_continues_exactly(target: str) -> None:
     """Stop mid-pass, checkpoint, restore into a new object and resume: the result is bit-identical to
     an uninterrupted run (same sampling stream, same batch order)."""
     train, val = _synthetic(seed=0), _synthetic(seed=1, name="val")
-    params = dict(target=target, dim=8, batch_size=50, max_epochs=3, patience=0, lr=0.01, device="cpu", seed=7)
+    params = dict(target=target, dim=8, batch_size=50, max_epochs=3, patience=0, lr=0.01)
     n_pairs = train.n_captions if target == "captions" else train.n_images
     stop_at = -(-n_pairs // 50) + 2                       # two batches into the second pass
-    full = create_method("wsabie", **params)
+    full = create_method("wsabie", **params).with_run(device="cpu", seed=7)
     _fit(full, train, val)
 
-    part = create_method("wsabie", **params)
+    part = create_method("wsabie", **params).with_run(device="cpu", seed=7)
     it = part.fit_iter(train, val)
     n_progress = 0
     for ev in it:
@@ -288,7 +290,7 @@ def test_bad_input_gives_clear_errors() -> None:
     with pytest.raises(CrossViewError, match="not fitted yet"):
         create_method("wsabie").encode_images(train)
 
-    m = create_method("wsabie", dim=4, max_epochs=1, device="cpu").fit(train)
+    m = create_method("wsabie", dim=4, max_epochs=1).with_run(device="cpu").fit(train)
     wrong = _synthetic(p=7, name="test")
     with pytest.raises(CrossViewError, match="expects 12-d image features.*has 7-d"):
         m.encode_images(wrong)
@@ -301,13 +303,13 @@ def test_bad_input_gives_clear_errors() -> None:
     one_image = MethodData(image_features=train.image_features[:1], text_features=train.text_features[:3],
                            captions=train.captions[:3], caption_image=np.zeros(3, np.int64), name="train")
     with pytest.raises(CrossViewError, match="no negatives"):
-        _fit(create_method("wsabie", device="cpu"), one_image)
+        _fit(create_method("wsabie").with_run(device="cpu"), one_image)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_trains_on_gpu() -> None:
     train, val = _synthetic(seed=0), _synthetic(seed=1, name="val")
-    m = create_method("wsabie", dim=12, lr=0.01, max_epochs=4, patience=0, device="cuda")
+    m = create_method("wsabie", dim=12, lr=0.01, max_epochs=4, patience=0).with_run(device="cuda")
     events = _fit(m, train, val)
     assert any(isinstance(e, Log) and "device cuda" in e.message for e in events)
     res = m.evaluate(_synthetic(seed=2, name="test"))

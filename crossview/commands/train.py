@@ -64,6 +64,8 @@ def method_help(name: str) -> str:
             rng = ""
         lines.append(f"  {spec.name} ({spec.type}, default {spec.default!r}){rng}")
         lines += textwrap.wrap(spec.help, width=100, initial_indent="      ", subsequent_indent="      ")
+    lines.append("Run settings (the run's, not the method's: --device, --seed, or --set NAME=VALUE): device, seed, "
+                 "amp, workers (n_jobs), log_every")
     return "\n".join(lines)
 
 
@@ -138,7 +140,8 @@ def parse_set_values(method: str, items: list[str]) -> dict[str, Any]:
     """``["reg=0.1", "pairs=images"]`` -> ``{"reg": 0.1, "pairs": "images"}``, typed by the card of
     ``method`` (or by the class default when the card does not list the parameter)."""
     from crossview.methods import method_class
-    from crossview.methods.cards import ParamSpec, _infer_type, find_card
+    from crossview.core.run_settings import RUN_SETTING_PARAMS
+    from crossview.methods.cards import ParamSpec, _infer_type, find_card, run_setting_spec
 
     cls = method_class(method)
     card = find_card(method)
@@ -150,9 +153,14 @@ def parse_set_values(method: str, items: list[str]) -> dict[str, Any]:
             raise CrossViewError(f"--set {item!r}: write NAME=VALUE, e.g. --set {valid[0] if valid else 'name'}=...")
         name, value = (s.strip() for s in item.split("=", 1))
         name = name.replace("-", "_")
+        run_spec = run_setting_spec(name)      # --set seed=3 / amp=true: the run's, typed by RunSettings
+        if run_spec is not None:
+            out[name] = run_spec.coerce(value, method)
+            continue
         if name not in valid:
             raise CrossViewError(f"--set {item!r}: method {method!r} has no parameter {name!r}; "
-                                 f"its parameters are: {', '.join(valid)}")
+                                 f"its parameters are: {', '.join(valid)} (and the run settings "
+                                 f"{', '.join(RUN_SETTING_PARAMS)})")
         spec = card.params.get(name) if card is not None else None
         if spec is None:
             default = defaults.get(name)
@@ -242,9 +250,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             # bad values cost nothing: refused before the demo's first rendering (~10 s), not after it
             from crossview.core.devices import select_device
             from crossview.features.image import list_image_encoders
-            from crossview.methods import create_method
+            from crossview.methods import method_from_params
 
-            create_method(args.method, **params).check_params()
+            method_from_params(args.method, params).check_params()
             select_device(args.device)
             if args.image_encoder and args.image_encoder not in (*list_image_encoders(), "precomp"):
                 raise CrossViewError(f"unknown image encoder {args.image_encoder!r}; choose one of: "

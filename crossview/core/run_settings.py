@@ -17,7 +17,7 @@ from typing import Any
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["RunSettings", "RUN_SETTING_PARAMS", "split_run_settings", "SEED_MAX", "check_seed",
+__all__ = ["RunSettings", "RUN_SETTING_PARAMS", "RUN_SETTING_HELP", "split_run_settings", "SEED_MAX", "check_seed",
            "check_checkpoint_seconds"]
 
 #: The largest seed every consumer accepts: numpy's legacy ``np.random.seed`` and scikit-learn's ``random_state``
@@ -50,10 +50,22 @@ def check_checkpoint_seconds(value: Any, name: str = "checkpoint_seconds") -> fl
                              "event)")
     return v
 
-#: Constructor parameters of methods that are run settings, with the :class:`RunSettings` field each comes from
-#: (``random_state`` and ``n_jobs`` are scikit-learn's names for the seed and the workers).
+#: Names a user may give among a method's parameters (``--set seed=3``) that are run settings, with the
+#: :class:`RunSettings` field each goes to (``random_state`` and ``n_jobs`` are scikit-learn's names for the seed and
+#: the workers). No method has a parameter of these names: a method reads them from its ``run_settings``.
 RUN_SETTING_PARAMS: dict[str, str] = {"device": "device", "amp": "amp", "seed": "seed", "random_state": "seed",
                                       "workers": "workers", "n_jobs": "workers", "log_every": "log_every"}
+
+#: What each run setting a user may give like a parameter does (``crossview train METHOD --help``, the app's tooltips).
+RUN_SETTING_HELP: dict[str, str] = {
+    "device": "auto, cpu, cuda, cuda:N or mps (auto: a GPU when there is one)",
+    "amp": "mixed precision for the deep methods: float16 autocast with gradient scaling on a GPU, bfloat16 on a CPU "
+           "with bfloat16 matrix units; ignored elsewhere; weights stay float32",
+    "seed": "seed of python, numpy and torch, and of the method's random draws (folds, starts, batch order)",
+    "workers": "processes or threads a method runs beside the training one (image loader workers of the deep "
+               "methods, 0 = in the training process; BITR's cross-validation jobs; SVM's label threads); also "
+               "n_jobs; default: the method's own",
+    "log_every": "report the minibatch loss every this many steps (default: the method's own, 10)"}
 
 
 @dataclass(frozen=True)
@@ -79,11 +91,6 @@ class RunSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def for_method(self) -> dict[str, Any]:
-        """The values a method's run-setting parameters take (:data:`RUN_SETTING_PARAMS`), ``None`` left out."""
-        return {param: getattr(self, field) for param, field in RUN_SETTING_PARAMS.items()
-                if getattr(self, field) is not None}
 
     def describe(self) -> str:
         """``device cpu, seed 0, amp off, checkpoint every 60 s`` (the parts that are set)."""

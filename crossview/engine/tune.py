@@ -114,6 +114,7 @@ def parse_grid_values(method: str, name: str, values: list[str]) -> list[Any]:
         raise CrossViewError(f"--grid {name}: give at least one value")
     if name in RUN_KEYS:
         return [check_norm(v, name) for v in values]
+    _refuse_run_setting(name)
     cls = method_class(method)
     valid = cls.param_names()
     if name not in valid:
@@ -151,6 +152,15 @@ def _label(point: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in point.items())
 
 
+def _refuse_run_setting(name: str) -> None:
+    from crossview.core.run_settings import RUN_SETTING_PARAMS
+
+    if name in RUN_SETTING_PARAMS:
+        own = f"--{name} VALUE or " if name in ("device", "seed") else ""
+        raise CrossViewError(f"--grid {name}: {name} is a run setting, not a parameter to search over; give it to "
+                             f"every trial with {own}--set {name}=VALUE")
+
+
 def _check_grid(method: str, grid: dict[str, list[Any]]) -> None:
     from crossview.features.normalize import check_norm
     from crossview.methods import method_class
@@ -164,7 +174,9 @@ def _check_grid(method: str, grid: dict[str, list[Any]]) -> None:
         if name in RUN_KEYS:
             for v in values:
                 check_norm(v, name)
-        elif name not in valid:
+            continue
+        _refuse_run_setting(name)
+        if name not in valid:
             raise CrossViewError(f"--grid {name}: method {method!r} has no parameter {name!r}; its parameters are: "
                                  f"{', '.join(valid)} (and {', '.join(RUN_KEYS)})")
 
@@ -316,14 +328,14 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     """
     from crossview.engine.run import SUMMARY, _load, train
     from crossview.engine.runs import ensure_run, run_finished
-    from crossview.methods import create_method
+    from crossview.methods import method_from_params
 
     ds, source = _load(data, data_format, image_root)
     _check_grid(method, grid)
     fixed = dict(params or {})
     points = _points(grid, trials, seed)
     for p in points:     # every point is a valid parameter set, before any work
-        create_method(method, **{**fixed, **{k: v for k, v in p.items() if k not in RUN_KEYS}}).check_params()
+        method_from_params(method, {**fixed, **{k: v for k, v in p.items() if k not in RUN_KEYS}}).check_params()
     if train_split not in ds.splits:
         raise CrossViewError(f"dataset {ds.name!r} has no split {train_split!r} to train the trials on (it has: "
                              f"{', '.join(ds.split_names) or 'none'})")

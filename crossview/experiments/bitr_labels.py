@@ -167,7 +167,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,
                                            check_representation, method_data_for_images, representation_record)
-    from crossview.methods import create_method
+    from crossview.methods import method_from_params
 
     view = check_text_view({"kind": kind, "min_images": int(min_images)} if kind == "phrases" else {"kind": kind})
     methods = parse_methods(list(methods))
@@ -185,7 +185,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
         if clash:
             raise CrossViewError(f"{m} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)} in this table")
         if registry != "random":
-            create_method(registry, **{**given, **fixed}).check_params()
+            method_from_params(registry, {**given, **fixed}).check_params()
         params[m] = given
     yield Log(f"{dataset.name}: the {kind} view" + (" (parsing the captions)" if kind == "phrases" else ""))
     vds = text_view(dataset, view)

@@ -238,7 +238,7 @@ def random_baseline(train: MethodData, test: MethodData, *, ks: Sequence[int] = 
 
 def _make_method(table_name: str, params: dict[str, Any]) -> Method | None:
     """An unfitted method of table row ``table_name`` with ``params`` (checked); ``None`` for ``random``."""
-    from crossview.methods import create_method
+    from crossview.methods import method_from_params
 
     registry, fixed = TABLE_METHODS[table_name]
     if registry == "random":
@@ -247,7 +247,7 @@ def _make_method(table_name: str, params: dict[str, Any]) -> Method | None:
             raise CrossViewError(f"random has no parameter {bad[0]!r}; its parameters are: "
                                  f"{', '.join(RANDOM_PARAMS)}")
         return None
-    method = create_method(registry, **{**params, **fixed})
+    method = method_from_params(registry, {**params, **fixed})
     method.check_params()
     return method
 
@@ -256,6 +256,11 @@ def _coerce(registry: str, key: str, value: Any) -> Any:
     """A parameter value from the command line, typed with the method's card when there is one."""
     if not isinstance(value, str):
         return value
+    from crossview.methods.cards import run_setting_spec
+
+    run_spec = run_setting_spec(key)     # seed, n_jobs ...: the run's, typed by its RunSettings field
+    if run_spec is not None:
+        return run_spec.coerce(value, registry)
     try:
         from crossview.methods.cards import find_card
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Progress
+from crossview.core.run_settings import RUN_SETTING_PARAMS
 from crossview.engine.runs import drain  # noqa: F401  (the run store's; experiments call V.drain)
 from crossview.eval.paired import DEFAULT_RESAMPLES, paired_effect
 from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
@@ -125,7 +126,11 @@ def _coerce(method: str, key: str, value: Any) -> Any:
     if not isinstance(value, str):
         return value
     from crossview.methods import method_card
+    from crossview.methods.cards import run_setting_spec
 
+    run_spec = run_setting_spec(key)        # seed, amp ...: the run's, typed by its RunSettings field
+    if run_spec is not None:
+        return run_spec.coerce(value, method)
     card = method_card(method)
     if card is None or key not in card.params:
         raise CrossViewError(f"{method} has no parameter {key!r}; 'crossview train {method} --help' lists them")
@@ -150,7 +155,7 @@ def variant_params(study: Study, name: str, given: dict[str, dict[str, Any]] | N
             out["lr_decay_epoch"] = max(1, round(int(epochs) * d["lr_decay_epoch"] / d["max_epochs"]))
     names = method_class(method).param_names()
     for k, v in ((given or {}).get("*") or {}).items():     # every variant whose method has the parameter
-        if k in names:
+        if k in names or k in RUN_SETTING_PARAMS:
             out[k] = _coerce(method, k, v)
     for k, v in ((given or {}).get(name) or {}).items():
         out[k] = _coerce(method, k, v)
@@ -242,13 +247,14 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     from crossview.engine.run import RANKS, STATUS, read_summary, train
     from crossview.engine.runs import ensure_run
     from crossview.experiments.budget import choose_params, parse_budget
-    from crossview.methods import create_method, method_class
+    from crossview.methods import method_class, method_from_params
 
     names = parse_variants(study, list(variants) if variants is not None else list(study.variants))
     if not isinstance(seeds, (int, np.integer)) or isinstance(seeds, bool) or seeds < 1:
         raise CrossViewError(f"--seeds must be a whole number >= 1, got {seeds!r}")
     for k in ((params or {}).get("*") or {}):
-        if not any(k in method_class(study.variants[n][0]).param_names() for n in names):
+        if k not in RUN_SETTING_PARAMS and not any(k in method_class(study.variants[n][0]).param_names()
+                                                   for n in names):
             raise CrossViewError(f"--set {k}=...: no method of the {study.plural} compared has a parameter {k!r}; "
                                  + " and ".join(f"'crossview train {m} --help'" for m in study.methods) + " list them")
     budget = parse_budget(budget)
@@ -272,7 +278,8 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
             per[n] = {**per[n], **budget.params_for(study.variants[n][0], n_caps / max(len(tr), 1)),
                       **study.variants[n][1]}
     for n, p in per.items():                # bad names and values fail now, before any training
-        create_method(study.variants[n][0], **{k: v for k, v in p.items() if k not in prepared_params}).check_params()
+        method_from_params(study.variants[n][0],
+                           {k: v for k, v in p.items() if k not in prepared_params}).check_params()
     if split is None:
         split = "test" if "test" in splits else "val" if "val" in splits else None
         if split is None:
@@ -302,7 +309,7 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     if prepare is not None:
         yield from prepare(folder)
         for n, p in per.items():
-            create_method(study.variants[n][0], **p).check_params()
+            method_from_params(study.variants[n][0], p).check_params()
     if budget is not None:
         yield Log(f"budget of every {study.noun}: {budget.describe()}")
     chosen: dict[str, dict[str, Any]] = {}

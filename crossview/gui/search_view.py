@@ -72,8 +72,8 @@ def field_texts(values: dict[str, tuple[Any, Any]], method: str) -> dict[str, tu
 
 
 def card_fields(method: str) -> dict[str, tuple[Any, str]]:
-    """The fields of ``method`` at its card's defaults (its ``default_params`` when it has no card), without the
-    ``device`` run setting: what a search with no form around it prefills."""
+    """The fields of ``method`` at its card's defaults (its ``default_params`` when it has no card; run settings
+    are never among them): what a search with no form around it prefills."""
     from crossview.methods import cards, method_class
 
     if cards.card_path(method).is_file():
@@ -82,7 +82,7 @@ def card_fields(method: str) -> dict[str, tuple[Any, str]]:
         from crossview.methods.cards import ParamSpec, _infer_type
         specs = {k: ParamSpec(k, v, _infer_type(v)) for k, v in method_class(method).default_params().items()
                  if isinstance(v, (int, float, str, bool))}
-    return field_texts({p: (s, s.default) for p, s in specs.items() if p != "device"}, method)
+    return field_texts({p: (s, s.default) for p, s in specs.items()}, method)
 
 
 class SearchView(QWidget):

@@ -20,8 +20,8 @@ from typing import Any, Callable, TypeVar
 from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
-__all__ = ["register_method", "create_method", "list_methods", "method_class", "method_card", "default_norms_of",
-           "Method", "MethodData", "METHOD_MODULES"]
+__all__ = ["register_method", "create_method", "method_from_params", "list_methods", "method_class", "method_card",
+           "default_norms_of", "Method", "MethodData", "METHOD_MODULES"]
 
 #: Every method module, in the order they are listed to the user. A name whose module does not
 #: exist (yet) is skipped.
@@ -74,15 +74,27 @@ def method_class(name: str) -> type[Method]:
 def create_method(name: str, **params: Any) -> Method:
     """An unfitted instance of method ``name`` with ``params`` (the rest take their defaults).
 
-    Unknown parameter names raise :class:`CrossViewError` listing the method's parameters.
+    Unknown parameter names raise :class:`CrossViewError` listing the method's parameters; a run setting
+    (``device``, ``seed`` ...) one saying how to give it (``.with_run(...)``).
     """
     cls = method_class(name)
     valid = cls.param_names()
-    unknown = [k for k in params if k not in valid]
+    unknown = [k for k in params if k not in valid and k not in cls.RUN_SETTINGS]   # run settings: said by cls()
     if unknown:
         raise CrossViewError(f"method {name!r} has no parameter {unknown[0]!r}; its parameters are: "
                              f"{', '.join(valid)}")
     return cls(**params)
+
+
+def method_from_params(name: str, params: dict[str, Any]) -> Method:
+    """:func:`create_method` for parameters as a user gave them (``--set seed=3`` among them): the run settings
+    among them (:data:`crossview.core.run_settings.RUN_SETTING_PARAMS`) go to the method's run settings
+    (:meth:`Method.with_run`), the rest are its parameters. For checking what a run will be asked before it starts."""
+    from crossview.core.run_settings import split_run_settings
+
+    hyper, run = split_run_settings(dict(params))
+    method = create_method(name, **hyper)
+    return method.with_run(**run) if run else method
 
 
 def method_card(name: str) -> Any:
@@ -101,7 +113,7 @@ def default_norms_of(method: str, params: dict[str, Any] | None = None) -> tuple
     features (``bench/results/defaults_flickr8k.md``), and ``none`` when the method trains on a
     representation of its own (BITR's TR / CTR topic distributions must stay distributions)."""
     try:
-        return default_norms_for(create_method(method, **(params or {})))
+        return default_norms_for(method_from_params(method, params or {}))
     except (CrossViewError, AttributeError, TypeError):
         cls = method_class(method)       # bad parameters are reported by the run's own checks
         return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))

@@ -5,7 +5,10 @@ scikit-learn's conventions (STYLE.md 4):
 
 - ``__init__`` takes keyword parameters only and stores each, unchanged, as an attribute of the same
   name (no logic, no validation there); :meth:`Method.get_params` / :meth:`Method.set_params` read
-  and write them; learned attributes end in ``_`` (``W_``, ``projections_``).
+  and write them; learned attributes end in ``_`` (``W_``, ``projections_``). The parameters are the
+  model, loss and optimisation hyperparameters (the card's); how a run executes (device, amp, seed,
+  workers, log_every) is the run's :class:`~crossview.core.run_settings.RunSettings`, which the method
+  reads from :attr:`Method.run_settings` (set by ``configure_run`` / ``with_run``).
 - :meth:`Method.fit_iter` is a generator that does the work and yields
   :mod:`crossview.core.events` (``Progress``, ``Loss``, ``Validation``, ``Log``); it must yield at
   least once per batch / cutting-plane iteration, because cancelling is the consumer stopping the
@@ -26,6 +29,7 @@ is the module name.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,7 +39,7 @@ import numpy as np
 
 from crossview.data.method_data import MethodData
 from crossview.core.errors import CrossViewError
-from crossview.core.run_settings import RUN_SETTING_PARAMS
+from crossview.core.run_settings import RUN_SETTING_PARAMS, RunSettings
 
 __all__ = ["MethodData", "Method", "DIRECTIONS", "check_direction"]
 
@@ -52,6 +56,13 @@ def check_direction(direction: str) -> str:
         raise CrossViewError(f"direction must be 'i2t' (image -> text) or 't2i' (text -> image), "
                              f"got {direction!r}")
     return direction
+
+
+def _run_setting_message(method: str, name: str) -> str:
+    field = RUN_SETTING_PARAMS[name]
+    return (f"{name} is a run setting, not a parameter of method {method!r}: give it to the run "
+            f"(crossview.train(..., {field}=...), or --set {name}=... on the command line) or to the method "
+            f"object with .with_run({field}=...)")
 
 
 class Method:
@@ -82,11 +93,27 @@ class Method:
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
     default_image_norm: ClassVar[str] = "none"
     default_text_norm: ClassVar[str] = "none"
-    #: parameters that say how a run executes, not what is learned (device, amp, seed, workers, log_every:
-    #: crossview.core.run_settings): the engine sets them from the run's settings (:meth:`configure_run`); a
-    #: checkpoint neither saves nor restores them (a run trained on cuda:0 resumes or opens on the device asked for
-    #: now), and a run's config.json keeps them apart from the method's parameters
+    #: names that say how a run executes, not what is learned (device, amp, seed / random_state, workers / n_jobs,
+    #: log_every: crossview.core.run_settings): never a method's parameters. A method reads them from
+    #: :attr:`run_settings` (the properties :attr:`device`, :attr:`seed`, ...), which the engine sets with
+    #: :meth:`configure_run` and a library user with :meth:`with_run`; a checkpoint neither saves nor restores them
+    #: (a run trained on cuda:0 resumes or opens on the device asked for now)
     RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset(RUN_SETTING_PARAMS)
+    #: the run's settings (default: ``RunSettings()``, the CPU, seed 0, amp off): set by :meth:`configure_run`
+    run_settings: RunSettings = RunSettings()
+    #: what ``workers`` / ``log_every`` are when the run's settings leave them at ``None`` (the method's own)
+    default_workers: ClassVar[int] = 0
+    default_log_every: ClassVar[int] = 10
+    #: True when the method trains in mixed precision when the run asks for it (``amp``; the Train panel greys the
+    #: box out for the others, and :attr:`amp` is False for them whatever the run says)
+    supports_amp: ClassVar[bool] = False
+
+    def __new__(cls, *args: Any, **params: Any) -> "Method":
+        # a run setting given as a parameter (Vsepp(device="cpu")) is said in one line, not as a TypeError
+        given = [k for k in params if k in RUN_SETTING_PARAMS]
+        if given:
+            raise CrossViewError(_run_setting_message(cls.name or cls.__name__, given[0]))
+        return super().__new__(cls)
 
     # ------------------------------------------------------------------ parameters
     @classmethod
@@ -120,6 +147,8 @@ class Method:
         """Set parameters by name; an unknown name raises :class:`CrossViewError` listing the valid ones."""
         valid = self.param_names()
         for k, v in params.items():
+            if k in RUN_SETTING_PARAMS:
+                raise CrossViewError(_run_setting_message(self.name or type(self).__name__, k))
             if k not in valid:
                 raise CrossViewError(f"method {self.name or type(self).__name__!r} has no parameter {k!r}; "
                                      f"its parameters are: {', '.join(valid)}")
@@ -130,13 +159,59 @@ class Method:
         """Raise :class:`CrossViewError` when ``dataset`` lacks what this method trains on (labels, tags ...);
         the engine calls it with :meth:`check_params`, before the run's folder is made. Default: nothing."""
 
-    def configure_run(self, settings: Any) -> "Method":
-        """Take the run's settings (a :class:`crossview.core.run_settings.RunSettings`): each run-setting
-        parameter this method has (``device``, ``amp``, ``seed`` / ``random_state``, ``workers`` / ``n_jobs``,
-        ``log_every``) is set from them; the others are left as they are. Returns ``self``."""
-        mine = set(self.param_names())
-        self.set_params(**{k: v for k, v in settings.for_method().items() if k in mine})
+    def configure_run(self, settings: RunSettings) -> "Method":
+        """Take the run's settings (a :class:`crossview.core.run_settings.RunSettings`, its device resolved): the
+        method reads its device, amp, seed, workers and log_every from them from now on. Returns ``self``."""
+        if not isinstance(settings, RunSettings):
+            raise CrossViewError(f"configure_run takes a crossview.core.run_settings.RunSettings, got "
+                                 f"{type(settings).__name__}; use with_run(device=..., seed=...) to give fields")
+        self.run_settings = settings
         return self
+
+    def with_run(self, **fields: Any) -> "Method":
+        """:meth:`configure_run` with these :class:`RunSettings` fields changed from the current ones
+        (``Vsepp(max_epochs=2).with_run(device="cpu", seed=0)``); ``random_state`` / ``n_jobs`` are taken as
+        ``seed`` / ``workers`` and ``device="auto"`` is resolved to the device there is. Returns ``self``."""
+        known = {f.name for f in dataclasses.fields(RunSettings)}
+        out: dict[str, Any] = {}
+        for k, v in fields.items():
+            field = RUN_SETTING_PARAMS.get(k, k)
+            if field not in known:
+                raise CrossViewError(f"with_run: {k!r} is not a run setting; the run settings are: "
+                                     f"{', '.join(sorted(known))}")
+            out[field] = v
+        if "device" in out:
+            from crossview.core.devices import select_device
+            out["device"] = select_device(out["device"])
+        return self.configure_run(dataclasses.replace(self.run_settings, **out))
+
+    # the run settings a method reads (read-only: they are the run's, see with_run / configure_run)
+    @property
+    def device(self) -> str:
+        """The run's device (``"cpu"``, ``"cuda:0"``)."""
+        return self.run_settings.device
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        return self.run_settings.seed
+
+    @property
+    def amp(self) -> bool:
+        """Mixed precision: the run's ``amp`` for a method that :attr:`supports_amp`, else False."""
+        return bool(self.run_settings.amp) and self.supports_amp
+
+    @property
+    def workers(self) -> int:
+        """Loader workers / parallel jobs: the run's, or the method's :attr:`default_workers`."""
+        w = self.run_settings.workers
+        return self.default_workers if w is None else w
+
+    @property
+    def log_every(self) -> int:
+        """Steps between loss events: the run's, or the method's :attr:`default_log_every`."""
+        n = self.run_settings.log_every
+        return self.default_log_every if n is None else n
 
     def __repr__(self) -> str:
         defaults = self.default_params()
@@ -224,30 +299,28 @@ class Method:
         return {"method": self.name, "params": self.saved_params(), "stream": self.stream_state(),
                 "state": {k: getattr(self, k) for k in self._learned_names()}}
 
-    #: the run settings a fit's random stream is drawn from: kept with the learned state (``"stream"``) so that a
-    #: state loaded into a new object continues the very same stream (the engine sets them from the run anyway)
-    STREAM_SETTINGS: ClassVar[tuple[str, ...]] = ("seed", "random_state")
-
     def stream_state(self) -> dict[str, Any]:
-        """``{"seed": 7}``: the seed(s) this method's training draws from."""
-        mine = self.param_names()
-        return {k: getattr(self, k) for k in self.STREAM_SETTINGS if k in mine}
+        """``{"seed": 7}``: the seed this method's training draws from, kept with the learned state (``"stream"``) so
+        that a state loaded into a new object continues the very same stream (the engine sets it from the run
+        anyway)."""
+        return {"seed": self.seed}
 
     def saved_params(self) -> dict[str, Any]:
-        """The parameters a checkpoint keeps: all but the run settings (:attr:`RUN_SETTINGS`)."""
-        return {k: v for k, v in self.get_params().items() if k not in self.RUN_SETTINGS}
+        """The parameters a checkpoint keeps (its hyperparameters: run settings are never among them)."""
+        return self.get_params()
 
     def load_state_dict(self, d: dict[str, Any]) -> "Method":
         """Restore parameters and learned attributes from :meth:`state_dict`'s output; returns ``self``."""
         if d.get("method") and self.name and d["method"] != self.name:
             raise CrossViewError(f"this checkpoint is for method {d['method']!r}, not {self.name!r}; "
                                  f"load it with create_method({d['method']!r})")
-        # run settings in a checkpoint written before they were left out are not restored: this object's stand
+        # run settings in a checkpoint written when they were parameters are not restored: this object's stand
         self.set_params(**{k: v for k, v in d.get("params", {}).items() if k not in self.RUN_SETTINGS})
         # the seed the training drew from (a state written before "stream" existed kept it among its params)
         stream = d.get("stream") if isinstance(d.get("stream"), dict) else d.get("params", {})
-        mine = self.param_names()
-        self.set_params(**{k: v for k, v in stream.items() if k in self.STREAM_SETTINGS and k in mine})
+        seed = stream.get("seed", stream.get("random_state"))
+        if seed is not None:
+            self.run_settings = dataclasses.replace(self.run_settings, seed=int(seed))
         for k, v in d.get("state", {}).items():
             setattr(self, k, v)
         return self

@@ -296,7 +296,6 @@ class Bitr(Method):
         c_grid: values of C for k-fold cross-validation (each direction picks its own); empty: use ``C``.
             Accepts ``"paper"`` (10^-5 ... 10^5), ``"1e-3:1e3"`` or ``"0.1,1,10"``.
         cv_folds: folds of the cross-validation (by image).
-        n_jobs: worker processes for the cross-validation jobs (folds x directions).
         normalize: ``"l2"`` (outputs on the unit sphere), ``"l1"`` (on the probability simplex; needs
             non-negative features) or ``"paper"`` (the paper's rule: L1 for the M loss on topic features,
             i.e. rows that are distributions, L2 otherwise). Not ``"paper"`` by default: with exact
@@ -323,8 +322,6 @@ class Bitr(Method):
             Joachims et al.'s plain 1-slack algorithm.
         inactive_limit: iterations with zero dual weight before a constraint leaves the working set.
         mv_starts, mv_steps: starts and steps of projected subgradient ascent (M loss on the sphere).
-        device: ``auto | cpu | cuda[:n] | mps`` for the large products.
-        seed: random seed (folds, random starts, candidate subset).
         representation: what a run (:mod:`crossview.engine.run`) trains on: ``"features"`` (the run's
             image and text encoders), ``"tr"`` (paper 001's topic representation: LDA topics of visual
             words, i.e. k-means clusters of the backbone's local descriptors, and of caption words) or
@@ -334,10 +331,15 @@ class Bitr(Method):
             :meth:`fit` on given :class:`MethodData` uses the features it is given.
         n_topics: LDA topics per modality for ``tr`` / ``ctr`` (the paper's 100).
         n_words: visual words (k-means centres) for ``tr`` / ``ctr`` (the paper's 1000).
+
+    Run settings it reads (:class:`~crossview.core.run_settings.RunSettings`, not parameters): ``device`` for the
+    large products, ``seed`` (folds, random starts, candidate subset, TR) and ``workers`` (``n_jobs``: processes
+    for the cross-validation jobs, folds x directions; default 1).
     """
 
     directions_differ = True
     iterative = True
+    default_workers = 1      # processes for the cross-validation jobs unless the run says otherwise
     #: chosen on real photos (bench/results/defaults_flickr8k.md): ssr image features, reduce="cca" to 64-d
     default_image_norm = "ssr"
     has_epoch_validation = False
@@ -345,17 +347,16 @@ class Bitr(Method):
                        "set (the chosen C and the score of each C are in the log), not per iteration.")
 
     def __init__(self, *, loss: str = "C", C: float = 1000.0, c_grid: Any = None, cv_folds: int = 5,
-                 n_jobs: int = 1, normalize: str = "l2", reduce: str = "auto", cca_dim: int = 64,
+                 normalize: str = "l2", reduce: str = "auto", cca_dim: int = 64,
                  pca_dim: int = 128, outputs: str = "continuous",
                  max_candidates: int = 5000, epsilon: float = 1e-3, max_iter: int = 1000,
                  line_search: bool = True, inactive_limit: int = 50, mv_starts: int = 8, mv_steps: int = 30,
-                 device: str = "auto", seed: int = 0, representation: str = "features", n_topics: int = 100,
+                 representation: str = "features", n_topics: int = 100,
                  n_words: int = 1000) -> None:
         self.loss = loss
         self.C = C
         self.c_grid = c_grid
         self.cv_folds = cv_folds
-        self.n_jobs = n_jobs
         self.normalize = normalize
         self.reduce = reduce
         self.cca_dim = cca_dim
@@ -368,8 +369,6 @@ class Bitr(Method):
         self.inactive_limit = inactive_limit
         self.mv_starts = mv_starts
         self.mv_steps = mv_steps
-        self.device = device
-        self.seed = seed
         self.representation = representation
         self.n_topics = n_topics
         self.n_words = n_words
@@ -395,7 +394,7 @@ class Bitr(Method):
             C = float("nan")
         if not (math.isfinite(C) and C > 0):
             raise CrossViewError(f"BITR: C must be a positive number, got {self.C!r}; the paper searches 1e-5 ... 1e5")
-        for name, lo in (("cv_folds", 2), ("n_jobs", 1), ("max_iter", 1), ("max_candidates", 2),
+        for name, lo in (("cv_folds", 2), ("workers", 1), ("max_iter", 1), ("max_candidates", 2),
                          ("mv_starts", 1), ("mv_steps", 1), ("inactive_limit", 1), ("pca_dim", 0), ("cca_dim", 0),
                          ("n_topics", 1), ("n_words", 2)):
             v = getattr(self, name)
@@ -546,7 +545,7 @@ class Bitr(Method):
             raise CrossViewError(f"BITR: {k}-fold cross-validation needs at least {k} training images, "
                                  f"there are {n_img}; lower cv_folds or give a fixed C (c_grid empty)")
         folds = cv_folds(n_img, k, int(self.seed))
-        base = self._trainer_kwargs(torch.device("cpu") if int(self.n_jobs) > 1 else dev)
+        base = self._trainer_kwargs(torch.device("cpu") if int(self.workers) > 1 else dev)
         jobs = []
         for d in ("i2t", "t2i"):
             for f in range(k):
@@ -560,9 +559,9 @@ class Bitr(Method):
                              "prep": self._preprocessing_settings(), "trainer": dict(base)})
         total = 2 * k
         yield Log(f"bitr: choosing C by {k}-fold cross-validation over {len(grid)} values "
-                  f"({grid[0]:g} ... {grid[-1]:g}), {len(jobs)} jobs, {int(self.n_jobs)} process(es); each fold "
+                  f"({grid[0]:g} ... {grid[-1]:g}), {len(jobs)} jobs, {int(self.workers)} process(es); each fold "
                   f"fits the {self._reduction().upper()} preprocessing on its own training rows")
-        if int(self.n_jobs) <= 1:
+        if int(self.workers) <= 1:
             for job in jobs:
                 gen = _cv_job(job)
                 it = 0
@@ -584,7 +583,7 @@ class Bitr(Method):
             # executor can only wait for running jobs, which take minutes here)
             from joblib.externals.loky import ProcessPoolExecutor
 
-            ex = ProcessPoolExecutor(max_workers=int(self.n_jobs))
+            ex = ProcessPoolExecutor(max_workers=int(self.workers))
             try:
                 futs = {ex.submit(_cv_job_process, job): job["key"] for job in jobs}
                 pending = set(futs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from crossview.core.errors import CrossViewError
 from crossview.core.resources import models_dir
 
 __all__ = ["ParamSpec", "MethodCard", "card_path", "load_card", "find_card", "list_cards", "parse_card",
-           "PARAM_TYPES", "coerce_param"]
+           "PARAM_TYPES", "coerce_param", "run_setting_spec"]
 
 #: Parameter types a card may declare.
 PARAM_TYPES = ("int", "float", "str", "bool", "list[int]", "list[float]", "list[str]")
@@ -166,6 +167,27 @@ class MethodCard:
     def coerce_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Each of ``params`` converted with its :class:`ParamSpec` (unknown names pass through)."""
         return {k: (self.params[k].coerce(v, self.name) if k in self.params else v) for k, v in params.items()}
+
+
+_RUN_SETTING_MIN = {"seed": 0, "workers": 0, "log_every": 1}
+
+
+def run_setting_spec(name: str) -> ParamSpec | None:
+    """How to read a run setting given like a parameter (``--set seed=3``, ``--set n_jobs=4``): a :class:`ParamSpec`
+    typed by its :class:`~crossview.core.run_settings.RunSettings` field (cards never list run settings);
+    ``None`` when ``name`` is not a run setting."""
+    from crossview.core.run_settings import RUN_SETTING_HELP, RUN_SETTING_PARAMS, RunSettings
+
+    field_name = RUN_SETTING_PARAMS.get(name)
+    if field_name is None:
+        return None
+    hint = typing.get_type_hints(RunSettings)[field_name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    kind = {bool: "bool", int: "int", float: "float"}.get(base, "str")
+    default = RunSettings.__dataclass_fields__[field_name].default
+    return ParamSpec(name=name, default=default, type=kind, help=RUN_SETTING_HELP.get(field_name, ""),
+                     min=_RUN_SETTING_MIN.get(field_name), optional=bool(args) and type(None) in typing.get_args(hint))
 
 
 def card_path(name: str) -> Path:

@@ -61,18 +61,17 @@ class SmoothAP(Vsepp):
 
     def __init__(self, *, loss: str = "smoothap", tau: float = 0.1, temperature: float = 0.1,
                  embed_dim: int = 1024, text_model: str = "features", image_model: str = "features",
-                 backbone: str = "efficientnet_lite0", finetune_cnn: bool = False, workers: int = 2,
+                 backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
                  word_dim: int = 300, min_count: int = 1, max_len: int = 64, bert_path: str = "",
                  train_layers: int = 0, max_epochs: int = 100, batch_size: int = 128, lr: float = 2e-4,
                  lr_decay_epoch: int = 70, lr_decay: float = 0.1, grad_clip: float = 2.0, optimizer: str = "adam",
-                 weight_decay: float = 0.0, patience: int = 10, holdout: float = 0.0, amp: bool = False,
-                 device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+                 weight_decay: float = 0.0, patience: int = 10, holdout: float = 0.0) -> None:
         super().__init__(embed_dim=embed_dim, text_model=text_model, image_model=image_model, backbone=backbone,
-                         finetune_cnn=finetune_cnn, workers=workers, word_dim=word_dim, min_count=min_count,
+                         finetune_cnn=finetune_cnn, word_dim=word_dim, min_count=min_count,
                          max_len=max_len, bert_path=bert_path, train_layers=train_layers, max_epochs=max_epochs,
                          batch_size=batch_size, lr=lr, lr_decay_epoch=lr_decay_epoch, lr_decay=lr_decay,
                          grad_clip=grad_clip, optimizer=optimizer, weight_decay=weight_decay, patience=patience,
-                         holdout=holdout, amp=amp, device=device, seed=seed, log_every=log_every)
+                         holdout=holdout)
         self.loss = loss
         self.tau = tau
         self.temperature = temperature

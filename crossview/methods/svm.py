@@ -14,12 +14,12 @@ every training image has gets ``w_l = 0, b_l = +1``. Training images without lab
 
 C: a fixed value (``C``, default 1: a few seconds for 2,000 images x 100 labels x 512-d), or chosen by k-fold
 cross-validation (``c_grid``; ``"paper"`` = the paper's ``{1e-5, 1e-4, ..., 1e5}`` with ``cv_folds=5``; ``C="cv"``
-is short for that): the training images are split into ``cv_folds`` folds (shuffled with ``seed``), every C of
-the grid is fitted on each fold's complement and scored by the Im2Text mAP of the held-out images, and the C of
-the best mean is refitted on all of them (ties: the smaller C). ``n_jobs`` threads fit labels in parallel
-(liblinear releases the GIL). liblinear draws its coordinate order from one C-level random generator that threads
-fitting at once share, so with ``n_jobs > 1`` the weights may differ from a one-thread fit in their fifth digit
-(the same seed in one thread is exactly reproducible).
+is short for that): the training images are split into ``cv_folds`` folds (shuffled with the run's ``seed``),
+every C of the grid is fitted on each fold's complement and scored by the Im2Text mAP of the held-out images, and
+the C of the best mean is refitted on all of them (ties: the smaller C). The run's ``workers`` (``n_jobs``) threads
+fit labels in parallel (liblinear releases the GIL). liblinear draws its coordinate order from one C-level random
+generator that threads fitting at once share, so with more than one thread the weights may differ from a one-thread
+fit in their fifth digit (the same seed in one thread is exactly reproducible).
 
 The state is plain arrays: ``coef_ (n_labels, p) float32``, ``intercept_ (n_labels,) float32``, ``label_names_``,
 ``C_`` (the C used) and, after cross-validation, ``cv_grid_`` / ``cv_scores_`` (mean held-out mAP per C).
@@ -77,8 +77,9 @@ class SVM(LabelMethod):
         cv_folds: folds of that cross-validation (the paper: 5).
         normalize: ``"l2"`` (unit-norm image rows, the paper's CTR setting) or ``"none"``.
         max_iter: liblinear's passes per label (labels that reach it are counted in the log).
-        n_jobs: threads fitting labels in parallel.
-        seed: folds and liblinear's coordinate order.
+
+    Run settings it reads (not parameters): ``workers`` (``n_jobs``: threads fitting labels in parallel, default 1)
+    and ``seed`` (folds and liblinear's coordinate order).
 
     Learned: ``coef_``, ``intercept_``, ``label_names_``, ``C_``, ``cv_grid_``, ``cv_scores_``, ``n_train_``,
     ``n_not_converged_``.
@@ -88,19 +89,18 @@ class SVM(LabelMethod):
     # w . (x - m) + b = w . x + b' whatever the common mean m, and each label's column is ranked on its own
     # scale, so the shared direction of uncentred rows cannot make a hub the way it does in a cosine.
     iterative = False
+    default_workers = 1      # threads fitting labels unless the run says otherwise
     validation_note = ("The one-vs-rest SVMs are fitted once (C by cross-validation on the training split when "
                        "c_grid is set, with each C's score in the log); val P@K and mAP are reported after fitting.")
 
     def __init__(self, *, target: str = "label_sets", C: Any = 1.0, c_grid: Any = None, cv_folds: int = 5,
-                 normalize: str = "l2", max_iter: int = 1000, n_jobs: int = 1, seed: int = 0) -> None:
+                 normalize: str = "l2", max_iter: int = 1000) -> None:
         self.target = target
         self.C = C
         self.c_grid = c_grid
         self.cv_folds = cv_folds
         self.normalize = normalize
         self.max_iter = max_iter
-        self.n_jobs = n_jobs
-        self.seed = seed
 
     # ------------------------------------------------------------------ parameters
     def _grid(self) -> tuple[float, ...]:
@@ -119,7 +119,7 @@ class SVM(LabelMethod):
             if isinstance(self.C, bool) or not (math.isfinite(C) and C > 0):
                 raise CrossViewError(f"svm: C must be a positive number or 'cv' (five-fold cross-validation over "
                                      f"1e-5 ... 1e5, as the paper), got {self.C!r}")
-        for name, lo in (("cv_folds", 2), ("max_iter", 1), ("n_jobs", 1)):
+        for name, lo in (("cv_folds", 2), ("max_iter", 1), ("workers", 1)):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 raise CrossViewError(f"svm: {name} must be a whole number >= {lo}, got {v!r}")
@@ -140,7 +140,7 @@ class SVM(LabelMethod):
         coef = np.zeros((L, X.shape[1]), dtype=np.float32)
         intercept = np.zeros(L, dtype=np.float32)
         bad = 0
-        jobs, seed, max_iter = int(self.n_jobs), int(self.seed), int(self.max_iter)
+        jobs, seed, max_iter = int(self.workers), int(self.seed), int(self.max_iter)
         chunk = 4 * jobs
         with Parallel(n_jobs=jobs, prefer="threads") as parallel:
             for start in range(0, L, chunk):

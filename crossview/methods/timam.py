@@ -151,18 +151,16 @@ class Timam(Vsepp):
                  adv_weight: float = 1.0, adv_target: str = "confusion", d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
                  embed_dim: int = 512, text_model: str = "bilstm", lstm_hidden: int = 256,
                  image_model: str = "features", backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
-                 workers: int = 2, word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
+                 word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
                  finetune_layers: int = 6, finetune_epochs: int = 0, finetune_lr: float = 2e-6,
                  max_epochs: int = 10, batch_size: int = 64, lr: float = 2e-4, image_optimizer: str = "adam",
                  momentum: float = 0.9, plateau_patience: int = 2, min_lr: float = 2e-6, weight_decay: float = 4e-4,
-                 grad_clip: float = 0.0, patience: int = 0, holdout: float = 0.0, amp: bool = False,
-                 device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+                 grad_clip: float = 0.0, patience: int = 0, holdout: float = 0.0) -> None:
         for name, value in dict(embed_dim=embed_dim, text_model=text_model, image_model=image_model,
-                                backbone=backbone, finetune_cnn=finetune_cnn, workers=workers, word_dim=word_dim,
+                                backbone=backbone, finetune_cnn=finetune_cnn, word_dim=word_dim,
                                 min_count=min_count, max_len=max_len, bert_path=bert_path, max_epochs=max_epochs,
                                 batch_size=batch_size, lr=lr, grad_clip=grad_clip, weight_decay=weight_decay,
-                                patience=patience, holdout=holdout, amp=amp, device=device, seed=seed,
-                                log_every=log_every).items():
+                                patience=patience, holdout=holdout).items():
             setattr(self, name, value)
         self.labels = labels
         self.id_weight = id_weight

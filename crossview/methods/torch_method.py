@@ -71,8 +71,9 @@ def tensor_tree(obj: Any) -> Any:
 class TorchMethod(Method):
     """Base of the torch methods (see the module docstring). Parameters it reads when the subclass has
     them: ``max_epochs``, ``batch_size``, ``lr``, ``optimizer`` (``"sgd"`` | ``"adam"``), ``momentum``,
-    ``weight_decay``, ``lr_decay_epoch``, ``lr_decay``, ``grad_clip``, ``amp``, ``patience``,
-    ``holdout``, ``device``, ``seed``, ``log_every``.
+    ``weight_decay``, ``lr_decay_epoch``, ``lr_decay``, ``grad_clip``, ``patience``, ``holdout``; and
+    from the run's settings (:attr:`Method.run_settings`): ``device``, ``seed``, ``amp`` (when the method
+    :attr:`~Method.supports_amp`) and ``log_every``.
 
     Learned attributes: ``model_spec_``, ``model_state_`` (the weights, numpy), ``train_state_`` (the
     trainer's position and optimiser state), ``best_state_``, ``best_score_``, ``best_epoch_``,
@@ -277,7 +278,7 @@ class TorchMethod(Method):
         from crossview.core.devices import torch_device
 
         self.check_params()
-        dev = torch_device(str(getattr(self, "device", "auto")))
+        dev = torch_device(str(self.device))
         init_distributed(dev)
         rank, world_size = world()
         if world_size > 1 and dev.type == "cuda":
@@ -295,7 +296,7 @@ class TorchMethod(Method):
                                      "parameters) the run was started with")
         else:
             self._fresh_state(spec)
-        seed = int(getattr(self, "seed", 0))
+        seed = int(self.seed)
         torch.manual_seed(seed)
         model = self.build_model(self.model_spec_)
         if resume:
@@ -309,8 +310,8 @@ class TorchMethod(Method):
         sampler = self.make_sampler(train, seed, rank, world_size)
         trainer = Trainer(model, opts, sampler, max_epochs=self.n_epochs(), device=dev,
                           seed=seed, schedulers=scheds, grad_clip=getattr(self, "grad_clip", None),
-                          amp=bool(getattr(self, "amp", False)), loss_is_sum=self.loss_is_sum,
-                          log_every=int(getattr(self, "log_every", 10)), after_step=self.after_step,
+                          amp=bool(self.amp), loss_is_sum=self.loss_is_sum,
+                          log_every=int(self.log_every), after_step=self.after_step,
                           nan_hint=f"{self.nan_hint} (lr={getattr(self, 'lr', '?')})")
         if resume and self.train_state_ is not None:
             trainer.load_state_dict(tensor_tree(self.train_state_))

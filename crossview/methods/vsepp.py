@@ -126,14 +126,16 @@ class Vsepp(TorchMethod):
     #: a run's image features are signed-square-rooted and L2-normalised unless told otherwise: the setting the
     #: defaults were chosen under (bench/vsepp_quality.py); on the Flickr8k sample 1-10 rsum above none
     default_image_norm = "ssr"
+    #: loader workers decoding images (image_model="cnn") unless the run's settings say otherwise
+    default_workers = 2
+    supports_amp = True
 
     def __init__(self, *, loss: str = "vse0", margin: float = 0.2, embed_dim: int = 1024,
                  text_model: str = "features", image_model: str = "features", backbone: str = "efficientnet_lite0",
-                 finetune_cnn: bool = False, workers: int = 2, word_dim: int = 300, min_count: int = 1, max_len: int = 64,
+                 finetune_cnn: bool = False, word_dim: int = 300, min_count: int = 1, max_len: int = 64,
                  bert_path: str = "", train_layers: int = 0, max_epochs: int = 10, batch_size: int = 128,
                  lr: float = 2e-4, lr_decay_epoch: int = 7, lr_decay: float = 0.1, grad_clip: float = 2.0,
-                 optimizer: str = "adam", weight_decay: float = 0.0, patience: int = 10, holdout: float = 0.0, amp: bool = False,
-                 device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+                 optimizer: str = "adam", weight_decay: float = 0.0, patience: int = 10, holdout: float = 0.0) -> None:
         self.loss = loss
         self.margin = margin
         self.embed_dim = embed_dim
@@ -141,7 +143,6 @@ class Vsepp(TorchMethod):
         self.image_model = image_model
         self.backbone = backbone
         self.finetune_cnn = finetune_cnn
-        self.workers = workers
         self.word_dim = word_dim
         self.min_count = min_count
         self.max_len = max_len
@@ -157,10 +158,6 @@ class Vsepp(TorchMethod):
         self.weight_decay = weight_decay
         self.patience = patience
         self.holdout = holdout
-        self.amp = amp
-        self.device = device
-        self.seed = seed
-        self.log_every = log_every
 
     # ------------------------------------------------------------------ the text side decides what the run extracts
     @property

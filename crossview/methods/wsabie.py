@@ -117,7 +117,7 @@ class Wsabie(TorchMethod):
                  margin: float = 1.0, directions: str = "auto", batch_size: int = 128, max_epochs: int = 20,
                  lr_decay_epoch: int = 12, lr_decay: float = 0.1, optimizer: str = "sgd", patience: int = 3,
                  draws_per_round: int = 32, max_draws: int = 0, exclude_same_image: bool = True,
-                 normalize: str = "l2", device: str = "auto", seed: int = 0, log_every: int = 10) -> None:
+                 normalize: str = "l2") -> None:
         self.target = target
         self.dim = dim
         self.lr = lr
@@ -134,9 +134,6 @@ class Wsabie(TorchMethod):
         self.max_draws = max_draws
         self.exclude_same_image = exclude_same_image
         self.normalize = normalize
-        self.device = device
-        self.seed = seed
-        self.log_every = log_every
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
@@ -410,7 +407,8 @@ class Wsabie(TorchMethod):
                      "step_": state.get("step_", 0), "best_score_": state.get("best_score_", -math.inf),
                      "best_epoch_": state.get("best_epoch_", 0), "done_": True, "train_state_": None,
                      "best_state_": None, "bad_epochs_": 0}
-            params = {k: v for k, v in (d.get("params") or {}).items() if k in self.param_names()}
+            params = {k: v for k, v in (d.get("params") or {}).items()
+                      if k in self.param_names() or k in self.RUN_SETTINGS}   # the seed: the stream (base)
             d = {**d, "params": params, "state": state}
         super().load_state_dict(d)
         if "center_" not in (d.get("state") or {}):

@@ -440,14 +440,12 @@ class TrainPanel(QWidget):
             specs = {k: ParamSpec(k, v, _infer_type(v)) for k, v in cls.default_params().items()
                      if isinstance(v, (int, float, str, bool))}
         slots = self._show_slots(name, specs)
-        run_settings = method_class(name).RUN_SETTINGS
-        has_amp = "amp" in method_class(name).param_names()
+        # device, seed, amp are run settings, never among a method's parameters: the "Features and device" box
+        # sets them, once; amp only for a method that trains in mixed precision
+        has_amp = method_class(name).supports_amp
         self.amp_check.setEnabled(has_amp)
-        self.amp_check.setToolTip(AMP_HELP if has_amp else f"{AMP_HELP}\n{name} has no mixed precision (it trains "
-                                  "no network)")
+        self.amp_check.setToolTip(AMP_HELP if has_amp else f"{AMP_HELP}\n{name} does not train in mixed precision")
         for pname, spec in specs.items():
-            if pname in run_settings:    # device, seed, amp ...: the "Features and device" box sets them, once
-                continue
             if pname in slots:
                 self._getters[pname] = (spec, slots[pname].value)
                 continue
