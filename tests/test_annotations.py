@@ -135,3 +135,52 @@ def test_photo_marks_are_kept_by_path_apart_from_the_datasets(tmp_path):
         f.write(json.dumps({"time": "t", "direction": "t2i", "query": {**q, "photos": 5}, "item": 1,
                             "item_text": "/x.jpg", "relevant": True}) + "\n")
     assert AnnotationStore(tmp_path).skipped == 2
+
+
+def test_a_mark_that_cannot_be_written_is_kept_and_written_by_retry(tmp_path, monkeypatch):
+    """A read-only run folder or a full disk: the mark stays (pending, counted), the error says so in one
+    line, later marks queue behind it in order, and retry writes them all once the file can be written."""
+    import errno
+
+    from crossview.engine.annotations import AnnotationStore, MarkNotSaved
+
+    store = AnnotationStore(tmp_path / "run", annotator="ann")
+    store.mark("t2i", {"text": "a dog"}, 1, True)
+    real = AnnotationStore._write
+
+    def refuse(self, recs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(AnnotationStore, "_write", refuse)
+    with pytest.raises(MarkNotSaved, match=r"1 mark not saved \(Read-only file system\)"):
+        store.mark("t2i", {"text": "a dog"}, 2, False)
+    with pytest.raises(MarkNotSaved, match="2 marks not saved"):
+        store.mark("t2i", {"text": "a dog"}, 1, None)          # clearing a saved mark queues too
+    assert len(store) == 1 and len(store.pending) == 2           # item 2 marked, item 1 cleared, in memory
+    assert store.marks_for("t2i", {"text": "a dog"}) == {2: False}
+    with pytest.raises(MarkNotSaved):
+        store.retry()
+    monkeypatch.setattr(AnnotationStore, "_write", real)
+    assert store.retry() == 2 and store.pending == [] and store.retry() == 0
+    again = AnnotationStore(tmp_path / "run")
+    assert again.marks_for("t2i", {"text": "a dog"}) == {2: False} and again.skipped == 0
+
+
+def test_export_reads_every_processs_marks_and_counts_unreadable_lines(tmp_path):
+    """Two stores on one run (two windows, two annotators): each one's export holds both's marks."""
+    import csv
+
+    from crossview.engine.annotations import AnnotationStore
+
+    a = AnnotationStore(tmp_path / "run", annotator="a")
+    b = AnnotationStore(tmp_path / "run", annotator="b")
+    for i in range(3):
+        b.mark("t2i", {"text": "a cat"}, i, True)
+    a.mark("i2t", {"image": 4}, 9, False, "a caption")
+    with open(tmp_path / "run" / "annotations.jsonl", "ab") as f:
+        f.write(b"{not json\n")
+    b.mark("t2i", {"text": "a cat"}, 0, None)                    # b clears one of its marks after a's mark
+    out = a.export(tmp_path / "marks.csv")
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    assert sorted((r["annotator"], r["item"]) for r in rows) == [("a", "9"), ("b", "1"), ("b", "2")]
+    assert a.skipped == 1 and len(a) == 3

@@ -97,3 +97,46 @@ def test_mark_buttons_ask_and_say_how_many(qtbot, tmp_path: Path, monkeypatch) -
     qtbot.mouseClick(w.export_button, Qt.MouseButton.LeftButton)
     assert w.label.text() == f"exported 1 marks to {target}"
     assert list(csv.DictReader(target.open(encoding="utf-8")))[0]["query_image_file"] == "im22.png"
+
+
+@pytest.mark.gui
+def test_an_unsaved_mark_is_shown_kept_and_retried_and_export_reads_the_file(qtbot, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """A failed write turns the line red ("NOT saved", the reason in its tooltip) with a Retry button; Retry
+    writes it once the folder is writable again. The CSV export holds marks another window wrote, and the line
+    says how many unreadable lines the file had."""
+    import errno
+
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QFileDialog
+
+    from crossview.engine.annotations import MarkNotSaved
+    from crossview.gui.marks import MarkButtons
+
+    w = MarkButtons()
+    qtbot.addWidget(w)
+    w.show()
+    w.store, w.dataset = AnnotationStore(tmp_path / "run"), _dataset()
+    real = AnnotationStore._write
+    monkeypatch.setattr(AnnotationStore, "_write",
+                        lambda self, recs: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(MarkNotSaved) as failed:
+        w.store.mark("i2t", {"image": 22}, 44, True, "x")
+    w.refresh(str(failed.value))
+    assert "0 marks saved, 1 NOT saved" in w.label.text() and "No space left" in w.label.toolTip()
+    assert w.retry_button.isVisible()
+    qtbot.mouseClick(w.retry_button, Qt.MouseButton.LeftButton)      # still full: still kept, still said
+    assert "1 NOT saved" in w.label.text() and len(w.store.pending) == 1
+    monkeypatch.setattr(AnnotationStore, "_write", real)
+    qtbot.mouseClick(w.retry_button, Qt.MouseButton.LeftButton)
+    assert w.label.text() == "1 mark saved" and not w.retry_button.isVisible()
+    other = AnnotationStore(tmp_path / "run", annotator="other window")
+    other.mark("t2i", {"caption": 45}, 7, False)
+    with open(w.store.path, "ab") as f:
+        f.write(b"\xff\xfe torn\n")
+    target = tmp_path / "out.csv"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(target), ""))
+    qtbot.mouseClick(w.export_button, Qt.MouseButton.LeftButton)
+    assert w.label.text() == f"exported 2 marks to {target} (1 unreadable line of the file skipped)"
+    rows = list(csv.DictReader(target.open(encoding="utf-8")))
+    assert sorted(r["annotator"] for r in rows) == sorted([w.store.annotator, "other window"])

@@ -106,6 +106,30 @@ def test_marks_are_saved_at_once_and_move_down(qtbot, panel: QueryPanel, tmp_pat
     assert len((tmp_path / "run" / "annotations.jsonl").read_text().splitlines()) == 2, "presenting marks nothing"
 
 
+def test_a_mark_on_a_run_that_cannot_be_written_is_kept_and_said(qtbot, panel: QueryPanel, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """A read-only run folder: marking does not raise out of the key handler; the result shows its mark, the
+    line says it is NOT saved, and Retry saves it once the folder is writable."""
+    import errno
+
+    from crossview.engine.annotations import AnnotationStore
+
+    real = AnnotationStore._write
+    monkeypatch.setattr(AnnotationStore, "_write",
+                        lambda self, recs: (_ for _ in ()).throw(OSError(errno.EROFS, "Read-only file system")))
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        panel.query_image(25)
+    view = panel.caption_list
+    qtbot.keyClick(view, Qt.Key.Key_R)
+    assert view.item(0).text().startswith("✓"), view.item(0).text()
+    assert "1 NOT saved" in panel.marks_label.text(), panel.marks_label.text()
+    assert "Read-only file system" in panel.marks_label.toolTip()
+    monkeypatch.setattr(AnnotationStore, "_write", real)
+    qtbot.mouseClick(panel.marks.retry_button, Qt.MouseButton.LeftButton)
+    assert "1 mark saved" in panel.marks_label.text()
+    assert len((tmp_path / "run" / "annotations.jsonl").read_text().splitlines()) == 1
+
+
 def test_an_image_query_clears_the_last_sentence(qtbot, panel: QueryPanel) -> None:
     panel.sentence.setText("a dog runs on the beach")
     with qtbot.waitSignal(panel.answered, timeout=10_000):

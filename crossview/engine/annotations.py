@@ -5,7 +5,12 @@ flushed and fsync'ed at once, so a crash loses at most the mark being made and n
 Lines are ASCII (``ensure_ascii``: a crash cannot cut a multi-byte character). On reading, a line that
 is not a valid mark (torn, not UTF-8, not JSON, a missing or mistyped field) is skipped and counted in
 :attr:`AnnotationStore.skipped`: one bad line costs that line only. The current state is the last line per (direction, query,
-item). Export writes the current state as CSV or JSONL (atomically).
+item). Export writes the current state as CSV or JSONL (atomically), read again from the file first, so marks
+other processes (another window, another annotator) added are in it.
+
+A mark that cannot be written (a read-only run folder, a full disk) is not lost: it stays in memory as
+pending (:attr:`AnnotationStore.pending`), counts among the marks, is written before the next mark and by
+:meth:`AnnotationStore.retry`, and :meth:`AnnotationStore.mark` raises :class:`MarkNotSaved` saying why.
 
 A line: ``{"time", "annotator", "direction": "i2t"|"t2i", "query": {"image": 3} | {"caption": 12} |
 {"text": "..."} | {"file": "..."}, "item": int, "item_text": str, "relevant": true|false|null}``
@@ -30,9 +35,14 @@ from typing import Any
 from crossview.core.io import atomic_write_bytes
 from crossview.core.errors import CrossViewError
 
-__all__ = ["AnnotationStore", "query_key"]
+__all__ = ["AnnotationStore", "MarkNotSaved", "query_key"]
 
 FILE_NAME = "annotations.jsonl"
+
+
+class MarkNotSaved(CrossViewError):
+    """A mark was kept in memory but could not be written to ``annotations.jsonl`` (the message says why and
+    how many marks wait); :meth:`AnnotationStore.retry` writes them."""
 
 
 def query_key(query: dict[str, Any]) -> str:
@@ -94,6 +104,8 @@ class AnnotationStore:
         self.annotator = annotator or default
         self._state: dict[tuple[str, str, int | str], dict[str, Any]] = {}
         self.skipped_lines = 0
+        #: marks made but not yet written (the file could not be written), oldest first
+        self.pending: list[dict[str, Any]] = []
         self._read()
 
     @property
@@ -102,40 +114,48 @@ class AnnotationStore:
         return self.skipped_lines
 
     def _read(self) -> None:
+        self._state.clear()
+        self.skipped_lines = 0
         if self.path.exists() and not self.path.is_file():   # a FIFO or a folder would hang or fail the read
             raise CrossViewError(f"{self.path}: not a regular file; move it away so that marks can be saved")
         try:
             f = open(self.path, "rb")
         except FileNotFoundError:
-            return
+            f = None
         except OSError as e:
             raise CrossViewError(f"{self.path}: cannot read the annotations ({e.strerror or e}); check the "
                                  "file's permissions") from None
-        with f:
-            for raw in f:
-                if not raw.strip():
-                    continue
-                parsed = _parse_line(raw)
-                if parsed is None:
-                    self.skipped_lines += 1     # a torn line after a crash, a damaged byte, a hand edit
-                    continue
-                key, rec = parsed
-                if rec["relevant"] is None:
-                    self._state.pop(key, None)
-                else:
-                    self._state[key] = rec
+        if f is not None:
+            with f:
+                for raw in f:
+                    if not raw.strip():
+                        continue
+                    parsed = _parse_line(raw)
+                    if parsed is None:
+                        self.skipped_lines += 1     # a torn line after a crash, a damaged byte, a hand edit
+                        continue
+                    self._apply(*parsed)
+        for rec in self.pending:                    # marks made here that the file does not hold yet
+            self._apply(self._key(rec), rec)
 
-    def mark(self, direction: str, query: dict[str, Any], item: int, relevant: bool | None,
-             item_text: str = "") -> dict[str, Any]:
-        """Record a mark now (``None`` clears it); returns the line written."""
-        if direction not in ("i2t", "t2i"):
-            raise CrossViewError(f"direction must be i2t or t2i, got {direction!r}")
-        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "annotator": self.annotator, "direction": direction,
-               "query": dict(query), "item": int(item), "item_text": item_text,
-               "relevant": None if relevant is None else bool(relevant)}
-        if "photos" in query and not item_text:
-            raise CrossViewError("a mark on a photo folder's result needs the photo's path as its item_text")
-        key = (direction, query_key(query), _item_key(query, item, item_text))
+    def _apply(self, key: tuple[str, str, int | str], rec: dict[str, Any]) -> None:
+        if rec["relevant"] is None:
+            self._state.pop(key, None)
+        else:
+            self._state[key] = rec
+
+    @staticmethod
+    def _key(rec: dict[str, Any]) -> tuple[str, str, int | str]:
+        return rec["direction"], query_key(rec["query"]), _item_key(rec["query"], rec["item"], rec["item_text"])
+
+    def reload(self) -> "AnnotationStore":
+        """Read the file again (the marks every process has written), keeping this store's pending marks on top.
+        Returns ``self``."""
+        self._read()
+        return self
+
+    def _write(self, recs: list[dict[str, Any]]) -> None:
+        """Append ``recs`` as lines, flushed and fsync'ed (raises OSError)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         torn = False
         if self.path.exists() and self.path.stat().st_size:
@@ -143,13 +163,45 @@ class AnnotationStore:
                 f.seek(-1, os.SEEK_END)
                 torn = f.read(1) != b"\n"      # a crash cut the last line: start a fresh one
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(("\n" if torn else "") + json.dumps(rec, ensure_ascii=True) + "\n")
+            f.write(("\n" if torn else "") + "".join(json.dumps(r, ensure_ascii=True) + "\n" for r in recs))
             f.flush()
             os.fsync(f.fileno())
-        if relevant is None:
-            self._state.pop(key, None)
-        else:
-            self._state[key] = rec
+
+    def retry(self) -> int:
+        """Write the pending marks (oldest first); returns how many were written (0: none waited). Raises
+        :class:`MarkNotSaved` when the file still cannot be written (the marks stay pending)."""
+        if not self.pending:
+            return 0
+        try:
+            self._write(self.pending)
+        except OSError as e:
+            raise MarkNotSaved(self._not_saved(e)) from None
+        n, self.pending = len(self.pending), []
+        return n
+
+    def _not_saved(self, e: OSError) -> str:
+        n = len(self.pending)
+        return (f"{self.path}: {n} mark{'s' if n != 1 else ''} not saved ({e.strerror or e}); kept until the file "
+                "can be written: make the run folder writable or free space, then retry")
+
+    def mark(self, direction: str, query: dict[str, Any], item: int, relevant: bool | None,
+             item_text: str = "") -> dict[str, Any]:
+        """Record a mark now (``None`` clears it); returns the line written. When the file cannot be written the
+        mark is kept (pending, with any earlier pending ones) and :class:`MarkNotSaved` is raised."""
+        if direction not in ("i2t", "t2i"):
+            raise CrossViewError(f"direction must be i2t or t2i, got {direction!r}")
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "annotator": self.annotator, "direction": direction,
+               "query": dict(query), "item": int(item), "item_text": item_text,
+               "relevant": None if relevant is None else bool(relevant)}
+        if "photos" in query and not item_text:
+            raise CrossViewError("a mark on a photo folder's result needs the photo's path as its item_text")
+        self._apply(self._key(rec), rec)
+        self.pending.append(rec)
+        try:
+            self._write(self.pending)
+        except OSError as e:
+            raise MarkNotSaved(self._not_saved(e)) from None
+        self.pending = []
         return rec
 
     def marks_for(self, direction: str, query: dict[str, Any]) -> dict[int, bool]:
@@ -172,9 +224,10 @@ class AnnotationStore:
         return len(self._state)
 
     def export(self, path: str | Path) -> Path:
-        """Write the current marks to ``path``: ``.csv`` or ``.jsonl`` (by its suffix), atomically."""
+        """Write the current marks to ``path``: ``.csv`` or ``.jsonl`` (by its suffix), atomically, after reading
+        the file again (every process's marks; :attr:`skipped` then says how many lines were unreadable)."""
         path = Path(path)
-        rows = self.records()
+        rows = self.reload().records()
         if path.suffix.lower() == ".jsonl":
             data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
         elif path.suffix.lower() == ".csv":

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QWi
 
 from crossview.core.errors import CrossViewError
 from crossview.core.io import atomic_write_bytes
-from crossview.engine.annotations import AnnotationStore, query_key
+from crossview.engine.annotations import AnnotationStore, MarkNotSaved, query_key
 
 __all__ = ["describe_query", "export_marks", "marks_summary", "CSV_COLUMNS", "MarkButtons"]
 
@@ -29,9 +29,16 @@ CSV_COLUMNS = ("time", "annotator", "direction", "query_kind", "query", "query_i
                "item", "item_image_file", "item_text", "relevant")
 
 
-def marks_summary(n: int) -> str:
-    """``"3 marks saved"`` (``"1 mark saved"``): the line beside the mark buttons."""
-    return f"{n} mark{'s' if n != 1 else ''} saved"
+def marks_summary(n: int, pending: int = 0, skipped: int = 0) -> str:
+    """``"3 marks saved"`` (``"1 mark saved"``): the line beside the mark buttons; ``pending`` marks not yet
+    written and ``skipped`` unreadable lines of the file are said too."""
+    saved = n - pending
+    text = f"{saved} mark{'s' if saved != 1 else ''} saved"
+    if pending:
+        text += f", {pending} NOT saved (kept: Retry)"
+    if skipped:
+        text += f"; {skipped} unreadable line{'s' if skipped != 1 else ''} in the file skipped"
+    return text
 
 
 def describe_query(dataset: Any, query: dict[str, Any]) -> tuple[str, str]:
@@ -65,6 +72,7 @@ def export_marks(annotations: AnnotationStore, dataset: Any, path: str | Path) -
     path = Path(path)
     if path.suffix.lower() != ".csv":
         return annotations.export(path)
+    annotations.reload()        # every process's marks, not only this window's
     ds = dataset
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -103,13 +111,17 @@ class MarkButtons(QWidget):
         self.no = QPushButton("Not relevant (N)")
         self.clear = QPushButton("Clear mark (0)")
         self.export_button = QPushButton("Export marks...")
+        self.retry_button = QPushButton("Retry saving")
+        self.retry_button.setToolTip("Write the marks the run's annotations file could not take")
+        self.retry_button.hide()
+        self.retry_button.clicked.connect(self.retry)
         self.yes.clicked.connect(lambda: self.mark_requested.emit(True))
         self.no.clicked.connect(lambda: self.mark_requested.emit(False))
         self.clear.clicked.connect(lambda: self.mark_requested.emit(None))
         self.export_button.clicked.connect(self._export_dialog)
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
-        for w in (self.label, *self.buttons):
+        for w in (self.label, self.retry_button, *self.buttons):
             row.addWidget(w)
 
     @property
@@ -117,10 +129,32 @@ class MarkButtons(QWidget):
         """The mark buttons and the export button, in their order."""
         return (self.yes, self.no, self.clear, self.export_button)
 
-    def refresh(self) -> None:
-        """Say how many marks the store holds ("" without a store)."""
-        n = len(self.store) if self.store is not None else 0
-        self.label.setText(marks_summary(n) if self.store else "")
+    def refresh(self, error: str = "") -> None:
+        """Say how many marks the store holds ("" without a store), how many wait to be written and how many lines
+        of its file were unreadable; ``error`` (a failed write) is shown in red after it."""
+        store = self.store
+        self.retry_button.setVisible(bool(store is not None and store.pending))
+        if store is None or not (len(store) or store.skipped or error):     # nothing to count: say nothing
+            self.label.setText("")
+            self.label.setToolTip("")
+            return
+        text = html.escape(marks_summary(len(store), len(store.pending), store.skipped))
+        if store.pending or error:
+            text = f"<span style='color:#cf222e'>{text}</span>"
+        self.label.setText(text)
+        self.label.setToolTip(error or (f"{store.path}" if not store.pending else ""))
+
+    def retry(self) -> int:
+        """Write the store's pending marks; says the outcome in the label. Returns how many were written."""
+        if self.store is None:
+            return 0
+        try:
+            n = self.store.retry()
+        except MarkNotSaved as e:
+            self.refresh(str(e))
+            return 0
+        self.refresh()
+        return n
 
     def export(self, path: str | Path) -> Path:
         """:func:`export_marks` of :attr:`store` (which must be set) to ``path``."""
@@ -138,4 +172,6 @@ class MarkButtons(QWidget):
             except CrossViewError as e:
                 self.label.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
                 return
-            self.label.setText(f"exported {len(self.store)} marks to {path}")
+            skipped = self.store.skipped
+            note = f" ({skipped} unreadable line{'s' if skipped != 1 else ''} of the file skipped)" if skipped else ""
+            self.label.setText(html.escape(f"exported {len(self.store)} marks to {path}{note}"))

@@ -48,7 +48,7 @@ from PySide6.QtGui import QFont, QKeySequence, QPixmap, QShortcut
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListWidget,
                                QListWidgetItem, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from crossview.engine.annotations import AnnotationStore
+from crossview.engine.annotations import AnnotationStore, MarkNotSaved
 from crossview.core.errors import CrossViewError
 from crossview.core.text import html_text
 from crossview.engine.retriever import Ranking, Retriever
@@ -804,13 +804,17 @@ class QueryPanel(QWidget):
         text = self.retriever.gallery_caption_text(item) if self.ranking.direction == "i2t" else ""
         if is_photo_gallery(self.retriever):
             text = str(self.retriever.gallery_image_path(item))     # photo marks are kept by path
-        self.annotations.mark(self.ranking.direction, mark_query(self.retriever, self.ranking.query), item,
-                              relevant, text)
+        error = ""
+        try:
+            self.annotations.mark(self.ranking.direction, mark_query(self.retriever, self.ranking.query), item,
+                                  relevant, text)
+        except MarkNotSaved as e:          # kept in memory (pending): the line says so and offers Retry
+            error = str(e)
         self.results.style_item(it, self.ranking, item, relevant)
         row = view.currentRow()
         if relevant is not None and row + 1 < view.count():
             view.setCurrentRow(row + 1)        # annotators go down the list
-        self.marks.refresh()
+        self.marks.refresh(error)
 
     def describe_query(self, query: dict[str, Any]) -> tuple[str, str]:
         """``(image file name, caption text)`` of a marked query, as far as the open dataset knows them."""
