@@ -97,3 +97,26 @@ def test_the_rename_and_delete_dialogs_show_the_whole_name_and_cancel_does_nothi
     _shoot_dialog(QApplication.instance(), lambda: seen.setdefault("delete", browser.delete_selected()),
                   tmp_path / "delete.png")
     assert seen["delete"] is False and (runs_root / long_name).is_dir()
+
+
+def test_selecting_a_run_outside_the_runs_folder_leaves_the_trials_hidden(qtbot, runs_root, tmp_path):
+    """Opening a run kept elsewhere (File > Open run folder) is not a reason to list every search trial; a
+    trial inside the runs folder is shown (the box ticks itself)."""
+    import shutil
+
+    from crossview.gui.runs_browser import RunsBrowser
+
+    search = runs_root / "tune-cca-x"
+    search.mkdir()
+    (search / "tune.json").write_text("{}")
+    shutil.copytree(runs_root / "b", search / "trial-001")
+    browser = RunsBrowser(runs_root, is_busy=lambda p: False)
+    qtbot.addWidget(browser)
+    browser.refresh()
+    assert not browser.show_trials.isChecked()
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere" / "my-run"
+    browser.select_run(elsewhere)
+    assert not browser.show_trials.isChecked()
+    assert "(1 hidden)" in browser.show_trials.text()
+    browser.select_run(search / "trial-001")
+    assert browser.show_trials.isChecked() and browser.selected() == search / "trial-001"

@@ -117,7 +117,9 @@ class RunsBrowser(QGroupBox):
                 if self.runs_list.item(row).data(Qt.ItemDataRole.UserRole) == str(run_dir):
                     self.runs_list.setCurrentRow(row)
                     return
-            if attempt or self.show_trials.isChecked() or Path(run_dir).parent == self.runs_root:
+            # a run outside the runs folder is not a hidden trial: the list stays as it is
+            if attempt or self.show_trials.isChecked() or Path(run_dir).parent == self.runs_root \
+                    or Path(self.runs_root) not in Path(run_dir).parents:
                 return
             self.show_trials.setChecked(True)        # refreshes the list
 

@@ -82,7 +82,10 @@ def _shoot_dialog(app: Any, trigger: Callable[[], Any], path: Path, timeout_ms: 
 
     QTimer.singleShot(50, poll)
     trigger()                                    # returns once the dialog closes (exec) or at once (open)
+    returned = clock.elapsed()
     while not state["saved"] and not state.get("timeout"):
+        if not state.get("seen") and clock.elapsed() - returned > 2000:
+            raise CrossViewError(f"{path.name}: nothing opened a dialog")   # the trigger had nothing to ask
         app.processEvents()
         QApplication.instance().thread().msleep(20)
     if not state["saved"]:
@@ -178,8 +181,11 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
 
             tp = win.train_panel
             dialog_shot("search", tp.search_view.open_search_dialog)
-            dialog_shot("rename", tp.runs.rename_selected)
-            dialog_shot("delete", tp.runs.delete_selected)
+            if tp.runs.selected() is not None:
+                dialog_shot("rename", tp.runs.rename_selected)
+                dialog_shot("delete", tp.runs.delete_selected)
+            else:
+                log(f"  (no rename / delete dialogs: {run} is not in the runs folder {tp.runs_root})")
             missing = out / "no-such-dataset.json"
             dialog_shot("error", lambda: win.open_dataset(str(missing)))
             dialog_shot("about", win._about)
