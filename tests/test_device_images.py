@@ -82,6 +82,29 @@ def test_a_seeded_batch_matches_the_cpu_loader_batch(tmp_path) -> None:
         assert dib.n_cpu_decoded == 1                          # im4.png
 
 
+def test_files_read_ahead_give_the_same_batch_and_errors_name_the_file(tmp_path) -> None:
+    """The next batch's bytes are read in a background thread; the batch is the one read in the step, and a
+    batch other than the one read ahead reads its own files."""
+    from crossview.core.errors import CrossViewError
+
+    paths = _photos(tmp_path)
+    dib = D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu"))
+    plain, rows = dib.batch([5, 0, 5, 2], 11)
+    dib.read_ahead([2, 0, 5])                    # the same distinct images, another order: still a match
+    ahead, rows2 = dib.batch([5, 0, 5, 2], 11)
+    torch.testing.assert_close(ahead, plain, rtol=0, atol=0)
+    assert torch.equal(rows, rows2)
+    dib.read_ahead([1, 3])
+    other, _ = dib.batch([6], 11)                # not the batch read ahead
+    assert other.shape[0] == 1
+    Path(paths[3]).unlink()
+    dib.read_ahead([1, 3])
+    with pytest.raises(CrossViewError, match="im3.jpg"):
+        dib.batch([3, 1], 0)
+    dib.close()
+    dib.close()
+
+
 def test_device_augmentation_stays_float32_under_autocast(tmp_path) -> None:
     """Decoding and augmenting is data preparation: inside a training step's autocast (bfloat16 here, on the
     CPU) it still gives the float32 tensors it gives outside."""

@@ -431,8 +431,10 @@ class Vsepp(TorchMethod):
         epoch, pos = trainer.epoch, trainer.batch_pos
         on_device = getattr(self, "_device_images", None)
         if on_device is not None:
-            ids = _CaptionImages(trainer.sampler, self._files[2], epoch)(pos)
-            images, rows = on_device.batch(ids, _AugmentSeed(int(self.seed), world()[0], epoch)(pos))
+            caption_images = _CaptionImages(trainer.sampler, self._files[2], epoch)
+            images, rows = on_device.batch(caption_images(pos), _AugmentSeed(int(self.seed), world()[0], epoch)(pos))
+            if pos + 1 < len(trainer.sampler):       # the next batch's files are read while this one trains
+                on_device.read_ahead(caption_images(pos + 1))
             if len(rows) != len(batch):
                 raise CrossViewError(f"{self.name}: image batch out of step (batch {pos})")
             return images, rows
@@ -453,6 +455,8 @@ class Vsepp(TorchMethod):
 
     def end_training(self) -> None:
         self._prefetch = None          # its worker processes exit with the iterator
+        if getattr(self, "_device_images", None) is not None:
+            self._device_images.close()
         self._device_images = None
         super().end_training()
 

@@ -62,14 +62,15 @@ def _decode_pil(path: str, data: torch.Tensor) -> torch.Tensor:
                              "the file") from None
 
 
-def decode_images(paths: Sequence[str], device: torch.device) -> tuple[list[torch.Tensor], int]:
+def decode_images(paths: Sequence[str], device: torch.device,
+                  datas: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], int]:
     """``(images, n_on_cpu)``: each file as a ``(3, H, W) uint8`` tensor on ``device``. The JPEGs are decoded
     together by ``torchvision.io.decode_jpeg`` on ``device`` (nvJPEG on a GPU, libjpeg-turbo on the CPU); a
     file that is not a JPEG, or that the batch decode refuses, is decoded by Pillow on the CPU and copied over.
-    ``n_on_cpu`` counts those."""
+    ``n_on_cpu`` counts those. ``datas``: the files' bytes when already read (:func:`read_bytes`)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    datas = [read_bytes(p) for p in paths]
+    datas = [read_bytes(p) for p in paths] if datas is None else list(datas)
     out: list[torch.Tensor | None] = [None] * len(paths)
     jpeg = [k for k, d in enumerate(datas) if is_jpeg(d)]
     if jpeg:
@@ -172,12 +173,35 @@ class DeviceImageBatches:
         self.device = torch.device(device)
         self.n_cpu_decoded = 0
         self.on_cpu_decode = on_cpu_decode
+        self._ahead: tuple[tuple[int, ...], Any] | None = None    # (distinct ids, future of their bytes)
+        self._pool: Any = None
+
+    def read_ahead(self, image_ids: Any) -> None:
+        """Start reading the files of a coming batch in a background thread (the host's only work on this path,
+        overlapped with the step before it); :meth:`batch` with the same ids then takes the bytes read."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        uniq = tuple(int(j) for j in torch.unique(torch.as_tensor(image_ids, dtype=torch.int64)))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crossview-read")
+        self._ahead = (uniq, self._pool.submit(lambda: [read_bytes(self.paths[j]) for j in uniq]))
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (a batch read ahead and never taken is dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._ahead = None, None
 
     def batch(self, image_ids: Any, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(image_ids, dtype=torch.int64)
         uniq, rows = torch.unique(ids, return_inverse=True)
+        key = tuple(int(j) for j in uniq)
+        datas = None
+        if self._ahead is not None and self._ahead[0] == key:
+            datas = self._ahead[1].result()      # a file that could not be read raises here, naming it
+        self._ahead = None
         with torch.autocast(self.device.type, enabled=False):
-            images, n_cpu = decode_images([self.paths[int(j)] for j in uniq], self.device)
+            images, n_cpu = decode_images([self.paths[j] for j in key], self.device, datas)
             if n_cpu:
                 self.n_cpu_decoded += n_cpu
                 if self.on_cpu_decode is not None:
