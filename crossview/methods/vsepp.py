@@ -405,14 +405,18 @@ class Vsepp(TorchMethod):
         self._device_images = None
         n_jpeg = sum(1 for p in paths if str(p).lower().endswith((".jpg", ".jpeg")))
         if n_jpeg and device_images.device_decode_available(device):
-            self._device_images = device_images.DeviceImageBatches(paths, transform, device)
+            try:
+                self._device_images = device_images.DeviceImageBatches(paths, transform, device)
+            except ValueError:      # a transform the device code does not do: the loader path applies it
+                self._device_images = None
+        if self._device_images is not None:
             other = len(paths) - n_jpeg
             self._image_note = (f", images: JPEGs decoded on the device ({device}, torchvision decode_jpeg) and "
                                 "augmented there" + (f"; {other} other files decoded on the CPU one by one" if other
                                                      else ""))
         else:
             why = "not a CUDA device" if device.type != "cuda" else ("no JPEG files" if not n_jpeg else
-                                                                     "no device JPEG decoder")
+                                                                     "no device JPEG decoder or transform")
             self._image_note = (f", images: decoded and augmented on the CPU by {int(self.workers)} loader "
                                 f"workers ({why})")
 

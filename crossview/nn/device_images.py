@@ -68,28 +68,40 @@ def decode_images(paths: Sequence[str], device: torch.device,
     together by ``torchvision.io.decode_jpeg`` on ``device`` (nvJPEG on a GPU, libjpeg-turbo on the CPU); a
     file that is not a JPEG, or that the batch decode refuses, is decoded by Pillow on the CPU and copied over.
     ``n_on_cpu`` counts those. ``datas``: the files' bytes when already read (:func:`read_bytes`)."""
+    import warnings
+
     from torchvision.io import ImageReadMode, decode_jpeg
 
     datas = [read_bytes(p) for p in paths] if datas is None else list(datas)
     out: list[torch.Tensor | None] = [None] * len(paths)
     jpeg = [k for k, d in enumerate(datas) if is_jpeg(d)]
-    if jpeg:
-        try:
-            got = decode_jpeg([datas[k] for k in jpeg], mode=ImageReadMode.RGB, device=device)
-            for k, im in zip(jpeg, got):
-                out[k] = im
-        except RuntimeError:           # one file the batch decoder refuses: each on its own, then Pillow
-            for k in jpeg:
-                try:
-                    out[k] = decode_jpeg(datas[k], mode=ImageReadMode.RGB, device=device)
-                except RuntimeError:
-                    pass
+    # torchvision 0.29 deprecates its decoders in favour of torchcodec's (a warning at every call); they work
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        _decode_jpegs(datas, jpeg, out, device, decode_jpeg, ImageReadMode.RGB)
     n_cpu = 0
     for k, im in enumerate(out):
         if im is None:
             out[k] = _decode_pil(paths[k], datas[k]).to(device, non_blocking=True)
             n_cpu += 1
     return [im for im in out if im is not None], n_cpu
+
+
+def _decode_jpegs(datas: Sequence[torch.Tensor], jpeg: list[int], out: list[torch.Tensor | None],
+                  device: torch.device, decode_jpeg: Any, mode: Any) -> None:
+    """Fill ``out[k]`` for the JPEGs ``jpeg`` of ``datas``: all in one call, else one by one (a file the
+    decoder refuses stays None, for Pillow)."""
+    if jpeg:
+        try:
+            got = decode_jpeg([datas[k] for k in jpeg], mode=mode, device=device)
+            for k, im in zip(jpeg, got):
+                out[k] = im
+        except RuntimeError:           # one file the batch decoder refuses: each on its own, then Pillow
+            for k in jpeg:
+                try:
+                    out[k] = decode_jpeg(datas[k], mode=mode, device=device)
+                except RuntimeError:
+                    pass
 
 
 def train_transform_params(transform: Any) -> dict[str, Any]:
