@@ -93,6 +93,24 @@ def test_a_fine_tuned_backbone_is_left_to_autocast() -> None:
     assert enc.backbone[0].weight.grad is not None
 
 
+def test_padding_a_frozen_batch_to_a_fixed_row_count_leaves_each_row_alone() -> None:
+    """On CUDA under autocast the frozen backbone runs a multiple of ROW_BUCKET rows (fewer shapes for cuDNN to
+    plan); in eval mode each image's output does not depend on the others, so the padded rows change nothing."""
+    from crossview.nn.encoders import ROW_BUCKET, pad_rows
+
+    enc = _encoder()
+    for n in (1, 5, ROW_BUCKET, ROW_BUCKET + 3):
+        x = torch.randn(n, 3, 16, 16)
+        padded = pad_rows(x, ROW_BUCKET)
+        assert padded.shape[0] % ROW_BUCKET == 0 and padded.shape[0] - n < ROW_BUCKET
+        assert torch.equal(padded[:n], x) and not padded[n:].any()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            body = enc.frozen_backbone(x)
+            torch.testing.assert_close(body(padded)[:n], body(x), rtol=1e-2, atol=1e-2)
+        with torch.no_grad():
+            torch.testing.assert_close(enc.backbone(padded)[:n], enc.backbone(x), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_cuda_amp_runs_the_frozen_backbone_channels_last_in_float16() -> None:
     enc = _encoder().cuda()
@@ -105,3 +123,5 @@ def test_cuda_amp_runs_the_frozen_backbone_channels_last_in_float16() -> None:
     conv = body[0]
     assert conv.weight.dtype == torch.float16 and conv.weight.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):      # 3 rows, run as 32: the same 3
+        torch.testing.assert_close(enc(x[:3]).float(), got[:3].float(), rtol=2e-2, atol=2e-2)

@@ -90,7 +90,15 @@ class BackboneImageEncoder(nn.Module):
             f = self.backbone(images)
         else:
             with torch.no_grad():
-                f = self.frozen_backbone(images)(_to_layout(images))
+                body = self.frozen_backbone(images)
+                if _channels_last(images):
+                    # a fixed number of rows (a multiple of ROW_BUCKET): cuDNN then plans each layer for a few
+                    # batch shapes instead of one per count of distinct images a batch happens to have; frozen,
+                    # the backbone is in eval mode and each row's output is its own
+                    n = images.shape[0]
+                    f = body(_to_layout(pad_rows(images, ROW_BUCKET)))[:n]
+                else:
+                    f = body(images)
         return self.head(f.flatten(1))
 
     def frozen_backbone(self, images: torch.Tensor) -> nn.Module:
@@ -259,6 +267,16 @@ class TransformerTextEncoder(nn.Module):
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, padding_value=float("-inf"),
                                                   total_length=h.shape[1])
         return out.amax(1)
+
+
+#: a frozen backbone under CUDA autocast sees batches of a multiple of this many images (see forward)
+ROW_BUCKET = 32
+
+
+def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to a multiple of ``multiple`` rows (``x`` itself when it is one)."""
+    extra = -x.shape[0] % int(multiple)
+    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))]) if extra else x
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
