@@ -253,9 +253,11 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("vsepp_epoch_gpu", "vsepp_epoch_gpu.txt",
           (S("bench/vsepp_epoch.py --device cuda --batches 0"),
            S("bench/vsepp_epoch.py --device cuda --batches 400 --amp"),
+           S("bench/vsepp_e2e.py --device cuda --workers 8 --decode cpu"),
+           S("bench/vsepp_e2e.py --device cuda --workers 8 --decode cpu --amp"),
            S("bench/vsepp_e2e.py --device cuda --workers 8"),
            S("bench/vsepp_e2e.py --device cuda --workers 8 --amp")),
-          ("synthetic",), 6, methods("vsepp") + ("crossview/features/vocab.py", "crossview/nn/images.py"), gpu=True),
+          ("synthetic",), 8, methods("vsepp") + ("crossview/features/vocab.py", "crossview/nn/images.py"), gpu=True),
     Entry("vsepp_flickr8k", "vsepp_flickr8k.md",
           (S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS} --seeds 3 --no-select --cca"),
            S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS.replace(',vse0:minilm_ft,vsepp:minilm_ft', '')} "

@@ -6,7 +6,8 @@ folder, as Flickr's sizes), 5 captions each (words from a Zipf law, 8-20 words).
 offline weights (``--backbone``, EfficientNet-Lite0 by default; nothing is downloaded). Timed: ``--batches``
 batches of 128 captions after 3 warm-up batches; prints captions per second and decoded images per second.
 
-Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp]``. Its lines are part of
+Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp] [--decode cpu]``
+(on CUDA the JPEGs are decoded and augmented on the GPU unless ``--decode cpu``; each run prints which path). Its lines are part of
 bench/results/vsepp_epoch_gpu.txt, which ``bench/regenerate.py --only vsepp_epoch_gpu`` assembles; ``--out FILE``
 writes them alone, stamped with the command, commit, machine and data.
 """
@@ -54,10 +55,14 @@ def captions_for(n_images: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
 
 
 def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batches: int, finetune: bool,
-        amp: bool, workers: int, backbone: str) -> tuple[float, int]:
+        amp: bool, workers: int, backbone: str, decode: str = "auto") -> tuple[float, int]:
     from crossview.core.events import Progress
     from crossview.data.method_data import MethodData
     from crossview.methods import create_method
+    from crossview.nn import device_images
+
+    if decode == "cpu":          # the loader workers' path even on a GPU (the path before issue 32)
+        device_images.device_decode_available = lambda _device: False
 
     data = MethodData(image_features=None, text_features=None, captions=captions, caption_image=ci, name="train",
                       image_paths=paths)
@@ -67,6 +72,8 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
     it = m.fit_iter(data)
     t0, done = 0.0, 0
     for ev in it:
+        if getattr(ev, "level", None) == "info" and "images:" in getattr(ev, "message", ""):
+            print("  " + ev.message.split("images:", 1)[1].strip(), flush=True)
         if not isinstance(ev, Progress):
             continue
         if ev.step == 3:
@@ -92,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--backbone", default="efficientnet_lite0")
     ap.add_argument("--amp", action="store_true")
+    ap.add_argument("--decode", choices=("auto", "cpu"), default="auto",
+                    help="auto: JPEGs decoded and augmented on the GPU when the device is CUDA; cpu: by the loader "
+                         "workers whatever the device (the path before issue 32)")
     ap.add_argument("--out", default="-", metavar="FILE",
                     help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
@@ -104,7 +114,7 @@ def run_all(args: argparse.Namespace) -> int:
     """The measurement proper: frozen, then fine-tuned."""
     print(f"machine: {platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, device "
           f"{args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
-          + f", {args.workers} decoding workers", flush=True)
+          + f", {args.workers} loader workers, decode {args.decode}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         paths = write_jpegs(Path(tmp), args.images)
@@ -113,7 +123,7 @@ def run_all(args: argparse.Namespace) -> int:
               flush=True)
         for finetune in (False, True):
             s, n = run(paths, captions, ci, args.device, args.batches, finetune, args.amp, args.workers,
-                          args.backbone)
+                       args.backbone, args.decode)
             print(f"{args.backbone} {'fine-tuned' if finetune else 'frozen'}{' amp' if args.amp else ''}: "
                   f"{n / s:,.0f} captions/s ({n:,} captions in {s:.1f} s; each batch decodes the distinct images "
                   "of its captions, ~126 of 128)", flush=True)

@@ -90,7 +90,8 @@ class SmoothAP(Vsepp):
                 else f"InfoNCE, temperature {self.temperature}")
         return (f"smoothap ({what}): {train.n_images} images ({n_items} captions) in {n_batches} batches of "
                 f"{self.batch_size} images with all their captions, text: {self._text_description()}, "
-                f"{self.embed_dim}-d, device {device}{self._amp_note(device)}")
+                f"{self.embed_dim}-d, device {device}{self._amp_note(device)}"
+                f"{self._image_path_note()}")
 
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:

@@ -344,7 +344,8 @@ class Vsepp(TorchMethod):
     def start_message(self, train: MethodData, n_items: int, n_batches: int, device: torch.device) -> str:
         return (f"vsepp ({'VSE++ hardest negative' if self.loss == 'vsepp' else 'VSE0 sum of negatives'}, "
                 f"margin {self.margin}): {n_items} captions, {n_batches} batches per epoch, "
-                f"text: {self._text_description()}, {self.embed_dim}-d, device {device}{self._amp_note(device)}")
+                f"text: {self._text_description()}, {self.embed_dim}-d, device {device}{self._amp_note(device)}"
+                f"{self._image_path_note()}")
 
     def _amp_note(self, device: torch.device) -> str:
         from crossview.nn.trainer import amp_dtype
@@ -358,8 +359,7 @@ class Vsepp(TorchMethod):
     def prepare(self, train: MethodData, device: torch.device) -> None:
         t: dict[str, Any] = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)}
         if self.model_spec_.get("image_model") == "cnn":
-            self._files = (list(train.image_paths or []), self._transforms()[0], train.caption_image.copy())
-            self._prefetch = None
+            self._set_image_files(list(train.image_paths or []), train.caption_image, device)
         else:
             t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
         kind = self.model_spec_["text_model"]
@@ -393,13 +393,55 @@ class Vsepp(TorchMethod):
                 out[r, :w] = h
         return out if out is not None else torch.zeros((0, width, 1))
 
+    def _set_image_files(self, paths: list[str], caption_image: np.ndarray, device: torch.device) -> None:
+        """End to end: the training images' files, and which path decodes them: on the GPU (the JPEGs by
+        nvJPEG, augmented on the device; :mod:`crossview.nn.device_images`) when the device is CUDA and the
+        files are JPEGs, else loader workers on the CPU. :attr:`_image_note` says which, for the run's log."""
+        from crossview.nn import device_images
+
+        transform = self._transforms()[0]
+        self._files = (paths, transform, np.asarray(caption_image).copy())
+        self._prefetch = None
+        self._device_images = None
+        n_jpeg = sum(1 for p in paths if str(p).lower().endswith((".jpg", ".jpeg")))
+        if n_jpeg and device_images.device_decode_available(device):
+            try:
+                self._device_images = device_images.DeviceImageBatches(paths, transform, device)
+            except ValueError:      # a transform the device code does not do: the loader path applies it
+                self._device_images = None
+        if self._device_images is not None:
+            other = len(paths) - n_jpeg
+            self._image_note = (f", images: JPEGs decoded on the device ({device}, torchvision decode_jpeg) and "
+                                "augmented there" + (f"; {other} other files decoded on the CPU one by one" if other
+                                                     else ""))
+        else:
+            why = "not a CUDA device" if device.type != "cuda" else ("no JPEG files" if not n_jpeg else
+                                                                     "no device JPEG decoder or transform")
+            self._image_note = (f", images: decoded and augmented on the CPU by {int(self.workers)} loader "
+                                f"workers ({why})")
+
+    def _image_path_note(self) -> str:
+        """For the start message: which path decodes the training images (empty without image files)."""
+        return getattr(self, "_image_note", "") if self.model_spec_.get("image_model") == "cnn" else ""
+
     def _batch_images(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decoded (augmented) images of the batch the trainer is at, from loader workers that decode the
-        batches of the epoch ahead; ``rows`` maps the batch's captions onto them."""
+        """The decoded (augmented) images of the batch the trainer is at, decoded on the device
+        (:meth:`_set_image_files`) or by loader workers that decode the batches of the epoch ahead; ``rows``
+        maps the batch's captions onto them. Either way the augmentation of a batch is drawn from the same
+        seed, in the same order."""
         from crossview.nn.images import BatchImages, batch_image_loader
 
         trainer = self._live[1]
         epoch, pos = trainer.epoch, trainer.batch_pos
+        on_device = getattr(self, "_device_images", None)
+        if on_device is not None:
+            caption_images = _CaptionImages(trainer.sampler, self._files[2], epoch)
+            images, rows = on_device.batch(caption_images(pos), _AugmentSeed(int(self.seed), world()[0], epoch)(pos))
+            if pos + 1 < len(trainer.sampler):       # the next batch's files are read while this one trains
+                on_device.read_ahead(caption_images(pos + 1))
+            if len(rows) != len(batch):
+                raise CrossViewError(f"{self.name}: image batch out of step (batch {pos})")
+            return images, rows
         pre = getattr(self, "_prefetch", None)
         if pre is None or pre[0] != (epoch, pos):
             paths, transform, ci = self._files
@@ -417,6 +459,9 @@ class Vsepp(TorchMethod):
 
     def end_training(self) -> None:
         self._prefetch = None          # its worker processes exit with the iterator
+        if getattr(self, "_device_images", None) is not None:
+            self._device_images.close()
+        self._device_images = None
         super().end_training()
 
     def _live_model(self) -> torch.nn.Module | None:

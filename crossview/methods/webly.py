@@ -165,7 +165,7 @@ class Webly(Vsepp):
                 + (f"then Stage II on {web.n_images} web images ({self.stage2_epochs} epochs, lr {self.stage2_lr}, "
                    f"curriculum {self.curriculum})" if web is not None and int(self.stage2_epochs) > 0
                    else "no Stage II (no web set)")
-                + f", {self.embed_dim}-d, device {device}{self._amp_note(device)}")
+                + f", {self.embed_dim}-d, device {device}{self._amp_note(device)}" + self._image_path_note())
 
     # ------------------------------------------------------------------ the web set (from the engine)
     #: the reader of each auxiliary dataset (the engine reads the web set as a web image-tag collection)
@@ -327,8 +327,7 @@ class Webly(Vsepp):
                 if not train.image_paths:
                     raise CrossViewError("webly: image_model=cnn trains Stage II on the web set's image files, but "
                                          "this web set has feature rows only; give a web set of image files")
-                self._files = (list(train.image_paths), self._transforms()[0], train.caption_image.copy())
-                self._prefetch = None
+                self._set_image_files(list(train.image_paths), train.caption_image, device)
             else:
                 self._t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
             tags = [[t for t in c.split(",") if t] for c in train.captions]

@@ -17,6 +17,7 @@ reuse them): every one ends in an L2-normalised row, so dot products are cosines
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -89,8 +90,45 @@ class BackboneImageEncoder(nn.Module):
             f = self.backbone(images)
         else:
             with torch.no_grad():
-                f = self.backbone(images)
+                body = self.frozen_backbone(images)
+                if _channels_last(images):
+                    # a fixed number of rows (a multiple of ROW_BUCKET): cuDNN then plans each layer for a few
+                    # batch shapes instead of one per count of distinct images a batch happens to have; frozen,
+                    # the backbone is in eval mode and each row's output is its own
+                    n = images.shape[0]
+                    f = body(_to_layout(pad_rows(images, ROW_BUCKET)))[:n]
+                else:
+                    f = body(images)
         return self.head(f.flatten(1))
+
+    def frozen_backbone(self, images: torch.Tensor) -> nn.Module:
+        """The module that runs the frozen backbone over ``images``: the backbone itself, or, under autocast, a
+        copy made once (remade only when the backbone's weights or device change) whose conv and
+        linear layers are already in autocast's type and, on CUDA, in channels-last layout.
+
+        Why: autocast caches its casts only for weights that require gradients, so a frozen backbone's weights
+        were cast again at every step (one cast kernel per layer); and half-precision convolutions over NCHW
+        tensors make cuDNN transpose every layer's input and output to NHWC and back (depthwise convolutions,
+        which EfficientNet and MobileNet are made of, worst), which made ``--amp`` end to end slower than
+        float32. The copy computes what autocast computes (same casts, BatchNorm left in float32); its input
+        goes in the copy's layout (:func:`_to_layout`)."""
+        dtype = _autocast_dtype(images.device.type)
+        if dtype is None:                   # float32: as it always ran (its speed is measured)
+            return self.backbone
+        channels_last = _channels_last(images)
+        key = (dtype, images.device, channels_last,
+               tuple((t.data_ptr(), t._version) for t in (*self.backbone.parameters(), *self.backbone.buffers())))
+        cached = self.__dict__.get("_frozen_copy")      # in __dict__: not a submodule, never in the state dict
+        if cached is None or cached[0] != key:
+            body = copy.deepcopy(self.backbone).eval()
+            if dtype is not None:
+                for m in body.modules():
+                    if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+                        m.to(dtype)
+            if channels_last:
+                body.to(memory_format=torch.channels_last)
+            self.__dict__["_frozen_copy"] = cached = (key, body)
+        return cached[1]
 
 
 class GRUTextEncoder(nn.Module):
@@ -229,6 +267,36 @@ class TransformerTextEncoder(nn.Module):
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, padding_value=float("-inf"),
                                                   total_length=h.shape[1])
         return out.amax(1)
+
+
+#: a frozen backbone under CUDA autocast sees batches of a multiple of this many images (see forward)
+ROW_BUCKET = 32
+
+
+def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to a multiple of ``multiple`` rows (``x`` itself when it is one)."""
+    extra = -x.shape[0] % int(multiple)
+    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))]) if extra else x
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The type autocast casts to on ``device_type`` (``"cuda"`` / ``"cpu"``), or None when it is off there."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
+    except (TypeError, RuntimeError, AttributeError):     # an older torch without the device argument
+        return None
+
+
+def _channels_last(images: torch.Tensor) -> bool:
+    """Whether a frozen backbone runs ``images`` in channels-last layout: a CUDA image batch under autocast."""
+    return images.is_cuda and images.dim() == 4 and _autocast_dtype("cuda") is not None
+
+
+def _to_layout(images: torch.Tensor) -> torch.Tensor:
+    """``images`` in the layout :meth:`BackboneImageEncoder.frozen_backbone` runs them in."""
+    return images.contiguous(memory_format=torch.channels_last) if _channels_last(images) else images
 
 
 def _cpu_autocast() -> bool:

