@@ -131,7 +131,9 @@ class GRUTextEncoder(nn.Module):
             out_all, _ = self.gru(x)
             out = out_all[torch.arange(len(ids)), (lengths - 1).to(torch.int64)]
         else:
-            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            # packing reads the lengths on the host: the trainer hands them over from there (no wait for the device)
+            host = lengths if lengths.device.type == "cpu" else lengths.cpu()
+            packed = nn.utils.rnn.pack_padded_sequence(x, host, batch_first=True, enforce_sorted=False)
             _, h = self.gru(packed)               # h: (layers, n, hidden), rows back in input order
             out = h[-1]
         out = out.float()
