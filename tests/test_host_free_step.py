@@ -122,12 +122,12 @@ SMALL = {"embed_dim": 16, "word_dim": 8, "max_epochs": 1, "lr": 0.003}
 # (issue 32 item 1) the same steps dispatched the second number and read the host each step: ``.tolist()`` of the
 # terms, plus for the GRU ``int(widths.max())`` and ``.cpu()``, and for smoothap ``torch.unique``, 4 boolean
 # selections and 4 scalar reads in the losses. (smoothap now dispatches a few more ops than before: every query
-# is computed and weighed rather than selected.)
+# is computed and weighed rather than selected; the GRU steps fewer, as the GRU runs padded on the CPU.)
 @pytest.mark.parametrize("method, params, ceiling", [
-    ("vsepp", {**SMALL, "text_model": "gru", "loss": "vsepp", "batch_size": 8}, 675),       # 613; was 616
+    ("vsepp", {**SMALL, "text_model": "gru", "loss": "vsepp", "batch_size": 8}, 630),       # 574; was 616
     ("vsepp", {**SMALL, "text_model": "features", "loss": "vse0", "batch_size": 8}, 195),   # 177; was 177
     ("smoothap", {**SMALL, "text_model": "features", "batch_size": 4}, 335),               # 304; was 287
-    ("smoothap", {**SMALL, "text_model": "gru", "batch_size": 4}, 795),                    # 722; was 708
+    ("smoothap", {**SMALL, "text_model": "gru", "batch_size": 4}, 750),                    # 683; was 708
 ])
 def test_a_step_never_waits_for_the_device_and_its_ops_are_counted(toy: MethodData, method: str,
                                                                    params: dict[str, Any], ceiling: int) -> None:

@@ -12,6 +12,12 @@ The loop knows nothing of methods (ARCHITECTURE.md, "Deep methods: one trainer")
 - ``on_epoch_end(epoch, terms) -> (events, stop)``: validation, best-epoch weights, early stopping (the
   method's business: :class:`crossview.methods.torch_method.TorchMethod`).
 
+No host work inside a step (nothing in it waits for a GPU): the epoch's batches go to the device once an epoch
+(:meth:`EpochSampler.plan`) and a step slices them; its terms stay on the device and are read in one go every
+``log_every`` steps, at the epoch's end and before a state is saved, which is also where a non-finite term is
+found and named with its step. A step may read host-side tables through :attr:`Trainer.batch_host` (the batch's
+ids as a numpy view) without a wait. ``tests/test_host_free_step.py`` counts a step's ops and host reads.
+
 Exact resume without saving generator states: the random numbers of step ``s`` come from a generator
 seeded with ``(seed, rank, s)`` and the order of epoch ``e`` from ``(seed, e)``, so a run restored to
 ``(epoch, batch position, step)`` with its weights and optimiser state draws the very numbers an
