@@ -189,3 +189,20 @@ def test_info_nce_gradcheck_float64() -> None:
     pos[:, 0] = True
     scores.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: info_nce_loss(x, pos, temperature=0.2), (scores,))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_smooth_ap_with_a_bound_on_the_positives_is_the_same_loss(seed: int) -> None:
+    """``max_positives`` (which spares the loss a wait for the device) gives the naive loop's value for any bound at
+    least the most positives of a query, queries without a positive included; no positive anywhere: 0."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    pos = torch.rand(6, 9, generator=g) < 0.3
+    pos[0] = False                                                   # a query without a positive
+    pos[1, :4] = True                                                # one with at least 4
+    most = int(pos.sum(1).max())
+    want = naive_smooth_ap(scores, pos, 0.1)
+    for bound in (most, most + 3):
+        assert float(smooth_ap_loss(scores, pos, tau=0.1, max_positives=bound)) == pytest.approx(want, rel=1e-12)
+    none = torch.zeros_like(pos)
+    assert float(smooth_ap_loss(scores, none, tau=0.1, max_positives=2)) == 0.0

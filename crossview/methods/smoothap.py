@@ -93,6 +93,12 @@ class SmoothAP(Vsepp):
                 f"{self.embed_dim}-d, device {device}{self._amp_note(device)}"
                 f"{self._image_path_note()}")
 
+    def prepare(self, train: MethodData, device: torch.device) -> None:
+        super().prepare(train, device)
+        # the most captions of one training image: the most positives an image has in any batch
+        ci = np.asarray(train.caption_image, dtype=np.int64)
+        self._most_captions = int(np.bincount(ci).max()) if len(ci) else 0
+
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
         """The mean of the i2t and t2i ranking losses of a batch of images and all their captions."""
@@ -104,9 +110,10 @@ class SmoothAP(Vsepp):
             im, im_ids = im[keep], im_ids[keep]
         scores = im @ s.T                                       # (images, captions)
         pos = im_ids[:, None] == cap_ids[None, :]
-        if self.loss == "smoothap":
-            i2t = smooth_ap_loss(scores, pos, tau=float(self.tau))
-            t2i = smooth_ap_loss(scores.T, pos.T, tau=float(self.tau))
+        if self.loss == "smoothap":      # the bounds on the positives keep the loss from waiting for the device
+            most = int(getattr(self, "_most_captions", 0)) or None
+            i2t = smooth_ap_loss(scores, pos, tau=float(self.tau), max_positives=most)
+            t2i = smooth_ap_loss(scores.T, pos.T, tau=float(self.tau), max_positives=1)
         else:
             i2t = info_nce_loss(scores, pos, temperature=float(self.temperature))
             t2i = info_nce_loss(scores.T, pos.T, temperature=float(self.temperature))

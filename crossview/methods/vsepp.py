@@ -323,10 +323,11 @@ class Vsepp(TorchMethod):
         kind = self.model_spec_["text_model"]
         if kind == "features":
             return {"x": t["txt"][rows]}
-        host = rows.cpu() if rows_cpu is None else rows_cpu
-        width = int(t["width_cpu"][host].max()) if len(host) else 1
-        if kind in ("gru", "gru_glove"):
-            return {"ids": t["ids"][rows, :width], "lengths": t["width_cpu"][host]}
+        host = rows.cpu().numpy() if rows_cpu is None else np.asarray(rows_cpu)
+        widths = t["width_np"][host] if "width_np" in t else t["width_cpu"].numpy()[host]
+        width = int(widths.max()) if len(host) else 1
+        if kind in ("gru", "gru_glove"):      # the lengths stay on the host: packing reads them there
+            return {"ids": t["ids"][rows, :width], "lengths": torch.from_numpy(widths)}
         hidden = t.get("hidden")
         return {"ids": t["ids"][rows, :width], "mask": t["mask"][rows, :width],
                 "frozen_hidden": None if hidden is None else hidden[rows, :width]}
@@ -369,6 +370,7 @@ class Vsepp(TorchMethod):
             inputs = self._text_inputs(train.captions)
             # tokens per caption, on the host: each batch is trimmed to its longest caption without a sync
             t["width_cpu"] = (inputs["lengths"] if "lengths" in inputs else inputs["mask"].sum(1)).cpu()
+            t["width_np"] = t["width_cpu"].numpy()
             t.update({k: v.to(device) for k, v in inputs.items()})
         self._t = t
 
@@ -499,11 +501,16 @@ class Vsepp(TorchMethod):
                 and "hidden" not in t:      # once per training session: the frozen bottom of every caption
             t["hidden"] = self._frozen_hidden(unwrap(model).text, t["ids"], t["mask"])
         img_ids = t["ci"][batch]
-        host = self._live[1].batch_cpu if getattr(self, "_live", None) is not None else None
+        trainer = self._live[1] if getattr(self, "_live", None) is not None else None
+        host = trainer.batch_host if trainer is not None else None
         text = self._text_batch(t, batch, host if host is not None and len(host) == len(batch) else None)
         if "img" in t:
             if distinct:
-                uniq = torch.unique(img_ids)
+                # the batch's images, sorted: from the trainer's plan (on the device since the epoch began) when
+                # the batch is the trainer's whole batch; torch.unique waits for the device (its size is data)
+                units = trainer.batch_units if trainer is not None and world()[1] == 1 else None
+                uniq = units if units is not None and host is not None and len(host) == len(batch) \
+                    else torch.unique(img_ids)
                 im, s = model(t["img"][uniq], **text)
                 return im, uniq, s, img_ids
             im, s = model(t["img"][img_ids], **text)

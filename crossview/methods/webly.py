@@ -350,6 +350,7 @@ class Webly(Vsepp):
             return {"txt": torch.as_tensor(x).to(device)}
         inputs = self._text_inputs(strings)
         t = {"width_cpu": (inputs["lengths"] if "lengths" in inputs else inputs["mask"].sum(1)).cpu()}
+        t["width_np"] = t["width_cpu"].numpy()
         t.update({k: v.to(device) for k, v in inputs.items()})
         return t
 
@@ -361,7 +362,7 @@ class Webly(Vsepp):
 
         m = unwrap(model)
         if self._sentence_tags():
-            host = self._live[1].batch_cpu if getattr(self, "_live", None) is not None else None
+            host = self._live[1].batch_host if getattr(self, "_live", None) is not None else None
             tg = m.text(**self._text_batch(self._t["tagtext"], batch,
                                            host if host is not None and len(host) == len(batch) else None))
         else:

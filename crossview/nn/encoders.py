@@ -163,13 +163,16 @@ class GRUTextEncoder(nn.Module):
         # and gradient, but its backward (index_add) never waits for the GPU, while the embedding backward
         # syncs the device once a step (it counts the distinct ids on the host)
         x = self.embed.weight.index_select(0, ids.reshape(-1)).view(*ids.shape, -1)
-        if x.device.type == "cpu" and _cpu_autocast():
-            # bfloat16 on the CPU: the padded run is faster than the packed one (AMX), and gives the same
-            # states: a one-way GRU's output at a caption's last real token has not read the padding after it
+        if x.device.type == "cpu":
+            # on the CPU the padded run is faster than the packed one (float32 a little: one batch size for every
+            # time step; bfloat16 about twice, AMX), and gives the same states: a one-way GRU's output at a
+            # caption's last real token has not read the padding after it
             out_all, _ = self.gru(x)
             out = out_all[torch.arange(len(ids)), (lengths - 1).to(torch.int64)]
         else:
-            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            # packing reads the lengths on the host: the trainer hands them over from there (no wait for the device)
+            host = lengths if lengths.device.type == "cpu" else lengths.cpu()
+            packed = nn.utils.rnn.pack_padded_sequence(x, host, batch_first=True, enforce_sorted=False)
             _, h = self.gru(packed)               # h: (layers, n, hidden), rows back in input order
             out = h[-1]
         out = out.float()

@@ -66,18 +66,22 @@ def contrastive_loss(im: torch.Tensor, s: torch.Tensor, *, margin: float = 0.2, 
 
 
 # ====================================================================== SmoothAP and InfoNCE (paper 004)
-def _positive_columns(positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _positive_columns(positives: torch.Tensor, p_max: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(idx, valid)``: each query's positive columns, left-aligned in a ``(q, p_max)`` int64 tensor (padding
-    points at column 0), and which entries are real."""
+    points at column 0), and which entries are real. ``p_max``: at least the most positives of any query (None:
+    counted, which waits for the device)."""
     counts = positives.sum(dim=1)
-    p_max = int(counts.max()) if positives.numel() else 0
+    if p_max is None:
+        p_max = int(counts.max()) if positives.numel() else 0
+    p_max = min(int(p_max), positives.shape[1])      # a query has no more positives than candidates
     # a stable sort puts each row's positive columns first, in column order
     order = torch.sort(positives.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :max(p_max, 1)]
     valid = torch.arange(max(p_max, 1), device=positives.device)[None, :] < counts[:, None]
     return order.masked_fill(~valid, 0), valid
 
 
-def smooth_ap_loss(scores: torch.Tensor, positives: torch.Tensor, *, tau: float = 0.01) -> torch.Tensor:
+def smooth_ap_loss(scores: torch.Tensor, positives: torch.Tensor, *, tau: float = 0.01,
+                   max_positives: int | None = None) -> torch.Tensor:
     """``1 - mean_q AP_q``: SmoothAP (Brown et al. 2020; paper 004 eq. 5) of every query row of ``scores``.
 
     ``scores``: ``(q, m)`` the score of each of ``m`` candidates for each query; ``positives``: ``(q, m)`` bool,
@@ -89,7 +93,10 @@ def smooth_ap_loss(scores: torch.Tensor, positives: torch.Tensor, *, tau: float 
     As ``tau -> 0`` this is the exact average precision of the ranking (ties aside). Only the rows ``i in P``
     of the difference matrix are formed: ``(q, |P|max, m)`` numbers, not the ``(q, m, m)`` of the reference
     code (i2t with B images x 5 captions: B * 5 * 5B, 420K at B = 128, against 52M). Queries without a
-    positive are left out of the mean. Scores are taken in float32 at least.
+    positive are left out of the mean (0 when no query has one). Scores are taken in float32 at least.
+
+    ``max_positives``: at least the most positives any query has (e.g. the most captions of an image), so that
+    nothing here waits for the device; None counts them (one wait). A larger bound gives the same value.
     """
     if scores.ndim != 2 or positives.shape != scores.shape:
         raise ValueError(f"smooth_ap_loss needs (q, m) scores and a positives mask of the same shape, got "
@@ -99,17 +106,16 @@ def smooth_ap_loss(scores: torch.Tensor, positives: torch.Tensor, *, tau: float 
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = positives.to(torch.bool)
     has = pos.any(dim=1)
-    if not bool(has.any()):
-        return s.sum() * 0.0
-    s, pos = s[has], pos[has]
-    idx, valid = _positive_columns(pos)                          # (q, p)
+    # every query is computed and those without a positive weigh 0 (no boolean selection: its size is data)
+    idx, valid = _positive_columns(pos, max_positives)           # (q, p)
     s_i = torch.gather(s, 1, idx)                                # (q, p): the positives' own scores
     g = torch.sigmoid((s[:, None, :] - s_i[:, :, None]) / tau)   # (q, p, m): G(D_ij)
     g = g.masked_fill(torch.zeros_like(g, dtype=torch.bool).scatter_(2, idx[:, :, None], True), 0.0)  # j != i
     rank_all = 1.0 + g.sum(dim=2)                                # (q, p)
     rank_pos = 1.0 + (g * pos[:, None, :]).sum(dim=2)
-    ap = ((rank_pos / rank_all) * valid).sum(dim=1) / valid.sum(dim=1)
-    return 1.0 - ap.mean()
+    ap = ((rank_pos / rank_all) * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)
+    n_has = has.sum()
+    return torch.where(n_has > 0, 1.0 - (ap * has).sum() / n_has.clamp(min=1), s.sum() * 0.0)
 
 
 def info_nce_loss(scores: torch.Tensor, positives: torch.Tensor, *, temperature: float = 0.1) -> torch.Tensor:
@@ -125,11 +131,11 @@ def info_nce_loss(scores: torch.Tensor, positives: torch.Tensor, *, temperature:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     x = scores.to(torch.promote_types(scores.dtype, torch.float32)) / temperature
     pos = positives.to(torch.bool)
-    if not bool(pos.any()):
-        return x.sum() * 0.0
     neg_lse = torch.logsumexp(x.masked_fill(pos, float("-inf")), dim=1, keepdim=True)   # (q, 1); -inf: none
     terms = torch.logaddexp(neg_lse, x) - x                                             # (q, m)
-    return terms[pos].mean()
+    # the mean over the positive pairs, without selecting them (a boolean selection waits for the device);
+    # no positive at all: 0
+    return terms.masked_fill(~pos, 0.0).sum() / pos.sum().clamp(min=1)
 
 
 # ====================================================================== TIMAM (paper 002)

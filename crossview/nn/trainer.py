@@ -12,6 +12,12 @@ The loop knows nothing of methods (ARCHITECTURE.md, "Deep methods: one trainer")
 - ``on_epoch_end(epoch, terms) -> (events, stop)``: validation, best-epoch weights, early stopping (the
   method's business: :class:`crossview.methods.torch_method.TorchMethod`).
 
+No host work inside a step (nothing in it waits for a GPU): the epoch's batches go to the device once an epoch
+(:meth:`EpochSampler.plan`) and a step slices them; its terms stay on the device and are read in one go every
+``log_every`` steps, at the epoch's end and before a state is saved, which is also where a non-finite term is
+found and named with its step. A step may read host-side tables through :attr:`Trainer.batch_host` (the batch's
+ids as a numpy view) without a wait. ``tests/test_host_free_step.py`` counts a step's ops and host reads.
+
 Exact resume without saving generator states: the random numbers of step ``s`` come from a generator
 seeded with ``(seed, rank, s)`` and the order of epoch ``e`` from ``(seed, e)``, so a run restored to
 ``(epoch, batch position, step)`` with its weights and optimiser state draws the very numbers an
@@ -169,7 +175,7 @@ class EpochSampler:
             if groups.shape != (self.n_items,):
                 raise CrossViewError(f"groups must have one entry per item ({self.n_items}), got {groups.shape}")
             order = np.argsort(groups, kind="stable")
-            _, starts = np.unique(groups[order], return_index=True)
+            self._group_values, starts = np.unique(groups[order], return_index=True)
             self._members = np.split(order, starts[1:])
         self._epoch: int | None = None
         self._perm: np.ndarray | None = None
@@ -198,6 +204,23 @@ class EpochSampler:
         else:
             items = np.concatenate([self._members[u] for u in units])
         return torch.from_numpy(np.ascontiguousarray(items[self.rank::self.world_size]))
+
+    def plan(self, epoch: int) -> dict[str, np.ndarray]:
+        """The whole of ``epoch`` on this process at once (the trainer moves it to the device once an epoch, so a
+        step only slices it): ``items`` every batch's item ids one after another, ``offsets`` ``(n_batches + 1,)``
+        where each batch starts; with ``groups``, also ``units`` the sorted distinct group values of each batch
+        (the images of a B-images batch) and ``unit_offsets``. Batch ``k`` is ``items[offsets[k]:offsets[k+1]]``,
+        the same ids as :meth:`batch`."""
+        parts = [self.batch(epoch, k).numpy() for k in range(len(self))]
+        out = {"items": np.concatenate(parts) if parts else np.zeros(0, np.int64),
+               "offsets": np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)}
+        if self._members is not None:
+            values = self._group_values
+            units = [np.unique(values[self._order(epoch)[k * self.batch_size:(k + 1) * self.batch_size]])
+                     for k in range(len(self))]
+            out["units"] = np.concatenate(units) if units else np.zeros(0, np.int64)
+            out["unit_offsets"] = np.concatenate([[0], np.cumsum([len(u) for u in units])]).astype(np.int64)
+        return out
 
 
 class CurriculumSampler(EpochSampler):
@@ -294,7 +317,18 @@ class Trainer:
         self.after_step, self.nan_hint = after_step, nan_hint
         self.rank, self.world_size = world()
         self._gen: torch.Generator | None = None
-        self.batch_cpu: torch.Tensor | None = None   #: the current step's item ids, on the host
+        self.batch_cpu: torch.Tensor | None = None   #: the current step's item ids, on the host (a view)
+        self.batch_host: np.ndarray | None = None    #: the same ids as a numpy view (host tables without a sync)
+        self.batch_units: torch.Tensor | None = None  #: a grouped sampler's batch groups (sorted), on the device
+        # the epoch's plan (EpochSampler.plan), on the host and once an epoch on the device: a step only slices it
+        self._plan_epoch: int | None = None
+        self._plan: dict[str, np.ndarray] = {}
+        self._plan_dev: dict[str, torch.Tensor] = {}
+        # the terms of the steps since the last read, on the device: read (one wait) every log_every steps, at
+        # the epoch's end and before the state is saved
+        self._pending: list[tuple[int, int, torch.Tensor, int]] = []   # (step, epoch, stacked terms, rows)
+        self._pending_names: list[str] | None = None
+        self._last_values: dict[str, float] | None = None    # the terms of the last step read
         self.ddp: torch.nn.Module | None = None
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -313,7 +347,9 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The position and the optimiser / scheduler / scaler state (the model's weights are the
-        method's to save)."""
+        method's to save). The terms still on the device are read first (a non-finite one raises: a saved
+        state has only checked steps behind it)."""
+        self.flush()
         return {"epoch": self.epoch, "batch_pos": self.batch_pos, "step": self.step, "stopped": self.stopped,
                 "epoch_sums": dict(self.epoch_sums), "epoch_rows": self.epoch_rows,
                 "optimizers": [o.state_dict() for o in self.optimizers],
@@ -326,6 +362,7 @@ class Trainer:
         self.stopped = bool(d.get("stopped", False))
         self.epoch_sums = {str(k): float(v) for k, v in (d.get("epoch_sums") or {}).items()}
         self.epoch_rows = int(d.get("epoch_rows", 0))
+        self._pending, self._plan_epoch = [], None
         opt_states, sched_states = list(d.get("optimizers") or []), list(d.get("schedulers") or [])
         if len(opt_states) != len(self.optimizers) or len(sched_states) != len(self.schedulers):
             raise CrossViewError("the training state does not fit this model (different optimisers or "
@@ -342,7 +379,30 @@ class Trainer:
         return self.max_epochs * len(self.sampler)
 
     # ------------------------------------------------------------------ the loop
-    def _step(self, training_step: TrainingStep, batch: torch.Tensor) -> dict[str, float]:
+    def _batch(self) -> torch.Tensor:
+        """The item ids of the next batch on the device: a slice of the epoch's plan, which goes to the device
+        once an epoch (no host-to-device copy, no numpy per step). Sets :attr:`batch_cpu` / :attr:`batch_host`
+        (the same ids on the host) and :attr:`batch_units`."""
+        if self._plan_epoch != self.epoch:
+            self._plan = self.sampler.plan(self.epoch)
+            self._plan_dev = {k: torch.from_numpy(v).to(self.device) for k, v in self._plan.items()
+                              if k in ("items", "units")}
+            self._plan_host = torch.from_numpy(self._plan["items"])
+            self._plan_epoch = self.epoch
+        k = self.batch_pos
+        a, b = int(self._plan["offsets"][k]), int(self._plan["offsets"][k + 1])
+        self.batch_host = self._plan["items"][a:b]
+        self.batch_cpu = self._plan_host[a:b]
+        if "units" in self._plan_dev:
+            ua, ub = int(self._plan["unit_offsets"][k]), int(self._plan["unit_offsets"][k + 1])
+            self.batch_units = self._plan_dev["units"][ua:ub]
+        else:
+            self.batch_units = None
+        return self._plan_dev["items"][a:b]
+
+    def _step(self, training_step: TrainingStep, batch: torch.Tensor) -> torch.Tensor:
+        """One optimiser step on ``batch`` (item ids on the device). Returns the step's terms stacked on the
+        device (in :attr:`_pending_names` order), unread: nothing in a step waits for the device."""
         if self._gen is None:     # one generator, re-seeded every step: (seed, rank, step) fixes the draws
             self._gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
         gen = self._gen
@@ -351,8 +411,7 @@ class Trainer:
         self.model.train()
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
-        self.batch_cpu = batch    # the step's item ids on the host (a step reads host-side tables without a sync)
-        on_device = batch.to(self.device, non_blocking=True)
+        on_device = batch if batch.device == self.device else batch.to(self.device, non_blocking=True)
         with torch.autocast(self.device.type if self.amp else "cpu", dtype=self.amp_dtype or torch.bfloat16,
                             enabled=self.amp):
             if self.ddp is not None:     # through DDP's forward, which arms its gradient averaging
@@ -368,18 +427,13 @@ class Trainer:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
-        # the step's terms come to the host once, after the backward pass is queued (one wait per step, which
-        # overlaps the queueing with the forward pass); a non-finite term stops before any weight moves
         names = list(terms)
-        got = torch.stack([terms[k].detach().float().reshape(()) for k in names]).tolist()
-        values = dict(zip(names, got))
-        if self.loss_is_sum:   # report the mean over the rows, whatever is optimised
-            values["loss"] /= max(1, len(batch))
-        bad = [k for k, v in values.items() if not math.isfinite(v)]
-        if bad:
-            for o in self.optimizers:
-                o.zero_grad(set_to_none=True)
-            raise CrossViewError(f"the {bad[0]} became {values[bad[0]]} at step {self.step}; {self.nan_hint}")
+        if self._pending_names is None:
+            self._pending_names = names
+        elif names != self._pending_names:     # a step that reports other terms: read what came before
+            self.flush()
+            self._pending_names = names
+        stacked = torch.stack([terms[k].detach().float().reshape(()) for k in names])
         if self.scaler is not None:
             for o in self.optimizers:
                 self.scaler.unscale_(o)
@@ -396,6 +450,33 @@ class Trainer:
         if self.after_step is not None:
             with torch.no_grad():
                 self.after_step(self.model)
+        return stacked
+
+    def flush(self) -> dict[str, float] | None:
+        """Read the terms of the steps since the last read (one wait for the device), add them to the epoch's
+        sums in step order, and return the last step's terms (None when nothing was pending). A non-finite
+        term raises, naming the first step that had one: the weights have then moved past it (the check no
+        longer waits on every step), but no state saved since the last read holds them (:meth:`state_dict`
+        reads first)."""
+        if not self._pending:
+            return None
+        pending, self._pending = self._pending, []
+        names = list(self._pending_names or [])
+        table = torch.stack([t for _, _, t, _ in pending]).tolist()
+        values: dict[str, float] = {}
+        for (step, _, _, rows), row in zip(pending, table):
+            values = dict(zip(names, row))
+            if self.loss_is_sum:   # report the mean over the rows, whatever is optimised
+                values["loss"] /= rows
+            bad = [k for k, v in values.items() if not math.isfinite(v)]
+            if bad:
+                for o in self.optimizers:
+                    o.zero_grad(set_to_none=True)
+                raise CrossViewError(f"the {bad[0]} became {values[bad[0]]} at step {step}; {self.nan_hint}")
+            for k, v in values.items():
+                self.epoch_sums[k] = self.epoch_sums.get(k, 0.0) + v * rows
+            self.epoch_rows += rows
+        self._last_values = values
         return values
 
     def fit_iter(self, training_step: TrainingStep, on_epoch_end: EpochEnd | None = None,
@@ -408,18 +489,18 @@ class Trainer:
         total = self.total_steps
         while self.epoch < self.max_epochs and not self.stopped:
             while self.batch_pos < n_batches:
-                batch = self.sampler.batch(self.epoch, self.batch_pos)
-                values = self._step(training_step, batch)
-                rows = max(1, len(batch))
-                for k, v in values.items():
-                    self.epoch_sums[k] = self.epoch_sums.get(k, 0.0) + v * rows
-                self.epoch_rows += rows
+                batch = self._batch()
+                stacked = self._step(training_step, batch)
+                self._pending.append((self.step, self.epoch, stacked, max(1, len(batch))))
                 self.batch_pos += 1
                 self.step += 1
                 msg = describe(self.epoch) if describe else f"epoch {self.epoch + 1}/{self.max_epochs}"
                 yield Progress(self.step, total, msg)
                 if self.step % self.log_every == 0:
-                    yield Loss(self.step, self.epoch + 1, values)
+                    self.flush()     # (a checkpoint taken at the Progress above may have read them already)
+                    if self._last_values is not None:
+                        yield Loss(self.step, self.epoch + 1, dict(self._last_values))
+            self.flush()
             self.epoch += 1
             self.batch_pos = 0
             m = max(1, self.epoch_rows)
