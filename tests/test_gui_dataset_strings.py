@@ -45,3 +45,13 @@ def test_data_panel_escapes_dataset_strings(qtbot) -> None:
     assert "\x1b" not in shown
     tip = panel.model.data(panel.model.index(0), 3)   # ToolTipRole
     assert tip == "<p>cap" + SHOWN.replace("\\ud83d", "\ufffd") + "</p>"   # the repaired caption
+
+
+def test_result_card_and_search_lines_escape_dataset_strings() -> None:
+    """The result card's title (dataset and split names from a run's summary) shows control characters escaped
+    and markup as written, like the Data and Query panels."""
+    from crossview.gui.result_card import describe_summary
+
+    title, _, _ = describe_summary({"method": "cca", "dataset": "evil\x1b[31m<b>x</b>\ud83d", "split": "val\x07"})
+    assert "\x1b" not in title and "\ud83d" not in title and "\x07" not in title
+    assert "evil\\x1b[31m&lt;b&gt;x&lt;/b&gt;\\ud83d" in title and "val\\x07" in title

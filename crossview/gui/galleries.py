@@ -8,12 +8,13 @@ No Qt: :mod:`crossview.gui.panels.query_panel` puts :func:`gallery_choices` in i
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from crossview.core.text import html_text
 
 __all__ = ["training_images_in", "gallery_note", "gallery_choices", "photos_label", "PHOTOS", "CORPUS"]
 
@@ -40,27 +41,27 @@ def gallery_note(r: Any, eval_split: str | None, train_split: str | None) -> str
     when the gallery holds training images (``eval_split`` / ``train_split``: the run's, None when unknown)."""
     photos = getattr(r, "photos", None)
     if photos is not None:
-        text = (f"Ranking against: <b>{html.escape(photos_label(photos.root))}</b> ({r.n_gallery_images:,} photos in "
-                f"{html.escape(str(photos.root))}, text -> image only, no ground truth)")
+        text = (f"Ranking against: <b>{html_text(photos_label(photos.root))}</b> ({r.n_gallery_images:,} photos in "
+                f"{html_text(str(photos.root))}, text -> image only, no ground truth)")
         if r.photos_skipped:
             text += f"; {len(r.photos_skipped):,} unreadable file{'s' if len(r.photos_skipped) != 1 else ''} skipped"
         return text
     what = f"{r.n_gallery_images:,} images, {r.n_gallery_captions:,} captions" if r.corpus is None else \
         f"{r.n_gallery_captions:,} captions, image -> text only"
     name = "all images" if r.gallery_name == "all" else r.gallery_name
-    text = f"Ranking against: <b>{html.escape(name)}</b> ({what})"
+    text = f"Ranking against: <b>{html_text(name)}</b> ({what})"
     if eval_split and r.gallery_name == eval_split:
         text += " - the run's evaluation split (ranks match Inspect)"
     n_train = training_images_in(r, train_split)
     if n_train:
         text += (f"<br><span style='color:#cf222e'><b>Warning:</b> this gallery includes {n_train:,} training "
-                 f"images (the run was trained on the {html.escape(str(train_split))} split): ranks are "
+                 f"images (the run was trained on the {html_text(str(train_split))} split): ranks are "
                  "optimistic and differ from Inspect's")
         if eval_split:
-            text += f"; choose the {html.escape(eval_split)} split for the run's evaluation gallery"
+            text += f"; choose the {html_text(eval_split)} split for the run's evaluation gallery"
         text += ".</span>"
     elif eval_split and r.corpus is None and r.gallery_name != eval_split:
-        text += (f" - not the run's evaluation split ({html.escape(eval_split)}): ranks differ "
+        text += (f" - not the run's evaluation split ({html_text(eval_split)}): ranks differ "
                  "from Inspect's")
     return text
 

@@ -10,7 +10,6 @@ need no widget (a script can export a run's marks with them); :class:`MarkButton
 from __future__ import annotations
 
 import csv
-import html
 import io
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QWi
 
 from crossview.core.errors import CrossViewError
 from crossview.core.io import atomic_write_bytes
+from crossview.core.text import html_text
 from crossview.engine.annotations import AnnotationStore, MarkNotSaved, query_key
 
 __all__ = ["describe_query", "export_marks", "marks_summary", "CSV_COLUMNS", "MarkButtons"]
@@ -138,7 +138,7 @@ class MarkButtons(QWidget):
             self.label.setText("")
             self.label.setToolTip("")
             return
-        text = html.escape(marks_summary(len(store), len(store.pending), store.skipped))
+        text = html_text(marks_summary(len(store), len(store.pending), store.skipped))
         if store.pending or error:
             text = f"<span style='color:#cf222e'>{text}</span>"
         self.label.setText(text)
@@ -170,8 +170,8 @@ class MarkButtons(QWidget):
             try:
                 self.export(path)
             except CrossViewError as e:
-                self.label.setText(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
+                self.label.setText(f"<span style='color:#cf222e'>{html_text(str(e))}</span>")
                 return
             skipped = self.store.skipped
             note = f" ({skipped} unreadable line{'s' if skipped != 1 else ''} of the file skipped)" if skipped else ""
-            self.label.setText(html.escape(f"exported {len(self.store)} marks to {path}{note}"))
+            self.label.setText(html_text(f"exported {len(self.store)} marks to {path}{note}"))

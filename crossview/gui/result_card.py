@@ -8,13 +8,13 @@ the time it took *including* feature extraction (the wait a person had), split i
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from crossview.core.progress import format_seconds
+from crossview.core.text import html_text
 
 __all__ = ["ResultCard", "describe_summary"]
 
@@ -34,8 +34,8 @@ def _seconds(v: float) -> str:
 
 def describe_summary(s: dict[str, Any]) -> tuple[str, str, str]:
     """``(title, metrics, timing)``: the card's three lines (HTML) for a run's summary."""
-    title = (f"<b>{html.escape(str(s.get('method', '?')))}</b> on {html.escape(str(s.get('dataset', '?')))}, "
-             f"reported on <b>{html.escape(str(s.get('split', '?')))}</b>")
+    title = (f"<b>{html_text(str(s.get('method', '?')))}</b> on {html_text(str(s.get('dataset', '?')))}, "
+             f"reported on <b>{html_text(str(s.get('split', '?')))}</b>")
     if s.get("n_images"):
         title += f" ({int(s['n_images']):,} images, {int(s.get('n_captions', 0)):,} captions)"
     if s.get("optimistic"):

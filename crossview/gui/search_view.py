@@ -15,7 +15,6 @@ Runnable alone: ``python -m crossview.gui.search_view [DATASET] [METHOD]``.
 
 from __future__ import annotations
 
-import html
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Progress, TrialFinished
 from crossview.core.progress import StageEta, format_seconds
+from crossview.core.text import html_text
 from crossview.engine.tune import TuneResult
 from crossview.gui.search_dialog import SearchDialog, SearchSpec
 from crossview.gui.workers import EventTask
@@ -385,12 +385,12 @@ class SearchView(QWidget):
 
     def _update_search_info(self, search: dict[str, Any]) -> None:
         best = search["rows"].get(search["best"]) if search["best"] is not None else None
-        text = (f"<b>Search</b> {html.escape(search['folder'].name)}: {search['done']} of {search['total']} trials "
-                f"done, ranked by {html.escape(search['metric'])}"
-                + (f"; {html.escape(search['where'])}" if search.get("where") else ""))
+        text = (f"<b>Search</b> {html_text(search['folder'].name)}: {search['done']} of {search['total']} trials "
+                f"done, ranked by {html_text(search['metric'])}"
+                + (f"; {html_text(search['where'])}" if search.get("where") else ""))
         if best is not None:
-            text += (f"; best: trial {best.trial} ({html.escape(self._point_label(best.point))}), "
-                     f"{html.escape(search['metric'])} {abs(best.score):.1f}")
+            text += (f"; best: trial {best.trial} ({html_text(self._point_label(best.point))}), "
+                     f"{html_text(search['metric'])} {abs(best.score):.1f}")
         self.search_info.setText(text)
 
     @staticmethod
@@ -515,8 +515,8 @@ class SearchView(QWidget):
             self.status.emit(1000, short, head + tail)
             self.message.emit(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
             self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
-                                     f"{refit.get('rsum', float('nan')):.1f} on {html.escape(str(refit.get('split')))} "
-                                     f"({html.escape(chosen)})" if refit else ""))
+                                     f"{refit.get('rsum', float('nan')):.1f} on {html_text(str(refit.get('split')))} "
+                                     f"({html_text(chosen)})" if refit else ""))
             if refit and (search["folder"] / "best" / "summary.json").is_file():
                 self.run_finished.emit(str(search["folder"] / "best"))    # the app loads the refit, as after Start
             self.search_finished.emit(str(search["folder"]))

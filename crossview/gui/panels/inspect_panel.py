@@ -15,7 +15,6 @@ Tables export to CSV (one file per table, both directions, intervals in their ow
 from __future__ import annotations
 
 import csv
-import html
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
                                QWidget)
 
 from crossview.core.errors import CrossViewError
+from crossview.core.text import html_text
 from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.paired import paired_effect
 from crossview.eval.hubness import describe_hubness
@@ -349,11 +349,11 @@ class InspectPanel(QWidget):
             self.queries.setRowCount(0)
             return
         s = a.summary
-        bits = [f"<b>{html.escape(a.name)}</b>", f"method {html.escape(a.method)}",
-                f"dataset {html.escape(str(s.get('dataset', '?')))}", f"split {html.escape(str(s.get('split', '?')))}"]
+        bits = [f"<b>{html_text(a.name)}</b>", f"method {html_text(a.method)}",
+                f"dataset {html_text(str(s.get('dataset', '?')))}", f"split {html_text(str(s.get('split', '?')))}"]
         if s.get("selected_on") is not None:     # where choices were made, beside where the numbers are reported
             where = str(s["selected_on"])
-            chosen = ("nothing chosen on data" if where == "nothing" else f"chosen on {html.escape(where)}")
+            chosen = ("nothing chosen on data" if where == "nothing" else f"chosen on {html_text(where)}")
             bits.append(f"<span style='color:#9a6700'><b>optimistic</b>: {chosen} and reported on the same "
                         "split</span>" if s.get("optimistic") else chosen)
         if s.get("train_seconds") is not None:
@@ -514,7 +514,7 @@ class InspectPanel(QWidget):
     def _draw_histograms(self) -> None:
         entries = self._compared()
         self.hist_legend.setText("Bars: " + " &nbsp; ".join(
-            f"<span style='color:{c}'>&#9632;</span> {tag}: {html.escape(r.name)} ({html.escape(r.method)})"
+            f"<span style='color:{c}'>&#9632;</span> {tag}: {html_text(r.name)} ({html_text(r.method)})"
             for r, c, tag in entries) if entries else "")
         for d, plot in self.hist_plots.items():
             plot.clear()
@@ -543,7 +543,7 @@ class InspectPanel(QWidget):
             try:
                 comp = compare_ranks(ra, b.ranks[d])
             except Exception as e:  # noqa: BLE001 - shown to the user instead
-                self.compare_label.setText(f"<span style='color:#cf222e'>Cannot compare: {html.escape(str(e))}</span>")
+                self.compare_label.setText(f"<span style='color:#cf222e'>Cannot compare: {html_text(str(e))}</span>")
         self.comparison = comp
         self.compare_label.setToolTip("")
         if comp is None:
@@ -600,7 +600,7 @@ class InspectPanel(QWidget):
                 self.compare_label.setToolTip(effect_tooltip(e))
             else:
                 self.compare_label.setText(f"<span style='color:#cf222e'>No paired effect: "
-                                           f"{html.escape(str(self._effect_of[2]))}</span>")
+                                           f"{html_text(str(self._effect_of[2]))}</span>")
             self.scatter.setData(x=np.log10(comp.rank_a), y=np.log10(comp.rank_b), data=np.arange(len(ra)))
             top = int(max(comp.rank_a.max(), comp.rank_b.max()))
             self.diagonal.setData(x=[0.0, float(np.log10(top * 1.2))], y=[0.0, float(np.log10(top * 1.2))])
