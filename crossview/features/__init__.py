@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from crossview.core.errors import Cancelled, CrossViewError
+from crossview.core.errors import CrossViewError
+from crossview.core.progress import drive_stages
 from crossview.core.hashing import utf8_bytes
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
@@ -191,16 +192,8 @@ def extract_features(dataset: Any, image_encoder: str | None = None, text_encode
     work = iter_extract_features(dataset, image_encoder, text_encoder, fit_on=fit_on, cache=cache, device=device,
                                  batch_size=batch_size, num_workers=num_workers, image_weights=image_weights,
                                  allow_random=allow_random, text_params=text_params, text_model=text_model)
-    while True:
-        try:
-            stage, done, total = next(work)
-        except StopIteration as end:
-            return end.value
-        if progress is not None:
-            progress(stage, done, total)
-        if should_stop is not None and should_stop():
-            work.close()
-            raise Cancelled(f"feature extraction cancelled ({stage}: {done:,} of {total:,} done)")
+    return drive_stages(work, progress, should_stop, lambda stage, done, total:
+                        f"feature extraction cancelled ({stage}: {done:,} of {total:,} done)")
 
 
 def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_encoder: str | None = None, *,

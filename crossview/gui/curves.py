@@ -24,11 +24,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPixmap
-from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
+from PySide6.QtWidgets import (QGridLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
 
 from crossview.core.errors import CrossViewError
-from crossview.gui.figure_export import PLOT_FILTER, Figure, FigureSeries, busy, figure_paths, save_figure
+from crossview.gui.figure_export import Figure, FigureSeries, ask_plot_path, busy, figure_paths, save_figure
 
 # ten hues far apart (no two reds or greens: TIMAM's L_M and L_I were both red)
 CURVE_COLOURS = ["#0969da", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#bf3989",
@@ -503,12 +503,9 @@ class CurveBoard(QWidget):
         return paths
 
     def _export_dialog(self) -> None:
-        path, chosen_filter = QFileDialog.getSaveFileName(
-            self, "Export curves (one file per plot; the name is a prefix)", "curves.png", PLOT_FILTER)
-        if not path:
+        path = ask_plot_path(self, "Export curves", "curves.png")
+        if path is None:
             return
-        if Path(path).suffix.lower() not in (".png", ".svg"):
-            path += ".svg" if chosen_filter.startswith("SVG") else ".png"
         try:
             with busy():
                 paths = self.export_plots(path)

@@ -24,7 +24,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QImage, QPainter, QPicture
-from PySide6.QtWidgets import QApplication, QGraphicsItem
+from PySide6.QtWidgets import QApplication, QFileDialog, QGraphicsItem, QWidget
 
 from crossview.core.errors import CrossViewError
 
@@ -233,6 +233,18 @@ def busy() -> Iterator[None]:
         yield
     finally:
         QApplication.restoreOverrideCursor()
+
+
+def ask_plot_path(parent: QWidget, title: str, default: str) -> str | None:
+    """Ask where to export plots (one file per plot; the name is a prefix): the chosen path with ``.png`` or
+    ``.svg`` added from the chosen filter when it has neither, or None when the dialog was cancelled."""
+    path, chosen_filter = QFileDialog.getSaveFileName(parent, f"{title} (one file per plot; the name is a prefix)",
+                                                      default, PLOT_FILTER)
+    if not path:
+        return None
+    if Path(path).suffix.lower() not in (".png", ".svg"):
+        path += ".svg" if chosen_filter.startswith("SVG") else ".png"
+    return path
 
 
 def figure_paths(chosen: str | Path, names: list[str], suffixes: tuple[str, ...] = (".png", ".svg")) -> list[Path]:

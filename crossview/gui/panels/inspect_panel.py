@@ -31,7 +31,7 @@ from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.paired import paired_effect
 from crossview.eval.hubness import describe_hubness
 from crossview.engine.results import RunResults
-from crossview.gui.figure_export import (PLOT_FILTER, Figure, FigureSeries, busy, figure_paths, save_figure,
+from crossview.gui.figure_export import (Figure, FigureSeries, ask_plot_path, busy, figure_paths, save_figure,
                                         short_name)
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
@@ -867,12 +867,9 @@ class InspectPanel(QWidget):
                 self.export_note.show()
 
     def _export_plots_dialog(self) -> None:
-        path, chosen_filter = QFileDialog.getSaveFileName(
-            self, "Export plots (one file per plot; the name is a prefix)", "inspect.png", PLOT_FILTER)
-        if not path:
+        path = ask_plot_path(self, "Export plots", "inspect.png")
+        if path is None:
             return
-        if Path(path).suffix.lower() not in (".png", ".svg"):
-            path += ".svg" if chosen_filter.startswith("SVG") else ".png"
         try:
             with busy():
                 paths = self.export_plots(path)
