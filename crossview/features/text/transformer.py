@@ -57,8 +57,9 @@ def _weights_digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def _short(e: BaseException) -> str:
-    """The first line of an exception's message, at most 160 characters (torch's advice to unpickle with
-    ``weights_only=False`` is never passed on: that would run code from the file)."""
+    """The first line of an exception's message, at most 160 characters. torch's advice to turn its safe
+    unpickler off is never passed on (following it would run code from the file): such a message becomes a plain
+    statement that the file is not a tensor file."""
     if "weights_only" in str(e):
         return "it is not a plain tensor file: reading it would need to run pickled code, which CrossView never does"
     text = str(e).strip().splitlines()
@@ -77,13 +78,18 @@ def _load_transformer(path: str) -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()  # a per-load tqdm bar would garble the CLI's own progress line
     try:
         try:
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own types for a damaged file
             raise WeightsNotFoundError(f"cannot load the tokenizer of {path} ({type(e).__name__}: {_short(e)}); "
                                        "the folder must hold the tokenizer files (tokenizer.json or vocab.txt) as "
                                        "save_pretrained writes them: copy them again") from None
         try:
-            model = AutoModel.from_pretrained(path, local_files_only=True)
+            # a model folder is data: no code from it runs. Remote code is refused, safetensors preferred, and a
+            # pickled .bin is read by torch's restricted unpickler (tensors and plain values only), said explicitly
+            # so a change of the library's default cannot loosen it
+            safetensors = (Path(path) / "model.safetensors").is_file()
+            model = AutoModel.from_pretrained(path, local_files_only=True, trust_remote_code=False,
+                                              use_safetensors=True if safetensors else None, weights_only=True)
         except Exception as e:  # noqa: BLE001 - SafetensorError, UnpicklingError, EOFError, RuntimeError...
             weights = next((Path(path) / n for n in _WEIGHT_FILES if (Path(path) / n).is_file()), Path(path))
             raise WeightsNotFoundError(f"{weights}: the weights file is damaged or is not this model's weights "
