@@ -7,18 +7,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 pytest.importorskip("pytestqt")
 from PySide6.QtCore import QSize, Qt  # noqa: E402
 from PySide6.QtGui import QImage  # noqa: E402
 
 from crossview.engine.retriever import Retriever  # noqa: E402
-from crossview.explain import Explanation, RegionMap, WordImportance, caption_words  # noqa: E402
+from crossview.explain import Explanation, caption_words  # noqa: E402
 from crossview.gui.panels.query_panel import ItemRole, QueryPanel  # noqa: E402
-from toy import Identity, toy_images, toy_setup  # noqa: E402
+from toy import Identity, hand_explanation, toy_images, toy_setup  # noqa: E402
 
 pytestmark = pytest.mark.gui
 PATH = Qt.ItemDataRole.UserRole + 3
@@ -41,14 +39,7 @@ class FakeExplainer:
         if image in self.gates:
             assert self.gates[image].wait(10), "the test never released the gate"
         path = str(self.dataset.image_paths[image]) if isinstance(image, int) else str(image)
-        with Image.open(path) as im:
-            w, h = im.size
-        values = np.add.outer(np.arange(4), np.arange(4)).astype(np.float32)
-        region = RegionMap(values=values, score=float(values.mean()), mode="exact", crop_box=(0, 0, w, h),
-                           image_size=(w, h), residual=0.0, direction=direction)
-        words = caption_words(text)
-        wi = WordImportance(words, np.linspace(-0.2, 1.0, len(words)).astype(np.float32), 0.5, "exact", 0.0)
-        return Explanation(region=region, words=wi, image_path=path, text=text)
+        return hand_explanation(path, text, direction)
 
 
 def _images(tmp_path: Path) -> list[str]:

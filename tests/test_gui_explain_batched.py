@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -15,10 +14,10 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QImage  # noqa: E402
 
 from crossview.engine.retriever import Retriever  # noqa: E402
-from crossview.explain import Explanation, RegionMap, WordImportance, caption_words  # noqa: E402
+from crossview.explain import Explanation  # noqa: E402
 from crossview.gui.explain_controller import AHEAD_BATCH  # noqa: E402
 from crossview.gui.panels.query_panel import ItemRole, QueryPanel  # noqa: E402
-from toy import Identity, toy_setup  # noqa: E402
+from toy import Identity, hand_explanation, toy_setup  # noqa: E402
 
 pytestmark = pytest.mark.gui
 PATH = Qt.ItemDataRole.UserRole + 3
@@ -33,15 +32,7 @@ class BatchingFake:
         self.many: list[list] = []            # explain_many(images, ...), the images of each call
 
     def _one(self, image, text, direction) -> Explanation:
-        path = str(self.dataset.image_paths[image])
-        with Image.open(path) as im:
-            w, h = im.size
-        values = np.add.outer(np.arange(4), np.arange(4)).astype(np.float32)
-        region = RegionMap(values=values, score=float(values.mean()), mode="exact", crop_box=(0, 0, w, h),
-                           image_size=(w, h), residual=0.0, direction=direction)
-        words = caption_words(text)
-        wi = WordImportance(words, np.linspace(-0.2, 1.0, len(words)).astype(np.float32), 0.5, "exact", 0.0)
-        return Explanation(region=region, words=wi, image_path=path, text=text)
+        return hand_explanation(str(self.dataset.image_paths[image]), text, direction)
 
     def explain(self, image, text, direction) -> Explanation:
         self.calls.append((image, text, direction))

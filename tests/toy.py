@@ -79,3 +79,20 @@ def toy_retriever(folder, size=(40, 40), hook=None, gallery: str = "test"):
     if hook is not None:
         hook(feats)
     return Retriever(Identity().fit(None), ds, feats, gallery=gallery)
+
+
+def hand_explanation(path: str, text: str, direction: str):
+    """An explanation drawn by hand for the image file ``path`` and ``text``: a map rising to the lower right
+    over the whole image, word values rising along the caption (tests of the explain views, no backbone)."""
+    from PIL import Image
+
+    from crossview.explain import Explanation, RegionMap, WordImportance, caption_words
+
+    with Image.open(path) as im:
+        w, h = im.size
+    values = np.add.outer(np.arange(4), np.arange(4)).astype(np.float32)
+    region = RegionMap(values=values, score=float(values.mean()), mode="exact", crop_box=(0, 0, w, h),
+                       image_size=(w, h), residual=0.0, direction=direction)
+    words = caption_words(text)
+    wi = WordImportance(words, np.linspace(-0.2, 1.0, len(words)).astype(np.float32), 0.5, "exact", 0.0)
+    return Explanation(region=region, words=wi, image_path=path, text=text)
