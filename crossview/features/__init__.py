@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
-from crossview.core.progress import drive_stages
+from crossview.core.progress import drive, drive_stages
 from crossview.core.hashing import utf8_bytes
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
 __all__ = ["Features", "FeatureCache", "extract_features", "iter_extract_features", "encode_captions",
-           "iter_encode_captions", "encode_texts", "image_set_fingerprint",
+           "iter_encode_captions", "encode_texts", "image_set_fingerprint", "iter_image_set_fingerprint",
            "PRECOMP"]
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,12 @@ PRECOMP = "precomp"
 #: the text encoder name of runs whose method reads the captions itself (no caption features are made)
 NO_TEXT = "none"
 
+#: the stage of reading and hashing image files whose content hash is not known yet (the cache's key)
+HASH_STAGE = "image hashes"
+
 Progress = Callable[[str, int, int], None]
-"""``progress(stage, done, total)`` with stage ``"images"``, ``"fit text"`` or ``"captions"``."""
+"""``progress(stage, done, total)`` with stage ``"image hashes"`` (only when files must be read), ``"images"``,
+``"fit text"`` or ``"captions"``."""
 
 
 @dataclass
@@ -93,13 +97,22 @@ def image_set_fingerprint(paths: Sequence[str], memo_root: str | os.PathLike[str
     """A hash of the image files' contents, in order (:mod:`crossview.features.file_hashes`): a file replaced by
     another gives a new key whatever its name, size and times; the same files moved elsewhere give the same key.
     Each file's hash is remembered in ``memo_root`` (default: the feature cache folder) per file state, so an
-    unchanged file is not read again."""
+    unchanged file is not read again (:func:`iter_image_set_fingerprint` driven to its end)."""
+    return drive(iter_image_set_fingerprint(paths, memo_root))
+
+
+def iter_image_set_fingerprint(paths: Sequence[str],
+                               memo_root: str | os.PathLike[str] | None = None) -> Iterator[tuple[int, int]]:
+    """:func:`image_set_fingerprint` as a generator: yields ``(done, total)`` over the files it must read (none
+    when every file is unchanged since it was hashed; a first hash of thousands of photos reports every half
+    second) and returns the fingerprint."""
     from crossview.core.settings import get_settings
     from crossview.features.file_hashes import FileHashes
 
     hashes = FileHashes(memo_root if memo_root is not None else get_settings().features_dir)
+    digests = yield from hashes.iter_digests(paths)
     h = hashlib.sha256(b"image-contents-v1\0")
-    for d in hashes.digests(paths):
+    for d in digests:
         h.update(d if d is not None else b"missing")
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -203,7 +216,8 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
                           text_params: dict | None = None,
                           text_model: Any = None) -> Iterator[tuple[str, int, int]]:
     """Image and caption features of every image and caption of ``dataset``, as a generator: it yields
-    ``(stage, done, total)`` reports (stage ``"images"``, ``"fit text"`` or ``"captions"``; a stage that does
+    ``(stage, done, total)`` reports (stage ``"image hashes"`` while image files not seen before are read for the
+    cache's key, none when every file is known; ``"images"``, ``"fit text"`` or ``"captions"``; a stage that does
     work reports 0 first, a cached one only its end) and *returns* the :class:`Features`
     (``feats = yield from iter_extract_features(...)``). Closing it between two batches stops the work.
 
@@ -247,9 +261,11 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
             raise CrossViewError(f"dataset {dataset.name!r} has no precomputed image features; "
                                  f"choose an image encoder ({', '.join(image_mod.list_image_encoders())})")
         enc = image_mod.create_image_encoder(image_name, weights=image_weights, allow_random=allow_random)
-        # keyed on the files' contents; nothing to key when there is no cache to look in
-        parts = {"kind": "image", "images": None if store is None else
-                 image_set_fingerprint(dataset.image_paths, store.root), "encoder": enc.cache_parts()}
+        # keyed on the files' contents (a first hash of many files is a stage of its own, with progress);
+        # nothing to key when there is no cache to look in
+        fingerprint = None if store is None else (yield from _staged(
+            HASH_STAGE, iter_image_set_fingerprint(dataset.image_paths, store.root)))
+        parts = {"kind": "image", "images": fingerprint, "encoder": enc.cache_parts()}
 
         def compute_images() -> Iterator[tuple[int, int]]:
             kw: dict[str, Any] = {"device": device}
