@@ -227,6 +227,34 @@ def test_non_finite_labels_are_refused(tmp_path: Path, bad: str) -> None:
     assert f"{f} (line 2 'im1.png')" in msg and "not a class" in msg
 
 
+def _label_csv(tmp_path: Path, labels: list[str]) -> Path:
+    _images(tmp_path, len(labels))
+    f = tmp_path / "captions.csv"
+    f.write_text("image,caption,label,split\n" + "".join(f"im{k}.png,a dog {k},{v},train\n"
+                                                         for k, v in enumerate(labels)))
+    return f
+
+
+@pytest.mark.parametrize("bad", ["nan", "NaN", " inf", "-Infinity", "1e999"])
+def test_csv_labels_spelled_as_non_finite_numbers_are_refused(tmp_path: Path, bad: str,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    """What pandas writes for a missing label (``nan``) is refused as the JSON NaN is: one line naming the
+    file, the line and the value (not read as a class called "nan")."""
+    from crossview.cli import main
+
+    f = _label_csv(tmp_path, ["cat", "dog", bad, "cat"])
+    msg = _error(f)
+    assert f"{f} (line 4 'im2.png')" in msg and f"'label' is {bad.strip()!r}" in msg and "not a class" in msg
+    assert main(["data", "info", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "line 4" in err and "Traceback" not in err
+
+
+def test_csv_labels_that_only_look_like_numbers_are_classes(tmp_path: Path) -> None:
+    ds = load_dataset(_label_csv(tmp_path, ["nano", "infant", "1", "2.5"]))
+    assert ds.label_names == ["1", "2.5", "infant", "nano"]
+
+
 @pytest.mark.parametrize("value", [[["a"]], [{"a": 1}], [None], [True], [float("nan")]])
 def test_tag_lists_holding_non_text_items_are_refused(tmp_path: Path, value: list) -> None:
     _images(tmp_path, 2)

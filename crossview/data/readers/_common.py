@@ -494,16 +494,29 @@ def unknown_splits_warning(splits: dict[str, Sequence[int]], source: Path) -> li
             f"their own split and not in train / val / test: {listed}{more} (known: {', '.join(KNOWN_SPLITS)})"]
 
 
+def _non_finite_number(text: str) -> bool:
+    """``text`` reads as a number that is NaN or infinite (``nan``, ``-inf``, ``Infinity``, ``1e999``)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 class LabelReader:
     """Reads class labels from a dataset file, one value per image, as label names (text).
 
     JSON gives labels types: ``1`` and ``"1"`` are read as one label (a class name is text) and, when both
     spellings occur, one warning line says so with the number of images; a float label (``1.5``, ``2.0``)
     is read as its text and counted in a warning; NaN, infinity, booleans, lists and objects are errors
-    naming the file and the entry."""
+    naming the file and the entry.
 
-    def __init__(self, path: Path) -> None:
+    CSV cells have no types (``text_cells``): a cell spelled as a non-finite number (``nan``, ``NaN``, ``inf``,
+    ``-Infinity``, ``1e999``: what pandas and spreadsheets write for a missing value) is refused as the JSON
+    NaN / infinity is, naming the file, the line and the value; an empty cell is no label."""
+
+    def __init__(self, path: Path, *, text_cells: bool = False) -> None:
         self.path = path
+        self.text_cells = text_cells
         self._kinds: dict[str, set[str]] = {}
         self._count: dict[str, int] = {}
         self._floats = 0
@@ -530,6 +543,10 @@ class LabelReader:
             text, kind = value.strip(), "text"
             if not text:
                 return None
+            if self.text_cells and _non_finite_number(text):
+                raise DatasetError(f"'label' is {brief(text)} (not a class: a missing or non-finite number)",
+                                   self.path, where, hint="Give each image one label: a class name or number; "
+                                   "fill in or drop the rows whose label is missing")
         self._kinds.setdefault(text, set()).add(kind)
         self._count[text] = self._count.get(text, 0) + 1
         return text

@@ -22,7 +22,8 @@ one warning naming it and its image count, a path-like one (``../x``) or one wit
 error; an image without one goes to ``train``; with no split key or column at all, a reproducible 80/10/10
 split is generated (``meta["generated_splits"] = True``). A label gives ``labels`` (indices into
 ``label_names``, the sorted unique label strings), and then every image needs one; a label is text or a
-number (``1`` and ``"1"`` are one label, said in a warning; NaN, infinity, booleans and lists are errors). Tags give per-image
+number (``1`` and ``"1"`` are one label, said in a warning; NaN, infinity, booleans and lists are errors, and so
+is a CSV cell spelled ``nan`` / ``inf``, naming the line and the value). Tags give per-image
 ``tags``, the union over that image's lines.
 """
 
@@ -102,7 +103,7 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
     img_tags: list[list[str]] = []
     raw_caps: list[tuple[int, str | None]] = []      # (image number, cleaned caption or None)
     has_label = has_tags = has_split = False
-    labels_read = LabelReader(path)
+    labels_read = LabelReader(path, text_cells=path.suffix.lower() != ".jsonl")
     for lineno, row in _rows(path):
         image = row.get("image")
         if not isinstance(image, str) or not image.strip():
