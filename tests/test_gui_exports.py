@@ -218,3 +218,28 @@ def test_the_export_buttons_write_every_file_and_say_which(compared, qtbot, tmp_
     qtbot.mouseClick(panel.export_table_button, Qt.MouseButton.LeftButton)
     assert (tmp_path / "tables_metrics.csv").is_file() and (tmp_path / "tables_queries.csv").is_file()
     assert "tables_metrics.csv" in panel.export_note.text()
+
+
+def test_an_export_on_a_full_disk_opens_the_storage_dialog(compared, qtbot, tmp_path: Path, monkeypatch) -> None:
+    """A full disk under the chosen file: the storage dialog names the file, the bytes needed and another disk
+    (not the plain "could not write" line alone); other write errors stay on the line."""
+    import errno
+
+    from PySide6.QtWidgets import QFileDialog
+
+    from crossview.core.errors import storage_error
+
+    panel, a, b = compared
+    target = tmp_path / "tables.csv"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *args: (str(target), "CSV (*.csv)")))
+
+    def full(path):
+        raise storage_error(OSError(errno.ENOSPC, "No space left on device"), Path(path), 5000)
+
+    monkeypatch.setattr(panel, "export_tables", full)
+    qtbot.mouseClick(panel.export_table_button, Qt.MouseButton.LeftButton)
+    box = panel.storage_box
+    assert box is not None and box.isVisible() and box.windowTitle() == "Disk full"
+    assert str(target) in box.text() and "4.9 KiB more" in box.text() and "another disk" in box.text()
+    assert panel.export_note.text() == f"Disk full: the tables not exported ({target})"
+    box.close()

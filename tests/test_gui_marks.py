@@ -127,6 +127,8 @@ def test_an_unsaved_mark_is_shown_kept_and_retried_and_export_reads_the_file(qtb
     assert w.retry_button.isVisible()
     qtbot.mouseClick(w.retry_button, Qt.MouseButton.LeftButton)      # still full: still kept, still said
     assert "1 NOT saved" in w.label.text() and len(w.store.pending) == 1
+    assert w.storage_box is not None and w.storage_box.windowTitle() == "Disk full"   # and in its dialog
+    w.storage_box.close()
     monkeypatch.setattr(AnnotationStore, "_write", real)
     qtbot.mouseClick(w.retry_button, Qt.MouseButton.LeftButton)
     assert w.label.text() == "1 mark saved" and not w.retry_button.isVisible()

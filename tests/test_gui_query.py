@@ -124,6 +124,10 @@ def test_a_mark_on_a_run_that_cannot_be_written_is_kept_and_said(qtbot, panel: Q
     assert view.item(0).text().startswith("✓"), view.item(0).text()
     assert "1 NOT saved" in panel.marks_label.text(), panel.marks_label.text()
     assert "Read-only file system" in panel.marks_label.toolTip()
+    box = panel.marks.storage_box            # an unwritable run folder is said in the storage dialog too
+    assert box is not None and box.isVisible() and box.windowTitle() == "Cannot write there"
+    assert str(tmp_path / "run" / "annotations.jsonl") in box.text() and "Retry saving" in box.text()
+    box.close()
     monkeypatch.setattr(AnnotationStore, "_write", real)
     qtbot.mouseClick(panel.marks.retry_button, Qt.MouseButton.LeftButton)
     assert "1 mark saved" in panel.marks_label.text()

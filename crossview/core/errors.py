@@ -48,11 +48,21 @@ class Cancelled(CrossViewError):
 class StorageError(CrossViewError, OSError):
     """A file could not be written where it was asked: the disk (or quota) is full, or the place is read-only
     or not the user's. It is an :class:`OSError` too (``errno`` and ``filename`` kept), so code that tolerates a
-    failing optional write (the feature cache) catches it as one."""
+    failing optional write (the feature cache) catches it as one. ``need``: the bytes the write needed, when
+    known; :attr:`disk_full` tells a full disk (free space, or another disk) from a place that cannot be written
+    (another folder), for a front end that says which (the app's storage dialog)."""
 
-    def __init__(self, errno_: int, message: str, filename: str | None = None) -> None:
+    def __init__(self, errno_: int, message: str, filename: str | None = None, *, need: int | None = None) -> None:
         super().__init__(errno_, message, filename)
         self.message = message
+        self.need = need
+
+    @property
+    def disk_full(self) -> bool:
+        """The disk or the quota is full (or the file too large for it), rather than the place unwritable."""
+        import errno
+
+        return self.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EFBIG)
 
     def __str__(self) -> str:
         return self.message
@@ -77,17 +87,18 @@ def storage_error(e: OSError, path: str | Path | None = None, need: int | None =
 
     where = str(path if path is not None else (e.filename or "a file"))
     if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EFBIG):
-        size = f"; {_size(need)} were needed" if need else ""
+        size = f"; {format_bytes(need)} were needed" if need else ""
         what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or "file too large").lower()
         hint = "free some space there, or choose a folder on another disk"
     else:
         size = ""
         what = "it cannot be written here: " + (e.strerror or str(e)).lower()
         hint = "choose a folder you can write to"
-    return StorageError(e.errno or 0, f"{where}: {what}{size}; {hint}", where)
+    return StorageError(e.errno or 0, f"{where}: {what}{size}; {hint}", where, need=need)
 
 
-def _size(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """``812 bytes``, ``2.9 KiB``, ``1.2 GiB``: a size for a person."""
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:,} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"

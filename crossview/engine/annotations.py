@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from crossview.core.io import atomic_write_bytes
-from crossview.core.errors import CrossViewError
+from crossview.core.errors import CrossViewError, StorageError, is_storage_error, storage_error
 
 __all__ = ["AnnotationStore", "MarkNotSaved", "query_key"]
 
@@ -42,7 +42,13 @@ FILE_NAME = "annotations.jsonl"
 
 class MarkNotSaved(CrossViewError):
     """A mark was kept in memory but could not be written to ``annotations.jsonl`` (the message says why and
-    how many marks wait); :meth:`AnnotationStore.retry` writes them."""
+    how many marks wait); :meth:`AnnotationStore.retry` writes them. :attr:`storage` is the
+    :class:`~crossview.core.errors.StorageError` when the disk was full or the folder unwritable (the path and
+    the bytes the pending marks needed), else None."""
+
+    def __init__(self, message: str, storage: StorageError | None = None) -> None:
+        super().__init__(message)
+        self.storage = storage
 
 
 def query_key(query: dict[str, Any]) -> str:
@@ -175,14 +181,16 @@ class AnnotationStore:
         try:
             self._write(self.pending)
         except OSError as e:
-            raise MarkNotSaved(self._not_saved(e)) from None
+            raise self._not_saved(e) from None
         n, self.pending = len(self.pending), []
         return n
 
-    def _not_saved(self, e: OSError) -> str:
+    def _not_saved(self, e: OSError) -> MarkNotSaved:
         n = len(self.pending)
-        return (f"{self.path}: {n} mark{'s' if n != 1 else ''} not saved ({e.strerror or e}); kept until the file "
-                "can be written: make the run folder writable or free space, then retry")
+        need = len("".join(json.dumps(r, ensure_ascii=True) + "\n" for r in self.pending).encode())
+        return MarkNotSaved(f"{self.path}: {n} mark{'s' if n != 1 else ''} not saved ({e.strerror or e}); kept until "
+                            "the file can be written: make the run folder writable or free space, then retry",
+                            storage_error(e, self.path, need) if is_storage_error(e) else None)
 
     def mark(self, direction: str, query: dict[str, Any], item: int, relevant: bool | None,
              item_text: str = "") -> dict[str, Any]:
@@ -200,7 +208,7 @@ class AnnotationStore:
         try:
             self._write(self.pending)
         except OSError as e:
-            raise MarkNotSaved(self._not_saved(e)) from None
+            raise self._not_saved(e) from None
         self.pending = []
         return rec
 

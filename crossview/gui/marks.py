@@ -15,15 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QMessageBox, QPushButton, QWidget
 
-from crossview.core.errors import CrossViewError
+from crossview.core.errors import CrossViewError, StorageError
 from crossview.core.io import atomic_write_bytes
 from crossview.core.text import html_text
 from crossview.engine.annotations import AnnotationStore, MarkNotSaved, query_key
+from crossview.gui.storage_dialog import show_storage_error, storage_error_of, storage_text, storage_title
 
 __all__ = ["describe_query", "export_marks", "marks_summary", "CSV_COLUMNS", "MarkButtons"]
 
+#: what a full disk under the run's marks file asks the person to do once there is space
+MARKS_THEN = "press Retry saving (the marks are kept until then)"
 #: the columns of an exported marks CSV, in order
 CSV_COLUMNS = ("time", "annotator", "direction", "query_kind", "query", "query_image_file", "query_caption",
                "item", "item_image_file", "item_text", "relevant")
@@ -114,6 +117,9 @@ class MarkButtons(QWidget):
         self.retry_button = QPushButton("Retry saving")
         self.retry_button.setToolTip("Write the marks the run's annotations file could not take")
         self.retry_button.hide()
+        self._storage_said = False      # the storage dialog was shown for the current run of unsaved marks
+        #: the last storage dialog opened (a full disk), for tests and screenshots
+        self.storage_box: QMessageBox | None = None
         self.retry_button.clicked.connect(self.retry)
         self.yes.clicked.connect(lambda: self.mark_requested.emit(True))
         self.no.clicked.connect(lambda: self.mark_requested.emit(False))
@@ -129,16 +135,30 @@ class MarkButtons(QWidget):
         """The mark buttons and the export button, in their order."""
         return (self.yes, self.no, self.clear, self.export_button)
 
-    def refresh(self, error: str = "") -> None:
+    def refresh(self, error: str | BaseException = "") -> None:
         """Say how many marks the store holds ("" without a store), how many wait to be written and how many lines
-        of its file were unreadable; ``error`` (a failed write) is shown in red after it."""
+        of its file were unreadable; ``error`` (a failed write: its message, or the :class:`MarkNotSaved`) turns
+        the line red with the reason in its tooltip. A full disk or an unwritable run folder is also said in the
+        storage dialog (:func:`~crossview.gui.storage_dialog.show_storage_error`: the path, the bytes needed,
+        what to do), once for each time the marks stop being saved."""
         store = self.store
+        storage = storage_error_of(error) if isinstance(error, BaseException) else None
+        if storage is not None:
+            error = f"{storage_text(storage, 'the marks', MARKS_THEN, elsewhere=False)}\n{error}"
+            if not self._storage_said:
+                self._storage_said = True
+                self.storage_box = show_storage_error(self, storage, "the marks", MARKS_THEN, elsewhere=False)
+        error = str(error)
+        if store is None or not store.pending:
+            self._storage_said = False
         self.retry_button.setVisible(bool(store is not None and store.pending))
         if store is None or not (len(store) or store.skipped or error):     # nothing to count: say nothing
             self.label.setText("")
             self.label.setToolTip("")
             return
         text = html_text(marks_summary(len(store), len(store.pending), store.skipped))
+        if storage is not None:
+            text = f"{html_text(storage_title(storage))}: {text}"
         if store.pending or error:
             text = f"<span style='color:#cf222e'>{text}</span>"
         self.label.setText(text)
@@ -151,7 +171,8 @@ class MarkButtons(QWidget):
         try:
             n = self.store.retry()
         except MarkNotSaved as e:
-            self.refresh(str(e))
+            self._storage_said = False      # asked again by the person: said again
+            self.refresh(e)
             return 0
         self.refresh()
         return n
@@ -169,6 +190,11 @@ class MarkButtons(QWidget):
         if path:
             try:
                 self.export(path)
+            except StorageError as e:       # a full disk or an unwritable folder: say so, offer another folder
+                self.label.setText(f"<span style='color:#cf222e'>{html_text(storage_title(e))}: marks not "
+                                   f"exported</span>")
+                self.storage_box = show_storage_error(self, e, "the marks export", "export again")
+                return
             except CrossViewError as e:
                 self.label.setText(f"<span style='color:#cf222e'>{html_text(str(e))}</span>")
                 return

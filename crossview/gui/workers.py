@@ -68,6 +68,7 @@ class _Runner(QObject):
         try:
             w._work(self)
         except Exception as e:  # noqa: BLE001 - a bug too: keep the app alive and show the traceback
+            w.error = e          # set before the (queued) failed signal: its slots may look at it
             self.failed.emit(*_describe(e))
         finally:
             try:
@@ -101,6 +102,9 @@ class WorkerBase(QObject):
         super().__init__(parent)
         self.token = next(WorkerBase._tokens)   # increases with each worker made: the newest one wins
         self.name = name
+        #: the exception the work failed with (None until :attr:`failed`): a slot of :attr:`failed` tells a
+        #: :class:`~crossview.core.errors.StorageError` (a full disk) from other errors with it
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._gate = threading.Event()          # set: running; clear: paused (the worker waits on it)
         self._gate.set()

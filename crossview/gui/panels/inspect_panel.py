@@ -22,8 +22,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
-                               QPushButton, QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout,
-                               QWidget)
+                               QMessageBox, QPushButton, QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
 
 from crossview.core.errors import CrossViewError
 from crossview.core.text import html_text
@@ -33,6 +33,7 @@ from crossview.eval.hubness import describe_hubness
 from crossview.engine.results import RunResults
 from crossview.gui.figure_export import (Figure, FigureSeries, ask_plot_path, busy, figure_paths, save_figure,
                                         short_name)
+from crossview.gui.storage_dialog import show_storage_error, storage_error_of, storage_title
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
 DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
@@ -185,6 +186,7 @@ class InspectPanel(QWidget):
                                            "directions, with titles and legends: PNG at 300 dpi or SVG, 6.4 x 4 in")
         self.export_plot_button.clicked.connect(self._export_plots_dialog)
         self.export_note = QLabel("")         # what the last export wrote, and where
+        self.storage_box: QMessageBox | None = None    # the last storage dialog (a full disk), for tests
         self.export_note.setObjectName("exportNote")
         self.export_note.setWordWrap(True)
         self.export_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -863,8 +865,7 @@ class InspectPanel(QWidget):
                     paths = self.export_tables(path)
                 self._say_written("tables", paths)
             except OSError as e:
-                self.export_note.setText(f"Could not write {path}: {e.strerror or e}; choose another folder")
-                self.export_note.show()
+                self._export_failed(path, e, "the tables")
 
     def _export_plots_dialog(self) -> None:
         path = ask_plot_path(self, "Export plots", "inspect.png")
@@ -875,8 +876,20 @@ class InspectPanel(QWidget):
                 paths = self.export_plots(path)
             self._say_written("plots", paths)
         except (OSError, CrossViewError) as e:
-            self.export_note.setText(f"Could not write {path}: {e}; choose another folder")
-            self.export_note.show()
+            self._export_failed(path, e, "the plots")
+
+    def _export_failed(self, path: str | Path, e: BaseException, what: str) -> None:
+        """Say under the export buttons that ``path`` could not be written; a full disk or an unwritable folder
+        (:class:`~crossview.core.errors.StorageError`) also in the storage dialog (the path, the bytes needed,
+        what to do)."""
+        storage = storage_error_of(e)
+        if storage is not None:
+            self.export_note.setText(f"{storage_title(storage)}: {what} not exported ({storage.filename})")
+            self.storage_box = show_storage_error(self, storage, what, "export again")
+        else:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+            self.export_note.setText(f"Could not write {path}: {reason}; choose another folder")
+        self.export_note.show()
 
 
 if __name__ == "__main__":  # pragma: no cover - manual preview

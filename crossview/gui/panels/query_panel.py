@@ -804,12 +804,12 @@ class QueryPanel(QWidget):
         text = self.retriever.gallery_caption_text(item) if self.ranking.direction == "i2t" else ""
         if is_photo_gallery(self.retriever):
             text = str(self.retriever.gallery_image_path(item))     # photo marks are kept by path
-        error = ""
+        error: str | MarkNotSaved = ""
         try:
             self.annotations.mark(self.ranking.direction, mark_query(self.retriever, self.ranking.query), item,
                                   relevant, text)
         except MarkNotSaved as e:          # kept in memory (pending): the line says so and offers Retry
-            error = str(e)
+            error = e
         self.results.style_item(it, self.ranking, item, relevant)
         row = view.currentRow()
         if relevant is not None and row + 1 < view.count():

@@ -41,6 +41,7 @@ from crossview.gui.dataset_slot import DatasetSlot
 from crossview.gui.result_card import ResultCard
 from crossview.gui.runs_browser import RunsBrowser
 from crossview.gui.search_view import SearchChoices, SearchView, field_texts
+from crossview.gui.storage_dialog import show_storage_error, storage_error_of, storage_text, storage_title
 from crossview.gui.workers import EventTask, preload_engine_modules
 
 AUTO_SPLIT_TEXT = "auto (test, else val, else a held-out part of train)"
@@ -631,7 +632,7 @@ class TrainPanel(QWidget):
                                   **self._run_extra,
                                   image_norm=self.image_norm.currentData(), text_norm=self.text_norm.currentData())
         except CrossViewError as e:
-            self._fail(str(e), "")
+            self._fail(str(e), "", error=e)
             return None
         self._drive(lambda: it, run_dir, f"Training {method} on {self.dataset.name}", method, no_val)
         return self.task
@@ -669,7 +670,7 @@ class TrainPanel(QWidget):
             gen = engine_run.resume(run_dir, data=self.dataset if same else None,
                                     device=self.device_combo.currentData())
         except CrossViewError as e:
-            self._fail(str(e), "")
+            self._fail(str(e), "", error=e)
             return None
         cfg = self._run_config(run_dir)
         task = self._drive(lambda: gen, run_dir, f"Resuming {run_dir.name}", cfg.get("method"),
@@ -716,7 +717,8 @@ class TrainPanel(QWidget):
         self.view_tabs.setCurrentWidget(self.curves)
         task = EventTask(factory, name="train", parent=self)
         task.event.connect(self._on_event)
-        task.failed.connect(self._fail)
+        task.failed.connect(lambda message, details, t=task: self._fail(
+            message, details, error=t.error, then="press Resume run to continue it from its last checkpoint"))
         task.finished.connect(self._on_finished)
         task.start()
         self._watch(task, run_dir, title)
@@ -848,9 +850,16 @@ class TrainPanel(QWidget):
         box.setWindowModality(Qt.WindowModality.WindowModal)
         box.open()
 
-    def _fail(self, message: str, details: str, title: str = "Training failed") -> None:
+    def _fail(self, message: str, details: str, title: str = "Training failed", error: BaseException | None = None,
+              then: str = "start it again") -> None:
         self.last_error = message
         self.log.appendPlainText(f"ERROR: {message}")
+        storage = storage_error_of(error)
+        if storage is not None:      # a full disk or an unwritable folder: the person's to fix, said as such
+            self.eta_label.setText(f"Failed: {storage_title(storage).lower()}")
+            self.last_error = storage_text(storage, "the training run", then)
+            show_storage_error(self, storage, "the training run", then)
+            return
         self.eta_label.setText("Failed")
         box = QMessageBox(QMessageBox.Icon.Warning, title, message, parent=self)
         if details:
