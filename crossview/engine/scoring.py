@@ -25,8 +25,8 @@ from crossview.core.errors import CrossViewError
 from crossview.eval.scoring import (DEFAULT_BLOCK, PARAMS, check_scoring, evaluate_scoring, scorers_for,
                                     select_scoring)
 
-__all__ = ["BANK_MAX_IMAGES", "SCORING_FILE", "bank_path", "encode_bank", "write_bank", "run_bank",
-           "choose_scoring", "evaluate_run", "run_scorers"]
+__all__ = ["BANK_MAX_IMAGES", "SCORING_FILE", "bank_path", "encode_bank", "write_bank", "run_bank", "open_bank",
+           "choose_scoring", "evaluate_run", "run_scorers", "retriever_scoring", "apply_scoring"]
 
 #: the most training images a bank holds (QB-Norm's banks are a few thousand queries; the statistics settle)
 BANK_MAX_IMAGES = 5000
@@ -186,21 +186,44 @@ def _record(folder: Path, split: str, choice: dict[str, Any], res: dict[str, Any
         pass    # a read-only run folder (a colleague's): the numbers are printed all the same
 
 
+
+def retriever_scoring(retriever: Any, scoring: str, *, run_dir: str | Path | None = None,
+                      train_split: str = "train", seed: int = 0, param: float | None = None,
+                      bank: Any = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """``(scorers, record)`` for ``retriever`` (a :class:`~crossview.engine.retriever.Retriever`) under
+    ``scoring``, to hand to its ``set_scoring``: the bank is ``bank``, else the run folder's
+    ``bank_<train_split>.npz``, else ``train_split`` of the retriever's dataset encoded by its method (never the
+    gallery's split: a gallery that is the training split itself is refused). ``scorers`` is None for plain."""
+    from crossview.data.method_data import MethodData
+
+    scoring = check_scoring(scoring)
+    if scoring == "plain":
+        return None, {"scoring": "plain", "param_name": None, "param": None, "selected_on": "nothing"}
+    if getattr(retriever, "gallery_name", None) == train_split:
+        raise CrossViewError(f"the gallery is the run's training split {train_split!r}, where the scoring bank "
+                             f"comes from; choose another gallery for {scoring}, or plain scoring")
+    if bank is None and run_dir is not None and bank_path(run_dir, train_split).is_file():
+        from crossview.eval.embeddings import load_embeddings
+        bank = load_embeddings(bank_path(run_dir, train_split))
+    if bank is None:
+        ds, f, m = retriever.dataset, retriever.features, retriever.method
+        if train_split not in getattr(ds, "splits", {}):
+            raise CrossViewError(f"dataset {ds.name!r} has no {train_split!r} split to draw the scoring bank from; "
+                                 "use plain scoring")
+        files = bool(getattr(m, "wants_image_files", False)) and getattr(ds, "image_paths", None) is not None
+        train = MethodData.from_features(ds, f.image, f.text, train_split, with_paths=files)
+        bank = encode_bank(m, train, seed)
+    record = choose_scoring(bank, scoring, param, seed=seed, train_split=train_split)
+    return run_scorers(bank, record), record
+
+
 def apply_scoring(run: Any, retriever: Any, scoring: str, param: float | None = None,
                   bank: Any = None) -> dict[str, Any]:
     """Make ``retriever`` (over the open ``run``, :class:`~crossview.engine.session.OpenRun`) rank by ``scoring``
-    with the run's training bank; returns the choice record (``param`` chosen on a hold-out of train unless
-    given). ``plain`` needs no bank. The Query panel calls this from a worker (the choice takes a few seconds
-    on a large bank)."""
-    scoring = check_scoring(scoring)
-    if scoring == "plain":
-        retriever.set_scoring(None)
-        return dict(retriever.scoring_record)
-    train_split, _, seed = _train_split(run.run_dir) if (Path(run.run_dir) / "config.json").is_file() else \
-        (str(run.config.get("train_split") or "train"), "", int(run.config.get("seed") or 0))
-    if bank is None:
-        bank = run_bank(run.run_dir, open_run=run) if bank_path(run.run_dir, train_split).is_file() else \
-            open_bank(run, train_split, seed)
-    record = choose_scoring(bank, scoring, param, seed=seed, train_split=train_split)
-    retriever.set_scoring(run_scorers(bank, record), record)
+    with the run's training bank (:func:`retriever_scoring`); returns the choice record (``param`` chosen on a
+    hold-out of train unless given)."""
+    train_split = str(run.config.get("train_split") or "train")
+    scorers, record = retriever_scoring(retriever, scoring, run_dir=run.run_dir, train_split=train_split,
+                                        seed=int(run.config.get("seed") or 0), param=param, bank=bank)
+    retriever.set_scoring(scorers, record)
     return record
