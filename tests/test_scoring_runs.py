@@ -156,3 +156,18 @@ def test_query_scoring_reranks_by_the_scorer(run, opened, capsys) -> None:
     assert main(["query", str(run), "--image", "0", "--scoring", "softmax"]) == 2
     err = capsys.readouterr().err
     assert err == "crossview: error: unknown scoring 'softmax'; choose one of plain, csls, isoftmax, dsoftmax\n"
+
+
+def test_train_with_scoring_prints_the_rescored_table_and_records_it(run, tmp_path, capsys) -> None:
+    data = run.parent / "toy_precomp"
+    out = tmp_path / "run_scored"
+    assert main(["train", "cca", "--data", str(data), "--run-dir", str(out), "--text-encoder", "bow",
+                 "--device", "cpu", "--set", "n_components=6", "--scoring", "csls"]) == 0
+    text = capsys.readouterr().out
+    assert "re-scored: scoring csls (k = " in text and "reported on test" in text and "i2t hubness:" in text
+    assert "csls" in json.loads((out / "scoring.json").read_text())["test"]
+    # an unknown scoring is refused before any training: one line, no run folder
+    assert main(["train", "cca", "--data", str(data), "--run-dir", str(tmp_path / "never"), "--scoring", "x"]) == 2
+    assert capsys.readouterr().err == ("crossview: error: unknown scoring 'x'; choose one of plain, csls, isoftmax, "
+                                       "dsoftmax\n")
+    assert not (tmp_path / "never").exists()
