@@ -96,3 +96,35 @@ def test_another_gallery_keeps_the_scoring_and_another_run_starts_plain(qtbot, p
     assert "training split" in sig.args[0] and panel.scoring == "plain"
     with pytest.raises(CrossViewError, match="unknown scoring 'cosine'"):
         panel.set_scoring("cosine")
+
+
+def test_inspect_shows_each_recorded_scoring_beside_the_plain_hubness(qtbot, tmp_path: Path) -> None:
+    import json
+
+    from crossview.engine.results import load_run_results
+    from crossview.gui.panels.inspect_panel import InspectPanel
+
+    d = tmp_path / "run"
+    d.mkdir()
+    m = {"R@1": 50.0, "R@5": 100.0, "R@10": 100.0, "MedR": 1.5, "MeanR": 1.5}
+    hub = {"k": 2, "skewness": 1.234, "top5_share": 0.31, "antihub_share": 0.25, "top5_item": 3}
+    (d / "summary.json").write_text(json.dumps({"method": "cca", "dataset": "toy", "split": "test", "i2t": m,
+                                                "t2i": m, "rsum": 500.0, "hubness": {"i2t": hub, "t2i": None}}))
+    np.savez(d / "ranks.npz", i2t=np.array([1, 2]), t2i=np.array([1, 2, 1, 2]))
+    entry = {"scoring": "csls", "param_name": "k", "param": 10, "selected_on": "train (hold-out)",
+             "holdout_images": 12, "bank_images": 48, "reported_on": "test", "rsum": 512.5,
+             "i2t": {**m, "R@1": 60.0}, "t2i": m, "hubness": {"i2t": {**hub, "skewness": 0.5}, "t2i": None}}
+    (d / "scoring.json").write_text(json.dumps({"test": {"csls": entry}, "val": {"isoftmax": entry}}))
+    panel = InspectPanel()
+    qtbot.addWidget(panel)
+    run = load_run_results(d)
+    assert list(run.scorings) == ["csls"]           # the run's own split only
+    panel.set_run(run)
+    assert panel.hubness_label.text().splitlines() == [
+        "i2t hubness: N_2 skewness 1.23; the most frequent item is in 31% of top-5 lists; 25% of items in no top-2",
+        "scoring csls (k = 10, chosen by rsum on train (hold-out): 12 images against a bank of 48): rsum 512.5 "
+        "(i2t R@1 60.0, t2i R@1 50.0)",
+        "  i2t hubness: N_2 skewness 0.50; the most frequent item is in 31% of top-5 lists; 25% of items in no top-2"]
+    (d / "scoring.json").write_text("not json")
+    panel.set_run(load_run_results(d))
+    assert panel.hubness_label.text().count("\n") == 0

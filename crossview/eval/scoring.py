@@ -51,7 +51,7 @@ from crossview.eval.hubness import DEFAULT_K, TOP_SHARE_K, hubness_from_top
 from crossview.eval.metrics import first_relevant_ranks, rank_metrics, rsum_of, top_k
 
 __all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "check_scoring", "Scorer", "scorers_for",
-           "evaluate_scoring", "select_scoring", "subset_embeddings", "describe_scoring"]
+           "evaluate_scoring", "select_scoring", "subset_embeddings", "describe_scoring", "describe_scored"]
 
 #: the scorings and what each is, for --help and the app's combo box
 SCORINGS = {
@@ -313,3 +313,17 @@ def describe_scoring(record: dict[str, Any] | None) -> str:
         how = (f"chosen by rsum on {record.get('selected_on')}: {record.get('holdout_images')} images against a "
                f"bank of {record.get('bank_images')}")
     return f"scoring {name} ({what} = {value:g}, {how})"
+
+
+def describe_scored(entry: dict[str, Any]) -> str:
+    """Lines a person reads for one recorded re-scoring (an entry of a run's ``scoring.json``): the choice, its
+    rsum and R@1 both ways, then its hubness; ``""`` for anything malformed."""
+    from crossview.eval.hubness import describe_hubness
+
+    try:
+        head = (f"{describe_scoring(entry)}: rsum {float(entry['rsum']):.1f} (i2t R@1 {float(entry['i2t']['R@1']):.1f}, "
+                f"t2i R@1 {float(entry['t2i']['R@1']):.1f})")
+    except (KeyError, TypeError, ValueError):
+        return ""
+    hub = describe_hubness(entry.get("hubness"))
+    return head + ("\n" + "\n".join(f"  {line}" for line in hub.splitlines()) if hub else "")
