@@ -55,6 +55,22 @@ def float_option(lo: float, hi: float | None = None, *, above: bool = False) -> 
     return parse
 
 
+def add_scoring_options(p: argparse.ArgumentParser, param: bool = True) -> None:
+    """``--scoring`` (checked by the command, so an unknown name gets one line naming the choices) and, with
+    ``param``, ``--param`` (a scoring's k or beta instead of the one chosen on a hold-out of train)."""
+    from crossview.eval.scoring import SCORINGS
+
+    p.add_argument("--scoring", default="plain", metavar="|".join(SCORINGS),
+                   help="hubness-aware scoring, normalised by a bank of the run's training images and captions "
+                        "(never the evaluated split); its k / beta is chosen by rsum on a hold-out of train. "
+                        + "; ".join(f"{k}: {v}" for k, v in SCORINGS.items()).replace("%", "%%"))
+    if param:
+        p.add_argument("--param", type=float_option(0, above=True), default=None, metavar="K_OR_BETA",
+                       help="the scoring's parameter as given (csls: k, the neighbours averaged; isoftmax / "
+                            "dsoftmax: beta, the inverse temperature) instead of the choice on a hold-out of train; "
+                            "the run then records it as given, not selected")
+
+
 def seed_option(text: str) -> int:
     """An argparse ``type`` for a seed: an integer every random generator accepts
     (:data:`crossview.core.run_settings.SEED_MAX`)."""

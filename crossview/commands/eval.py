@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.commands._common import ProgressPrinter, int_option, print_result
+from crossview.commands._common import ProgressPrinter, add_scoring_options, int_option, print_result
 from crossview.core.errors import CrossViewError
 
 
@@ -164,7 +164,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from crossview.eval.paired import paired_effect
 
     for flag, given in (("--protocol", args.protocol != "standard"), ("--overlap", args.overlap),
-                        ("--ranks-out", bool(args.ranks_out))):
+                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring != "plain")):
         if given:
             raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks "
                                  "(evaluate each run without --compare for that)")
@@ -236,6 +236,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if len(args.target) != 1:
         raise CrossViewError(f"eval takes one run or embeddings file, got {len(args.target)}; several runs (seeds) "
                              "only with --compare: crossview eval A1 A2 --compare B1 B2")
+    scoring = _scoring(args)
     path = _embeddings_path(args.target[0], args.split)
     ranks_out = _ranks_out(args.ranks_out) if args.ranks_out else None
     emb = load_embeddings(path)
@@ -245,7 +246,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     def progress(stage: str, done: int, total: int) -> None:
         bars.setdefault(stage, ProgressPrinter(stage))(done, total)
 
-    res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
+    if scoring != "plain":
+        from crossview.engine.scoring import evaluate_run
+
+        run = Path(args.target[0]).expanduser()
+        if not run.is_dir() or not (run / "config.json").is_file():
+            raise CrossViewError(f"{run}: --scoring {scoring} needs a run folder (its training split is the bank the "
+                                 "scores are normalised with), not an embeddings file; use --scoring plain")
+        for flag, given in (("--protocol", args.protocol not in ("standard", "coco5k")), ("--overlap", args.overlap)):
+            if given:
+                raise CrossViewError(f"{flag} does not apply to --scoring {scoring} (it re-scores the standard "
+                                     "protocol); leave it out or use --scoring plain")
+        if args.protocol == "coco5k" and emb.image.shape[0] != 5000:
+            raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
+                                 "use --protocol standard")
+        res = evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")], param=args.param,
+                           ks=tuple(ks))
+        res["protocol"] = args.protocol
+    else:
+        res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
     res["source"] = str(path)
     res.update({k: v for k, v in emb.info.items()})
     if args.ranks_out:
@@ -259,9 +278,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print_result(json.dumps(_jsonable(res), indent=2))
     else:
+        from crossview.eval.scoring import describe_scoring
+
         who = " ".join(f"{k} {v}" for k, v in emb.info.items())
-        print_result(format_report(res, title=f"{path}" + (f"  ({who})" if who else "")))
+        report = format_report(res, title=f"{path}" + (f"  ({who})" if who else ""))
+        how = describe_scoring(res.get("scoring"))
+        print_result(report + (f"\n{how}; reported on {res['scoring']['reported_on']}" if how else ""))
     return 0
+
+
+def _scoring(args: argparse.Namespace) -> str:
+    """``--scoring`` checked (one clear line for an unknown name), with ``--param`` only where it applies."""
+    from crossview.eval.scoring import PARAMS, check_scoring
+
+    scoring = check_scoring(args.scoring)
+    if args.param is not None and PARAMS[scoring] is None:
+        raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
+                             "(k), isoftmax or dsoftmax (beta)")
+    return scoring
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -291,6 +325,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="also BLEU-1..4 and ROUGE-1/L of the top-5 (needs captions in the file)")
     p.add_argument("--ranks-out", metavar="FILE.npz", help="write the per-query ranks (i2t, t2i) here")
+    add_scoring_options(p, param=True)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--csv", metavar="FILE.csv",
                    help="also write the metric table as CSV: a header, one row per direction, each R@K beside its "

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import feature_progress, print_result
+from crossview.commands._common import add_scoring_options, feature_progress, print_result
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_query", "resolve_image"]
@@ -282,7 +282,13 @@ def cmd_query(args: argparse.Namespace) -> int:
     from crossview.core.devices import select_device
     from crossview.engine.session import open_run
 
+    from crossview.eval.scoring import PARAMS, check_scoring
+
     _check_args(args)
+    scoring = check_scoring(args.scoring)     # one line for an unknown name, before anything is loaded
+    if args.param is not None and PARAMS[scoring] is None:
+        raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
+                             "(k), isoftmax or dsoftmax (beta)")
     run_dir = _check_run_dir(args.run)
     corpus = _load_corpus(args.corpus) if args.corpus is not None else None
     photos = _load_photos(args.images) if args.images is not None else None
@@ -303,7 +309,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise CrossViewError(f"--caption {args.caption}: index out of range; dataset {ds.name!r} has "
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
     gallery = corpus if corpus is not None else (photos if photos is not None else args.split)
-    retriever = run.retriever(gallery=gallery, device=device, progress=progress)
+    retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring, param=args.param)
     progress.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)
@@ -316,6 +322,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         doc = {"run": str(run_dir), "method": run.method.name, "dataset": ds.name,
                "gallery": _gallery_info(retriever, args.corpus),
                "query": {"direction": ranking.direction, **ranking.query}, "k": args.k, "exact": ranking.exact,
+               "scoring": retriever.scoring_record,
                "results": rows,
                "ground_truth": [{"item": int(i), "rank": int(r)}
                                 for i, r in sorted(zip(ranking.gold.tolist(), ranking.gold_ranks.tolist()),
@@ -325,6 +332,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         text = _format_photo_table(run, retriever, ranking, rows)
     else:
         text = _format_table(run, retriever, ranking, rows, corpus is not None)
+    if not args.json and retriever.scoring != "plain":
+        from crossview.eval.scoring import describe_scoring
+        text += f"\nscores: {describe_scoring(retriever.scoring_record)}"
     print_result(text)
     return 0
 
@@ -370,6 +380,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps, for encoding the query, photos "
                    "and a corpus (default: cpu)")
+    add_scoring_options(p, param=True)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (run, method, gallery, query, results with rank, score, item, "
                         "text or file, gt; ground_truth with the true items' ranks over the whole gallery); with "

@@ -16,7 +16,8 @@ import sys
 import threading
 from typing import Any
 
-from crossview.commands._common import EventPrinter, _add_dataset_args, float_option, render_demo_reporting, seed_option
+from crossview.commands._common import (EventPrinter, _add_dataset_args, add_scoring_options, float_option,
+                                       render_demo_reporting, seed_option)
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
@@ -128,6 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-seconds", type=float_option(0, above=True), default=60.0,
                    help="write a checkpoint at least this often while training (default 60)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    add_scoring_options(p, param=False)
     for flag, owners in sorted(_card_flags().items()):
         spec = owners[0][1]
         who = ", ".join(m for m, _ in owners)
@@ -227,6 +229,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.list:
         return _list_methods()
+    from crossview.eval.scoring import check_scoring
+
+    scoring = check_scoring(args.scoring)       # one line, before any training
     flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
                    if k.startswith("card_flag:") and v is not None}
     if args.resume:
@@ -309,9 +314,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if summary is None:  # pragma: no cover - the engine always ends with Finished or raises
         raise CrossViewError("the run ended without a summary")
+    scored = None
+    if scoring != "plain" and read_status(gen.run_dir).get("status") == "finished":
+        from crossview.engine.scoring import evaluate_run
+
+        scored = evaluate_run(gen.run_dir, scoring)       # recorded in the run's scoring.json
     if args.json:
+        if scored is not None:
+            summary = {**summary, "scored": {k: v for k, v in scored.items() if k != "ranks"}}
         print(json.dumps(summary, indent=2))
     else:
         print(format_metric_table(summary))
+        if scored is not None:
+            from crossview.eval.embeddings import format_report
+            from crossview.eval.scoring import describe_scoring
+
+            print(format_report(scored, title=f"re-scored: {describe_scoring(scored['scoring'])}; reported on "
+                                              f"{scored['scoring']['reported_on']}"))
         print(f"run folder: {gen.run_dir}")
     return 0 if read_status(gen.run_dir).get("status") == "finished" else 1

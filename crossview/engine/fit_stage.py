@@ -76,10 +76,11 @@ class FitStage:
             it.close()  # on cancel: the method's own clean-up runs here
             self.train_seconds = base_seconds + time.monotonic() - start
 
-    def evaluate(self, test: Any, features: Any, features_seconds: float) -> Iterator[Event]:
+    def evaluate(self, test: Any, features: Any, features_seconds: float, train: Any = None) -> Iterator[Event]:
         """Score ``test`` (the evaluation split's :class:`~crossview.data.method_data.MethodData`) and write the
         ranks, the embeddings and the summary; returns the summary. ``features`` are the run's (their encoders
-        are recorded), ``features_seconds`` the time their stage took."""
+        are recorded), ``features_seconds`` the time their stage took. ``train`` (the training split's data)
+        gives the scoring bank, ``bank_<train split>.npz`` (:mod:`crossview.engine.scoring`)."""
         self.features = features
         t1 = time.monotonic()
         yield self._emit(Progress(0, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
@@ -87,6 +88,9 @@ class FitStage:
         eval_seconds = time.monotonic() - t1
         self._write_ranks(res["ranks"], test)
         self._write_embeddings(test)
+        if train is not None and self.cfg.split != self.cfg.train_split:
+            from crossview.engine.scoring import write_bank
+            write_bank(self.run_dir, self.cfg.train_split, self.method, train, seed=self.cfg.seed)
         summary = self._summary(res, test, features_seconds, eval_seconds)
         atomic_write_json(self._path(SUMMARY), summary)
         yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))

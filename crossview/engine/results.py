@@ -40,6 +40,8 @@ class RunResults:
     queries: dict[str, np.ndarray] = field(default_factory=dict)
     paper: list[dict[str, Any]] = field(default_factory=list)
     caption_image: np.ndarray | None = None
+    #: the run's re-scorings of its evaluation split (``scoring.json``, crossview.engine.scoring): name -> entry
+    scorings: dict[str, Any] = field(default_factory=dict)
 
     def paper_settings(self) -> list[str]:
         """Distinct ``"<table>: <dataset> - <setting>"`` labels of the card's paper numbers."""
@@ -111,4 +113,15 @@ def load_run_results(run_dir: str | Path) -> RunResults:
         paper = []   # a broken card must not hide the run's own results
     name = str(summary.get("name") or run_dir.name)
     return RunResults(name=name, path=run_dir, summary=summary, ranks=ranks, queries=queries, paper=paper,
-                      caption_image=caption_image)
+                      caption_image=caption_image, scorings=_scorings(run_dir, str(summary.get("split") or "")))
+
+
+def _scorings(run_dir: Path, split: str) -> dict[str, Any]:
+    """The entries of the run's ``scoring.json`` for ``split`` (``{}`` when there is none or it is unreadable:
+    re-scorings are extras, never a reason not to show the run)."""
+    try:
+        data = json.loads((run_dir / "scoring.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    entries = data.get(split) if isinstance(data, dict) else None
+    return {k: v for k, v in entries.items() if isinstance(v, dict)} if isinstance(entries, dict) else {}

@@ -118,6 +118,10 @@ class Retriever:
         self._should_stop = should_stop
         self._photo_batch_size = photo_batch_size
         self.corpus_cache_hit: bool | None = None  #: for a corpus gallery: were its features cached?
+        self._scorers: dict[str, Any] | None = None
+        self._scoring_stats: dict[str, Any] = {}
+        #: the scoring's choice record (crossview.engine.scoring.choose_scoring); plain until set_scoring
+        self.scoring_record: dict[str, Any] = {"scoring": "plain"}
         if isinstance(gallery, str):
             if gallery == "all":
                 self.gallery_images = np.arange(dataset.n_images, dtype=np.int64)
@@ -293,8 +297,7 @@ class Retriever:
         data = MethodData(image_features=x, text_features=None, captions=[],
                           caption_image=np.zeros(0, np.int64), name="query", image_paths=files)
         q = np.asarray(self.method.encode_images(data, direction="i2t"), np.float32)
-        res = self._caption_index.search(q, k)
-        scores = self._caption_emb @ q[0]
+        indices, top, scores, exact = self._search("i2t", q, k)
         gold = np.zeros(0, dtype=np.int64)
         if "image" in query and self.corpus is None:
             mine = np.flatnonzero(self.dataset.caption_image[self.gallery_captions] == query["image"])
@@ -302,9 +305,9 @@ class Retriever:
             gold = self.gallery_captions[mine]
         else:
             gold_pos = np.zeros(0, dtype=np.int64)
-        return Ranking("i2t", items=self.gallery_captions[res.indices[0]], scores=res.scores[0],
+        return Ranking("i2t", items=self.gallery_captions[indices], scores=top,
                        gold=gold, gold_ranks=ranks_of(scores, gold_pos), gallery_size=self.n_gallery_captions,
-                       exact=res.exact, query=query)
+                       exact=exact, query=query)
 
     def query_text(self, text: str | int, k: int = 10) -> Ranking:
         """Gallery images ranked for a sentence, or for dataset caption ``text`` when it is an int."""
@@ -415,15 +418,49 @@ class Retriever:
     def _rank_images(self, q: np.ndarray, query: dict[str, Any], k: int) -> Ranking:
         """The gallery's images for one query embedding ``q (1, d)``; a ``"caption"`` in ``query`` names the
         ground truth (its image)."""
-        res = self._image_index.search(q, k)
-        assert self._image_emb is not None
-        scores = self._image_emb @ q[0]
+        indices, top, scores, exact = self._search("t2i", q, k)
         gold = np.zeros(0, dtype=np.int64)
         gold_pos = np.zeros(0, dtype=np.int64)
         if "caption" in query:
             img = int(self.dataset.caption_image[query["caption"]])
             hit = np.flatnonzero(self.gallery_images == img)
             gold_pos, gold = hit, self.gallery_images[hit]
-        return Ranking("t2i", items=self.gallery_images[res.indices[0]], scores=res.scores[0], gold=gold,
+        return Ranking("t2i", items=self.gallery_images[indices], scores=top, gold=gold,
                        gold_ranks=ranks_of(scores, gold_pos), gallery_size=self.n_gallery_images,
-                       exact=res.exact, query=query)
+                       exact=exact, query=query)
+
+    # ------------------------------------------------------------------ scoring
+    @property
+    def scoring(self) -> str:
+        """The scoring queries are ranked by (:mod:`crossview.eval.scoring`): ``"plain"`` unless set."""
+        return self.scoring_record.get("scoring", "plain")
+
+    def set_scoring(self, scorers: dict[str, Any] | None, record: dict[str, Any] | None = None) -> None:
+        """Rank by ``scorers`` from now on (``{"i2t", "t2i"}`` :class:`~crossview.eval.scoring.Scorer` over the
+        run's training bank, :func:`crossview.engine.scoring.run_scorers`), or by the plain dot product (None).
+        ``record`` is the choice (:func:`crossview.engine.scoring.choose_scoring`), shown by the app and the CLI."""
+        plain = scorers is None or scorers["i2t"].scoring == "plain"
+        self._scorers = None if plain else scorers
+        self._scoring_stats = {}
+        self.scoring_record = {"scoring": "plain"} if plain else dict(record or {"scoring": scorers["i2t"].scoring,
+                                                                                 "param": scorers["i2t"].param})
+
+    def _search(self, direction: str, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """``(top-k gallery positions, their scores (k,) float32, all the gallery's scores (n,), exact)`` of one
+        query ``q (1, d)``: through the index for plain scoring, else re-scored over the whole gallery (the
+        gallery's bank statistics computed once)."""
+        emb = self._caption_emb if direction == "i2t" else self._image_emb
+        index = self._caption_index if direction == "i2t" else self._image_index
+        assert emb is not None and index is not None
+        scorers = getattr(self, "_scorers", None)
+        if scorers is None:
+            res = index.search(q, k)
+            return res.indices[0], res.scores[0], emb @ q[0], res.exact
+        from crossview.eval.metrics import top_k
+
+        scorer = scorers[direction]
+        if direction not in self._scoring_stats:
+            self._scoring_stats[direction] = scorer.prepare(emb)
+        scores = scorer.scores(q, emb, self._scoring_stats[direction])[0]
+        idx = top_k(scores[None, :], k)[0]
+        return idx, scores[idx].astype(np.float32), scores, True

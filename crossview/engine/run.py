@@ -22,6 +22,8 @@ the chosen split and writes the run folder::
       checkpoint.pt   method state + feature spec + RNG states (temp file in the folder, then os.replace)
       ranks.npz       per-query ranks of the final evaluation: i2t (n_images,), t2i (n_captions,)
       embeddings_<split>.npz  the evaluated split's embeddings (crossview.eval.embeddings), for `crossview eval`
+      bank_<train split>.npz  the training split's embeddings (at most 5,000 images): the bank that hubness-aware
+                      scoring normalises with (crossview.engine.scoring; `crossview eval RUN --scoring csls`)
       summary.json    {"method", "dataset", "split", "i2t": {R@1, R@5, R@10, MedR, MeanR}, "t2i": {...},
                        "rsum", "train_seconds", ...}  (R@K in percent, ranks 1-based)
 
@@ -600,7 +602,7 @@ class _Run:
                 yield from self.fitting.fit(train, val, resume=continued)
                 self.phase = "trained"
                 yield self._emit(self._checkpoint())
-            summary = yield from self.fitting.evaluate(test, self.features, features_seconds)
+            summary = yield from self.fitting.evaluate(test, self.features, features_seconds, train)
             self.phase = "finished"
             status = "finished"
             self._status("finished")

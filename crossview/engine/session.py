@@ -42,15 +42,24 @@ class OpenRun:
         return "test" if "test" in self.dataset.splits else next(iter(self.dataset.split_names), "all")
 
     def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu",
-                  **options: Any) -> Any:
+                  scoring: str = "plain", param: float | None = None, **options: Any) -> Any:
         """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"``, a
         corpus or a :class:`~crossview.data.photos.PhotoFolder`); by default the run's evaluation split, so ranks
-        match the run's metrics. ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a
+        match the run's metrics. ``scoring`` (:mod:`crossview.eval.scoring`) re-scores its queries with the run's
+        training bank (:func:`crossview.engine.scoring.apply_scoring`; ``param`` as given, else chosen on a
+        hold-out of train). ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a
         corpus's or a photo folder's encoding)."""
         from crossview.engine.retriever import Retriever
-        return Retriever(self.method, self.dataset, self.features,
-                         gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
-                         device=device, **options)
+        from crossview.eval.scoring import check_scoring
+
+        check_scoring(scoring)
+        r = Retriever(self.method, self.dataset, self.features,
+                      gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
+                      device=device, **options)
+        if scoring != "plain":
+            from crossview.engine.scoring import apply_scoring
+            apply_scoring(self, r, scoring, param)
+        return r
 
 
 def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,

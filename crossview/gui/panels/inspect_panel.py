@@ -30,6 +30,7 @@ from crossview.core.text import html_text
 from crossview.eval.compare import RankComparison, compare_ranks
 from crossview.eval.paired import paired_effect
 from crossview.eval.hubness import describe_hubness
+from crossview.eval.scoring import describe_scored
 from crossview.engine.results import RunResults
 from crossview.gui.figure_export import (Figure, FigureSeries, ask_plot_path, busy, figure_paths, save_figure,
                                         short_name)
@@ -366,7 +367,9 @@ class InspectPanel(QWidget):
         self.title.setText(" &nbsp; ".join(bits))
         self.title.setToolTip("; ".join(f"{c.get('what')} chosen on {c.get('on')}" for c in s.get("choices") or [])
                               or "nothing was chosen on data (all settings given)")
-        self.hubness_label.setText(describe_hubness(s.get("hubness")))
+        # the plain figure, then each re-scoring of this split the run recorded (crossview eval RUN --scoring)
+        scored = [describe_scored(e) for e in (a.scorings or {}).values()]
+        self.hubness_label.setText("\n".join(t for t in (describe_hubness(s.get("hubness")), *scored) if t))
         self.hubness_label.setVisible(bool(self.hubness_label.text()))     # older runs have no figure
         self.paper_combo.blockSignals(True)
         self.paper_combo.clear()

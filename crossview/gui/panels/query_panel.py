@@ -52,6 +52,7 @@ from crossview.engine.annotations import AnnotationStore, MarkNotSaved
 from crossview.core.errors import CrossViewError
 from crossview.core.text import html_text
 from crossview.engine.retriever import Ranking, Retriever
+from crossview.eval.scoring import SCORINGS, check_scoring, describe_scoring
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
 from crossview.gui.galleries import CORPUS, PHOTOS, gallery_choices, gallery_note, photos_label, training_images_in
@@ -71,6 +72,9 @@ EXPLAIN_TIP = ("Explain (E or Ctrl+E): why results match. A heat map over the im
                "most to the score (on the query image for an image query, on each result image for a sentence "
                "query), and the caption's words are shaded by how much each adds. Computed in the background "
                "and kept, so turning it off and on again is instant.")
+#: the scoring box's labels (crossview.eval.scoring.SCORINGS says what each is)
+SCORING_LABELS = {"plain": "Plain (dot product)", "csls": "CSLS", "isoftmax": "Inverted softmax",
+                  "dsoftmax": "Dual softmax (QB-Norm)"}
 #: at most this many result images are explained at once (the ones in view); scrolling explains more
 EXPLAIN_MAX_RESULTS = 24
 
@@ -83,6 +87,7 @@ class QueryPanel(QWidget):
     failed = Signal(str)
     show_image = Signal(int)
     gallery_requested = Signal(object)   # a split name or "all" (photo folders and corpora load here: gallery_loader)
+    scoring_applied = Signal(object)     # the scoring's choice record (crossview.engine.scoring), once queries use it
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -132,6 +137,21 @@ class QueryPanel(QWidget):
                                       "independent caption corpus (image -> text only) or a folder of your own "
                                       "photos (text -> image only)")
         self.gallery_combo.activated.connect(self._on_gallery_choice)
+        # hubness-aware scoring (crossview.eval.scoring): normalised by the run's training images and captions
+        self.scoring_combo = QComboBox()
+        for name in SCORINGS:
+            self.scoring_combo.addItem(SCORING_LABELS.get(name, name), name)
+        self.scoring_combo.setToolTip("How results are scored. The re-scorings normalise with a bank of the run's "
+                                      "training images and captions (never the gallery), their k / beta chosen by "
+                                      "rsum on a hold-out of train.\n" + "\n".join(
+                                          f"{SCORING_LABELS.get(k, k)}: {v}" for k, v in SCORINGS.items()))
+        self.scoring_combo.activated.connect(lambda i: self.set_scoring(self.scoring_combo.itemData(i)))
+        self.scoring_note = QLabel("")
+        self.scoring_note.setObjectName("scoringNote")
+        self.scoring_note.setWordWrap(True)
+        self._scorings: dict[str, tuple[Any, dict[str, Any]]] = {}   # this run's prepared scorings, by name
+        self._scoring_method: Any = None                            # whose method they were prepared for
+        self._scoring_task: Task | None = None
 
         self.sentence = QLineEdit()
         self.sentence.setPlaceholderText(SENTENCE_HINT)
@@ -258,10 +278,14 @@ class QueryPanel(QWidget):
         self.gallery_label = QLabel("Gallery:")
         head.addWidget(self.gallery_label)
         head.addWidget(self.gallery_combo)
+        self.scoring_label = QLabel("Scoring:")
+        head.addWidget(self.scoring_label)
+        head.addWidget(self.scoring_combo)
         head.addWidget(self.present_hint)
         self.head_bar = head
         layout.addLayout(head)
         layout.addWidget(self.gallery_note)
+        layout.addWidget(self.scoring_note)
         layout.addWidget(self.gallery_loader)
         layout.addLayout(ask)
         layout.addWidget(self.explain_bar)
@@ -272,7 +296,7 @@ class QueryPanel(QWidget):
     # ------------------------------------------------------------------ set-up
     def _set_enabled(self, on: bool) -> None:
         for w in (self.sentence, self.image_button, *self.marks.buttons, self.k_spin, self.mode_bar,
-                  self.explain_button):
+                  self.explain_button, self.scoring_combo):
             w.setEnabled(on)
         self.back_button.setEnabled(on and len(self.history) > 1)
         self._update_query_with()
@@ -319,6 +343,7 @@ class QueryPanel(QWidget):
             self.gallery_note.clear()
             self._set_enabled(False)
             return
+        self._keep_scoring(retriever)
         self._fill_galleries(retriever)
         self.header.setText(f"<b>{html.escape(title or retriever.method.name)}</b>")
         self._describe_gallery(retriever)
@@ -331,6 +356,76 @@ class QueryPanel(QWidget):
         self.sentence.setEnabled(retriever.n_gallery_images > 0)
         self.mode_bar.setEnabled(retriever.n_gallery_images > 0)
         self.marks.refresh()
+
+    # ------------------------------------------------------------------ scoring
+    @property
+    def scoring(self) -> str:
+        """The scoring chosen in the box (``"plain"``, ``"csls"``, ``"isoftmax"``, ``"dsoftmax"``)."""
+        return str(self.scoring_combo.currentData())
+
+    def set_scoring(self, scoring: str) -> Task | None:
+        """Rank by ``scoring`` (:mod:`crossview.eval.scoring`) from now on. The bank (the run's training split)
+        and the choice of k / beta on a hold-out of it are made in a worker, once per run and scoring; then the
+        query shown is asked again and :attr:`scoring_applied` is sent. Returns that task (None when the scoring
+        was prepared already, or there is no run)."""
+        check_scoring(scoring)
+        self.scoring_combo.setCurrentIndex(self.scoring_combo.findData(scoring))
+        r = self.retriever
+        if r is None:
+            return None
+        if self._scoring_task is not None and self._scoring_task.is_running():
+            self._scoring_task.cancel()           # superseded: its answer is dropped
+        self._scoring_task = None
+        train_split = self.train_split or "train"
+        if scoring != "plain" and getattr(r, "gallery_name", None) == train_split:
+            self._scoring_failed(f"the gallery is the run's training split ({train_split}), where the scoring bank "
+                                 f"comes from; choose another gallery for {SCORING_LABELS[scoring]}")
+            return None
+        if scoring in self._scorings:
+            self._apply_scoring(r, *self._scorings[scoring])
+            return None
+        from crossview.engine.scoring import retriever_scoring
+
+        run_dir = self.run_dir
+        task = Task(lambda progress, should_stop: retriever_scoring(r, scoring, run_dir=run_dir,
+                                                                    train_split=train_split),
+                    name="scoring", parent=self)
+        self._scoring_task = task
+        self.scoring_note.setText(f"{SCORING_LABELS[scoring]}: encoding the {html.escape(train_split)} split and "
+                                  "choosing its parameter on a hold-out of it...")
+        task.succeeded.connect(lambda res, t=task: self._on_scoring_ready(t, r, scoring, res))
+        task.failed.connect(lambda msg, details, t=task: t is self._scoring_task and self._scoring_failed(msg))
+        return task.start()
+
+    def _on_scoring_ready(self, task: Task, r: Retriever, scoring: str, res: tuple[Any, dict[str, Any]]) -> None:
+        if task is not self._scoring_task or r is not self.retriever:
+            return                               # superseded, or another run / gallery meanwhile
+        self._scorings[scoring] = res
+        self._apply_scoring(r, *res)
+
+    def _apply_scoring(self, r: Retriever, scorers: Any, record: dict[str, Any]) -> None:
+        r.set_scoring(scorers, record)
+        self.scoring_note.setText(html.escape(describe_scoring(record)))
+        self.scoring_applied.emit(record)
+        if self.history:
+            self._ask(self.history[-1], remember=False)     # the query shown, ranked again
+
+    def _scoring_failed(self, message: str) -> None:
+        current = self.retriever.scoring if self.retriever is not None else "plain"
+        self.scoring_combo.setCurrentIndex(self.scoring_combo.findData(current))
+        self.scoring_note.setText(f"<span style='color:#cf222e'>{html.escape(message)}</span>")
+        self.failed.emit(message)
+
+    def _keep_scoring(self, retriever: Retriever) -> None:
+        """Another run starts plain (its scorings prepared afresh); another gallery of the same run keeps the
+        scoring chosen."""
+        if retriever.method is not self._scoring_method:
+            self._scoring_method = retriever.method
+            self._scorings.clear()
+            self.scoring_note.clear()
+            self.scoring_combo.setCurrentIndex(self.scoring_combo.findData(retriever.scoring))
+        elif self.scoring != retriever.scoring:
+            self.set_scoring(self.scoring)
 
     def training_images_in_gallery(self, retriever: Retriever | None = None) -> int:
         """How many of the gallery's images the run was trained on (0 when unknown or a corpus)."""

@@ -1,0 +1,329 @@
+"""Hubness-aware scoring: re-scoring a retrieval so that a few gallery items ("hubs") stop filling every list.
+
+Every method scores a pair by a dot product (ARCHITECTURE.md, the method contract). In a high-dimensional
+space some gallery items are near almost every query (:mod:`crossview.eval.hubness`); the scorings below
+penalise them with statistics drawn from a **bank**: the embeddings of the run's *training* images and
+captions, never the evaluation split (QB-Norm's query bank; using the test queries themselves would let the
+evaluation split normalise itself).
+
+For one direction, queries ``Q (n_q, D)`` of one modality against a gallery ``G (n_g, D)`` of the other, with
+``s_ij = Q_i . G_j``, a bank ``B (n_b, D)`` of training items of the queries' modality and ``B' (n_b', D)``
+of the gallery's modality:
+
+``plain``
+    ``s_ij`` (the default).
+``csls`` (Conneau et al. 2018, cross-domain similarity local scaling; parameter ``k``)
+    ``2 s_ij - r_Q(i) - r_G(j)``, where ``r_Q(i)`` is the mean of the ``k`` largest ``Q_i . B'_b`` (the
+    query's nearest training items of the other modality) and ``r_G(j)`` the mean of the ``k`` largest
+    ``B_b . G_j`` (how near the gallery item is to the training queries: large for a hub).
+``isoftmax`` (Smith et al. 2017, inverted softmax; parameter ``beta``)
+    ``log( exp(beta s_ij) / sum_b exp(beta B_b . G_j) )``: each gallery item's exponentiated scores
+    normalised over the bank of queries (a column normalisation), kept as its logarithm (the same order, no
+    overflow at large ``beta``).
+``dsoftmax`` (Bogolin et al. 2022, QB-Norm with its dynamic inverted softmax; parameter ``beta``)
+    the ``isoftmax`` score for a query whose plain top-1 gallery item is in the bank's *activation set* (the
+    gallery items that are the plain top-1 of at least one bank query), and the plain ``s_ij`` for the other
+    queries, which QB-Norm leaves alone so that the normalisation cannot hurt a query that meets no hub.
+    Within one query all scores are of one kind, so its ranking is well defined.
+
+Scores are formed one block of ``block_size`` queries at a time (``(block_size, n_g)`` float64), and the
+bank statistics one block of gallery items (or bank queries) at a time: nothing ever holds the whole
+``n_q x n_g`` matrix. :func:`evaluate_scoring` ranks the blocks as they come (the tie rule of
+:mod:`crossview.eval.metrics`) and keeps only each query's top 10 for the hubness figure.
+
+The parameter is chosen by :func:`select_scoring` under the rule "selection never on the reported split": the
+training bank is split into a hold-out of its images (with their captions) and the rest; each candidate of
+:data:`GRIDS` scores the hold-out against the rest as the bank, and the largest rsum (R@1 + R@5 + R@10 both
+ways) wins (the first in the grid among equals). The training items were seen by the model, so the hold-out
+is kinder than new photos; it is still never the split that is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crossview.core.errors import CrossViewError
+from crossview.eval.hubness import DEFAULT_K, TOP_SHARE_K, hubness_from_top
+from crossview.eval.metrics import first_relevant_ranks, rank_metrics, rsum_of, top_k
+
+__all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "check_scoring", "Scorer", "scorers_for",
+           "evaluate_scoring", "select_scoring", "subset_embeddings", "describe_scoring", "describe_scored"]
+
+#: the scorings and what each is, for --help and the app's combo box
+SCORINGS = {
+    "plain": "the dot product / cosine of the embeddings (default)",
+    "csls": "CSLS (Conneau et al. 2018): 2 cos - the mean cosine of each side's k nearest training items",
+    "isoftmax": "inverted softmax (Smith et al. 2017): each item's exp(beta s) normalised over the training "
+                "queries",
+    "dsoftmax": "dual softmax in QB-Norm's dynamic form (Bogolin et al. 2022): the inverted softmax over the "
+                "training queries, for the queries whose top item is a hub of that bank",
+}
+#: the name of each scoring's parameter (None: it has none)
+PARAMS: dict[str, str | None] = {"plain": None, "csls": "k", "isoftmax": "beta", "dsoftmax": "beta"}
+#: the candidates :func:`select_scoring` tries, in order (the first wins among equal rsum)
+GRIDS: dict[str, tuple[float, ...]] = {
+    "csls": (1, 3, 5, 10, 20),
+    "isoftmax": (1, 3, 10, 20, 30, 50, 100),
+    "dsoftmax": (1, 3, 10, 20, 30, 50, 100),
+}
+#: queries (rows) per score block
+DEFAULT_BLOCK = 1024
+
+
+def check_scoring(name: Any) -> str:
+    """``name`` if it is a scoring of :data:`SCORINGS`, else one clear :class:`CrossViewError`."""
+    if not isinstance(name, str) or name not in SCORINGS:
+        raise CrossViewError(f"unknown scoring {name!r}; choose one of {', '.join(SCORINGS)}")
+    return name
+
+
+def _check_param(scoring: str, param: Any) -> float | None:
+    if PARAMS[scoring] is None:
+        return None
+    what = PARAMS[scoring]
+    if isinstance(param, bool) or not isinstance(param, (int, float, np.integer, np.floating)) or \
+            not np.isfinite(param) or param <= 0:
+        raise CrossViewError(f"{scoring}: {what} must be a positive number, got {param!r}")
+    if what == "k":
+        if int(param) != param:
+            raise CrossViewError(f"csls: k must be a whole number >= 1, got {param!r}")
+        return int(param)
+    return float(param)
+
+
+def _lse(x: np.ndarray) -> np.ndarray:
+    """``log(sum(exp(x), axis=1))`` of ``x (n, m)`` without overflow."""
+    m = x.max(axis=1)
+    return m + np.log(np.exp(x - m[:, None]).sum(axis=1))
+
+
+def _mean_top(x: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the ``k`` largest entries of each row of ``x (n, m)`` (all of them when ``k >= m``)."""
+    k = min(k, x.shape[1])
+    return np.partition(x, x.shape[1] - k, axis=1)[:, x.shape[1] - k:].mean(axis=1)
+
+
+@dataclass
+class Scorer:
+    """One direction's scoring (see the module docstring): ``bank_queries (n_b, D)`` are training items of the
+    queries' modality, ``bank_gallery (n_b', D)`` training items of the gallery's modality (used by ``csls``).
+    :meth:`prepare` computes a gallery's statistics; :meth:`blocks` yields the scores block by block."""
+
+    scoring: str
+    param: float | None
+    bank_queries: np.ndarray
+    bank_gallery: np.ndarray
+    block_size: int = DEFAULT_BLOCK
+
+    def __post_init__(self) -> None:
+        self.scoring = check_scoring(self.scoring)
+        self.param = _check_param(self.scoring, self.param)
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, (int, np.integer)) \
+                or self.block_size < 1:
+            raise CrossViewError(f"block size must be a whole number >= 1, got {self.block_size!r}")
+        self.bank_queries = np.asarray(self.bank_queries, np.float64)
+        self.bank_gallery = np.asarray(self.bank_gallery, np.float64)
+        if self.scoring != "plain" and (self.bank_queries.shape[0] < 1 or self.bank_gallery.shape[0] < 1):
+            raise CrossViewError(f"{self.scoring} needs a bank of training images and captions; the bank is empty")
+
+    def prepare(self, gallery: np.ndarray) -> dict[str, np.ndarray]:
+        """The statistics of ``gallery (n_g, D)`` over the bank: ``r`` (csls), ``c`` = log-sum-exp over the
+        bank (isoftmax / dsoftmax) and ``hub`` ``(n_g,) bool``, the activation set (dsoftmax)."""
+        g = np.asarray(gallery, np.float64)
+        out: dict[str, np.ndarray] = {}
+        if self.scoring == "plain":
+            return out
+        b = self.bank_queries
+        n_g = g.shape[0]
+        stat = np.empty(n_g)
+        for a in range(0, n_g, self.block_size):
+            block = g[a:a + self.block_size] @ b.T                      # (blk, n_b): gallery items vs bank
+            stat[a:a + self.block_size] = (_mean_top(block, int(self.param)) if self.scoring == "csls"
+                                           else _lse(self.param * block))
+        out["r" if self.scoring == "csls" else "c"] = stat
+        if self.scoring == "dsoftmax":
+            hub = np.zeros(n_g, dtype=bool)
+            if n_g:
+                for a in range(0, b.shape[0], self.block_size):
+                    hub[np.argmax(b[a:a + self.block_size] @ g.T, axis=1)] = True   # argmax: smaller index on ties
+            out["hub"] = hub
+        return out
+
+    def blocks(self, queries: np.ndarray, gallery: np.ndarray,
+               stats: dict[str, np.ndarray] | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(start, stop, scores (stop - start, n_g) float64)`` for each block of ``queries (n_q, D)``."""
+        q = np.asarray(queries, np.float64)
+        g = np.asarray(gallery, np.float64)
+        if q.ndim != 2 or g.ndim != 2 or q.shape[1] != g.shape[1]:
+            raise CrossViewError(f"scoring: queries {q.shape} and gallery {g.shape} must be 2-D with the same "
+                                 "number of columns")
+        stats = self.prepare(g) if stats is None else stats
+        gt = g.T
+        for a in range(0, q.shape[0], self.block_size):
+            qb = q[a:a + self.block_size]
+            s = qb @ gt
+            if self.scoring == "csls":
+                r_q = _mean_top(qb @ self.bank_gallery.T, int(self.param))
+                s = 2 * s - r_q[:, None] - stats["r"][None, :]
+            elif self.scoring == "isoftmax":
+                s = self.param * s - stats["c"][None, :]
+            elif self.scoring == "dsoftmax" and s.shape[1]:
+                normalise = stats["hub"][np.argmax(s, axis=1)]
+                s = np.where(normalise[:, None], self.param * s - stats["c"][None, :], s)
+            yield a, a + qb.shape[0], s
+
+    def scores(self, queries: np.ndarray, gallery: np.ndarray,
+               stats: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """All of ``queries`` against ``gallery`` at once (a few queries: the app's and the CLI's)."""
+        q = np.asarray(queries, np.float64)
+        g = np.asarray(gallery, np.float64)
+        out = np.empty((q.shape[0], g.shape[0]))
+        for a, b, s in self.blocks(q, g, stats):
+            out[a:b] = s
+        return out
+
+
+def _sides(emb: Any, direction: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(image, text)`` embeddings of ``emb`` (:class:`~crossview.eval.embeddings.Embeddings`) in the model of
+    ``direction`` (the t2i model when the file has one)."""
+    if direction == "t2i" and emb.image_t2i is not None:
+        return emb.image_t2i, emb.text_t2i
+    return emb.image, emb.text
+
+
+def scorers_for(scoring: str, param: float | None, bank: Any,
+                block_size: int = DEFAULT_BLOCK) -> dict[str, Scorer]:
+    """``{"i2t": Scorer, "t2i": Scorer}`` over the training ``bank`` (an
+    :class:`~crossview.eval.embeddings.Embeddings` of training images and captions): i2t queries are images (its
+    bank queries the training images), t2i queries are captions."""
+    bi, bt = _sides(bank, "i2t")
+    ci, ct = _sides(bank, "t2i")
+    return {"i2t": Scorer(scoring, param, bank_queries=bi, bank_gallery=bt, block_size=block_size),
+            "t2i": Scorer(scoring, param, bank_queries=ct, bank_gallery=ci, block_size=block_size)}
+
+
+def evaluate_scoring(emb: Any, bank: Any, scoring: str, param: float | None = None, ks: Sequence[int] = (1, 5, 10),
+                     block_size: int = DEFAULT_BLOCK, hub_k: int | None = None) -> dict[str, Any]:
+    """The standard protocol (every image against every caption of ``emb``) under ``scoring``, normalised by
+    ``bank`` (training embeddings; never ``emb`` itself). Returns what
+    :func:`crossview.eval.embeddings.evaluate_embeddings` does for the standard protocol: ``"i2t"``, ``"t2i"``,
+    ``"rsum"``, ``"ranks"`` and ``"hubness"`` (of the re-scored retrieval), plus ``"scoring"`` and ``"param"``.
+    """
+    ks = tuple(int(k) for k in ks)
+    ci = np.asarray(emb.caption_image, np.int64)
+    n_img, n_cap = emb.image.shape[0], emb.text.shape[0]
+    if n_img < 1 or n_cap < 1:
+        raise CrossViewError(f"nothing to evaluate: {n_img} images and {n_cap} captions")
+    counts = np.bincount(ci, minlength=n_img)
+    if (counts == 0).any():
+        raise CrossViewError(f"{int((counts == 0).sum())} image(s) have no caption (first: image "
+                             f"{int(np.flatnonzero(counts == 0)[0])}); i2t ranks need a caption per image")
+    scorers = scorers_for(scoring, param, bank, block_size)
+    k = DEFAULT_K if hub_k is None else int(hub_k)
+    out: dict[str, Any] = {"protocol": "standard", "n_images": int(n_img), "n_captions": int(n_cap),
+                           "scoring": scorers["i2t"].scoring, "param": scorers["i2t"].param}
+    ranks: dict[str, np.ndarray] = {}
+    hub: dict[str, Any] = {}
+    for d in ("i2t", "t2i"):
+        img, txt = _sides(emb, d)
+        queries, gallery = (img, txt) if d == "i2t" else (txt, img)
+        q_labels = np.arange(n_img, dtype=np.int64) if d == "i2t" else ci
+        g_labels = ci if d == "i2t" else np.arange(n_img, dtype=np.int64)
+        n_g = gallery.shape[0]
+        width = min(max(k, TOP_SHARE_K), n_g)
+        r = np.empty(queries.shape[0], np.int64)
+        top = np.empty((queries.shape[0], width), np.int64)
+        for a, b, s in scorers[d].blocks(queries, gallery):
+            if np.isnan(s).any():
+                raise CrossViewError(f"{scoring}: the scores contain NaN (check the embeddings for NaN or inf)")
+            r[a:b] = first_relevant_ranks(s, q_labels[a:b], g_labels)
+            top[a:b] = top_k(s, width)
+        ranks[d] = r
+        out[d] = rank_metrics(r, ks)
+        hub[d] = hubness_from_top(top, n_g, k).as_dict() if n_g >= 2 else None
+    out["rsum"] = rsum_of(out["i2t"], out["t2i"]) if all(
+        f"R@{x}" in out[d] for x in (1, 5, 10) for d in ("i2t", "t2i")) else None
+    out["ranks"] = ranks
+    out["hubness"] = hub
+    return out
+
+
+def subset_embeddings(emb: Any, images: np.ndarray) -> Any:
+    """The images ``images`` of ``emb`` with their captions (renumbered), both models kept."""
+    from crossview.eval.embeddings import Embeddings
+
+    images = np.asarray(images, np.int64)
+    pos = np.full(emb.image.shape[0], -1, np.int64)
+    pos[images] = np.arange(images.size)
+    caps = np.flatnonzero(pos[emb.caption_image] >= 0)
+    two = emb.image_t2i is not None
+    return Embeddings(image=emb.image[images], text=emb.text[caps], caption_image=pos[emb.caption_image[caps]],
+                      image_t2i=emb.image_t2i[images] if two else None, text_t2i=emb.text_t2i[caps] if two else None)
+
+
+def select_scoring(bank: Any, scoring: str, grid: Sequence[float] | None = None, holdout: float = 0.2,
+                   seed: int = 0, bank_name: str = "train", block_size: int = DEFAULT_BLOCK) -> dict[str, Any]:
+    """Choose ``scoring``'s parameter on a hold-out of the training ``bank`` (see the module docstring).
+
+    Returns the record a run keeps: ``{"scoring", "param_name", "param", "by": "rsum", "selected_on",
+    "holdout_images", "bank_images", "candidates": [{"param", "rsum"}], "plain_rsum"}`` (``plain_rsum``: the
+    hold-out's rsum without re-scoring, for comparison). ``plain`` has nothing to choose: ``param`` is None
+    and ``selected_on`` ``"nothing"``.
+    """
+    scoring = check_scoring(scoring)
+    if PARAMS[scoring] is None:
+        return {"scoring": scoring, "param_name": None, "param": None, "selected_on": "nothing", "candidates": []}
+    grid = tuple(GRIDS[scoring] if grid is None else grid)
+    if not grid:
+        raise CrossViewError(f"{scoring}: no candidate values to choose from")
+    n = int(bank.image.shape[0])
+    has_caption = np.bincount(np.asarray(bank.caption_image, np.int64), minlength=n) > 0
+    usable = np.flatnonzero(has_caption)
+    if not 0 < holdout < 1:
+        raise CrossViewError(f"hold-out fraction must be between 0 and 1, got {holdout!r}")
+    n_hold = int(round(holdout * usable.size))
+    if n_hold < 2 or usable.size - n_hold < 2:
+        raise CrossViewError(f"{scoring}: choosing its {PARAMS[scoring]} needs at least 10 training images with "
+                             f"captions, the {bank_name} split has {usable.size}; use --scoring plain")
+    perm = np.random.default_rng(seed).permutation(usable)
+    hold, rest = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
+    held, others = subset_embeddings(bank, hold), subset_embeddings(bank, rest)
+    plain = evaluate_scoring(held, others, "plain", block_size=block_size)["rsum"]
+    cands = [{"param": _check_param(scoring, p),
+              "rsum": evaluate_scoring(held, others, scoring, p, block_size=block_size)["rsum"]} for p in grid]
+    best = max(range(len(cands)), key=lambda i: (cands[i]["rsum"], -i))
+    return {"scoring": scoring, "param_name": PARAMS[scoring], "param": cands[best]["param"], "by": "rsum",
+            "selected_on": f"{bank_name} (hold-out)", "holdout_images": int(n_hold), "bank_images": int(rest.size),
+            "seed": int(seed), "candidates": cands, "plain_rsum": plain}
+
+
+def describe_scoring(record: dict[str, Any] | None) -> str:
+    """One line a person reads: ``scoring csls (k = 10, chosen by rsum on a hold-out of train: 120 images
+    against a bank of 480)``; ``""`` for plain or no record."""
+    if not isinstance(record, dict) or record.get("scoring") in (None, "plain"):
+        return ""
+    name, what, value = record["scoring"], record.get("param_name"), record.get("param")
+    if record.get("selected_on") == "given":
+        how = "given"
+    else:
+        how = (f"chosen by rsum on {record.get('selected_on')}: {record.get('holdout_images')} images against a "
+               f"bank of {record.get('bank_images')}")
+    return f"scoring {name} ({what} = {value:g}, {how})"
+
+
+def describe_scored(entry: dict[str, Any]) -> str:
+    """Lines a person reads for one recorded re-scoring (an entry of a run's ``scoring.json``): the choice, its
+    rsum and R@1 both ways, then its hubness; ``""`` for anything malformed."""
+    from crossview.eval.hubness import describe_hubness
+
+    try:
+        head = (f"{describe_scoring(entry)}: rsum {float(entry['rsum']):.1f} (i2t R@1 {float(entry['i2t']['R@1']):.1f}, "
+                f"t2i R@1 {float(entry['t2i']['R@1']):.1f})")
+    except (KeyError, TypeError, ValueError):
+        return ""
+    hub = describe_hubness(entry.get("hubness"))
+    return head + ("\n" + "\n".join(f"  {line}" for line in hub.splitlines()) if hub else "")

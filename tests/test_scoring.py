@@ -1,0 +1,162 @@
+"""Hubness-aware scoring (crossview.eval.scoring) against naive loops, the bank-from-train rule and the choice of
+the parameter on a hold-out of train only."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+from crossview.core.errors import CrossViewError
+from crossview.eval import evaluate
+from crossview.eval.embeddings import Embeddings
+from crossview.eval.hubness import hubness
+from crossview.eval.scoring import GRIDS, Scorer, check_scoring, evaluate_scoring, select_scoring
+
+
+def _rand(rng, n, d=6):
+    x = rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _dot(a, b):
+    return sum(float(x) * float(y) for x, y in zip(a, b))
+
+
+def _mean_top(values, k):
+    v = sorted(values, reverse=True)[:k]
+    return sum(v) / len(v)
+
+
+def naive(scoring, param, Q, G, B, Bg):
+    """The formulas of the module docstring, one pair at a time."""
+    out = np.zeros((len(Q), len(G)))
+    c = [math.log(sum(math.exp(param * _dot(b, g)) for b in B)) for g in G] if scoring != "csls" else None
+    hubs = set()
+    for b in B:
+        row = [_dot(b, g) for g in G]
+        hubs.add(row.index(max(row)))
+    for i, q in enumerate(Q):
+        raw = [_dot(q, g) for g in G]
+        top1 = raw.index(max(raw))
+        for j, g in enumerate(G):
+            s = raw[j]
+            if scoring == "csls":
+                r_q = _mean_top([_dot(q, b) for b in Bg], param)
+                r_g = _mean_top([_dot(b, g) for b in B], param)
+                out[i, j] = 2 * s - r_q - r_g
+            elif scoring == "isoftmax":
+                out[i, j] = math.log(math.exp(param * s) / sum(math.exp(param * _dot(b, g)) for b in B))
+            else:   # dsoftmax: the inverted softmax only for a query whose top-1 is a hub of the bank
+                out[i, j] = param * s - c[j] if top1 in hubs else s
+    return out
+
+
+@pytest.mark.parametrize("scoring,param", [("csls", 1), ("csls", 3), ("csls", 50), ("isoftmax", 1.0),
+                                           ("isoftmax", 20.0), ("dsoftmax", 5.0), ("dsoftmax", 30.0)])
+@pytest.mark.parametrize("block", [1, 3, 7, 1024])
+def test_each_scoring_matches_a_naive_loop_across_block_boundaries(scoring, param, block) -> None:
+    rng = np.random.default_rng(zlib.crc32(f"{scoring}{param}".encode()))
+    Q, G, B, Bg = _rand(rng, 11), _rand(rng, 7), _rand(rng, 9), _rand(rng, 8)
+    scorer = Scorer(scoring, param, bank_queries=B, bank_gallery=Bg, block_size=block)
+    got = scorer.scores(Q, G)
+    np.testing.assert_allclose(got, naive(scoring, param, Q, G, B, Bg), rtol=1e-10, atol=1e-10)
+    # the blocks are the rows they say, never wider than block_size
+    for a, b, s in scorer.blocks(Q, G):
+        assert s.shape == (b - a, 7) and b - a <= block
+
+
+def test_dsoftmax_leaves_a_query_that_meets_no_hub_alone() -> None:
+    G = np.eye(3)
+    B = np.array([[1.0, 0, 0], [0.9, 0.1, 0]])      # every bank query's top-1 is gallery item 0: the only hub
+    Q = np.array([[0, 1.0, 0], [1.0, 0.2, 0]])      # query 0's top-1 is item 1 (not a hub), query 1's is item 0
+    s = Scorer("dsoftmax", 10.0, bank_queries=B, bank_gallery=B).scores(Q, G)
+    np.testing.assert_allclose(s[0], Q[0] @ G.T)
+    assert not np.allclose(s[1], Q[1] @ G.T)
+
+
+def test_plain_scoring_evaluates_as_the_standard_protocol_does() -> None:
+    rng = np.random.default_rng(3)
+    img = rng.standard_normal((30, 5))
+    ci = np.repeat(np.arange(30), 3)
+    txt = img[ci] + rng.standard_normal((90, 5))
+    emb = Embeddings(image=img, text=txt, caption_image=ci)
+    bank = Embeddings(image=img[:4], text=txt[:12], caption_image=ci[:12])
+    res = evaluate_scoring(emb, bank, "plain", block_size=7)
+    ref = evaluate(img @ txt.T, ci)
+    assert res["i2t"] == ref["i2t"] and res["t2i"] == ref["t2i"] and res["rsum"] == ref["rsum"]
+    assert res["hubness"]["i2t"] == hubness(img @ txt.T).as_dict()
+    assert res["hubness"]["t2i"] == hubness((img @ txt.T).T).as_dict()
+
+
+@pytest.mark.parametrize("scoring", ["csls", "isoftmax", "dsoftmax"])
+def test_scored_evaluation_ranks_the_naive_matrix_both_ways(scoring) -> None:
+    rng = np.random.default_rng(4)
+    img, bimg = _rand(rng, 12), _rand(rng, 10)
+    ci = np.repeat(np.arange(12), 2)
+    txt = _rand(rng, 24) + img[ci]
+    btxt = _rand(rng, 20)
+    param = 3 if scoring == "csls" else 10.0
+    res = evaluate_scoring(Embeddings(image=img, text=txt, caption_image=ci),
+                           Embeddings(image=bimg, text=btxt, caption_image=np.repeat(np.arange(10), 2)),
+                           scoring, param, block_size=5)
+    s_i2t = naive(scoring, param, img, txt, bimg, btxt)              # images query the captions
+    s_t2i = naive(scoring, param, txt, img, btxt, bimg)              # captions query the images
+    assert res["i2t"] == evaluate(s_i2t, ci)["i2t"]
+    assert res["t2i"] == evaluate(s_t2i.T, ci)["t2i"]
+    assert res["hubness"]["i2t"] == hubness(s_i2t).as_dict()
+    assert res["scoring"] == scoring and res["param"] == param
+
+
+def test_the_evaluation_split_never_normalises_itself() -> None:
+    """A pair's score depends on the bank and on the pair only: other evaluation items (present or not) never
+    enter the normalisation, and changing the bank changes it."""
+    rng = np.random.default_rng(5)
+    Q, G, B = _rand(rng, 6), _rand(rng, 9), _rand(rng, 15)
+    for scoring, p in (("csls", 4), ("isoftmax", 10.0)):
+        full = Scorer(scoring, p, bank_queries=B, bank_gallery=B).scores(Q, G)
+        part = Scorer(scoring, p, bank_queries=B, bank_gallery=B).scores(Q[:2], G[3:5])
+        np.testing.assert_allclose(part, full[:2, 3:5], atol=1e-12)
+        other = Scorer(scoring, p, bank_queries=B[::-1][:7], bank_gallery=B[:7]).scores(Q, G)
+        assert not np.allclose(other, full)
+
+
+def test_selection_uses_the_training_bank_only() -> None:
+    """select_scoring sees the training bank and nothing else: the evaluation embeddings cannot change its
+    choice, and a hold-out of train is recorded as where it was made."""
+    rng = np.random.default_rng(6)
+    bimg = _rand(rng, 40)
+    bci = np.repeat(np.arange(40), 2)
+    bank = Embeddings(image=bimg, text=bimg[bci] + 0.5 * _rand(rng, 80), caption_image=bci)
+    rec = select_scoring(bank, "isoftmax", seed=1)
+    assert rec["selected_on"] == "train (hold-out)" and rec["holdout_images"] == 8 and rec["bank_images"] == 32
+    assert [c["param"] for c in rec["candidates"]] == list(GRIDS["isoftmax"])
+    best = max(rec["candidates"], key=lambda c: c["rsum"])
+    assert rec["param"] == best["param"]
+    # the same call again (any evaluation split around it) chooses the same
+    assert select_scoring(bank, "isoftmax", seed=1) == rec
+    # the candidates' rsum is the hold-out's, scored against the rest of train as the bank
+    from crossview.eval.scoring import subset_embeddings
+    hold = np.sort(np.random.default_rng(1).permutation(40)[:8])
+    rest = np.setdiff1d(np.arange(40), hold)
+    ref = evaluate_scoring(subset_embeddings(bank, hold), subset_embeddings(bank, rest), "isoftmax",
+                           rec["candidates"][2]["param"])
+    assert rec["candidates"][2]["rsum"] == ref["rsum"]
+    assert select_scoring(bank, "plain")["param"] is None
+
+
+def test_bad_names_and_parameters_get_one_clear_line() -> None:
+    with pytest.raises(CrossViewError, match=r"unknown scoring 'cosine'; choose one of plain, csls, isoftmax, "
+                                             r"dsoftmax"):
+        check_scoring("cosine")
+    with pytest.raises(CrossViewError, match="k must be a whole number"):
+        Scorer("csls", 2.5, bank_queries=np.ones((2, 2)), bank_gallery=np.ones((2, 2)))
+    with pytest.raises(CrossViewError, match="beta must be a positive number"):
+        Scorer("isoftmax", -1, bank_queries=np.ones((2, 2)), bank_gallery=np.ones((2, 2)))
+    with pytest.raises(CrossViewError, match="bank .* is empty"):
+        Scorer("csls", 3, bank_queries=np.ones((0, 2)), bank_gallery=np.ones((2, 2)))
+    tiny = Embeddings(image=np.eye(3), text=np.eye(3), caption_image=np.arange(3))
+    with pytest.raises(CrossViewError, match="needs at least 10 training images"):
+        select_scoring(tiny, "csls")
