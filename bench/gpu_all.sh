@@ -7,11 +7,13 @@
 #   bash bench/gpu_all.sh --dry-run   # print the commands, one per line, run nothing (any machine)
 #
 # Writes, stamped with the command, commit and machine (the GPU's name included):
-#   bench/results/vsepp_epoch_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt   (the entries bench/regenerate.py
+#   bench/results/vsepp_epoch_gpu.txt, deep_step_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt (the entries bench/regenerate.py
 #     names, here with shorter runs than the registry's full commands: the file's stamp lists the commands it ran)
-#   bench/results/gpu_logs/cuda_tests_gpu.txt, train_vsepp_cnn_f8k_gpu.txt          (logs, no registry entry;
+#   bench/results/gpu_logs/cuda_tests_gpu.txt, vsepp_e2e_gpu.txt, train_vsepp_cnn_f8k_gpu.txt (logs, no registry entry;
 #     each starts with the GPU's name)
-# Environment: PY (default .venv/bin/python), WORK (scratch folder outside the repository, default a temp dir).
+# Environment: PY (default .venv/bin/python, else python3), WORK (scratch folder outside the repository, default a
+# temp dir), F8K (the Flickr8k sample's JSON, default ../shared/data/flickr8k-sample/...; a lent machine gets only
+# the repository, so carry a copy and name it here). The repository goes on PYTHONPATH (no install needed).
 set -u -o pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +28,8 @@ for a in "$@"; do
         *) echo "gpu_all.sh: unknown argument $a (--dry-run, --help)" >&2; exit 2 ;;
     esac
 done
-F8K="../shared/data/flickr8k-sample/dataset_flickr8k_sample.json"
+F8K="${F8K:-../shared/data/flickr8k-sample/dataset_flickr8k_sample.json}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 LOGS="bench/results/gpu_logs"
 
 # ------------------------------------------------------------------------------------------------ the steps
@@ -42,7 +45,7 @@ for f in sorted(Path("tests").glob("test_*.py")):
         if not m:
             continue
         above = "\n".join(lines[max(0, i - 4):i])
-        if "cuda.is_available()" in above or re.search(r"cuda|gpu", m.group(1)):
+        if "cuda.is_available()" in above or "needs_cuda" in above or re.search(r"cuda|gpu", m.group(1)):
             print(f"{f}::{m.group(1)}")
 EOF
 }
@@ -51,18 +54,24 @@ EOF
 VSEPP_EPOCH=(
     "bench/vsepp_epoch.py --device cuda --batches 200"
     "bench/vsepp_epoch.py --device cuda --batches 200 --amp"
+)
+# end to end (image files decoded by CPU workers or on the GPU): a log of its own, so that a slow decode cannot
+# cost the epoch numbers above
+E2E=(
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --decode cpu"
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --decode cpu --amp"
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20"
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --amp"
 )
+DEEP_STEP=("bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8"
+           "bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8 --amp")
 TOPK=("bench/topk_scale.py --gpu-only --device cuda --repeats 10")
 WSABIE=("bench/wsabie_train.py --device cuda --epochs 5 --max-draws 0,100 --baseline-examples 200 --threads 1")
 TRAIN="crossview train vsepp --data $F8K --device cuda --set image_model=cnn --set text_model=gru --set max_epochs=1"
 
 if [ "$DRY" = 1 ]; then
     echo "python -m pytest -q $(cuda_tests | tr '\n' ' ')"
-    for c in "${VSEPP_EPOCH[@]}" "${TOPK[@]}" "${WSABIE[@]}"; do echo "python $c"; done
+    for c in "${VSEPP_EPOCH[@]}" "${E2E[@]}" "${DEEP_STEP[@]}" "${TOPK[@]}" "${WSABIE[@]}"; do echo "python $c"; done
     echo "$TRAIN --run-dir \$WORK/train_vsepp_cnn_f8k"
     exit 0
 fi
@@ -112,6 +121,12 @@ tests_log() {
     local rc=$?; tail -3 "$LOGS/cuda_tests_gpu.txt"; return $rc
 }
 
+e2e_log() {
+    { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)";
+      for c in "${E2E[@]}"; do echo "\$ python $c"; "$PY" $c 2>&1; done; } > "$LOGS/vsepp_e2e_gpu.txt"
+    local rc=$?; tail -4 "$LOGS/vsepp_e2e_gpu.txt"; return $rc
+}
+
 train_log() {
     { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)"; echo "\$ $TRAIN";
       # shellcheck disable=SC2086
@@ -121,11 +136,13 @@ train_log() {
 }
 
 step "cuda tests" 100 tests_log
-step "vsepp_epoch_gpu" 150 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
-step "topk_scale_gpu" 60 entry topk_scale_gpu "${TOPK[@]}"
-step "wsabie_train_cuda" 60 entry wsabie_train_cuda "${WSABIE[@]}"
+step "vsepp_epoch_gpu" 110 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
+step "deep_step_gpu" 90 entry deep_step_gpu "${DEEP_STEP[@]}"
+step "vsepp e2e" 80 e2e_log
+step "topk_scale_gpu" 25 entry topk_scale_gpu "${TOPK[@]}"
+step "wsabie_train_cuda" 25 entry wsabie_train_cuda "${WSABIE[@]}"
 if [ -f "$F8K" ]; then
-    step "train vsepp cnn f8k" 90 train_log
+    step "train vsepp cnn f8k" 60 train_log
 else
     echo "== train vsepp cnn f8k: skipped ($F8K not here)" >&2
 fi

@@ -258,6 +258,11 @@ ENTRIES: tuple[Entry, ...] = (
            S("bench/vsepp_e2e.py --device cuda --workers 8"),
            S("bench/vsepp_e2e.py --device cuda --workers 8 --amp")),
           ("synthetic",), 8, methods("vsepp") + ("crossview/features/vocab.py", "crossview/nn/images.py"), gpu=True),
+    Entry("deep_step_gpu", "deep_step_gpu.txt",
+          (S("bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8"),
+           S("bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8 --amp")),
+          ("synthetic",), 4, ("crossview/nn/trainer.py", "crossview/nn/encoders.py",
+                              *methods("vsepp", "smoothap", "webly", "timam", "wsabie")), gpu=True),
     Entry("vsepp_flickr8k", "vsepp_flickr8k.md",
           (S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS} --seeds 3 --no-select --cca"),
            S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS.replace(',vse0:minilm_ft,vsepp:minilm_ft', '')} "

@@ -394,7 +394,7 @@ class Timam(Vsepp):
             return super()._text_batch(t, rows, rows_cpu)
         host = rows.cpu().numpy() if rows_cpu is None else np.asarray(rows_cpu)
         widths = t["width_np"][host] if "width_np" in t else t["width_cpu"].numpy()[host]
-        width = max(int(widths.max()) if len(host) else 1, 1)
+        width = self._batch_width(t, widths)
         mask = t["mask"][rows, :width]
         pos = t["tok_off"][rows, None] + torch.arange(width, device=mask.device)[None, :]
         pos = torch.where(mask.bool(), pos, torch.zeros_like(pos))

@@ -34,7 +34,7 @@ from crossview.data.method_data import MethodData
 from crossview.core.events import Log, Loss, Validation
 from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method
-from crossview.nn.trainer import EpochSampler, Trainer, init_distributed, world
+from crossview.nn.trainer import EpochSampler, Trainer, cuda_graphs_wanted, init_distributed, world
 
 __all__ = ["TorchMethod", "tensor_tree", "numpy_tree"]
 
@@ -105,6 +105,12 @@ class TorchMethod(Method):
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """Put what :meth:`training_step` reads on ``device`` (features, maps) and check the data."""
+
+    def graph_key(self) -> tuple[Any, str]:
+        """CUDA graphs (crossview.nn.trainer): ``(key, why not)``: ``key(batch ids on the host)`` gives what fixes the
+        shapes of a step on them (None: run it eagerly), or ``key`` is None and ``why not`` says why no step of this
+        method can be captured. Called after :meth:`prepare`."""
+        return None, "its step draws a data-dependent number of rows"
 
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -195,6 +201,7 @@ class TorchMethod(Method):
     def end_training(self) -> None:
         """Runs when training stops (finished, cancelled or failed): release loaders, workers, caches."""
         self._t = None
+        self._graphing = False
 
     def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
         lr = float(getattr(self, "lr", 1e-3))
@@ -308,11 +315,14 @@ class TorchMethod(Method):
         opts = self.optimizers(model)
         scheds = self.schedulers(opts)
         sampler = self.make_sampler(train, seed, rank, world_size)
+        graph_key, graph_off = self.graph_key() if dev.type == "cuda" else (None, "")
         trainer = Trainer(model, opts, sampler, max_epochs=self.n_epochs(), device=dev,
                           seed=seed, schedulers=scheds, grad_clip=getattr(self, "grad_clip", None),
                           amp=bool(self.amp), loss_is_sum=self.loss_is_sum,
                           log_every=int(self.log_every), after_step=self.after_step,
-                          nan_hint=f"{self.nan_hint} (lr={getattr(self, 'lr', '?')})")
+                          nan_hint=f"{self.nan_hint} (lr={getattr(self, 'lr', '?')})",
+                          graph_key=graph_key, graph_off=graph_off, cuda_graphs=cuda_graphs_wanted())
+        self._graphing = not trainer.graph_off
         if resume and self.train_state_ is not None:
             trainer.load_state_dict(tensor_tree(self.train_state_))
         self._live = (model, trainer)
@@ -322,6 +332,8 @@ class TorchMethod(Method):
             if note:
                 yield Log(note, "info")
             yield Log(self.start_message(train, sampler.n_items, len(sampler), dev), "info")
+            if trainer.graph_note:
+                yield Log(f"{self.name}: {trainer.graph_note}", "info")
 
         off_epochs, off_steps = self.run_offsets()
 

@@ -325,12 +325,52 @@ class Vsepp(TorchMethod):
             return {"x": t["txt"][rows]}
         host = rows.cpu().numpy() if rows_cpu is None else np.asarray(rows_cpu)
         widths = t["width_np"][host] if "width_np" in t else t["width_cpu"].numpy()[host]
-        width = int(widths.max()) if len(host) else 1
-        if kind in ("gru", "gru_glove"):      # the lengths stay on the host: packing reads them there
-            return {"ids": t["ids"][rows, :width], "lengths": torch.from_numpy(widths)}
+        width = self._batch_width(t, widths)
+        if kind in ("gru", "gru_glove"):
+            # eager: the lengths stay on the host (packing reads them there); captured in a CUDA graph: on the
+            # device, gathered from the batch's ids like everything else the graph reads (the GRU runs padded)
+            lengths = t["lengths"][rows] if self._graphing and "lengths" in t else torch.from_numpy(widths)
+            return {"ids": t["ids"][rows, :width], "lengths": lengths}
         hidden = t.get("hidden")
         return {"ids": t["ids"][rows, :width], "mask": t["mask"][rows, :width],
                 "frozen_hidden": None if hidden is None else hidden[rows, :width]}
+
+    #: under CUDA graphs a batch's captions are cut to their longest rounded up to a multiple of this many tokens:
+    #: a few fixed widths (one captured graph each) for a little padding, which a one-way GRU's state and a masked
+    #: mean never read
+    GRAPH_WIDTH_STEP = 4
+    _graphing = False      #: set while a trainer captures this method's steps (see crossview.nn.trainer)
+
+    def _batch_width(self, t: dict[str, Any], widths: np.ndarray) -> int:
+        """The token width of a batch whose captions have ``widths`` tokens: the longest (at least 1), rounded up
+        to a multiple of :attr:`GRAPH_WIDTH_STEP` (within the padded tensor's width) while steps are captured."""
+        width = max(int(widths.max()) if len(widths) else 1, 1)
+        if self._graphing:
+            step = self.GRAPH_WIDTH_STEP
+            width = min(-(-width // step) * step, int(t["ids"].shape[1]))
+        return width
+
+    def _graph_width_tables(self) -> list[dict[str, Any]]:
+        """The token tables whose batch widths shape a step (the captions'; webly adds its tag sentences')."""
+        return [self._t] if self.model_spec_["text_model"] != "features" else []
+
+    def graph_key(self) -> tuple[Any, str]:
+        """CUDA graphs (crossview.nn.trainer): a step on feature rows is fixed by the batch's size and its captions'
+        width bucket; end-to-end images (decoded per batch on the CPU) and the Bi-LSTM pool (packing reads the
+        lengths on the host) run eagerly."""
+        if "img" not in self._t:
+            return None, "the images are decoded and augmented per batch by the CPU (image_model=cnn)"
+        if self.model_spec_["text_model"] == "transformer" and str(self.model_spec_.get("pool", "mean")) == "bilstm":
+            return None, "the Bi-LSTM pool packs captions by lengths read on the host"
+        tables = self._graph_width_tables()
+
+        def key(host: np.ndarray) -> tuple[int, ...]:
+            was, self._graphing = self._graphing, True
+            try:
+                return tuple(self._batch_width(t, t["width_np"][host]) for t in tables)
+            finally:
+                self._graphing = was
+        return key, ""
 
     # ------------------------------------------------------------------ training
     def _text_description(self) -> str:

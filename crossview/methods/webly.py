@@ -336,6 +336,11 @@ class Webly(Vsepp):
         else:
             self._t["tagv"] = torch.as_tensor(tag_vectors(tags)).to(device)
 
+    def _graph_width_tables(self) -> list[dict[str, Any]]:
+        tables = super()._graph_width_tables()
+        tag = self._t.get("tagtext")
+        return tables + ([tag] if tag is not None and "width_np" in tag else [])
+
     def _tag_text(self, strings: list[str], device: torch.device) -> dict[str, torch.Tensor]:
         """What the sentence branch reads for the tag strings (``tag_branch="sentence"``), shaped as
         :meth:`Vsepp._text_batch` takes it: the run's caption features of the strings, or their tokens."""

@@ -133,8 +133,9 @@ class BackboneImageEncoder(nn.Module):
 
 class GRUTextEncoder(nn.Module):
     """Token ids ``(n, L)`` padded with 0 and ``lengths`` ``(n,)`` -> ``(n, embed_dim)`` unit rows: word
-    embeddings, a GRU run over packed sequences (padding is never read), the last layer's state at each
-    caption's last real token, L2.
+    embeddings, a GRU run over packed sequences on a GPU when the lengths are on the host (padding is never read),
+    else over the padded batch (the state at a caption's last real token has not read the padding after it), the
+    last layer's state at each caption's last real token, L2.
 
     ``init``: ``(vocab_size, word_dim)`` vectors to start the embeddings from (e.g. GloVe); else
     uniform(-0.1, 0.1) as VSE++. ``freeze_words`` keeps the embeddings fixed."""
@@ -163,10 +164,11 @@ class GRUTextEncoder(nn.Module):
         # and gradient, but its backward (index_add) never waits for the GPU, while the embedding backward
         # syncs the device once a step (it counts the distinct ids on the host)
         x = self.embed.weight.index_select(0, ids.reshape(-1)).view(*ids.shape, -1)
-        if x.device.type == "cpu":
+        if x.device.type == "cpu" or lengths.device.type != "cpu":
             # on the CPU the padded run is faster than the packed one (float32 a little: one batch size for every
             # time step; bfloat16 about twice, AMX), and gives the same states: a one-way GRU's output at a
-            # caption's last real token has not read the padding after it
+            # caption's last real token has not read the padding after it. On a GPU with the lengths on the device
+            # (a step captured as a CUDA graph), the same: packing would read them on the host
             out_all, _ = self.gru(x)
             out = out_all[torch.arange(len(ids)), (lengths - 1).to(torch.int64)]
         else:
@@ -265,11 +267,36 @@ class TransformerTextEncoder(nn.Module):
         if h.shape[0] == 0:
             return h.new_zeros((0, 2 * self.lstm.hidden_size))
         lengths = mask.sum(1).clamp(min=1)
+        if h.is_cuda:
+            return bilstm_max_unpacked(self.lstm, h.float(), lengths)
         packed = nn.utils.rnn.pack_padded_sequence(h.float(), lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, padding_value=float("-inf"),
                                                   total_length=h.shape[1])
         return out.amax(1)
+
+
+def bilstm_max_unpacked(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum over each row's first ``lengths`` steps of a one-layer bidirectional ``lstm``'s
+    outputs, as over packed sequences, but with nothing read on the host (a GPU step never waits, and a CUDA graph
+    can capture it). The maximum of ``[forward; backward]`` is the two halves' maxima, so: the forward half from a
+    run over the rows as they are (padding after the real steps, which a forward state never reads), the backward
+    half from a run over the rows shifted right (padding before them: the backward direction reads the real steps
+    first). Twice the LSTM work of packing; the same numbers."""
+    n, width = x.shape[0], x.shape[1]
+    hid = lstm.hidden_size
+    pos = torch.arange(width, device=x.device)
+    real = pos[None, :] < lengths[:, None]                                  # (n, width) left-aligned real steps
+    shift = (width - lengths)[:, None]                                      # right-aligned: step t at t + shift
+    src = (pos[None, :] - shift).clamp(min=0)                               # where each right-aligned slot reads
+    right = torch.where((pos[None, :] >= shift)[..., None], x.gather(1, src[..., None].expand(n, width, x.shape[2])),
+                        x.new_zeros(()))
+    fwd, _ = lstm(x)
+    bwd, _ = lstm(right)
+    neg = x.new_full((), float("-inf"))
+    f_max = torch.where(real[..., None], fwd[..., :hid], neg).amax(1)
+    b_max = torch.where((pos[None, :] >= shift)[..., None], bwd[..., hid:], neg).amax(1)
+    return torch.cat([f_max, b_max], 1)
 
 
 #: a frozen backbone under CUDA autocast sees batches of a multiple of this many images (see forward)

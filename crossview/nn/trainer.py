@@ -18,6 +18,16 @@ No host work inside a step (nothing in it waits for a GPU): the epoch's batches 
 found and named with its step. A step may read host-side tables through :attr:`Trainer.batch_host` (the batch's
 ids as a numpy view) without a wait. ``tests/test_host_free_step.py`` counts a step's ops and host reads.
 
+CUDA graphs (on a GPU): a method that can say, from a batch's ids on the host, everything that fixes the shapes of
+its step (``graph_key``: e.g. the batch's size and its captions' length bucket) has each such shape's step captured
+once as a CUDA graph (forward, backward, clipping, the optimiser's step) after :data:`GRAPH_WARMUP` eager steps of
+that shape, and replayed from then on: one launch a step instead of a few hundred, the host free to run ahead. The
+graph reads the batch from a static buffer (the ids and the batch's groups are copied in before each replay), the
+optimisers are made capturable, autocast's weight cache is off, and a graph is captured again when a learning rate
+changes (the rate is a constant inside the graph). A key of None, a float16 run (its gradient scaler reads the
+device), DDP, or a capture that fails (the reason is logged once, the step runs eagerly) fall back to the eager
+step, which computes the same thing. ``CROSSVIEW_CUDA_GRAPHS=0`` turns graphs off.
+
 Exact resume without saving generator states: the random numbers of step ``s`` come from a generator
 seeded with ``(seed, rank, s)`` and the order of epoch ``e`` from ``(seed, e)``, so a run restored to
 ``(epoch, batch position, step)`` with its weights and optimiser state draws the very numbers an
@@ -35,17 +45,18 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from crossview.core.events import Event, Loss, Progress
+from crossview.core.events import Event, Log, Loss, Progress
 from crossview.core.errors import CrossViewError
 
 __all__ = ["EpochSampler", "Trainer", "TrainingStep", "EpochEnd", "init_distributed", "world", "unwrap", "amp_dtype",
-           "step_seed", "PlateauScheduler"]
+           "step_seed", "PlateauScheduler", "cuda_graphs_wanted", "GRAPH_WARMUP"]
 
 TrainingStep = Callable[[torch.nn.Module, torch.Tensor, torch.Generator], dict[str, torch.Tensor]]
 """``training_step(model, batch_ids, generator) -> {term: scalar tensor}`` (``"loss"`` is optimised)."""
@@ -79,10 +90,15 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
 
 
 def amp_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast type of mixed precision on ``device``: float16 on CUDA, bfloat16 on a CPU that has
-    bfloat16 matrix instructions (AMX tiles or AVX512-BF16), None where it would be slower than float32."""
+    """The autocast type of mixed precision on ``device``: bfloat16 on a GPU that has it (Ampere and later: float32's
+    range, so no gradient scaler, and a step that CUDA graphs can capture), float16 on older GPUs; bfloat16 on a
+    CPU that has bfloat16 matrix instructions (AMX tiles or AVX512-BF16), None where it would be slower than
+    float32."""
     if device.type == "cuda":
-        return torch.float16
+        try:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+        except TypeError:       # an older torch without the keyword
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
         cpu = getattr(torch, "cpu", None)
         probes = [getattr(cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
@@ -92,6 +108,12 @@ def amp_dtype(device: torch.device) -> torch.dtype | None:
         except RuntimeError:
             return None
     return None
+
+
+def cuda_graphs_wanted() -> bool:
+    """Whether steps may be captured as CUDA graphs: yes unless ``CROSSVIEW_CUDA_GRAPHS=0`` (for measuring the eager
+    step, or a driver that misbehaves)."""
+    return os.environ.get("CROSSVIEW_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -303,7 +325,9 @@ class Trainer:
                  schedulers: Sequence[Any] = (), grad_clip: float | None = None, amp: bool = False,
                  loss_is_sum: bool = False, log_every: int = 10,
                  after_step: Callable[[torch.nn.Module], None] | None = None,
-                 nan_hint: str = "lower the learning rate") -> None:
+                 nan_hint: str = "lower the learning rate",
+                 graph_key: Callable[[np.ndarray], Hashable | None] | None = None, graph_off: str = "",
+                 cuda_graphs: bool = True) -> None:
         self.model = model
         self.optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
         self.schedulers = list(schedulers)
@@ -329,6 +353,7 @@ class Trainer:
         self._pending: list[tuple[int, int, torch.Tensor, int]] = []   # (step, epoch, stacked terms, rows)
         self._pending_names: list[str] | None = None
         self._last_values: dict[str, float] | None = None    # the terms of the last step read
+        self._graph_failed_said = False
         self.ddp: torch.nn.Module | None = None
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -343,6 +368,119 @@ class Trainer:
         self.stopped = False
         self.epoch_sums: dict[str, float] = {}
         self.epoch_rows = 0
+        # CUDA graphs: one captured step per key (see the module docstring)
+        self.graph_key = graph_key
+        self._graphs: dict[Hashable, _Graph] = {}
+        self._graph_seen: dict[Hashable, int] = {}
+        self._graph_lrs: tuple[float, ...] | None = None
+        self._graph_stream: Any = None
+        self._graph_failed = ""
+        self.graph_captures = 0     #: graphs captured so far (a learning-rate change captures again)
+        self.graph_replays = 0      #: steps run by replaying a graph
+        self.graph_off = self._graphs_off_reason(bool(cuda_graphs), graph_off)
+        if not self.graph_off:
+            for o in self.optimizers:
+                _set_capturable(o, True)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _graphs_off_reason(self, wanted: bool, method_reason: str) -> str:
+        """Why this run's steps are not captured as CUDA graphs ('' when they are)."""
+        if self.device.type != "cuda":
+            return "not on a GPU"
+        if not wanted:
+            return "turned off (CROSSVIEW_CUDA_GRAPHS=0)"
+        if not hasattr(torch.cuda, "CUDAGraph"):
+            return "this torch has no CUDA graphs"
+        if self.graph_key is None:
+            return method_reason or "the method's step has no fixed shapes"
+        if self.world_size > 1:
+            return "several processes (DDP's gradient exchange is not captured)"
+        if self.scaler is not None:
+            return "float16 mixed precision: its gradient scaler reads the device every step (bfloat16 needs none)"
+        return ""
+
+    @property
+    def graph_note(self) -> str:
+        """One line for the log: whether steps are captured as CUDA graphs, and why not (empty on a CPU)."""
+        if self.device.type != "cuda":
+            return ""
+        if self._graph_failed:
+            return f"CUDA graphs off: {self._graph_failed}; steps run eagerly"
+        if self.graph_off:
+            return f"CUDA graphs off: {self.graph_off}; steps run eagerly"
+        return (f"CUDA graphs: each batch shape's step is captured after {GRAPH_WARMUP} eager steps and replayed "
+                f"({self.graph_captures} captured, {self.graph_replays} replayed steps so far)")
+
+    def _graph_step(self, training_step: TrainingStep, batch: torch.Tensor) -> torch.Tensor | None:
+        """The step on ``batch`` by a captured graph (capturing it when its key has been seen :data:`GRAPH_WARMUP`
+        times); None when this batch runs eagerly. Returns the terms stacked (a copy: the graph's own output is
+        overwritten by its next replay)."""
+        if self.graph_off or self._graph_failed or self.graph_key is None:
+            return None
+        key = self.graph_key(self.batch_host if self.batch_host is not None else batch.cpu().numpy())
+        if key is None:
+            return None
+        units = self.batch_units
+        key = (key, int(batch.shape[0]), None if units is None else int(units.shape[0]))
+        lrs = tuple(float(g["lr"]) for o in self.optimizers for g in o.param_groups)
+        if lrs != self._graph_lrs:          # a learning rate is a constant inside a graph: capture again
+            self._graphs.clear()
+            self._graph_lrs = lrs
+        entry = self._graphs.get(key)
+        if entry is None:
+            seen = self._graph_seen.get(key, 0) + 1
+            self._graph_seen[key] = seen
+            if seen <= GRAPH_WARMUP:         # eager, on a side stream (libraries set themselves up off the graph)
+                return self._on_side_stream(lambda: self._step(training_step, batch))
+            try:
+                entry = self._capture(training_step, batch, units)
+            except Exception as e:  # noqa: BLE001 - any capture failure: say it once, run eagerly from now on
+                self._graph_failed = f"capturing the step failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+                self._graphs.clear()
+                for o in self.optimizers:
+                    o.zero_grad(set_to_none=True)
+                torch.cuda.synchronize(self.device)
+                return None
+            self._graphs[key] = entry
+        else:
+            entry.batch.copy_(batch, non_blocking=True)
+            if entry.units is not None and units is not None:
+                entry.units.copy_(units, non_blocking=True)
+        self._seed()
+        entry.graph.replay()
+        self.graph_replays += 1
+        return entry.out.clone()
+
+    def _on_side_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self._graph_stream is None:
+            self._graph_stream = torch.cuda.Stream(self.device)
+        side, main = self._graph_stream, torch.cuda.current_stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out = fn()
+        main.wait_stream(side)
+        return out
+
+    def _capture(self, training_step: TrainingStep, batch: torch.Tensor, units: torch.Tensor | None) -> "_Graph":
+        """Capture one step on static copies of ``batch`` (and its groups), then replay it once (a capture records
+        the work without doing it)."""
+        static_batch = batch.clone()
+        static_units = None if units is None else units.clone()
+        self.batch_units = static_units
+        self.model.train()
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        if self._gen is None:
+            self._gen = torch.Generator(device=self.device)
+        register = getattr(graph, "register_generator_state", None)
+        if register is not None:
+            register(self._gen)
+        self._seed()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = self._step_body(training_step, static_batch, self._gen, cache=False)
+        self.graph_captures += 1
+        return _Graph(graph, static_batch, static_units, out)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -369,6 +507,7 @@ class Trainer:
                                  "schedulers); start the run again instead of resuming it")
         for o, s in zip(self.optimizers, opt_states):
             o.load_state_dict(s)
+            _set_capturable(o, not self.graph_off)     # the saving run's choice is not this one's
         for sch, s in zip(self.schedulers, sched_states):
             sch.load_state_dict(s)
         if self.scaler is not None and d.get("scaler"):
@@ -403,17 +542,26 @@ class Trainer:
     def _step(self, training_step: TrainingStep, batch: torch.Tensor) -> torch.Tensor:
         """One optimiser step on ``batch`` (item ids on the device). Returns the step's terms stacked on the
         device (in :attr:`_pending_names` order), unread: nothing in a step waits for the device."""
-        if self._gen is None:     # one generator, re-seeded every step: (seed, rank, step) fixes the draws
-            self._gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
-        gen = self._gen
-        gen.manual_seed(step_seed(self.seed, self.rank, self.step))
-        torch.manual_seed(step_seed(self.seed, self.rank, self.step, 1))   # dropout and friends
+        self._seed()
         self.model.train()
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
         on_device = batch if batch.device == self.device else batch.to(self.device, non_blocking=True)
+        return self._step_body(training_step, on_device, self._gen)
+
+    def _seed(self) -> None:
+        """Seed the step's generator and torch's own from ``(seed, rank, step)`` (host work, before the step)."""
+        if self._gen is None:     # one generator, re-seeded every step: (seed, rank, step) fixes the draws
+            self._gen = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
+        self._gen.manual_seed(step_seed(self.seed, self.rank, self.step))
+        torch.manual_seed(step_seed(self.seed, self.rank, self.step, 1))   # dropout and friends
+
+    def _step_body(self, training_step: TrainingStep, on_device: torch.Tensor, gen: torch.Generator,
+                   cache: bool = True) -> torch.Tensor:
+        """Forward, backward, clipping and the optimisers' step on ``on_device`` (no host work: a CUDA graph can
+        capture it; ``cache=False`` turns autocast's weight cache off, as capturing needs)."""
         with torch.autocast(self.device.type if self.amp else "cpu", dtype=self.amp_dtype or torch.bfloat16,
-                            enabled=self.amp):
+                            enabled=self.amp, cache_enabled=None if cache else False):
             if self.ddp is not None:     # through DDP's forward, which arms its gradient averaging
                 terms = self.ddp(training_step, on_device, gen)
             else:
@@ -490,7 +638,12 @@ class Trainer:
         while self.epoch < self.max_epochs and not self.stopped:
             while self.batch_pos < n_batches:
                 batch = self._batch()
-                stacked = self._step(training_step, batch)
+                stacked = self._graph_step(training_step, batch)
+                if stacked is None:
+                    stacked = self._step(training_step, batch)
+                    if self._graph_failed and not self._graph_failed_said:
+                        self._graph_failed_said = True
+                        yield Log(self.graph_note, "warning")
                 self._pending.append((self.step, self.epoch, stacked, max(1, len(batch))))
                 self.batch_pos += 1
                 self.step += 1
@@ -522,3 +675,35 @@ class Trainer:
             self.stopped = bool(stop)
             yield Loss(self.step, self.epoch, terms)
             yield from events
+
+
+#: eager steps of a batch shape before its step is captured (libraries set up workspaces and the optimisers their
+#: state in the first ones: a capture must not allocate state it would then reset at every replay)
+GRAPH_WARMUP = 2
+
+
+@dataclass
+class _Graph:
+    """One captured step: the graph, its static inputs and its output (the stacked terms)."""
+
+    graph: Any
+    batch: torch.Tensor
+    units: torch.Tensor | None
+    out: torch.Tensor
+
+
+def _set_capturable(opt: torch.optim.Optimizer, on: bool) -> None:
+    """Make ``opt`` capturable (its step counters on the parameters' device, no host read in its step) or not
+    (counters on the host), whatever the state it was given was saved with. Optimisers without the option (SGD)
+    need nothing."""
+    for group in opt.param_groups:
+        if "capturable" not in group:
+            continue
+        group["capturable"] = bool(on)
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if not st or not isinstance(st.get("step"), torch.Tensor):
+                continue
+            want = p.device if (on or group.get("fused")) else torch.device("cpu")   # fused: on the device anyway
+            if st["step"].device != want:
+                st["step"] = st["step"].to(want, torch.float32)
