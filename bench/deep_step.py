@@ -37,7 +37,7 @@ PARAMS: dict[str, dict] = {
     "vsepp": {"text_model": "gru", "batch_size": 128},
     "smoothap": {"text_model": "gru", "batch_size": 128},
     "webly": {"text_model": "gru", "batch_size": 128},
-    "timam": {"batch_size": 128},
+    "timam": {"text_model": "gru", "batch_size": 128},   # (its default reads MiniLM's token states)
     "wsabie": {},
 }
 TEXT_DIM = 384

@@ -5,11 +5,12 @@
 #
 #   bash bench/gpu_all.sh             # run everything (needs CUDA), from the repository root or anywhere
 #   bash bench/gpu_all.sh --dry-run   # print the commands, one per line, run nothing (any machine)
+#   bash bench/gpu_all.sh --only tests,epoch,deep   # some of the steps: tests epoch deep e2e topk wsabie train
 #
 # Writes, stamped with the command, commit and machine (the GPU's name included):
 #   bench/results/vsepp_epoch_gpu.txt, deep_step_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt (the entries bench/regenerate.py
 #     names, here with shorter runs than the registry's full commands: the file's stamp lists the commands it ran)
-#   bench/results/gpu_logs/cuda_tests_gpu.txt, vsepp_e2e_gpu.txt, train_vsepp_cnn_f8k_gpu.txt (logs, no registry entry;
+#   bench/results/gpu_logs/cuda_tests_gpu.txt, vsepp_e2e_gpu.txt, train_vsepp_f8k_gpu.txt (logs, no registry entry;
 #     each starts with the GPU's name)
 # Environment: PY (default .venv/bin/python, else python3), WORK (scratch folder outside the repository, default a
 # temp dir), F8K (the Flickr8k sample's JSON, default ../shared/data/flickr8k-sample/...; a lent machine gets only
@@ -21,11 +22,16 @@ cd "$REPO" || exit 2
 PY="${PY:-$REPO/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3)"
 DRY=0
+ONLY="tests,epoch,deep,e2e,topk,wsabie,train"
+NEXT=""
 for a in "$@"; do
+    if [ "$NEXT" = only ]; then ONLY="$a"; NEXT=""; continue; fi
     case "$a" in
         --dry-run) DRY=1 ;;
+        --only) NEXT=only ;;
+        --only=*) ONLY="${a#--only=}" ;;
         -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-        *) echo "gpu_all.sh: unknown argument $a (--dry-run, --help)" >&2; exit 2 ;;
+        *) echo "gpu_all.sh: unknown argument $a (--dry-run, --only STEPS, --help)" >&2; exit 2 ;;
     esac
 done
 F8K="${F8K:-../shared/data/flickr8k-sample/dataset_flickr8k_sample.json}"
@@ -68,11 +74,14 @@ DEEP_STEP=("bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8
 TOPK=("bench/topk_scale.py --gpu-only --device cuda --repeats 10")
 WSABIE=("bench/wsabie_train.py --device cuda --epochs 5 --max-draws 0,100 --baseline-examples 200 --threads 1")
 TRAIN="crossview train vsepp --data $F8K --device cuda --set image_model=cnn --set text_model=gru --set max_epochs=1"
+# on the run's frozen image features (its steps captured as CUDA graphs: the log says so)
+TRAIN_GRU="crossview train vsepp --data $F8K --device cuda --set text_model=gru --set max_epochs=5"
 
 if [ "$DRY" = 1 ]; then
     echo "python -m pytest -q $(cuda_tests | tr '\n' ' ')"
     for c in "${VSEPP_EPOCH[@]}" "${E2E[@]}" "${DEEP_STEP[@]}" "${TOPK[@]}" "${WSABIE[@]}"; do echo "python $c"; done
     echo "$TRAIN --run-dir \$WORK/train_vsepp_cnn_f8k"
+    echo "$TRAIN_GRU --run-dir \$WORK/train_vsepp_gru_f8k"
     exit 0
 fi
 
@@ -86,6 +95,8 @@ WORK="${WORK:-$(mktemp -d)}"
 mkdir -p "$LOGS" "$WORK"
 FAILED=()
 START=$SECONDS
+
+wanted() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 step() {   # step NAME SECONDS COMMAND...: run under timeout, say how it went
     local name="$1" limit="$2"; shift 2
@@ -130,21 +141,24 @@ e2e_log() {
 train_log() {
     { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)"; echo "\$ $TRAIN";
       # shellcheck disable=SC2086
-      "$PY" -m crossview ${TRAIN#crossview } --run-dir "$WORK/train_vsepp_cnn_f8k" 2>&1; } \
-        > "$LOGS/train_vsepp_cnn_f8k_gpu.txt"
-    local rc=$?; tail -5 "$LOGS/train_vsepp_cnn_f8k_gpu.txt"; return $rc
+      "$PY" -m crossview ${TRAIN#crossview } --run-dir "$WORK/train_vsepp_cnn_f8k" 2>&1 &&
+      echo "\$ $TRAIN_GRU" &&
+      # shellcheck disable=SC2086
+      "$PY" -m crossview ${TRAIN_GRU#crossview } --run-dir "$WORK/train_vsepp_gru_f8k" 2>&1; } \
+        > "$LOGS/train_vsepp_f8k_gpu.txt"
+    local rc=$?; tail -5 "$LOGS/train_vsepp_f8k_gpu.txt"; return $rc
 }
 
-step "cuda tests" 100 tests_log
-step "vsepp_epoch_gpu" 110 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
-step "deep_step_gpu" 90 entry deep_step_gpu "${DEEP_STEP[@]}"
-step "vsepp e2e" 80 e2e_log
-step "topk_scale_gpu" 25 entry topk_scale_gpu "${TOPK[@]}"
-step "wsabie_train_cuda" 25 entry wsabie_train_cuda "${WSABIE[@]}"
-if [ -f "$F8K" ]; then
-    step "train vsepp cnn f8k" 60 train_log
-else
-    echo "== train vsepp cnn f8k: skipped ($F8K not here)" >&2
+wanted tests && step "cuda tests" 100 tests_log
+wanted epoch && step "vsepp_epoch_gpu" 110 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
+wanted deep && step "deep_step_gpu" 90 entry deep_step_gpu "${DEEP_STEP[@]}"
+wanted e2e && step "vsepp e2e" 80 e2e_log
+wanted topk && step "topk_scale_gpu" 25 entry topk_scale_gpu "${TOPK[@]}"
+wanted wsabie && step "wsabie_train_cuda" 25 entry wsabie_train_cuda "${WSABIE[@]}"
+if wanted train && [ -f "$F8K" ]; then
+    step "train vsepp f8k" 90 train_log
+elif wanted train; then
+    echo "== train vsepp f8k: skipped ($F8K not here)" >&2
 fi
 echo "gpu_all.sh: $((SECONDS - START)) s on $GPU; ${#FAILED[@]} failed${FAILED[*]:+: ${FAILED[*]}}" >&2
 [ ${#FAILED[@]} -eq 0 ]
