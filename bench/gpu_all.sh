@@ -102,8 +102,18 @@ step() {   # step NAME SECONDS COMMAND...: run under timeout, say how it went
     local name="$1" limit="$2"; shift 2
     local t0=$SECONDS
     echo "== $name (limit ${limit} s) on $GPU" >&2
-    timeout --kill-after=10 "$limit" "$@"
+    # the steps are shell functions (which timeout(1) cannot run): the step runs in a process group of its own
+    # (set -m), which a watcher stops at the limit (TERM, then KILL 10 s later), Python children included
+    set -m
+    "$@" &
+    local pid=$!
+    set +m
+    ( sleep "$limit"; kill -TERM -- "-$pid" 2>/dev/null && { sleep 10; kill -KILL -- "-$pid" 2>/dev/null; }; exit 0 ) &
+    local watcher=$!
+    wait "$pid"
     local rc=$?
+    kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+    [ $rc -eq 143 ] && rc=124
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
         echo "== $name: TIMED OUT after ${limit} s" >&2; FAILED+=("$name (timeout)")
     elif [ $rc -ne 0 ]; then
