@@ -36,7 +36,7 @@ METHODS = ("vsepp", "smoothap", "webly", "timam", "wsabie")
 PARAMS: dict[str, dict] = {
     "vsepp": {"text_model": "gru", "batch_size": 128},
     "smoothap": {"text_model": "gru", "batch_size": 128},
-    "webly": {"text_model": "gru", "batch_size": 128},
+    "webly": {"text_model": "gru", "batch_size": 128, "tag_branch": "sentence"},   # (its default reads GloVe)
     "timam": {"text_model": "gru", "batch_size": 128},   # (its default reads MiniLM's token states)
     "wsabie": {},
 }

@@ -69,8 +69,8 @@ E2E=(
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20"
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --amp"
 )
-DEEP_STEP=("bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8"
-           "bench/deep_step.py --device cuda --images 8000 --steps 40 --warmup 8 --amp")
+DEEP_STEP=("bench/deep_step.py --device cuda --images 6000 --steps 30 --warmup 8"
+           "bench/deep_step.py --device cuda --images 6000 --steps 30 --warmup 8 --amp")
 TOPK=("bench/topk_scale.py --gpu-only --device cuda --repeats 10")
 WSABIE=("bench/wsabie_train.py --device cuda --epochs 5 --max-draws 0,100 --baseline-examples 200 --threads 1")
 TRAIN="crossview train vsepp --data $F8K --device cuda --set image_model=cnn --set text_model=gru --set max_epochs=1"
@@ -161,7 +161,7 @@ train_log() {
 
 wanted tests && step "cuda tests" 100 tests_log
 wanted epoch && step "vsepp_epoch_gpu" 110 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
-wanted deep && step "deep_step_gpu" 90 entry deep_step_gpu "${DEEP_STEP[@]}"
+wanted deep && step "deep_step_gpu" 130 entry deep_step_gpu "${DEEP_STEP[@]}"
 wanted e2e && step "vsepp e2e" 80 e2e_log
 wanted topk && step "topk_scale_gpu" 25 entry topk_scale_gpu "${TOPK[@]}"
 wanted wsabie && step "wsabie_train_cuda" 25 entry wsabie_train_cuda "${WSABIE[@]}"

@@ -80,7 +80,7 @@ class RefModel(torch.nn.Module):
     def forward(self, images: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor):
         im = torch.nn.functional.normalize(self.fc(images), dim=1)
         out, _ = self.gru(self.embed(ids))                       # over the padding too (no packing)
-        last = out[torch.arange(len(ids)), lengths - 1]
+        last = out[torch.arange(len(ids), device=out.device), lengths - 1]
         return im, torch.nn.functional.normalize(last, dim=1)
 
 

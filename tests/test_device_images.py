@@ -166,8 +166,10 @@ def test_vsepp_end_to_end_takes_the_device_path_and_says_so(tmp_path, monkeypatc
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_cuda_decode_matches_the_cpu_loader_batch(tmp_path) -> None:
-    """On a GPU: nvJPEG decoding and device augmentation give the CPU loader's batch (same crops and flips)
-    within a few uint8 levels (nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's)."""
+    """On a GPU: nvJPEG decoding and device augmentation give the CPU loader's batch (same crops and flips): one
+    uint8 level apart on average, a few pixels at sharp colour edges up to ~16 levels (nvJPEG's IDCT and chroma
+    upsampling differ from libjpeg-turbo's; measured on an H200: mean 0.97, max 15.9 levels). A wrong crop or flip
+    moves the mean by tens of levels."""
     paths = _photos(tmp_path)
     tf = _train_transform()
     ids = np.array([3, 1, 1, 4, 6, 0, 3, 2])
@@ -176,7 +178,7 @@ def test_cuda_decode_matches_the_cpu_loader_batch(tmp_path) -> None:
     got, rows = D.DeviceImageBatches(paths, tf, torch.device("cuda")).batch(ids, 99)
     assert got.is_cuda and got.dtype == torch.float32 and torch.equal(rows, ref_rows)
     diff = (got.cpu() - ref).abs()
-    assert float(diff.mean()) <= 1.5 * LEVEL and float(diff.max()) <= 10 * LEVEL, (float(diff.mean()), float(diff.max()))
+    assert float(diff.mean()) <= 1.5 * LEVEL and float(diff.max()) <= 32 * LEVEL, (float(diff.mean()), float(diff.max()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

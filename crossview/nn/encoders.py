@@ -170,7 +170,8 @@ class GRUTextEncoder(nn.Module):
             # caption's last real token has not read the padding after it. On a GPU with the lengths on the device
             # (a step captured as a CUDA graph), the same: packing would read them on the host
             out_all, _ = self.gru(x)
-            out = out_all[torch.arange(len(ids)), (lengths - 1).to(torch.int64)]
+            rows = torch.arange(len(ids), device=out_all.device)   # (a host index would be a copy a step)
+            out = out_all[rows, (lengths.to(out_all.device) - 1).to(torch.int64)]
         else:
             # packing reads the lengths on the host: the trainer hands them over from there (no wait for the device)
             host = lengths if lengths.device.type == "cpu" else lengths.cpu()

@@ -315,7 +315,8 @@ class Trainer:
     ``loss_is_sum``: the step's loss is a sum over its rows (WARP's per-example SGD) rather than a mean;
     under DDP it is then scaled by the world size so that averaged gradients equal the single-process
     ones. ``after_step(model)`` runs under ``no_grad`` after each optimiser step (e.g. a norm projection).
-    ``amp``: mixed precision: float16 autocast and a gradient scaler on CUDA; bfloat16 autocast on a CPU with
+    ``amp``: mixed precision: bfloat16 autocast on a GPU that has it (float16 and a gradient scaler on older ones);
+    bfloat16 autocast on a CPU with
     bfloat16 matrix units (AMX or AVX512-BF16: about twice as fast for a GRU); ignored elsewhere (see
     :func:`amp_dtype`). The weights and the optimiser stay in float32 either way.
     """
@@ -336,7 +337,8 @@ class Trainer:
         self.grad_clip = None if not grad_clip else float(grad_clip)
         self.amp_dtype = amp_dtype(device) if amp else None
         self.amp = self.amp_dtype is not None
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp and device.type == "cuda" else None
+        # a gradient scaler for float16 only (bfloat16 has float32's range)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 and device.type == "cuda" else None
         self.loss_is_sum, self.log_every = bool(loss_is_sum), max(1, int(log_every))
         self.after_step, self.nan_hint = after_step, nan_hint
         self.rank, self.world_size = world()
