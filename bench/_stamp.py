@@ -88,14 +88,15 @@ def _git(*args: str, repo: Path = REPO) -> bytes | None:
 
 def commit_info(repo: Path = REPO) -> str:
     """``2327ed4a1b2c`` (12 hex digits of HEAD), with ``+dirty (uncommitted changes: git diff HEAD sha256 X)`` when
-    tracked files differ from HEAD; ``$CROSSVIEW_BENCH_COMMIT`` where there is no git checkout. Changes under
+    tracked files differ from HEAD; ``$CROSSVIEW_BENCH_COMMIT`` when set (a copy of the tree sent to another
+    machine, whose .git may be absent or older than its files). Changes under
     ``bench/results/`` do not count: they are the outputs (a regeneration of several files writes them one after
     the other, and the code that makes the later ones is still HEAD's)."""
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:       # said by whoever sent this copy (a lent machine's copy may carry an older .git than its files)
+        return f"{given} (from ${COMMIT_ENV}, set by whoever copied the tree here)"
     head = _git("rev-parse", "--short=12", "HEAD", repo=repo)
     if head is None:
-        given = os.environ.get(COMMIT_ENV, "").strip()
-        if given:
-            return f"{given} (from ${COMMIT_ENV}: this copy of the tree has no .git)"
         return f"unknown (not a git checkout; set {COMMIT_ENV} to the commit this copy of the tree was made from)"
     diff = _git("diff", "HEAD", "--no-ext-diff", "--binary", "--", ".", ":(exclude)bench/results", repo=repo)
     commit = head.decode().strip()

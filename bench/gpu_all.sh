@@ -136,20 +136,20 @@ EOF
 }
 
 tests_log() {
-    { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)"; echo "\$ python -m pytest -q <the CUDA tests>";
+    { echo "# GPU: $GPU"; echo "# commit ${CROSSVIEW_BENCH_COMMIT:-$(git log -1 --format='%h %cs' 2>/dev/null)}"; echo "\$ python -m pytest -q <the CUDA tests>";
       # shellcheck disable=SC2046
       "$PY" -m pytest -q -p no:cacheprovider $(cuda_tests) 2>&1; } > "$LOGS/cuda_tests_gpu.txt"
     local rc=$?; tail -3 "$LOGS/cuda_tests_gpu.txt"; return $rc
 }
 
 e2e_log() {
-    { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)";
+    { echo "# GPU: $GPU"; echo "# commit ${CROSSVIEW_BENCH_COMMIT:-$(git log -1 --format='%h %cs' 2>/dev/null)}";
       for c in "${E2E[@]}"; do echo "\$ python $c"; "$PY" $c 2>&1; done; } > "$LOGS/vsepp_e2e_gpu.txt"
     local rc=$?; tail -4 "$LOGS/vsepp_e2e_gpu.txt"; return $rc
 }
 
 train_log() {
-    { echo "# GPU: $GPU"; echo "# $(git log -1 --format='commit %h %cs' 2>/dev/null)"; echo "\$ $TRAIN";
+    { echo "# GPU: $GPU"; echo "# commit ${CROSSVIEW_BENCH_COMMIT:-$(git log -1 --format='%h %cs' 2>/dev/null)}"; echo "\$ $TRAIN";
       # shellcheck disable=SC2086
       "$PY" -m crossview ${TRAIN#crossview } --run-dir "$WORK/train_vsepp_cnn_f8k" 2>&1 &&
       echo "\$ $TRAIN_GRU" &&

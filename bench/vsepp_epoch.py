@@ -28,7 +28,8 @@ On a GPU, ours runs twice, with its steps captured as CUDA graphs (the default) 
   tokens, the reference's loss, Adam, clipping), its whole step captured once as a CUDA graph and replayed on
   fixed tensors: no data handling at all, the physical reference for what the hardware allows (issue 32);
 - **GPU busy**: the share of the timed wall-clock in which a kernel ran, from torch's profiler (kernel intervals
-  merged) over 50 of ours' steps, and the mean of NVML's utilisation sampled every 20 ms.
+  merged) over 300 of ours' steps, and the mean of NVML's utilisation sampled every 20 ms (the driver averages it
+  over ~1/6 s, so it means something only over a window of a second or more).
 
 Run: ``python bench/vsepp_epoch.py [--device cpu|cuda] [--batches 40] [--amp]``. Its lines are part of
 bench/results/vsepp_epoch.txt (CPU) and vsepp_epoch_gpu.txt, which ``bench/regenerate.py`` assembles (float32 and
@@ -180,7 +181,7 @@ def _run_ours(image: np.ndarray, captions: list[str], ci: np.ndarray, device: to
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     if profile is not None and device.type == "cuda":
-        profile.update(gpu_busy(it, 50))
+        profile.update(gpu_busy(it, 300))
         trainer = m._live[1] if getattr(m, "_live", None) is not None else None
         if trainer is not None:
             profile["note"] = trainer.graph_note
@@ -338,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
               f"{'bf16' if args.amp else 'fp32'}): {ceiling:,.0f} captions/s; ours = {ours_rate / ceiling:.0%} of it "
               f"(goal >= 70%)", flush=True)
         prof: dict = {}
-        run_ours(image, captions, ci, device, 20, amp=args.amp, profile=prof)
+        run_ours(image, captions, ci, device, 20, amp=args.amp, profile=prof)   # (then 300 profiled steps)
         print(f"GPU busy over {prof.get('steps')} of ours' steps ({prof.get('wall', 0):.2f} s): profiler "
               f"{prof.get('profiler_busy', float('nan')):.0%} ({prof.get('kernels')} kernels), NVML "
               f"{prof.get('nvml_busy', float('nan')):.0%} (goal >= 70%); {prof.get('note', '')}", flush=True)

@@ -92,6 +92,12 @@ def _decode_jpegs(datas: Sequence[torch.Tensor], jpeg: list[int], out: list[torc
     """Fill ``out[k]`` for the JPEGs ``jpeg`` of ``datas``: all in one call, else one by one (a file the
     decoder refuses stays None, for Pillow)."""
     if jpeg:
+        if device.type == "cuda":
+            # nvJPEG's hardware engine writes its outputs without waiting for the work already queued on the
+            # stream it is given, and the caching allocator hands it blocks that queued kernels (the previous
+            # step's backward) may still read: corrupted activations, NaN losses (seen: fine-tuned end to end on an
+            # H200, NaN at step 2; torchcodec PR #1634 / torchvision PR #9606 describe it). Drain the stream first
+            torch.cuda.current_stream(device).synchronize()
         try:
             got = decode_jpeg([datas[k] for k in jpeg], mode=mode, device=device)
             for k, im in zip(jpeg, got):
