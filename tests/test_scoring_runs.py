@@ -171,3 +171,20 @@ def test_train_with_scoring_prints_the_rescored_table_and_records_it(run, tmp_pa
     assert capsys.readouterr().err == ("crossview: error: unknown scoring 'x'; choose one of plain, csls, isoftmax, "
                                        "dsoftmax\n")
     assert not (tmp_path / "never").exists()
+
+
+def test_a_run_without_a_bank_gets_one_on_first_use_and_keeps_it(run, tmp_path) -> None:
+    """A run whose model reads image files writes no bank while it trains (minutes for an option few use); the
+    first scoring encodes its training split and keeps it, the second reads it."""
+    import shutil
+
+    from crossview.engine.scoring import run_bank
+
+    copy = tmp_path / "run_copy"
+    shutil.copytree(run, copy)
+    want = load_embeddings(run / "bank_train.npz")
+    (copy / "bank_train.npz").unlink()
+    first = run_bank(copy)
+    assert (copy / "bank_train.npz").is_file()
+    np.testing.assert_allclose(first.image, want.image, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(load_embeddings(copy / "bank_train.npz").text, want.text, rtol=1e-5, atol=1e-6)

@@ -88,7 +88,10 @@ class FitStage:
         eval_seconds = time.monotonic() - t1
         self._write_ranks(res["ranks"], test)
         self._write_embeddings(test)
-        if train is not None and self.cfg.split != self.cfg.train_split:
+        if train is not None and self.cfg.split != self.cfg.train_split \
+                and not getattr(self.method, "wants_image_files", False):
+            # a model over feature rows encodes its training split in moments; one that reads the image files (a
+            # CNN end to end) would add minutes to every run for an option few use: its bank is made on first use
             from crossview.engine.scoring import write_bank
             write_bank(self.run_dir, self.cfg.train_split, self.method, train, seed=self.cfg.seed)
         summary = self._summary(res, test, features_seconds, eval_seconds)

@@ -74,9 +74,9 @@ def _train_split(run_dir: Path) -> tuple[str, str, int]:
 
 
 def run_bank(run_dir: str | Path, open_run: Any = None) -> Any:
-    """The bank of the run in ``run_dir``: its ``bank_<train>.npz``, or (a run written before banks) its
-    training split encoded by its model (``open_run``: an :class:`~crossview.engine.session.OpenRun` already
-    open, else the run is opened)."""
+    """The bank of the run in ``run_dir``: its ``bank_<train>.npz``, or (a run written before banks, or one whose model
+    reads image files) its training split encoded by its model now and kept in that file (``open_run``: an
+    :class:`~crossview.engine.session.OpenRun` already open, else the run is opened)."""
     from crossview.eval.embeddings import load_embeddings
 
     folder = Path(run_dir)
@@ -92,7 +92,16 @@ def run_bank(run_dir: str | Path, open_run: Any = None) -> Any:
         except CrossViewError as e:
             raise CrossViewError(f"{folder}: no {path.name} (the run predates scoring banks) and the run cannot be "
                                  f"opened to encode its {train_split} split ({e}); use --scoring plain") from None
-    return open_bank(open_run, train_split, seed)
+    bank = open_bank(open_run, train_split, seed)
+    try:                  # kept for the next use (an end-to-end run's bank is made on first use, see FitStage)
+        from crossview.eval.embeddings import save_embeddings
+
+        bank.info = {"split": train_split, "what": "bank"}
+        save_embeddings(path, bank)
+    except (OSError, CrossViewError) as e:
+        import warnings
+        warnings.warn(f"{path}: could not keep the scoring bank ({e}); it is made again next time", stacklevel=2)
+    return bank
 
 
 def open_bank(run: Any, train_split: str | None = None, seed: int | None = None) -> Any:
