@@ -274,6 +274,37 @@ class Wsabie(TorchMethod):
         self._t = t
 
     # ------------------------------------------------------------------ one step
+    #: the most bytes the dense draw of a captured step may take (batch x candidates x ~20 bytes of work tensors)
+    GRAPH_DRAW_BYTES = 2 << 30
+    _graphing = False
+
+    def graph_key(self) -> tuple[Any, str]:
+        """CUDA graphs (crossview.nn.trainer): the sampler's rounds draw a data-dependent number of candidates, so a
+        captured step draws every row from its full score row at once (:func:`crossview.nn.warp.draw_from_full_scores`:
+        the same distribution, fixed shapes), when that fits :attr:`GRAPH_DRAW_BYTES`."""
+        t = self._t
+        most = max(int(t["n_text"]), int(t["n_img"]))
+        need = int(self.batch_size) * most * 20
+        if need > self.GRAPH_DRAW_BYTES:
+            return None, (f"drawing each row from all {most:,} candidates at once would take {need / 2**30:.1f} GB "
+                          "(the sampler's rounds draw a data-dependent number)")
+        return (lambda host: ()), ""
+
+    def _draw(self, f_pos: torch.Tensor, n_cand: int, n_neg: torch.Tensor, score_fn: Any, pos_fn: Any, full_fn: Any,
+              budget: int, kw: dict[str, Any]) -> Any:
+        """The violators of a batch: the sampler's rounds (eager), or, while steps are captured, every row drawn from
+        its full score row (the same distribution; nothing read on the host)."""
+        if not self._graphing:
+            return sample_violators(f_pos, n_cand, n_neg, score_fn, pos_fn, round_budget=budget, full_score_fn=full_fn,
+                                    **kw)
+        from crossview.nn.warp import draw_from_full_scores
+
+        rows = torch.arange(f_pos.shape[0], device=f_pos.device)
+        limit = n_neg if kw.get("max_draws") is None else n_neg.clamp(max=int(kw["max_draws"]))
+        cand = torch.arange(int(n_cand), device=f_pos.device).unsqueeze(0)
+        return draw_from_full_scores(full_fn(rows), f_pos, n_neg, limit, positive=pos_fn(rows, cand),
+                                     margin=float(kw["margin"]), generator=kw.get("generator"))
+
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
         """The summed WARP loss of a batch of positive pairs (ids into the training pairs)."""
@@ -317,8 +348,7 @@ class Wsabie(TorchMethod):
                 def full_t(rows: torch.Tensor) -> torch.Tensor:
                     return s[rows]
                 budget = max(1024, (1 << 22) // T.shape[0])
-            d_t = sample_violators(f_pos, t["n_text"], t["n_neg_text"][batch], score_t, pos_t, round_budget=budget,
-                                   full_score_fn=full_t, **kw)
+            d_t = self._draw(f_pos, t["n_text"], t["n_neg_text"][batch], score_t, pos_t, full_t, budget, kw)
             both = self._trains_both()
             if both:
                 w = z @ m.V                                             # (B, p): image candidates score x . w
@@ -335,8 +365,8 @@ class Wsabie(TorchMethod):
 
                 def full_i(rows: torch.Tensor) -> torch.Tensor:
                     return w[rows] @ X.T
-                d_i = sample_violators(f_pos, n_img, t["n_neg_img"][batch], score_i, pos_i,
-                                       round_budget=max(1024, (1 << 22) // X.shape[1]), full_score_fn=full_i, **kw)
+                d_i = self._draw(f_pos, n_img, t["n_neg_img"][batch], score_i, pos_i, full_i,
+                                 max(1024, (1 << 22) // X.shape[1]), kw)
         # the differentiable part, through the (possibly DDP-wrapped) model: one forward for every row used
         b = len(batch)
         neg_t = d_t.negative.clamp(min=0)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["harmonic_table", "rank_weight", "warp_loss", "WarpDraw", "sample_violators",
+__all__ = ["harmonic_table", "rank_weight", "warp_loss", "WarpDraw", "sample_violators", "draw_from_full_scores",
            "sample_violator_sequential", "max_norm_columns_"]
 
 ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -195,30 +195,45 @@ def _resolve_from_full_scores(active: torch.Tensor, f_pos: torch.Tensor, n_candi
     all_cand = torch.arange(n_candidates, device=device).unsqueeze(0)       # (1, n): broadcast over rows
     for a in range(0, active.numel(), chunk):
         rows = active[a:a + chunk]
-        m = rows.numel()
-        scores = full_score_fn(rows).detach()                                   # (m, n_candidates)
-        viol = scores > (f_pos[rows] - margin).unsqueeze(1)
-        if is_positive is not None:
-            viol &= ~is_positive(rows, all_cand)
-        n_viol = viol.sum(dim=1)
-        p = n_viol.double() / n_negatives[rows].double()
-        u = torch.rand(m, dtype=torch.float64, device=device, generator=generator)
-        # G ~ Geometric(p) on 1, 2, ...: the number of further draws up to the first violator
-        geo = torch.where(p >= 1, torch.ones_like(p),
-                          torch.floor(torch.log1p(-u) / torch.log1p(-p.clamp(max=1.0 - 1e-12))) + 1)
-        hit = (n_viol > 0) & (geo <= (limit[rows] - drawn[rows]).double())
-        idx = rows[hit]
-        if idx.numel():
-            pick = torch.floor(torch.rand(idx.numel(), dtype=torch.float64, device=device, generator=generator)
-                               * n_viol[hit].double()).long()               # which violator, uniform
-            rank_in_row = torch.cumsum(viol[hit], dim=1)                       # 1..v at the violators
-            col = (rank_in_row > pick.unsqueeze(1)).to(torch.uint8).argmax(dim=1)
-            negative[idx] = col
-            n_draws[idx] = drawn[idx] + geo[hit].long()
-            f_neg[idx] = scores[hit].gather(1, col.unsqueeze(1)).squeeze(1).to(f_neg.dtype)
-            violated[idx] = True
-        miss = rows[~hit]
-        n_draws[miss] = limit[miss]
+        d = draw_from_full_scores(full_score_fn(rows), f_pos[rows], n_negatives[rows], limit[rows], drawn[rows],
+                                  None if is_positive is None else is_positive(rows, all_cand), margin=margin,
+                                  generator=generator)
+        negative[rows], n_draws[rows], violated[rows] = d.negative, d.n_draws, d.violated
+        f_neg[rows] = d.f_neg.to(f_neg.dtype)
+
+
+def draw_from_full_scores(scores: torch.Tensor, f_pos: torch.Tensor, n_negatives: torch.Tensor, limit: torch.Tensor,
+                          drawn: torch.Tensor | None = None, positive: torch.Tensor | None = None, *,
+                          margin: float = 1.0, generator: torch.Generator | None = None) -> WarpDraw:
+    """The sampler's outcome for ``M`` rows drawn at once from their full score rows ``scores (M, n)``: with ``v``
+    violators among a row's ``n_negatives`` negatives (``positive (M, n)`` flags its positives, excluded) and
+    ``drawn`` draws already made without one, ``N = drawn + G``, ``G ~ Geometric(v / n_negatives)``, no violator when
+    ``N`` passes ``limit``, the violator uniform among the ``v`` (the module docstring says why this is the
+    sequential algorithm's distribution). Fixed shapes and nothing read on the host: a step that draws this way can
+    be captured as a CUDA graph (WSABIE does on a GPU)."""
+    m = scores.shape[0]
+    device = scores.device
+    scores = scores.detach()
+    drawn = torch.zeros(m, dtype=torch.int64, device=device) if drawn is None else drawn
+    viol = scores > (f_pos.detach() - margin).unsqueeze(1)
+    if positive is not None:
+        viol = viol & ~positive
+    n_viol = viol.sum(dim=1)
+    p = n_viol.double() / n_negatives.double().clamp(min=1)
+    u = torch.rand(m, dtype=torch.float64, device=device, generator=generator)
+    # G ~ Geometric(p) on 1, 2, ...: the number of further draws up to the first violator (p = 0: no violator,
+    # G is then huge and never a hit)
+    geo = torch.where(p >= 1, torch.ones_like(p),
+                      torch.floor(torch.log1p(-u) / torch.log1p(-p.clamp(min=1e-12, max=1.0 - 1e-12))) + 1)
+    hit = (n_viol > 0) & (geo <= (limit - drawn).double())
+    pick = torch.floor(torch.rand(m, dtype=torch.float64, device=device, generator=generator)
+                       * n_viol.double()).long()                                # which violator, uniform
+    rank_in_row = torch.cumsum(viol, dim=1)                                     # 1..v at the violators
+    col = (rank_in_row > pick.unsqueeze(1)).to(torch.uint8).argmax(dim=1)
+    f_col = scores.gather(1, col.unsqueeze(1)).squeeze(1)
+    return WarpDraw(negative=torch.where(hit, col, torch.full_like(col, -1)),
+                    n_draws=torch.where(hit, drawn + geo.clamp(max=2.0 ** 62).long(), limit),
+                    violated=hit, f_neg=torch.where(hit, f_col, torch.zeros_like(f_col)))
 
 
 def sample_violator_sequential(f_pos: float, neg_scores: np.ndarray, rng: np.random.Generator,
