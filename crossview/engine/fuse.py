@@ -609,6 +609,9 @@ class FusedMethod:
         self.scales = {d: [float(x) for x in v] for d, v in scales.items()}
         self.directions_differ = any(getattr(m, "directions_differ", False) for m in self.methods)
         self.needs_text_features = any(getattr(m, "needs_text_features", True) for m in self.methods)
+        #: what an explanation of this run says (crossview.explain.maps.Explainer): set by open_fused_run
+        self.explain_refusal = ("a fused run's score is a weighted sum of its member runs' scores, so it has no "
+                                "region map or word importance of its own; explain one of its member runs")
 
     def check_is_fitted(self) -> None:
         for m in self.methods:
@@ -730,6 +733,9 @@ def open_fused_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = 
     widths_t = [(f.text.shape[1] if f.text is not None and getattr(m, "needs_text_features", True) else 0)
                 for f, m in zip(feats, methods)]
     method = FusedMethod(methods, _slices([f.image.shape[1] for f in feats]), _slices(widths_t), scales)
+    method.explain_refusal = (f"{folder.name} is a fused run: its score is a weighted sum of its member runs' "
+                              "scores, so it has no region map or word importance of its own; explain one of its "
+                              f"members ({', '.join(r.run_dir.name for r in opened)})")
     features = FusedFeatures(feats, methods)
     return OpenRun(run_dir=folder, config=config, summary=summary, method=method, dataset=opened[0].dataset,
                    features=features)
