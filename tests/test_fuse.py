@@ -232,3 +232,16 @@ def test_a_fused_run_has_no_model_of_its_own(runs) -> None:
 
     with pytest.raises(CrossViewError, match="fused run has no model"):
         load_fitted(runs["fused"])
+
+
+def test_explaining_a_fused_run_says_in_one_line_to_explain_a_member(runs, capsys) -> None:
+    from crossview.engine.session import open_run
+    from crossview.explain.maps import Explainer
+
+    with pytest.raises(CrossViewError, match=r"explain one of its members \(a, b\)"):
+        Explainer(open_run(runs["fused"]))
+    assert main(["explain", str(runs["fused"]), "--image", "80", "--caption", "160"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]       # (above it: the members' features being loaded)
+    assert last.startswith("crossview: error: ") and "explain one of its members" in last
