@@ -198,7 +198,7 @@ def test_an_interrupted_fusion_resumes(runs, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("how", ["missing", "other_dataset", "count", "negative", "one", "zeros", "words",
-                                 "not_finished", "same_twice"])
+                                 "not_finished", "same_twice", "existing"])
 def test_fuse_bad_input_is_one_line(runs, how, capsys, tmp_path) -> None:
     a, b = str(runs["a"]), str(runs["b"])
     unfinished = tmp_path / "unfinished"
@@ -207,13 +207,15 @@ def test_fuse_bad_input_is_one_line(runs, how, capsys, tmp_path) -> None:
     argv = {"missing": [a, str(tmp_path / "nope")], "other_dataset": [a, str(runs["other"])],
             "count": [a, b, "--weights", "0.5,0.3,0.2"], "negative": [a, b, "--weights", "1,-0.5"],
             "one": [a], "zeros": [a, b, "--weights", "0,0"], "words": [a, b, "--weights", "cca"],
-            "not_finished": [a, str(unfinished)], "same_twice": [a, a]}[how]
-    assert main(["fuse", *argv, "--run-dir", str(tmp_path / "out")]) == 2
+            "not_finished": [a, str(unfinished)], "same_twice": [a, a],
+            "existing": [a, b, "--run-dir", str(runs["fused"])]}[how]
+    assert main(["fuse", "--run-dir", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("crossview: error: ") and "\n" not in err and "Traceback" not in err
     word = {"missing": "no such run folder", "other_dataset": "not on the same dataset", "count": "3 weight(s) for 2",
             "negative": "negative", "one": "at least two", "zeros": "all weights are 0", "words": "one number per run",
-            "not_finished": "has not finished", "same_twice": "given twice"}[how]
+            "not_finished": "has not finished", "same_twice": "given twice",
+            "existing": "holds a run already"}[how]
     assert word in err
     assert not (tmp_path / "out" / "summary.json").exists()
 
