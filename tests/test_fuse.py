@@ -104,25 +104,28 @@ def test_fused_ranks_block_by_block_equal_one_block() -> None:
     np.testing.assert_array_equal(whole["t2i"], t2i)
 
 
-def test_the_weights_are_chosen_on_training_folds_never_on_the_evaluation_split(runs, tmp_path, monkeypatch) -> None:
+def test_the_weights_are_chosen_by_cross_validation_of_train_never_on_the_evaluation_split(runs, tmp_path,
+                                                                                         monkeypatch) -> None:
     import crossview.engine.fuse as fuse_mod
+    import crossview.engine.run as run_mod
 
     summary = json.loads((runs["fused"] / "summary.json").read_text())
     choice = summary["fusion"]["choice"]
-    assert summary["selected_on"] == "train (3 folds of its bank)" and summary["reported_on"] == "test"
-    assert summary["optimistic"] is False and choice["by"] == "rsum"
+    assert summary["selected_on"] == "train-cv3" and summary["reported_on"] == "test"
+    assert summary["optimistic"] is False and choice["by"] == "rsum" and choice["fold_images"] == [20, 20, 20]
     assert len(choice["candidates"]) == 11 and choice["weights"] == summary["fusion"]["weights"]
     best = max(c["rsum"] for c in choice["candidates"])
     assert [c["rsum"] for c in choice["candidates"] if c["weights"] == choice["weights"]] == [best]
-    # spy: what the choice sees is the members' training banks, nothing else
-    seen = []
-    real = fuse_mod.iter_choose_weights
+    assert len(list((runs["fused"] / "cv").iterdir())) == 6        # 2 runs x 3 folds, ordinary run folders
+    # spy: every run the choice trains sees training images only, and scores training images only
+    trained = []
+    real = run_mod.train
 
-    def spy(banks, *a, **k):
-        seen.append(banks)
-        return (yield from real(banks, *a, **k))
+    def spy(method, data, **kw):
+        trained.append(kw)
+        return real(method, data, **kw)
 
-    monkeypatch.setattr(fuse_mod, "iter_choose_weights", spy)
+    monkeypatch.setattr(run_mod, "train", spy)
     # the same members with their evaluation embeddings replaced by noise: the same choice, other metrics
     copies = []
     for name in ("a", "b"):
@@ -138,9 +141,34 @@ def test_the_weights_are_chosen_on_training_folds_never_on_the_evaluation_split(
     assert noisy["fusion"]["choice"]["candidates"] == choice["candidates"]
     assert noisy["fusion"]["weights"] == summary["fusion"]["weights"]
     assert noisy["rsum"] != summary["rsum"]
-    assert len(seen) == 1
-    for bank, name in zip(seen[0], ("a", "b")):
-        np.testing.assert_array_equal(bank.image, load_embeddings(runs[name] / "bank_train.npz").image)
+    train_images = set(range(60))          # the toy precomp's train split: images 0-59; val 60-79, test 80-99
+    assert len(trained) == 6
+    for kw in trained:
+        assert kw["train_split"] == "cv-train" and kw["split"] == "cv-test"
+        d = kw["derived_splits"]
+        assert set(d["cv-train"]) | set(d["cv-test"]) == train_images and not set(d["cv-train"]) & set(d["cv-test"])
+
+
+def test_bank_weights_are_chosen_on_folds_of_the_training_banks(runs, tmp_path, monkeypatch) -> None:
+    import crossview.engine.fuse as fuse_mod
+
+    seen = []
+    real = fuse_mod.iter_choose_weights
+
+    def spy(fold_sets, *a, **k):
+        seen.append(fold_sets)
+        return (yield from real(fold_sets, *a, **k))
+
+    monkeypatch.setattr(fuse_mod, "iter_choose_weights", spy)
+    s = fuse_mod.fuse([runs["a"], runs["b"]], "bank", run_dir=tmp_path / "bank")
+    assert s["selected_on"] == "train (3 folds of its bank)" and "in-sample" in s["fusion"]["choice"]["how"]
+    assert not (tmp_path / "bank" / "cv").exists()
+    (sets,) = seen
+    for name, k in (("a", 0), ("b", 1)):
+        bank = load_embeddings(runs[name] / "bank_train.npz")
+        rows = {r.tobytes() for r in np.asarray(bank.image)}
+        got = np.vstack([embs[k].image for embs, _ in sets])
+        assert got.shape[0] == bank.image.shape[0] and all(r.tobytes() in rows for r in got)
 
 
 def test_given_weights_are_recorded_as_given(runs, tmp_path) -> None:
@@ -226,7 +254,7 @@ def test_fuse_help_and_output(runs, capsys, tmp_path) -> None:
     assert "--weights" in capsys.readouterr().out
     assert main(["fuse", str(runs["a"]), str(runs["b"]), "--weights", "auto", "--run-dir", str(tmp_path / "f")]) == 0
     out = capsys.readouterr().out
-    assert "chosen by rsum on train (3 folds of its bank)" in out and "reported on test" in out
+    assert "chosen by rsum on train-cv3 (3-fold cross-validation" in out and "reported on test" in out
 
 
 def test_a_fused_run_has_no_model_of_its_own(runs) -> None:

@@ -2,7 +2,8 @@
 
 ::
 
-    crossview fuse runs/cca runs/bitr runs/smoothap                 # weights chosen on 3 folds of train
+    crossview fuse runs/cca runs/bitr runs/smoothap                 # weights by 3-fold CV of train
+    crossview fuse runs/cca runs/bitr --weights bank                # quick: folds of the training banks
     crossview fuse runs/cca runs/bitr --weights 0.7,0.3 --run-dir runs/fused-cca-bitr
     crossview fuse --resume runs/fused-cca-bitr                     # finish a fusion that was stopped
 
@@ -67,7 +68,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
               + (f", rsum {rsum:.1f} alone" if isinstance(rsum, (int, float)) else "") + ")")
     choice = fusion.get("choice", {})
     how = ("given" if choice.get("by") != "rsum" else
-           f"chosen by rsum on {choice.get('selected_on')} (grid step {choice.get('grid_step')})")
+           f"chosen by rsum on {choice.get('selected_on')} ({choice.get('how')}; grid step {choice.get('grid_step')})")
     print(f"weights {how}; reported on {summary.get('reported_on')}")
     print(f"run folder: {summary.get('run_dir')}")
     return 0
@@ -79,14 +80,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fuse", help="combine finished runs into a fused run (weighted sum of their standardised scores)",
         description="Fuse two or more finished runs on the same dataset and split: each run's scores are "
                     "standardised with their mean and deviation over its training bank, and summed with weights. "
-                    "With --weights auto (the default) the weights are chosen by rsum on 3 folds of the training "
-                    "split (a grid over the simplex); the evaluation split is only reported on. The fused run is "
-                    "a run folder that eval, query, runs and the app open like any other.",
+                    "The weights are chosen by rsum on folds of the training split (a grid over the simplex); the "
+                    "evaluation split is only reported on. The fused run is a run folder that eval, query, runs "
+                    "and the app open like any other.",
         epilog="A RUN is a run folder, or a run's name in the runs folder.")
     p.add_argument("runs", nargs="*", metavar="RUN", help="the runs to fuse (two or more)")
-    p.add_argument("--weights", default="auto", metavar="auto|W1,W2,...",
-                   help="'auto' (chosen on training folds) or one weight >= 0 per run, in order (normalised to "
-                        "sum 1)")
+    p.add_argument("--weights", default="auto", metavar="auto|bank|W1,W2,...",
+                   help="'auto' (default): chosen by 3-fold cross-validation of the training images, each run "
+                        "trained again on each fold's other images (about 2x the runs' training time); 'bank': "
+                        "chosen on 3 folds of the runs' training banks, no training (quick, but in-sample); or one "
+                        "weight >= 0 per run, in order (normalised to sum 1)")
     p.add_argument("--run-dir", default=None, metavar="DIR",
                    help="the fused run's folder (default: fused-<dataset>-<time> in the runs folder)")
     p.add_argument("--resume", default=None, metavar="DIR", help="finish the fused run in DIR (from its config)")

@@ -15,11 +15,20 @@ concatenations (``crossview eval``, hubness-aware scoring and compare work uncha
 (:func:`open_fused_run`) its method is :class:`FusedMethod` over the members' own fitted methods and features, so
 the Query panel, ``crossview query`` and Inspect read it through the same code paths.
 
-**Weights** (``"auto"``) are chosen on the training split only: the training bank's images are cut into
-:data:`FOLDS` folds (seeded); each fold is a gallery of its images and their captions, and every point of a grid
-over the simplex (step :func:`grid_step`) is scored by the mean rsum over the folds; the best wins (the first in
-grid order among equal rsum). The evaluation split is read only to report the chosen weights' metrics
-(``selected_on``: the training folds; ``reported_on``: the evaluation split). Given weights are normalised to sum 1.
+**Weights** are chosen on the training split only, by mean rsum over folds of the training images, each fold a
+gallery of its images and their captions, every point of a grid over the simplex (step :func:`grid_step`) scored
+(the first in grid order wins among equal rsum):
+
+- ``"auto"`` (the default): :data:`FOLDS`-fold cross-validation (:func:`iter_cv_folds`): each member's method is
+  trained again, with the member's own settings, on each fold's other training images and scores the fold's
+  images it has not seen, standardised with the statistics of that fold run's own training bank. The fold runs
+  are ordinary run folders under ``FUSED_DIR/cv/`` (resumable; a fusion that stopped continues them). It costs
+  about ``FOLDS x 2/3`` of the members' training time.
+- ``"bank"``: folds of the members' training banks, no training: quick, but the members were fitted on those
+  images, so every weight is scored in-sample (a member that overfits its training set looks better than it is).
+
+The evaluation split is read only to report the chosen weights' metrics (``selected_on``: the training folds;
+``reported_on``: the evaluation split). Given weights are normalised to sum 1.
 
 Scores are computed block by block over the queries (:data:`DEFAULT_BLOCK` rows), never as a whole images x
 captions matrix of a large gallery.
@@ -54,7 +63,8 @@ from crossview.core.events import Event, Finished, Log, Plan, Progress
 from crossview.engine.run_folder import CONFIG, METRICS, RANKS, STATUS, SUMMARY, _METRIC_KEYS, _now
 
 __all__ = ["FUSED", "FOLDS", "DEFAULT_BLOCK", "MAX_MEMBERS", "parse_weights", "simplex_grid", "grid_step",
-           "check_members", "score_stats", "fused_ranks", "fused_embeddings", "choose_weights", "iter_choose_weights", "iter_fuse", "fuse",
+           "check_members", "score_stats", "fused_ranks", "fused_embeddings", "choose_weights", "iter_choose_weights",
+           "bank_folds", "iter_cv_folds", "SELECTIONS", "iter_fuse", "fuse",
            "is_fused_run", "FusedMethod", "FusedFeatures", "open_fused_run", "default_fused_dir"]
 
 #: the method name a fused run records
@@ -65,21 +75,24 @@ FOLDS = 3
 DEFAULT_BLOCK = 1024
 #: the most runs one fusion takes (the simplex grid grows fast)
 MAX_MEMBERS = 6
+#: how weights are chosen when not given: ``auto`` cross-validates (each member retrained on the folds), ``bank``
+#: scores folds of the members' training banks (no training; the members were fitted on those images)
+SELECTIONS = ("auto", "bank")
 
 
 # ------------------------------------------------------------------------------------------ weights
 def parse_weights(text: str | Sequence[float] | None, n_members: int) -> list[float] | None:
     """``None`` for ``"auto"`` (or None), else the weights (``"0.5,0.3,0.2"`` or numbers) normalised to sum 1;
     one clear :class:`CrossViewError` for a wrong count, a negative or non-number, or all zeros."""
-    if text is None or (isinstance(text, str) and text.strip().lower() == "auto"):
+    if text is None or (isinstance(text, str) and text.strip().lower() in SELECTIONS):
         return None
     if isinstance(text, str):
         parts = [p.strip() for p in text.split(",")]
         try:
             values = [float(p) for p in parts]
         except ValueError:
-            raise CrossViewError(f"--weights {text!r}: give 'auto' or one number per run, separated by commas "
-                                 "(e.g. 0.5,0.3,0.2)") from None
+            raise CrossViewError(f"--weights {text!r}: give 'auto', 'bank' or one number per run, separated by "
+                                 "commas (e.g. 0.5,0.3,0.2)") from None
     else:
         values = [float(v) for v in text]
     if len(values) != n_members:
@@ -311,15 +324,12 @@ def _rsum(ranks: dict[str, np.ndarray]) -> float:
     return rsum_of(rank_metrics(ranks["i2t"]), rank_metrics(ranks["t2i"]))
 
 
-def iter_choose_weights(banks: Sequence[Any], stats: Sequence[dict[str, tuple[float, float]]], folds: int = FOLDS,
-                        seed: int = 0, grid: Sequence[Sequence[float]] | None = None, train_split: str = "train",
-                        block_size: int = DEFAULT_BLOCK) -> Iterator[tuple[int, int]]:
-    """:func:`choose_weights` as a generator: yields ``(done, total)`` after each grid point and returns the
-    record."""
+def bank_folds(banks: Sequence[Any], stats: Sequence[dict[str, tuple[float, float]]], folds: int = FOLDS,
+               seed: int = 0, train_split: str = "train") -> list[tuple[list[Any], list[Any]]]:
+    """The ``bank`` selection's folds: ``folds`` parts of the training images of the members' ``banks`` (same
+    images in each), each ``(its embeddings per member, the members' statistics)``."""
     from crossview.eval.scoring import subset_embeddings
 
-    n_members = len(banks)
-    grid = [tuple(float(x) for x in w) for w in (simplex_grid(n_members) if grid is None else grid)]
     n = int(banks[0].image.shape[0])
     has_caption = np.bincount(np.asarray(banks[0].caption_image, np.int64), minlength=n) > 0
     usable = np.flatnonzero(has_caption)
@@ -328,33 +338,118 @@ def iter_choose_weights(banks: Sequence[Any], stats: Sequence[dict[str, tuple[fl
                              f"{train_split} bank has {usable.size}; give --weights")
     perm = np.random.default_rng(seed).permutation(usable)
     parts = [np.sort(p) for p in np.array_split(perm, folds)]
-    fold_embs = [[subset_embeddings(b, p) for b in banks] for p in parts]
+    return [([subset_embeddings(b, p) for b in banks], list(stats)) for p in parts]
+
+
+def iter_choose_weights(fold_sets: Sequence[tuple[Sequence[Any], Sequence[dict[str, tuple[float, float]]]]],
+                        grid: Sequence[Sequence[float]] | None = None,
+                        block_size: int = DEFAULT_BLOCK) -> Iterator[tuple[int, int]]:
+    """:func:`choose_weights` as a generator: yields ``(done, total)`` after each grid point and returns the
+    record."""
+    n_members = len(fold_sets[0][0])
+    grid = [tuple(float(x) for x in w) for w in (simplex_grid(n_members) if grid is None else grid)]
     singles = [tuple(1.0 if j == i else 0.0 for j in range(n_members)) for i in range(n_members)]
     todo = grid + [w for w in singles if w not in grid]
     scores: dict[tuple[float, ...], float] = {}
     for k, w in enumerate(todo):
-        sc = {d: _scales(stats, w, d) for d in ("i2t", "t2i")}
-        scores[w] = float(np.mean([_rsum(fused_ranks(fe, sc, block_size)) for fe in fold_embs]))
+        rs = []
+        for embs, stats in fold_sets:
+            sc = {d: _scales(stats, w, d) for d in ("i2t", "t2i")}
+            rs.append(_rsum(fused_ranks(embs, sc, block_size)))
+        scores[w] = float(np.mean(rs))
         yield k + 1, len(todo)
     best = max(range(len(grid)), key=lambda i: (scores[grid[i]], -i))
-    return {"weights": list(grid[best]), "by": "rsum",
-            "selected_on": f"{train_split} ({folds} folds of its bank)", "folds": int(folds),
-            "fold_images": [int(p.size) for p in parts], "grid_step": grid_step(n_members), "seed": int(seed),
+    return {"weights": list(grid[best]), "by": "rsum", "folds": len(fold_sets),
+            "fold_images": [int(embs[0].image.shape[0]) for embs, _ in fold_sets], "grid_step": grid_step(n_members),
             "candidates": [{"weights": list(w), "rsum": scores[w]} for w in grid],
             "members_rsum": [scores[w] for w in singles]}
 
 
-def choose_weights(banks: Sequence[Any], stats: Sequence[dict[str, tuple[float, float]]], folds: int = FOLDS,
-                   seed: int = 0, grid: Sequence[Sequence[float]] | None = None, train_split: str = "train",
-                   block_size: int = DEFAULT_BLOCK) -> dict[str, Any]:
-    """Choose the weights on the members' training ``banks`` only (see the module docstring): every grid point's
-    mean rsum over ``folds`` folds of the training images, each fold a gallery of its images and their captions.
-    ``stats[m][direction]`` is member ``m``'s ``(mean, sd)`` (:func:`score_stats`). Returns ``{"weights", "by":
-    "rsum", "selected_on", "folds", "fold_images", "grid_step", "seed", "candidates": [{"weights", "rsum"}],
-    "members_rsum"}`` (``members_rsum``: each member alone on the same folds)."""
+def choose_weights(fold_sets: Sequence[tuple[Sequence[Any], Sequence[dict[str, tuple[float, float]]]]],
+                   grid: Sequence[Sequence[float]] | None = None, block_size: int = DEFAULT_BLOCK) -> dict[str, Any]:
+    """Choose the weights on training folds only (see the module docstring): every grid point's mean rsum over
+    ``fold_sets``, each ``(the members' embeddings of one fold's held-out training images, the members'
+    (mean, sd) statistics per direction)``; each fold is a gallery of its images and their captions
+    (:func:`bank_folds`, or :func:`cv_folds`). Returns ``{"weights", "by": "rsum", "folds", "fold_images",
+    "grid_step", "candidates": [{"weights", "rsum"}], "members_rsum"}`` (``members_rsum``: each member alone on the
+    same folds)."""
     from crossview.core.progress import drive
 
-    return drive(iter_choose_weights(banks, stats, folds, seed, grid, train_split, block_size))
+    return drive(iter_choose_weights(fold_sets, grid, block_size))
+
+
+def _fold_dir(folder: Path, k: int, member: Member, f: int) -> Path:
+    return folder / "cv" / f"{k + 1}-{member.run_dir.name}-f{f + 1}"
+
+
+def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, seed: int = 0,
+                  block_size: int = DEFAULT_BLOCK) -> Iterator[Event]:
+    """The ``auto`` selection's folds: ``folds``-fold cross-validation of the members' training images (by image,
+    :func:`crossview.engine.splits.fold_splits`): each member's method is trained again with its own settings on
+    each fold's other training images and evaluated on the fold (ordinary resumable runs under ``folder/cv/``;
+    a finished one is read back). Yields their events (progress and logs) and returns the fold sets
+    :func:`choose_weights` takes: each fold's held-out embeddings per member with the statistics of that fold
+    run's own training bank. Only training images are ever trained on or scored."""
+    from crossview.engine.run import _load, train
+    from crossview.engine.runs import ensure_run
+    from crossview.engine.splits import apply_derived_splits, fold_splits
+    from crossview.eval.embeddings import load_embeddings
+
+    first = members[0]
+    cfg0 = first.config
+    if not cfg0.get("data"):
+        raise CrossViewError(f"{first.run_dir.name} was trained on an in-memory dataset, so its members cannot be "
+                             "retrained on training folds; use --weights bank (folds of the training banks) or give "
+                             "the weights")
+    ds, _ = _load(cfg0["data"], cfg0.get("data_format"), cfg0.get("image_root"))
+    if cfg0.get("text_view") is not None and ds.meta.get("text_view") is None:
+        from crossview.data.views import apply_text_view
+        ds = apply_text_view(ds, cfg0["text_view"])
+    ds = apply_derived_splits(ds, cfg0.get("derived_splits"))
+    train_split = str(cfg0.get("train_split") or "train")
+    parts = fold_splits(np.asarray(ds.splits[train_split], np.int64), folds, seed)
+    total = len(members) * len(parts)
+    yield Log(f"cross-validation: {len(parts)} folds of the {len(ds.splits[train_split]):,} {train_split} images; "
+              f"each of the {len(members)} runs trained again on each fold's other images ({total} runs in "
+              f"{folder / 'cv'})")
+    done = 0
+    sets: list[tuple[list[Any], list[Any]]] = [([], []) for _ in parts]
+    for k, m in enumerate(members):
+        cfg = m.config
+        params = cfg.get("user_params") if isinstance(cfg.get("user_params"), dict) else cfg.get("params") or {}
+        for f, (tr, te) in enumerate(parts):
+            run_dir = _fold_dir(folder, k, m, f)
+            derived = {"cv-train": tr.tolist(), "cv-test": te.tolist()}
+
+            def start(run_dir: Path = run_dir, derived: dict[str, Any] = derived, params: dict[str, Any] = params,
+                      cfg: dict[str, Any] = cfg) -> Any:
+                return train(str(cfg["method"]), ds, run_dir=run_dir, params=dict(params), split="cv-test",
+                             train_split="cv-train", val_split=cfg.get("val_split"),
+                             image_encoder=cfg.get("image_encoder"), text_encoder=cfg.get("text_encoder"),
+                             device=str(cfg.get("device") or "auto"), seed=int(cfg.get("seed") or 0),
+                             derived_splits=derived, representation=cfg.get("representation"),
+                             image_norm=cfg.get("image_norm"), text_norm=cfg.get("text_norm"))
+
+            how, it = ensure_run(run_dir, start, data=ds)
+            where = f"cv fold {f + 1}/{len(parts)}, {m.run_dir.name}"
+            if it is not None:
+                for ev in it:
+                    if isinstance(ev, Progress):
+                        # "cv run": the fold run's own stages, inside the fusion's "cv" stage
+                        yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "), stage="cv run")
+                    elif isinstance(ev, Log):
+                        yield Log(f"{where}: {ev.message}", ev.level)
+            emb_path = run_dir / "embeddings_cv-test.npz"
+            if not emb_path.is_file():
+                raise CrossViewError(f"{run_dir}: the fold run ended without its embeddings; delete that folder and "
+                                     "fuse again")
+            emb = load_embeddings(emb_path)
+            bank = load_embeddings(run_dir / "bank_cv-train.npz")
+            sets[f][0].append(emb)
+            sets[f][1].append({d: score_stats(bank, d, block_size) for d in ("i2t", "t2i")})
+            done += 1
+            yield Progress(done, total, "cross-validation runs", stage="cv")
+    return sets
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -423,6 +518,8 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
         folds = int(cfg.get("folds") or folds)
     members = check_members(list(run_dirs))
     given = parse_weights(weights if weights is None or isinstance(weights, str) else list(weights), len(members))
+    mode = "given" if given is not None else ("bank" if isinstance(weights, str) and weights.strip().lower() == "bank"
+                                              else "auto")
     first = members[0]
     split = str(first.config.get("split") or "test")
     train_split = str(first.config.get("train_split") or "train")
@@ -447,7 +544,7 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
     t0 = time.monotonic()
     try:
         config = {"method": FUSED, "members": [str(m.run_dir) for m in members],
-                  "weights": "auto" if given is None else given, "folds": int(folds),
+                  "weights": mode if given is None else given, "folds": int(folds),
                   "split": split, "train_split": train_split, "val_split": first.config.get("val_split"),
                   "seed": seed, "created": _now()}
         for key in ("data", "data_format", "image_root", "dataset_fingerprint", "derived_splits", "text_view"):
@@ -462,8 +559,12 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
             return ev
 
         n_sel = 0 if given is not None else len(simplex_grid(len(members))) + len(members)
-        # rough seconds (a grid point scores 3 folds of the bank; measured ~0.02 s each on the Flickr8k sample)
-        yield emit(Plan(stages=[{"name": "banks", "label": "training banks: score statistics",
+        # rough seconds (a grid point scores 3 folds of the bank; measured ~0.02 s each on the Flickr8k sample);
+        # the cross-validation's runs are as long as the members' trainings (their own times, 2/3 of the images)
+        cv_seconds = sum(float(m.summary.get("train_seconds") or 0) for m in members) * 2 / 3 * folds
+        yield emit(Plan(stages=([{"name": "cv", "label": "cross-validation runs", "seconds": cv_seconds}]
+                                if mode == "auto" else []) +
+                               [{"name": "banks", "label": "training banks: score statistics",
                                  "seconds": 0.2 * len(members)},
                                 {"name": "weights", "label": f"choosing weights on {train_split} folds",
                                  "seconds": 0.05 * n_sel},
@@ -478,8 +579,18 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
                 raise Cancelled("fusion cancelled")
         stats = [m.stats for m in members]
         if given is None:
-            work = iter_choose_weights([m.bank for m in members], stats, folds, seed, train_split=train_split,
-                                       block_size=block_size)
+            if mode == "auto":
+                fold_sets = yield from _forward(iter_cv_folds(members, folder, folds, seed, block_size), emit,
+                                                should_stop)
+                selected_on = f"{train_split}-cv{folds}"
+                how = (f"{folds}-fold cross-validation of the {train_split} images: each run trained again on each "
+                       "fold's other images, the fold's images scored")
+            else:
+                fold_sets = bank_folds([m.bank for m in members], stats, folds, seed, train_split)
+                selected_on = f"{train_split} ({folds} folds of its bank)"
+                how = (f"{folds} folds of the {train_split} bank (the runs' own training images, which they were "
+                       "fitted on: every weight is scored in-sample)")
+            work = iter_choose_weights(fold_sets, block_size=block_size)
             while True:
                 try:
                     done, total = next(work)
@@ -490,6 +601,7 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
                 if should_stop is not None and should_stop():
                     from crossview.core.errors import Cancelled
                     raise Cancelled("fusion cancelled")
+            choice = {**choice, "selected_on": selected_on, "how": how, "seed": seed}
         else:
             choice = {"weights": list(given), "by": "given", "selected_on": "given", "candidates": []}
         w = [float(x) for x in choice["weights"]]
@@ -518,6 +630,21 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
         if log is not None:
             log.close()
         lock.release()
+
+
+def _forward(work: Iterator[Event], emit: Any, should_stop: Any) -> Iterator[Event]:
+    """Yield ``work``'s events through ``emit`` (checking ``should_stop`` after each) and return its result."""
+    from crossview.core.errors import Cancelled
+
+    while True:
+        try:
+            ev = next(work)
+        except StopIteration as stop:
+            return stop.value
+        yield emit(ev)
+        if should_stop is not None and should_stop():
+            work.close()
+            raise Cancelled("fusion cancelled")
 
 
 def _write_results(folder: Path, members: list[Member], weights: list[float], choice: dict[str, Any],

@@ -50,12 +50,17 @@ class FuseDialog(QDialog):
         names = QLabel("Fuse " + ", ".join(d.name for d in self.run_dirs) + ": a weighted sum of their scores, "
                        "each standardised on its training split.")
         names.setWordWrap(True)
-        self.auto_button = QRadioButton("Choose the weights on the training split (3 folds; val/test not used)")
+        self.auto_button = QRadioButton("Choose the weights by 3-fold cross-validation of the training images "
+                                        "(each run trained again on each fold; val/test not used)")
+        self.auto_button.setToolTip("About twice the runs' own training time; the fold runs are kept in the fused "
+                                    "run's cv folder, so a stopped fusion continues them")
+        self.bank_button = QRadioButton("Quick: choose on folds of the runs' training banks (no training; "
+                                        "in-sample)")
         self.given_button = QRadioButton("Given weights:")
         self.auto_button.setChecked(True)
         group = QButtonGroup(self)
-        group.addButton(self.auto_button)
-        group.addButton(self.given_button)
+        for b in (self.auto_button, self.bank_button, self.given_button):
+            group.addButton(b)
         self.weights_edit = QLineEdit(",".join(["1"] * len(self.run_dirs)))
         self.weights_edit.setToolTip("one weight >= 0 per run, in the order above, separated by commas")
         self.weights_edit.setEnabled(False)
@@ -75,6 +80,7 @@ class FuseDialog(QDialog):
         self.cancel_button.clicked.connect(self._cancel)
         form = QFormLayout()
         form.addRow(self.auto_button)
+        form.addRow(self.bank_button)
         form.addRow(self.given_button, self.weights_edit)
         form.addRow("New run:", self.name_edit)
         lay = QVBoxLayout(self)
@@ -109,7 +115,8 @@ class FuseDialog(QDialog):
                 raise CrossViewError("give the new run a name")
             if (self.runs_root / name).exists():
                 raise CrossViewError(f"{self.runs_root / name} exists; give the new run another name")
-            weights = "auto" if self.auto_button.isChecked() else self.weights_edit.text()
+            weights = ("auto" if self.auto_button.isChecked() else "bank" if self.bank_button.isChecked()
+                       else self.weights_edit.text())
             parse_weights(weights, len(self.run_dirs))
         except CrossViewError as e:
             self._fail(str(e))
@@ -130,7 +137,9 @@ class FuseDialog(QDialog):
         from crossview.core.events import Finished, Progress
 
         if isinstance(ev, Progress) and ev.total:
-            self.progress.setValue(int(100 * ev.step / ev.total))
+            if ev.stage != "cv run":       # a cross-validation run's own steps: said, not drawn on the bar
+                self.progress.setFormat(f"{ev.message}: %p%")
+                self.progress.setValue(int(100 * ev.step / ev.total))
             self.status.setText(f"{ev.message} ({ev.step}/{ev.total})")
         elif isinstance(ev, Finished):
             self.summary = ev.summary
