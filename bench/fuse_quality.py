@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     print(f"Data: {ds.name} ({len(ds.splits['train'])} train images, {len(ds.splits.get('val', []))} val), "
           "each method's default encoders and parameters (no flags), then `crossview fuse` of those runs with "
-          "--weights auto; rsum = R@1+5+10 both ways; interval: 95% bootstrap over the val images.\n")
+          "--weights auto (and, for comparison, --weights bank); rsum = R@1+5+10 both ways; interval: 95% "
+          "bootstrap over the val images.\n")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         dirs = []
@@ -109,9 +110,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nWeights (auto): {choice['how']}; folds of {', '.join(map(str, choice['fold_images']))} images, "
               f"grid step {choice['grid_step']} over the simplex ({len(choice['candidates'])} points), the best mean "
               "rsum over the folds wins; val was not read for the choice. \"rsum on the CV folds\" is each member "
-              "alone (and the chosen weights) on the same folds: 200-image galleries, so higher than on val's 100 "
-              "is not expected; it ranks the weights. --weights bank scores folds of the members' own training "
-              "banks, the images they were fitted on (in-sample).")
+              "alone (and the chosen weights) on the same folds: models trained on 400 images, galleries of 200, "
+              "so below the val numbers (trained on 600, galleries of 100); it ranks the weights. --weights bank "
+              "scores folds of the members' own training banks, the images they were fitted on (in-sample).")
         top = sorted(choice["candidates"], key=lambda c: -c["rsum"])[:5]
         print("\nBest grid points on the CV folds (auto): " + "; ".join(
             f"({', '.join(f'{x:.1f}' for x in c['weights'])}) {c['rsum']:.1f}" for c in top) + ".")

@@ -99,3 +99,14 @@ def test_the_fuse_dialog_says_bad_input_in_one_line(qtbot, window, tmp_path) -> 
     assert dlg.fuse_button.isEnabled()
     dlg.cancel_button.click()
     assert not dlg.isVisible()
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_the_fuse_button_is_not_cut(qtbot, window, size) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    window.resize(*size)
+    QApplication.processEvents()
+    browser = window.train_panel.runs
+    for b in (browser.fuse_button, browser.open_folder_button):
+        assert b.width() >= b.fontMetrics().horizontalAdvance(b.text()), f"{b.text()} is cut"

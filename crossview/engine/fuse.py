@@ -554,7 +554,15 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
         atomic_write_json(folder / STATUS, {"status": "running", "phase": "fuse", "events": 0, "updated": _now()})
         log = EventLog(folder / METRICS)
 
+        last_logged = [float("-inf")]
+
         def emit(ev: Event) -> Event:
+            # progress is logged at most every 0.5 s (the cross-validation's runs report every batch), as a run does
+            if isinstance(ev, Progress) and ev.step not in (0, ev.total):
+                now = time.monotonic()
+                if now - last_logged[0] < 0.5:
+                    return ev
+                last_logged[0] = now
             log.write(ev)
             return ev
 
