@@ -226,7 +226,7 @@ def test_an_interrupted_fusion_resumes(runs, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("how", ["missing", "other_dataset", "count", "negative", "one", "zeros", "words",
-                                 "not_finished", "same_twice", "existing"])
+                                 "not_finished", "same_twice", "existing", "fused_member"])
 def test_fuse_bad_input_is_one_line(runs, how, capsys, tmp_path) -> None:
     a, b = str(runs["a"]), str(runs["b"])
     unfinished = tmp_path / "unfinished"
@@ -236,14 +236,14 @@ def test_fuse_bad_input_is_one_line(runs, how, capsys, tmp_path) -> None:
             "count": [a, b, "--weights", "0.5,0.3,0.2"], "negative": [a, b, "--weights", "1,-0.5"],
             "one": [a], "zeros": [a, b, "--weights", "0,0"], "words": [a, b, "--weights", "cca"],
             "not_finished": [a, str(unfinished)], "same_twice": [a, a],
-            "existing": [a, b, "--run-dir", str(runs["fused"])]}[how]
+            "existing": [a, b, "--run-dir", str(runs["fused"])], "fused_member": [str(runs["fused"]), b]}[how]
     assert main(["fuse", "--run-dir", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("crossview: error: ") and "\n" not in err and "Traceback" not in err
     word = {"missing": "no such run folder", "other_dataset": "not on the same dataset", "count": "3 weight(s) for 2",
             "negative": "negative", "one": "at least two", "zeros": "all weights are 0", "words": "one number per run",
             "not_finished": "has not finished", "same_twice": "given twice",
-            "existing": "holds a run already"}[how]
+            "existing": "holds a run already", "fused_member": "is a fused run, which cannot be trained again"}[how]
     assert word in err
     assert not (tmp_path / "out" / "summary.json").exists()
 
@@ -275,3 +275,36 @@ def test_explaining_a_fused_run_says_in_one_line_to_explain_a_member(runs, capsy
     assert "Traceback" not in err
     last = err.splitlines()[-1]       # (above it: the members' features being loaded)
     assert last.startswith("crossview: error: ") and "explain one of its members" in last
+
+
+def test_a_stopped_fusion_continues_its_cross_validation_runs(runs, tmp_path) -> None:
+    from crossview.core.events import Progress
+    from crossview.engine.fuse import iter_fuse
+
+    folder = tmp_path / "stopped"
+    gen = iter_fuse([runs["a"], runs["b"]], "auto", run_dir=folder)
+    for ev in gen:
+        if isinstance(ev, Progress) and ev.stage == "cv" and ev.step == 2:
+            break
+    gen.close()                                              # as the app's Cancel or Ctrl-C does
+    assert json.loads((folder / "status.json").read_text())["status"] == "cancelled"
+    assert not (folder / "summary.json").exists()
+    done = sorted(p.name for p in (folder / "cv").iterdir() if (p / "summary.json").is_file())
+    assert done == ["1-a-f1", "1-a-f2"]
+    mtimes = {p: (folder / "cv" / p / "summary.json").stat().st_mtime_ns for p in done}
+    assert main(["fuse", "--resume", str(folder)]) == 0
+    summary = json.loads((folder / "summary.json").read_text())
+    want = json.loads((runs["fused"] / "summary.json").read_text())
+    assert summary["fusion"]["weights"] == want["fusion"]["weights"] and summary["rsum"] == want["rsum"]
+    assert {p: (folder / "cv" / p / "summary.json").stat().st_mtime_ns for p in done} == mtimes   # read back
+
+
+def test_a_fused_run_can_be_fused_again_with_bank_weights_and_opened(runs, tmp_path) -> None:
+    from crossview.engine.fuse import fuse
+    from crossview.engine.session import open_run
+
+    s = fuse([runs["fused"], runs["b"]], "bank", run_dir=tmp_path / "nested")
+    r = open_run(tmp_path / "nested").retriever()
+    with np.load(tmp_path / "nested" / "ranks.npz") as z:
+        assert r.query_image(int(r.gallery_images[3]), k=3).best_gold_rank == z["i2t"][3]
+    assert s["fusion"]["members"][0]["method"] == "fused"

@@ -64,7 +64,7 @@ from crossview.engine.run_folder import CONFIG, METRICS, RANKS, STATUS, SUMMARY,
 
 __all__ = ["FUSED", "FOLDS", "DEFAULT_BLOCK", "MAX_MEMBERS", "parse_weights", "simplex_grid", "grid_step",
            "check_members", "score_stats", "fused_ranks", "fused_embeddings", "choose_weights", "iter_choose_weights",
-           "bank_folds", "iter_cv_folds", "SELECTIONS", "iter_fuse", "fuse",
+           "bank_folds", "iter_cv_folds", "check_cv_members", "SELECTIONS", "iter_fuse", "fuse",
            "is_fused_run", "FusedMethod", "FusedFeatures", "open_fused_run", "default_fused_dir"]
 
 #: the method name a fused run records
@@ -382,6 +382,19 @@ def _fold_dir(folder: Path, k: int, member: Member, f: int) -> Path:
     return folder / "cv" / f"{k + 1}-{member.run_dir.name}-f{f + 1}"
 
 
+def check_cv_members(members: Sequence[Member]) -> None:
+    """That every member can be trained again on training folds (``--weights auto``); one clear line otherwise."""
+    for m in members:
+        if m.config.get("method") == FUSED:
+            raise CrossViewError(f"{m.run_dir.name} is a fused run, which cannot be trained again on training folds; "
+                                 "fuse its members instead, or use --weights bank (folds of the training banks) or "
+                                 "given weights")
+        if not m.config.get("data"):
+            raise CrossViewError(f"{m.run_dir.name} was trained on an in-memory dataset, so it cannot be trained "
+                                 "again on training folds; use --weights bank (folds of the training banks) or give "
+                                 "the weights")
+
+
 def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, seed: int = 0,
                   block_size: int = DEFAULT_BLOCK) -> Iterator[Event]:
     """The ``auto`` selection's folds: ``folds``-fold cross-validation of the members' training images (by image,
@@ -395,12 +408,9 @@ def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, s
     from crossview.engine.splits import apply_derived_splits, fold_splits
     from crossview.eval.embeddings import load_embeddings
 
+    check_cv_members(members)
     first = members[0]
     cfg0 = first.config
-    if not cfg0.get("data"):
-        raise CrossViewError(f"{first.run_dir.name} was trained on an in-memory dataset, so its members cannot be "
-                             "retrained on training folds; use --weights bank (folds of the training banks) or give "
-                             "the weights")
     ds, _ = _load(cfg0["data"], cfg0.get("data_format"), cfg0.get("image_root"))
     if cfg0.get("text_view") is not None and ds.meta.get("text_view") is None:
         from crossview.data.views import apply_text_view
@@ -433,12 +443,15 @@ def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, s
             how, it = ensure_run(run_dir, start, data=ds)
             where = f"cv fold {f + 1}/{len(parts)}, {m.run_dir.name}"
             if it is not None:
-                for ev in it:
-                    if isinstance(ev, Progress):
-                        # "cv run": the fold run's own stages, inside the fusion's "cv" stage
-                        yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "), stage="cv run")
-                    elif isinstance(ev, Log):
-                        yield Log(f"{where}: {ev.message}", ev.level)
+                try:
+                    for ev in it:
+                        if isinstance(ev, Progress):
+                            # "cv run": the fold run's own stages, inside the fusion's "cv" stage
+                            yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "), stage="cv run")
+                        elif isinstance(ev, Log):
+                            yield Log(f"{where}: {ev.message}", ev.level)
+                finally:
+                    it.close()
             emb_path = run_dir / "embeddings_cv-test.npz"
             if not emb_path.is_file():
                 raise CrossViewError(f"{run_dir}: the fold run ended without its embeddings; delete that folder and "
@@ -534,6 +547,8 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
         raise CrossViewError(f"{folder} is one of the runs being fused; give a new --run-dir")
     if folds < 2:
         raise CrossViewError(f"choosing the weights needs at least 2 folds, got {folds}")
+    if mode == "auto":
+        check_cv_members(members)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -644,15 +659,17 @@ def _forward(work: Iterator[Event], emit: Any, should_stop: Any) -> Iterator[Eve
     """Yield ``work``'s events through ``emit`` (checking ``should_stop`` after each) and return its result."""
     from crossview.core.errors import Cancelled
 
-    while True:
-        try:
-            ev = next(work)
-        except StopIteration as stop:
-            return stop.value
-        yield emit(ev)
-        if should_stop is not None and should_stop():
-            work.close()
-            raise Cancelled("fusion cancelled")
+    try:
+        while True:
+            try:
+                ev = next(work)
+            except StopIteration as stop:
+                return stop.value
+            yield emit(ev)
+            if should_stop is not None and should_stop():
+                raise Cancelled("fusion cancelled")
+    finally:
+        work.close()        # a cross-validation run stopped here checkpoints and resumes with the fusion
 
 
 def _write_results(folder: Path, members: list[Member], weights: list[float], choice: dict[str, Any],
