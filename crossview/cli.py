@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.explain",
     "crossview.commands.screenshot",
     "crossview.commands.runs",
+    "crossview.commands.fuse",
 ]
 
 EXIT_USAGE = 2

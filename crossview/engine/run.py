@@ -791,6 +791,9 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         raise CrossViewError(f"{folder}: not a run folder (no {CONFIG}); give the --run-dir of an earlier "
                              "'crossview train'")
     raw = read_config(folder)
+    if raw.get("method") == "fused":     # a fused run is finished by fusing its members again
+        from crossview.engine.fuse import iter_fuse
+        return RunIterator(iter_fuse(run_dir=folder), folder)
     fields = set(RunConfig.__dataclass_fields__)
     cfg = RunConfig(**{k: v for k, v in raw.items() if k in fields})
     # the method's parameters as the user gave them, less the run settings among them (a run written before they

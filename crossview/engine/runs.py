@@ -224,6 +224,10 @@ def load_fitted(run_dir: str | Path, checkpoint: dict[str, Any] | None = None) -
 
     folder = Path(run_dir)
     path = folder / CHECKPOINT
+    from crossview.engine.fuse import is_fused_run
+    if is_fused_run(folder):
+        raise CrossViewError(f"{folder}: a fused run has no model of its own; open it (crossview.engine.session."
+                             "open_run) or use its member runs")
     if checkpoint is None:
         if not path.is_file():
             raise CrossViewError(f"{folder}: the run has no checkpoint yet; let it train (or resume it) first")

@@ -72,6 +72,9 @@ def open_run(run_dir: str | Path, dataset: Any = None, *, progress: Any = None,
     folder = Path(run_dir)
     if not (folder / CONFIG).is_file():
         raise CrossViewError(f"{folder}: not a run folder (no {CONFIG})")
+    from crossview.engine.fuse import is_fused_run, open_fused_run
+    if is_fused_run(folder):     # its members' methods and features, joined (crossview.engine.fuse)
+        return open_fused_run(folder, dataset, progress=progress, should_stop=should_stop)
     if not (folder / CHECKPOINT).is_file():
         raise CrossViewError(f"{folder}: the run has no checkpoint yet; let it train (or resume it) first")
     config = read_config(folder)

@@ -196,6 +196,9 @@ class Explainer:
     serialises the public calls."""
 
     def __init__(self, run: Any, device: str = "cpu") -> None:
+        why = getattr(run.method, "explain_refusal", None)     # a fused run: its members explain themselves
+        if why:
+            raise CrossViewError(str(why))
         self.run = run
         self.device = device
         self.method = run.method

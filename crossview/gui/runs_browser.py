@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QGridLayout, QGroupBox, QInputDialog, QListWidget, QListWidgetItem,
-                               QMessageBox, QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QFileDialog, QGridLayout, QGroupBox, QInputDialog,
+                               QListWidget, QListWidgetItem, QMessageBox, QPushButton, QVBoxLayout, QWidget)
 
 from crossview.core.errors import CrossViewError
 
@@ -23,8 +23,9 @@ __all__ = ["RunsBrowser"]
 
 class RunsBrowser(QGroupBox):
     """``open_run(str)``: open this run (double click, Open, Open run folder...); ``history(str)``: a run was
-    clicked (its curves can be drawn); ``resume_requested(str)``; ``runs_changed()`` after a rename / delete;
-    ``selection_changed()``; ``refused(title, message)`` when an action was refused."""
+    clicked (its curves can be drawn); ``resume_requested(str)``; ``runs_changed()`` after a rename / delete / a
+    fusion; ``selection_changed()``; ``refused(title, message)`` when an action was refused; ``fused(str)``: a fused
+    run was made from the selected runs (Fuse..., :mod:`crossview.gui.fuse_dialog`); it is then listed and opened."""
 
     open_run = Signal(str)
     history = Signal(str)
@@ -32,6 +33,7 @@ class RunsBrowser(QGroupBox):
     runs_changed = Signal()
     selection_changed = Signal()
     refused = Signal(str, str)
+    fused = Signal(str)
 
     def __init__(self, runs_root: str | Path, is_busy: Callable[[Path], bool] = lambda p: False,
                  parent: QWidget | None = None) -> None:
@@ -43,6 +45,9 @@ class RunsBrowser(QGroupBox):
         self.runs_list.itemActivated.connect(lambda it: self.open_run.emit(it.data(Qt.ItemDataRole.UserRole)))
         self.runs_list.itemClicked.connect(lambda it: self.history.emit(it.data(Qt.ItemDataRole.UserRole)))
         self.runs_list.currentItemChanged.connect(lambda *_: self.selection_changed.emit())
+        # several runs can be selected (Ctrl / Shift + click): Fuse... combines them
+        self.runs_list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.runs_list.itemSelectionChanged.connect(self._update_fuse_button)
         self.open_button = QPushButton("Open")
         self.resume_button = QPushButton("Resume run")
         self.resume_button.setToolTip("Continue the selected (stopped or interrupted) run from its last checkpoint")
@@ -50,6 +55,12 @@ class RunsBrowser(QGroupBox):
         self.delete_button = QPushButton("Delete...")
         self.open_folder_button = QPushButton("Open run folder...")
         self.open_folder_button.setToolTip("Open a run folder from anywhere (e.g. one trained with --run-dir)")
+        self.fuse_button = QPushButton("Fuse...")
+        self.fuse_button.setToolTip("Combine the selected finished runs (two or more, Ctrl+click) into a fused run: a "
+                                    "weighted sum of their scores, weights chosen on the training split")
+        self.fuse_button.setEnabled(False)
+        self.fuse_button.clicked.connect(lambda: self.fuse_selected())
+        self.fuse_dialog = None
         self.open_button.clicked.connect(self._open_selected)
         self.resume_button.clicked.connect(self._resume_selected)
         self.open_folder_button.clicked.connect(lambda: self.open_run_folder())
@@ -58,7 +69,8 @@ class RunsBrowser(QGroupBox):
         rb = QGridLayout()          # two rows: five buttons in one row do not fit a 1280-px window
         for i, b in enumerate((self.open_button, self.resume_button, self.rename_button, self.delete_button)):
             rb.addWidget(b, 0, i)
-        rb.addWidget(self.open_folder_button, 1, 0, 1, 4)
+        rb.addWidget(self.open_folder_button, 1, 0, 1, 3)
+        rb.addWidget(self.fuse_button, 1, 3)
         # searches and experiments make many runs: their trials are listed only when asked (a search's refit,
         # "best", stands for it), so the list holds what a person trained
         self.show_trials = QCheckBox("Show the trials of searches and experiments")
@@ -72,6 +84,41 @@ class RunsBrowser(QGroupBox):
     def selected(self) -> Path | None:
         it = self.runs_list.currentItem()
         return Path(it.data(Qt.ItemDataRole.UserRole)) if it is not None else None
+
+    def selected_runs(self) -> list[Path]:
+        """The selected runs, in list order (several with Ctrl / Shift + click)."""
+        rows = sorted(self.runs_list.row(it) for it in self.runs_list.selectedItems())
+        return [Path(self.runs_list.item(r).data(Qt.ItemDataRole.UserRole)) for r in rows]
+
+    def _update_fuse_button(self) -> None:
+        self.fuse_button.setEnabled(len(self.runs_list.selectedItems()) >= 2)
+
+    def fuse_selected(self) -> object:
+        """Open the Fuse dialog on the selected runs (two or more, else refused in one line); when it has made the
+        fused run, the list shows it selected and ``fused`` / ``open_run`` carry it. Returns the dialog."""
+        from crossview.gui.fuse_dialog import FuseDialog
+
+        runs = self.selected_runs()
+        if len(runs) < 2:
+            self._refuse("Select two or more finished runs to fuse (Ctrl+click)", "Cannot fuse")
+            return None
+        busy = [p for p in runs if self._is_busy(p)]
+        if busy:
+            self._refuse(f"{busy[0].name} is training now; fuse it once it has finished", "Cannot fuse")
+            return None
+        dlg = FuseDialog(runs, self.runs_root, parent=self)
+        dlg.fused.connect(self._on_fused)
+        dlg.finished.connect(dlg.deleteLater)
+        self.fuse_dialog = dlg
+        dlg.show()
+        return dlg
+
+    def _on_fused(self, run_dir: str) -> None:
+        self.refresh()
+        self.select_run(run_dir)
+        self.runs_changed.emit()
+        self.fused.emit(run_dir)
+        self.open_run.emit(run_dir)
 
     def refresh(self) -> None:
         """List the runs again (keeping the selection): name, status, and which search a trial belongs to; the
