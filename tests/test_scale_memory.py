@@ -142,3 +142,16 @@ def test_a_precomp_style_split_shares_the_features(tmp_path):
     np.testing.assert_array_equal(train.image_features, feats[:8])
     np.testing.assert_array_equal(train.text_features, text[:16])
     np.testing.assert_array_equal(train.caption_image, ci[:16])
+
+
+@pytest.mark.parametrize("sparse_text", [False, True])
+def test_cca_of_caption_pairs_equals_cca_of_repeated_image_rows(sparse_text):
+    from crossview.core.linalg import fit_cca, fit_cca_pairs
+
+    img, text, ci = _sparse_pairs(200, 5, 10, 40, seed=2)
+    ci = np.concatenate([ci[:-7], np.full(7, 3)])      # uneven caption counts, image 199 has fewer
+    want = fit_cca(img[ci], text.toarray(), 6, 0.1)
+    got = fit_cca_pairs(img, text if sparse_text else text.toarray(), ci, 6, 0.1)
+    np.testing.assert_allclose(got.correlations, want.correlations, rtol=1e-5)
+    np.testing.assert_allclose(got.x_mean, want.x_mean, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.abs(got.x_proj), np.abs(want.x_proj), rtol=1e-3, atol=1e-5)

@@ -31,7 +31,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["CCAResult", "fit_cca", "cca_from_covariances", "column_mean", "covariance", "covariance_steps",
+__all__ = ["CCAResult", "fit_cca", "fit_cca_pairs", "group_sums", "cca_from_covariances", "column_mean", "covariance", "covariance_steps",
            "cross_covariance", "cca_transform", "check_finite", "check_views", "is_sparse"]
 
 # Rows per chunk when accumulating X^T X (keeps float32 temporaries near 64 MB for p = 2048).
@@ -230,6 +230,45 @@ def fit_cca(X: np.ndarray, Y: np.ndarray, n_components: int, reg: float = 0.0) -
     Cxx = covariance(X, mx) / (n - 1)
     Cyy = covariance(Y, my) / (n - 1)
     Cxy = cross_covariance(X, Y, mx, my) / (n - 1)
+    check_finite(Cxx, Cyy, Cxy)
+    A, B, corr = cca_from_covariances(Cxx, Cyy, Cxy, n_components, reg)
+    return CCAResult(A, B, mx, my, corr)
+
+
+def group_sums(rows: Any, groups: np.ndarray, n_groups: int) -> Any:
+    """``(n_groups, q)``: the sum of the rows of each group (``rows (n, q)`` dense or scipy sparse, ``groups (n,)
+    int64``), as one sparse product on ``rows`` as they are: float32 stays float32 and sparse stays sparse (no
+    centred or float64 copy of the rows)."""
+    import scipy.sparse as sp
+
+    groups = np.asarray(groups, dtype=np.int64)
+    dtype = np.float32 if rows.dtype == np.float32 else np.float64
+    ind = sp.csr_matrix((np.ones(len(groups), dtype=dtype), (groups, np.arange(len(groups)))),
+                        shape=(n_groups, len(groups)))
+    summed = ind @ rows
+    return summed.tocsr() if is_sparse(summed) else np.asarray(summed)
+
+
+def fit_cca_pairs(image: Any, text: Any, caption_image: np.ndarray, n_components: int,
+                  reg: float = 0.0) -> CCAResult:
+    """:func:`fit_cca` of one pair per caption, ``X = image[caption_image]`` and ``Y = text``, without repeating
+    the image rows: ``image (n_images, p)`` enters once, weighted by its number of captions, and ``text
+    (n_captions, q)`` (dense or scipy sparse) is never centred or copied. Same result as ``fit_cca(image[ci],
+    text, ...)`` up to rounding."""
+    ci = np.asarray(caption_image, dtype=np.int64)
+    n = len(ci)
+    if n < 2:
+        raise CrossViewError(f"CCA needs at least 2 training pairs, got {n}")
+    if text.shape[0] != n:
+        raise CrossViewError(f"CCA needs one text row per caption: {text.shape[0]} rows for {n} captions")
+    counts = np.bincount(ci, minlength=image.shape[0]).astype(np.float64)
+    mx = column_mean(image, counts)
+    my = column_mean(text)
+    Cxx = covariance(image, mx, counts) / (n - 1)
+    Cyy = covariance(text, my) / (n - 1)
+    # sum over captions of (x - mx)(y - my)^T = (X - mx)^T (per-image sums of y): the my term vanishes because
+    # mx is the caption-weighted mean of the images
+    Cxy = cross_covariance(image, group_sums(text, ci, image.shape[0]), mx, np.zeros(text.shape[1])) / (n - 1)
     check_finite(Cxx, Cyy, Cxy)
     A, B, corr = cca_from_covariances(Cxx, Cyy, Cxy, n_components, reg)
     return CCAResult(A, B, mx, my, corr)

@@ -16,31 +16,17 @@ image, weighted by its caption count, instead of once per caption.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from crossview.core.events import Event, Log, Progress, Validation
 from crossview.core.errors import CrossViewError
 from crossview.core.linalg import (cca_from_covariances, cca_transform, check_finite, column_mean, covariance_steps,
-                                   cross_covariance, is_sparse)
+                                   cross_covariance, group_sums, is_sparse)
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData, check_direction
 
 __all__ = ["CCA"]
-
-
-def _group_sums(rows: Any, groups: np.ndarray, n_groups: int) -> Any:
-    """``(n_groups, q)``: the sum of the rows of each group (``rows (n, q)`` dense or scipy sparse, ``groups (n,)
-    int64``), as one sparse product on ``rows`` as they are: float32 stays float32 and sparse stays sparse (no
-    centred or float64 copy of the caption matrix)."""
-    import scipy.sparse as sp
-
-    dtype = np.float32 if rows.dtype == np.float32 else np.float64
-    ind = sp.csr_matrix((np.ones(len(groups), dtype=dtype), (groups, np.arange(len(groups)))),
-                        shape=(n_groups, len(groups)))
-    summed = ind @ rows
-    return summed.tocsr() if is_sparse(summed) else np.asarray(summed)
 
 
 @register_method("cca")
@@ -100,7 +86,7 @@ class CCA(Method):
             has = counts > 0
             if not has.all():         # a copy of the image rows only when some image has no caption
                 img = img[has]
-            sums = _group_sums(text, ci, train.n_images)[has]
+            sums = group_sums(text, ci, train.n_images)[has]
             if is_sparse(sums):
                 import scipy.sparse as sp
                 t_rows = (sp.diags(1.0 / counts[has]) @ sums).astype(np.float32).tocsr()
@@ -135,7 +121,7 @@ class CCA(Method):
         # Cross covariance: sum over captions of (x_img - mx)(y - my)^T = (X - mx)^T (sum of the caption rows per
         # image) - (sum_i c_i (x_i - mx)) my^T, and the last sum is 0 (mx is the caption-weighted mean of the
         # images): the per-image sums need no centring, so sparse captions give sparse sums.
-        ysum = _group_sums(t_rows, ci, img.shape[0])
+        ysum = group_sums(t_rows, ci, img.shape[0])
         Cxy = cross_covariance(img, ysum, mx, np.zeros(t_rows.shape[1]))
         check_finite(Cxx, Cyy, Cxy)
         yield Progress(total - 1, total, "cca: whitening and SVD")
