@@ -155,3 +155,16 @@ def test_cca_of_caption_pairs_equals_cca_of_repeated_image_rows(sparse_text):
     np.testing.assert_allclose(got.correlations, want.correlations, rtol=1e-5)
     np.testing.assert_allclose(got.x_mean, want.x_mean, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(np.abs(got.x_proj), np.abs(want.x_proj), rtol=1e-3, atol=1e-5)
+
+
+def test_dropped_pages_of_a_mapped_array_read_back_the_same(tmp_path):
+    from crossview.core.io import drop_pages
+
+    a = np.random.default_rng(0).standard_normal((300, 64)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    m = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert float(m.sum()) == pytest.approx(float(a.sum()), rel=1e-5)
+    drop_pages(m)
+    drop_pages(m[::5])
+    drop_pages(a)                  # not mapped: nothing happens
+    np.testing.assert_array_equal(m, a)

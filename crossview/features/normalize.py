@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.io import drop_pages
 from crossview.core.rownorm import first_rows, norms_frozen, row_norms
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
@@ -108,6 +109,7 @@ class FeatureNorm:
         out = np.empty((x.shape[0], width), dtype=np.float32)
         for start in range(0, x.shape[0], _CHUNK_ROWS):
             out[start:start + _CHUNK_ROWS] = self._transform_block(x[start:start + _CHUNK_ROWS])
+            drop_pages(rows)        # cached features are memory-mapped: read once, they need not stay resident
         return out
 
     def _transform_block(self, x: np.ndarray) -> np.ndarray:
