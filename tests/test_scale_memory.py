@@ -113,7 +113,7 @@ def test_cca_on_sparse_text_never_densifies_the_caption_matrix():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 0.5 * dense_bytes, f"fit peaked at {peak / 1e6:.0f} MB; the dense matrix is {dense_bytes / 1e6:.0f} MB"
+    assert peak < 0.5 * dense_bytes, f"fit peaked at {peak / 1e6:.0f} MB; dense is {dense_bytes / 1e6:.0f} MB"
     assert m.correlations_[0] > 0.5
 
 

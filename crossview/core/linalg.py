@@ -31,8 +31,8 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["CCAResult", "fit_cca", "fit_cca_pairs", "group_sums", "cca_from_covariances", "column_mean", "covariance", "covariance_steps",
-           "cross_covariance", "cca_transform", "check_finite", "check_views", "is_sparse"]
+__all__ = ["CCAResult", "fit_cca", "fit_cca_pairs", "group_sums", "cca_from_covariances", "column_mean", "covariance",
+           "covariance_steps", "cross_covariance", "cca_transform", "check_finite", "check_views", "is_sparse"]
 
 # Rows per chunk when accumulating X^T X (keeps float32 temporaries near 64 MB for p = 2048).
 _CHUNK_ROWS = 8192
