@@ -226,6 +226,11 @@ ENTRIES: tuple[Entry, ...] = (
                                       "crossview/engine/tune.py") + methods("vsepp", "smoothap"),
           title="Paper 004's loss comparison on the Flickr8k sample: one budget, each loss's own setting chosen by "
                 "cross-validation of train"),
+    Entry("scale_cpu", "scale_cpu.txt", (S("bench/scale.py --sizes S,M,L"),), ("synthetic",), 15,
+          ("crossview/data/readers/precomp.py", "crossview/data/dataset.py", "crossview/data/method_data.py",
+           "crossview/features/normalize.py", "crossview/features/text/counts.py", "crossview/eval/metrics.py",
+           "crossview/eval/embeddings.py", "crossview/engine/run.py", "crossview/engine/retriever.py",
+           "crossview/methods/base.py", *methods("cca", "bitr"))),
     Entry("smoothap_step_cpu", "smoothap_step_cpu.txt", (S("bench/smoothap_step.py --steps 20 --reps 10"),),
           ("synthetic",), 4, ("crossview/nn/losses.py", *methods("vsepp", "smoothap"))),
     Entry("timam_cpu", "timam_cpu.txt", (S("bench/timam_cpu.py --epochs 10 --threads 1"),), ("flickr8k",), 25,

@@ -27,7 +27,7 @@ from crossview.core.errors import CrossViewError, StorageError, is_storage_error
 
 __all__ = ["atomic_write_bytes", "check_writable_folder", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
-           "read_events"]
+           "read_events", "drop_pages"]
 
 #: The version of the checkpoint layout; files without it (or with another) are refused with a clear line.
 CHECKPOINT_FORMAT = 2
@@ -457,3 +457,19 @@ def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(d, dict):
                 yield d
+
+
+def drop_pages(arr: Any) -> None:
+    """Tell the kernel this process is done with the pages of a memory-mapped array read so far (``madvise
+    MADV_DONTNEED``): they leave the resident set (a later read maps them again from the file or the page cache),
+    so checking or copying a large ``.npy`` does not hold a second resident copy of it. A no-op for other arrays
+    and where ``madvise`` is missing."""
+    import mmap
+
+    m = getattr(arr, "_mmap", None)
+    if m is None or not hasattr(m, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    try:
+        m.madvise(mmap.MADV_DONTNEED)
+    except (OSError, ValueError):
+        pass

@@ -25,14 +25,14 @@ fits in seconds.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["CCAResult", "fit_cca", "cca_from_covariances", "covariance", "covariance_steps", "cross_covariance",
-           "cca_transform", "check_finite", "check_views"]
+__all__ = ["CCAResult", "fit_cca", "fit_cca_pairs", "group_sums", "cca_from_covariances", "column_mean", "covariance",
+           "covariance_steps", "cross_covariance", "cca_transform", "check_finite", "check_views", "is_sparse"]
 
 # Rows per chunk when accumulating X^T X (keeps float32 temporaries near 64 MB for p = 2048).
 _CHUNK_ROWS = 8192
@@ -62,11 +62,52 @@ def covariance(X: np.ndarray, mean: np.ndarray, weights: np.ndarray | None = Non
     raise AssertionError("unreachable")
 
 
+def is_sparse(X: Any) -> bool:
+    """Whether ``X`` is a scipy sparse matrix (kept sparse by every function here: never densified whole)."""
+    return hasattr(X, "tocsr") and hasattr(X, "nnz")
+
+
+def column_mean(X: Any, weights: np.ndarray | None = None, chunk_rows: int = _CHUNK_ROWS) -> np.ndarray:
+    """``(p,) float64``: the (``weights (n,)``-weighted) mean of the rows of ``X (n, p)``, dense or scipy sparse,
+    summed in float64 a chunk at a time (no float64 copy of ``X``)."""
+    n, p = X.shape
+    acc = np.zeros(p, dtype=np.float64)
+    for start in range(0, n, chunk_rows):
+        block = X[start:start + chunk_rows]
+        w = None if weights is None else np.asarray(weights[start:start + chunk_rows], dtype=np.float64)
+        if is_sparse(block):
+            acc += np.asarray(block.sum(axis=0) if w is None else block.T @ w, dtype=np.float64).ravel()
+        else:
+            block = np.asarray(block, dtype=np.float64)
+            acc += block.sum(axis=0) if w is None else w @ block
+    total = float(n) if weights is None else float(np.sum(weights, dtype=np.float64))
+    return acc / total
+
+
 def covariance_steps(X: np.ndarray, mean: np.ndarray, weights: np.ndarray | None,
                      chunk_rows: int = _CHUNK_ROWS) -> Iterator[int | np.ndarray]:
-    """Generator form of :func:`covariance`: yields rows done after each chunk, then the matrix."""
+    """Generator form of :func:`covariance`: yields rows done after each chunk, then the matrix. A scipy sparse
+    ``X`` stays sparse: ``sum_i w_i x_i x_i^T - W m m^T`` (``W = sum w``), one chunk's product at a time."""
     n, p = X.shape
     acc = np.zeros((p, p), dtype=np.float64)
+    if is_sparse(X):
+        import scipy.sparse as sp
+
+        mean = np.asarray(mean, dtype=np.float64)
+        total = 0.0
+        for start in range(0, n, chunk_rows):
+            block = X[start:start + chunk_rows]
+            if weights is not None:
+                w = np.asarray(weights[start:start + chunk_rows], dtype=np.float64)
+                total += float(w.sum())
+                block = sp.diags(np.sqrt(w)) @ block
+            else:
+                total += block.shape[0]
+            acc += (block.T @ block).toarray()
+            yield min(n, start + chunk_rows)
+        acc -= total * np.outer(mean, mean)
+        yield (acc + acc.T) / 2
+        return
     m32 = np.asarray(mean, dtype=np.float32)
     for start in range(0, n, chunk_rows):
         block = np.asarray(X[start:start + chunk_rows], dtype=np.float32) - m32
@@ -85,6 +126,13 @@ def cross_covariance(X: np.ndarray, Y: np.ndarray, x_mean: np.ndarray, y_mean: n
     ``Y (n, q)``."""
     acc = np.zeros((X.shape[1], Y.shape[1]), dtype=np.float64)
     mx, my = np.asarray(x_mean, dtype=np.float32), np.asarray(y_mean, dtype=np.float32)
+    if is_sparse(Y):      # sum (x - mx) (y - my)^T = sum (x - mx) y^T - (sum (x - mx)) my^T
+        sx = np.zeros(X.shape[1], dtype=np.float64)
+        for start in range(0, X.shape[0], chunk_rows):
+            bx = np.asarray(X[start:start + chunk_rows], dtype=np.float32) - mx
+            acc += np.asarray((Y[start:start + chunk_rows].T @ bx).T, dtype=np.float64)
+            sx += bx.sum(axis=0, dtype=np.float64)
+        return acc - np.outer(sx, np.asarray(y_mean, dtype=np.float64))
     for start in range(0, X.shape[0], chunk_rows):
         bx = np.asarray(X[start:start + chunk_rows], dtype=np.float32) - mx
         by = np.asarray(Y[start:start + chunk_rows], dtype=np.float32) - my
@@ -187,12 +235,63 @@ def fit_cca(X: np.ndarray, Y: np.ndarray, n_components: int, reg: float = 0.0) -
     return CCAResult(A, B, mx, my, corr)
 
 
+def group_sums(rows: Any, groups: np.ndarray, n_groups: int) -> Any:
+    """``(n_groups, q)``: the sum of the rows of each group (``rows (n, q)`` dense or scipy sparse, ``groups (n,)
+    int64``), as one sparse product on ``rows`` as they are: float32 stays float32 and sparse stays sparse (no
+    centred or float64 copy of the rows)."""
+    import scipy.sparse as sp
+
+    groups = np.asarray(groups, dtype=np.int64)
+    dtype = np.float32 if rows.dtype == np.float32 else np.float64
+    ind = sp.csr_matrix((np.ones(len(groups), dtype=dtype), (groups, np.arange(len(groups)))),
+                        shape=(n_groups, len(groups)))
+    summed = ind @ rows
+    return summed.tocsr() if is_sparse(summed) else np.asarray(summed)
+
+
+def fit_cca_pairs(image: Any, text: Any, caption_image: np.ndarray, n_components: int,
+                  reg: float = 0.0) -> CCAResult:
+    """:func:`fit_cca` of one pair per caption, ``X = image[caption_image]`` and ``Y = text``, without repeating
+    the image rows: ``image (n_images, p)`` enters once, weighted by its number of captions, and ``text
+    (n_captions, q)`` (dense or scipy sparse) is never centred or copied. Same result as ``fit_cca(image[ci],
+    text, ...)`` up to rounding."""
+    ci = np.asarray(caption_image, dtype=np.int64)
+    n = len(ci)
+    if n < 2:
+        raise CrossViewError(f"CCA needs at least 2 training pairs, got {n}")
+    if text.shape[0] != n:
+        raise CrossViewError(f"CCA needs one text row per caption: {text.shape[0]} rows for {n} captions")
+    counts = np.bincount(ci, minlength=image.shape[0]).astype(np.float64)
+    mx = column_mean(image, counts)
+    my = column_mean(text)
+    Cxx = covariance(image, mx, counts) / (n - 1)
+    Cyy = covariance(text, my) / (n - 1)
+    # sum over captions of (x - mx)(y - my)^T = (X - mx)^T (per-image sums of y): the my term vanishes because
+    # mx is the caption-weighted mean of the images
+    Cxy = cross_covariance(image, group_sums(text, ci, image.shape[0]), mx, np.zeros(text.shape[1])) / (n - 1)
+    check_finite(Cxx, Cyy, Cxy)
+    A, B, corr = cca_from_covariances(Cxx, Cyy, Cxy, n_components, reg)
+    return CCAResult(A, B, mx, my, corr)
+
+
 def cca_transform(Z: np.ndarray, mean: np.ndarray, proj: np.ndarray, correlations: np.ndarray | None = None,
                   power: float = 0.0, normalize: bool = True) -> np.ndarray:
     """Project ``Z (n, p)`` into the canonical space: ``(Z - mean) @ proj``, dimension k times
     ``correlations[k] ** power`` when ``power != 0``, rows L2-normalised when ``normalize``.
-    Returns ``(n, d) float32``."""
-    out = (np.asarray(Z, dtype=np.float32) - np.asarray(mean, dtype=np.float32)) @ np.asarray(proj, np.float32)
+    Returns ``(n, d) float32``. ``Z`` (dense, memory-mapped or scipy sparse) is read a chunk of rows at a time:
+    no centred copy of the whole of it is made."""
+    n = Z.shape[0]
+    proj32 = np.asarray(proj, np.float32)
+    m32 = np.asarray(mean, dtype=np.float32)
+    out = np.empty((n, proj32.shape[1]), dtype=np.float32)
+    if is_sparse(Z):
+        shift = m32 @ proj32                    # (Z - m) P = Z P - m P, so the sparse rows are never centred
+        for start in range(0, n, _CHUNK_ROWS):
+            out[start:start + _CHUNK_ROWS] = np.asarray(Z[start:start + _CHUNK_ROWS] @ proj32) - shift
+    else:
+        for start in range(0, n, _CHUNK_ROWS):
+            out[start:start + _CHUNK_ROWS] = (np.asarray(Z[start:start + _CHUNK_ROWS], dtype=np.float32)
+                                              - m32) @ proj32
     if power and correlations is not None:
         out *= np.power(np.asarray(correlations, dtype=np.float32), np.float32(power))
     if normalize:

@@ -38,6 +38,20 @@ def _as_int_array(values: Iterable[int] | np.ndarray, n: int | None = None) -> n
     return arr
 
 
+def take_rows(arr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``arr[rows]`` for an ``(n, ...)`` array and ``rows (k,) int64``; a read-only view (no copy) when ``rows`` is
+    one ascending contiguous range, as a precomp split's rows are, so a split of a large feature matrix costs no
+    memory. Writing into the view raises instead of changing the parent's rows."""
+    rows = np.asarray(rows)
+    if rows.ndim == 1 and len(rows) > 1 and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
+        view = arr[int(rows[0]):int(rows[-1]) + 1]
+        if isinstance(view, np.ndarray):
+            view = view.view()
+            view.flags.writeable = False
+        return view
+    return arr[rows]
+
+
 def _repaired_captions(captions: Iterable[str], warnings: list[str]) -> list[str]:
     """``captions`` as a list, each lone UTF-16 surrogate (half an emoji, as ``"\\ud83d"`` in a JSON file)
     replaced by U+FFFD, with one line added to ``warnings`` saying how many captions were repaired (a tokenizer, a
@@ -188,7 +202,7 @@ class PairedDataset:
             captions=[self.captions[c] for c in order],
             caption_image=remap[self.caption_image[order]],
             image_paths=None if self.image_paths is None else [self.image_paths[i] for i in images],
-            image_features=None if self.image_features is None else self.image_features[images],
+            image_features=None if self.image_features is None else take_rows(self.image_features, images),
             labels=self.labels[images],
             label_names=self.label_names,
             tags=None if self.tags is None else [self.tags[i] for i in images],

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.data.dataset import take_rows
 
 __all__ = ["MethodData"]
 
@@ -20,6 +21,11 @@ __all__ = ["MethodData"]
 def _as_float32_2d(x: Any, what: str) -> np.ndarray:
     if hasattr(x, "detach"):  # torch tensor
         x = x.detach().cpu().numpy()
+    if hasattr(x, "tocsr"):   # scipy sparse (TF-IDF, bag of words): kept sparse, rows sliceable
+        if x.ndim != 2:
+            raise CrossViewError(f"{what} must be a 2-D (rows, dims) matrix, got shape {x.shape}")
+        x = x.tocsr()
+        return x if x.dtype == np.float32 else x.astype(np.float32)
     arr = np.asarray(x)
     if arr.ndim != 2:
         raise CrossViewError(f"{what} must be a 2-D (rows, dims) matrix, got shape {arr.shape}")
@@ -194,8 +200,8 @@ class MethodData:
         if image is not None and image.shape[0] != dataset.n_images:
             raise CrossViewError(f"image features have {image.shape[0]} rows for the {dataset.n_images} "
                                  f"images of dataset {dataset.name!r}; extract features of this dataset")
-        if text is not None and np.asarray(text).shape[0] != dataset.n_captions:
-            raise CrossViewError(f"text features have {np.asarray(text).shape[0]} rows for the "
+        if text is not None and text.shape[0] != dataset.n_captions:
+            raise CrossViewError(f"text features have {text.shape[0]} rows for the "
                                  f"{dataset.n_captions} captions of dataset {dataset.name!r}")
         if label_set_names is None and dataset.label_sets is not None:
             label_set_names = sorted({str(x) for s in dataset.label_sets for x in s})
@@ -212,13 +218,21 @@ class MethodData:
         if sub.label_sets is not None and label_set_names is not None:
             lookup = {n: i for i, n in enumerate(label_set_names)}
             label_sets = [[lookup[str(x)] for x in s if str(x) in lookup] for s in sub.label_sets]
-        return cls(image_features=None if image is None else np.asarray(image[img_rows], dtype=np.float32),
-                   text_features=None if text is None else np.asarray(np.asarray(text)[cap_rows],
-                                                                      dtype=np.float32),
+        # a split whose rows are one contiguous range (precomp folders) is a read-only view, not a copy
+        return cls(image_features=None if image is None else np.asarray(take_rows(image, img_rows), dtype=np.float32),
+                   text_features=None if text is None else _text_rows(text, cap_rows),
                    captions=list(sub.captions), caption_image=sub.caption_image, labels=sub.labels,
                    label_sets=label_sets, label_set_names=label_set_names, dataset=sub, name=split_name,
                    image_paths=[str(p) for p in sub.image_paths] if with_paths else None,
                    image_transform=image_transform)
+
+
+def _text_rows(text: Any, rows: np.ndarray) -> Any:
+    """Rows ``rows`` of caption features, float32: dense (a view where :func:`take_rows` gives one) or scipy sparse
+    (kept sparse)."""
+    if hasattr(text, "tocsr"):
+        return _as_float32_2d(text.tocsr()[rows], "text_features")
+    return np.asarray(take_rows(np.asarray(text), rows), dtype=np.float32)
 
 
 def _positions(parent_ids: np.ndarray, child_ids: np.ndarray) -> np.ndarray:

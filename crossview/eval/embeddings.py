@@ -36,7 +36,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.eval.hubness import describe_hubness, hubness_of_embeddings
-from crossview.eval.metrics import evaluate, rsum_of
+from crossview.eval.metrics import evaluate_embeddings_blocked, rsum_of
 from crossview.eval.protocols import coco_1k, identity_hits, mean_average_precision, precision_at_k
 
 __all__ = ["Embeddings", "load_embeddings", "save_embeddings", "evaluate_embeddings", "PROTOCOLS",
@@ -212,8 +212,6 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
     ks = tuple(int(k) for k in ks)
     out: dict[str, Any] = {"protocol": protocol, "n_images": int(emb.image.shape[0]),
                            "n_captions": int(emb.text.shape[0])}
-    s_i2t = emb.scores("i2t")
-    s_t2i = s_i2t if emb.image_t2i is None else emb.scores("t2i")
     if protocol == "labels":
         if emb.label_embeddings is None:
             raise CrossViewError("protocol 'labels' needs label_embeddings and label_relevance in the "
@@ -225,6 +223,7 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
     if protocol == "identity":
         if emb.image_labels is None:
             raise CrossViewError("protocol 'identity' needs image_labels (identity / class ids) in the embeddings")
+        s_i2t, s_t2i = _full_scores(emb)
         cap_labels = np.asarray(emb.image_labels)[emb.caption_image]
         a = identity_hits(s_i2t, emb.image_labels, cap_labels, ks)
         b = a if s_t2i is s_i2t else identity_hits(s_t2i, emb.image_labels, cap_labels, ks)
@@ -236,6 +235,7 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
         if n % 1000 or n < 1000:
             raise CrossViewError(f"COCO 1K needs a multiple of 1,000 test images, got {n:,}; "
                                  "use --protocol standard")
+        s_i2t, s_t2i = _full_scores(emb)
         r1 = coco_1k(s_i2t, emb.caption_image, ks, n_folds=n // 1000)
         r2 = r1 if s_t2i is s_i2t else coco_1k(s_t2i, emb.caption_image, ks, n_folds=n // 1000)
         out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
@@ -245,11 +245,14 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
     if protocol == "coco5k" and emb.image.shape[0] != 5000:
         raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
                              "use --protocol standard")
-    r1 = evaluate(s_i2t, emb.caption_image, ks)
-    r2 = r1 if s_t2i is s_i2t else evaluate(s_t2i, emb.caption_image, ks)
-    out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
-               ranks={"i2t": r1["ranks"]["i2t"], "t2i": r2["ranks"]["t2i"]}, hubness=embeddings_hubness(emb))
+    # scores formed block by block: a 5K x 25K split never holds its whole score matrix
+    two = emb.image_t2i is not None
+    r = evaluate_embeddings_blocked(emb.image, emb.text, emb.caption_image, ks,
+                                    image_t2i=emb.image_t2i if two else None, text_t2i=emb.text_t2i if two else None)
+    out.update(i2t=r["i2t"], t2i=r["t2i"], rsum=_rsum(r["i2t"], r["t2i"]), ranks=r["ranks"],
+               hubness=embeddings_hubness(emb))
     if overlap:
+        s_i2t, s_t2i = _full_scores(emb)
         if emb.captions is None:
             raise CrossViewError("caption overlap (BLEU / ROUGE) needs the caption texts in the embeddings file")
         from crossview.eval.overlap import caption_overlap_i2t, caption_overlap_t2i
@@ -260,6 +263,12 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
                           "t2i": caption_overlap_t2i(s_t2i, emb.caption_image, emb.captions,
                                                      progress=stage("caption overlap t2i"))}
     return out
+
+
+def _full_scores(emb: Embeddings) -> tuple[np.ndarray, np.ndarray]:
+    """``(i2t scores, t2i scores)``, each ``(n_images, n_captions) float32`` (the same array when one model)."""
+    s_i2t = emb.scores("i2t")
+    return s_i2t, (s_i2t if emb.image_t2i is None else emb.scores("t2i"))
 
 
 def _rsum(i2t: dict[str, float], t2i: dict[str, float]) -> float | None:

@@ -47,6 +47,8 @@ __all__ = [
     "rank_metrics",
     "rsum_of",
     "evaluate",
+    "embedding_ranks",
+    "evaluate_embeddings_blocked",
     "top_k",
 ]
 
@@ -205,6 +207,85 @@ def evaluate(scores: Any, caption_image: Any, ks: Sequence[int] = (1, 5, 10)) ->
     t2i = rank_metrics(r_t2i, ks)
     return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks),
             "ranks": {"i2t": r_i2t, "t2i": r_t2i}}
+
+
+#: Elements of one block of scores formed by :func:`embedding_ranks` (64 MB of float32).
+_SCORE_BLOCK_ELEMENTS = 1 << 24
+
+
+def _score_blocks(image: np.ndarray, text: np.ndarray, block_rows: int):
+    """``(start, stop, image[start:stop] @ text.T)`` for consecutive blocks of image rows, float32."""
+    for start in range(0, image.shape[0], block_rows):
+        stop = min(image.shape[0], start + block_rows)
+        yield start, stop, np.asarray(image[start:stop], dtype=np.float32) @ text.T
+
+
+def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any = None, text_t2i: Any = None,
+                    block_rows: int | None = None) -> dict[str, np.ndarray]:
+    """``{"i2t": (n_images,) int64, "t2i": (n_captions,) int64}``: the ranks :func:`evaluate` gives for the scores
+    ``image @ text.T``, formed block by block of ``block_rows`` images (default: ~64 MB of scores a block), never
+    the whole ``(n_images, n_captions)`` matrix.
+
+    ``image (n_images, D)`` and ``text (n_captions, D)`` are embeddings whose dot product is the score (the i2t
+    model's); ``image_t2i`` / ``text_t2i``, when given, score the t2i direction. Same tie rule as :func:`evaluate`:
+    each block is the very rows of the full product, and t2i's gold scores are read from the blocks themselves
+    (a first pass), so the ranks equal the full matrix's. Costs two products for t2i instead of one.
+    """
+    ci = np.asarray(caption_image, dtype=np.int64)
+    img = np.asarray(image, dtype=np.float32)
+    txt = np.asarray(text, dtype=np.float32)
+    if img.ndim != 2 or txt.ndim != 2 or img.shape[1] != txt.shape[1]:
+        raise CrossViewError(f"embeddings must be (n_images, D) and (n_captions, D) with the same D, got "
+                             f"{img.shape} and {txt.shape}")
+    n_images, n_captions = img.shape[0], txt.shape[0]
+    if ci.shape != (n_captions,):
+        raise CrossViewError(f"caption_image must have one entry per caption ({n_captions}), got shape {ci.shape}")
+    if n_captions and (ci.min() < 0 or ci.max() >= n_images):
+        raise CrossViewError(f"caption_image refers to image {int(ci.max())}, but there are {n_images} images")
+    if block_rows is None:
+        block_rows = max(1, _SCORE_BLOCK_ELEMENTS // max(1, n_captions))
+    counts = np.bincount(ci, minlength=n_images)
+    if (counts == 0).any():
+        missing = np.flatnonzero(counts == 0)
+        raise CrossViewError(
+            f"{missing.size} image(s) have no caption (first: image {int(missing[0])}); i2t ranks "
+            "need at least one ground-truth caption per image: drop those images from the scores")
+    r_i2t = np.empty(n_images, dtype=np.int64)
+    for start, stop, s in _score_blocks(img, txt, block_rows):
+        if np.isnan(s).any():
+            raise CrossViewError("scores contain NaN; ranks are undefined (check the embeddings for NaN)")
+        r_i2t[start:stop] = first_relevant_ranks(s, np.arange(start, stop, dtype=np.int64), ci)
+    if image_t2i is not None:
+        img = np.asarray(image_t2i, dtype=np.float32)
+        txt = np.asarray(text_t2i, dtype=np.float32)
+    # t2i: the score of each caption's own image, read from the blocks (first pass), then the images above it
+    gold = np.empty(n_captions, dtype=np.float32)
+    order = np.argsort(ci, kind="stable")
+    bounds = np.searchsorted(ci[order], np.arange(0, n_images + block_rows, block_rows))
+    for k, (start, stop, s) in enumerate(_score_blocks(img, txt, block_rows)):
+        mine = order[bounds[k]:bounds[k + 1]]            # captions whose image is in this block
+        gold[mine] = s[ci[mine] - start, mine]
+        if image_t2i is not None and np.isnan(s).any():
+            raise CrossViewError("scores contain NaN; ranks are undefined (check the embeddings for NaN)")
+    higher = np.zeros(n_captions, dtype=np.int64)
+    tied_before = np.zeros(n_captions, dtype=np.int64)
+    for start, stop, s in _score_blocks(img, txt, block_rows):
+        higher += (s > gold[None, :]).sum(axis=0)
+        rows = np.arange(start, stop, dtype=np.int64)[:, None]
+        tied_before += ((s == gold[None, :]) & (rows < ci[None, :])).sum(axis=0)
+    return {"i2t": r_i2t, "t2i": 1 + higher + tied_before}
+
+
+def evaluate_embeddings_blocked(image: Any, text: Any, caption_image: Any, ks: Sequence[int] = (1, 5, 10), *,
+                                image_t2i: Any = None, text_t2i: Any = None,
+                                block_rows: int | None = None) -> dict[str, Any]:
+    """:func:`evaluate` of the scores ``image @ text.T`` (t2i: ``image_t2i @ text_t2i.T`` when given), computed by
+    :func:`embedding_ranks` block by block; the same dict."""
+    ranks = embedding_ranks(image, text, caption_image, image_t2i=image_t2i, text_t2i=text_t2i,
+                            block_rows=block_rows)
+    i2t = rank_metrics(ranks["i2t"], ks)
+    t2i = rank_metrics(ranks["t2i"], ks)
+    return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks), "ranks": ranks}
 
 
 def top_k(scores: Any, k: int) -> np.ndarray:

@@ -24,6 +24,7 @@ import numpy as np
 from crossview.core.errors import CrossViewError
 from crossview.core.progress import drive, drive_stages
 from crossview.core.hashing import utf8_bytes
+from crossview.core.io import drop_pages
 from crossview.features.cache import REBUILD_HINT, FeatureCache
 
 __all__ = ["Features", "FeatureCache", "extract_features", "iter_extract_features", "encode_captions",
@@ -158,6 +159,7 @@ def _iter_cached_finite(store: FeatureCache | None, parts: dict[str, Any],
     key = FeatureCache.make_key(**parts) if store is not None else None
     cached = store.load(key) if store is not None and key is not None else None
     if cached is not None and not len(_nonfinite_rows(cached)):
+        drop_pages(cached)      # the check read every page of the mapping: they need not stay resident
         return cached, True
     if cached is not None and store is not None and key is not None:
         bad = _nonfinite_rows(cached)

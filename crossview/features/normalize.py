@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.io import drop_pages
 from crossview.core.rownorm import first_rows, norms_frozen, row_norms
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
@@ -46,6 +47,10 @@ def check_norm(kind: Any, what: str = "normalisation") -> str:
     if kind not in NORMS:
         raise CrossViewError(f"{what} {kind!r} is not one of: {', '.join(NORMS)}")
     return str(kind)
+
+
+#: Rows normalised at a time by :meth:`FeatureNorm.transform`.
+_CHUNK_ROWS = 4096
 
 
 def _l2(x: np.ndarray) -> np.ndarray:
@@ -97,6 +102,18 @@ class FeatureNorm:
         if self.mean_ is not None and x.shape[1] != self.mean_.shape[0]:
             raise CrossViewError(f"feature normalisation {self.kind!r} was fitted on {self.mean_.shape[0]}-d "
                                  f"features, got {x.shape[1]}-d ones")
+        if norms_frozen() or x.shape[0] <= _CHUNK_ROWS:
+            return self._transform_block(x)
+        # a chunk of rows at a time into one float32 result: the temporaries stay ~tens of MB whatever the size
+        width = self.proj_.shape[1] if self.kind == "whiten" else x.shape[1]
+        out = np.empty((x.shape[0], width), dtype=np.float32)
+        for start in range(0, x.shape[0], _CHUNK_ROWS):
+            out[start:start + _CHUNK_ROWS] = self._transform_block(x[start:start + _CHUNK_ROWS])
+            drop_pages(rows)        # cached features are memory-mapped: read once, they need not stay resident
+        return out
+
+    def _transform_block(self, x: np.ndarray) -> np.ndarray:
+        """``transform`` of ``x (n, d) float32`` in one piece (an explanation's frozen norms need all the rows)."""
         if self.kind == "ssr":
             if norms_frozen():      # an explanation: each channel's scale held at the first (whole) row's
                 d = np.sqrt(np.abs(first_rows(x)))
@@ -145,10 +162,13 @@ def normalize_features(features: Any, image_norm: str, text_norm: str, train_ima
     ``text_transform`` set so that new queries get the same transform; ``states`` is what the checkpoint
     keeps (``{"image": FeatureNorm.state_dict(), "text": ...}``)."""
 
-    img = FeatureNorm(image_norm).fit(np.asarray(features.image)[np.asarray(train_images, dtype=np.int64)])
-    txt = FeatureNorm(text_norm)
-    if features.text is not None:
-        txt.fit(np.asarray(features.text)[np.asarray(train_captions, dtype=np.int64)])
+    from crossview.data.dataset import take_rows
+
+    img, txt = FeatureNorm(image_norm), FeatureNorm(text_norm)
+    if img.needs_fit:       # the training rows are gathered only for a norm that learns from them
+        img.fit(take_rows(np.asarray(features.image), np.asarray(train_images, dtype=np.int64)))
+    if features.text is not None and txt.needs_fit:
+        txt.fit(take_rows(np.asarray(features.text), np.asarray(train_captions, dtype=np.int64)))
     return _with_norms(features, img, txt), {"image": img.state_dict(), "text": txt.state_dict()}
 
 

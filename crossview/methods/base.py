@@ -265,17 +265,25 @@ class Method:
         """Retrieval metrics on ``data`` (:func:`crossview.eval.metrics.evaluate`'s dict, with ``"ranks"``).
 
         i2t ranks come from the i2t model's scores, t2i ranks from the t2i model's when they differ.
+        The scores are formed block by block from the embeddings (:func:`crossview.eval.metrics.embedding_ranks`),
+        never as one ``(n_images, n_captions)`` matrix; a method that overrides :meth:`scores` is scored through it.
         """
         from crossview.eval import metrics as M
 
-        s_i2t = self.scores(data, "i2t")
-        if not self.directions_differ:
-            return M.evaluate(s_i2t, data.caption_image, ks)
-        s_t2i = self.scores(data, "t2i")
-        r_i2t = M.i2t_ranks(s_i2t, data.caption_image)
-        r_t2i = M.t2i_ranks(s_t2i, data.caption_image)
-        i2t, t2i = M.rank_metrics(r_i2t, ks), M.rank_metrics(r_t2i, ks)
-        return {"i2t": i2t, "t2i": t2i, "rsum": M.rsum_of(i2t, t2i, ks), "ranks": {"i2t": r_i2t, "t2i": r_t2i}}
+        if type(self).scores is not Method.scores:      # scores that are not the embeddings' dot product
+            s_i2t = self.scores(data, "i2t")
+            if not self.directions_differ:
+                return M.evaluate(s_i2t, data.caption_image, ks)
+            s_t2i = self.scores(data, "t2i")
+            r_i2t = M.i2t_ranks(s_i2t, data.caption_image)
+            r_t2i = M.t2i_ranks(s_t2i, data.caption_image)
+            i2t, t2i = M.rank_metrics(r_i2t, ks), M.rank_metrics(r_t2i, ks)
+            return {"i2t": i2t, "t2i": t2i, "rsum": M.rsum_of(i2t, t2i, ks), "ranks": {"i2t": r_i2t, "t2i": r_t2i}}
+        two = self.directions_differ
+        return M.evaluate_embeddings_blocked(
+            self.encode_images(data, direction="i2t"), self.encode_texts(data, direction="i2t"), data.caption_image,
+            ks, image_t2i=self.encode_images(data, direction="t2i") if two else None,
+            text_t2i=self.encode_texts(data, direction="t2i") if two else None)
 
     # ------------------------------------------------------------------ state
     def _learned_names(self) -> list[str]:

@@ -140,15 +140,17 @@ def fit_preprocessing(image: np.ndarray, text: np.ndarray, caption_image: np.nda
         # One training pair per caption (images repeated), as the CCA method does. "cca": dimension k weighted
         # by corr_k ** 0.5, CCA's own best setting on real photos (bench/results/defaults_flickr8k.md); the
         # structured SVM then learns W on top of that space.
-        from crossview.core.linalg import fit_cca
+        # fit_cca_pairs: the images enter once, weighted by their caption counts (never repeated per caption)
+        from crossview.core.linalg import fit_cca_pairs
 
-        X = np.asarray(image, dtype=np.float32)[np.asarray(caption_image)]
+        X = np.asarray(image, dtype=np.float32)
         Y = np.asarray(text, dtype=np.float32)
+        ci = np.asarray(caption_image)
         if reduction == "ctr":
-            res = fit_cca(X, Y, int(min(X.shape[1], Y.shape[1])), CTR_REG)
+            res = fit_cca_pairs(X, Y, ci, int(min(X.shape[1], Y.shape[1])), CTR_REG)
             w = np.ones_like(np.asarray(res.correlations, dtype=np.float64))
         else:
-            res = fit_cca(X, Y, int(cca_dim), CCA_REG)
+            res = fit_cca_pairs(X, Y, ci, int(cca_dim), CCA_REG)
             w = np.power(np.maximum(res.correlations, 0), CCA_WEIGHT_POWER)
         cca = {"image": {"mean": res.x_mean.astype(np.float32), "components": (res.x_proj * w).T.astype(np.float32)},
                "text": {"mean": res.y_mean.astype(np.float32), "components": (res.y_proj * w).T.astype(np.float32)}}

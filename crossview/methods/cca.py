@@ -16,27 +16,17 @@ image, weighted by its caption count, instead of once per caption.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from crossview.core.events import Event, Log, Progress, Validation
 from crossview.core.errors import CrossViewError
-from crossview.core.linalg import cca_from_covariances, cca_transform, check_finite, covariance_steps, cross_covariance
+from crossview.core.linalg import (cca_from_covariances, cca_transform, check_finite, column_mean, covariance_steps,
+                                   cross_covariance, group_sums, is_sparse)
 from crossview.methods import register_method
 from crossview.methods.base import Method, MethodData, check_direction
 
 __all__ = ["CCA"]
-
-
-def _group_sums(rows: np.ndarray, groups: np.ndarray, n_groups: int, center: Any) -> np.ndarray:
-    """``(n_groups, q) float64``: the sum of ``rows - center`` over the rows of each group
-    (``rows (n, q)``, ``groups (n,) int64``), as one sparse product."""
-    import scipy.sparse as sp
-
-    ind = sp.csr_matrix((np.ones(len(groups)), (groups, np.arange(len(groups)))),
-                        shape=(n_groups, len(groups)))
-    return np.asarray(ind @ (np.asarray(rows, dtype=np.float64) - center))
 
 
 @register_method("cca")
@@ -94,19 +84,26 @@ class CCA(Method):
             t_rows = text
         else:
             has = counts > 0
-            img = img[has]
-            t_rows = (_group_sums(text, ci, train.n_images, 0.0)[has] / counts[has, None]).astype(np.float32)
-            ci = np.arange(len(img))
+            if not has.all():         # a copy of the image rows only when some image has no caption
+                img = img[has]
+            sums = group_sums(text, ci, train.n_images)[has]
+            if is_sparse(sums):
+                import scipy.sparse as sp
+                t_rows = (sp.diags(1.0 / counts[has]) @ sums).astype(np.float32).tocsr()
+            else:
+                t_rows = (sums / counts[has, None]).astype(np.float32)
+            ci = np.arange(img.shape[0])
             weights = None
-        n = float(len(t_rows))
+        n = float(t_rows.shape[0])
         if n < 2:
             raise CrossViewError(f"cca needs at least 2 training pairs, got {int(n)} in the "
                                  f"{train.name or 'training'} data")
 
-        total = len(img) + len(t_rows) + 2
+        total = img.shape[0] + t_rows.shape[0] + 2
         yield Progress(0, total, "cca: covariances")
-        mx = (counts @ img.astype(np.float64)) / n if weights is not None else img.mean(0, dtype=np.float64)
-        my = t_rows.mean(axis=0, dtype=np.float64)
+        # means in float64 a chunk at a time: no float64 copy of the training matrices
+        mx = column_mean(img, weights)
+        my = column_mean(t_rows)
         # Image covariance once per image, weighted by its number of captions.
         Cxx = None
         for out in covariance_steps(img, mx, weights):
@@ -119,11 +116,12 @@ class CCA(Method):
             if isinstance(out, np.ndarray):
                 Cyy = out
             else:
-                yield Progress(len(img) + out, total, "cca: text covariance")
+                yield Progress(img.shape[0] + out, total, "cca: text covariance")
         assert Cxx is not None and Cyy is not None
-        # Cross covariance: sum over captions of (x_img - mx)(y - my)^T = (X - mx)^T (sum of centred
-        # caption rows per image).
-        ysum = _group_sums(t_rows, ci, len(img), my)
+        # Cross covariance: sum over captions of (x_img - mx)(y - my)^T = (X - mx)^T (sum of the caption rows per
+        # image) - (sum_i c_i (x_i - mx)) my^T, and the last sum is 0 (mx is the caption-weighted mean of the
+        # images): the per-image sums need no centring, so sparse captions give sparse sums.
+        ysum = group_sums(t_rows, ci, img.shape[0])
         Cxy = cross_covariance(img, ysum, mx, np.zeros(t_rows.shape[1]))
         check_finite(Cxx, Cyy, Cxy)
         yield Progress(total - 1, total, "cca: whitening and SVD")

@@ -402,10 +402,12 @@ class Vsepp(TorchMethod):
         if self.model_spec_.get("image_model") == "cnn":
             self._set_image_files(list(train.image_paths or []), train.caption_image, device)
         else:
-            t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
+            # a split can be a read-only view of the run's features (data.take_rows): torch wants writable rows
+            t["img"] = torch.as_tensor(np.require(train.require_image_features(self.name),
+                                                  requirements="W")).to(device)
         kind = self.model_spec_["text_model"]
         if kind == "features":
-            t["txt"] = torch.as_tensor(train.require_text_features(self.name)).to(device)
+            t["txt"] = torch.as_tensor(np.require(train.require_text_features(self.name), requirements="W")).to(device)
         else:
             inputs = self._text_inputs(train.captions)
             # tokens per caption, on the host: each batch is trimmed to its longest caption without a sync

@@ -245,11 +245,13 @@ class Wsabie(TorchMethod):
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """The training tensors on ``device``: features, positives, negative counts and the L table."""
-        X = torch.as_tensor(self._rows(train.require_image_features("wsabie"), "image")).to(device)
+        X = torch.as_tensor(np.require(self._rows(train.require_image_features("wsabie"), "image"),
+                                       requirements="W")).to(device)
         n_img = X.shape[0]
         t: dict[str, Any] = {"X": X, "n_img": n_img}
         if self.target == "captions":
-            Y = torch.as_tensor(self._rows(train.require_text_features("wsabie"), "text")).to(device)
+            Y = torch.as_tensor(np.require(self._rows(train.require_text_features("wsabie"), "text"),
+                                        requirements="W")).to(device)
             ci = torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)
             per_image = torch.bincount(ci, minlength=n_img)
             n = Y.shape[0]

@@ -25,6 +25,7 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import clean_caption, detector, one_line, read_text, reader, require_file
 from crossview.data.readers._common import safe_resolve
 from crossview.core.errors import DatasetError
+from crossview.core.io import drop_pages
 
 #: (file prefix, split name), in concatenation order.
 SPLITS = (("train", "train"), ("dev", "val"), ("val", "val"), ("test", "test"), ("testall", "testall"))
@@ -62,6 +63,7 @@ def _load_features(path: Path) -> np.ndarray:
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise DatasetError(f"the feature array is empty (shape {arr.shape})", path)
     bad = _non_finite_rows(arr)
+    drop_pages(arr)
     if len(bad):
         raise DatasetError(f"{len(bad)} of {arr.shape[0]} feature rows hold NaN or infinite values (first: row "
                            f"{bad[0]})", path, hint="Re-extract the features; no method can use such rows")
@@ -168,8 +170,10 @@ def _read_split(prefix: str, ims_path: Path, caps_path: Path, warnings: list[str
                                hint="Each image needs the same number of consecutive captions")
         per = n_caps // n_ims
     elif n_ims % REPEAT == 0 and _rows_repeated(ims, REPEAT):
+        drop_pages(ims)
         ims, per = ims[::REPEAT], REPEAT
     else:
+        drop_pages(ims)
         per = 1
     captions: list[str] = []
     cap_img: list[int] = []
@@ -194,6 +198,22 @@ def _read_split(prefix: str, ims_path: Path, caps_path: Path, warnings: list[str
         ims = ims[has_cap]
         cap_arr = (np.cumsum(has_cap) - 1)[cap_arr]
     return ims, captions, cap_arr
+
+
+def _concatenate(feats: list[np.ndarray]) -> np.ndarray:
+    """The splits' ``(n_k, d)`` feature arrays (memory-mapped) stacked into one in-memory array, copied a block at a
+    time with each mapping's pages dropped after its copy: the peak is the result plus one block, not twice it."""
+    dtype = np.result_type(*[f.dtype for f in feats])
+    out = np.empty((sum(f.shape[0] for f in feats), feats[0].shape[1]), dtype=dtype)
+    per_block = max(1, (1 << 24) // max(1, out.shape[1] * dtype.itemsize))
+    at = 0
+    for f in feats:
+        for start in range(0, f.shape[0], per_block):
+            block = f[start:start + per_block]
+            out[at + start:at + start + block.shape[0]] = block
+            drop_pages(f)
+        at += f.shape[0]
+    return out
 
 
 @reader
@@ -237,8 +257,9 @@ def read(path: Path, image_root: Path | None = None) -> PairedDataset:
         splits[split] = np.arange(n_images, n_images + ims.shape[0], dtype=np.int64)
         n_images += ims.shape[0]
     # Checked before the cast to float32, which would turn values past float32's range into inf.
-    features = feats[0] if len(feats) == 1 else np.concatenate([np.asarray(f) for f in feats])
+    features = feats[0] if len(feats) == 1 else _concatenate(feats)
     check_degenerate(features, found[0][2] if len(feats) == 1 else path, warnings)
+    drop_pages(features)
     if features.dtype != np.float32:
         features = features.astype(np.float32)
     return PairedDataset(

@@ -1,0 +1,170 @@
+"""Memory that follows the data (issue 34): block-wise evaluation gives the full matrix's ranks, CCA keeps sparse
+caption features sparse, and a contiguous split of a feature matrix is a view, not a copy."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from crossview.data.dataset import take_rows
+from crossview.data.method_data import MethodData
+from crossview.eval import metrics as M
+from crossview.eval.embeddings import Embeddings, evaluate_embeddings
+from crossview.methods.cca import CCA
+
+
+def _embeddings(n_images: int, per: int, d: int, seed: int, levels: int | None = None):
+    """Image and caption embeddings with ``per`` captions an image (shuffled caption order); ``levels`` rounds
+    them to a coarse grid so that many scores tie."""
+    rng = np.random.default_rng(seed)
+    img = rng.standard_normal((n_images, d)).astype(np.float32)
+    ci = rng.permutation(np.repeat(np.arange(n_images), per))
+    txt = (img[ci] + rng.standard_normal((len(ci), d)).astype(np.float32)).astype(np.float32)
+    if levels is not None:
+        img, txt = np.round(img * levels) / levels, np.round(txt * levels) / levels
+    return img.astype(np.float32), txt.astype(np.float32), ci.astype(np.int64)
+
+
+@pytest.mark.parametrize("levels", [None, 1])
+@pytest.mark.parametrize("block_rows", [1, 3, 7, 40, None])
+def test_blocked_ranks_equal_the_full_matrix(levels, block_rows):
+    img, txt, ci = _embeddings(40, 5, 8, seed=1, levels=levels)
+    full = M.evaluate(img @ txt.T, ci)
+    got = M.embedding_ranks(img, txt, ci, block_rows=block_rows)
+    np.testing.assert_array_equal(got["i2t"], full["ranks"]["i2t"])
+    np.testing.assert_array_equal(got["t2i"], full["ranks"]["t2i"])
+    if levels is not None:      # the grid made ties, and the tie rule still matches
+        assert len(np.unique(img @ txt.T)) < (img @ txt.T).size // 2
+
+
+def test_blocked_ranks_with_a_second_model_for_t2i():
+    img, txt, ci = _embeddings(30, 3, 6, seed=2)
+    img2, txt2, _ = _embeddings(30, 3, 6, seed=3)
+    got = M.evaluate_embeddings_blocked(img, txt, ci, image_t2i=img2, text_t2i=txt2, block_rows=4)
+    np.testing.assert_array_equal(got["ranks"]["i2t"], M.i2t_ranks(img @ txt.T, ci))
+    np.testing.assert_array_equal(got["ranks"]["t2i"], M.t2i_ranks(img2 @ txt2.T, ci))
+
+
+def test_standard_protocol_of_saved_embeddings_matches_the_full_matrix():
+    img, txt, ci = _embeddings(25, 5, 8, seed=4)
+    out = evaluate_embeddings(Embeddings(image=img, text=txt, caption_image=ci))
+    full = M.evaluate(img @ txt.T, ci)
+    assert out["i2t"] == full["i2t"] and out["t2i"] == full["t2i"]
+    np.testing.assert_array_equal(out["ranks"]["t2i"], full["ranks"]["t2i"])
+
+
+def test_blocked_ranks_refuse_bad_input_in_one_line():
+    img, txt, ci = _embeddings(5, 2, 4, seed=5)
+    with pytest.raises(Exception, match="same D"):
+        M.embedding_ranks(img, txt[:, :3], ci)
+    with pytest.raises(Exception, match="no caption"):
+        M.embedding_ranks(np.vstack([img, img[:1]]), txt, ci)
+    bad = img.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(Exception, match="NaN"):
+        M.embedding_ranks(bad, txt, ci)
+
+
+def _sparse_pairs(n_images: int, per: int, p: int, vocab: int, seed: int):
+    """Images ``(n_images, p)`` and TF-IDF-like sparse captions ``(n_images * per, vocab)`` sharing a latent topic."""
+    rng = np.random.default_rng(seed)
+    topics = rng.integers(0, 10, n_images)
+    centres = rng.standard_normal((10, p)).astype(np.float32)
+    img = (centres[topics] + 0.5 * rng.standard_normal((n_images, p))).astype(np.float32)
+    ci = np.repeat(np.arange(n_images), per)
+    n = len(ci)
+    words = 6
+    cols = (topics[ci, None] * 7 + rng.integers(0, 7, (n, words // 2))) % vocab
+    cols = np.hstack([cols, rng.integers(0, vocab, (n, words - words // 2))])
+    text = sp.csr_matrix((np.full(n * words, 1 / np.sqrt(words), dtype=np.float32),
+                          (np.repeat(np.arange(n), words), cols.ravel())), shape=(n, vocab))
+    text.sum_duplicates()
+    return img, text, ci
+
+
+@pytest.mark.parametrize("pairs", ["captions", "images"])
+def test_cca_on_sparse_text_equals_cca_on_the_dense_matrix(pairs):
+    img, text, ci = _sparse_pairs(300, 5, 12, 60, seed=0)
+    caps = [""] * len(ci)
+    dense = CCA(n_components=8, reg=0.1, pairs=pairs).fit(MethodData(img, text.toarray(), caps, ci))
+    sparse_data = MethodData(img, text, caps, ci)
+    assert sp.issparse(sparse_data.text_features)
+    sparse = CCA(n_components=8, reg=0.1, pairs=pairs).fit(sparse_data)
+    np.testing.assert_allclose(sparse.correlations_, dense.correlations_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.abs(sparse.encode_texts(sparse_data) @ sparse.encode_images(sparse_data).T),
+                               np.abs(dense.encode_texts(MethodData(img, text.toarray(), caps, ci))
+                                      @ dense.encode_images(sparse_data).T), atol=1e-3)
+    res = sparse.evaluate(sparse_data)
+    assert res["rsum"] > 0
+
+
+def test_cca_on_sparse_text_never_densifies_the_caption_matrix():
+    # 30,000 captions x 800 words: dense float32 would be 96 MB (float64 192 MB); the covariance it needs is
+    # 800 x 800 float64 (5 MB) and the per-image sums 6,000 x 800 (38 MB float64)
+    img, text, ci = _sparse_pairs(6000, 5, 16, 800, seed=1)
+    data = MethodData(img, text, [""] * len(ci), ci)
+    dense_bytes = text.shape[0] * text.shape[1] * 4
+    tracemalloc.start()
+    try:
+        m = CCA(n_components=8, reg=0.1).fit(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.5 * dense_bytes, f"fit peaked at {peak / 1e6:.0f} MB; dense is {dense_bytes / 1e6:.0f} MB"
+    assert m.correlations_[0] > 0.5
+
+
+def test_contiguous_rows_are_a_read_only_view():
+    a = np.arange(40, dtype=np.float32).reshape(10, 4)
+    v = take_rows(a, np.arange(3, 8))
+    assert np.shares_memory(v, a) and not v.flags.writeable
+    np.testing.assert_array_equal(v, a[3:8])
+    with pytest.raises(ValueError):
+        v[0, 0] = 1
+    c = take_rows(a, np.array([1, 3, 2]))      # not one range: a copy, as before
+    assert not np.shares_memory(c, a)
+    np.testing.assert_array_equal(c, a[[1, 3, 2]])
+
+
+def test_a_precomp_style_split_shares_the_features(tmp_path):
+    from crossview.data.dataset import PairedDataset
+
+    feats = np.random.default_rng(0).standard_normal((12, 5)).astype(np.float32)
+    ci = np.repeat(np.arange(12), 2)
+    ds = PairedDataset(name="t", captions=[f"c {i}" for i in range(24)], caption_image=ci, image_features=feats,
+                       splits={"train": np.arange(0, 8), "test": np.arange(8, 12)})
+    text = np.random.default_rng(1).standard_normal((24, 3)).astype(np.float32)
+    train = MethodData.from_features(ds, feats, text, "train")
+    assert np.shares_memory(train.image_features, feats) and np.shares_memory(train.text_features, text)
+    np.testing.assert_array_equal(train.image_features, feats[:8])
+    np.testing.assert_array_equal(train.text_features, text[:16])
+    np.testing.assert_array_equal(train.caption_image, ci[:16])
+
+
+@pytest.mark.parametrize("sparse_text", [False, True])
+def test_cca_of_caption_pairs_equals_cca_of_repeated_image_rows(sparse_text):
+    from crossview.core.linalg import fit_cca, fit_cca_pairs
+
+    img, text, ci = _sparse_pairs(200, 5, 10, 40, seed=2)
+    ci = np.concatenate([ci[:-7], np.full(7, 3)])      # uneven caption counts, image 199 has fewer
+    want = fit_cca(img[ci], text.toarray(), 6, 0.1)
+    got = fit_cca_pairs(img, text if sparse_text else text.toarray(), ci, 6, 0.1)
+    np.testing.assert_allclose(got.correlations, want.correlations, rtol=1e-5)
+    np.testing.assert_allclose(got.x_mean, want.x_mean, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.abs(got.x_proj), np.abs(want.x_proj), rtol=1e-3, atol=1e-5)
+
+
+def test_dropped_pages_of_a_mapped_array_read_back_the_same(tmp_path):
+    from crossview.core.io import drop_pages
+
+    a = np.random.default_rng(0).standard_normal((300, 64)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    m = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert float(m.sum()) == pytest.approx(float(a.sum()), rel=1e-5)
+    drop_pages(m)
+    drop_pages(m[::5])
+    drop_pages(a)                  # not mapped: nothing happens
+    np.testing.assert_array_equal(m, a)
