@@ -76,7 +76,12 @@ def test_the_graph_key_of_vsepp_is_the_batch_width_bucket_and_end_to_end_images_
     m._t.pop("img")                             # as with image_model=cnn: images decoded per batch on the CPU
     key, why = m.graph_key()
     assert key is None and "image_model=cnn" in why
-    assert create_method("wsabie").graph_key()[0] is None
+    w = create_method("wsabie").with_run(device="cpu")
+    w.prepare(data, torch.device("cpu"))
+    assert w.graph_key()[0] is not None           # the dense draw: batch x candidates fits
+    w.GRAPH_DRAW_BYTES = 1000
+    key, why = w.graph_key()
+    assert key is None and "would take" in why and "GB" in why
 
 
 def test_steps_on_a_cpu_are_not_captured_and_say_nothing() -> None:
