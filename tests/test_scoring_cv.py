@@ -216,3 +216,32 @@ def test_cv_of_a_run_that_cannot_be_trained_again_is_one_line(run, tmp_path, cap
     assert json.loads(out.out)["scoring"]["in_sample"] is True and "chosen in-sample" in out.err
     assert main(["eval", str(run), "--compare", str(other), "--select", "cv"]) == 2
     assert "--select does not apply to --compare" in capsys.readouterr().err
+
+
+def test_a_stopped_cross_validation_continues_its_fold_runs(run, tmp_path) -> None:
+    from crossview.core.events import Progress
+    from crossview.engine.scoring import iter_select_cv
+
+    copy = tmp_path / "stopped"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("writer.*", "scoring-cv", "scoring.json"))
+    gen = iter_select_cv(copy, "csls")
+    for ev in gen:
+        if isinstance(ev, Progress) and ev.stage == "cv" and ev.step == 1:
+            break
+    gen.close()                                               # as Ctrl-C does between two fold runs
+    assert [p.name for p in (copy / "scoring-cv").iterdir()] == ["f1"]
+    stamp = (copy / "scoring-cv" / "f1" / "summary.json").stat().st_mtime_ns
+    events = list(_drain(iter_select_cv(copy, "csls")))
+    record = events[-1]
+    assert (copy / "scoring-cv" / "f1" / "summary.json").stat().st_mtime_ns == stamp      # read back, not retrained
+    assert record["param"] == _record(run)["param"] and record["candidates"] == _record(run)["candidates"]
+
+
+def _drain(gen):
+    """The events of ``gen``, then its return value."""
+    while True:
+        try:
+            yield next(gen)
+        except StopIteration as stop:
+            yield stop.value
+            return
