@@ -128,3 +128,38 @@ def test_inspect_shows_each_recorded_scoring_beside_the_plain_hubness(qtbot, tmp
     (d / "scoring.json").write_text("not json")
     panel.set_run(load_run_results(d))
     assert panel.hubness_label.text().count("\n") == 0
+
+
+def test_the_scoring_box_uses_the_runs_recorded_cross_validated_choice(qtbot, panel: QueryPanel, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """A run whose csls k was chosen by cross-validation (crossview eval RUN --scoring csls --select cv) ranks
+    with that k in the app; with no choice recorded the quick in-sample one is used and said to be in-sample, with
+    the command for the honest one. The panel never trains."""
+    import json
+
+    import crossview.engine.run as run_mod
+
+    trained: list = []
+    real = run_mod.train
+    monkeypatch.setattr(run_mod, "train", lambda *a, **k: trained.append(k) or real(*a, **k))
+    with qtbot.waitSignal(panel.scoring_applied, timeout=10_000) as sig:
+        panel.set_scoring("isoftmax")
+    record = sig.args[0]
+    assert record["selected_on"] == "train (hold-out)" and record["in_sample"] is True
+    assert "in-sample" in panel.scoring_note.text() and "--select cv" in panel.scoring_note.text()
+    run_dir = tmp_path / "run2"
+    run_dir.mkdir()
+    entry = {"scoring": "csls", "param_name": "k", "param": 7, "by": "rsum", "selected_on": "train-cv3",
+             "in_sample": False, "fold_images": [7, 7, 6], "folds": [{"fold": 1}, {"fold": 2}, {"fold": 3}],
+             "candidates": [], "reported_on": "test", "rsum": 300.0, "i2t": {}, "t2i": {}, "hubness": {}}
+    (run_dir / "scoring.json").write_text(json.dumps({"test": {"csls": entry}}))
+    ds, feats, _ = toy_setup()
+    panel.set_retriever(Retriever(Identity().fit(None), ds, feats, gallery="test"), run_dir,
+                        eval_split="test", train_split="train")
+    with qtbot.waitSignal(panel.scoring_applied, timeout=10_000) as sig:
+        panel.set_scoring("csls")
+    record = sig.args[0]
+    assert record["param"] == 7 and record["selected_on"] == "train-cv3" and "rsum" not in record
+    assert panel.retriever.scoring_record["param"] == 7
+    assert "3-fold cross-validation" in panel.scoring_note.text() and "--select cv" not in panel.scoring_note.text()
+    assert trained == []

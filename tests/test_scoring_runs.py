@@ -61,7 +61,7 @@ def test_eval_scoring_normalises_with_train_and_reports_on_the_evaluation_split(
         banks.append((self.bank_queries.copy(), self.bank_gallery.copy()))
 
     monkeypatch.setattr(scoring_mod.Scorer, "__post_init__", spy)
-    assert main(["eval", str(run), "--scoring", "isoftmax", "--json"]) == 0
+    assert main(["eval", str(run), "--scoring", "isoftmax", "--select", "bank", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     bank = load_embeddings(run / "bank_train.npz")
     test = load_embeddings(run / "embeddings_test.npz")
@@ -75,6 +75,7 @@ def test_eval_scoring_normalises_with_train_and_reports_on_the_evaluation_split(
         assert rows <= train_rows and not rows & held_out
     sel = res["scoring"]
     assert sel["scoring"] == "isoftmax" and sel["selected_on"] == "train (hold-out)" and sel["reported_on"] == "test"
+    assert sel["in_sample"] is True
     assert sel["holdout_images"] == 12 and sel["bank_images"] == 48
     ref = evaluate_scoring(test, bank, "isoftmax", sel["param"])
     assert res["rsum"] == pytest.approx(ref["rsum"]) and res["i2t"] == pytest.approx(ref["i2t"])
@@ -89,8 +90,9 @@ def test_eval_scoring_table_names_the_choice_and_the_hubness(run, capsys) -> Non
     out = capsys.readouterr().out
     assert "scoring csls (k = 3, given); reported on test" in out
     assert "i2t hubness: N_10 skewness" in out
-    assert main(["eval", str(run), "--scoring", "dsoftmax"]) == 0
-    assert "chosen by rsum on train (hold-out): 12 images against a bank of 48" in capsys.readouterr().out
+    assert main(["eval", str(run), "--scoring", "dsoftmax", "--select", "bank"]) == 0
+    assert ("chosen by rsum on train (hold-out): 12 images against a bank of 48; in-sample: the model was fitted on "
+            "those images)") in capsys.readouterr().out
 
 
 def test_plain_scoring_is_the_evaluation_as_before(run, capsys) -> None:

@@ -13,7 +13,8 @@ from crossview.core.progress import RunEta, format_seconds
 from crossview.core.text import printable
 
 __all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting",
-           "render_demo_reporting", "int_option", "float_option", "seed_option"]
+           "render_demo_reporting", "int_option", "float_option", "seed_option", "add_scoring_options",
+           "scoring_select", "print_events"]
 
 
 def int_option(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -60,15 +61,57 @@ def add_scoring_options(p: argparse.ArgumentParser, param: bool = True) -> None:
     ``param``, ``--param`` (a scoring's k or beta instead of the one chosen on a hold-out of train)."""
     from crossview.eval.scoring import SCORINGS
 
+    from crossview.engine.scoring import SELECTIONS
+
     p.add_argument("--scoring", default="plain", metavar="|".join(SCORINGS),
                    help="hubness-aware scoring, normalised by a bank of the run's training images and captions "
-                        "(never the evaluated split); its k / beta is chosen by rsum on a hold-out of train. "
-                        + "; ".join(f"{k}: {v}" for k, v in SCORINGS.items()).replace("%", "%%"))
+                        "(never the evaluated split); its k / beta is chosen by rsum on the training images "
+                        "(--select). " + "; ".join(f"{k}: {v}" for k, v in SCORINGS.items()).replace("%", "%%"))
+    p.add_argument("--select", default=None, metavar="|".join(SELECTIONS),
+                   help="how a scoring's k / beta is chosen (default auto): "
+                        + "; ".join(f"{k}: {v}" for k, v in SELECTIONS.items()).replace("%", "%%")
+                        + ". The cross-validation runs are kept in RUN/scoring-cv and reused")
     if param:
         p.add_argument("--param", type=float_option(0, above=True), default=None, metavar="K_OR_BETA",
                        help="the scoring's parameter as given (csls: k, the neighbours averaged; isoftmax / "
-                            "dsoftmax: beta, the inverse temperature) instead of the choice on a hold-out of train; "
+                            "dsoftmax: beta, the inverse temperature) instead of the choice on the training images; "
                             "the run then records it as given, not selected")
+
+
+def scoring_select(args: argparse.Namespace) -> str:
+    """``--select`` checked against ``--scoring`` and ``--param`` (one clear line where it does not apply);
+    ``"auto"`` when it is not given."""
+    from crossview.core.errors import CrossViewError
+    from crossview.engine.scoring import check_select
+    from crossview.eval.scoring import PARAMS
+
+    if args.select is None:
+        return "auto"
+    select = check_select(args.select)
+    if PARAMS.get(args.scoring) is None:
+        raise CrossViewError(f"--select {select}: scoring {args.scoring!r} has no parameter to choose; give "
+                             "--scoring csls, isoftmax or dsoftmax")
+    if getattr(args, "param", None) is not None:
+        raise CrossViewError(f"--select {select} and --param {args.param:g}: a given parameter is not chosen; give "
+                             "one of them")
+    return select
+
+
+def print_events(work: Any) -> Any:
+    """Drive a generator of engine events that returns a result (a scoring's cross-validation runs,
+    :func:`crossview.engine.scoring.iter_evaluate_run`) through an :class:`EventPrinter` on stderr: a progress line
+    every few seconds. Returns the generator's result."""
+    printer = EventPrinter()
+    try:
+        while True:
+            try:
+                ev = next(work)
+            except StopIteration as stop:
+                return stop.value
+            printer(ev)
+    finally:
+        printer.close()
+        work.close()
 
 
 def seed_option(text: str) -> int:

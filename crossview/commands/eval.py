@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from crossview.commands._common import ProgressPrinter, add_scoring_options, int_option, print_result
+from crossview.commands._common import (ProgressPrinter, add_scoring_options, int_option, print_events, print_result,
+                                        scoring_select)
 from crossview.core.errors import CrossViewError
 
 
@@ -164,7 +165,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from crossview.eval.paired import paired_effect
 
     for flag, given in (("--protocol", args.protocol != "standard"), ("--overlap", args.overlap),
-                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring != "plain")):
+                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring != "plain"),
+                        ("--select", args.select is not None)):
         if given:
             raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks "
                                  "(evaluate each run without --compare for that)")
@@ -237,6 +239,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CrossViewError(f"eval takes one run or embeddings file, got {len(args.target)}; several runs (seeds) "
                              "only with --compare: crossview eval A1 A2 --compare B1 B2")
     scoring = _scoring(args)
+    select = scoring_select(args)
     path = _embeddings_path(args.target[0], args.split)
     ranks_out = _ranks_out(args.ranks_out) if args.ranks_out else None
     emb = load_embeddings(path)
@@ -247,7 +250,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bars.setdefault(stage, ProgressPrinter(stage))(done, total)
 
     if scoring != "plain":
-        from crossview.engine.scoring import evaluate_run
+        from crossview.engine.scoring import iter_evaluate_run
 
         run = Path(args.target[0]).expanduser()
         if not run.is_dir() or not (run / "config.json").is_file():
@@ -260,8 +263,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.protocol == "coco5k" and emb.image.shape[0] != 5000:
             raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
                                  "use --protocol standard")
-        res = evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")], param=args.param,
-                           ks=tuple(ks))
+        res = print_events(iter_evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")],
+                                              param=args.param, select=select, ks=tuple(ks)))
         res["protocol"] = args.protocol
     else:
         res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
@@ -295,7 +298,9 @@ def _scoring(args: argparse.Namespace) -> str:
     if args.param is not None and PARAMS[scoring] is None:
         raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
                              "(k), isoftmax or dsoftmax (beta)")
+    scoring_select(args)
     return scoring
+
 
 
 def register(sub: argparse._SubParsersAction) -> None:

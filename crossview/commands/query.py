@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import add_scoring_options, feature_progress, print_result
+from crossview.commands._common import (add_scoring_options, feature_progress, print_events, print_result,
+                                        scoring_select)
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_query", "resolve_image"]
@@ -289,6 +290,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.param is not None and PARAMS[scoring] is None:
         raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
                              "(k), isoftmax or dsoftmax (beta)")
+    select = scoring_select(args)
     run_dir = _check_run_dir(args.run)
     corpus = _load_corpus(args.corpus) if args.corpus is not None else None
     photos = _load_photos(args.images) if args.images is not None else None
@@ -309,7 +311,14 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise CrossViewError(f"--caption {args.caption}: index out of range; dataset {ds.name!r} has "
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
     gallery = corpus if corpus is not None else (photos if photos is not None else args.split)
-    retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring, param=args.param)
+    choice = None
+    if scoring != "plain" and args.param is None:
+        from crossview.engine.scoring import iter_run_choice
+
+        # the run's recorded cross-validated choice, else --select's (auto: cv where it is cheap, see --help)
+        choice = print_events(iter_run_choice(run_dir, scoring, select=select, use_recorded=True))
+    retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring, param=args.param,
+                              choice=choice)
     progress.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)

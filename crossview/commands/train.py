@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from crossview.commands._common import (EventPrinter, _add_dataset_args, add_scoring_options, float_option,
-                                       render_demo_reporting, seed_option)
+                                        print_events, render_demo_reporting, scoring_select, seed_option)
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_train", "parse_set_values", "format_metric_table"]
@@ -232,6 +232,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from crossview.eval.scoring import check_scoring
 
     scoring = check_scoring(args.scoring)       # one line, before any training
+    select = scoring_select(args)
     flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
                    if k.startswith("card_flag:") and v is not None}
     if args.resume:
@@ -316,9 +317,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise CrossViewError("the run ended without a summary")
     scored = None
     if scoring != "plain" and read_status(gen.run_dir).get("status") == "finished":
-        from crossview.engine.scoring import evaluate_run
+        from crossview.engine.scoring import iter_evaluate_run
 
-        scored = evaluate_run(gen.run_dir, scoring)       # recorded in the run's scoring.json
+        # recorded in the run's scoring.json; the choice's cross-validation runs print their progress
+        scored = print_events(iter_evaluate_run(gen.run_dir, scoring, select=select))
     if args.json:
         if scored is not None:
             summary = {**summary, "scored": {k: v for k, v in scored.items() if k != "ranks"}}

@@ -384,15 +384,12 @@ def _fold_dir(folder: Path, k: int, member: Member, f: int) -> Path:
 
 def check_cv_members(members: Sequence[Member]) -> None:
     """That every member can be trained again on training folds (``--weights auto``); one clear line otherwise."""
+    from crossview.engine.cv_runs import check_retrainable
+
     for m in members:
-        if m.config.get("method") == FUSED:
-            raise CrossViewError(f"{m.run_dir.name} is a fused run, which cannot be trained again on training folds; "
-                                 "fuse its members instead, or use --weights bank (folds of the training banks) or "
-                                 "given weights")
-        if not m.config.get("data"):
-            raise CrossViewError(f"{m.run_dir.name} was trained on an in-memory dataset, so it cannot be trained "
-                                 "again on training folds; use --weights bank (folds of the training banks) or give "
-                                 "the weights")
+        check_retrainable(m.config, m.run_dir.name, "fuse its members instead, or use --weights bank (folds of the "
+                          "training banks) or given weights" if m.config.get("method") == FUSED else
+                          "use --weights bank (folds of the training banks) or give the weights")
 
 
 def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, seed: int = 0,
@@ -400,24 +397,16 @@ def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, s
     """The ``auto`` selection's folds: ``folds``-fold cross-validation of the members' training images (by image,
     :func:`crossview.engine.splits.fold_splits`): each member's method is trained again with its own settings on
     each fold's other training images and evaluated on the fold (ordinary resumable runs under ``folder/cv/``;
-    a finished one is read back). Yields their events (progress and logs) and returns the fold sets
-    :func:`choose_weights` takes: each fold's held-out embeddings per member with the statistics of that fold
-    run's own training bank. Only training images are ever trained on or scored."""
-    from crossview.engine.run import _load, train
-    from crossview.engine.runs import ensure_run
-    from crossview.engine.splits import apply_derived_splits, fold_splits
-    from crossview.eval.embeddings import load_embeddings
+    a finished one is read back; :mod:`crossview.engine.cv_runs`). Yields their events (progress and logs) and
+    returns the fold sets :func:`choose_weights` takes: each fold's held-out embeddings per member with the
+    statistics of that fold run's own training bank. Only training images are ever trained on or scored."""
+    from crossview.engine.cv_runs import iter_fold_run, load_run_dataset, run_folds
 
     check_cv_members(members)
-    first = members[0]
-    cfg0 = first.config
-    ds, _ = _load(cfg0["data"], cfg0.get("data_format"), cfg0.get("image_root"))
-    if cfg0.get("text_view") is not None and ds.meta.get("text_view") is None:
-        from crossview.data.views import apply_text_view
-        ds = apply_text_view(ds, cfg0["text_view"])
-    ds = apply_derived_splits(ds, cfg0.get("derived_splits"))
+    cfg0 = members[0].config
+    ds = load_run_dataset(cfg0)
     train_split = str(cfg0.get("train_split") or "train")
-    parts = fold_splits(np.asarray(ds.splits[train_split], np.int64), folds, seed)
+    parts = run_folds(ds, cfg0, folds, seed)
     total = len(members) * len(parts)
     yield Log(f"cross-validation: {len(parts)} folds of the {len(ds.splits[train_split]):,} {train_split} images; "
               f"each of the {len(members)} runs trained again on each fold's other images ({total} runs in "
@@ -425,41 +414,11 @@ def iter_cv_folds(members: Sequence[Member], folder: Path, folds: int = FOLDS, s
     done = 0
     sets: list[tuple[list[Any], list[Any]]] = [([], []) for _ in parts]
     for k, m in enumerate(members):
-        cfg = m.config
-        params = cfg.get("user_params") if isinstance(cfg.get("user_params"), dict) else cfg.get("params") or {}
         for f, (tr, te) in enumerate(parts):
-            run_dir = _fold_dir(folder, k, m, f)
-            derived = {"cv-train": tr.tolist(), "cv-test": te.tolist()}
-
-            def start(run_dir: Path = run_dir, derived: dict[str, Any] = derived, params: dict[str, Any] = params,
-                      cfg: dict[str, Any] = cfg) -> Any:
-                return train(str(cfg["method"]), ds, run_dir=run_dir, params=dict(params), split="cv-test",
-                             train_split="cv-train", val_split=cfg.get("val_split"),
-                             image_encoder=cfg.get("image_encoder"), text_encoder=cfg.get("text_encoder"),
-                             device=str(cfg.get("device") or "auto"), seed=int(cfg.get("seed") or 0),
-                             derived_splits=derived, representation=cfg.get("representation"),
-                             image_norm=cfg.get("image_norm"), text_norm=cfg.get("text_norm"))
-
-            how, it = ensure_run(run_dir, start, data=ds)
-            where = f"cv fold {f + 1}/{len(parts)}, {m.run_dir.name}"
-            if it is not None:
-                try:
-                    for ev in it:
-                        if isinstance(ev, Progress):
-                            # "cv run": the fold run's own stages, inside the fusion's "cv" stage
-                            yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "), stage="cv run")
-                        elif isinstance(ev, Log):
-                            yield Log(f"{where}: {ev.message}", ev.level)
-                finally:
-                    it.close()
-            emb_path = run_dir / "embeddings_cv-test.npz"
-            if not emb_path.is_file():
-                raise CrossViewError(f"{run_dir}: the fold run ended without its embeddings; delete that folder and "
-                                     "fuse again")
-            emb = load_embeddings(emb_path)
-            bank = load_embeddings(run_dir / "bank_cv-train.npz")
-            sets[f][0].append(emb)
-            sets[f][1].append({d: score_stats(bank, d, block_size) for d in ("i2t", "t2i")})
+            fold = yield from iter_fold_run(m.config, ds, _fold_dir(folder, k, m, f), tr, te,
+                                            f"cv fold {f + 1}/{len(parts)}, {m.run_dir.name}")
+            sets[f][0].append(fold.emb)
+            sets[f][1].append({d: score_stats(fold.bank, d, block_size) for d in ("i2t", "t2i")})
             done += 1
             yield Progress(done, total, "cross-validation runs", stage="cv")
     return sets

@@ -42,12 +42,14 @@ class OpenRun:
         return "test" if "test" in self.dataset.splits else next(iter(self.dataset.split_names), "all")
 
     def retriever(self, gallery: Any = None, index_backend: str = "exact", device: str = "cpu",
-                  scoring: str = "plain", param: float | None = None, **options: Any) -> Any:
+                  scoring: str = "plain", param: float | None = None, choice: dict[str, Any] | None = None,
+                  **options: Any) -> Any:
         """A :class:`~crossview.engine.retriever.Retriever` over ``gallery`` (split name, ``"all"``, a
         corpus or a :class:`~crossview.data.photos.PhotoFolder`); by default the run's evaluation split, so ranks
         match the run's metrics. ``scoring`` (:mod:`crossview.eval.scoring`) re-scores its queries with the run's
-        training bank (:func:`crossview.engine.scoring.apply_scoring`; ``param`` as given, else chosen on a
-        hold-out of train). ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a
+        training bank (:func:`crossview.engine.scoring.apply_scoring`; ``choice``'s parameter, a record made already,
+        else ``param`` as given, else the cross-validated choice the run recorded, else chosen on a hold-out of
+        train). ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a
         corpus's or a photo folder's encoding)."""
         from crossview.engine.retriever import Retriever
         from crossview.eval.scoring import check_scoring
@@ -58,7 +60,7 @@ class OpenRun:
                       device=device, **options)
         if scoring != "plain":
             from crossview.engine.scoring import apply_scoring
-            apply_scoring(self, r, scoring, param)
+            apply_scoring(self, r, scoring, param, choice=choice)
         return r
 
 

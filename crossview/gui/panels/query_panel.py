@@ -365,9 +365,12 @@ class QueryPanel(QWidget):
 
     def set_scoring(self, scoring: str) -> Task | None:
         """Rank by ``scoring`` (:mod:`crossview.eval.scoring`) from now on. The bank (the run's training split)
-        and the choice of k / beta on a hold-out of it are made in a worker, once per run and scoring; then the
-        query shown is asked again and :attr:`scoring_applied` is sent. Returns that task (None when the scoring
-        was prepared already, or there is no run)."""
+        and k / beta are prepared in a worker, once per run and scoring; then the query shown is asked again and
+        :attr:`scoring_applied` is sent. Returns that task (None when the scoring was prepared already, or there is
+        no run). k / beta is the run's recorded cross-validated choice (``crossview eval RUN --scoring X``, or
+        ``train --scoring X``: :func:`crossview.engine.scoring.recorded_choice`) when it has one, else the quick
+        choice on a hold-out of the training bank, shown as in-sample: the panel never trains (a cross-validation
+        trains the run's method three times, which is the CLI's or a run's work, not a query's)."""
         check_scoring(scoring)
         self.scoring_combo.setCurrentIndex(self.scoring_combo.findData(scoring))
         r = self.retriever
@@ -392,7 +395,7 @@ class QueryPanel(QWidget):
                     name="scoring", parent=self)
         self._scoring_task = task
         self.scoring_note.setText(f"{SCORING_LABELS[scoring]}: encoding the {html.escape(train_split)} split and "
-                                  "choosing its parameter on a hold-out of it...")
+                                  "reading or choosing its parameter...")
         task.succeeded.connect(lambda res, t=task: self._on_scoring_ready(t, r, scoring, res))
         task.failed.connect(lambda msg, details, t=task: t is self._scoring_task and self._scoring_failed(msg))
         return task.start()
@@ -405,7 +408,11 @@ class QueryPanel(QWidget):
 
     def _apply_scoring(self, r: Retriever, scorers: Any, record: dict[str, Any]) -> None:
         r.set_scoring(scorers, record)
-        self.scoring_note.setText(html.escape(describe_scoring(record)))
+        note = describe_scoring(record)
+        if record.get("in_sample") and self.run_dir is not None:
+            note += (f". For a cross-validated choice: crossview eval {self.run_dir} --scoring {record['scoring']} "
+                     "--select cv")
+        self.scoring_note.setText(html.escape(note))
         self.scoring_applied.emit(record)
         if self.history:
             self._ask(self.history[-1], remember=False)     # the query shown, ranked again
