@@ -396,16 +396,18 @@ class TrainPanel(QWidget):
         from crossview.features import text as text_mod
 
         self.image_encoder.addItem(f"{image_mod.DEFAULT_IMAGE_ENCODER} (default)", None)
-        for n in image_mod.list_image_encoders():
+        for n in [*image_mod.list_image_encoders(), *image_mod.IMAGE_ENCODER_EXAMPLES]:
             if n != image_mod.DEFAULT_IMAGE_ENCODER:
                 self.image_encoder.addItem(n, n)
         self.text_encoder.addItem(f"{text_mod.DEFAULT_TEXT_ENCODER} (default)", None)
-        for n in text_mod.list_text_encoders():
+        for n in [*text_mod.list_text_encoders(), *text_mod.TEXT_ENCODER_EXAMPLES]:
             if n != text_mod.DEFAULT_TEXT_ENCODER and not n.endswith(":PATH") and n != "vocab":
                 self.text_encoder.addItem(n, n)
-        self.image_encoder.setToolTip("Frozen image backbone (weights found offline); datasets with precomputed "
-                                      "features use those")
-        self.text_encoder.setToolTip("Caption features; fitted encoders (tfidf, bow, lda) learn on the train split")
+        self.image_encoder.setToolTip("Frozen image backbone (weights found offline); NAME:flip averages each image's "
+                                      "features with its mirror's, NAME+NAME concatenates backbones (each block "
+                                      "L2-normalised); datasets with precomputed features use those")
+        self.text_encoder.setToolTip("Caption features; fitted encoders (tfidf, bow, lda) learn on the train split; "
+                                     "A+B combines two (each block L2-normalised)")
 
     def _fill_devices(self) -> None:
         from crossview.core.devices import list_devices
