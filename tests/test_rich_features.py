@@ -142,8 +142,12 @@ def test_concatenated_backbones_normalise_each_block_and_reuse_each_backbones_ca
     # a query image: the same blocks, the same combination
     enc = run_image_encoder(both)
     np.testing.assert_allclose(enc.encode_paths(images[:2], num_workers=0), both.image[:2], rtol=1e-4, atol=1e-5)
-    with pytest.raises(CrossViewError, match="no local descriptors"):
-        enc.encode_paths(images[:1], num_workers=0, local=True)
+    # local descriptors (region maps): each block's map at its pooled row's scale, so their mean is the combined row
+    local = enc.encode_paths(images[:2], num_workers=0, local=True)
+    assert local.shape == (2, 49, 512 + 1280)
+    np.testing.assert_allclose(local.mean(axis=1), both.image[:2], rtol=1e-4, atol=1e-6)
+    with pytest.raises(CrossViewError, match="fc7"):
+        create_image_encoder("resnet18+vgg19", allow_random=True).encode_paths(images[:1], local=True)
 
 
 # ------------------------------------------------------------------------------------------ captions

@@ -269,10 +269,8 @@ class Explainer:
                                      "not from a pooled CNN feature, so it has no region map; use the default or "
                                      "modern representation")
             enc = run_image_encoder(self.features)
-            if len(getattr(enc, "blocks", ())) > 1:
-                raise CrossViewError(f"this run's image features concatenate backbones ({enc.name}): their conv maps "
-                                     "do not line up, so there is no region map; use a run of one backbone")
-            if backbone_spec(enc.name).family == "vgg":
+            if any(b.spec.family == "vgg" for b in getattr(enc, "blocks", ())) or \
+                    not hasattr(enc, "blocks") and backbone_spec(enc.name).family == "vgg":
                 raise CrossViewError("VGG-19's feature (fc7) is not an average over its conv map, so the region map "
                                      "would not be exact; use a ResNet, MobileNet-V2 or EfficientNet-Lite0 run")
             self._encoder = enc

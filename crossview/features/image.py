@@ -17,7 +17,8 @@ Encoder names (what ``--image-encoder`` takes and a run records) are ``BACKBONE[
   It is part of the cache key, so a flip run never reuses plain features.
 - ``a+b`` (concatenation, :class:`ConcatImageEncoder`): each backbone's pooled feature, L2-normalised per row,
   concatenated and scaled by ``1/sqrt(k)`` (:func:`crossview.features.normalize.concat_blocks`), so neither
-  backbone dominates by scale. ``:flip`` applies to every block. Pooled features only.
+  backbone dominates by scale. ``:flip`` applies to every block. Its local descriptors are the blocks' conv maps
+  scaled the same way, side by side (their mean is the combined row), for backbones whose maps line up.
 
 Images go through a torch DataLoader with worker processes that decode and transform them while the main
 process runs the network.
@@ -592,8 +593,21 @@ class ConcatImageEncoder:
 
     @property
     def local_dim(self) -> int:
-        raise CrossViewError(f"image encoder {self.name!r} concatenates backbones, so it has no local descriptors "
-                             "(conv maps of different backbones do not line up); use one backbone")
+        """Channels of each local descriptor: the blocks' channels side by side (see :meth:`iter_encode_paths`)."""
+        self._check_local()
+        return sum(b.local_dim for b in self.blocks)
+
+    def _check_local(self) -> None:
+        """Local descriptors need blocks whose pooled feature is the mean of their conv map (not VGG's fc7) and that
+        see the same crop; a CrossViewError says which does not."""
+        for b in self.blocks:
+            if b.spec.family == "vgg":
+                raise CrossViewError(f"image encoder {self.name!r}: {b.name}'s feature (fc7) is not the mean of its "
+                                     "conv map, so the concatenation has no local descriptors; use other backbones")
+        shapes = {(b.resize, b.spec.crop) for b in self.blocks}
+        if len(shapes) > 1:
+            raise CrossViewError(f"image encoder {self.name!r}: its backbones resize / crop differently "
+                                 f"({sorted(shapes)}), so their conv maps do not line up: no local descriptors")
 
     @property
     def weights_hash(self) -> str:
@@ -619,10 +633,10 @@ class ConcatImageEncoder:
     def cache_parts(self, local: bool = False) -> dict[str, Any]:
         """The blocks' cache parts and the way they are combined."""
         if local:
-            self.local_dim  # noqa: B018 - raises the explanation
-        return {"name": self.name, "weights": self.weights_hash, "blocks": [b.cache_parts() for b in self.blocks],
-                "combine": "l2-blocks",
-                "output": "pooled", "version": _FEATURE_VERSION}
+            self._check_local()
+        return {"name": self.name, "weights": self.weights_hash,
+                "blocks": [b.cache_parts(local=local) for b in self.blocks], "combine": "l2-blocks",
+                "output": "local" if local else "pooled", "version": _FEATURE_VERSION}
 
     @staticmethod
     def combine(blocks: Sequence[np.ndarray]) -> np.ndarray:
@@ -647,13 +661,19 @@ class ConcatImageEncoder:
 
     def iter_encode_paths(self, paths: Sequence[str | Path], *, batch_size: int = 64, num_workers: int | None = None,
                           device: str = "cpu", local: bool = False) -> Iterator[tuple[int, int]]:
-        """:meth:`encode_paths` as a generator: ``(done, total)`` over all blocks' passes (``total`` = ``k * n``)."""
+        """:meth:`encode_paths` as a generator: ``(done, total)`` over all blocks' passes (``total`` = ``k * n``).
+
+        With ``local=True``: ``(n, h*w, local_dim)``, each block's conv map divided by its pooled feature's norm
+        times ``sqrt(k)`` (the scale :meth:`combine` gives that block), blocks side by side along the channels, so
+        the mean over positions is exactly the combined pooled row (what a region map splits). The blocks' maps must
+        have the same size (EfficientNet-Lite0 and MobileNet-V2: 7 x 7 at 224 px)."""
         if local:
-            self.local_dim  # noqa: B018 - raises the explanation
+            self._check_local()
         n, k = len(paths), len(self.blocks)
         feats = []
         for j, b in enumerate(self.blocks):
-            work = b.iter_encode_paths(paths, batch_size=batch_size, num_workers=num_workers, device=device)
+            work = b.iter_encode_paths(paths, batch_size=batch_size, num_workers=num_workers, device=device,
+                                       local=local)
             while True:
                 try:
                     done, _ = next(work)
@@ -661,7 +681,16 @@ class ConcatImageEncoder:
                     feats.append(end.value)
                     break
                 yield j * n + done, k * n
-        return self.combine(feats)
+        if not local:
+            return self.combine(feats)
+        if len({f.shape[1] for f in feats}) > 1:
+            raise CrossViewError(f"image encoder {self.name!r}: its backbones' conv maps have different sizes "
+                                 f"({', '.join(str(f.shape[1]) for f in feats)} positions), so they do not line up")
+        scaled = []
+        for f in feats:
+            norms = np.linalg.norm(f.astype(np.float64).mean(axis=1), axis=1)
+            scaled.append((f / (np.where(norms > 0, norms, 1.0) * np.sqrt(k))[:, None, None]).astype(np.float32))
+        return np.concatenate(scaled, axis=2)
 
 
 # ---------------------------------------------------------------------------------- PCA
