@@ -193,3 +193,26 @@ def test_cli_bad_feature_options_are_one_line(flag: str, value: str, says: str, 
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("crossview: error: ") and says in err, err
     assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------ a method's own defaults
+
+def test_a_methods_own_feature_pipelines_are_its_runs_defaults(tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    from _engine_helpers import make_toy_dataset
+    from crossview.engine.run import train
+    from crossview.methods import default_encoders_of
+    from crossview.methods.cca import CCA
+
+    monkeypatch.setattr(CCA, "default_text_encoder", "bow")
+    monkeypatch.setattr(CCA, "default_image_encoder", "resnet18:flip")
+    assert default_encoders_of("cca") == ("resnet18:flip", "bow")
+    ds = make_toy_dataset(n_images=60)
+    list(train("cca", ds, run_dir=tmp_path / "own", device="cpu", params={"n_components": 4}))
+    summary = json.loads((tmp_path / "own" / "summary.json").read_text())
+    config = json.loads((tmp_path / "own" / "config.json").read_text())
+    assert summary["text_encoder"] == "bow" and config["text_encoder"] == "bow"
+    assert summary["image_encoder"] == "precomp", "no image files: the image default does not apply"
+    list(train("cca", ds, run_dir=tmp_path / "asked", device="cpu", params={"n_components": 4}, text_encoder="tfidf"))
+    assert json.loads((tmp_path / "asked" / "summary.json").read_text())["text_encoder"] == "tfidf"

@@ -112,11 +112,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-split", default="train", help="split to train on (default: train)")
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
     p.add_argument("--image-encoder", metavar="E",
-                   help="image encoder (default: the features default): a backbone, NAME:flip (mean of the image's "
+                   help="image encoder (default: the method's own, see its card, else the features default): a backbone, NAME:flip (mean of the image's "
                         "and its mirror's features) or NAME+NAME (backbones concatenated, each block L2-normalised), "
                         "e.g. efficientnet_lite0+mobilenet_v2:flip")
     p.add_argument("--text-encoder", metavar="T",
-                   help="text encoder (default: the features default), or two joined with '+' (each block "
+                   help="text encoder (default: the method's own, else the features default), or two joined with '+' (each block "
                         "L2-normalised), e.g. minilm+tfidf, minilm+glove")
     from crossview.features.normalize import NORMS
     p.add_argument("--image-norm", choices=NORMS, default=None,

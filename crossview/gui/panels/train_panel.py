@@ -421,6 +421,7 @@ class TrainPanel(QWidget):
 
         name = self.method_combo.currentData()
         self._update_norm_defaults(name)
+        self._update_encoder_defaults(name)
         while self.params_form.rowCount():
             self.params_form.removeRow(0)
         self._getters.clear()
@@ -495,6 +496,17 @@ class TrainPanel(QWidget):
 
     def _dataset_is_demo(self) -> bool:
         return self.dataset is not None and "demo" in (getattr(self.dataset, "meta", None) or {})
+
+    def _update_encoder_defaults(self, method: str | None) -> None:
+        """Name the method's own feature pipelines in the first entry of each encoder choice
+        ("efficientnet_lite0+mobilenet_v2:flip (default)" for CCA, the package defaults otherwise)."""
+        from crossview.features import image as image_mod
+        from crossview.features import text as text_mod
+        from crossview.methods import default_encoders_of
+
+        own = default_encoders_of(method) if method else (None, None)
+        self.image_encoder.setItemText(0, f"{own[0] or image_mod.DEFAULT_IMAGE_ENCODER} (default)")
+        self.text_encoder.setItemText(0, f"{own[1] or text_mod.DEFAULT_TEXT_ENCODER} (default)")
 
     def _update_norm_defaults(self, method: str | None) -> None:
         """Name the method's own normalisations in the first entry of each choice ("method default (ssr)")."""
