@@ -60,6 +60,14 @@ def cmd_encoders(args: argparse.Namespace) -> int:
         print(f"  {name}")
     print(f"  A+B               encoders combined, each block L2-normalised, e.g. "
           f"{', '.join(text.TEXT_ENCODER_EXAMPLES)}")
+    from crossview.methods import default_encoders_of, list_methods
+
+    own = {m: default_encoders_of(m) for m in list_methods()}
+    own = {m: e for m, e in own.items() if any(e)}
+    if own:
+        print("methods with their own defaults (a run uses them unless --image-encoder / --text-encoder say otherwise):")
+        for m, (img, txt) in own.items():
+            print(f"  {m:<8} {img or image.DEFAULT_IMAGE_ENCODER}, {txt or text.DEFAULT_TEXT_ENCODER}")
     return 0
 
 

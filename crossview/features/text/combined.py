@@ -111,9 +111,3 @@ class CombinedTextEncoder(TextEncoder):
             raise CrossViewError(f"saved text encoder {self.name!r} does not hold one state per block; the "
                                  "checkpoint may be damaged: retrain")
         self.blocks = [TextEncoder.from_state_dict(d) for d in saved]
-
-    def state_dict(self) -> dict[str, Any]:
-        d = super().state_dict()
-        if not self.needs_fit:       # from_state_dict only reads the state of fitted encoders; keep it anyway
-            d["state"] = self._get_state()
-        return d
