@@ -199,6 +199,10 @@ ENTRIES: tuple[Entry, ...] = (
           (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
              "bitr,bitr:fine,bitr:white"),),
           ("flickr8k",), 300, (*methods("cca", "wsabie", "bitr"), *FEATURES, "crossview/features/normalize.py")),
+    Entry("rich_features_flickr8k", "rich_features_flickr8k.md",
+          (S("bench/rich_features.py --methods cca,bitr"),), ("flickr8k",), 15,
+          (*FEATURES, "bench/method_cv.py", "crossview/eval/bootstrap.py", "crossview/eval/paired.py",
+           *methods("cca", "bitr"))),
     Entry("explain_latency_cpu", "explain_latency_cpu.txt",
           (S("crossview train cca --data {F8K} --run-dir {WORK}/f8-cca", output=False),
            S("crossview train cca --data demo --run-dir {WORK}/cca-demo", output=False),

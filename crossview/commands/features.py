@@ -51,9 +51,23 @@ def cmd_encoders(args: argparse.Namespace) -> int:
     print("image encoders (default " + image.DEFAULT_IMAGE_ENCODER + "):")
     for name in image.list_image_encoders():
         print(f"  {name}")
+    print("  NAME:flip         the mean of the image's and its mirror's features, e.g. "
+          f"{image.IMAGE_ENCODER_EXAMPLES[0]}")
+    print("  NAME+NAME[:flip]  backbones concatenated, each block L2-normalised, e.g. "
+          f"{image.IMAGE_ENCODER_EXAMPLES[1]}")
     print("text encoders (default " + text.DEFAULT_TEXT_ENCODER + "):")
     for name in text.list_text_encoders():
         print(f"  {name}")
+    print(f"  A+B               encoders combined, each block L2-normalised, e.g. "
+          f"{', '.join(text.TEXT_ENCODER_EXAMPLES)}")
+    from crossview.methods import default_encoders_of, list_methods
+
+    own = {m: default_encoders_of(m) for m in list_methods()}
+    own = {m: e for m, e in own.items() if any(e)}
+    if own:
+        print("methods with their own defaults (a run uses them unless --image-encoder / --text-encoder say otherwise):")
+        for m, (img, txt) in own.items():
+            print(f"  {m:<8} {img or image.DEFAULT_IMAGE_ENCODER}, {txt or text.DEFAULT_TEXT_ENCODER}")
     return 0
 
 
@@ -99,8 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "only; fitted text encoders (tfidf, bow, lda) learn on --fit-on captions.")
     p.add_argument("--data", default="demo", help="dataset path or 'demo' (default: demo)")
     _add_dataset_args(p)
-    p.add_argument("--image-encoder", help="image backbone (see 'crossview features encoders')")
-    p.add_argument("--text-encoder", help="text encoder: minilm, glove, tfidf, bow, lda or bert:PATH")
+    p.add_argument("--image-encoder", help="image backbone, NAME:flip or NAME+NAME (see 'crossview features encoders')")
+    p.add_argument("--text-encoder", help="text encoder: minilm, glove, tfidf, bow, lda, bert:PATH, or two joined "
+                                          "with '+' (e.g. minilm+tfidf)")
     p.add_argument("--weights", metavar="FILE", help="image backbone weights file (overrides the lookup)")
     p.add_argument("--random-init", action="store_true", help="allow random backbone weights when none are found")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")

@@ -111,8 +111,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "10%% of train; the run records it and 'crossview eval' and the app default to it)")
     p.add_argument("--train-split", default="train", help="split to train on (default: train)")
     p.add_argument("--val-split", default="val", help="validation split, used when present (default: val)")
-    p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
-    p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    p.add_argument("--image-encoder", metavar="E",
+                   help="image encoder (default: the method's own, see its card, else the features default): a backbone, NAME:flip (mean of the image's "
+                        "and its mirror's features) or NAME+NAME (backbones concatenated, each block L2-normalised), "
+                        "e.g. efficientnet_lite0+mobilenet_v2:flip")
+    p.add_argument("--text-encoder", metavar="T",
+                   help="text encoder (default: the method's own, else the features default), or two joined with '+' (each block "
+                        "L2-normalised), e.g. minilm+tfidf, minilm+glove")
     from crossview.features.normalize import NORMS
     p.add_argument("--image-norm", choices=NORMS, default=None,
                    help="normalise the image features first: none, l2, ssr (signed square root, then L2), center "
@@ -255,14 +260,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.data == "demo" or args.format == "demo":
             # bad values cost nothing: refused before the demo's first rendering (~10 s), not after it
             from crossview.core.devices import select_device
-            from crossview.features.image import list_image_encoders
+            from crossview.features.image import check_image_encoder_name
             from crossview.methods import method_from_params
 
             method_from_params(args.method, params).check_params()
             select_device(args.device)
-            if args.image_encoder and args.image_encoder not in (*list_image_encoders(), "precomp"):
-                raise CrossViewError(f"unknown image encoder {args.image_encoder!r}; choose one of: "
-                                     f"{', '.join(list_image_encoders())}")
+            if args.image_encoder and args.image_encoder != "precomp":
+                check_image_encoder_name(args.image_encoder)
             if args.text_encoder and args.text_encoder != "none":
                 from crossview.features.text import create_text_encoder
 

@@ -226,11 +226,13 @@ class FeatureStage:
                 raise CrossViewError(f"{name} set {source}: no image files to encode (a {ds.format} dataset of "
                                      "feature rows); give a folder or list of images with their tags")
             encoder = self.features.image_encoder
-            from crossview.features.image import list_image_encoders
-            if encoder not in list_image_encoders():
+            from crossview.features.image import parse_image_encoder
+            try:
+                parse_image_encoder(str(encoder))      # a backbone, NAME:flip or NAME+NAME: files encode as the run's
+            except CrossViewError:
                 raise CrossViewError(f"{name} set {source}: its images must be encoded as the run's are, but this "
                                      f"run's image features are {encoder!r} (precomputed); train on a dataset of "
-                                     "image files with an image encoder")
+                                     "image files with an image encoder") from None
             feats = yield from self._events(iter_extract_features(
                 ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device), f"{name} set features",
                 lambda _stage: "auxiliary")

@@ -223,6 +223,13 @@ class _Run:
             cfg.text_norm = own[1] if cfg.text_norm is None else cfg.text_norm
         check_norm(cfg.image_norm, "image normalisation (--image-norm)")
         check_norm(cfg.text_norm, "text normalisation (--text-norm)")
+        if features is None and cfg.representation is None:     # not given: the method's own feature pipelines
+            from crossview.methods import default_encoders_for
+            own_image, own_text = default_encoders_for(self.method)
+            if cfg.image_encoder is None and own_image and getattr(self.dataset, "image_paths", None) is not None:
+                cfg.image_encoder = own_image
+            if cfg.text_encoder is None and own_text:
+                cfg.text_encoder = own_text
         # the features: given, or extracted / built by the feature stage (checked now, made in execute)
         self.stage = FeatureStage(cfg, self.dataset, self.method, self.device, features=_coerce_features(features),
                                   cache=cache, run_dir=run_dir, resuming=resuming, emit=lambda ev: self._emit(ev))

@@ -350,6 +350,12 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         from crossview.engine.run_folder import safe_name, unused_dir
         out = unused_dir(get_settings().runs_dir, "tune", method, safe_name(ds.name))
     folder = Path(out)
+    if image_encoder is None or text_encoder is None:   # the method's own feature pipelines, as its runs get them
+        from crossview.methods import default_encoders_of
+        own_image, own_text = default_encoders_of(method, fixed)
+        if image_encoder is None and getattr(ds, "image_paths", None) is not None:
+            image_encoder = own_image
+        text_encoder = own_text if text_encoder is None else text_encoder
     record = {"method": method, "data": source, "grid": grid, "params": fixed, "metric": metric,
               "select_on": str(select_on or "auto"), "folds": sel.folds if sel.selected_on.endswith(
                   f"cv{sel.folds}") else None, **sel.record(),

@@ -272,7 +272,8 @@ class Explainer:
                                      "not from a pooled CNN feature, so it has no region map; use the default or "
                                      "modern representation")
             enc = run_image_encoder(self.features)
-            if backbone_spec(enc.name).family == "vgg":
+            if any(b.spec.family == "vgg" for b in getattr(enc, "blocks", ())) or \
+                    not hasattr(enc, "blocks") and backbone_spec(enc.name).family == "vgg":
                 raise CrossViewError("VGG-19's feature (fc7) is not an average over its conv map, so the region map "
                                      "would not be exact; use a ResNet, MobileNet-V2 or EfficientNet-Lite0 run")
             self._encoder = enc

@@ -90,8 +90,14 @@ def run_image_encoder(features: Any) -> Any:
     if name == PRECOMP or str(name).endswith(PRECOMP):
         raise CrossViewError("this run uses precomputed image features, so a new image file cannot be encoded; "
                              "query with an image of the dataset instead")
-    return create_image_encoder(str(name).split("+", 1)[0], weights=spec.get("weights_path"),
-                                allow_random=spec.get("weights_hash") == "random")
+    name = str(name)
+    head, _, tail = name.rpartition("+")
+    if head and tail in ("modern", "tr", "ctr"):     # a representation's features: its backbone makes the rows
+        name = head
+    return create_image_encoder(name, weights=spec.get("weights_path"),
+                                allow_random="random" in (spec.get("weights_hash"), spec.get("weights"),
+                                                          *(b.get("weights") for b in spec.get("blocks", ())
+                                                            if isinstance(b, dict))))
 
 
 def image_set_fingerprint(paths: Sequence[str], memo_root: str | os.PathLike[str] | None = None) -> str:
@@ -284,11 +290,16 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
             return (yield from enc.iter_encode_paths(dataset.image_paths, **kw))
 
         paths = dataset.image_paths
-        image, image_hit = yield from _staged("images", _iter_cached_finite(
-            store, parts, compute_images, {**parts, "dataset": dataset.name}, f"image features ({image_name})",
-            lambda i: f"image {i}, {paths[i]}"))
+        if isinstance(enc, image_mod.ConcatImageEncoder):
+            # each backbone's block through the cache under its own key (shared with plain runs), then combined
+            image, image_hit = yield from _staged("images", _iter_concat_blocks(
+                store, enc, fingerprint, paths, dataset.name, batch_size, num_workers, device))
+        else:
+            image, image_hit = yield from _staged("images", _iter_cached_finite(
+                store, parts, compute_images, {**parts, "dataset": dataset.name}, f"image features ({image_name})",
+                lambda i: f"image {i}, {paths[i]}"))
         image = np.asarray(image, dtype=np.float32) if not isinstance(image, np.ndarray) else image
-        image_spec = {"name": image_name, "dim": int(image.shape[1]), **enc.cache_parts()}
+        image_spec = {**enc.cache_parts(), "name": image_name, "dim": int(image.shape[1])}  # the name with options
 
     # ---------------------------------------------------------------- captions
     if text_encoder == NO_TEXT and text_model is None:      # the method reads the captions itself
@@ -310,6 +321,39 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
                     text_model=text_model, image_cache_hit=image_hit, text_cache_hit=text_hit,
                     spec={"image": image_spec, "text": {"name": text_model.name, **text_model.cache_parts()},
                           "fit_on": fit_on, "dataset_fingerprint": dataset.fingerprint()})
+
+
+def _iter_concat_blocks(store: FeatureCache | None, enc: Any, fingerprint: str | None, paths: Sequence[str],
+                        dataset_name: str, batch_size: int | None, num_workers: int | None,
+                        device: str) -> Iterator[tuple[int, int]]:
+    """``(combined features, all blocks were cache hits)`` of a :class:`~crossview.features.image.ConcatImageEncoder`:
+    each block cached under its own backbone's key, reports ``(done, total)`` over all blocks' images."""
+    n, k = len(paths), len(enc.blocks)
+    blocks, hits = [], []
+    for j, block in enumerate(enc.blocks):
+        parts = {"kind": "image", "images": fingerprint, "encoder": block.cache_parts()}
+
+        def compute(block: Any = block) -> Iterator[tuple[int, int]]:
+            kw: dict[str, Any] = {"device": device}
+            if batch_size:
+                kw["batch_size"] = batch_size
+            if num_workers is not None:
+                kw["num_workers"] = num_workers
+            return (yield from block.iter_encode_paths(paths, **kw))
+
+        work = _iter_cached_finite(store, parts, compute, {**parts, "dataset": dataset_name},
+                                   f"image features ({block.full_name})", lambda i: f"image {i}, {paths[i]}")
+        while True:
+            try:
+                done, _ = next(work)
+            except StopIteration as end:
+                arr, hit = end.value
+                break
+            yield j * n + done, k * n
+        blocks.append(np.asarray(arr, dtype=np.float32))
+        hits.append(hit)
+    yield k * n, k * n
+    return enc.combine(blocks), all(hits)
 
 
 def _staged(stage: str, work: Iterator[tuple[int, int]]) -> Iterator[tuple[str, int, int]]:

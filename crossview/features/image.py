@@ -7,8 +7,21 @@ Registry names are the torchvision / timm names: ``resnet18``, ``resnet50``, ``r
 
 An encoder gives, per image, the penultimate layer's pooled feature ``(dim,)`` (global average pool of
 the last conv map; VGG-19's fc7 as in VSE++), or with ``local=True`` the un-pooled last conv map as
-``(h*w, local_dim)`` local descriptors. Images go through a torch DataLoader with worker processes that
-decode and transform them while the main process runs the network.
+``(h*w, local_dim)`` local descriptors.
+
+Encoder names (what ``--image-encoder`` takes and a run records) are ``BACKBONE[+BACKBONE...][:flip]``:
+
+- ``:flip`` (test-time flip averaging): each image's feature is the mean of the backbone's outputs for the
+  image and for its horizontal mirror (pooled: the mean of the two pooled features; local: the mean of the
+  conv map and the mirror's conv map flipped back, so the pooled feature is still the mean of the local ones).
+  It is part of the cache key, so a flip run never reuses plain features.
+- ``a+b`` (concatenation, :class:`ConcatImageEncoder`): each backbone's pooled feature, L2-normalised per row,
+  concatenated and scaled by ``1/sqrt(k)`` (:func:`crossview.features.normalize.concat_blocks`), so neither
+  backbone dominates by scale. ``:flip`` applies to every block. Its local descriptors are the blocks' conv maps
+  scaled the same way, side by side (their mean is the combined row), for backbones whose maps line up.
+
+Images go through a torch DataLoader with worker processes that decode and transform them while the main
+process runs the network.
 
 Weights are resolved by :mod:`crossview.features.weights` (user file > torch hub cache > installed
 package). Models are always built with ``weights=None`` / ``pretrained=False`` and the state dict is
@@ -30,10 +43,11 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError, DatasetError, WeightsNotFoundError
-from crossview.features.weights import (PackagedWeights, file_sha256, load_state_dict,
+from crossview.features.weights import (PackagedWeights, file_sha256, hub_checkpoints_dir, load_state_dict,
                                         missing_weights_message, resolve_weights)
 
-__all__ = ["BackboneSpec", "ImageEncoder", "PCAReducer", "DEFAULT_IMAGE_ENCODER", "list_image_encoders",
+__all__ = ["BackboneSpec", "ImageEncoder", "ConcatImageEncoder", "PCAReducer", "parse_image_encoder",
+           "check_image_encoder_name", "FLIP_OPTION", "IMAGE_ENCODER_EXAMPLES", "DEFAULT_IMAGE_ENCODER", "list_image_encoders",
            "create_image_encoder", "backbone_spec", "resolve_device", "default_num_workers"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -107,9 +121,52 @@ _REGISTRY: dict[str, BackboneSpec] = {s.name: s for s in [
 DEFAULT_IMAGE_ENCODER = "efficientnet_lite0"
 
 
+#: the option of an encoder name (``NAME:flip``) that averages the features of an image and of its mirror
+FLIP_OPTION = "flip"
+
+#: Composite names worth offering beside the plain backbones (CLI help, the app's Train panel).
+IMAGE_ENCODER_EXAMPLES = ("efficientnet_lite0:flip", "efficientnet_lite0+mobilenet_v2",
+                          "efficientnet_lite0+mobilenet_v2:flip")
+
+
 def list_image_encoders() -> list[str]:
-    """Registered image backbone names, sorted."""
+    """Registered image backbone names, sorted (each may take ``:flip``; several join with ``+``)."""
     return sorted(_REGISTRY)
+
+
+def parse_image_encoder(name: str) -> tuple[list[str], bool]:
+    """``"a+b:flip"`` -> ``(["a", "b"], True)``: the backbones of an encoder name and whether it flip-averages.
+
+    Raises :class:`CrossViewError` (one line) for an unknown backbone or option, an empty part or a backbone named
+    twice.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise CrossViewError(f"image encoder name must be a non-empty string, got {name!r}; choose one of: "
+                             f"{', '.join(list_image_encoders())} (optionally NAME:flip or NAME+NAME)")
+    base, sep, options = name.partition(":")
+    flip = False
+    if sep:
+        opts = [o.strip() for o in options.split(":")]
+        bad = [o for o in opts if o != FLIP_OPTION]
+        if bad:
+            raise CrossViewError(f"image encoder {name!r}: unknown option {bad[0]!r}; the only option is "
+                                 f"':{FLIP_OPTION}' (e.g. efficientnet_lite0:flip)")
+        flip = True
+    parts = [p.strip() for p in base.split("+")]
+    if any(not p for p in parts):
+        raise CrossViewError(f"image encoder {name!r} has an empty part; join backbone names with '+', e.g. "
+                             "efficientnet_lite0+mobilenet_v2")
+    for p in parts:
+        backbone_spec(p)          # an unknown name says the choices
+    if len(set(parts)) != len(parts):
+        raise CrossViewError(f"image encoder {name!r} names a backbone twice; concatenate different backbones")
+    return parts, flip
+
+
+def check_image_encoder_name(name: str) -> str:
+    """``name`` if it is a valid encoder name (see the module docstring); a one-line CrossViewError if not."""
+    parse_image_encoder(name)
+    return name
 
 
 def backbone_spec(name: str) -> BackboneSpec:
@@ -223,6 +280,7 @@ class ImageEncoder:
     weights_hash: str  #: SHA-256 of the weights file, or "random"
     weights_source: str = "random"  #: "user", "hub", "package" or "random"
     resize: int = 256
+    flip: bool = False  #: average each image's output with its horizontal mirror's (test-time flip averaging)
     _modules: dict[str, Any] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -236,6 +294,11 @@ class ImageEncoder:
         """Channels of each local descriptor (``local=True``)."""
         return self.spec.local_dim
 
+    @property
+    def full_name(self) -> str:
+        """The encoder name with its option (``efficientnet_lite0:flip``); :attr:`name` is the backbone's."""
+        return f"{self.name}:{FLIP_OPTION}" if self.flip else self.name
+
     def transform_parts(self) -> dict[str, Any]:
         """The preprocessing, as plain values (part of the cache key)."""
         return {"resize": self.resize, "crop": self.spec.crop, "interpolation": self.spec.interpolation,
@@ -243,8 +306,11 @@ class ImageEncoder:
 
     def cache_parts(self, local: bool = False) -> dict[str, Any]:
         """Everything that identifies this encoder's output: name, weights hash, transform, output kind."""
-        return {"name": self.name, "weights": self.weights_hash, "transform": self.transform_parts(),
-                "output": "local" if local else "pooled", "version": _FEATURE_VERSION}
+        parts = {"name": self.name, "weights": self.weights_hash, "transform": self.transform_parts(),
+                 "output": "local" if local else "pooled", "version": _FEATURE_VERSION}
+        if self.flip:     # only when set, so the keys of plain features stay those of older versions
+            parts["flip"] = True
+        return parts
 
     def make_transform(self) -> Any:
         """The torchvision transform PIL image -> ``(3, crop, crop)`` float tensor."""
@@ -344,11 +410,16 @@ class ImageEncoder:
                         raise DatasetError(f"cannot extract {self.name} features: {bad[0]}"
                                            + (f" (and {len(bad) - 1} more in this batch)" if len(bad) > 1 else ""),
                                            hint="Fix or remove the image from the dataset")
-                    fmap = body(batch.to(dev, non_blocking=True))
+                    x = batch.to(dev, non_blocking=True)
+                    fmap = body(x)
                     if local:
+                        if self.flip:   # the mirror's map flipped back: position (i, j) sees the same place
+                            fmap = (fmap + body(x.flip(-1)).flip(-1)) / 2
                         res = fmap.flatten(2).transpose(1, 2)  # (B, h*w, C)
                     else:
                         res = head(fmap)
+                        if self.flip:
+                            res = (res + head(body(x.flip(-1)))) / 2
                     res = res.float().cpu().numpy()
                 if out is None:
                     out = np.empty((n, *res.shape[1:]), dtype=np.float32)
@@ -465,23 +536,161 @@ def _load_into(model: Any, state: dict[str, Any], spec: BackboneSpec, path: Path
 
 
 def create_image_encoder(name: str, weights: str | os.PathLike[str] | None = None,
-                         allow_random: bool = False) -> ImageEncoder:
-    """The image encoder ``name`` with weights found offline (user file > hub cache > package).
+                         allow_random: bool = False) -> ImageEncoder | ConcatImageEncoder:
+    """The image encoder ``name`` (``BACKBONE[+BACKBONE...][:flip]``, see the module docstring) with weights found
+    offline (user file > hub cache > package): an :class:`ImageEncoder`, or a :class:`ConcatImageEncoder` for
+    several backbones.
 
     No weights found raises :class:`~crossview.core.errors.WeightsNotFoundError` saying which file to put
     where, unless ``allow_random`` (then a seeded random init, ``weights_hash == "random"``).
+    ``weights`` (a user's file) names one backbone's weights, so it is refused for a concatenation.
     The file is hashed here; the network itself is loaded on first use.
     """
+    backbones, flip = parse_image_encoder(name)
+    if len(backbones) > 1:
+        if weights is not None:
+            raise CrossViewError(f"--weights names one backbone's file, but image encoder {name!r} concatenates "
+                                 f"{len(backbones)}; put each backbone's weights in the torch hub cache "
+                                 f"({hub_checkpoints_dir()}) instead")
+        return ConcatImageEncoder(name=name, blocks=[_single_encoder(b, None, allow_random, flip)
+                                                     for b in backbones])
+    return _single_encoder(backbones[0], weights, allow_random, flip)
+
+
+def _single_encoder(name: str, weights: str | os.PathLike[str] | None, allow_random: bool,
+                    flip: bool) -> ImageEncoder:
     spec = backbone_spec(name)
     found = resolve_weights(name, list(spec.file_names), spec.package, weights)
     if found is None:
         if not allow_random:
             raise WeightsNotFoundError(missing_weights_message(name, list(spec.file_names), spec.package))
         return ImageEncoder(name=name, spec=spec, weights_path=None, weights_hash="random",
-                            weights_source="random", resize=spec.default_resize)
+                            weights_source="random", resize=spec.default_resize, flip=flip)
     resize = spec.file_names.get(found.path.name, spec.default_resize)
     return ImageEncoder(name=name, spec=spec, weights_path=found.path, weights_hash=file_sha256(found.path),
-                        weights_source=found.kind, resize=resize)
+                        weights_source=found.kind, resize=resize, flip=flip)
+
+
+@dataclass
+class ConcatImageEncoder:
+    """Several frozen backbones side by side: image files -> ``(n, sum of dims) float32``, each backbone's pooled
+    feature L2-normalised per row and scaled by ``1/sqrt(k)`` (:func:`crossview.features.normalize.concat_blocks`).
+
+    :func:`crossview.features.extract_features` caches each block under its own backbone's key (so a plain
+    ``efficientnet_lite0`` run and this one share that block) and combines them with :meth:`combine`.
+    """
+
+    name: str                     #: the composite name, e.g. ``efficientnet_lite0+mobilenet_v2:flip``
+    blocks: list[ImageEncoder]
+
+    @property
+    def full_name(self) -> str:
+        return self.name
+
+    @property
+    def dim(self) -> int:
+        return sum(b.dim for b in self.blocks)
+
+    @property
+    def local_dim(self) -> int:
+        """Channels of each local descriptor: the blocks' channels side by side (see :meth:`iter_encode_paths`)."""
+        self._check_local()
+        return sum(b.local_dim for b in self.blocks)
+
+    def _check_local(self) -> None:
+        """Local descriptors need blocks whose pooled feature is the mean of their conv map (not VGG's fc7) and that
+        see the same crop; a CrossViewError says which does not."""
+        for b in self.blocks:
+            if b.spec.family == "vgg":
+                raise CrossViewError(f"image encoder {self.name!r}: {b.name}'s feature (fc7) is not the mean of its "
+                                     "conv map, so the concatenation has no local descriptors; use other backbones")
+        shapes = {(b.resize, b.spec.crop) for b in self.blocks}
+        if len(shapes) > 1:
+            raise CrossViewError(f"image encoder {self.name!r}: its backbones resize / crop differently "
+                                 f"({sorted(shapes)}), so their conv maps do not line up: no local descriptors")
+
+    @property
+    def weights_hash(self) -> str:
+        return "random" if all(b.weights_hash == "random" for b in self.blocks) else \
+            "+".join(b.weights_hash[:16] for b in self.blocks)
+
+    @property
+    def weights_source(self) -> str:
+        return "+".join(b.weights_source for b in self.blocks)
+
+    @property
+    def weights_path(self) -> None:
+        return None
+
+    @property
+    def resize(self) -> int:
+        return self.blocks[0].resize
+
+    @property
+    def spec(self) -> BackboneSpec:
+        return self.blocks[0].spec
+
+    def cache_parts(self, local: bool = False) -> dict[str, Any]:
+        """The blocks' cache parts and the way they are combined."""
+        if local:
+            self._check_local()
+        return {"name": self.name, "weights": self.weights_hash,
+                "blocks": [b.cache_parts(local=local) for b in self.blocks], "combine": "l2-blocks",
+                "output": "local" if local else "pooled", "version": _FEATURE_VERSION}
+
+    @staticmethod
+    def combine(blocks: Sequence[np.ndarray]) -> np.ndarray:
+        """The blocks' pooled features ``[(n, d_j)]`` -> ``(n, sum d_j) float32`` (per-block L2, ``1/sqrt(k)``)."""
+        from crossview.features.normalize import concat_blocks
+
+        return concat_blocks(blocks)
+
+    def load(self) -> list[dict[str, Any]]:
+        return [b.load() for b in self.blocks]
+
+    def encode_paths(self, paths: Sequence[str | Path], *, batch_size: int = 64, num_workers: int | None = None,
+                     device: str = "cpu", local: bool = False,
+                     progress: Callable[[int, int], None] | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+        """``(n, dim) float32``: every block's features of ``paths``, combined (see :class:`ImageEncoder`)."""
+        from crossview.core.progress import drive
+
+        return drive(self.iter_encode_paths(paths, batch_size=batch_size, num_workers=num_workers, device=device,
+                                            local=local), progress, should_stop,
+                     lambda done, n: f"{self.name} feature extraction cancelled after {done} of {n} image passes")
+
+    def iter_encode_paths(self, paths: Sequence[str | Path], *, batch_size: int = 64, num_workers: int | None = None,
+                          device: str = "cpu", local: bool = False) -> Iterator[tuple[int, int]]:
+        """:meth:`encode_paths` as a generator: ``(done, total)`` over all blocks' passes (``total`` = ``k * n``).
+
+        With ``local=True``: ``(n, h*w, local_dim)``, each block's conv map divided by its pooled feature's norm
+        times ``sqrt(k)`` (the scale :meth:`combine` gives that block), blocks side by side along the channels, so
+        the mean over positions is exactly the combined pooled row (what a region map splits). The blocks' maps must
+        have the same size (EfficientNet-Lite0 and MobileNet-V2: 7 x 7 at 224 px)."""
+        if local:
+            self._check_local()
+        n, k = len(paths), len(self.blocks)
+        feats = []
+        for j, b in enumerate(self.blocks):
+            work = b.iter_encode_paths(paths, batch_size=batch_size, num_workers=num_workers, device=device,
+                                       local=local)
+            while True:
+                try:
+                    done, _ = next(work)
+                except StopIteration as end:
+                    feats.append(end.value)
+                    break
+                yield j * n + done, k * n
+        if not local:
+            return self.combine(feats)
+        if len({f.shape[1] for f in feats}) > 1:
+            raise CrossViewError(f"image encoder {self.name!r}: its backbones' conv maps have different sizes "
+                                 f"({', '.join(str(f.shape[1]) for f in feats)} positions), so they do not line up")
+        scaled = []
+        for f in feats:
+            norms = np.linalg.norm(f.astype(np.float64).mean(axis=1), axis=1)
+            scaled.append((f / (np.where(norms > 0, norms, 1.0) * np.sqrt(k))[:, None, None]).astype(np.float32))
+        return np.concatenate(scaled, axis=2)
 
 
 # ---------------------------------------------------------------------------------- PCA

@@ -34,7 +34,7 @@ from crossview.core.errors import CrossViewError
 from crossview.core.io import drop_pages
 from crossview.core.rownorm import first_rows, norms_frozen, row_norms
 
-__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized"]
+__all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized", "concat_blocks"]
 
 NORMS = ("none", "l2", "ssr", "center", "whiten")
 
@@ -196,3 +196,29 @@ def _with_norms(features: Any, img: FeatureNorm, txt: FeatureNorm) -> Any:
         image_transform=None if img.kind == "none" else img.transform,
         text_transform=None if txt.kind == "none" else txt.transform,
         spec={**(features.spec or {}), "norm": {"image": img.kind, "text": txt.kind}})
+
+
+def concat_blocks(blocks: Any) -> np.ndarray:
+    """Feature blocks of the same rows, each L2-normalised per row, concatenated and scaled by ``1/sqrt(k)``.
+
+    ``blocks``: ``k`` arrays ``(n, d_j)``; returns ``(n, sum d_j) float32`` whose ``j``-th block has norm
+    ``1/sqrt(k)`` in every row (0 for a row that is all zeros in that block, e.g. a caption with no known word for
+    TF-IDF), so a row with no empty block has unit norm. Per-block unit norms keep one block from dominating the
+    other by its scale alone (a 1280-d pooled CNN feature has norms in the tens, MiniLM rows have norm 1): the
+    dot product of two rows is the mean of their blocks' cosines. Stateless, per row: a query goes through it
+    exactly as the dataset's rows did, and the cache can keep each block separately.
+    """
+    arrays = [np.asarray(b, dtype=np.float32) for b in blocks]
+    if not arrays:
+        raise CrossViewError("concat_blocks needs at least one feature block")
+    n = arrays[0].shape[0]
+    for j, a in enumerate(arrays):
+        if a.ndim != 2 or a.shape[0] != n:
+            raise CrossViewError(f"feature block {j} has shape {a.shape}; every block must be (n, d) with the "
+                                 f"same n = {n} rows")
+    scale = 1.0 / np.sqrt(len(arrays))
+    out = []
+    for a in arrays:
+        norms = np.linalg.norm(a.astype(np.float64), axis=1, keepdims=True)
+        out.append((a / np.where(norms > 0, norms, 1.0) * scale).astype(np.float32))
+    return np.concatenate(out, axis=1)

@@ -1042,7 +1042,8 @@ def check_run_representation(dataset: Any, request: dict[str, Any], *, image_enc
 def _encoder_record(encoder: Any) -> dict[str, Any]:
     source = getattr(encoder, "weights_source", None)
     path = getattr(encoder, "weights_path", None)
-    return {"name": str(encoder.name), "weights": getattr(encoder, "weights_hash", None),
+    name = getattr(encoder, "full_name", encoder.name)      # with its option (":flip"), which the rows depend on
+    return {"name": str(name), "weights": getattr(encoder, "weights_hash", None),
             "weights_path": str(path) if source == "user" and path is not None else None}
 
 

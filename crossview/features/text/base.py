@@ -46,6 +46,13 @@ def create_text_encoder(name: str, **params: Any) -> "TextEncoder":
     if not isinstance(name, str) or not name:
         raise CrossViewError(f"text encoder name must be a non-empty string, got {name!r}; "
                              f"choose one of {', '.join(list_text_encoders())}")
+    if "+" in name:     # a combination, each block L2-normalised (crossview.features.text.combined)
+        from crossview.features.text.combined import CombinedTextEncoder
+
+        if params:
+            raise CrossViewError(f"combined text encoder {name!r} takes no parameters (got "
+                                 f"{', '.join(sorted(params))}); each block uses its defaults")
+        return CombinedTextEncoder(name.split("+"))
     if name == "bert" or name.startswith("bert:"):
         path = name[5:]
         if not path:
@@ -54,7 +61,8 @@ def create_text_encoder(name: str, **params: Any) -> "TextEncoder":
         return _REGISTRY["bert"](path=path, **params)
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise CrossViewError(f"unknown text encoder {name!r}; choose one of {', '.join(list_text_encoders())}")
+        raise CrossViewError(f"unknown text encoder {name!r}; choose one of {', '.join(list_text_encoders())} "
+                             "(or join two with '+', e.g. minilm+tfidf)")
     return cls(**params)
 
 

@@ -396,16 +396,18 @@ class TrainPanel(QWidget):
         from crossview.features import text as text_mod
 
         self.image_encoder.addItem(f"{image_mod.DEFAULT_IMAGE_ENCODER} (default)", None)
-        for n in image_mod.list_image_encoders():
+        for n in [*image_mod.list_image_encoders(), *image_mod.IMAGE_ENCODER_EXAMPLES]:
             if n != image_mod.DEFAULT_IMAGE_ENCODER:
                 self.image_encoder.addItem(n, n)
         self.text_encoder.addItem(f"{text_mod.DEFAULT_TEXT_ENCODER} (default)", None)
-        for n in text_mod.list_text_encoders():
+        for n in [*text_mod.list_text_encoders(), *text_mod.TEXT_ENCODER_EXAMPLES]:
             if n != text_mod.DEFAULT_TEXT_ENCODER and not n.endswith(":PATH") and n != "vocab":
                 self.text_encoder.addItem(n, n)
-        self.image_encoder.setToolTip("Frozen image backbone (weights found offline); datasets with precomputed "
-                                      "features use those")
-        self.text_encoder.setToolTip("Caption features; fitted encoders (tfidf, bow, lda) learn on the train split")
+        self.image_encoder.setToolTip("Frozen image backbone (weights found offline); NAME:flip averages each image's "
+                                      "features with its mirror's, NAME+NAME concatenates backbones (each block "
+                                      "L2-normalised); datasets with precomputed features use those")
+        self.text_encoder.setToolTip("Caption features; fitted encoders (tfidf, bow, lda) learn on the train split; "
+                                     "A+B combines two (each block L2-normalised)")
 
     def _fill_devices(self) -> None:
         from crossview.core.devices import list_devices
@@ -419,6 +421,7 @@ class TrainPanel(QWidget):
 
         name = self.method_combo.currentData()
         self._update_norm_defaults(name)
+        self._update_encoder_defaults(name)
         while self.params_form.rowCount():
             self.params_form.removeRow(0)
         self._getters.clear()
@@ -493,6 +496,17 @@ class TrainPanel(QWidget):
 
     def _dataset_is_demo(self) -> bool:
         return self.dataset is not None and "demo" in (getattr(self.dataset, "meta", None) or {})
+
+    def _update_encoder_defaults(self, method: str | None) -> None:
+        """Name the method's own feature pipelines in the first entry of each encoder choice
+        ("efficientnet_lite0+mobilenet_v2:flip (default)" for CCA, the package defaults otherwise)."""
+        from crossview.features import image as image_mod
+        from crossview.features import text as text_mod
+        from crossview.methods import default_encoders_of
+
+        own = default_encoders_of(method) if method else (None, None)
+        self.image_encoder.setItemText(0, f"{own[0] or image_mod.DEFAULT_IMAGE_ENCODER} (default)")
+        self.text_encoder.setItemText(0, f"{own[1] or text_mod.DEFAULT_TEXT_ENCODER} (default)")
 
     def _update_norm_defaults(self, method: str | None) -> None:
         """Name the method's own normalisations in the first entry of each choice ("method default (ssr)")."""
