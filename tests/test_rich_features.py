@@ -216,3 +216,48 @@ def test_a_methods_own_feature_pipelines_are_its_runs_defaults(tmp_path: Path, m
     assert summary["image_encoder"] == "precomp", "no image files: the image default does not apply"
     list(train("cca", ds, run_dir=tmp_path / "asked", device="cpu", params={"n_components": 4}, text_encoder="tfidf"))
     assert json.loads((tmp_path / "asked" / "summary.json").read_text())["text_encoder"] == "tfidf"
+
+
+def test_a_flip_averaged_default_is_dropped_when_captions_say_left_or_right() -> None:
+    """Features averaged with the mirror image cannot tell left from right: a method's flip-averaged default image
+    encoder is taken without ``:flip`` when 5% or more of the training captions say left or right (the built-in demo:
+    42%; Flickr8k: 0.4%), and the run says so."""
+    from crossview.features.image import MIRROR_WORDS_SHARE, mirror_words_share, without_flip
+
+    assert without_flip("efficientnet_lite0+mobilenet_v2:flip") == "efficientnet_lite0+mobilenet_v2"
+    assert without_flip("efficientnet_lite0") == "efficientnet_lite0"
+    assert mirror_words_share(["a dog on the left", "a cat", "the Right hand", "bright light", "leftover"]) == 0.4
+    assert mirror_words_share([]) == 0.0
+    assert MIRROR_WORDS_SHARE == 0.05
+
+
+def test_the_engine_resolves_the_flip_default_by_the_training_captions(images, tmp_path, monkeypatch) -> None:
+    from crossview.engine import run as run_mod
+    from crossview.methods.cca import CCA
+
+    monkeypatch.setattr(CCA, "default_image_encoder", "mobilenet_v2:flip")
+    monkeypatch.setattr(CCA, "default_text_encoder", "bow")
+    base = _dataset(images)
+    splits = {"train": np.arange(3), "test": np.arange(3, 5)}
+    plain = PairedDataset(name="plain", captions=base.captions, caption_image=base.caption_image,
+                          image_paths=base.image_paths, splits=splits)
+    sided = PairedDataset(name="sided", captions=[f"{c} on the left" for c in plain.captions],
+                          caption_image=base.caption_image, image_paths=base.image_paths, splits=splits)
+    real = run_mod.FeatureStage.__init__
+    for data, want, said in ((plain, "mobilenet_v2:flip", False), (sided, "mobilenet_v2", True)):
+        seen = {}
+
+        def spy(self, cfg, *a, **k):
+            seen["enc"] = cfg.image_encoder
+            return real(self, cfg, *a, **k)
+
+        monkeypatch.setattr(run_mod.FeatureStage, "__init__", spy)
+        it = run_mod.train("cca", data, run_dir=tmp_path / data.name, device="cpu", params={"n_components": 2})
+        logs = []
+        for ev in it:
+            logs.append(getattr(ev, "message", ""))
+            if "splits:" in logs[-1]:
+                break
+        it.close()
+        assert seen["enc"] == want
+        assert any("say left or right" in m and "100%" in m for m in logs) == said, logs

@@ -201,6 +201,7 @@ class _Run:
         self.resuming = resuming
         self.cache = cache
         self.split_note = split_note
+        self.default_notes: list[str] = []     # why a method's own default was not taken as it is
         plan_splits(self.dataset, cfg.split, cfg.train_split, cfg.val_split, cfg.seed)
         self.device = select_device(cfg.device)
         # under torchrun every process trains; rank 0 alone writes the run folder (see _follow)
@@ -228,6 +229,17 @@ class _Run:
             own_image, own_text = default_encoders_for(self.method)
             if cfg.image_encoder is None and own_image and getattr(self.dataset, "image_paths", None) is not None:
                 cfg.image_encoder = own_image
+                from crossview.features.image import MIRROR_WORDS_SHARE, mirror_words_share, parse_image_encoder, \
+                    without_flip
+                if parse_image_encoder(own_image)[1]:
+                    train_caps = _split_captions(self.dataset, cfg.train_split)
+                    share = mirror_words_share(train_caps)
+                    if share >= MIRROR_WORDS_SHARE:       # mirror-invariant features cannot tell left from right
+                        cfg.image_encoder = without_flip(own_image)
+                        self.default_notes.append(
+                            f"image encoder {cfg.image_encoder}, not the method's {own_image}: {share:.0%} of the "
+                            "training captions say left or right, which features averaged with the mirror image "
+                            "cannot tell apart")
             if cfg.text_encoder is None and own_text:
                 cfg.text_encoder = own_text
         # the features: given, or extracted / built by the feature stage (checked now, made in execute)
@@ -570,6 +582,8 @@ class _Run:
             for note in (took_over, trimmed):
                 if note:
                     yield self._emit(Log(note, "warning" if note is took_over else "info"))
+            for note in self.default_notes:
+                yield self._emit(Log(note))
             if self.split_note:
                 yield self._emit(Log(self.split_note))
             if self.stage.text_note:
@@ -840,3 +854,16 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
                              f"(fingerprint {ds.fingerprint()} != {want}); start a new run instead of resuming")
     run = _Run(cfg, folder, ds, features, resuming=True, cache=cache, checkpoint=loaded)
     return RunIterator(run.execute(), folder, run)
+
+
+def _split_captions(ds: Any, split: str) -> list[str]:
+    """The captions of the images of ``split`` of ``ds`` (all captions when it has no such split)."""
+    captions = list(getattr(ds, "captions", []) or [])
+    splits = getattr(ds, "splits", {}) or {}
+    if split not in splits:
+        return captions
+    keep = set(int(i) for i in splits[split])
+    ci = getattr(ds, "caption_image", None)
+    if ci is None:
+        return captions
+    return [c for c, i in zip(captions, ci) if int(i) in keep]
