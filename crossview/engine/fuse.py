@@ -440,7 +440,7 @@ def is_fused_run(run_dir: str | Path) -> bool:
     path = Path(run_dir) / CONFIG
     try:
         return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("method") == FUSED
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):   # a damaged config: the run's opening says so
         return False
 
 
