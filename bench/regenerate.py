@@ -222,6 +222,10 @@ ENTRIES: tuple[Entry, ...] = (
                                       "crossview/engine/tune.py") + methods("vsepp", "smoothap"),
           title="Paper 004's loss comparison on the Flickr8k sample: one budget, each loss's own setting chosen by "
                 "cross-validation of train"),
+    Entry("query_cache_cpu", "query_cache_cpu.txt",
+          (S("bench/query_cache.py --baseline 4f330bd --work {WORK}"),), ("flickr8k", "synthetic"), 12,
+          ("crossview/engine/gallery_cache.py", "crossview/engine/retriever.py", "crossview/engine/session.py",
+           "crossview/commands/query.py", "crossview/commands/serve.py", "crossview/features/cache.py")),
     Entry("smoothap_step_cpu", "smoothap_step_cpu.txt", (S("bench/smoothap_step.py --steps 20 --reps 10"),),
           ("synthetic",), 4, ("crossview/nn/losses.py", *methods("vsepp", "smoothap"))),
     Entry("timam_cpu", "timam_cpu.txt", (S("bench/timam_cpu.py --epochs 10 --threads 1"),), ("flickr8k",), 25,

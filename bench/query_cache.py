@@ -1,0 +1,174 @@
+"""``crossview query`` the first and the second time, with and without the gallery cache (issue 34, items 2-3).
+
+    python bench/query_cache.py --baseline 4f330bd --out bench/results/query_cache_cpu.txt
+    python bench/query_cache.py --cases synthetic --n 3000 --out -        # quick, printed only
+
+For each case a run is trained here (so its checkpoint is new and nothing of it is cached), then each query is
+run as its own process (``python -m crossview query ...``), first and second time; wall time and peak resident
+memory of that process come from ``os.wait4``. ``--baseline REV`` runs the same queries, on the same runs, with the
+code of commit REV (``git archive``) before the current code; the current code's first query fills the cache.
+
+Cases: ``flickr8k`` (the shared sample: a CCA run on TF-IDF captions and a VSE++ run with its own GRU, 1 epoch;
+sentence queries on the val split, and a new photo against the sample's 35K-line caption corpus), ``synthetic``
+(a seeded VSE++-style precomp folder: ``--n`` images of 2048-d features, 5 captions each, 5,000 test images (a sixth below 30K); a CCA
+run on TF-IDF captions). ``floor`` is ``python -c "import crossview.cli, torch"``: interpreter start and the
+imports every query pays. ``serve`` is the median time of one POST /query answer in a kept-open
+:class:`~crossview.commands.serve.QueryService` (20 sentences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stamp  # noqa: E402
+from _stamp import REPO  # noqa: E402
+
+SENTENCES = ["a dog runs on the grass", "two children play in the water", "a man rides a bike down a hill",
+             "a woman in a red coat walks in the snow", "a group of people stand outside a building"]
+
+
+def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
+    """``(wall s, peak RSS MiB, exit code, stderr tail)`` of one process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss / 1024, proc.returncode, err.strip().splitlines()[-1:][0] if err.strip() else ""
+
+
+def make_synthetic(folder: Path, n: int, dim: int = 2048, seed: int = 0) -> None:
+    """``n`` images (``min(5000, n // 6)`` of them test, a tenth up to 1,000 dev) of ``dim``-d features and 5 captions
+    each (6-12 words of a 3,000-word vocabulary)."""
+    import numpy as np
+
+    test = min(5000, n // 6)
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(3000)]
+    sizes = {"train": n - test - min(1000, n // 10), "dev": min(1000, n // 10), "test": test}
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, m in sizes.items():
+        np.save(folder / f"{split}_ims.npy", np.abs(rng.standard_normal((m, dim), dtype=np.float32)))
+        lens = rng.integers(6, 13, m * 5)
+        ids = rng.integers(0, len(words), int(lens.sum()))
+        at = np.concatenate([[0], np.cumsum(lens)])
+        lines = (" ".join(words[j] for j in ids[at[i]:at[i + 1]]) for i in range(m * 5))
+        (folder / f"{split}_caps.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def run(args: argparse.Namespace) -> int:
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="query_cache_"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CROSSVIEW_HOME": str(work / "home"), "PYTHONPATH": str(REPO),
+           "CROSSVIEW_CACHE_DIR": str(Path(args.cache_dir) if args.cache_dir else work / "cache")}
+    py = sys.executable
+    codes = [("current", str(REPO))]
+    if args.baseline:
+        base = work / "baseline"
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir()
+        tar = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline, "crossview"], check=True,
+                             capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=tar, check=True)
+        codes.insert(0, (f"baseline {args.baseline}", str(base)))
+
+    def train(name: str, argv: list[str]) -> Path:
+        run_dir = work / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        t = measure([py, "-m", "crossview", "train", *argv, "--run-dir", str(run_dir), "--device", "cpu"], env)
+        if t[2] != 0:
+            raise SystemExit(f"training {name} failed: {t[3]}")
+        print(f"trained {name} in {t[0]:.1f} s (peak {t[1]:,.0f} MiB)")
+        return run_dir
+
+    cases: list[tuple[str, Path, list[str]]] = []
+    if "flickr8k" in args.cases:
+        f8k = _stamp.FLICKR8K
+        corpus = f8k.parent / "corpus_captions.txt"
+        photo = work / "new_photo.jpg"       # a photo the dataset does not have (a copy under another name)
+        shutil.copy(sorted((f8k.parent / "images").iterdir())[0], photo)
+        cca = train("f8k-cca-tfidf", ["cca", "--data", str(f8k), "--text-encoder", "tfidf"])
+        gru = train("f8k-vsepp-gru", ["vsepp", "--data", str(f8k), "--set", "text_model=gru",
+                                      "--set", "max_epochs=1"])
+        cases += [("flickr8k cca tfidf", cca, ["--text", SENTENCES[0]]),
+                  ("flickr8k vsepp gru", gru, ["--text", SENTENCES[0]]),
+                  ("flickr8k vsepp gru", gru, ["--image", str(photo), "--corpus", str(corpus)])]
+    if "synthetic" in args.cases:
+        data = work / f"synthetic_{args.n}_precomp"
+        if not (data / "test_caps.txt").is_file():
+            t0 = time.perf_counter()
+            make_synthetic(data, args.n)
+            print(f"made {data.name} in {time.perf_counter() - t0:.1f} s")
+        syn = train(f"syn{args.n}-cca-tfidf", ["cca", "--data", str(data), "--text-encoder", "tfidf"])
+        cases.append((f"synthetic {args.n:,} cca tfidf", syn, ["--text", "w1 w2 w3 w4 w5 w6"]))
+
+    floor = [measure([py, "-c", "import crossview.cli, torch"], env) for _ in range(2)]
+    print(f"floor (python -c 'import crossview.cli, torch'): {min(f[0] for f in floor):.2f} s, "
+          f"{min(f[1] for f in floor):,.0f} MiB")
+    print()
+    head = f"{'case':<26} {'query':<28} {'code':<18} {'first s':>8} {'MiB':>6} {'second s':>9} {'MiB':>6}"
+    print(head)
+    print("-" * len(head))
+    for name, run_dir, query in cases:
+        shown = " ".join(q if len(q) < 24 else "..." + q[-20:] for q in query)[:28]
+        for label, code in codes:
+            e = {**env, "PYTHONPATH": code}
+            got = [measure([py, "-m", "crossview", "query", str(run_dir), *query, "--k", "10"], e)
+                   for _ in range(2)]
+            for g in got:
+                if g[2] != 0:
+                    print(f"  ({label}: exit {g[2]}: {g[3]})")
+            print(f"{name:<26} {shown:<28} {label:<18} {got[0][0]:>8.2f} {got[0][1]:>6,.0f} {got[1][0]:>9.2f} "
+                  f"{got[1][1]:>6,.0f}")
+    print()
+    os.environ.update({k: env[k] for k in ("CROSSVIEW_HOME", "CROSSVIEW_CACHE_DIR")})
+    from crossview.commands.serve import QueryService
+
+    for name, run_dir, query in cases:
+        if query[0] != "--text":
+            continue
+        t0 = time.perf_counter()
+        service = QueryService(run_dir, k=10)
+        opened = time.perf_counter() - t0
+        times = []
+        for i in range(20):
+            t0 = time.perf_counter()
+            service.answer({"text": f"{SENTENCES[i % len(SENTENCES)]} {i}"})
+            times.append(time.perf_counter() - t0)
+        print(f"serve {name:<26} opened in {opened:.2f} s; one POST /query answer: median "
+              f"{statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms (20 sentences)")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="flickr8k,synthetic", help="flickr8k, synthetic (comma-separated)")
+    ap.add_argument("--n", type=int, default=30000, help="images of the synthetic precomp set (default 30000)")
+    ap.add_argument("--baseline", default=None, metavar="REV", help="also run the queries with this commit's code")
+    ap.add_argument("--work", default=None, help="folder for runs and data (default: a new temporary one)")
+    ap.add_argument("--cache-dir", default=None, help="feature cache (default: WORK/cache; give one that holds the "
+                    "Flickr8k sample's image features to skip their extraction)")
+    ap.add_argument("--out", default="-", help="results file ('-': print only)")
+    args = ap.parse_args()
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    data = []
+    if "flickr8k" in args.cases:
+        data.append(_stamp.dataset_fingerprint(_stamp.FLICKR8K))
+    if "synthetic" in args.cases:
+        data.append(_stamp.synthetic(seed=0, n=args.n, dim=2048, captions_per_image=5, test=min(5000, args.n // 6), vocabulary=3000))
+    return _stamp.run_stamped(lambda: run(args), args.out, data)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
