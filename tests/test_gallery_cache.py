@@ -234,3 +234,19 @@ def test_packed_strings_read_one_string_at_a_time():
     assert sparse[8] == "ünïcode ☃" and sparse[20] == "last"
     with pytest.raises(KeyError):
         sparse[4]
+
+
+def test_cached_open_reads_only_the_side_it_is_asked_for(runs, cache_dir, tmp_path):
+    from crossview.core.errors import CrossViewError
+    from crossview.engine.gallery_cache import open_cached_retriever
+    from crossview.engine.session import open_run
+
+    assert open_cached_retriever(runs["cca"]) is None             # nothing cached yet: the caller opens in full
+    full = open_run(runs["cca"]).retriever()
+    run, r = open_cached_retriever(runs["cca"], sides=("images",))
+    assert r._caption_emb is None and r.gallery_name == run.eval_split == "test"
+    a, b = r.query_text("a red square", 5), full.query_text("a red square", 5)
+    assert a.items.tolist() == b.items.tolist()
+    np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-6)
+    with pytest.raises(CrossViewError, match="no captions"):
+        r._search("i2t", np.zeros((1, r._image_emb.shape[1]), np.float32), 3)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,10 @@ def resolve_image(ds: Any, value: str) -> int | Path:
     path = Path(text).expanduser()
     if ds.image_paths is not None:
         if path.is_file():     # a dataset image given by its path: answer with its ground truth
-            resolved = str(path.resolve())
+            resolved = path.resolve()
+            names = {path.name, resolved.name}     # only same-named files are resolved (a large dataset: fast)
             for i, p in enumerate(ds.image_paths):
-                if str(Path(p).resolve()) == resolved:
+                if os.path.basename(p) in names and Path(p).resolve() == resolved:
                     return i
             return path
         matches = [i for i, p in enumerate(ds.image_paths) if Path(p).name == text or str(p).endswith("/" + text)]
@@ -290,7 +292,8 @@ def _open_cached(args: argparse.Namespace, run_dir: Path, corpus: Any, photos: A
     from crossview.engine.gallery_cache import open_cached_retriever
 
     try:
-        return open_cached_retriever(run_dir, corpus if corpus is not None else args.split, device=device)
+        return open_cached_retriever(run_dir, corpus if corpus is not None else args.split, device=device,
+                                     sides=("captions",) if args.image is not None else ("images",))
     except CrossViewError:
         return None      # the full path says what is wrong, in its words
 

@@ -228,13 +228,15 @@ class _CachedDataset:
         return int(self._hashes[j, 1]) if j < len(keys) and int(keys[j]) == h else None
 
 
-def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: str = "cpu",
-                          store: Any = None) -> tuple[Any, Any] | None:
+def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: str = "cpu", store: Any = None,
+                          sides: tuple[str, ...] = ("images", "captions")) -> tuple[Any, Any] | None:
     """``(run, retriever)`` answered from the gallery cache alone (see the module docstring), or None when the
     cache does not hold all of it yet (or the run needs what it cannot give: a representation's own encoders,
     a dataset whose labels group its images), so that the caller opens the run in full, which fills it.
 
-    ``gallery``: None (the run's evaluation split), a split name or a caption corpus. ``run`` is a
+    ``gallery``: None (the run's evaluation split), a split name or a caption corpus. ``sides``: the gallery
+    embeddings to read: ``"images"`` (what a sentence ranks), ``"captions"`` (what an image ranks); a retriever
+    without one refuses the queries that need it. ``run`` is a
     :class:`CachedRun` (``name``, ``method``, ``dataset``, ``config``, ``eval_split``, ``run_dir``).
     """
     from crossview.core.io import load_checkpoint
@@ -267,8 +269,8 @@ def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: s
     corpus = not isinstance(gallery, str)
     if not corpus and not cache.contains("caption-text-offsets"):
         return None
-    parts = ["captions-embeddings"] if corpus else ["images-embeddings", "captions-embeddings"]
-    if not all(cache.contains(p) for p in parts):
+    parts = ["captions-embeddings"] if corpus else [f"{side}-embeddings" for side in sides]
+    if not parts or not all(cache.contains(p) for p in parts):
         return None
     caption_image = run_cache.load("dataset-caption-image", run_level=True)
     hashes = run_cache.load("dataset-caption-hashes", run_level=True)
@@ -304,7 +306,7 @@ def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: s
         embeddings[p.split("-")[0]] = arr
     retriever = Retriever.from_embeddings(method, dataset, features, gallery=gallery, gallery_images=gi,
                                           gallery_captions=gc, image_emb=embeddings.get("images"),
-                                          caption_emb=embeddings["captions"], device=device, cache=store)
+                                          caption_emb=embeddings.get("captions"), device=device, cache=store)
     run = CachedRun(run_dir=folder, config=config, method=method, dataset=dataset, eval_split=eval_split)
     return run, retriever
 

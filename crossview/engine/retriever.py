@@ -260,11 +260,12 @@ class Retriever:
     @classmethod
     def from_embeddings(cls, method: Any, dataset: Any, features: Any, *, gallery: Any,
                         gallery_images: np.ndarray, gallery_captions: np.ndarray, image_emb: np.ndarray | None,
-                        caption_emb: np.ndarray, index_backend: str = "exact", device: str = "cpu",
+                        caption_emb: np.ndarray | None, index_backend: str = "exact", device: str = "cpu",
                         cache: Any = None) -> "Retriever":
         """A retriever over a gallery whose embeddings are given (``image_emb (len(gallery_images), d)``,
         ``caption_emb (len(gallery_captions), d)``, e.g. memory-mapped from the gallery cache): nothing is
-        encoded but the queries. ``gallery``: the split's name or the caption corpus."""
+        encoded but the queries. ``gallery``: the split's name or the caption corpus. A side given as None was not
+        read: the queries that rank it are refused (one line)."""
         method.check_is_fitted()
         r = cls.__new__(cls)
         r.method, r.dataset, r.features, r.device, r.index_backend = method, dataset, features, device, index_backend
@@ -527,7 +528,9 @@ class Retriever:
         gallery's bank statistics computed once)."""
         emb = self._caption_emb if direction == "i2t" else self._image_emb
         index = self._caption_index if direction == "i2t" else self._image_index
-        assert emb is not None and index is not None
+        if emb is None or index is None:
+            what = "captions" if direction == "i2t" else "images"
+            raise CrossViewError(f"this retriever holds no {what} of gallery {self.gallery_name!r} to rank")
         scorers = getattr(self, "_scorers", None)
         if scorers is None:
             res = index.search(q, k)
