@@ -153,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  ({label}: exit {g[2]}: {g[3]})")
             f = min(first)
             s2 = min(second)
-            print(f"{name:<26} {shown:<28} {label:<18} {f[0]:>8.2f} {f[1]:>6,.0f} {s2[0]:>9.2f} {s2[1]:>6,.0f}")
+            print(f"{name:<26} {shown:<28} {label:<18} {f[0]:>8.2f} {f[1]:>6,.0f} {s2[0]:>9.2f} {s2[1]:>6,.0f}   "
+                  f"(all: first {' '.join(f'{g[0]:.1f}' for g in first)}, second "
+                  f"{' '.join(f'{g[0]:.1f}' for g in second)})")
     print(f"load average when the queries ended: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs)")
     print()
