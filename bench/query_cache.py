@@ -5,8 +5,8 @@
 
 For each case a run is trained here (so its checkpoint is new and nothing of it is cached), then each query is
 run as its own process (``python -m crossview query ...``), first (the gallery cache emptied) and second time,
-``--repeat`` times, and the fastest of each is shown (the machine is shared); wall time and peak resident memory
-of each process come from ``os.wait4``; the load average is printed at the end. ``--baseline REV`` runs the same queries, on the same runs, with the
+``--repeat`` rounds, each beside a floor process, and the fastest of each is shown (the machine is shared); wall
+time and peak resident memory of each process come from ``os.wait4``; the load average is printed at the end. ``--baseline REV`` runs the same queries, on the same runs, with the
 code of commit REV (``git archive``) before the current code; the current code's first query fills the cache.
 
 Cases: ``flickr8k`` (the shared sample: a CCA run on TF-IDF captions and a VSE++ run with its own GRU, 1 epoch;
@@ -131,31 +131,34 @@ def run(args: argparse.Namespace) -> int:
         syn = train(f"syn{args.n}-cca-tfidf", ["cca", "--data", str(data), "--text-encoder", "tfidf"])
         cases.append((f"synthetic {args.n:,} cca tfidf", syn, ["--text", "w1 w2 w3 w4 w5 w6"]))
 
-    floor = [measure([py, "-c", "import crossview.cli, torch"], env) for _ in range(2)]
-    print(f"floor (python -c 'import crossview.cli, torch'): {min(f[0] for f in floor):.2f} s, "
-          f"{min(f[1] for f in floor):,.0f} MiB")
+    floor_argv = [py, "-c", "import crossview.cli, torch"]
+    print("Each row: the fastest of --repeat rounds; a round runs the floor, then each code's first query (its gallery")
+    print("cache emptied) and second query back to back, so the three see the same load. '2nd - floor': the second's time above")
+    print("that round's floor (interpreter start + the imports every query pays), the number the goal is about.")
     print()
-    head = f"{'case':<26} {'query':<28} {'code':<18} {'first s':>8} {'MiB':>6} {'second s':>9} {'MiB':>6}"
+    head = (f"{'case':<26} {'query':<24} {'code':<17} {'floor s':>7} {'first s':>8} {'MiB':>6} {'second s':>9} "
+            f"{'MiB':>6} {'2nd - floor':>11}")
     print(head)
     print("-" * len(head))
     for name, run_dir, query in cases:
-        shown = " ".join(q if len(q) < 24 else "..." + q[-20:] for q in query)[:28]
-        for label, code in codes:
-            e = {**env, "PYTHONPATH": code}
-            argv = [py, "-m", "crossview", "query", str(run_dir), *query, "--k", "10"]
-            first, second = [], []
-            for _ in range(args.repeat):      # first: an empty gallery cache each time; second: right after
+        shown = " ".join(q if len(q) < 20 else "..." + q[-16:] for q in query)[:24]
+        rows: dict[str, list[tuple[tuple, tuple, tuple]]] = {label: [] for label, _ in codes}
+        for _ in range(args.repeat):
+            floor = measure(floor_argv, env)
+            for label, code in codes:
+                e = {**env, "PYTHONPATH": code}
+                argv = [py, "-m", "crossview", "query", str(run_dir), *query, "--k", "10"]
                 drop_gallery_cache(Path(env["CROSSVIEW_CACHE_DIR"]) / "features")
-                first.append(measure(argv, e))
-                second.append(measure(argv, e))
-            for g in first + second:
-                if g[2] != 0:
-                    print(f"  ({label}: exit {g[2]}: {g[3]})")
-            f = min(first)
-            s2 = min(second)
-            print(f"{name:<26} {shown:<28} {label:<18} {f[0]:>8.2f} {f[1]:>6,.0f} {s2[0]:>9.2f} {s2[1]:>6,.0f}   "
-                  f"(all: first {' '.join(f'{g[0]:.1f}' for g in first)}, second "
-                  f"{' '.join(f'{g[0]:.1f}' for g in second)})")
+                got = (floor, measure(argv, e), measure(argv, e))
+                for g in got[1:]:
+                    if g[2] != 0:
+                        print(f"  ({label}: exit {g[2]}: {g[3]})")
+                rows[label].append(got)
+        for label, _ in codes:
+            fl, f, s2 = (min(r[i] for r in rows[label]) for i in range(3))
+            above = min(r[2][0] - r[0][0] for r in rows[label])
+            print(f"{name:<26} {shown:<24} {label:<17} {fl[0]:>7.2f} {f[0]:>8.2f} {f[1]:>6,.0f} {s2[0]:>9.2f} "
+                  f"{s2[1]:>6,.0f} {above:>+11.2f}")
     print(f"load average when the queries ended: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs)")
     print()
