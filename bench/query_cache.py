@@ -39,11 +39,11 @@ SENTENCES = ["a dog runs on the grass", "two children play in the water", "a man
 
 def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
     """``(wall s, peak RSS MiB, exit code, stderr tail)`` of one process."""
-    # stdout goes to a file, as a reader's would: with stdout on /dev/null the baseline's second query at 30K
-    # took 3 s and 0.66 GB instead of 9-13 s and 3.4 GB (not understood; a file gives what a user sees)
-    with tempfile.TemporaryFile() as out:
+    # run outside the repository: 'python -m crossview' puts the working folder first on sys.path, so from the
+    # repository root every process would import the current code, the baseline's PYTHONPATH notwithstanding
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryDirectory() as cwd:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.PIPE, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
     err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
