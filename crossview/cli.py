@@ -30,6 +30,7 @@ COMMAND_MODULES: list[str] = [
     "crossview.commands.tune",
     "crossview.commands.experiment",
     "crossview.commands.query",
+    "crossview.commands.serve",
     "crossview.commands.explain",
     "crossview.commands.screenshot",
     "crossview.commands.runs",

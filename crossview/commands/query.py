@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,10 @@ def resolve_image(ds: Any, value: str) -> int | Path:
     path = Path(text).expanduser()
     if ds.image_paths is not None:
         if path.is_file():     # a dataset image given by its path: answer with its ground truth
-            resolved = str(path.resolve())
+            resolved = path.resolve()
+            names = {path.name, resolved.name}     # only same-named files are resolved (a large dataset: fast)
             for i, p in enumerate(ds.image_paths):
-                if str(Path(p).resolve()) == resolved:
+                if os.path.basename(p) in names and Path(p).resolve() == resolved:
                     return i
             return path
         matches = [i for i, p in enumerate(ds.image_paths) if Path(p).name == text or str(p).endswith("/" + text)]
@@ -279,10 +281,38 @@ def _check_tag_branch(run_dir: Path) -> None:
                              "(query this one with --text)")
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    from crossview.core.devices import select_device
+def _open_cached(args: argparse.Namespace, run_dir: Path, corpus: Any, photos: Any, scoring: str,
+                 device: str) -> tuple[Any, Any] | None:
+    """``(run, retriever)`` from the gallery cache alone (:func:`crossview.engine.gallery_cache.open_cached_retriever`:
+    no dataset, no feature matrices, no gallery encoding), or None when the query needs the full run (a dataset
+    caption or tag list, a photo folder, a re-scoring, a cache not filled yet)."""
+    if photos is not None or scoring != "plain" or args.caption is not None or args.tags is not None:
+        return None
+    if args.image is not None and not Path(args.image).expanduser().is_file():
+        return None      # a dataset image by index or name
+    from crossview.engine.gallery_cache import open_cached_retriever
+
+    try:
+        return open_cached_retriever(run_dir, corpus if corpus is not None else args.split, device=device,
+                                     sides=("captions",) if args.image is not None else ("images",))
+    except CrossViewError:
+        return None      # the full path says what is wrong, in its words
+
+
+def _open_full(args: argparse.Namespace, run_dir: Path, progress: Any) -> Any:
+    """The run opened in full (dataset, features; :func:`crossview.engine.session.open_run`), ``--split`` checked."""
     from crossview.engine.session import open_run
 
+    run = open_run(run_dir, progress=progress)
+    ds = run.dataset
+    if args.split is not None and args.split != "all" and args.split not in ds.splits:
+        raise CrossViewError(f"--split {args.split!r}: dataset {ds.name!r} has splits "
+                             f"{', '.join(ds.split_names) or 'none'}; use one of them or 'all'")
+    return run
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from crossview.core.devices import select_device
     from crossview.eval.scoring import PARAMS, check_scoring
 
     _check_args(args)
@@ -299,26 +329,27 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.tags is not None:
         _check_tag_branch(run_dir)       # before the dataset and its features load
-    run = open_run(run_dir, progress=progress)
+    opened = _open_cached(args, run_dir, corpus, photos, scoring, device)
+    run, retriever = opened if opened is not None else (_open_full(args, run_dir, progress), None)
+    image = resolve_image(run.dataset, args.image) if args.image is not None else None
+    if retriever is not None and isinstance(image, int):   # a dataset image: its feature row is in the full run
+        run, retriever = _open_full(args, run_dir, progress), None
     ds = run.dataset
-    if args.split is not None and args.split != "all" and args.split not in ds.splits:
-        raise CrossViewError(f"--split {args.split!r}: dataset {ds.name!r} has splits "
-                             f"{', '.join(ds.split_names) or 'none'}; use one of them or 'all'")
-    image = resolve_image(ds, args.image) if args.image is not None else None
     if isinstance(image, Path):
         _check_image_file(image)
     if args.caption is not None and not 0 <= args.caption < ds.n_captions:
         raise CrossViewError(f"--caption {args.caption}: index out of range; dataset {ds.name!r} has "
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
-    gallery = corpus if corpus is not None else (photos if photos is not None else args.split)
-    choice = None
-    if scoring != "plain" and args.param is None:
-        from crossview.engine.scoring import iter_run_choice
+    if retriever is None:
+        gallery = corpus if corpus is not None else (photos if photos is not None else args.split)
+        choice = None
+        if scoring != "plain" and args.param is None:
+            from crossview.engine.scoring import iter_run_choice
 
-        # the run's recorded cross-validated choice, else --select's (auto: cv where it is cheap, see --help)
-        choice = print_events(iter_run_choice(run_dir, scoring, select=select, use_recorded=True))
-    retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring, param=args.param,
-                              choice=choice)
+            # the run's recorded cross-validated choice, else --select's (auto: cv where it is cheap, see --help)
+            choice = print_events(iter_run_choice(run_dir, scoring, select=select, use_recorded=True))
+        retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring,
+                                  param=args.param, choice=choice)
     progress.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)

@@ -96,13 +96,21 @@ class Retriever:
     for a corpus's caption features and a photo folder's photo features (``None``: the default one; ``False``:
     none). ``progress(stage, done, total)`` reports that encoding (stage ``"corpus captions"`` or ``"photos"``);
     ``should_stop()`` cancels it (checked between batches of ``photo_batch_size`` photos for a photo folder).
+    ``model_key`` (:func:`crossview.engine.gallery_cache.model_key`, given by
+    :meth:`crossview.engine.session.OpenRun.retriever`) caches a split's or a corpus's gallery embeddings under
+    the run's checkpoint (:mod:`crossview.engine.gallery_cache`), so the next retriever over that gallery of the
+    same run encodes nothing; None: computed every time.
     """
 
     def __init__(self, method: Any, dataset: Any, features: Any, *, gallery: Any = "test",
                  index_backend: str = "exact", device: str = "cpu", cache: Any = None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, photo_batch_size: int = 32) -> None:
+                 should_stop: Callable[[], bool] | None = None, photo_batch_size: int = 32,
+                 model_key: str | None = None) -> None:
         method.check_is_fitted()
+        self.model_key = model_key
+        #: for a split or corpus gallery: were its embeddings read from the gallery cache (None: not cached)?
+        self.gallery_cache_hit: bool | None = None
         self.method = method
         self.dataset = dataset
         self.features = features
@@ -186,33 +194,95 @@ class Retriever:
             dataset_name=f"corpus {getattr(self.corpus, 'name', '')}".strip())
         return np.asarray(feats, dtype=np.float32)
 
-    def _build_gallery(self) -> None:
-        from crossview.index import build_index
-
+    def _gallery_data(self) -> MethodData:
+        """What the method encodes for the gallery: the corpus's captions, or the split's images and captions."""
         ds, f = self.dataset, self.features
+        if self.corpus is not None:
+            caps = list(self.corpus.captions)
+            return MethodData(image_features=None, text_features=self._corpus_features(caps), captions=caps,
+                              caption_image=np.full(len(caps), -1, np.int64), name="corpus")   # text only
+        gi, gc = self.gallery_images, self.gallery_captions
+        pos = np.full(ds.n_images, -1, dtype=np.int64)
+        pos[gi] = np.arange(len(gi))
+        return MethodData(image_features=np.asarray(f.image[gi], np.float32),
+                          text_features=self._text_rows([ds.captions[c] for c in gc], gc),
+                          captions=[ds.captions[c] for c in gc], caption_image=pos[ds.caption_image[gc]],
+                          name=self.gallery_name, image_paths=self._files([int(i) for i in gi]))
+
+    def _build_gallery(self) -> None:
         if self.photos is not None:
             self._build_photo_gallery()
             return
-        if self.corpus is not None:
-            caps = list(self.corpus.captions)
-            data = MethodData(image_features=None, text_features=self._corpus_features(caps), captions=caps,
-                              caption_image=np.full(len(caps), -1, np.int64), name="corpus")   # text only
+        made: list[MethodData] = []
+
+        def data() -> MethodData:      # built once, and only when something is not cached
+            if not made:
+                made.append(self._gallery_data())
+            return made[0]
+
+        def captions() -> np.ndarray:
+            return np.ascontiguousarray(self.method.encode_texts(data(), direction="i2t"), np.float32)
+
+        def images() -> np.ndarray:
+            return np.ascontiguousarray(self.method.encode_images(data(), direction="t2i"), np.float32)
+
+        cache = None
+        if self.model_key is not None and self._cache is not False:
+            from crossview.engine.gallery_cache import GalleryCache, gallery_identity
+            cache = GalleryCache(self.model_key, gallery_identity(self.corpus if self.corpus is not None
+                                                                  else self.gallery_name), self._cache)
+        if cache is None:
+            caption_emb, image_emb = captions(), images() if len(self.gallery_images) else None
         else:
-            gi, gc = self.gallery_images, self.gallery_captions
-            pos = np.full(ds.n_images, -1, dtype=np.int64)
-            pos[gi] = np.arange(len(gi))
-            data = MethodData(image_features=np.asarray(f.image[gi], np.float32),
-                              text_features=self._text_rows([ds.captions[c] for c in gc], gc),
-                              captions=[ds.captions[c] for c in gc], caption_image=pos[ds.caption_image[gc]],
-                              name=self.gallery_name, image_paths=self._files([int(i) for i in gi]))
-        self._caption_emb = np.ascontiguousarray(self.method.encode_texts(data, direction="i2t"), np.float32)
-        self._caption_index = build_index(self._caption_emb, self.index_backend)
-        if len(self.gallery_images):
-            self._image_emb = np.ascontiguousarray(self.method.encode_images(data, direction="t2i"), np.float32)
-            self._image_index = build_index(self._image_emb, self.index_backend)
+            caption_emb, hit = cache.embeddings("captions", captions)
+            image_emb = None
+            if len(self.gallery_images):
+                image_emb, image_hit = cache.embeddings("images", images)
+                hit = hit and image_hit
+            self.gallery_cache_hit = hit
+            if self.corpus is not None:
+                self.corpus_cache_hit = hit or bool(self.corpus_cache_hit)
+                if hit and self._progress is not None:     # the whole stage done at once, as a features hit says
+                    n = len(self.gallery_captions)
+                    self._progress("corpus captions", n, n)
+            from crossview.engine.gallery_cache import write_snapshot
+            write_snapshot(cache, self)
+        self._set_embeddings(caption_emb, image_emb)
+
+    def _set_embeddings(self, caption_emb: np.ndarray | None, image_emb: np.ndarray | None) -> None:
+        from crossview.index import build_index
+
+        self._caption_emb = caption_emb
+        self._caption_index = None if caption_emb is None else build_index(caption_emb, self.index_backend)
+        self._image_emb = image_emb
+        self._image_index = None if image_emb is None else build_index(image_emb, self.index_backend)
+
+    @classmethod
+    def from_embeddings(cls, method: Any, dataset: Any, features: Any, *, gallery: Any,
+                        gallery_images: np.ndarray, gallery_captions: np.ndarray, image_emb: np.ndarray | None,
+                        caption_emb: np.ndarray | None, index_backend: str = "exact", device: str = "cpu",
+                        cache: Any = None) -> "Retriever":
+        """A retriever over a gallery whose embeddings are given (``image_emb (len(gallery_images), d)``,
+        ``caption_emb (len(gallery_captions), d)``, e.g. memory-mapped from the gallery cache): nothing is
+        encoded but the queries. ``gallery``: the split's name or the caption corpus. A side given as None was not
+        read: the queries that rank it are refused (one line)."""
+        method.check_is_fitted()
+        r = cls.__new__(cls)
+        r.method, r.dataset, r.features, r.device, r.index_backend = method, dataset, features, device, index_backend
+        r.model_key, r._image_encoder, r.photos = None, None, None
+        r.photos_skipped, r.photos_encoded = [], 0
+        r._cache, r._progress, r._should_stop, r._photo_batch_size = cache, None, None, 32
+        r._scorers, r._scoring_stats, r.scoring_record = None, {}, {"scoring": "plain"}
+        r.gallery_cache_hit = True
+        if isinstance(gallery, str):
+            r.corpus, r.gallery_name, r.corpus_cache_hit = None, gallery, None
         else:
-            self._image_emb = None
-            self._image_index = None
+            r.corpus, r.gallery_name = gallery, f"corpus {getattr(gallery, 'name', '')}".strip()
+            r.corpus_cache_hit = True
+        r.gallery_images = np.asarray(gallery_images, np.int64)
+        r.gallery_captions = np.asarray(gallery_captions, np.int64)
+        r._set_embeddings(caption_emb, image_emb if len(r.gallery_images) else None)
+        return r
 
     def _build_photo_gallery(self) -> None:
         from crossview.features.cache import FeatureCache
@@ -326,15 +396,22 @@ class Retriever:
             if not sentence:
                 raise CrossViewError("type a sentence to search for")
             query, rows = {"text": sentence}, None
-            same = [] if self.photos is not None else \
-                [i for i, cap in enumerate(self.dataset.captions) if cap.strip().lower() == sentence.lower()]
-            if same:      # a typed sentence that is a dataset caption has that caption's ground truth
-                query["caption"] = same[0]
+            same = None if self.photos is not None else self._same_caption(sentence)
+            if same is not None:      # a typed sentence that is a dataset caption has that caption's ground truth
+                query["caption"] = same
         feats = self._text_rows([sentence], rows)
         data = MethodData(image_features=None, text_features=feats, captions=[sentence],
                           caption_image=np.full(1, -1, np.int64), name="query")                  # text only
         q = np.asarray(self.method.encode_texts(data, direction="t2i"), np.float32)
         return self._rank_images(q, query, k)
+
+    def _same_caption(self, sentence: str) -> int | None:
+        """The first dataset caption equal to ``sentence`` (stripped, any case), or None."""
+        find = getattr(self.dataset, "find_caption", None)     # a cached run's snapshot: a hash look-up
+        if find is not None:
+            return find(sentence)
+        low = sentence.strip().lower()
+        return next((i for i, cap in enumerate(self.dataset.captions) if cap.strip().lower() == low), None)
 
     # ------------------------------------------------------------------ identities
     @property
@@ -451,7 +528,9 @@ class Retriever:
         gallery's bank statistics computed once)."""
         emb = self._caption_emb if direction == "i2t" else self._image_emb
         index = self._caption_index if direction == "i2t" else self._image_index
-        assert emb is not None and index is not None
+        if emb is None or index is None:
+            what = "captions" if direction == "i2t" else "images"
+            raise CrossViewError(f"this retriever holds no {what} of gallery {self.gallery_name!r} to rank")
         scorers = getattr(self, "_scorers", None)
         if scorers is None:
             res = index.search(q, k)

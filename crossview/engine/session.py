@@ -34,6 +34,17 @@ class OpenRun:
         return self.run_dir.name
 
     @property
+    def model_key(self) -> str | None:
+        """The run's key in the gallery cache (:func:`crossview.engine.gallery_cache.model_key`: its checkpoint's
+        content and dataset), or None when the checkpoint cannot be read now."""
+        from crossview.engine.gallery_cache import model_key
+
+        try:
+            return model_key(self.run_dir, self.config)
+        except OSError:
+            return None
+
+    @property
     def eval_split(self) -> str:
         """The split the run was evaluated on (``config.json``), which every view of the run defaults to."""
         split = self.config.get("split") or self.summary.get("split")
@@ -49,12 +60,15 @@ class OpenRun:
         match the run's metrics. ``scoring`` (:mod:`crossview.eval.scoring`) re-scores its queries with the run's
         training bank (:func:`crossview.engine.scoring.apply_scoring`; ``choice``'s parameter, a record made already,
         else ``param`` as given, else the cross-validated choice the run recorded, else chosen on a hold-out of
-        train). ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a
-        corpus's or a photo folder's encoding)."""
+        train). ``options``: the Retriever's ``cache``, ``progress`` and ``should_stop`` (a corpus's or a photo
+        folder's encoding) and ``model_key`` (default: the run's, so the gallery's embeddings are cached under its
+        checkpoint: :mod:`crossview.engine.gallery_cache`)."""
         from crossview.engine.retriever import Retriever
         from crossview.eval.scoring import check_scoring
 
         check_scoring(scoring)
+        if "model_key" not in options and options.get("cache") is not False:
+            options["model_key"] = self.model_key
         r = Retriever(self.method, self.dataset, self.features,
                       gallery=self.eval_split if gallery is None else gallery, index_backend=index_backend,
                       device=device, **options)

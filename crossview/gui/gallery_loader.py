@@ -93,7 +93,8 @@ class GalleryLoader(QWidget):
             self.task.cancel()                   # superseded: its outcome is dropped
         batch = self.photo_batch_size
         method, dataset, features = base.method, base.dataset, base.features
-        options = dict(index_backend=base.index_backend, device=base.device, cache=getattr(base, "_cache", None))
+        options = dict(index_backend=base.index_backend, device=base.device, cache=getattr(base, "_cache", None),
+                       model_key=getattr(base, "model_key", None))     # a corpus's embeddings cached per run
 
         def work(progress, should_stop):
             if kind == "photos":

@@ -1,0 +1,150 @@
+"""``crossview serve RUN``: the local HTTP JSON endpoint, started on a free port in a thread and as a process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from _engine_helpers import make_toy_dataset, write_toy_precomp
+from crossview.cli import main
+from crossview.core.errors import CrossViewError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("serve")
+    data = base / "toy_precomp"
+    write_toy_precomp(data, make_toy_dataset(80), (("train", "train"), ("dev", "val"), ("test", "test")))
+    out = base / "run_vsepp"
+    assert main(["train", "vsepp", "--data", str(data), "--run-dir", str(out), "--text-encoder", "bow",
+                 "--device", "cpu", "--set", "max_epochs=2", "--set", "embed_dim=16", "--set", "word_dim=8",
+                 "--set", "text_model=gru", "--set", "batch_size=32"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(run_dir):
+    from crossview.commands.serve import QueryService, make_server
+
+    srv = make_server(QueryService(run_dir, k=5), "127.0.0.1", 0, quiet=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def _ask(port: int, method: str, path: str, body: bytes | str | None = None) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=body.encode() if isinstance(body, str) else body,
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, json.loads(raw), raw
+
+
+def test_health_says_what_is_loaded(server, run_dir):
+    status, doc, _ = _ask(server, "GET", "/health")
+    assert status == 200 and doc["status"] == "ok" and doc["method"] == "vsepp"
+    assert doc["run"] == str(run_dir) and doc["gallery"]["name"] == "test" and doc["gallery"]["images"] > 0
+
+
+def test_text_query_answers_as_the_command_does(server, run_dir, capsys):
+    from crossview.engine.session import open_run
+
+    ds = open_run(run_dir).dataset
+    image = int(ds.splits["test"][1])
+    sentence = ds.captions[ds.captions_of(image)[0]]
+    status, doc, _ = _ask(server, "POST", "/query", json.dumps({"text": sentence, "k": 4}))
+    assert status == 200
+    assert doc["query"]["direction"] == "t2i" and doc["k"] == 4 and len(doc["results"]) == 4
+    assert [r["rank"] for r in doc["results"]] == [1, 2, 3, 4]
+    assert doc["ground_truth"][0]["item"] == image
+    capsys.readouterr()
+    assert main(["query", str(run_dir), "--text", sentence, "--k", "4", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert doc["results"] == cli["results"] and doc["ground_truth"] == cli["ground_truth"]
+    status, doc, _ = _ask(server, "POST", "/query", json.dumps({"text": "a red square"}))
+    assert status == 200 and len(doc["results"]) == 5          # the server's default k
+
+
+@pytest.mark.parametrize("body, says", [
+    ("{not json", "not JSON"),
+    ("[1, 2]", "JSON object"),
+    ("{}", "exactly one of"),
+    ('{"text": "a dog", "image": "x.jpg"}', "exactly one of"),
+    ('{"text": "a dog", "k": 0}', "\"k\""),
+    ('{"text": "a dog", "k": "5"}', "\"k\""),
+    ('{"text": "   "}', "non-empty"),
+    ('{"txt": "a dog"}', "unknown field"),
+    ('{"image": "/no/such/photo.jpg"}', "no such file"),
+    (b"\xff\xfe", "not JSON"),
+])
+def test_bad_requests_get_400_and_one_line(server, body, says):
+    status, doc, raw = _ask(server, "POST", "/query", body)
+    assert status == 400 and set(doc) == {"error"}
+    assert says in doc["error"] and "\n" not in doc["error"] and "Traceback" not in doc["error"]
+    assert raw.count(b"\n") == 1
+
+
+def test_image_of_a_precomp_run_and_unknown_paths(server, tmp_path):
+    from PIL import Image
+
+    photo = tmp_path / "p.png"
+    Image.new("RGB", (8, 8), "blue").save(photo)
+    status, doc, _ = _ask(server, "POST", "/query", json.dumps({"image": str(photo)}))
+    assert status == 400 and "precomputed image features" in doc["error"]
+    assert _ask(server, "GET", "/nope")[0] == 404
+    assert _ask(server, "POST", "/health", "{}")[0] == 404
+
+
+def test_refuses_any_address_but_this_machine(run_dir, capsys):
+    from crossview.commands.serve import make_server
+
+    with pytest.raises(CrossViewError, match="this machine only"):
+        make_server(object(), "0.0.0.0", 0)          # type: ignore[arg-type]
+    assert main(["serve", str(run_dir), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "this machine only" in err[0]
+    assert main(["serve", str(run_dir.parent / "missing")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_help_documents_the_endpoint():
+    out = subprocess.run([sys.executable, "-m", "crossview", "serve", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0
+    assert "POST /query" in out.stdout and "GET /health" in out.stdout and "127.0.0.1" in out.stdout
+
+
+def test_the_command_serves_until_stopped(run_dir):
+    """``crossview serve RUN --port 0`` as a process: it prints its address, answers, and stops on SIGINT."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "crossview", "serve", str(run_dir), "--port", "0", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = proc.stdout.readline()
+        assert "serving run" in line and "http://127.0.0.1:" in line, proc.stderr.read() if not line else line
+        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        status, doc, _ = _ask(port, "POST", "/query", json.dumps({"text": "a green circle", "k": 2}))
+        assert status == 200 and len(doc["results"]) == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
