@@ -19,7 +19,10 @@ with the best mean rsum over the folds is chosen. Then:
     python bench/method_tune.py --method wsabie --stage "lr=0.001,0.003,0.01 lr_decay_epoch=0,12" \\
         --stage "margin=0.5,1,2" --work /tmp/w --out bench/results/tune_wsabie_flickr8k.md
 
-Each ``--stage`` is a space-separated list of ``crossview tune --grid`` items (typed by the method's card). Run
+"The defaults" are the method's defaults in the code that runs (its constructor's, which its card mirrors): run again
+after a default moved, the search starts from the new ones. Each ``--stage`` is a space-separated list of
+``crossview tune --grid`` items (typed by the method's card); a later stage's single-parameter grid skips the value
+the best point so far already has (measured). Run
 folders go to ``--work`` (default: a temporary folder); running again with the same ``--work`` reads finished
 runs back and resumes interrupted ones. ``--stages-only`` stops after the search (no val runs).
 """
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         parts = f"{args.folds} folds" if args.select_on == "cv" else "1 run (a seeded 20% of train held out)"
         print(f"- stage {k}: `crossview tune {method} --data <sample> {grid_text} {set_text} --select-on "
               f"{args.select_on} --no-refit`: {len(result.trials)} points x {parts}, {time.monotonic() - t0:.0f} s; best "
-              f"so far: {_label(best) or 'the defaults'} ({top['score']:.1f})")
+              f"so far: {_label({k2: v for k2, v in best.items() if defaults.get(k2) != v}) or 'the defaults'} "
+              f"({top['score']:.1f})")
 
     def differs(point: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in point.items() if defaults.get(k) != v}

@@ -193,7 +193,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("tune_wsabie_timam_flickr8k", "tune_wsabie_timam_flickr8k.md",
           (S("bench/method_tune.py --method wsabie --stage 'lr=0.003,0.01 lr_decay_epoch=12,0' "
              "--stage 'margin=0.3,1,3' --stage 'max_epochs=20,40' --stage 'dim=512,1024' --stage 'max_norm=1,2' "
-             "--work {WORK}/wsabie"),
+             "--stage 'dim=256,2048' --stage 'lr=0.001,0.002' "
+             "--stage dim=4096 --work {WORK}/wsabie"),
            S("bench/method_tune.py --method timam --stage 'id_weight=1,0' --stage 'lr=2e-4,5e-4' "
              "--stage 'adv_weight=1,0' --work {WORK}/timam")),
           ("flickr8k",), 150, ("crossview/engine/tune.py", "crossview/engine/run.py", "crossview/eval/paired.py",
