@@ -208,9 +208,15 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
         cells = " | ".join("/".join(f"{s[d][k]:.1f}" for k in ("R@1", "R@5", "R@10")) for d in ("i2t", "t2i"))
         ci = s.get("ci", {}).get("rsum")
         sets = " ".join(f"{k}={v}" for k, v in (chosen if name == "chosen" else {}).items()) or "(none)"
+        # the chosen run is an ordinary `crossview train --set ...` run: its summary says selected_on nothing (no
+        # choice inside it); its parameters were chosen by this bench's search on train
+        selected = (f"train ({args.select_on}, this search)" if name == "chosen" else
+                    f"{s.get('selected_on', '-')} (the defaults)")
         print(f"| {name} | {sets} | {cells} | {s['rsum']:.1f} | {f'{ci[0]:.1f}-{ci[1]:.1f}' if ci else '-'} | "
-              f"{s.get('selected_on', '-')} | {s.get('reported_on', s.get('split'))} | "
+              f"{selected} | {s.get('reported_on', s.get('split'))} | "
               f"{s.get('train_seconds', wall):.0f} |")
+    print("\ntrain s: the training seconds each run records, on a shared 2-core CPU that other jobs loaded (load "
+          "average between about 3 and 10 while this bench ran): a rough cost, not a timing to compare closely.")
     if "chosen" in rows:
         a, caps = _pooled([str(rows["defaults"][1])])
         b, _ = _pooled([str(rows["chosen"][1])])
