@@ -123,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
         grid_text = " ".join(f"--grid {key}={','.join(map(str, v))}" for key, v in grid.items())
         set_text = " ".join(f"--set {key}={v}" for key, v in params.items())
         parts = f"{args.folds} folds" if args.select_on == "cv" else "1 run (a seeded 20% of train held out)"
-        print(f"- stage {k}: `crossview tune {method} --data <sample> {grid_text} {set_text} --select-on "
-              f"{args.select_on} --no-refit`: {len(result.trials)} points x {parts}, {time.monotonic() - t0:.0f} s; best "
+        words = " ".join(w for w in (grid_text, set_text, f"--select-on {args.select_on} --no-refit") if w)
+        print(f"- stage {k}: `crossview tune {method} --data <sample> {words}`: {len(result.trials)} points x "
+              f"{parts} ({time.monotonic() - t0:.0f} s in this invocation; finished runs are read back); best "
               f"so far: {_label({k2: v for k2, v in best.items() if defaults.get(k2) != v}) or 'the defaults'} "
               f"({top['score']:.1f})")
 
