@@ -195,6 +195,17 @@ ENTRIES: tuple[Entry, ...] = (
           (S("bench/method_cv.py --method wsabie --configs 'max_norm=1;max_norm=10' --seeds 1"),),
           ("flickr8k",), 12, methods("wsabie"),
           title="WSABIE's max_norm by 3-fold cross-validation of the Flickr8k sample's training photos only"),
+    Entry("tune_wsabie_timam_flickr8k", "tune_wsabie_timam_flickr8k.md",
+          (S("bench/method_tune.py --method wsabie --stage 'lr=0.003,0.01 lr_decay_epoch=12,0' "
+             "--stage 'margin=0.3,1,3' --stage 'max_epochs=20,40' --stage 'dim=512,1024' --stage 'max_norm=1,2' "
+             "--stage 'dim=256,2048' --stage 'lr=0.001,0.002' "
+             "--stage dim=4096 --work {WORK}/wsabie"),
+           S("bench/method_tune.py --method timam --stage 'id_weight=1,0' --stage 'lr=2e-4,5e-4' "
+             "--stage 'adv_weight=1,0' --work {WORK}/timam")),
+          ("flickr8k",), 150, ("crossview/engine/tune.py", "crossview/engine/run.py", "crossview/eval/paired.py",
+                               *FEATURES) + methods("wsabie", "timam"),
+          title="WSABIE and TIMAM re-examined with `crossview tune` on the Flickr8k sample (chosen on train, "
+                "reported once on val)"),
     Entry("defaults_flickr8k", "defaults_flickr8k.md",
           (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
              "bitr,bitr:fine,bitr:white"),),

@@ -115,7 +115,7 @@ def test_caption_version_learns_on_demo(demo) -> None:
     assert res["t2i"]["R@10"] > 4 * chance_t2i, res["t2i"]
     # both directions come from one model: the score matrix is V x . Z y whatever the direction
     img, txt = m.encode_images(demo["test"]), m.encode_texts(demo["test"])
-    assert img.shape == (demo["test"].n_images, 1024) and txt.shape == (demo["test"].n_captions, 1024)   # dim
+    assert img.shape == (demo["test"].n_images, m.dim) and txt.shape == (demo["test"].n_captions, m.dim)   # dim
     np.testing.assert_array_equal(m.encode_images(demo["test"], direction="t2i"), img)
     np.testing.assert_allclose(m.scores(demo["test"], "t2i"), img @ txt.T, rtol=1e-6)
     # the norm constraint holds after training
