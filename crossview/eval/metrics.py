@@ -139,14 +139,18 @@ def t2i_ranks(scores: Any, caption_image: Any) -> np.ndarray:
     return _t2i_ranks(*check_scores(scores, caption_image))
 
 
-def _i2t_ranks(s: np.ndarray, ci: np.ndarray) -> np.ndarray:
-    n_images = s.shape[0]
+def _check_every_image_has_a_caption(ci: np.ndarray, n_images: int) -> None:
     counts = np.bincount(ci, minlength=n_images)
     if (counts == 0).any():
         missing = np.flatnonzero(counts == 0)
         raise CrossViewError(
             f"{missing.size} image(s) have no caption (first: image {int(missing[0])}); i2t ranks "
             "need at least one ground-truth caption per image: drop those images from the scores")
+
+
+def _i2t_ranks(s: np.ndarray, ci: np.ndarray) -> np.ndarray:
+    n_images = s.shape[0]
+    _check_every_image_has_a_caption(ci, n_images)
     return first_relevant_ranks(s, np.arange(n_images, dtype=np.int64), ci)
 
 
@@ -244,12 +248,7 @@ def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any
         raise CrossViewError(f"caption_image refers to image {int(ci.max())}, but there are {n_images} images")
     if block_rows is None:
         block_rows = max(1, _SCORE_BLOCK_ELEMENTS // max(1, n_captions))
-    counts = np.bincount(ci, minlength=n_images)
-    if (counts == 0).any():
-        missing = np.flatnonzero(counts == 0)
-        raise CrossViewError(
-            f"{missing.size} image(s) have no caption (first: image {int(missing[0])}); i2t ranks "
-            "need at least one ground-truth caption per image: drop those images from the scores")
+    _check_every_image_has_a_caption(ci, n_images)
     r_i2t = np.empty(n_images, dtype=np.int64)
     for start, stop, s in _score_blocks(img, txt, block_rows):
         if np.isnan(s).any():

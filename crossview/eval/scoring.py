@@ -280,11 +280,9 @@ def select_scoring(bank: Any, scoring: str, grid: Sequence[float] | None = None,
     and ``selected_on`` ``"nothing"``.
     """
     scoring = check_scoring(scoring)
-    if PARAMS[scoring] is None:
+    grid = _candidates(scoring, grid)
+    if grid is None:
         return {"scoring": scoring, "param_name": None, "param": None, "selected_on": "nothing", "candidates": []}
-    grid = tuple(GRIDS[scoring] if grid is None else grid)
-    if not grid:
-        raise CrossViewError(f"{scoring}: no candidate values to choose from")
     n = int(bank.image.shape[0])
     has_caption = np.bincount(np.asarray(bank.caption_image, np.int64), minlength=n) > 0
     usable = np.flatnonzero(has_caption)
@@ -306,17 +304,25 @@ def select_scoring(bank: Any, scoring: str, grid: Sequence[float] | None = None,
             "bank_images": int(rest.size), "seed": int(seed), "candidates": cands, "plain_rsum": plain}
 
 
+def _candidates(scoring: str, grid: Sequence[float] | None) -> tuple[float, ...] | None:
+    """The values to choose ``scoring``'s parameter from (``grid``, else its default grid); None for ``plain``."""
+    if PARAMS[scoring] is None:
+        return None
+    grid = tuple(GRIDS[scoring] if grid is None else grid)
+    if not grid:
+        raise CrossViewError(f"{scoring}: no candidate values to choose from")
+    return grid
+
+
 def iter_select_scoring_cv(fold_sets: Sequence[tuple[Any, Any]], scoring: str, grid: Sequence[float] | None = None,
                            train_name: str = "train",
                            block_size: int = DEFAULT_BLOCK) -> Iterator[tuple[int, int]]:
     """:func:`select_scoring_cv` as a generator: yields ``(done, total)`` after each candidate and returns the
     record."""
     scoring = check_scoring(scoring)
-    if PARAMS[scoring] is None:
+    grid = _candidates(scoring, grid)
+    if grid is None:
         return {"scoring": scoring, "param_name": None, "param": None, "selected_on": "nothing", "candidates": []}
-    grid = tuple(GRIDS[scoring] if grid is None else grid)
-    if not grid:
-        raise CrossViewError(f"{scoring}: no candidate values to choose from")
     if len(fold_sets) < 2:
         raise CrossViewError(f"cross-validation needs at least 2 folds, got {len(fold_sets)}")
     params = [_check_param(scoring, p) for p in grid]
