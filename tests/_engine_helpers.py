@@ -130,6 +130,26 @@ class PicklePayload:
         return (exec, (f"open({self.marker!r}, 'w').close()",))
 
 
+def train_toy_runs(base, method_sets: dict[str, list[str]]) -> dict:
+    """One finished run folder per method of ``method_sets`` (its ``--set`` values), trained through the command line
+    on one toy precomp folder (80 images; train / dev as val / test) under ``base``; ``"data"``: that folder."""
+    from crossview.cli import main
+
+    data = base / "toy_precomp"
+    write_toy_precomp(data, make_toy_dataset(80), (("train", "train"), ("dev", "val"), ("test", "test")))
+    out = {}
+    for method, sets in method_sets.items():
+        run_dir = base / f"run_{method}"
+        argv = ["train", method, "--data", str(data), "--run-dir", str(run_dir), "--text-encoder", "bow",
+                "--device", "cpu"]
+        for s in sets:
+            argv += ["--set", s]
+        assert main(argv) == 0, method
+        out[method] = run_dir
+    out["data"] = data
+    return out
+
+
 def image_folders_with_web(tmp_path):
     """A clean caption folder (24 coloured squares, train / val / test) and a web folder (9 images with .tags)."""
     import json

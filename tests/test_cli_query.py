@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _engine_helpers import make_toy_dataset, write_toy_precomp
+from _engine_helpers import train_toy_runs
 from crossview.cli import main
 from crossview.core.errors import CrossViewError
 
@@ -29,19 +29,7 @@ METHOD_SETS = {"cca": ["n_components=6"],
 def runs(tmp_path_factory) -> dict[str, Path]:
     """One finished run folder per method, trained through the command line on the same toy data."""
     base = tmp_path_factory.mktemp("query")
-    data = base / "toy_precomp"
-    write_toy_precomp(data, make_toy_dataset(80), (("train", "train"), ("dev", "val"), ("test", "test")))
-    out = {}
-    for method, sets in METHOD_SETS.items():
-        run_dir = base / f"run_{method}"
-        argv = ["train", method, "--data", str(data), "--run-dir", str(run_dir), "--text-encoder", "bow",
-                "--device", "cpu"]
-        for s in sets:
-            argv += ["--set", s]
-        assert main(argv) == 0, method
-        out[method] = run_dir
-    out["data"] = data
-    return out
+    return train_toy_runs(base, METHOD_SETS)
 
 
 @pytest.fixture(scope="module")
