@@ -130,6 +130,21 @@ class PicklePayload:
         return (exec, (f"open({self.marker!r}, 'w').close()",))
 
 
+def naive_ranks(scores: np.ndarray, caption_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1-based ranks by loops: i2t the best gold caption of each image, t2i the image of each caption; ties go
+    to the smaller gallery index."""
+    n_img, n_cap = scores.shape
+    i2t = np.empty(n_img, np.int64)
+    for i in range(n_img):
+        order = sorted(range(n_cap), key=lambda j: (-scores[i, j], j))
+        i2t[i] = min(order.index(j) for j in range(n_cap) if caption_image[j] == i) + 1
+    t2i = np.empty(n_cap, np.int64)
+    for j in range(n_cap):
+        order = sorted(range(n_img), key=lambda i: (-scores[i, j], i))
+        t2i[j] = order.index(int(caption_image[j])) + 1
+    return i2t, t2i
+
+
 def train_toy_runs(base, method_sets: dict[str, list[str]]) -> dict:
     """One finished run folder per method of ``method_sets`` (its ``--set`` values), trained through the command line
     on one toy precomp folder (80 images; train / dev as val / test) under ``base``; ``"data"``: that folder."""

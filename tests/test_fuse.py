@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _engine_helpers import make_toy_dataset, write_toy_precomp
+from _engine_helpers import make_toy_dataset, naive_ranks, write_toy_precomp
 from crossview.cli import main
 from crossview.core.errors import CrossViewError
 from crossview.eval.embeddings import load_embeddings, save_embeddings
@@ -40,20 +40,6 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _naive_ranks(scores: np.ndarray, caption_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """1-based ranks by loops: i2t the best gold caption of each image, t2i the image of each caption; ties go
-    to the smaller gallery index."""
-    n_img, n_cap = scores.shape
-    i2t = np.empty(n_img, np.int64)
-    for i in range(n_img):
-        order = sorted(range(n_cap), key=lambda j: (-scores[i, j], j))
-        i2t[i] = min(order.index(j) for j in range(n_cap) if caption_image[j] == i) + 1
-    t2i = np.empty(n_cap, np.int64)
-    for j in range(n_cap):
-        order = sorted(range(n_img), key=lambda i: (-scores[i, j], i))
-        t2i[j] = order.index(int(caption_image[j])) + 1
-    return i2t, t2i
-
 
 def test_the_fused_score_is_the_weighted_sum_of_train_standardised_scores(runs) -> None:
     summary = json.loads((runs["fused"] / "summary.json").read_text())
@@ -71,7 +57,7 @@ def test_the_fused_score_is_the_weighted_sum_of_train_standardised_scores(runs) 
         test = load_embeddings(runs[name] / "embeddings_test.npz")
         fused += row["weight"] * (np.asarray(test.image, np.float64) @ np.asarray(test.text, np.float64).T - mu) / sd
     ci = load_embeddings(runs["a"] / "embeddings_test.npz").caption_image
-    i2t, t2i = _naive_ranks(fused, ci)
+    i2t, t2i = naive_ranks(fused, ci)
     with np.load(runs["fused"] / "ranks.npz") as z:
         np.testing.assert_array_equal(z["i2t"], i2t)
         np.testing.assert_array_equal(z["t2i"], t2i)
@@ -99,7 +85,7 @@ def test_fused_ranks_block_by_block_equal_one_block() -> None:
         np.testing.assert_array_equal(part["i2t"], whole["i2t"])
         np.testing.assert_array_equal(part["t2i"], whole["t2i"])
     s = 0.3 * embs[0].image @ embs[0].text.T + 1.2 * embs[1].image @ embs[1].text.T
-    i2t, t2i = _naive_ranks(s, ci)
+    i2t, t2i = naive_ranks(s, ci)
     np.testing.assert_array_equal(whole["i2t"], i2t)
     np.testing.assert_array_equal(whole["t2i"], t2i)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _engine_helpers import make_toy_dataset, write_toy_precomp
+from _engine_helpers import make_toy_dataset, naive_ranks, write_toy_precomp
 from crossview.cli import main
 from crossview.eval.embeddings import load_embeddings, save_embeddings
 
@@ -102,18 +102,6 @@ def test_the_fold_runs_are_reused_by_the_next_call_and_every_scoring(run, monkey
     assert set(json.loads((run / "scoring.json").read_text())["test"]) >= {"csls", "isoftmax", "dsoftmax"}
 
 
-def _naive_ranks(scores: np.ndarray, caption_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n_img, n_cap = scores.shape
-    i2t = np.empty(n_img, np.int64)
-    for i in range(n_img):
-        order = sorted(range(n_cap), key=lambda j: (-scores[i, j], j))
-        i2t[i] = min(order.index(j) for j in range(n_cap) if caption_image[j] == i) + 1
-    t2i = np.empty(n_cap, np.int64)
-    for j in range(n_cap):
-        order = sorted(range(n_img), key=lambda i: (-scores[i, j], i))
-        t2i[j] = order.index(int(caption_image[j])) + 1
-    return i2t, t2i
-
 
 def _rsum(i2t: np.ndarray, t2i: np.ndarray) -> float:
     return float(sum(100.0 * np.mean(r <= k) for r in (i2t, t2i) for k in (1, 5, 10)))
@@ -129,7 +117,7 @@ def _csls_by_hand(held, bank, k: int) -> float:
     r_img = [top(bt @ x) for x in img]
     r_txt = [top(bi @ y) for y in txt]
     s = np.array([[2 * float(x @ y) - r_img[i] - r_txt[j] for j, y in enumerate(txt)] for i, x in enumerate(img)])
-    return _rsum(*_naive_ranks(s, np.asarray(held.caption_image, np.int64)))
+    return _rsum(*naive_ranks(s, np.asarray(held.caption_image, np.int64)))
 
 
 def test_the_choice_is_the_best_mean_rsum_over_the_folds_by_hand(run) -> None:
