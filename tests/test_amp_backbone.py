@@ -125,3 +125,33 @@ def test_cuda_amp_runs_the_frozen_backbone_channels_last_in_float16() -> None:
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):      # 3 rows, run as 32: the same 3
         torch.testing.assert_close(enc(x[:3]).float(), got[:3].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_fine_tuned_backbone_goes_channels_last_in_place_with_the_same_numbers(monkeypatch) -> None:
+    """On CUDA under autocast a fine-tuned backbone runs channels-last (cuDNN's half-precision convolutions
+    transpose NCHW at every layer otherwise). Forced here on the CPU: its weights change layout in place (the
+    optimiser's parameters stay the same objects and keep training), outputs, gradients and a step are those of
+    NCHW, and the checkpoint loads into a plain NCHW encoder."""
+    import crossview.nn.encoders as encoders
+
+    ref, enc = _encoder(finetune=True), _encoder(finetune=True)
+    params = list(enc.parameters())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(params, lr=0.1)
+    x = torch.randn(3, 3, 16, 16)
+    for _ in range(2):
+        for model, o, layout in ((enc, opt, True), (ref, opt_ref, False)):
+            monkeypatch.setattr(encoders, "_channels_last", lambda images, layout=layout: layout)
+            o.zero_grad()
+            model(x).pow(2).sum().backward()
+            o.step()
+    conv = enc.backbone[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert [id(p) for p in enc.parameters()] == [id(p) for p in params]
+    for a, b in zip(enc.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    plain = _encoder(finetune=True)
+    plain.load_state_dict(enc.state_dict())
+    monkeypatch.setattr(encoders, "_channels_last", lambda images: False)
+    with torch.no_grad():
+        torch.testing.assert_close(plain.eval()(x), enc.eval()(x), rtol=1e-5, atol=1e-6)

@@ -87,6 +87,12 @@ class BackboneImageEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.finetune:
+            if _channels_last(images):
+                # half-precision convolutions over NCHW make cuDNN transpose every layer's input and output
+                # (frozen_backbone's docstring); a fine-tuned backbone's own weights go channels-last once
+                # (in place: the optimiser keeps the same parameters) and its input with them
+                self._finetune_channels_last()
+                images = images.contiguous(memory_format=torch.channels_last)
             f = self.backbone(images)
         else:
             with torch.no_grad():
@@ -100,6 +106,20 @@ class BackboneImageEncoder(nn.Module):
                 else:
                     f = body(images)
         return self.head(f.flatten(1))
+
+    def _finetune_channels_last(self) -> None:
+        """The fine-tuned backbone's 4-d weights in channels-last layout (once; a no-op when they already are).
+        The values are unchanged, so a checkpoint saved afterwards loads into an NCHW model as before."""
+        if self.__dict__.get("_finetune_layout") is torch.channels_last:
+            return
+        with torch.no_grad():
+            for m in self.backbone.modules():
+                for name, t in list(m.named_parameters(recurse=False)):
+                    if t.dim() == 4 and not t.is_contiguous(memory_format=torch.channels_last):
+                        t.data = t.data.contiguous(memory_format=torch.channels_last)
+                        if t.grad is not None:
+                            t.grad = t.grad.contiguous(memory_format=torch.channels_last)
+        self.__dict__["_finetune_layout"] = torch.channels_last
 
     def frozen_backbone(self, images: torch.Tensor) -> nn.Module:
         """The module that runs the frozen backbone over ``images``: the backbone itself, or, under autocast, a
@@ -321,7 +341,8 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def _channels_last(images: torch.Tensor) -> bool:
-    """Whether a frozen backbone runs ``images`` in channels-last layout: a CUDA image batch under autocast."""
+    """Whether a backbone (frozen or fine-tuned) runs ``images`` in channels-last layout: a CUDA image batch
+    under autocast."""
     return images.is_cuda and images.dim() == 4 and _autocast_dtype("cuda") is not None
 
 
