@@ -163,8 +163,8 @@ wanted tests && step "cuda tests" 100 tests_log
 wanted epoch && step "vsepp_epoch_gpu" 110 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
 wanted deep && step "deep_step_gpu" 130 entry deep_step_gpu "${DEEP_STEP[@]}"
 wanted e2e && step "vsepp e2e" 80 e2e_log
-wanted topk && step "topk_scale_gpu" 25 entry topk_scale_gpu "${TOPK[@]}"
-wanted wsabie && step "wsabie_train_cuda" 25 entry wsabie_train_cuda "${WSABIE[@]}"
+wanted topk && step "topk_scale_gpu" 60 entry topk_scale_gpu "${TOPK[@]}"
+wanted wsabie && step "wsabie_train_cuda" 60 entry wsabie_train_cuda "${WSABIE[@]}"
 if wanted train && [ -f "$F8K" ]; then
     step "train vsepp f8k" 90 train_log
 elif wanted train; then
