@@ -165,7 +165,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from crossview.eval.paired import paired_effect
 
     for flag, given in (("--protocol", args.protocol != "standard"), ("--overlap", args.overlap),
-                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring != "plain"),
+                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring is not None),
                         ("--select", args.select is not None)):
         if given:
             raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks "
@@ -238,9 +238,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if len(args.target) != 1:
         raise CrossViewError(f"eval takes one run or embeddings file, got {len(args.target)}; several runs (seeds) "
                              "only with --compare: crossview eval A1 A2 --compare B1 B2")
-    scoring = _scoring(args)
     select = scoring_select(args)
     path = _embeddings_path(args.target[0], args.split)
+    scoring, recorded, note = _scoring(args, path, Path(args.target[0]).expanduser().is_dir())
     ranks_out = _ranks_out(args.ranks_out) if args.ranks_out else None
     emb = load_embeddings(path)
     ks = _ks(args.k)
@@ -263,8 +263,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.protocol == "coco5k" and emb.image.shape[0] != 5000:
             raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
                                  "use --protocol standard")
+        param = args.param if recorded is None else recorded["param"]
         res = print_events(iter_evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")],
-                                              param=args.param, select=select, ks=tuple(ks)))
+                                              param=param, select=select, ks=tuple(ks)))
+        if recorded is not None:     # the run's own scoring: its record (a method default), not "given"
+            res["scoring"] = {**recorded, "reported_on": res["scoring"]["reported_on"]}
         res["protocol"] = args.protocol
     else:
         res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
@@ -285,21 +288,47 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         who = " ".join(f"{k} {v}" for k, v in emb.info.items())
         report = format_report(res, title=f"{path}" + (f"  ({who})" if who else ""))
+        from crossview.engine.scoring import describe_run_scoring
+
         how = describe_scoring(res.get("scoring"))
-        print_result(report + (f"\n{how}; reported on {res['scoring']['reported_on']}" if how else ""))
+        if how and isinstance(res["scoring"], dict) and res["scoring"].get("default"):
+            how = describe_run_scoring(res["scoring"], None) + f" ({res['scoring'].get('selected_on')})"
+        print_result(report + (f"\n{how}; reported on {res['scoring']['reported_on']}" if how else "")
+                     + (f"\n{note}" if note else ""))
     return 0
 
 
-def _scoring(args: argparse.Namespace) -> str:
-    """``--scoring`` checked (one clear line for an unknown name), with ``--param`` only where it applies."""
-    from crossview.eval.scoring import PARAMS, check_scoring
+def _scoring(args: argparse.Namespace, path: Path, run_folder: bool = True) -> tuple[str, dict[str, Any] | None, str]:
+    """``(scoring, recorded, note)``: the scoring to evaluate under, checked (one clear line for an unknown name,
+    ``--param`` only where it applies). Without ``--scoring`` it is the run's own (config.json's record; plain for
+    an embeddings file, an old run, or where a scoring cannot apply: another protocol, caption overlap, the run's
+    training split, each said in ``note``); ``recorded`` is that record when its parameter is used as it is (no
+    ``--param`` / ``--select``), else None."""
+    from crossview.commands._common import scoring_name
+    from crossview.engine.run_folder import read_config
+    from crossview.engine.scoring import pending_scoring, run_scoring
 
-    scoring = check_scoring(args.scoring)
-    if args.param is not None and PARAMS[scoring] is None:
-        raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
-                             "(k), isoftmax or dsoftmax (beta)")
-    scoring_select(args)
-    return scoring
+    folder = path.parent
+    config = read_config(folder) if run_folder and (folder / "config.json").is_file() else None
+    scoring = scoring_name(args, None, config)
+    if args.scoring is not None:
+        if args.scoring == "default" and scoring != "plain" and args.param is None and args.select is None:
+            from crossview.engine.scoring import default_scoring
+            return scoring, default_scoring(str((config or {}).get("method") or "")), ""
+        return scoring, None, ""
+    record = run_scoring(config)
+    if scoring == "plain":
+        return "plain", None, ""
+    split = path.name[len("embeddings_"):-len(".npz")]
+    why = ("caption overlap is scored plain" if args.overlap else
+           f"protocol {args.protocol} is scored plain" if args.protocol not in ("standard", "coco5k") else
+           f"split {split} is its training split, the bank's" if split == str(config.get("train_split") or "train")
+           else "")
+    if why:
+        return "plain", None, f"plain scores: the run's {scoring} does not apply here ({why})"
+    if args.param is not None or args.select is not None or pending_scoring(record):
+        return scoring, None, ""
+    return scoring, record, ""
 
 
 

@@ -1,0 +1,154 @@
+"""Each method's default scoring (crossview.engine.scoring.DEFAULT_SCORINGS) through the product: a CCA run trained
+with no flags is evaluated under csls k = 10 (its summary, ranks.npz, the printed report) with the plain numbers kept;
+``crossview eval`` / ``crossview query`` default to the run's scoring and ``--scoring plain`` overrides; an old run
+without the field is plain; the gallery cache's fast path scores as the full path does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _engine_helpers import make_toy_dataset, write_toy_precomp
+from crossview.cli import main
+from crossview.core.errors import CrossViewError
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A CCA run with no scoring flag (its default: csls k = 10) and one with --scoring plain, same data."""
+    base = tmp_path_factory.mktemp("default_scoring")
+    data = base / "toy_precomp"
+    write_toy_precomp(data, make_toy_dataset(80), (("train", "train"), ("dev", "val"), ("test", "test")))
+    out = {"data": data}
+    for name, extra in (("cca", []), ("plain", ["--scoring", "plain"])):
+        out[name] = base / f"run_{name}"
+        argv = ["train", "cca", "--data", str(data), "--run-dir", str(out[name]), "--text-encoder", "bow",
+                "--device", "cpu", "--set", "n_components=6", *extra]
+        assert main(argv) == 0
+    return out
+
+
+def _json(capsys, argv: list[str]) -> dict:
+    capsys.readouterr()
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_table_entries_resolve_to_records() -> None:
+    from crossview.engine.scoring import DEFAULT_EVIDENCE, DEFAULT_SCORINGS, default_scoring, resolve_run_scoring
+
+    assert DEFAULT_SCORINGS["cca"] == ("csls", 10) and DEFAULT_SCORINGS["bitr"] == ("csls", 20)
+    for m in DEFAULT_SCORINGS:
+        assert Path(__file__).parents[1].joinpath(DEFAULT_EVIDENCE[m]).is_file()
+    rec = default_scoring("bitr")
+    assert (rec["scoring"], rec["param"], rec["default"]) == ("csls", 20, True)
+    assert "bench/results/scoring_flickr8k.md" in rec["selected_on"]
+    assert default_scoring("vsepp")["scoring"] == "plain" and default_scoring("fused")["scoring"] == "plain"
+    assert resolve_run_scoring("cca", None)["scoring"] == "plain"
+    assert resolve_run_scoring("cca", "default", 5)["param"] == 5
+    assert resolve_run_scoring("cca", "isoftmax")["param"] is None          # chosen after training
+    with pytest.raises(CrossViewError, match="default scoring is plain"):
+        resolve_run_scoring("vsepp", "default", 3)
+    with pytest.raises(CrossViewError, match="whole number"):
+        resolve_run_scoring("cca", "csls", 2.5)
+
+
+def test_default_run_is_scored_csls_and_equals_eval_with_param(runs, tmp_path, capsys) -> None:
+    s = json.loads((runs["cca"] / "summary.json").read_text())
+    cfg = json.loads((runs["cca"] / "config.json").read_text())
+    assert s["scoring"]["scoring"] == "csls" and s["scoring"]["param"] == 10 and s["scoring"]["bank"] == "train"
+    assert s["scoring"]["selected_on"].startswith("method default")
+    assert cfg["scoring"]["scoring"] == "csls" and cfg["scoring"]["param"] == 10
+    # the plain numbers are kept, and equal a plain run's
+    plain = json.loads((runs["plain"] / "summary.json").read_text())
+    assert plain.get("scoring", {}).get("scoring", "plain") == "plain" and "metrics_plain" not in plain
+    assert s["metrics_plain"]["rsum"] == pytest.approx(plain["rsum"])
+    given = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "csls", "--param", "10", "--json",
+                           "--ranks-out", str(tmp_path / "ranks.npz")])
+    assert given["rsum"] == pytest.approx(s["rsum"])
+    assert given["i2t"]["R@1"] == pytest.approx(s["i2t"]["R@1"])
+    # ranks.npz (what Inspect reads) under the run's scoring, the plain ranks beside
+    with np.load(runs["cca"] / "ranks.npz") as z, np.load(tmp_path / "ranks.npz") as want, \
+            np.load(runs["plain"] / "ranks.npz") as flat:
+        for d in ("i2t", "t2i"):
+            np.testing.assert_array_equal(z[d], want[d])
+            np.testing.assert_array_equal(z[f"{d}_plain"], flat[d])
+
+
+def test_eval_defaults_to_the_runs_scoring_and_plain_overrides(runs, capsys) -> None:
+    s = json.loads((runs["cca"] / "summary.json").read_text())
+    own = _json(capsys, ["eval", str(runs["cca"]), "--json"])
+    assert own["rsum"] == pytest.approx(s["rsum"]) and own["scoring"]["default"] is True
+    assert own["scoring"]["param"] == 10
+    flat = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "plain", "--json"])
+    assert flat["rsum"] == pytest.approx(s["metrics_plain"]["rsum"])
+    capsys.readouterr()
+    assert main(["eval", str(runs["cca"])]) == 0
+    assert "scored with csls k=10 (method default)" in capsys.readouterr().out
+    # the plain run stays plain
+    res = _json(capsys, ["eval", str(runs["plain"]), "--json"])
+    assert res.get("scoring", {"scoring": "plain"})["scoring"] == "plain"
+    assert res["rsum"] == pytest.approx(s["metrics_plain"]["rsum"])
+
+
+def test_old_run_without_the_field_is_plain(runs, tmp_path, capsys) -> None:
+    from crossview.engine.scoring import run_scoring
+
+    old = tmp_path / "old"
+    shutil.copytree(runs["cca"], old)
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["scoring"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    assert run_scoring(cfg)["scoring"] == "plain" and run_scoring(None)["scoring"] == "plain"
+    res = _json(capsys, ["eval", str(old), "--json"])
+    assert res.get("scoring", {"scoring": "plain"})["scoring"] == "plain"
+    assert res["rsum"] == pytest.approx(json.loads((runs["cca"] / "summary.json").read_text())["metrics_plain"]["rsum"])
+    q = _json(capsys, ["query", str(old), "--text", "class3 shape3", "--k", "3", "--json"])
+    assert q["scoring"]["scoring"] == "plain"
+
+
+def test_query_defaults_to_the_runs_scoring_and_the_fast_path_agrees(runs, tmp_path, monkeypatch, capsys) -> None:
+    from crossview.engine import run as run_mod
+    from crossview.engine.gallery_cache import open_cached_retriever
+    from crossview.engine.scoring import retriever_scoring, run_scoring
+    from crossview.engine.session import open_run
+
+    monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["query", str(runs["cca"]), "--text", "class3 shape3 filler1", "--k", "16", "--json"]
+    slow = _json(capsys, argv)            # the full path, which fills the gallery cache
+    assert slow["scoring"]["scoring"] == "csls" and slow["scoring"]["param"] == 10
+    plain = _json(capsys, argv + ["--scoring", "plain"])
+    assert plain["scoring"]["scoring"] == "plain"
+    assert [r["score"] for r in plain["results"]] != [r["score"] for r in slow["results"]]
+
+    def refuse(*a, **k):
+        raise AssertionError("the cached query must not load the dataset")
+
+    monkeypatch.setattr(run_mod, "_load", refuse)
+    fast = _json(capsys, argv)             # from the gallery cache and the run's bank file alone
+    assert fast == slow
+    # every gallery score equal, not only the top 16
+    monkeypatch.undo()
+    monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
+    record = run_scoring(json.loads((runs["cca"] / "config.json").read_text()))
+    _, cached = open_cached_retriever(runs["cca"], sides=("images",))
+    cached.set_scoring(*retriever_scoring(cached, "csls", run_dir=runs["cca"], choice=record))
+    full = open_run(runs["cca"]).retriever(scoring="csls", choice=record)
+    a = cached.query_text("class5 shape5", cached.n_gallery_images)
+    b = full.query_text("class5 shape5", full.n_gallery_images)
+    assert a.items.tolist() == b.items.tolist()
+    np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
+
+
+def test_train_prints_the_scoring_line(runs, tmp_path, capsys) -> None:
+    capsys.readouterr()
+    assert main(["train", "cca", "--data", str(runs["data"]), "--run-dir", str(tmp_path / "r"), "--text-encoder",
+                 "bow", "--device", "cpu", "--set", "n_components=6", "--scoring", "csls", "--param", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "scored with csls k=3 (given), bank: train; plain: rsum" in out
+    assert main(["train", "vsepp", "--data", str(runs["data"]), "--select", "cv"]) != 0
+    assert "vsepp's default scoring is plain" in capsys.readouterr().err
