@@ -152,3 +152,22 @@ def test_train_prints_the_scoring_line(runs, tmp_path, capsys) -> None:
     assert "scored with csls k=3 (given), bank: train; plain: rsum" in out
     assert main(["train", "vsepp", "--data", str(runs["data"]), "--select", "cv"]) != 0
     assert "vsepp's default scoring is plain" in capsys.readouterr().err
+
+
+def test_fused_run_has_a_scoring_field_and_one_table_entry_switches_it(runs, tmp_path, monkeypatch, capsys) -> None:
+    """Fused from the members' plain embeddings; the fused run's own scoring is DEFAULT_SCORINGS["fused"] (plain
+    today) over the fused bank, and its summary equals ``crossview eval FUSED --scoring csls --param K``."""
+    from crossview.engine import scoring as scoring_mod
+    from crossview.engine.fuse import fuse
+
+    plain = fuse([runs["cca"], runs["plain"]], [0.5, 0.5], run_dir=tmp_path / "fused_plain")
+    assert plain["scoring"]["scoring"] == "plain" and "metrics_plain" not in plain
+    cfg = json.loads((tmp_path / "fused_plain" / "config.json").read_text())
+    assert cfg["scoring"]["scoring"] == "plain"
+    monkeypatch.setitem(scoring_mod.DEFAULT_SCORINGS, "fused", ("csls", 5))
+    scored = fuse([runs["cca"], runs["plain"]], [0.5, 0.5], run_dir=tmp_path / "fused_csls")
+    assert scored["scoring"]["scoring"] == "csls" and scored["scoring"]["param"] == 5
+    assert scored["metrics_plain"]["rsum"] == pytest.approx(plain["rsum"])
+    given = _json(capsys, ["eval", str(tmp_path / "fused_csls"), "--scoring", "csls", "--param", "5", "--json"])
+    assert given["rsum"] == pytest.approx(scored["rsum"])
+    assert _json(capsys, ["eval", str(tmp_path / "fused_csls"), "--json"])["rsum"] == pytest.approx(scored["rsum"])

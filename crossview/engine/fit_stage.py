@@ -106,6 +106,8 @@ class FitStage:
         summary = self._summary(res, test, features_seconds, eval_seconds)
         if scored:
             summary = yield from self._score(summary, record)
+        else:
+            summary["scoring"] = {**record, "bank": None, "reported_on": self.cfg.split}
         atomic_write_json(self._path(SUMMARY), summary)
         yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
         return summary
