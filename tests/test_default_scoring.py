@@ -42,8 +42,11 @@ def test_table_entries_resolve_to_records() -> None:
     from crossview.engine.scoring import DEFAULT_EVIDENCE, DEFAULT_SCORINGS, default_scoring, resolve_run_scoring
 
     assert DEFAULT_SCORINGS["cca"] == ("csls", 10) and DEFAULT_SCORINGS["bitr"] == ("csls", 20)
-    for m in DEFAULT_SCORINGS:
-        assert Path(__file__).parents[1].joinpath(DEFAULT_EVIDENCE[m]).is_file()
+    root = Path(__file__).parents[1]
+    for m, (name, k) in DEFAULT_SCORINGS.items():
+        assert root.joinpath(DEFAULT_EVIDENCE[m]).is_file()
+        # the method's card says the same
+        assert f"Default scoring: {name} with k = {k:g}" in (root / "models" / f"{m}.toml").read_text()
     rec = default_scoring("bitr")
     assert (rec["scoring"], rec["param"], rec["default"]) == ("csls", 20, True)
     assert "bench/results/scoring_flickr8k.md" in rec["selected_on"]

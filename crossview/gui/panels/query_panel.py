@@ -141,9 +141,11 @@ class QueryPanel(QWidget):
         self.scoring_combo = QComboBox()
         for name in SCORINGS:
             self.scoring_combo.addItem(SCORING_LABELS.get(name, name), name)
-        self.scoring_combo.setToolTip("How results are scored. The re-scorings normalise with a bank of the run's "
-                                      "training images and captions (never the gallery), their k / beta chosen by "
-                                      "rsum on a hold-out of train.\n" + "\n".join(
+        self.scoring_combo.setToolTip("How results are scored; a run opens at the scoring it was trained and "
+                                      "evaluated with (its method's default: CSLS for CCA and BITR). The re-scorings "
+                                      "normalise with a bank of the run's training images and captions (never the "
+                                      "gallery), their k / beta the run's own, or chosen by rsum on a hold-out of "
+                                      "train.\n" + "\n".join(
                                           f"{SCORING_LABELS.get(k, k)}: {v}" for k, v in SCORINGS.items()))
         self.scoring_combo.activated.connect(lambda i: self.set_scoring(self.scoring_combo.itemData(i)))
         self.scoring_note = QLabel("")
