@@ -174,3 +174,14 @@ def test_fused_run_has_a_scoring_field_and_one_table_entry_switches_it(runs, tmp
     given = _json(capsys, ["eval", str(tmp_path / "fused_csls"), "--scoring", "csls", "--param", "5", "--json"])
     assert given["rsum"] == pytest.approx(scored["rsum"])
     assert _json(capsys, ["eval", str(tmp_path / "fused_csls"), "--json"])["rsum"] == pytest.approx(scored["rsum"])
+
+
+def test_serve_ranks_by_the_runs_scoring_as_query_does(runs, tmp_path, monkeypatch, capsys) -> None:
+    from crossview.commands.serve import QueryService
+
+    monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
+    service = QueryService(runs["cca"], k=5)
+    assert service.health()["scoring"]["scoring"] == "csls" and service.health()["scoring"]["param"] == 10
+    doc = service.answer({"text": "class2 shape2 filler3", "k": 6})
+    cli = _json(capsys, ["query", str(runs["cca"]), "--text", "class2 shape2 filler3", "--k", "6", "--json"])
+    assert doc["results"] == cli["results"] and doc["scoring"] == cli["scoring"]

@@ -44,7 +44,7 @@ __all__ = ["BANK_MAX_IMAGES", "SCORING_FILE", "SELECTIONS", "CV_FOLDS", "CV_DIR"
            "iter_select_cv", "recorded_choice", "iter_run_choice", "iter_evaluate_run", "evaluate_run", "run_scorers",
            "retriever_scoring", "apply_scoring", "DEFAULT_SCORINGS", "DEFAULT_EVIDENCE", "PLAIN_RECORD",
            "default_scoring", "resolve_run_scoring", "run_scoring", "describe_run_scoring", "pending_scoring",
-           "score_run_evaluation", "scored_summary", "adopt_run_scoring", "write_scored_ranks"]
+           "score_run_evaluation", "scored_summary", "adopt_run_scoring", "write_scored_ranks", "use_run_scoring"]
 
 #: Each method's default scoring, the one a run trains with when it is not told (``crossview train METHOD`` with no
 #: --scoring, the app's Train panel): ``(scoring, its parameter)``, chosen like any other default hyperparameter by
@@ -629,3 +629,22 @@ def write_scored_ranks(folder: str | Path, ranks: dict[str, np.ndarray]) -> None
         arrays.setdefault(f"{d}_plain", arrays[d])
         arrays[d] = np.asarray(ranks[d], np.int64)
     atomic_writer(path, lambda f: np.savez(f, **arrays))
+
+
+def use_run_scoring(retriever: Any, run_dir: str | Path) -> dict[str, Any]:
+    """Make ``retriever`` rank by the scoring the run in ``run_dir`` recorded (:func:`run_scoring`), with its
+    parameter as recorded and its bank file (else its training split encoded); plain for a run without one, one
+    whose parameter is still to be chosen, or a gallery that is the run's training split (the bank's). Returns the
+    record in use (``crossview serve``)."""
+    from crossview.engine.run_folder import read_config
+
+    config = read_config(Path(run_dir))
+    record = run_scoring(config)
+    train_split = str(config.get("train_split") or "train")
+    if record["scoring"] == "plain" or pending_scoring(record) or \
+            getattr(retriever, "gallery_name", None) == train_split:
+        return retriever.scoring_record
+    scorers, rec = retriever_scoring(retriever, record["scoring"], run_dir=run_dir, train_split=train_split,
+                                     seed=int(config.get("seed") or 0), choice=record)
+    retriever.set_scoring(scorers, rec)
+    return rec
