@@ -154,7 +154,7 @@ def test_train_prints_the_scoring_line(runs, tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "scored with csls k=3 (given), bank: train; plain: rsum" in out
     assert main(["train", "vsepp", "--data", str(runs["data"]), "--select", "cv"]) != 0
-    assert "vsepp's default scoring is plain" in capsys.readouterr().err
+    assert "--select cv: scoring 'plain' has no parameter to choose" in capsys.readouterr().err
 
 
 def test_fused_run_has_a_scoring_field_and_one_table_entry_switches_it(runs, tmp_path, monkeypatch, capsys) -> None:

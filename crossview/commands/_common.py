@@ -104,6 +104,9 @@ def scoring_name(args: argparse.Namespace, method: str | None = None, config: di
     elif name == "default":
         name = default_scoring(str(method or (config or {}).get("method") or ""))["scoring"]
     name = check_scoring(name)
+    if getattr(args, "select", None) is not None and PARAMS[name] is None:
+        raise CrossViewError(f"--select {args.select}: scoring {name!r} has no parameter to choose; give --scoring "
+                             "csls, isoftmax or dsoftmax")
     if getattr(args, "param", None) is not None and PARAMS[name] is None:
         raise CrossViewError(f"--param {args.param:g}: scoring {name!r} has no parameter; give --scoring csls "
                              "(k), isoftmax or dsoftmax (beta)")

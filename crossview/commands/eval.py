@@ -265,7 +265,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                  "use --protocol standard")
         param = args.param if recorded is None else recorded["param"]
         res = print_events(iter_evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")],
-                                              param=param, select=select, ks=tuple(ks)))
+                                              param=param, select=select, ks=tuple(ks),
+                                              # the run's own scoring is its summary already, not a re-scoring
+                                              record=recorded is None))
         if recorded is not None:     # the run's own scoring: its record (a method default), not "given"
             res["scoring"] = {**recorded, "reported_on": res["scoring"]["reported_on"]}
         res["protocol"] = args.protocol

@@ -250,9 +250,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     # one line for a bad name or combination, before any training
     scoring = scoring_name(args, args.method) if args.method and not args.resume else "plain"
     select = scoring_select(args)
-    if args.select is not None and scoring == "plain":
-        raise CrossViewError(f"--select {args.select}: {args.method}'s default scoring is plain, which has no "
-                             "parameter to choose; give --scoring csls, isoftmax or dsoftmax with it")
     # --select chooses the parameter of the scoring (the method's default one, or the one named) after training
     scoring_arg = scoring if args.select is not None else args.scoring
     record = resolve_run_scoring(args.method or "", scoring_arg, args.param) if not args.resume else None
