@@ -311,7 +311,12 @@ def _scoring(args: argparse.Namespace, path: Path, run_folder: bool = True) -> t
     from crossview.engine.scoring import pending_scoring, run_scoring
 
     folder = path.parent
-    config = read_config(folder) if run_folder and (folder / "config.json").is_file() else None
+    config = None
+    if run_folder and (folder / "config.json").is_file():
+        try:
+            config = read_config(folder)
+        except CrossViewError:
+            config = None       # a damaged config.json: the embeddings file alone is evaluated, plain
     scoring = scoring_name(args, None, config)
     if args.scoring is not None:
         if args.scoring == "default" and scoring != "plain" and args.param is None and args.select is None:
