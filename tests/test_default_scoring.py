@@ -132,14 +132,20 @@ def test_query_defaults_to_the_runs_scoring_and_the_fast_path_agrees(runs, tmp_p
         raise AssertionError("the cached query must not load the dataset")
 
     monkeypatch.setattr(run_mod, "_load", refuse)
+    import crossview.eval.scoring as scoring_mod
+
+    monkeypatch.setattr(scoring_mod.Scorer, "prepare", refuse)   # the gallery's bank statistics come cached too
     fast = _json(capsys, argv)             # from the gallery cache and the run's bank file alone
     assert fast == slow
     # every gallery score equal, not only the top 16
     monkeypatch.undo()
     monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
     record = run_scoring(json.loads((runs["cca"] / "config.json").read_text()))
+    from crossview.engine.gallery_cache import cache_scoring_stats
+
     _, cached = open_cached_retriever(runs["cca"], sides=("images",))
     cached.set_scoring(*retriever_scoring(cached, "csls", run_dir=runs["cca"], choice=record))
+    assert cache_scoring_stats(cached, runs["cca"], "test", ("t2i",)) is True
     full = open_run(runs["cca"]).retriever(scoring="csls", choice=record)
     a = cached.query_text("class5 shape5", cached.n_gallery_images)
     b = full.query_text("class5 shape5", full.n_gallery_images)

@@ -309,6 +309,10 @@ def _open_cached(args: argparse.Namespace, run_dir: Path, corpus: Any, photos: A
             scorers, record = retriever_scoring(opened[1], scoring, run_dir=run_dir, train_split=train_split,
                                                 seed=int(config.get("seed") or 0), param=args.param, choice=choice)
             opened[1].set_scoring(scorers, record)
+            from crossview.engine.gallery_cache import cache_scoring_stats
+            # the gallery's bank statistics from the cache (the costly part on a large gallery)
+            cache_scoring_stats(opened[1], run_dir, corpus if corpus is not None else opened[1].gallery_name,
+                                ("i2t",) if args.image is not None else ("t2i",))
         return opened
     except CrossViewError:
         return None      # the full path says what is wrong, in its words
@@ -385,6 +389,11 @@ def cmd_query(args: argparse.Namespace) -> int:
             choice = print_events(iter_run_choice(run_dir, scoring, select=select, use_recorded=True))
         retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring,
                                   param=args.param, choice=choice)
+        if retriever.scoring != "plain" and photos is None:
+            from crossview.engine.gallery_cache import cache_scoring_stats
+            # stored for the next query's fast path (computed now all the same)
+            cache_scoring_stats(retriever, run_dir, corpus if corpus is not None else retriever.gallery_name,
+                                ("i2t",) if args.image is not None else ("t2i",))
     progress.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)

@@ -24,6 +24,17 @@ table in the record). ``"auto"`` (the default) is ``cv`` where it is cheap, ``ba
 where it is not: it costs about ``CV_FOLDS x 2/3`` of the run's own training time, seconds for CCA, BITR and
 WSABIE but hours for a deep run, which ``crossview eval`` should not start unasked; and a fused run or a run
 trained on an in-memory dataset cannot be trained again.
+
+**A run's own scoring.** Each run ranks and is evaluated under one scoring, recorded in its config.json (``"scoring":
+{"scoring", "param_name", "param", "selected_on"}``, :func:`resolve_run_scoring`; a run written before is plain,
+:func:`run_scoring`). ``crossview train`` and the app's Train panel ask for the method's default
+(:data:`DEFAULT_SCORINGS`, its parameter fixed by cross-validation on the Flickr8k sample's train photos, like any
+default hyperparameter); :class:`~crossview.engine.fit_stage.FitStage` then scores the evaluation embeddings against
+the bank it has just written (:func:`score_run_evaluation`), and the summary's metrics, intervals, hubness and
+ranks.npz are under that scoring, the plain ones kept (:func:`scored_summary`: ``metrics_plain``; ranks.npz's
+``i2t_plain`` / ``t2i_plain``). A scoring named without its parameter is chosen after training (a hold-out of the
+bank in the run; ``crossview train --select cv`` then makes the cross-validated choice the run's own,
+:func:`adopt_run_scoring`). ``crossview eval`` / ``query`` / ``serve`` and the Query panel default to it.
 """
 
 from __future__ import annotations
