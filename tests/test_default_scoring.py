@@ -91,7 +91,8 @@ def test_eval_defaults_to_the_runs_scoring_and_plain_overrides(runs, capsys) -> 
     assert flat["rsum"] == pytest.approx(s["metrics_plain"]["rsum"])
     capsys.readouterr()
     assert main(["eval", str(runs["cca"])]) == 0
-    assert "scored with csls k=10 (method default)" in capsys.readouterr().out
+    assert ("scored with csls k=10 (method default (3-fold CV on the Flickr8k sample's train photos"
+            in capsys.readouterr().out)
     # the plain run stays plain
     res = _json(capsys, ["eval", str(runs["plain"]), "--json"])
     assert res.get("scoring", {"scoring": "plain"})["scoring"] == "plain"

@@ -294,7 +294,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         how = describe_scoring(res.get("scoring"))
         if how and isinstance(res["scoring"], dict) and res["scoring"].get("default"):
-            how = describe_run_scoring(res["scoring"], None) + f" ({res['scoring'].get('selected_on')})"
+            how = describe_run_scoring(res["scoring"], None, full=True)
         print_result(report + (f"\n{how}; reported on {res['scoring']['reported_on']}" if how else "")
                      + (f"\n{note}" if note else ""))
     return 0

@@ -421,7 +421,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         from crossview.eval.scoring import describe_scoring
 
         rec = retriever.scoring_record
-        text += "\nscores: " + (describe_run_scoring(rec, None) + f" ({rec.get('selected_on')})" if rec.get("default")
+        text += "\nscores: " + (describe_run_scoring(rec, None, full=True) if rec.get("default")
                                 else describe_scoring(rec))
     if not args.json and note:
         text += f"\n{note}"

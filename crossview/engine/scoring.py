@@ -545,14 +545,15 @@ def run_scoring(config: dict[str, Any] | None) -> dict[str, Any]:
     return dict(PLAIN_RECORD) if name == "plain" else dict(rec)
 
 
-def describe_run_scoring(record: dict[str, Any] | None, bank: str | None = "train") -> str:
-    """One line: ``scored with csls k=10 (method default), bank: train`` / ``scored with plain (dot product)``."""
+def describe_run_scoring(record: dict[str, Any] | None, bank: str | None = "train", full: bool = False) -> str:
+    """One line: ``scored with csls k=10 (method default), bank: train`` / ``scored with plain (dot product)``;
+    ``full``: a method default says where it was chosen (its ``selected_on``)."""
     rec = record if isinstance(record, dict) else PLAIN_RECORD
     name = rec.get("scoring", "plain")
     if name == "plain":
         return "scored with plain (dot product)" + (" (method default)" if rec.get("default") else "")
     sel = str(rec.get("selected_on") or "")
-    how = ("method default" if rec.get("default") else "given" if sel == "given"
+    how = ((sel if full and sel else "method default") if rec.get("default") else "given" if sel == "given"
            else f"chosen on {sel}" + (", in-sample" if rec.get("in_sample") else ""))
     param = rec.get("param")
     what = f" {rec.get('param_name') or PARAMS.get(name)}={param:g}" if param is not None else ""
