@@ -131,7 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog="A RUN is a run folder, or a run's name in the runs folder "
                               "($CROSSVIEW_HOME/runs or the app's setting).")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    a = actions.add_parser("list", help="every run: name, method, data, status, rsum (under the run's scoring), scoring, plain rsum, when",
+    a = actions.add_parser("list", help="every run: name, method, data, status, rsum (under the run's scoring), "
+                                        "scoring, plain rsum, when",
                            description="List the runs under the runs folder (or --root), newest first; the "
                                        "trials of searches and experiments there are included. A run that says "
                                        "running but that no process writes shows as interrupted.")
