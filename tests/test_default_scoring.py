@@ -192,3 +192,16 @@ def test_serve_ranks_by_the_runs_scoring_as_query_does(runs, tmp_path, monkeypat
     doc = service.answer({"text": "class2 shape2 filler3", "k": 6})
     cli = _json(capsys, ["query", str(runs["cca"]), "--text", "class2 shape2 filler3", "--k", "6", "--json"])
     assert doc["results"] == cli["results"] and doc["scoring"] == cli["scoring"]
+
+
+def test_compare_uses_each_runs_own_scoring_or_the_plain_ranks(runs, capsys) -> None:
+    """The default run (csls) against the same CCA scored plain: B - A is plain - csls under each run's own
+    scoring, and exactly 0 on the plain ranks the default run keeps."""
+    s = json.loads((runs["cca"] / "summary.json").read_text())
+    own = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json"])
+    assert own["rsum"]["a"] == pytest.approx(s["rsum"]) and own["rsum"]["b"] == pytest.approx(s["metrics_plain"]["rsum"])
+    assert own["scoring"] == "each run's own: csls k=10, plain"
+    flat = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json", "--scoring", "plain"])
+    assert flat["rsum"]["diff"] == 0 and flat["scoring"] == "plain"
+    assert main(["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--scoring", "csls"]) == 2
+    assert "does not apply to --compare" in capsys.readouterr().err

@@ -80,8 +80,9 @@ def _ranks_out(value: str) -> Path:
     return p
 
 
-def _compare_runs(targets: list[str], split: str | None) -> list[tuple[Path, Any, str, str]]:
-    """The runs of one side of ``--compare`` (their ranks.npz), checked; with their split and dataset."""
+def _compare_runs(targets: list[str], split: str | None, plain: bool = False) -> list[tuple[Path, Any, str, str]]:
+    """The runs of one side of ``--compare`` (their ranks.npz), checked; with their split and dataset. ``plain``:
+    each run's plain ranks (``i2t_plain`` / ``t2i_plain``, kept beside a scored run's own), not its scoring's."""
     from crossview.engine.results import load_run_results
 
     runs = []
@@ -96,6 +97,11 @@ def _compare_runs(targets: list[str], split: str | None) -> list[tuple[Path, Any
         r = load_run_results(p)
         if "i2t" not in r.ranks or "t2i" not in r.ranks:
             raise CrossViewError(f"{p / 'ranks.npz'}: needs both i2t and t2i ranks to compare")
+        if plain:
+            with np.load(p / "ranks.npz") as z:
+                for d in ("i2t", "t2i"):
+                    if f"{d}_plain" in z.files:
+                        r.ranks[d] = np.asarray(z[f"{d}_plain"], dtype=np.int64)
         r_split = str(r.summary.get("split") or _run_split(p))
         if split is not None and r_split != split:
             raise CrossViewError(f"{p}: its ranks.npz holds the {r_split} evaluation, not --split {split}; runs "
@@ -125,6 +131,12 @@ def _check_same_queries(runs: list[tuple[Path, Any, str, str]]) -> np.ndarray | 
     return None if any(m is None for m in maps) else maps[0]
 
 
+def _scoring_label(summary: dict[str, Any]) -> str:
+    sc = summary.get("scoring") if isinstance(summary.get("scoring"), dict) else {}
+    name = sc.get("scoring", "plain")
+    return name + (f" {sc.get('param_name')}={sc['param']:g}" if sc.get("param") is not None else "")
+
+
 def _format_compare(res: dict) -> str:
     """The paired effect as a small plain-text table."""
     def ci(v: float, band: list[float]) -> str:
@@ -152,6 +164,7 @@ def _format_compare(res: dict) -> str:
     mde = res["mde"]
     return "\n".join([
         head, "", *lines, "",
+        *([f"scoring: {res['scoring']} (--scoring plain compares the plain ranks)"] if res.get("scoring") else []),
         f"resampled: {res['resampled']}; {res['resamples']} resamples, percentile intervals",
         "won / lost / tied: queries (ranks averaged over the seeds) that B ranks higher / lower / the same; "
         "a negative rank change: B ranks the ground truth higher",
@@ -165,18 +178,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from crossview.eval.paired import paired_effect
 
     for flag, given in (("--protocol", args.protocol != "standard"), ("--overlap", args.overlap),
-                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring is not None),
+                        ("--ranks-out", bool(args.ranks_out)),
+                        ("--scoring", args.scoring not in (None, "plain")),
                         ("--select", args.select is not None)):
         if given:
-            raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks "
-                                 "(evaluate each run without --compare for that)")
+            raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks, each "
+                                 "under its own scoring, or with --scoring plain their plain ranks (evaluate each "
+                                 "run without --compare for that)")
     ks = _ks(args.k)
-    side_a, side_b = _compare_runs(args.target, args.split), _compare_runs(args.compare, args.split)
+    plain = args.scoring == "plain"
+    side_a, side_b = (_compare_runs(args.target, args.split, plain),
+                      _compare_runs(args.compare, args.split, plain))
     caption_image = _check_same_queries(side_a + side_b)
     stack = lambda side: {d: np.stack([r.ranks[d] for _, r, _, _ in side]) for d in ("i2t", "t2i")}  # noqa: E731
     res = paired_effect(stack(side_a), stack(side_b), caption_image, ks=ks, resamples=args.resamples)
     res.update(runs_a=[str(p) for p, *_ in side_a], runs_b=[str(p) for p, *_ in side_b],
-               split=side_a[0][2], dataset=side_a[0][3])
+               split=side_a[0][2], dataset=side_a[0][3],
+               scoring="plain" if plain else "each run's own: " + ", ".join(
+                   _scoring_label(r.summary) for _, r, _, _ in side_a + side_b))
     print_result(json.dumps(res, indent=2) if args.json else _format_compare(res))
     return 0
 
