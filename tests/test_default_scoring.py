@@ -199,7 +199,8 @@ def test_compare_uses_each_runs_own_scoring_or_the_plain_ranks(runs, capsys) -> 
     scoring, and exactly 0 on the plain ranks the default run keeps."""
     s = json.loads((runs["cca"] / "summary.json").read_text())
     own = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json"])
-    assert own["rsum"]["a"] == pytest.approx(s["rsum"]) and own["rsum"]["b"] == pytest.approx(s["metrics_plain"]["rsum"])
+    assert own["rsum"]["a"] == pytest.approx(s["rsum"])
+    assert own["rsum"]["b"] == pytest.approx(s["metrics_plain"]["rsum"])
     assert own["scoring"] == "each run's own: csls k=10, plain"
     flat = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json", "--scoring", "plain"])
     assert flat["rsum"]["diff"] == 0 and flat["scoring"] == "plain"
