@@ -206,3 +206,4 @@ def test_compare_uses_each_runs_own_scoring_or_the_plain_ranks(runs, capsys) -> 
     assert flat["rsum"]["diff"] == 0 and flat["scoring"] == "plain"
     assert main(["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--scoring", "csls"]) == 2
     assert "does not apply to --compare" in capsys.readouterr().err
+

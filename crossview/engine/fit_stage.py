@@ -96,6 +96,10 @@ class FitStage:
                                  f"evaluated split ({self.cfg.split}); this run is scored plain", "warning"))
             record, scored = dict(PLAIN_RECORD), False
             self.cfg.scoring = record
+            from crossview.engine.run_folder import CONFIG, read_config
+            config = read_config(self.run_dir)
+            config["scoring"] = record          # what eval, query and the app then read
+            atomic_write_json(self._path(CONFIG), config)
         if train is not None and self.cfg.split != self.cfg.train_split \
                 and (scored or not getattr(self.method, "wants_image_files", False)):
             # a model over feature rows encodes its training split in moments; one that reads the image files (a
