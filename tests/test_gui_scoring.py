@@ -183,6 +183,8 @@ def test_the_scoring_box_starts_at_the_runs_own_scoring(qtbot, tmp_path: Path) -
         w.set_retriever(r, run, title="identity on toy", eval_split="test", train_split="train")
     assert w.scoring == "csls" and r.scoring == "csls"
     assert sig.args[0]["param"] == 3 and sig.args[0]["default"] is True
+    assert w.scoring_note.text() == ("scoring csls (k = 3, method default (3-fold CV on the Flickr8k sample&#x27;s "
+                                     "train photos: x.md))")
     old = tmp_path / "old"
     old.mkdir()
     (old / "config.json").write_text(json.dumps({"method": "identity", "train_split": "train"}))

@@ -368,6 +368,8 @@ def describe_scoring(record: dict[str, Any] | None) -> str:
     name, what, value = record["scoring"], record.get("param_name"), record.get("param")
     if record.get("selected_on") == "given":
         how = "given"
+    elif record.get("default"):      # a method's default scoring (crossview.engine.scoring.DEFAULT_SCORINGS)
+        how = str(record.get("selected_on") or "method default")
     elif isinstance(record.get("folds"), list):
         how = (f"chosen by rsum on {record.get('selected_on')}: {len(record['folds'])}-fold cross-validation of the "
                f"training images, folds of {'/'.join(str(x) for x in record.get('fold_images') or [])} images, each "
