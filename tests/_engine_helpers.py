@@ -145,9 +145,10 @@ def naive_ranks(scores: np.ndarray, caption_image: np.ndarray) -> tuple[np.ndarr
     return i2t, t2i
 
 
-def train_toy_runs(base, method_sets: dict[str, list[str]]) -> dict:
+def train_toy_runs(base, method_sets: dict[str, list[str]], extra: tuple[str, ...] = ()) -> dict:
     """One finished run folder per method of ``method_sets`` (its ``--set`` values), trained through the command line
-    on one toy precomp folder (80 images; train / dev as val / test) under ``base``; ``"data"``: that folder."""
+    on one toy precomp folder (80 images; train / dev as val / test) under ``base``; ``"data"``: that folder.
+    ``extra``: more ``crossview train`` arguments for every run (``("--scoring", "plain")``)."""
     from crossview.cli import main
 
     data = base / "toy_precomp"
@@ -156,7 +157,7 @@ def train_toy_runs(base, method_sets: dict[str, list[str]]) -> dict:
     for method, sets in method_sets.items():
         run_dir = base / f"run_{method}"
         argv = ["train", method, "--data", str(data), "--run-dir", str(run_dir), "--text-encoder", "bow",
-                "--device", "cpu"]
+                "--device", "cpu", *extra]
         for s in sets:
             argv += ["--set", s]
         assert main(argv) == 0, method

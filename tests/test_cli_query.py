@@ -27,9 +27,11 @@ METHOD_SETS = {"cca": ["n_components=6"],
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """One finished run folder per method, trained through the command line on the same toy data."""
+    """One finished run folder per method, trained through the command line on the same toy data, scored plain (the
+    default scorings of cca and bitr are queried in test_default_scoring.py), so that the answers here are the
+    plain Retriever's."""
     base = tmp_path_factory.mktemp("query")
-    return train_toy_runs(base, METHOD_SETS)
+    return train_toy_runs(base, METHOD_SETS, ("--scoring", "plain"))
 
 
 @pytest.fixture(scope="module")

@@ -165,7 +165,10 @@ def test_given_weights_are_recorded_as_given(runs, tmp_path) -> None:
     assert s["selected_on"] == "nothing" and s["fusion"]["choice"]["by"] == "given"
     only_a = fuse([runs["a"], runs["b"]], "1,0", run_dir=tmp_path / "only_a")
     a = json.loads((runs["a"] / "summary.json").read_text())
-    assert only_a["rsum"] == pytest.approx(a["rsum"])
+    # what is fused is each member's plain embedding (its own default scoring, csls for cca, is not part of it),
+    # and the fused run's own scoring is plain: one member alone is that member's plain numbers
+    assert a["scoring"]["scoring"] == "csls" and only_a["scoring"]["scoring"] == "plain"
+    assert only_a["rsum"] == pytest.approx(a["metrics_plain"]["rsum"])
 
 
 def test_a_fused_run_opens_like_any_run(runs) -> None:

@@ -163,3 +163,31 @@ def test_the_scoring_box_uses_the_runs_recorded_cross_validated_choice(qtbot, pa
     assert panel.retriever.scoring_record["param"] == 7
     assert "3-fold cross-validation" in panel.scoring_note.text() and "--select cv" not in panel.scoring_note.text()
     assert trained == []
+
+
+def test_the_scoring_box_starts_at_the_runs_own_scoring(qtbot, tmp_path: Path) -> None:
+    """A run that recorded a scoring at training (a method default: csls with its k fixed) opens in the Query panel
+    ranked by it, with that k, not a new choice; a run without the field (written before) starts plain."""
+    import json
+
+    ds, feats, _ = toy_setup()
+    run = tmp_path / "own"
+    run.mkdir()
+    own = {"scoring": "csls", "param_name": "k", "param": 3, "default": True,
+           "selected_on": "method default (3-fold CV on the Flickr8k sample's train photos: x.md)"}
+    (run / "config.json").write_text(json.dumps({"method": "identity", "train_split": "train", "scoring": own}))
+    w = QueryPanel()
+    qtbot.addWidget(w)
+    r = Retriever(Identity().fit(None), ds, feats, gallery="test")
+    with qtbot.waitSignal(w.scoring_applied, timeout=10_000) as sig:
+        w.set_retriever(r, run, title="identity on toy", eval_split="test", train_split="train")
+    assert w.scoring == "csls" and r.scoring == "csls"
+    assert sig.args[0]["param"] == 3 and sig.args[0]["default"] is True
+    assert w.scoring_note.text() == ("scoring csls (k = 3, method default (3-fold CV on the Flickr8k sample&#x27;s "
+                                     "train photos: x.md))")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({"method": "identity", "train_split": "train"}))
+    r2 = Retriever(Identity().fit(None), ds, feats, gallery="test")
+    w.set_retriever(r2, old, title="old", eval_split="test", train_split="train")
+    assert w.scoring == "plain" and r2.scoring == "plain" and not w._scoring_task.is_running()

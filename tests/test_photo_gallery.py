@@ -281,8 +281,10 @@ def test_cli_lists_rank_score_and_path_and_json_agrees(colour_run, photos, capsy
     assert "gallery photo folder" in lines[0] and "(4 photos)" in lines[0]
     assert lines[1] == "query sentence 'a red square' -> ranked photos (t2i)"
     assert lines[2].split() == ["rank", "score", "photo", "file"]
-    rows = [line.split(None, 3) for line in lines[3:]]
-    assert [int(r[0]) for r in rows] == [1, 2, 3] and len(lines) == 6
+    # the table, then one line naming the run's own scoring (cca's default, csls k = 10)
+    rows = [line.split(None, 3) for line in lines[3:6]]
+    assert [int(r[0]) for r in rows] == [1, 2, 3] and len(lines) == 7
+    assert lines[6].startswith("scores: scored with csls k=10 (method default")
     files = [r[3] for r in rows]
     assert all(Path(f).is_file() and Path(f).is_relative_to(photos.resolve()) for f in files)
     assert {Path(f).name for f in files[:2]} == {"red1.png", "red2.png"}

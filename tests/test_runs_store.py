@@ -118,7 +118,7 @@ def test_cli_runs_list_show_rename_delete(tmp_path, toy, capsys):
     run = _finished(tmp_path, "cca-toy", toy)
     assert main(["runs", "list", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["run", "method", "data", "status", "rsum", "created"]
+    assert out[0].split() == ["run", "method", "data", "status", "rsum", "scoring", "plain", "rsum", "created"]
     assert out[1].split()[:2] == ["cca-toy", "cca"] and "finished" in out[1] and "1 run(s)" in out[-1]
     assert main(["runs", "list", "--root", str(tmp_path), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)

@@ -179,7 +179,9 @@ def test_query_uses_the_recorded_choice_without_training(run, monkeypatch, capsy
 @pytest.mark.parametrize("argv,message", [
     (["--scoring", "csls", "--select", "always"], "crossview: error: unknown --select 'always'; choose one of auto, "
                                                   "cv, bank"),
-    (["--select", "cv"], "crossview: error: --select cv: scoring 'plain' has no parameter to choose"),
+    # (--select alone chooses the run's own scoring's parameter: this run's default, csls)
+    (["--scoring", "plain", "--select", "cv"], "crossview: error: --select cv: scoring 'plain' has no parameter to "
+                                               "choose"),
     (["--scoring", "csls", "--select", "cv", "--param", "3"], "crossview: error: --select cv and --param 3: a given "
                                                               "parameter is not chosen"),
 ])

@@ -18,13 +18,14 @@ from crossview.eval.scoring import evaluate_scoring
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    """A finished cca run on a toy precomp folder (train 60 / val 20 / test 20 images, 2 captions each)."""
+    """A finished cca run on a toy precomp folder (train 60 / val 20 / test 20 images, 2 captions each), scored plain
+    (its default, csls k = 10, is tested in test_default_scoring.py): these tests re-score a plain run."""
     base = tmp_path_factory.mktemp("scoring")
     data = base / "toy_precomp"
     write_toy_precomp(data, make_toy_dataset(100), (("train", "train"), ("dev", "val"), ("test", "test")))
     run_dir = base / "run_cca"
     assert main(["train", "cca", "--data", str(data), "--run-dir", str(run_dir), "--text-encoder", "bow",
-                 "--device", "cpu", "--set", "n_components=6"]) == 0
+                 "--device", "cpu", "--set", "n_components=6", "--scoring", "plain"]) == 0
     return run_dir
 
 
@@ -166,8 +167,14 @@ def test_train_with_scoring_prints_the_rescored_table_and_records_it(run, tmp_pa
     assert main(["train", "cca", "--data", str(data), "--run-dir", str(out), "--text-encoder", "bow",
                  "--device", "cpu", "--set", "n_components=6", "--scoring", "csls"]) == 0
     text = capsys.readouterr().out
-    assert "re-scored: scoring csls (k = " in text and "reported on test" in text and "i2t hubness:" in text
+    # the chosen scoring is the run's own: its table, one line saying so, the plain rsum beside
+    assert "scored with csls k=" in text and "(chosen on train-cv3), bank: train; plain: rsum" in text
+    assert "reported on test" in text
     assert "csls" in json.loads((out / "scoring.json").read_text())["test"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scoring"]["scoring"] == "csls" and summary["scoring"]["selected_on"] == "train-cv3"
+    assert summary["rsum"] == pytest.approx(json.loads((out / "scoring.json").read_text())["test"]["csls"]["rsum"])
+    assert json.loads((out / "config.json").read_text())["scoring"]["param"] == summary["scoring"]["param"]
     # an unknown scoring is refused before any training: one line, no run folder
     assert main(["train", "cca", "--data", str(data), "--run-dir", str(tmp_path / "never"), "--scoring", "x"]) == 2
     assert capsys.readouterr().err == ("crossview: error: unknown scoring 'x'; choose one of plain, csls, isoftmax, "

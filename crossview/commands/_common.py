@@ -14,7 +14,7 @@ from crossview.core.text import printable
 
 __all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting",
            "render_demo_reporting", "int_option", "float_option", "seed_option", "add_scoring_options",
-           "scoring_select", "print_events"]
+           "scoring_select", "scoring_name", "print_events"]
 
 
 def int_option(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -56,26 +56,61 @@ def float_option(lo: float, hi: float | None = None, *, above: bool = False) -> 
     return parse
 
 
-def add_scoring_options(p: argparse.ArgumentParser, param: bool = True) -> None:
-    """``--scoring`` (checked by the command, so an unknown name gets one line naming the choices) and, with
-    ``param``, ``--param`` (a scoring's k or beta instead of the one chosen on a hold-out of train)."""
+def add_scoring_options(p: argparse.ArgumentParser, param: bool = True, training: bool = False) -> None:
+    """``--scoring`` (checked by the command, so an unknown name gets one line naming the choices), ``--select``
+    and, with ``param``, ``--param`` (a scoring's k or beta instead of the one chosen on the training images).
+    ``training``: the option of ``crossview train`` (default: the method's default scoring); else of a command over a
+    finished run (default: the scoring the run recorded)."""
     from crossview.eval.scoring import SCORINGS
 
-    from crossview.engine.scoring import SELECTIONS
+    from crossview.engine.scoring import DEFAULT_SCORINGS, SELECTIONS
 
-    p.add_argument("--scoring", default="plain", metavar="|".join(SCORINGS),
-                   help="hubness-aware scoring, normalised by a bank of the run's training images and captions "
-                        "(never the evaluated split); its k / beta is chosen by rsum on the training images "
-                        "(--select). " + "; ".join(f"{k}: {v}" for k, v in SCORINGS.items()).replace("%", "%%"))
+    defaults = ", ".join(f"{m}: {s} {'k' if s == 'csls' else 'beta'}={v:g}" for m, (s, v) in DEFAULT_SCORINGS.items())
+    if training:
+        head = ("how the run ranks and is evaluated (its summary, 'crossview eval' and 'crossview query' and the app "
+                "use it). default (the default): the method's default scoring, chosen by 3-fold cross-validation "
+                f"on the Flickr8k sample's train photos ({defaults}; the others plain), its parameter fixed, the plain "
+                "numbers kept beside; plain: the dot product. ")
+    else:
+        head = ("scoring to rank by (default: the one the run recorded at training, plain for a run without one; "
+                f"default: the method's default, {defaults}). ")
+    p.add_argument("--scoring", default="default" if training else None, metavar="default|" + "|".join(SCORINGS),
+                   help=head + "The hubness-aware scorings normalise with a bank of the run's training images and "
+                        "captions (never the evaluated split); their k / beta is the default's, --param's, or "
+                        "chosen by rsum on the training images (--select). "
+                        + "; ".join(f"{k}: {v}" for k, v in SCORINGS.items()).replace("%", "%%"))
     p.add_argument("--select", default=None, metavar="|".join(SELECTIONS),
-                   help="how a scoring's k / beta is chosen (default auto): "
+                   help="how a scoring's k / beta is chosen instead of the method default's (default auto when the "
+                        "scoring has no parameter fixed): "
                         + "; ".join(f"{k}: {v}" for k, v in SELECTIONS.items()).replace("%", "%%")
                         + ". The cross-validation runs are kept in RUN/scoring-cv and reused")
     if param:
         p.add_argument("--param", type=float_option(0, above=True), default=None, metavar="K_OR_BETA",
                        help="the scoring's parameter as given (csls: k, the neighbours averaged; isoftmax / "
-                            "dsoftmax: beta, the inverse temperature) instead of the choice on the training images; "
-                            "the run then records it as given, not selected")
+                            "dsoftmax: beta, the inverse temperature) instead of the default or the choice on the "
+                            "training images; the run then records it as given, not selected")
+
+
+def scoring_name(args: argparse.Namespace, method: str | None = None, config: dict[str, Any] | None = None) -> str:
+    """The scoring ``--scoring`` names, checked (one line for an unknown name): ``"default"`` is ``method``'s
+    default scoring; not given (None) is the run's recorded one (``config``); ``--param`` only where it applies."""
+    from crossview.core.errors import CrossViewError
+    from crossview.engine.scoring import default_scoring, run_scoring
+    from crossview.eval.scoring import PARAMS, check_scoring
+
+    name = args.scoring
+    if name is None:
+        name = run_scoring(config)["scoring"]
+    elif name == "default":
+        name = default_scoring(str(method or (config or {}).get("method") or ""))["scoring"]
+    name = check_scoring(name)
+    if getattr(args, "select", None) is not None and PARAMS[name] is None:
+        raise CrossViewError(f"--select {args.select}: scoring {name!r} has no parameter to choose; give --scoring "
+                             "csls, isoftmax or dsoftmax")
+    if getattr(args, "param", None) is not None and PARAMS[name] is None:
+        raise CrossViewError(f"--param {args.param:g}: scoring {name!r} has no parameter; give --scoring csls "
+                             "(k), isoftmax or dsoftmax (beta)")
+    return name
 
 
 def scoring_select(args: argparse.Namespace) -> str:
@@ -88,7 +123,7 @@ def scoring_select(args: argparse.Namespace) -> str:
     if args.select is None:
         return "auto"
     select = check_select(args.select)
-    if PARAMS.get(args.scoring) is None:
+    if args.scoring not in (None, "default") and PARAMS.get(args.scoring) is None:
         raise CrossViewError(f"--select {select}: scoring {args.scoring!r} has no parameter to choose; give "
                              "--scoring csls, isoftmax or dsoftmax")
     if getattr(args, "param", None) is not None:

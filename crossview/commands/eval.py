@@ -80,8 +80,9 @@ def _ranks_out(value: str) -> Path:
     return p
 
 
-def _compare_runs(targets: list[str], split: str | None) -> list[tuple[Path, Any, str, str]]:
-    """The runs of one side of ``--compare`` (their ranks.npz), checked; with their split and dataset."""
+def _compare_runs(targets: list[str], split: str | None, plain: bool = False) -> list[tuple[Path, Any, str, str]]:
+    """The runs of one side of ``--compare`` (their ranks.npz), checked; with their split and dataset. ``plain``:
+    each run's plain ranks (``i2t_plain`` / ``t2i_plain``, kept beside a scored run's own), not its scoring's."""
     from crossview.engine.results import load_run_results
 
     runs = []
@@ -96,6 +97,11 @@ def _compare_runs(targets: list[str], split: str | None) -> list[tuple[Path, Any
         r = load_run_results(p)
         if "i2t" not in r.ranks or "t2i" not in r.ranks:
             raise CrossViewError(f"{p / 'ranks.npz'}: needs both i2t and t2i ranks to compare")
+        if plain:
+            with np.load(p / "ranks.npz") as z:
+                for d in ("i2t", "t2i"):
+                    if f"{d}_plain" in z.files:
+                        r.ranks[d] = np.asarray(z[f"{d}_plain"], dtype=np.int64)
         r_split = str(r.summary.get("split") or _run_split(p))
         if split is not None and r_split != split:
             raise CrossViewError(f"{p}: its ranks.npz holds the {r_split} evaluation, not --split {split}; runs "
@@ -125,6 +131,12 @@ def _check_same_queries(runs: list[tuple[Path, Any, str, str]]) -> np.ndarray | 
     return None if any(m is None for m in maps) else maps[0]
 
 
+def _scoring_label(summary: dict[str, Any]) -> str:
+    sc = summary.get("scoring") if isinstance(summary.get("scoring"), dict) else {}
+    name = sc.get("scoring", "plain")
+    return name + (f" {sc.get('param_name')}={sc['param']:g}" if sc.get("param") is not None else "")
+
+
 def _format_compare(res: dict) -> str:
     """The paired effect as a small plain-text table."""
     def ci(v: float, band: list[float]) -> str:
@@ -152,6 +164,7 @@ def _format_compare(res: dict) -> str:
     mde = res["mde"]
     return "\n".join([
         head, "", *lines, "",
+        *([f"scoring: {res['scoring']} (--scoring plain compares the plain ranks)"] if res.get("scoring") else []),
         f"resampled: {res['resampled']}; {res['resamples']} resamples, percentile intervals",
         "won / lost / tied: queries (ranks averaged over the seeds) that B ranks higher / lower / the same; "
         "a negative rank change: B ranks the ground truth higher",
@@ -165,18 +178,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from crossview.eval.paired import paired_effect
 
     for flag, given in (("--protocol", args.protocol != "standard"), ("--overlap", args.overlap),
-                        ("--ranks-out", bool(args.ranks_out)), ("--scoring", args.scoring != "plain"),
+                        ("--ranks-out", bool(args.ranks_out)),
+                        ("--scoring", args.scoring not in (None, "plain")),
                         ("--select", args.select is not None)):
         if given:
-            raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks "
-                                 "(evaluate each run without --compare for that)")
+            raise CrossViewError(f"{flag} does not apply to --compare: it compares the runs' recorded ranks, each "
+                                 "under its own scoring, or with --scoring plain their plain ranks (evaluate each "
+                                 "run without --compare for that)")
     ks = _ks(args.k)
-    side_a, side_b = _compare_runs(args.target, args.split), _compare_runs(args.compare, args.split)
+    plain = args.scoring == "plain"
+    side_a, side_b = (_compare_runs(args.target, args.split, plain),
+                      _compare_runs(args.compare, args.split, plain))
     caption_image = _check_same_queries(side_a + side_b)
     stack = lambda side: {d: np.stack([r.ranks[d] for _, r, _, _ in side]) for d in ("i2t", "t2i")}  # noqa: E731
     res = paired_effect(stack(side_a), stack(side_b), caption_image, ks=ks, resamples=args.resamples)
     res.update(runs_a=[str(p) for p, *_ in side_a], runs_b=[str(p) for p, *_ in side_b],
-               split=side_a[0][2], dataset=side_a[0][3])
+               split=side_a[0][2], dataset=side_a[0][3],
+               scoring="plain" if plain else "each run's own: " + ", ".join(
+                   _scoring_label(r.summary) for _, r, _, _ in side_a + side_b))
     print_result(json.dumps(res, indent=2) if args.json else _format_compare(res))
     return 0
 
@@ -238,9 +257,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if len(args.target) != 1:
         raise CrossViewError(f"eval takes one run or embeddings file, got {len(args.target)}; several runs (seeds) "
                              "only with --compare: crossview eval A1 A2 --compare B1 B2")
-    scoring = _scoring(args)
     select = scoring_select(args)
     path = _embeddings_path(args.target[0], args.split)
+    scoring, recorded, note = _scoring(args, path, Path(args.target[0]).expanduser().is_dir())
     ranks_out = _ranks_out(args.ranks_out) if args.ranks_out else None
     emb = load_embeddings(path)
     ks = _ks(args.k)
@@ -263,8 +282,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.protocol == "coco5k" and emb.image.shape[0] != 5000:
             raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
                                  "use --protocol standard")
+        param = args.param if recorded is None else recorded["param"]
         res = print_events(iter_evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")],
-                                              param=args.param, select=select, ks=tuple(ks)))
+                                              param=param, select=select, ks=tuple(ks),
+                                              # the run's own scoring is its summary already, not a re-scoring
+                                              record=recorded is None))
+        if recorded is not None:     # the run's own scoring: its record (a method default), not "given"
+            res["scoring"] = {**recorded, "reported_on": res["scoring"]["reported_on"]}
         res["protocol"] = args.protocol
     else:
         res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
@@ -285,21 +309,52 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         who = " ".join(f"{k} {v}" for k, v in emb.info.items())
         report = format_report(res, title=f"{path}" + (f"  ({who})" if who else ""))
+        from crossview.engine.scoring import describe_run_scoring
+
         how = describe_scoring(res.get("scoring"))
-        print_result(report + (f"\n{how}; reported on {res['scoring']['reported_on']}" if how else ""))
+        if how and isinstance(res["scoring"], dict) and res["scoring"].get("default"):
+            how = describe_run_scoring(res["scoring"], None, full=True)
+        print_result(report + (f"\n{how}; reported on {res['scoring']['reported_on']}" if how else "")
+                     + (f"\n{note}" if note else ""))
     return 0
 
 
-def _scoring(args: argparse.Namespace) -> str:
-    """``--scoring`` checked (one clear line for an unknown name), with ``--param`` only where it applies."""
-    from crossview.eval.scoring import PARAMS, check_scoring
+def _scoring(args: argparse.Namespace, path: Path, run_folder: bool = True) -> tuple[str, dict[str, Any] | None, str]:
+    """``(scoring, recorded, note)``: the scoring to evaluate under, checked (one clear line for an unknown name,
+    ``--param`` only where it applies). Without ``--scoring`` it is the run's own (config.json's record; plain for
+    an embeddings file, an old run, or where a scoring cannot apply: another protocol, caption overlap, the run's
+    training split, each said in ``note``); ``recorded`` is that record when its parameter is used as it is (no
+    ``--param`` / ``--select``), else None."""
+    from crossview.commands._common import scoring_name
+    from crossview.engine.run_folder import read_config
+    from crossview.engine.scoring import pending_scoring, run_scoring
 
-    scoring = check_scoring(args.scoring)
-    if args.param is not None and PARAMS[scoring] is None:
-        raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
-                             "(k), isoftmax or dsoftmax (beta)")
-    scoring_select(args)
-    return scoring
+    folder = path.parent
+    config = None
+    if run_folder and (folder / "config.json").is_file():
+        try:
+            config = read_config(folder)
+        except CrossViewError:
+            config = None       # a damaged config.json: the embeddings file alone is evaluated, plain
+    scoring = scoring_name(args, None, config)
+    if args.scoring is not None:
+        if args.scoring == "default" and scoring != "plain" and args.param is None and args.select is None:
+            from crossview.engine.scoring import default_scoring
+            return scoring, default_scoring(str((config or {}).get("method") or "")), ""
+        return scoring, None, ""
+    record = run_scoring(config)
+    if scoring == "plain":
+        return "plain", None, ""
+    split = path.name[len("embeddings_"):-len(".npz")]
+    why = ("caption overlap is scored plain" if args.overlap else
+           f"protocol {args.protocol} is scored plain" if args.protocol not in ("standard", "coco5k") else
+           f"split {split} is its training split, the bank's" if split == str(config.get("train_split") or "train")
+           else "")
+    if why:
+        return "plain", None, f"plain scores: the run's {scoring} does not apply here ({why})"
+    if args.param is not None or args.select is not None or pending_scoring(record):
+        return scoring, None, ""
+    return scoring, record, ""
 
 
 

@@ -282,19 +282,38 @@ def _check_tag_branch(run_dir: Path) -> None:
 
 
 def _open_cached(args: argparse.Namespace, run_dir: Path, corpus: Any, photos: Any, scoring: str,
-                 device: str) -> tuple[Any, Any] | None:
+                 device: str, choice: dict[str, Any] | None = None) -> tuple[Any, Any] | None:
     """``(run, retriever)`` from the gallery cache alone (:func:`crossview.engine.gallery_cache.open_cached_retriever`:
     no dataset, no feature matrices, no gallery encoding), or None when the query needs the full run (a dataset
-    caption or tag list, a photo folder, a re-scoring, a cache not filled yet)."""
-    if photos is not None or scoring != "plain" or args.caption is not None or args.tags is not None:
+    caption or tag list, a photo folder, a scoring whose parameter is still to be chosen or whose bank file the run
+    lacks, a cache not filled yet). A scoring with its parameter known (``choice``, the run's own; or ``--param``)
+    re-scores the cached gallery against the run's ``bank_<train>.npz``: the same scores as the full path."""
+    if photos is not None or args.caption is not None or args.tags is not None:
+        return None
+    if scoring != "plain" and choice is None and args.param is None:
         return None
     if args.image is not None and not Path(args.image).expanduser().is_file():
         return None      # a dataset image by index or name
     from crossview.engine.gallery_cache import open_cached_retriever
+    from crossview.engine.run import read_config
+    from crossview.engine.scoring import bank_path, retriever_scoring
 
+    config = read_config(run_dir)
+    train_split = str(config.get("train_split") or "train")
+    if scoring != "plain" and not bank_path(run_dir, train_split).is_file():
+        return None
     try:
-        return open_cached_retriever(run_dir, corpus if corpus is not None else args.split, device=device,
-                                     sides=("captions",) if args.image is not None else ("images",))
+        opened = open_cached_retriever(run_dir, corpus if corpus is not None else args.split, device=device,
+                                       sides=("captions",) if args.image is not None else ("images",))
+        if opened is not None and scoring != "plain":
+            scorers, record = retriever_scoring(opened[1], scoring, run_dir=run_dir, train_split=train_split,
+                                                seed=int(config.get("seed") or 0), param=args.param, choice=choice)
+            opened[1].set_scoring(scorers, record)
+            from crossview.engine.gallery_cache import cache_scoring_stats
+            # the gallery's bank statistics from the cache (the costly part on a large gallery)
+            cache_scoring_stats(opened[1], run_dir, corpus if corpus is not None else opened[1].gallery_name,
+                                ("i2t",) if args.image is not None else ("t2i",))
+        return opened
     except CrossViewError:
         return None      # the full path says what is wrong, in its words
 
@@ -311,17 +330,38 @@ def _open_full(args: argparse.Namespace, run_dir: Path, progress: Any) -> Any:
     return run
 
 
+def _run_scoring(args: argparse.Namespace, run_dir: Path) -> tuple[str, dict[str, Any] | None, str]:
+    """``(scoring, choice, note)``: the scoring to rank by, checked (one line for an unknown name). Without
+    ``--scoring`` it is the run's own (config.json's record, plain for an old run) with its parameter as recorded
+    (``choice``), or plain where it cannot apply (a gallery that is the run's training split: ``note`` says so);
+    ``--scoring default`` is the method's default; a scoring named with no ``--param`` has its parameter chosen by
+    ``--select`` (``choice`` None)."""
+    from crossview.commands._common import scoring_name
+    from crossview.engine.run import read_config
+    from crossview.engine.scoring import default_scoring, pending_scoring, run_scoring
+
+    config = read_config(run_dir)
+    scoring = scoring_name(args, None, config)
+    if scoring == "plain" or args.param is not None or args.select is not None:
+        return scoring, None, ""
+    if args.scoring == "default":
+        return scoring, default_scoring(str(config.get("method") or "")), ""
+    if args.scoring is not None:
+        return scoring, None, ""
+    record = run_scoring(config)
+    if args.split is not None and args.split == str(config.get("train_split") or "train"):
+        return "plain", None, (f"plain scores: the run's {scoring} does not apply to its training split "
+                               f"{args.split!r}, the bank's")
+    return scoring, None if pending_scoring(record) else record, ""
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from crossview.core.devices import select_device
-    from crossview.eval.scoring import PARAMS, check_scoring
 
     _check_args(args)
-    scoring = check_scoring(args.scoring)     # one line for an unknown name, before anything is loaded
-    if args.param is not None and PARAMS[scoring] is None:
-        raise CrossViewError(f"--param {args.param:g}: scoring {scoring!r} has no parameter; give --scoring csls "
-                             "(k), isoftmax or dsoftmax (beta)")
     select = scoring_select(args)
     run_dir = _check_run_dir(args.run)
+    scoring, choice, note = _run_scoring(args, run_dir)      # one line for an unknown name, before anything loads
     corpus = _load_corpus(args.corpus) if args.corpus is not None else None
     photos = _load_photos(args.images) if args.images is not None else None
     device = select_device(args.device)
@@ -329,7 +369,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.tags is not None:
         _check_tag_branch(run_dir)       # before the dataset and its features load
-    opened = _open_cached(args, run_dir, corpus, photos, scoring, device)
+    opened = _open_cached(args, run_dir, corpus, photos, scoring, device, choice)
     run, retriever = opened if opened is not None else (_open_full(args, run_dir, progress), None)
     image = resolve_image(run.dataset, args.image) if args.image is not None else None
     if retriever is not None and isinstance(image, int):   # a dataset image: its feature row is in the full run
@@ -342,14 +382,18 @@ def cmd_query(args: argparse.Namespace) -> int:
                              f"{ds.n_captions:,} captions (0 to {ds.n_captions - 1:,})")
     if retriever is None:
         gallery = corpus if corpus is not None else (photos if photos is not None else args.split)
-        choice = None
-        if scoring != "plain" and args.param is None:
+        if scoring != "plain" and args.param is None and choice is None:
             from crossview.engine.scoring import iter_run_choice
 
             # the run's recorded cross-validated choice, else --select's (auto: cv where it is cheap, see --help)
             choice = print_events(iter_run_choice(run_dir, scoring, select=select, use_recorded=True))
         retriever = run.retriever(gallery=gallery, device=device, progress=progress, scoring=scoring,
                                   param=args.param, choice=choice)
+        if retriever.scoring != "plain" and photos is None:
+            from crossview.engine.gallery_cache import cache_scoring_stats
+            # stored for the next query's fast path (computed now all the same)
+            cache_scoring_stats(retriever, run_dir, corpus if corpus is not None else retriever.gallery_name,
+                                ("i2t",) if args.image is not None else ("t2i",))
     progress.close()
     if image is not None:
         ranking = retriever.query_image(image, args.k)
@@ -373,8 +417,14 @@ def cmd_query(args: argparse.Namespace) -> int:
     else:
         text = _format_table(run, retriever, ranking, rows, corpus is not None)
     if not args.json and retriever.scoring != "plain":
+        from crossview.engine.scoring import describe_run_scoring
         from crossview.eval.scoring import describe_scoring
-        text += f"\nscores: {describe_scoring(retriever.scoring_record)}"
+
+        rec = retriever.scoring_record
+        text += "\nscores: " + (describe_run_scoring(rec, None, full=True) if rec.get("default")
+                                else describe_scoring(rec))
+    if not args.json and note:
+        text += f"\n{note}"
     print_result(text)
     return 0
 

@@ -2,7 +2,7 @@
 
 ::
 
-    crossview runs list                      # the runs folder: name, method, data, status, rsum, when
+    crossview runs list                      # the runs folder: name, method, data, status, rsum, scoring, when
     crossview runs list --root exps/f8k      # another folder (a search's or an experiment's trials included)
     crossview runs show runs/cca             # one run: its settings, status and metrics
     crossview runs rename runs/cca cca-f8k   # refused while a process writes the run (one line naming the PID)
@@ -52,8 +52,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     rows = [(str(i.path.relative_to(root)) if i.path.is_relative_to(root) else str(i.path), i.method, i.data,
              i.status + (f" (PID {i.writer_pid})" if i.writer_pid else ""),
-             f"{i.rsum:.1f}" if i.rsum is not None else "-", i.created[:16].replace("T", " ")) for i in infos]
-    head = ("run", "method", "data", "status", "rsum", "created")
+             f"{i.rsum:.1f}" if i.rsum is not None else "-", i.scoring,
+             f"{i.rsum_plain:.1f}" if i.rsum_plain is not None else "-",
+             i.created[:16].replace("T", " ")) for i in infos]
+    # rsum is under the run's scoring (crossview train's default: the method's); its plain rsum beside
+    head = ("run", "method", "data", "status", "rsum", "scoring", "plain rsum", "created")
     rows = [(r[0], r[1], Path(r[2]).name or r[2], *r[3:]) for r in rows]     # a dataset file by its name
     widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
@@ -128,7 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog="A RUN is a run folder, or a run's name in the runs folder "
                               "($CROSSVIEW_HOME/runs or the app's setting).")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    a = actions.add_parser("list", help="every run: name, method, data, status, rsum, when",
+    a = actions.add_parser("list", help="every run: name, method, data, status, rsum (under the run's scoring), "
+                                        "scoring, plain rsum, when",
                            description="List the runs under the runs folder (or --root), newest first; the "
                                        "trials of searches and experiments there are included. A run that says "
                                        "running but that no process writes shows as interrupted.")

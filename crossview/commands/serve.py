@@ -69,8 +69,11 @@ class QueryService:
     def _open(self, split: str | None, device: str) -> tuple[Any, Any]:
         from crossview.engine.gallery_cache import open_cached_retriever
 
+        from crossview.engine.scoring import use_run_scoring
+
         opened = open_cached_retriever(self.run_dir, split, device=device)
         if opened is not None:
+            use_run_scoring(opened[1], self.run_dir)      # the run's own scoring, as crossview query ranks
             return opened
         from crossview.engine.session import open_run
 
@@ -78,25 +81,33 @@ class QueryService:
         if split is not None and split != "all" and split not in run.dataset.splits:
             raise CrossViewError(f"--split {split!r}: dataset {run.dataset.name!r} has splits "
                                  f"{', '.join(run.dataset.split_names) or 'none'}; use one of them or 'all'")
-        return run, run.retriever(gallery=split, device=device)
+        r = run.retriever(gallery=split, device=device)
+        use_run_scoring(r, self.run_dir)
+        return run, r
 
     def _open_corpus(self, corpus: Any, device: str) -> Any:
         from crossview.engine.gallery_cache import open_cached_retriever
 
+        from crossview.engine.scoring import use_run_scoring
+
         opened = open_cached_retriever(self.run_dir, corpus, device=device)
         if opened is not None:
+            use_run_scoring(opened[1], self.run_dir)
             return opened[1]
         run = self.run
         if not hasattr(run, "features") or run.features is None or not hasattr(run, "retriever"):
             from crossview.engine.session import open_run
             run = open_run(self.run_dir)
-        return run.retriever(gallery=corpus, device=device)
+        r = run.retriever(gallery=corpus, device=device)
+        use_run_scoring(r, self.run_dir)
+        return r
 
     def health(self) -> dict[str, Any]:
         r = self.split_retriever
         doc = {"status": "ok", "run": str(self.run_dir), "method": self.run.method.name,
                "dataset": self.run.dataset.name,
-               "gallery": {"name": r.gallery_name, "images": r.n_gallery_images, "captions": r.n_gallery_captions}}
+               "gallery": {"name": r.gallery_name, "images": r.n_gallery_images, "captions": r.n_gallery_captions},
+               "scoring": r.scoring_record}
         if self.corpus_retriever is not None:
             doc["corpus"] = {"file": str(self.corpus_path), "captions": self.corpus_retriever.n_gallery_captions}
         return doc
@@ -139,6 +150,7 @@ class QueryService:
         return {"run": str(self.run_dir), "method": self.run.method.name, "dataset": self.run.dataset.name,
                 "gallery": _gallery_info(retriever, corpus_path),
                 "query": {"direction": ranking.direction, **ranking.query}, "k": k, "exact": ranking.exact,
+                "scoring": retriever.scoring_record,
                 "results": rows,
                 "ground_truth": [{"item": int(i), "rank": int(r)}
                                  for i, r in sorted(zip(ranking.gold.tolist(), ranking.gold_ranks.tolist()),

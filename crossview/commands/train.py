@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-seconds", type=float_option(0, above=True), default=60.0,
                    help="write a checkpoint at least this often while training (default 60)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
-    add_scoring_options(p, param=False)
+    add_scoring_options(p, param=True, training=True)
     for flag, owners in sorted(_card_flags().items()):
         spec = owners[0][1]
         who = ", ".join(m for m, _ in owners)
@@ -203,6 +203,13 @@ def format_metric_table(summary: dict[str, Any]) -> str:
         rsum += (f" ({level}% interval {ci['rsum'][0]:.1f}-{ci['rsum'][1]:.1f}, bootstrap over the "
                  f"{ci.get('n', '?')} images)")
     lines.append(f"{rsum}   train {summary.get('train_seconds', 0):.1f} s")
+    if isinstance(summary.get("scoring"), dict):
+        from crossview.engine.scoring import describe_run_scoring
+
+        sc = summary["scoring"]
+        plain = summary.get("metrics_plain") if isinstance(summary.get("metrics_plain"), dict) else {}
+        lines.append(describe_run_scoring(sc, sc.get("bank"))
+                     + (f"; plain: rsum {float(plain['rsum']):.1f}" if plain.get("rsum") is not None else ""))
     if summary.get("selected_on") is not None:
         what = "; ".join(f"{c.get('what')} on {c.get('on')}" for c in summary.get("choices") or [])
         lines.append((f"OPTIMISTIC: chosen and reported on the same split ({what})" if summary.get("optimistic") else
@@ -234,10 +241,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.list:
         return _list_methods()
-    from crossview.eval.scoring import check_scoring
+    from crossview.commands._common import scoring_name
+    from crossview.engine.scoring import pending_scoring, resolve_run_scoring
 
-    scoring = check_scoring(args.scoring)       # one line, before any training
+    if args.resume and (args.scoring != "default" or args.param is not None or args.select is not None):
+        raise CrossViewError("--resume continues a run with its own scoring; leave out --scoring, --param and "
+                             "--select (re-score it with 'crossview eval RUN --scoring ...')")
+    # one line for a bad name or combination, before any training
+    scoring = scoring_name(args, args.method) if args.method and not args.resume else "plain"
     select = scoring_select(args)
+    # --select chooses the parameter of the scoring (the method's default one, or the one named) after training
+    scoring_arg = scoring if args.select is not None else args.scoring
+    record = resolve_run_scoring(args.method or "", scoring_arg, args.param) if not args.resume else None
     flag_values = {k.split(":", 1)[1]: v for k, v in vars(args).items()
                    if k.startswith("card_flag:") and v is not None}
     if args.resume:
@@ -277,7 +292,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                     image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                     data_format=args.format, image_root=args.image_root, device=args.device, seed=args.seed,
                     checkpoint_seconds=args.checkpoint_seconds, image_norm=args.image_norm,
-                    text_norm=args.text_norm)
+                    text_norm=args.text_norm, scoring=record)
     # under torchrun every process runs this command; rank 0 alone prints and writes (the others train)
     follower = os.environ.get("RANK", "0") not in ("", "0")
     printer = EventPrinter(stream=open(os.devnull, "w")) if follower else EventPrinter()
@@ -319,23 +334,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if summary is None:  # pragma: no cover - the engine always ends with Finished or raises
         raise CrossViewError("the run ended without a summary")
-    scored = None
-    if scoring != "plain" and read_status(gen.run_dir).get("status") == "finished":
-        from crossview.engine.scoring import iter_evaluate_run
+    if pending_scoring(record) and read_status(gen.run_dir).get("status") == "finished":
+        from crossview.engine.scoring import adopt_run_scoring, iter_evaluate_run
 
-        # recorded in the run's scoring.json; the choice's cross-validation runs print their progress
-        scored = print_events(iter_evaluate_run(gen.run_dir, scoring, select=select))
+        # the parameter chosen by --select (auto: cross-validation where it is cheap), recorded in the run's
+        # scoring.json and made the run's own scoring; the cross-validation runs print their progress
+        scored = print_events(iter_evaluate_run(gen.run_dir, record["scoring"], select=select))
+        summary = adopt_run_scoring(gen.run_dir, scored)
     if args.json:
-        if scored is not None:
-            summary = {**summary, "scored": {k: v for k, v in scored.items() if k != "ranks"}}
         print(json.dumps(summary, indent=2))
     else:
         print(format_metric_table(summary))
-        if scored is not None:
-            from crossview.eval.embeddings import format_report
-            from crossview.eval.scoring import describe_scoring
-
-            print(format_report(scored, title=f"re-scored: {describe_scoring(scored['scoring'])}; reported on "
-                                              f"{scored['scoring']['reported_on']}"))
         print(f"run folder: {gen.run_dir}")
     return 0 if read_status(gen.run_dir).get("status") == "finished" else 1

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.core.events import Event, Loss, Progress, Validation
+from crossview.core.events import Event, Log, Loss, Progress, Validation
 from crossview.core.io import atomic_write_json, atomic_writer
 from crossview.engine.run_folder import _METRIC_KEYS, RANKS, SUMMARY, _now
 
@@ -88,16 +88,59 @@ class FitStage:
         eval_seconds = time.monotonic() - t1
         self._write_ranks(res["ranks"], test)
         self._write_embeddings(test)
+        from crossview.engine.scoring import PLAIN_RECORD, run_scoring
+        record = run_scoring({"scoring": getattr(self.cfg, "scoring", None)})
+        scored = record["scoring"] != "plain"
+        if scored and self.cfg.split == self.cfg.train_split:
+            yield self._emit(Log(f"{record['scoring']} scoring needs a bank of training images apart from the "
+                                 f"evaluated split ({self.cfg.split}); this run is scored plain", "warning"))
+            record, scored = dict(PLAIN_RECORD), False
+            self.cfg.scoring = record
+            from crossview.engine.run_folder import CONFIG, read_config
+            config = read_config(self.run_dir)
+            config["scoring"] = record          # what eval, query and the app then read
+            atomic_write_json(self._path(CONFIG), config)
         if train is not None and self.cfg.split != self.cfg.train_split \
-                and not getattr(self.method, "wants_image_files", False):
+                and (scored or not getattr(self.method, "wants_image_files", False)):
             # a model over feature rows encodes its training split in moments; one that reads the image files (a
-            # CNN end to end) would add minutes to every run for an option few use: its bank is made on first use
+            # CNN end to end) would add minutes to every plain run: its bank is made here only when the run's own
+            # scoring needs it, else on first use
             from crossview.engine.scoring import write_bank
             write_bank(self.run_dir, self.cfg.train_split, self.method, train, seed=self.cfg.seed)
         summary = self._summary(res, test, features_seconds, eval_seconds)
+        if scored:
+            summary = yield from self._score(summary, record)
+        else:
+            summary["scoring"] = {**record, "bank": None, "reported_on": self.cfg.split}
         atomic_write_json(self._path(SUMMARY), summary)
         yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
         return summary
+
+    def _score(self, summary: dict[str, Any], record: dict[str, Any]) -> Iterator[Event]:
+        """The summary under the run's scoring ``record`` (:mod:`crossview.engine.scoring`): the evaluation
+        embeddings just written re-scored against the training bank, ranks.npz rewritten under it (the plain ranks
+        kept beside), and config.json's record completed when its parameter was chosen here."""
+        from crossview.engine.run_folder import CONFIG, read_config
+        from crossview.engine.scoring import (bank_path, describe_run_scoring, score_run_evaluation, scored_summary,
+                                              write_scored_ranks)
+        from crossview.eval.embeddings import load_embeddings
+
+        t = time.monotonic()
+        emb = load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))
+        bank = load_embeddings(bank_path(self.run_dir, self.cfg.train_split))
+        res, chosen = score_run_evaluation(emb, bank, record, self.cfg.seed, self.cfg.train_split)
+        if chosen is not record:
+            self.cfg.scoring = chosen
+            config = read_config(self.run_dir)
+            config["scoring"] = chosen
+            atomic_write_json(self._path(CONFIG), config)
+        write_scored_ranks(self.run_dir, res["ranks"])
+        out = scored_summary(summary, {**res, "caption_image": emb.caption_image}, chosen, self.cfg.train_split,
+                             self.cfg.seed)
+        out["eval_seconds"] = round(float(summary.get("eval_seconds") or 0.0) + time.monotonic() - t, 3)
+        yield self._emit(Log(f"{describe_run_scoring(chosen, self.cfg.train_split)}: rsum {out['rsum']:.1f} "
+                             f"(plain {float(out['metrics_plain']['rsum']):.1f})"))
+        return out
 
     def _write_ranks(self, ranks: dict[str, np.ndarray], test: Any) -> None:
         ds = test.dataset

@@ -27,6 +27,13 @@ gallery of its images and their captions, every point of a grid over the simplex
 - ``"bank"``: folds of the members' training banks, no training: quick, but the members were fitted on those
   images, so every weight is scored in-sample (a member that overfits its training set looks better than it is).
 
+**Scoring.** What is fused are the members' plain embeddings (a member's own default scoring, CSLS for CCA and
+BITR, is a re-scoring against its bank, not part of its embedding); the fused run then has its own scoring, like
+any run: :data:`crossview.engine.scoring.DEFAULT_SCORINGS` ``["fused"]`` applied to the fused embeddings with the
+fused bank (plain today: no bench has measured fused runs under CSLS; the weights are chosen under plain fused
+scores, so an entry there should come with a bench that chooses them under it too). The summary's metrics are under
+it, the plain ones kept as ``metrics_plain``; ``crossview eval FUSED --scoring csls`` re-scores it either way.
+
 The evaluation split is read only to report the chosen weights' metrics (``selected_on``: the training folds;
 ``reported_on``: the evaluation split). Given weights are normalised to sum 1.
 
@@ -520,7 +527,9 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
         config = {"method": FUSED, "members": [str(m.run_dir) for m in members],
                   "weights": mode if given is None else given, "folds": int(folds),
                   "split": split, "train_split": train_split, "val_split": first.config.get("val_split"),
-                  "seed": seed, "created": _now()}
+                  "seed": seed, "created": _now(),
+                  # the fused run's scoring (plain unless DEFAULT_SCORINGS["fused"] says otherwise; _write_results)
+                  "scoring": _fused_scoring()}
         for key in ("data", "data_format", "image_root", "dataset_fingerprint", "derived_splits", "text_view"):
             if first.config.get(key) is not None:
                 config[key] = first.config[key]
@@ -631,6 +640,12 @@ def _forward(work: Iterator[Event], emit: Any, should_stop: Any) -> Iterator[Eve
         work.close()        # a cross-validation run stopped here checkpoints and resumes with the fusion
 
 
+def _fused_scoring() -> dict[str, Any]:
+    from crossview.engine.scoring import default_scoring
+
+    return default_scoring(FUSED)
+
+
 def _write_results(folder: Path, members: list[Member], weights: list[float], choice: dict[str, Any],
                    scales: dict[str, list[float]], ranks: dict[str, np.ndarray], split: str, train_split: str,
                    seed: int, dataset_name: str, seconds: float, eval_seconds: float) -> dict[str, Any]:
@@ -696,6 +711,19 @@ def _write_results(folder: Path, members: list[Member], weights: list[float], ch
         "choices": choices,
         "finished": _now(),
     }
+    # the fused run's own scoring (crossview.engine.scoring.DEFAULT_SCORINGS["fused"]; plain unless that entry says
+    # otherwise): applied to the fused embeddings with the fused bank, the members' plain embeddings being what is
+    # fused (a member's own csls is not part of its embedding); the plain numbers kept as metrics_plain
+    from crossview.engine.scoring import scored_summary, write_scored_ranks
+    from crossview.eval.scoring import evaluate_scoring
+
+    record = _fused_scoring()
+    if record["scoring"] == "plain":
+        summary["scoring"] = {**record, "bank": None, "reported_on": split}
+    else:
+        res = evaluate_scoring(emb, bank, record["scoring"], record["param"])
+        write_scored_ranks(folder, res["ranks"])
+        summary = scored_summary(summary, {**res, "caption_image": ci}, record, train_split, seed)
     atomic_write_json(folder / SUMMARY, summary)
     return summary
 

@@ -20,6 +20,10 @@ the caption -> image map and a hash of every caption, for a typed sentence's gro
 gallery encoding: the checkpoint, the query encoder and the memory-mapped arrays it needs. Strings are stored as
 UTF-8 bytes and offsets (the feature cache holds numeric arrays only, never pickles).
 
+A re-scored gallery (the run's own scoring, e.g. CCA's default csls, :mod:`crossview.engine.scoring`) keeps its
+bank statistics too (:func:`cache_scoring_stats`: each gallery item against the run's training bank, the costly
+part of a re-scored query on a large gallery), keyed by the scoring and its parameter beside the embeddings.
+
 Every part is an ordinary cache entry: ``crossview features cache --clear`` drops them, a damaged one is deleted
 with a warning and computed again.
 """
@@ -37,7 +41,7 @@ import numpy as np
 from crossview.core.hashing import utf8_bytes
 
 __all__ = ["GALLERY_FORMAT", "GalleryCache", "PackedStrings", "model_key", "gallery_identity", "caption_hash",
-           "open_cached_retriever", "write_snapshot"]
+           "open_cached_retriever", "write_snapshot", "SCORING_STATS", "cache_scoring_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +166,44 @@ class GalleryCache:
         if got is not None and got.dtype == np.float32 and got.ndim == 2:
             return got, True
         return self.save(part, np.ascontiguousarray(compute(), np.float32)), False
+
+
+#: the statistics each scoring keeps of a gallery (crossview.eval.scoring.Scorer.prepare)
+SCORING_STATS = {"csls": ("r",), "isoftmax": ("c",), "dsoftmax": ("c", "hub")}
+
+
+def cache_scoring_stats(retriever: Any, run_dir: str | Path, gallery: Any,
+                        directions: Sequence[str] = ("i2t", "t2i"), store: Any = None) -> bool:
+    """Give ``retriever`` (re-scored: its ``set_scoring`` done) its gallery's bank statistics for ``directions``
+    from the gallery cache, computing and storing those not there (the first query pays, the next read them).
+    ``gallery``: a split name or a caption corpus (a photo folder is not cached: False). Returns whether every
+    statistic asked for came from the cache. The statistics equal :meth:`Scorer.prepare`'s: the same scores."""
+    scorers = getattr(retriever, "_scorers", None)
+    if scorers is None or not (isinstance(gallery, str) or hasattr(gallery, "captions")):
+        return False
+    try:
+        key = model_key(run_dir)
+    except Exception:  # noqa: BLE001 - no cache for this run: the retriever computes them itself
+        return False
+    if key is None:
+        return False
+    cache = GalleryCache(key, gallery_identity(gallery), store)
+    hit = True
+    for direction in directions:
+        emb = retriever._image_emb if direction == "t2i" else retriever._caption_emb
+        if emb is None:
+            continue
+        scorer = scorers[direction]
+        names = SCORING_STATS.get(scorer.scoring, ())
+        tag = f"{'images' if direction == 't2i' else 'captions'}-scoring-{direction}-{scorer.scoring}-{scorer.param:g}"
+        got = {n: cache.load(f"{tag}-{n}") for n in names}
+        if any(v is None or v.shape != (emb.shape[0],) for v in got.values()):
+            hit = False
+            got = scorer.prepare(np.asarray(emb))
+            for n in names:
+                cache.save(f"{tag}-{n}", np.ascontiguousarray(got[n]))
+        retriever._scoring_stats[direction] = {n: np.asarray(v) for n, v in got.items()}
+    return hit
 
 
 # ---------------------------------------------------------------------------- the snapshot

@@ -116,6 +116,10 @@ class RunConfig:
     #: how the run's parameters were chosen before it started (a search's refit: ``{"what": "parameters",
     #: "by": "search", "selected_on": "train-cv3", "reported_on": "val", ...}``); ``None``: given by the user
     selection: dict[str, Any] | None = None
+    #: the scoring the run ranks by (crossview.engine.scoring.resolve_run_scoring: ``{"scoring", "param_name",
+    #: "param", "selected_on"}``); its evaluation, summary and ranks are under it. None (a run written before runs
+    #: recorded one): plain
+    scoring: dict[str, Any] | None = None
 
 
 def _distributed(device: str) -> tuple[int, int]:
@@ -732,7 +736,7 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
           derived_splits: dict[str, Any] | None = None,
           representation: dict[str, Any] | None = None, text_view: Any = None,
           selection: dict[str, Any] | None = None, amp: bool | None = None, workers: int | None = None,
-          log_every: int | None = None) -> RunIterator:
+          log_every: int | None = None, scoring: Any = None, scoring_param: float | None = None) -> RunIterator:
     """Train ``method`` on ``data`` in a new run folder, yielding events (the last one ``Finished``).
 
     ``data`` is a dataset path, ``"demo"``, or a :class:`~crossview.data.dataset.PairedDataset`;
@@ -755,7 +759,12 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     with the method's own choices (:func:`selection_record`). ``device``, ``seed``, ``amp``, ``workers``,
     ``log_every`` and ``checkpoint_seconds`` are the run's settings (:class:`crossview.core.run_settings.RunSettings`),
     never the method's parameters: given in ``params`` (``--set amp=true``) they are taken out of them into the
-    settings; given both ways with different values they are refused. Stop iterating to cancel.
+    settings; given both ways with different values they are refused. ``scoring`` is how the run ranks and is
+    evaluated (:func:`crossview.engine.scoring.resolve_run_scoring`): None / ``"plain"`` (the library's default, so
+    the papers' experiments and searches stay plain), ``"default"`` (the method's default scoring, what the command
+    line and the app ask for), or a scoring name with ``scoring_param`` (else chosen on a hold-out of the training
+    bank); it is recorded in config.json, and the summary's metrics are under it (the plain ones kept as
+    ``metrics_plain``). Stop iterating to cancel.
 
     Bad input (unknown method or parameter, missing split, a folder that already holds a run, an
     unavailable device) raises :class:`CrossViewError` before the folder is created.
@@ -776,6 +785,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
     given = _splits.checked_derived_splits(ds, derived_splits)
     ds = _splits.apply_derived_splits(ds, given)
     plan = plan_splits(ds, split, train_split, val_split, seed)
+    from crossview.engine.scoring import resolve_run_scoring
+    scoring_record = resolve_run_scoring(method, scoring, scoring_param)
     cfg = RunConfig(method=method, data=source, params=hyper, split=plan.eval,
                     train_split=plan.train, val_split=plan.val, data_format=data_format, image_root=image_root,
                     image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
@@ -783,7 +794,8 @@ def train(method: str, data: Any = "demo", *, run_dir: str | Path | None = None,
                     representation=None if representation is None else dict(representation), text_view=view,
                     image_norm=image_norm, text_norm=text_norm,     # None: the method's (set by _Run)
                     selection=None if selection is None else dict(selection), amp=bool(run.get("amp", False)),
-                    workers=run.get("workers"), log_every=run.get("log_every"), user_params=dict(params or {}))
+                    workers=run.get("workers"), log_every=run.get("log_every"), user_params=dict(params or {}),
+                    scoring=scoring_record)
     folder = Path(run_dir) if run_dir is not None else default_run_dir(method, ds.name)
     rank, world_size = _distributed(device)
     if world_size > 1:

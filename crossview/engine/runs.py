@@ -72,6 +72,10 @@ class RunInfo:
     split: str | None
     created: str
     writer_pid: int | None     # the process writing it now, if any
+    #: the scoring ``rsum`` is under (``"plain"``, ``"csls k=10"``; crossview.engine.scoring) and the plain rsum
+    #: beside it (None when the run is plain or unfinished)
+    scoring: str = "plain"
+    rsum_plain: float | None = None
 
     @property
     def name(self) -> str:
@@ -80,7 +84,7 @@ class RunInfo:
     def as_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "name": self.name, "method": self.method, "data": self.data,
                 "status": self.status, "rsum": self.rsum, "split": self.split, "created": self.created,
-                "writer_pid": self.writer_pid}
+                "writer_pid": self.writer_pid, "scoring": self.scoring, "rsum_plain": self.rsum_plain}
 
 
 def describe_run(path: str | Path) -> RunInfo:
@@ -97,17 +101,24 @@ def describe_run(path: str | Path) -> RunInfo:
     pid = run_is_locked(folder)
     if status == "running" and pid is None:
         status = "interrupted"          # says running, but no process holds its lock: it was killed
-    rsum = None
+    rsum = rsum_plain = None
+    from crossview.engine.scoring import run_scoring
+    sc = run_scoring(cfg)
+    scoring = sc["scoring"] + (f" {sc.get('param_name')}={sc['param']:g}" if sc.get("param") is not None else "")
     if status == "finished":
         try:
-            value = read_summary(folder).get("rsum")
+            summary = read_summary(folder)
+            value = summary.get("rsum")
             rsum = float(value) if isinstance(value, (int, float)) else None
+            plain = (summary.get("metrics_plain") or {}).get("rsum") if isinstance(
+                summary.get("metrics_plain"), dict) else None
+            rsum_plain = float(plain) if isinstance(plain, (int, float)) else None
         except CrossViewError:
             pass
     data = cfg.get("data") or cfg.get("dataset") or "?"
     return RunInfo(path=folder, method=str(cfg.get("method", "?")), data=str(data), status=status, rsum=rsum,
                    split=cfg.get("split") if isinstance(cfg.get("split"), str) else None,
-                   created=str(cfg.get("created", "")), writer_pid=pid)
+                   created=str(cfg.get("created", "")), writer_pid=pid, scoring=scoring, rsum_plain=rsum_plain)
 
 
 def iter_runs(root: str | Path | None = None) -> Iterator[RunInfo]:

@@ -24,6 +24,17 @@ table in the record). ``"auto"`` (the default) is ``cv`` where it is cheap, ``ba
 where it is not: it costs about ``CV_FOLDS x 2/3`` of the run's own training time, seconds for CCA, BITR and
 WSABIE but hours for a deep run, which ``crossview eval`` should not start unasked; and a fused run or a run
 trained on an in-memory dataset cannot be trained again.
+
+**A run's own scoring.** Each run ranks and is evaluated under one scoring, recorded in its config.json (``"scoring":
+{"scoring", "param_name", "param", "selected_on"}``, :func:`resolve_run_scoring`; a run written before is plain,
+:func:`run_scoring`). ``crossview train`` and the app's Train panel ask for the method's default
+(:data:`DEFAULT_SCORINGS`, its parameter fixed by cross-validation on the Flickr8k sample's train photos, like any
+default hyperparameter); :class:`~crossview.engine.fit_stage.FitStage` then scores the evaluation embeddings against
+the bank it has just written (:func:`score_run_evaluation`), and the summary's metrics, intervals, hubness and
+ranks.npz are under that scoring, the plain ones kept (:func:`scored_summary`: ``metrics_plain``; ranks.npz's
+``i2t_plain`` / ``t2i_plain``). A scoring named without its parameter is chosen after training (a hold-out of the
+bank in the run; ``crossview train --select cv`` then makes the cross-validated choice the run's own,
+:func:`adopt_run_scoring`). ``crossview eval`` / ``query`` / ``serve`` and the Query panel default to it.
 """
 
 from __future__ import annotations
@@ -42,7 +53,29 @@ from crossview.eval.scoring import (DEFAULT_BLOCK, PARAMS, check_scoring, evalua
 __all__ = ["BANK_MAX_IMAGES", "SCORING_FILE", "SELECTIONS", "CV_FOLDS", "CV_DIR", "AUTO_CV_SECONDS", "bank_path",
            "encode_bank", "write_bank", "run_bank", "open_bank", "choose_scoring", "check_select", "resolve_select",
            "iter_select_cv", "recorded_choice", "iter_run_choice", "iter_evaluate_run", "evaluate_run", "run_scorers",
-           "retriever_scoring", "apply_scoring"]
+           "retriever_scoring", "apply_scoring", "DEFAULT_SCORINGS", "DEFAULT_EVIDENCE", "PLAIN_RECORD",
+           "default_scoring", "resolve_run_scoring", "run_scoring", "describe_run_scoring", "pending_scoring",
+           "score_run_evaluation", "scored_summary", "adopt_run_scoring", "write_scored_ranks", "use_run_scoring"]
+
+#: Each method's default scoring, the one a run trains with when it is not told (``crossview train METHOD`` with no
+#: --scoring, the app's Train panel): ``(scoring, its parameter)``, chosen like any other default hyperparameter by
+#: 3-fold cross-validation on the Flickr8k sample's train photos, never on its val split; a method not here is
+#: plain. The parameter is fixed, so a default run costs one re-scoring against its bank and no choice. Each entry
+#: cites its evidence file (``DEFAULT_EVIDENCE``). ``"fused"`` is the fused runs' (crossview.engine.fuse): plain
+#: until a bench of fused runs under csls says otherwise; one entry here switches it.
+DEFAULT_SCORINGS: dict[str, tuple[str, float]] = {
+    "cca": ("csls", 10),      # CV: +19.8 rsum (+14.3 to +25.3) over plain
+    "bitr": ("csls", 20),     # CV: +16.7 rsum (+11.3 to +22.0) over plain
+}
+#: the file that measured each default of :data:`DEFAULT_SCORINGS`
+DEFAULT_EVIDENCE: dict[str, str] = {
+    "cca": "bench/results/scoring_flickr8k.md",
+    "bitr": "bench/results/scoring_flickr8k.md",
+}
+#: the record of plain scoring (a run written before runs recorded a scoring is plain)
+PLAIN_RECORD: dict[str, Any] = {"scoring": "plain", "param_name": None, "param": None, "selected_on": "nothing"}
+#: ``selected_on`` of a scoring whose parameter a run chooses after training (``--scoring csls`` with no --param)
+PENDING = "after training"
 
 #: the most training images a bank holds (QB-Norm's banks are a few thousand queries; the statistics settle)
 BANK_MAX_IMAGES = 5000
@@ -438,3 +471,192 @@ def apply_scoring(run: Any, retriever: Any, scoring: str, param: float | None = 
                                         choice=choice)
     retriever.set_scoring(scorers, record)
     return record
+
+
+
+# ---------------------------------------------------------------------------------------- a run's own scoring
+def default_scoring(method: str) -> dict[str, Any]:
+    """The record of ``method``'s default scoring (:data:`DEFAULT_SCORINGS`; plain for a method not there):
+    ``{"scoring", "param_name", "param", "selected_on", "default": True}``."""
+    entry = DEFAULT_SCORINGS.get(str(method))
+    if entry is None:
+        return {**PLAIN_RECORD, "default": True}
+    name, param = entry
+    evidence = DEFAULT_EVIDENCE.get(str(method), "bench/results/")
+    return {"scoring": name, "param_name": PARAMS[name], "param": param, "default": True,
+            "selected_on": f"method default (3-fold CV on the Flickr8k sample's train photos: {evidence})"}
+
+
+def resolve_run_scoring(method: str, scoring: Any = None, param: float | None = None) -> dict[str, Any]:
+    """The scoring record a new run of ``method`` records in its config.json (``"scoring"``): ``scoring`` is None or
+    ``"plain"`` (plain), ``"default"`` (the method's, :func:`default_scoring`), a name of
+    :data:`crossview.eval.scoring.SCORINGS`, or a record already made. ``param`` fixes a named scoring's parameter
+    (``selected_on: "given"``); without it the parameter is chosen after training (:func:`score_run_evaluation`: a
+    hold-out of the training bank; ``crossview train`` then applies ``--select``). One clear line for bad values."""
+    from crossview.eval.scoring import Scorer
+
+    if isinstance(scoring, dict):
+        rec = dict(scoring)
+        name = check_scoring(rec.get("scoring", "plain"))
+        if name == "plain":
+            return {**PLAIN_RECORD, **({"default": True} if rec.get("default") else {})}
+        if rec.get("param") is not None:
+            rec["param"] = Scorer(name, rec["param"], np.zeros((1, 1)), np.zeros((1, 1))).param
+        rec.setdefault("param_name", PARAMS[name])
+        rec.setdefault("selected_on", "given" if rec.get("param") is not None else PENDING)
+        return rec
+    if scoring is None or scoring == "plain":
+        if param is not None:
+            raise CrossViewError(f"--param {param:g}: plain scoring has no parameter; give --scoring csls (k), "
+                                 "isoftmax or dsoftmax (beta)")
+        return dict(PLAIN_RECORD)
+    if scoring == "default":
+        rec = default_scoring(method)
+        if param is None:
+            return rec
+        if rec["scoring"] == "plain":
+            raise CrossViewError(f"--param {param:g}: {method}'s default scoring is plain, which has no parameter; "
+                                 "give --scoring csls (k), isoftmax or dsoftmax (beta) with it")
+        scoring = rec["scoring"]
+    name = check_scoring(scoring)
+    if name == "plain":
+        return dict(PLAIN_RECORD)
+    if param is None:
+        return {"scoring": name, "param_name": PARAMS[name], "param": None, "selected_on": PENDING}
+    p = Scorer(name, param, np.zeros((1, 1)), np.zeros((1, 1))).param        # checked as the scorer checks it
+    return {"scoring": name, "param_name": PARAMS[name], "param": p, "selected_on": "given"}
+
+
+def pending_scoring(record: dict[str, Any] | None) -> bool:
+    """Whether ``record`` is a scoring whose parameter is still to be chosen (:func:`resolve_run_scoring`)."""
+    return isinstance(record, dict) and record.get("scoring", "plain") != "plain" and record.get("param") is None
+
+
+def run_scoring(config: dict[str, Any] | None) -> dict[str, Any]:
+    """The scoring a run ranks by: its config.json's ``"scoring"`` record; plain for a run written before runs
+    recorded one (or a record that does not parse)."""
+    rec = (config or {}).get("scoring")
+    if not isinstance(rec, dict):
+        return dict(PLAIN_RECORD)
+    try:
+        name = check_scoring(rec.get("scoring", "plain"))
+    except CrossViewError:
+        return dict(PLAIN_RECORD)
+    return dict(PLAIN_RECORD) if name == "plain" else dict(rec)
+
+
+def describe_run_scoring(record: dict[str, Any] | None, bank: str | None = "train", full: bool = False) -> str:
+    """One line: ``scored with csls k=10 (method default), bank: train`` / ``scored with plain (dot product)``;
+    ``full``: a method default says where it was chosen (its ``selected_on``)."""
+    rec = record if isinstance(record, dict) else PLAIN_RECORD
+    name = rec.get("scoring", "plain")
+    if name == "plain":
+        return "scored with plain (dot product)" + (" (method default)" if rec.get("default") else "")
+    sel = str(rec.get("selected_on") or "")
+    how = ((sel if full and sel else "method default") if rec.get("default") else "given" if sel == "given"
+           else f"chosen on {sel}" + (", in-sample" if rec.get("in_sample") else ""))
+    param = rec.get("param")
+    what = f" {rec.get('param_name') or PARAMS.get(name)}={param:g}" if param is not None else ""
+    return f"scored with {name}{what} ({how})" + (f", bank: {bank}" if bank else "")
+
+
+def score_run_evaluation(emb: Any, bank: Any, record: dict[str, Any], seed: int = 0,
+                         train_split: str = "train") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(result, record)``: the evaluation embeddings ``emb`` under the run's scoring ``record`` with its
+    training ``bank`` (:func:`crossview.eval.scoring.evaluate_scoring`); a record still pending gets its parameter
+    from a hold-out of the bank (quick, labelled in-sample; ``crossview train`` may replace it by ``--select``)."""
+    if pending_scoring(record):
+        chosen = choose_scoring(bank, record["scoring"], None, seed, train_split)
+        record = {**chosen, "selected_on": chosen.get("selected_on")}
+    res = evaluate_scoring(emb, bank, record["scoring"], record["param"])
+    return res, record
+
+
+def scored_summary(summary: dict[str, Any], res: dict[str, Any], record: dict[str, Any], train_split: str,
+                   seed: int = 0) -> dict[str, Any]:
+    """``summary`` (plain metrics) with its metrics, intervals and hubness replaced by ``res`` (the same split under
+    ``record``'s scoring), the plain ones kept as ``metrics_plain``, and ``scoring`` (``record`` with its bank and
+    the split it is reported on). A summary already scored keeps its first ``metrics_plain``."""
+    from crossview.eval.bootstrap import bootstrap_ci
+    from crossview.engine.run_folder import _METRIC_KEYS
+
+    plain = summary.get("metrics_plain") or {k: summary.get(k) for k in ("i2t", "t2i", "rsum", "ci", "hubness")}
+    ci = np.asarray(res.get("caption_image")) if res.get("caption_image") is not None else None
+    out = dict(summary)
+    out.update({
+        "i2t": {k: float(res["i2t"][k]) for k in _METRIC_KEYS if k in res["i2t"]},
+        "t2i": {k: float(res["t2i"][k]) for k in _METRIC_KEYS if k in res["t2i"]},
+        "rsum": float(res["rsum"]),
+        "hubness": res.get("hubness"),
+        "scoring": {**{k: v for k, v in record.items() if k not in ("i2t", "t2i", "rsum", "hubness")},
+                    "bank": train_split, "reported_on": summary.get("split")},
+        "metrics_plain": plain,
+    })
+    sel = str(record.get("selected_on") or "")
+    if sel and sel not in ("given", "nothing") and not record.get("default"):
+        # a parameter chosen from data is one of the run's choices (a hold-out or folds of train, never the split)
+        choices = [c for c in out.get("choices") or [] if not str(c.get("what", "")).startswith("scoring")]
+        choices.append({"what": f"scoring {record['scoring']} {record.get('param_name')}", "on": sel})
+        places = list(dict.fromkeys(c["on"] for c in choices))
+        out.update(choices=choices, selected_on=", ".join(places),
+                   optimistic=bool(out.get("optimistic")) or summary.get("split") in places)
+    if ci is not None:
+        out["ci"] = bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], ci, seed=seed)
+    return out
+
+
+def adopt_run_scoring(run_dir: str | Path, res: dict[str, Any]) -> dict[str, Any]:
+    """Make ``res`` (the run's evaluation split under a scoring, :func:`iter_evaluate_run`) the run's own: its
+    summary.json (metrics, ``metrics_plain`` kept), config.json's ``"scoring"`` and ranks.npz (the per-query ranks
+    Inspect reads) say that scoring from now on. Returns the new summary. ``crossview train --scoring csls --select
+    cv`` calls it once the choice is made after training."""
+    from crossview.core.io import atomic_write_json
+    from crossview.engine.run_folder import CONFIG, SUMMARY, read_config, read_summary
+    from crossview.eval.embeddings import load_embeddings
+
+    folder = Path(run_dir)
+    train_split, split, seed = _train_split(folder)
+    record = {k: v for k, v in res["scoring"].items() if k not in ("reported_on",)}
+    emb = load_embeddings(folder / f"embeddings_{split}.npz")
+    summary = scored_summary(read_summary(folder), {**res, "caption_image": emb.caption_image}, record,
+                             train_split, seed)
+    write_scored_ranks(folder, res["ranks"])
+    config = read_config(folder)
+    config["scoring"] = record
+    atomic_write_json(folder / CONFIG, config)
+    atomic_write_json(folder / SUMMARY, summary)
+    return summary
+
+
+def write_scored_ranks(folder: str | Path, ranks: dict[str, np.ndarray]) -> None:
+    """Replace ranks.npz's ``i2t`` / ``t2i`` by ``ranks`` (the run's scoring), keeping the first plain ones as
+    ``i2t_plain`` / ``t2i_plain`` and every other array."""
+    from crossview.core.io import atomic_writer
+    from crossview.engine.run_folder import RANKS
+
+    path = Path(folder) / RANKS
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    for d in ("i2t", "t2i"):
+        arrays.setdefault(f"{d}_plain", arrays[d])
+        arrays[d] = np.asarray(ranks[d], np.int64)
+    atomic_writer(path, lambda f: np.savez(f, **arrays))
+
+
+def use_run_scoring(retriever: Any, run_dir: str | Path) -> dict[str, Any]:
+    """Make ``retriever`` rank by the scoring the run in ``run_dir`` recorded (:func:`run_scoring`), with its
+    parameter as recorded and its bank file (else its training split encoded); plain for a run without one, one
+    whose parameter is still to be chosen, or a gallery that is the run's training split (the bank's). Returns the
+    record in use (``crossview serve``)."""
+    from crossview.engine.run_folder import read_config
+
+    config = read_config(Path(run_dir))
+    record = run_scoring(config)
+    train_split = str(config.get("train_split") or "train")
+    if record["scoring"] == "plain" or pending_scoring(record) or \
+            getattr(retriever, "gallery_name", None) == train_split:
+        return retriever.scoring_record
+    scorers, rec = retriever_scoring(retriever, record["scoring"], run_dir=run_dir, train_split=train_split,
+                                     seed=int(config.get("seed") or 0), choice=record)
+    retriever.set_scoring(scorers, rec)
+    return rec

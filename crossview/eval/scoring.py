@@ -11,7 +11,7 @@ For one direction, queries ``Q (n_q, D)`` of one modality against a gallery ``G 
 of the gallery's modality:
 
 ``plain``
-    ``s_ij`` (the default).
+    ``s_ij`` (the default of a method not in :data:`crossview.engine.scoring.DEFAULT_SCORINGS`).
 ``csls`` (Conneau et al. 2018, cross-domain similarity local scaling; parameter ``k``)
     ``2 s_ij - r_Q(i) - r_G(j)``, where ``r_Q(i)`` is the mean of the ``k`` largest ``Q_i . B'_b`` (the
     query's nearest training items of the other modality) and ``r_G(j)`` the mean of the ``k`` largest
@@ -60,7 +60,7 @@ __all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "check_scoring", "Sco
 
 #: the scorings and what each is, for --help and the app's combo box
 SCORINGS = {
-    "plain": "the dot product / cosine of the embeddings (default)",
+    "plain": "the dot product / cosine of the embeddings (the default of a method without a default scoring)",
     "csls": "CSLS (Conneau et al. 2018): 2 cos - the mean cosine of each side's k nearest training items",
     "isoftmax": "inverted softmax (Smith et al. 2017): each item's exp(beta s) normalised over the training "
                 "queries",
@@ -368,6 +368,8 @@ def describe_scoring(record: dict[str, Any] | None) -> str:
     name, what, value = record["scoring"], record.get("param_name"), record.get("param")
     if record.get("selected_on") == "given":
         how = "given"
+    elif record.get("default"):      # a method's default scoring (crossview.engine.scoring.DEFAULT_SCORINGS)
+        how = str(record.get("selected_on") or "method default")
     elif isinstance(record.get("folds"), list):
         how = (f"chosen by rsum on {record.get('selected_on')}: {len(record['folds'])}-fold cross-validation of the "
                f"training images, folds of {'/'.join(str(x) for x in record.get('fold_images') or [])} images, each "

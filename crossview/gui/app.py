@@ -93,7 +93,7 @@ def train_quick_run(data: str, method: str, run_dir: Path | None,
     from crossview.core.events import Finished, Progress
     from crossview.engine.run import train
 
-    it = train(method, data, run_dir=run_dir)
+    it = train(method, data, run_dir=run_dir, scoring="default")     # the method's default scoring, as the CLI's
     last = -1
     for ev in it:
         if isinstance(ev, Progress) and ev.total:

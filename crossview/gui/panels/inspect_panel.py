@@ -359,6 +359,13 @@ class InspectPanel(QWidget):
             chosen = ("nothing chosen on data" if where == "nothing" else f"chosen on {html_text(where)}")
             bits.append(f"<span style='color:#9a6700'><b>optimistic</b>: {chosen} and reported on the same "
                         "split</span>" if s.get("optimistic") else chosen)
+        if isinstance(s.get("scoring"), dict) and s["scoring"].get("scoring", "plain") != "plain":
+            # the metrics, ranks and hubness shown are under the run's own scoring; its plain rsum beside
+            from crossview.engine.scoring import describe_run_scoring
+            plain = s.get("metrics_plain") if isinstance(s.get("metrics_plain"), dict) else {}
+            bits.append(html_text(describe_run_scoring(s["scoring"], s["scoring"].get("bank"))
+                                  + (f"; plain rsum {float(plain['rsum']):.1f}" if plain.get("rsum") is not None
+                                     else "")))
         if s.get("train_seconds") is not None:
             feats = float(s.get("features_seconds") or 0.0)
             # the wait a person had: features first (extraction on first use), then the fit
@@ -367,7 +374,8 @@ class InspectPanel(QWidget):
         self.title.setText(" &nbsp; ".join(bits))
         self.title.setToolTip("; ".join(f"{c.get('what')} chosen on {c.get('on')}" for c in s.get("choices") or [])
                               or "nothing was chosen on data (all settings given)")
-        # the plain figure, then each re-scoring of this split the run recorded (crossview eval RUN --scoring)
+        # the run's figure (under its own scoring), then each re-scoring of this split it recorded (crossview eval
+        # RUN --scoring)
         scored = [describe_scored(e) for e in (a.scorings or {}).values()]
         self.hubness_label.setText("\n".join(t for t in (describe_hubness(s.get("hubness")), *scored) if t))
         self.hubness_label.setVisible(bool(self.hubness_label.text()))     # older runs have no figure

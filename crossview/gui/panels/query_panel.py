@@ -141,9 +141,11 @@ class QueryPanel(QWidget):
         self.scoring_combo = QComboBox()
         for name in SCORINGS:
             self.scoring_combo.addItem(SCORING_LABELS.get(name, name), name)
-        self.scoring_combo.setToolTip("How results are scored. The re-scorings normalise with a bank of the run's "
-                                      "training images and captions (never the gallery), their k / beta chosen by "
-                                      "rsum on a hold-out of train.\n" + "\n".join(
+        self.scoring_combo.setToolTip("How results are scored; a run opens at the scoring it was trained and "
+                                      "evaluated with (its method's default: CSLS for CCA and BITR). The re-scorings "
+                                      "normalise with a bank of the run's training images and captions (never the "
+                                      "gallery), their k / beta the run's own, or chosen by rsum on a hold-out of "
+                                      "train.\n" + "\n".join(
                                           f"{SCORING_LABELS.get(k, k)}: {v}" for k, v in SCORINGS.items()))
         self.scoring_combo.activated.connect(lambda i: self.set_scoring(self.scoring_combo.itemData(i)))
         self.scoring_note = QLabel("")
@@ -152,6 +154,8 @@ class QueryPanel(QWidget):
         self._scorings: dict[str, tuple[Any, dict[str, Any]]] = {}   # this run's prepared scorings, by name
         self._scoring_method: Any = None                            # whose method they were prepared for
         self._scoring_task: Task | None = None
+        #: the scoring the run recorded at training (crossview.engine.scoring.run_scoring), where the box starts
+        self._run_scoring: dict[str, Any] = {"scoring": "plain"}
 
         self.sentence = QLineEdit()
         self.sentence.setPlaceholderText(SENTENCE_HINT)
@@ -390,8 +394,11 @@ class QueryPanel(QWidget):
         from crossview.engine.scoring import retriever_scoring
 
         run_dir = self.run_dir
+        # the run's own scoring keeps the parameter it was trained and evaluated with (a method default: k = 10)
+        own = self._run_scoring if self._run_scoring.get("scoring") == scoring and \
+            self._run_scoring.get("param") is not None else None
         task = Task(lambda progress, should_stop: retriever_scoring(r, scoring, run_dir=run_dir,
-                                                                    train_split=train_split),
+                                                                    train_split=train_split, choice=own),
                     name="scoring", parent=self)
         self._scoring_task = task
         self.scoring_note.setText(f"{SCORING_LABELS[scoring]}: encoding the {html.escape(train_split)} split and "
@@ -424,13 +431,28 @@ class QueryPanel(QWidget):
         self.failed.emit(message)
 
     def _keep_scoring(self, retriever: Retriever) -> None:
-        """Another run starts plain (its scorings prepared afresh); another gallery of the same run keeps the
-        scoring chosen."""
+        """Another run starts at its own scoring (the one it recorded at training, its summary's; plain for an old
+        run, or where the gallery is its training split), its scorings prepared afresh; another gallery of the same
+        run keeps the scoring chosen."""
         if retriever.method is not self._scoring_method:
+            from crossview.engine.scoring import run_scoring
+
             self._scoring_method = retriever.method
             self._scorings.clear()
             self.scoring_note.clear()
+            config = None
+            if self.run_dir is not None and (self.run_dir / "config.json").is_file():
+                from crossview.engine.run_folder import read_config
+                try:
+                    config = read_config(self.run_dir)
+                except CrossViewError:
+                    config = None
+            self._run_scoring = run_scoring(config)
             self.scoring_combo.setCurrentIndex(self.scoring_combo.findData(retriever.scoring))
+            own = self._run_scoring["scoring"]
+            if own != retriever.scoring and \
+                    getattr(retriever, "gallery_name", None) != (self.train_split or "train"):
+                self.set_scoring(own)
         elif self.scoring != retriever.scoring:
             self.set_scoring(self.scoring)
 

@@ -644,7 +644,10 @@ class TrainPanel(QWidget):
                                   device=self.device_combo.currentData(), seed=self.seed_spin.value(),
                                   amp=self.amp_check.isChecked() if self.amp_check.isEnabled() else None,
                                   **self._run_extra,
-                                  image_norm=self.image_norm.currentData(), text_norm=self.text_norm.currentData())
+                                  image_norm=self.image_norm.currentData(), text_norm=self.text_norm.currentData(),
+                                  # the method's default scoring (crossview.engine.scoring.DEFAULT_SCORINGS), as the
+                                  # command line's: the run's metrics and the Query panel use it
+                                  scoring="default")
         except CrossViewError as e:
             self._fail(str(e), "", error=e)
             return None
