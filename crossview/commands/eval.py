@@ -256,16 +256,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not run.is_dir() or not (run / "config.json").is_file():
             raise CrossViewError(f"{run}: --scoring {scoring} needs a run folder (its training split is the bank the "
                                  "scores are normalised with), not an embeddings file; use --scoring plain")
-        for flag, given in (("--protocol", args.protocol not in ("standard", "coco5k")), ("--overlap", args.overlap)):
+        for flag, given in (("--protocol", args.protocol not in ("standard", "coco5k", "coco1k")),
+                            ("--overlap", args.overlap)):
             if given:
-                raise CrossViewError(f"{flag} does not apply to --scoring {scoring} (it re-scores the standard "
-                                     "protocol); leave it out or use --scoring plain")
-        if args.protocol == "coco5k" and emb.image.shape[0] != 5000:
-            raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
-                                 "use --protocol standard")
+                raise CrossViewError(f"{flag} does not apply to --scoring {scoring} (it re-scores the standard, "
+                                     "coco5k and coco1k protocols); leave it out or use --scoring plain")
         res = print_events(iter_evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")],
-                                              param=args.param, select=select, ks=tuple(ks)))
-        res["protocol"] = args.protocol
+                                              param=args.param, select=select, ks=tuple(ks),
+                                              protocol=args.protocol))
     else:
         res = evaluate_embeddings(emb, args.protocol, ks, overlap=args.overlap, progress=progress)
     res["source"] = str(path)
