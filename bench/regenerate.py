@@ -233,6 +233,8 @@ ENTRIES: tuple[Entry, ...] = (
           ("crossview/features/image.py", "crossview/data/images.py")),
     Entry("gui_latency_cpu", "gui_latency_cpu.txt", (S("bench/gui_latency.py"),), ("synthetic",), 1,
           ("crossview/gui/panels/data_panel.py", "crossview/gui/panels/train_panel.py", "tests/_latency.py")),
+    Entry("inspect_latency_cpu", "inspect_latency_cpu.txt", (S("bench/inspect_latency.py --baseline 866e2b7"),),
+          ("synthetic",), 2, ("crossview/gui/panels/inspect_panel.py", "crossview/gui/rank_table.py")),
     Entry("large_collection_cpu", "large_collection_cpu.txt",
           (S("bench/large_collection.py --n 1000000 --dim 128 --queries 1000 "
              "--backends exact,faiss-flat,faiss-sq8,faiss-pq4,faiss-ivf"),),
