@@ -12,7 +12,12 @@ code of commit REV (``git archive``) before the current code; the current code's
 Cases: ``flickr8k`` (the shared sample: a CCA run on TF-IDF captions and a VSE++ run with its own GRU, 1 epoch;
 sentence queries on the val split, and a new photo against the sample's 35K-line caption corpus), ``synthetic``
 (a seeded VSE++-style precomp folder: ``--n`` images of 2048-d features, 5 captions each, 5,000 test images (a sixth below 30K); a CCA
-run on TF-IDF captions). ``floor`` is ``python -c "import crossview.cli, torch"``: interpreter start and the
+run on TF-IDF captions), ``scale`` (``--sizes S,M,L``: the seeded sets of ``bench/scale.py``, made under
+``--scale-work`` unless there already; a CCA run on TF-IDF captions each). ``--app`` also times opening each run in the
+app (offscreen Qt, its own process: the main window made and shown, then ``MainWindow.open_run`` until Inspect shows the
+run; wall time and peak memory from ``os.wait4``). ``corpus``: the Flickr8k VSE++ GRU run (as in ``flickr8k``)
+ranking a ``--corpus-lines`` caption corpus (the sample's 35K lines repeated with a few words appended) for a new
+photo: the corpus's GRU embeddings are cached by the run's checkpoint on first use. ``floor`` is ``python -c "import crossview.cli, torch"``: interpreter start and the
 imports every query pays. ``serve`` is the median time of one POST /query answer in a kept-open
 :class:`~crossview.commands.serve.QueryService` (20 sentences).
 """
@@ -85,6 +90,16 @@ def make_synthetic(folder: Path, n: int, dim: int = 2048, seed: int = 0) -> None
         (folder / f"{split}_caps.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def make_corpus(source: Path, out: Path, lines: int) -> int:
+    """``lines`` caption lines: the sample's corpus, then again with " in the park" and " at dusk" appended, and so
+    on round; returns how many are distinct."""
+    base = source.read_text(encoding="utf-8").splitlines()
+    tails = ["", " in the park", " at dusk"]
+    got = [base[i % len(base)].rstrip() + tails[(i // len(base)) % len(tails)] for i in range(lines)]
+    out.write_text("\n".join(got) + "\n", encoding="utf-8")
+    return len(set(got))
+
+
 def run(args: argparse.Namespace) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="query_cache_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -125,6 +140,23 @@ def run(args: argparse.Namespace) -> int:
         cases += [("flickr8k cca tfidf", cca, ["--text", SENTENCES[0]]),
                   ("flickr8k vsepp gru", gru, ["--text", SENTENCES[0]]),
                   ("flickr8k vsepp gru", gru, ["--image", str(photo), "--corpus", str(corpus)])]
+    if "corpus" in args.cases:
+        f8k = _stamp.FLICKR8K
+        photo = work / "new_photo.jpg"
+        shutil.copy(sorted((f8k.parent / "images").iterdir())[0], photo)
+        gru = train("f8k-vsepp-gru", ["vsepp", "--data", str(f8k), "--set", "text_model=gru", "--set", "max_epochs=1"])
+        corpus = work / f"corpus_{args.corpus_lines}.txt"
+        distinct = make_corpus(f8k.parent / "corpus_captions.txt", corpus, args.corpus_lines)
+        cases.append((f"f8k vsepp gru {args.corpus_lines // 1000}K corpus", gru,
+                      ["--image", str(photo), "--corpus", str(corpus)]))
+        print(f"corpus: {args.corpus_lines:,} lines ({distinct:,} distinct) from the sample's corpus")
+    if "scale" in args.cases:
+        import scale                                   # bench/scale.py: its seeded sets
+
+        for size in args.sizes:
+            folder = scale.make_dataset(Path(args.scale_work), size, 0)
+            run_dir = train(f"scale{size}-cca-tfidf", ["cca", "--data", str(folder), "--text-encoder", "tfidf"])
+            cases.append((f"scale {size} {scale.SIZES[size]:,} cca tfidf", run_dir, ["--text", scale.QUERY]))
     if "synthetic" in args.cases:
         data = work / f"synthetic_{args.n}_precomp"
         if not (data / "test_caps.txt").is_file():
@@ -165,6 +197,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"load average when the queries ended: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs)")
     print()
+    if args.app:
+        for name, run_dir, query in cases:
+            if query[0] != "--text":
+                continue
+            best = None
+            for _ in range(args.repeat):
+                got = measure([py, str(Path(__file__).resolve()), "--app-child", str(run_dir)], env)
+                if got[2] != 0:
+                    print(f"app {name}: exit {got[2]}: {got[3]}")
+                    break
+                best = got if best is None or got[0] < best[0] else best
+            if best is not None:
+                print(f"app {name:<26} opened (process start to Inspect showing the run): {best[0]:.1f} s, "
+                      f"peak {best[1]:,.0f} MiB")
+        print()
     os.environ.update({k: env[k] for k in ("CROSSVIEW_HOME", "CROSSVIEW_CACHE_DIR")})
     from crossview.commands.serve import QueryService
 
@@ -184,9 +231,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def app_child(run_dir: str) -> int:
+    """Open ``run_dir`` in the app (offscreen) and return once Inspect shows it (``--app``)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    from crossview.gui.app import ensure_app
+
+    app = ensure_app()
+    from crossview.gui.main_window import MainWindow
+
+    win = MainWindow()
+    win.resize(1280, 800)
+    win.show()
+    task = win.open_run(run_dir, show="inspect")
+    loop = QEventLoop()
+    task.finished.connect(loop.quit)
+    QTimer.singleShot(900_000, loop.quit)
+    loop.exec()
+    app.processEvents()
+    win.repaint()
+    ok = win.inspect_panel.run_a is not None
+    win.close()
+    return 0 if ok else 1
+
+
 def main() -> int:
+    if "--app-child" in sys.argv:
+        return app_child(sys.argv[sys.argv.index("--app-child") + 1])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="flickr8k,synthetic", help="flickr8k, synthetic (comma-separated)")
+    ap.add_argument("--cases", default="flickr8k,synthetic", help="flickr8k, synthetic, scale, corpus (comma-separated)")
+    ap.add_argument("--corpus-lines", type=int, default=100_000, help="with --cases corpus: the caption corpus's "
+                    "lines, ranked for a new photo by the Flickr8k VSE++ GRU run (default 100000)")
+    ap.add_argument("--sizes", default="L", help="with --cases scale: bench/scale.py's sizes, among S, M, L "
+                    "(comma-separated; default L)")
+    ap.add_argument("--scale-work", default="/tmp/crossview-scale", help="where bench/scale.py's sets are (made "
+                    "there when missing; default /tmp/crossview-scale, scale.py's own --work)")
+    ap.add_argument("--app", action="store_true", help="also time opening each sentence case's run in the app")
     ap.add_argument("--n", type=int, default=30000, help="images of the synthetic precomp set (default 30000)")
     ap.add_argument("--baseline", default=None, metavar="REV", help="also run the queries with this commit's code")
     ap.add_argument("--work", default=None, help="folder for runs and data (default: a new temporary one)")
@@ -198,11 +279,22 @@ def main() -> int:
     ap.add_argument("--out", default="-", help="results file ('-': print only)")
     args = ap.parse_args()
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    args.sizes = [s.strip().upper() for s in args.sizes.split(",") if s.strip()]
+    bad = [c for c in args.cases if c not in ("flickr8k", "synthetic", "scale", "corpus")] + \
+        [s for s in args.sizes if s not in ("S", "M", "L")]
+    if bad:
+        ap.error(f"unknown case or size {', '.join(bad)}: cases are flickr8k, synthetic, scale, corpus; sizes S, M, L")
     data = []
-    if "flickr8k" in args.cases:
+    if "flickr8k" in args.cases or "corpus" in args.cases:
         data.append(_stamp.dataset_fingerprint(_stamp.FLICKR8K))
     if "synthetic" in args.cases:
         data.append(_stamp.synthetic(seed=0, n=args.n, dim=2048, captions_per_image=5, test=min(5000, args.n // 6), vocabulary=3000))
+    if "scale" in args.cases:
+        import scale
+
+        data.append(_stamp.synthetic(seed=0, generator="bench/scale.py", sizes="/".join(
+            f"{s}={scale.SIZES[s]}" for s in args.sizes), dim=scale.DIM, captions_per_image=scale.CAPS_PER_IMAGE,
+            vocab=scale.VOCAB, topics=scale.TOPICS))
     return _stamp.run_stamped(lambda: run(args), args.out, data)
 
 

@@ -82,10 +82,10 @@ def test_train_query_mark_compare_present(qtbot, window: MainWindow, small_demo:
     ip = window.inspect_panel
     assert ip.run_a is not None and str(ip.run_a.path) == str(run_b)
     ip.compare_combo.setCurrentIndex(ip.compare_combo.findData(str(run_a)))
-    assert ip.comparison is not None and ip.queries.columnCount() == 4
+    assert ip.comparison is not None and ip.query_model.columnCount() == 4
     # open the worst query of run B in the Query panel
     with qtbot.waitSignal(qp.answered, timeout=30_000) as sig:
-        ip.queries.itemActivated.emit(ip.queries.item(0, 0))
+        ip.queries.activated.emit(ip.query_model.index(0, 0))
     assert sig.args[0].direction == "i2t"
     worst = max(ip.run_a.ranks["i2t"])
     assert sig.args[0].best_gold_rank == worst

@@ -18,6 +18,16 @@ from crossview.gui.panels.inspect_panel import PEN_A, PEN_B, InspectPanel, rank_
 pytestmark = pytest.mark.gui
 
 
+def _cell(panel: InspectPanel, row: int, col: int, role=Qt.ItemDataRole.DisplayRole):
+    """What the per-query list shows at ``(row, col)`` (its model's data)."""
+    m = panel.query_model
+    return m.data(m.index(row, col), role)
+
+
+def _header(panel: InspectPanel, col: int) -> str:
+    return panel.query_model.headerData(col, Qt.Orientation.Horizontal)
+
+
 def _run(tmp_path: Path, name: str, i2t, t2i, method="cca", split="test", **ranks_extra) -> Path:
     d = tmp_path / name
     d.mkdir()
@@ -50,12 +60,12 @@ def test_single_run_worst_queries_first_and_open_query(qtbot, tmp_path: Path) ->
     qtbot.addWidget(panel)
     panel.set_run(a)
     assert panel.metrics.columnCount() == 4 and panel.metrics.item(0, 0).text() == "25.00"  # i2t R@1 | paper
-    assert panel.queries.rowCount() == 4 and panel.queries.item(0, 1).text() == "30"          # worst first
+    assert panel.query_model.rowCount() == 4 and _cell(panel, 0, 1) == "30"          # worst first
     with qtbot.waitSignal(panel.open_query) as sig:
-        panel.queries.itemActivated.emit(panel.queries.item(0, 0))
+        panel.queries.activated.emit(panel.query_model.index(0, 0))
     assert sig.args == ["i2t", 2]
     panel.direction_combo.setCurrentIndex(1)
-    assert panel.queries.rowCount() == 8 and panel.queries.item(0, 1).text() == "9"
+    assert panel.query_model.rowCount() == 8 and _cell(panel, 0, 1) == "9"
 
 
 def test_compare_two_runs(qtbot, tmp_path: Path) -> None:
@@ -72,10 +82,10 @@ def test_compare_two_runs(qtbot, tmp_path: Path) -> None:
     label = panel.compare_label.text()       # i2t changes 0, +3, -27, -2, 0: won 2, lost 1, tied 2
     assert "B - A" in label and "won/lost/tied 2/1/2;" in label
     assert "captions unclustered: no caption map" in label                   # an older ranks.npz
-    assert panel.queries.columnCount() == 4 and panel.scatter_plot.isVisible()
+    assert panel.query_model.columnCount() == 4 and panel.scatter_plot.isVisible()
     # sort by change: B's biggest gain first
-    panel.queries.sortItems(3, Qt.SortOrder.AscendingOrder)
-    assert panel.queries.item(0, 3).text() == "-27"
+    panel.queries.sortByColumn(3, Qt.SortOrder.AscendingOrder)
+    assert _cell(panel, 0, 3) == "-27" and _cell(panel, 0, 3, Qt.ItemDataRole.ForegroundRole) is not None
     # clicking a scatter point opens that query
     pts = panel.scatter.points()
     with qtbot.waitSignal(panel.open_query) as sig:
@@ -161,7 +171,7 @@ def test_the_comparison_label_shows_the_paired_effect_with_its_interval(qtbot, t
 
 def _visible_rows(table) -> int:
     h = table.viewport().height()
-    return sum(1 for r in range(table.rowCount())
+    return sum(1 for r in range(table.model().rowCount())
                if table.rowViewportPosition(r) >= 0 and table.rowViewportPosition(r) + table.rowHeight(r) <= h)
 
 
@@ -221,14 +231,15 @@ def test_the_sort_order_is_said_in_words_and_matches_the_rows(qtbot, tmp_path: P
     t = panel.queries
     header = t.horizontalHeader()
     assert not header.isSortIndicatorShown()
-    ranks = [int(t.item(r, 1).text()) for r in range(t.rowCount())]
-    assert ranks == sorted(ranks, reverse=True) and t.horizontalHeaderItem(1).text() == "rank \u25bc largest first"
+    n = panel.query_model.rowCount()
+    ranks = [int(_cell(panel, r, 1)) for r in range(n)]
+    assert ranks == sorted(ranks, reverse=True) and _header(panel, 1) == "rank \u25bc largest first"
     # a click on the header flips the order, and the words with it
     x = header.sectionViewportPosition(1) + header.sectionSize(1) // 2
     qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(x, header.height() // 2))
-    ranks = [int(t.item(r, 1).text()) for r in range(t.rowCount())]
-    assert ranks == sorted(ranks) and t.horizontalHeaderItem(1).text() == "rank \u25b2 smallest first"
-    assert t.horizontalHeaderItem(0).text() == "query"
+    ranks = [int(_cell(panel, r, 1)) for r in range(n)]
+    assert ranks == sorted(ranks) and _header(panel, 1) == "rank \u25b2 smallest first"
+    assert _header(panel, 0) == "query"
     panel.close()
 
 
@@ -252,13 +263,16 @@ def test_worst_queries_have_thumbnails(qtbot, tmp_path: Path) -> None:
     panel.set_run(run)
     panel.set_dataset(ds)
     t = panel.queries
-    first = t.item(0, 0)
-    assert first.text() == "photo11.png: caption 11 0"            # worst (rank 12) first, by its file name
+    assert _cell(panel, 0, 0) == "photo11.png: caption 11 0"            # worst (rank 12) first, by its file name
+    for r in range(n):
+        _cell(panel, r, 0, Qt.ItemDataRole.DecorationRole)        # as a view asks: the decode starts
     qtbot.waitUntil(lambda: all(panel.thumbs.get(paths[i]) is not None for i in range(n)), timeout=10_000)
-    assert all(not t.item(r, 0).icon().isNull() for r in range(t.rowCount()))
+    icons = [_cell(panel, r, 0, Qt.ItemDataRole.DecorationRole) for r in range(n)]
+    assert all(i is not None and not i.isNull() for i in icons)
     assert t.iconSize().width() >= 28 and t.rowHeight(0) >= 30
     panel.direction_combo.setCurrentIndex(1)
-    assert t.item(0, 0).text() == "caption 11 1" and not t.item(0, 0).icon().isNull()
+    icon = _cell(panel, 0, 0, Qt.ItemDataRole.DecorationRole)
+    assert _cell(panel, 0, 0) == "caption 11 1" and icon is not None and not icon.isNull()
 
 
 def test_paper_numbers_come_with_what_they_measured(qtbot, tmp_path: Path) -> None:

@@ -275,18 +275,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not run.is_dir() or not (run / "config.json").is_file():
             raise CrossViewError(f"{run}: --scoring {scoring} needs a run folder (its training split is the bank the "
                                  "scores are normalised with), not an embeddings file; use --scoring plain")
-        for flag, given in (("--protocol", args.protocol not in ("standard", "coco5k")), ("--overlap", args.overlap)):
+        for flag, given in (("--protocol", args.protocol not in ("standard", "coco5k", "coco1k")),
+                            ("--overlap", args.overlap)):
             if given:
-                raise CrossViewError(f"{flag} does not apply to --scoring {scoring} (it re-scores the standard "
-                                     "protocol); leave it out or use --scoring plain")
-        if args.protocol == "coco5k" and emb.image.shape[0] != 5000:
-            raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
-                                 "use --protocol standard")
+                raise CrossViewError(f"{flag} does not apply to --scoring {scoring} (it re-scores the standard, "
+                                     "coco5k and coco1k protocols); leave it out or use --scoring plain")
         param = args.param if recorded is None else recorded["param"]
         res = print_events(iter_evaluate_run(run, scoring, split=path.name[len("embeddings_"):-len(".npz")],
                                               param=param, select=select, ks=tuple(ks),
                                               # the run's own scoring is its summary already, not a re-scoring
-                                              record=recorded is None))
+                                              record=recorded is None, protocol=args.protocol))
         if recorded is not None:     # the run's own scoring: its record (a method default), not "given"
             res["scoring"] = {**recorded, "reported_on": res["scoring"]["reported_on"]}
         res["protocol"] = args.protocol
@@ -347,7 +345,7 @@ def _scoring(args: argparse.Namespace, path: Path, run_folder: bool = True) -> t
         return "plain", None, ""
     split = path.name[len("embeddings_"):-len(".npz")]
     why = ("caption overlap is scored plain" if args.overlap else
-           f"protocol {args.protocol} is scored plain" if args.protocol not in ("standard", "coco5k") else
+           f"protocol {args.protocol} is scored plain" if args.protocol not in ("standard", "coco5k", "coco1k") else
            f"split {split} is its training split, the bank's" if split == str(config.get("train_split") or "train")
            else "")
     if why:

@@ -349,10 +349,11 @@ def iter_run_choice(run_dir: str | Path, scoring: str, *, param: float | None = 
 def iter_evaluate_run(run_dir: str | Path, scoring: str = "plain", *, split: str | None = None,
                       param: float | None = None, select: str = "auto", folds: int = CV_FOLDS,
                       ks: tuple[int, ...] = (1, 5, 10), block_size: int = DEFAULT_BLOCK, record: bool = True,
-                      bank: Any = None) -> Iterator[Event]:
+                      bank: Any = None, protocol: str = "standard") -> Iterator[Event]:
     """:func:`evaluate_run` as a generator of the choice's events (the cross-validation runs' progress); returns
     the result."""
     from crossview.eval.embeddings import evaluate_embeddings, load_embeddings
+    from crossview.eval.protocols import check_coco_size
 
     scoring = check_scoring(scoring)
     select = check_select(select)
@@ -364,8 +365,9 @@ def iter_evaluate_run(run_dir: str | Path, scoring: str = "plain", *, split: str
         raise CrossViewError(f"{folder}: no embeddings for split {split!r}; the run may not have finished its "
                              f"evaluation - resume it with 'crossview train --resume {folder}'")
     emb = load_embeddings(path)
+    check_coco_size(protocol, int(emb.image.shape[0]))        # before any bank or cross-validation is made
     if scoring == "plain":
-        res = evaluate_embeddings(emb, "standard", ks)
+        res = evaluate_embeddings(emb, protocol, ks)
         res["scoring"] = {"scoring": "plain", "param_name": None, "param": None, "selected_on": "nothing",
                           "reported_on": split}
         return res
@@ -375,23 +377,25 @@ def iter_evaluate_run(run_dir: str | Path, scoring: str = "plain", *, split: str
     bank = run_bank(folder) if bank is None else bank
     choice = yield from iter_run_choice(folder, scoring, param=param, select=select, folds=folds, bank=bank)
     choice = {**choice, "reported_on": split}
-    res = evaluate_scoring(emb, bank, scoring, choice["param"], ks, block_size=block_size)
+    res = evaluate_scoring(emb, bank, scoring, choice["param"], ks, block_size=block_size, protocol=protocol)
     res["scoring"] = choice
-    if record:
+    if record and protocol != "coco1k":      # scoring.json holds the whole-split results the app shows
         _record(folder, split, choice, res)
     return res
 
 
 def evaluate_run(run_dir: str | Path, scoring: str = "plain", *, split: str | None = None, param: float | None = None,
                  select: str = "auto", folds: int = CV_FOLDS, ks: tuple[int, ...] = (1, 5, 10),
-                 block_size: int = DEFAULT_BLOCK, record: bool = True, bank: Any = None) -> dict[str, Any]:
+                 block_size: int = DEFAULT_BLOCK, record: bool = True, bank: Any = None,
+                 protocol: str = "standard") -> dict[str, Any]:
     """The metrics of the run in ``run_dir`` on ``split`` (default: the split it was evaluated on) under
     ``scoring``, as :func:`crossview.eval.embeddings.evaluate_embeddings` gives them, plus ``"scoring"`` (the
     choice record, :func:`iter_run_choice`, with ``reported_on``). The parameter is ``param`` as given, else chosen
     by ``select`` on the training images (module docstring). With ``record``, the choice and the result go into
-    the run folder's ``scoring.json``. ``bank`` overrides the run's own (tests)."""
+    the run folder's ``scoring.json`` (not for ``protocol`` ``coco1k``, whose metrics are fold means: see
+    :func:`crossview.eval.scoring.evaluate_scoring`). ``bank`` overrides the run's own (tests)."""
     work = iter_evaluate_run(run_dir, scoring, split=split, param=param, select=select, folds=folds, ks=ks,
-                             block_size=block_size, record=record, bank=bank)
+                             block_size=block_size, record=record, bank=bank, protocol=protocol)
     while True:
         try:
             next(work)

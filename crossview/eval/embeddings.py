@@ -37,7 +37,7 @@ import numpy as np
 from crossview.core.errors import CrossViewError
 from crossview.eval.hubness import describe_hubness, hubness_of_embeddings
 from crossview.eval.metrics import evaluate_embeddings_blocked, rsum_of
-from crossview.eval.protocols import coco_1k, identity_hits, mean_average_precision, precision_at_k
+from crossview.eval.protocols import check_coco_size, coco_1k_folds, identity_hits, mean_average_precision, precision_at_k
 
 __all__ = ["Embeddings", "load_embeddings", "save_embeddings", "evaluate_embeddings", "PROTOCOLS",
            "format_report", "embeddings_hubness"]
@@ -230,23 +230,22 @@ def evaluate_embeddings(emb: Embeddings, protocol: str = "standard", ks: Sequenc
         out.update(i2t=a["i2t"], t2i=b["t2i"], ranks={"i2t": a["ranks"]["i2t"], "t2i": b["ranks"]["t2i"]},
                    hubness=embeddings_hubness(emb))
         return out
+    n_folds = check_coco_size(protocol, emb.image.shape[0])
+    two = emb.image_t2i is not None
     if protocol == "coco1k":
-        n = emb.image.shape[0]
-        if n % 1000 or n < 1000:
-            raise CrossViewError(f"COCO 1K needs a multiple of 1,000 test images, got {n:,}; "
-                                 "use --protocol standard")
-        s_i2t, s_t2i = _full_scores(emb)
-        r1 = coco_1k(s_i2t, emb.caption_image, ks, n_folds=n // 1000)
-        r2 = r1 if s_t2i is s_i2t else coco_1k(s_t2i, emb.caption_image, ks, n_folds=n // 1000)
-        out.update(i2t=r1["i2t"], t2i=r2["t2i"], rsum=_rsum(r1["i2t"], r2["t2i"]),
-                   folds=[{"i2t": a["i2t"], "t2i": b["t2i"]} for a, b in zip(r1["folds"], r2["folds"])],
+        # one fold's scores at a time, each formed block by block (never the 5K x 25K matrix)
+        def fold(images: np.ndarray, caps: np.ndarray, fold_ci: np.ndarray) -> dict[str, Any]:
+            sl = slice(int(images[0]), int(images[-1]) + 1)
+            return evaluate_embeddings_blocked(
+                emb.image[sl], emb.text[caps], fold_ci, ks, image_t2i=emb.image_t2i[sl] if two else None,
+                text_t2i=emb.text_t2i[caps] if two else None)
+
+        r = coco_1k_folds(fold, emb.caption_image, ks, n_folds=n_folds)
+        out.update(i2t=r["i2t"], t2i=r["t2i"], rsum=_rsum(r["i2t"], r["t2i"]),
+                   folds=[{"i2t": f["i2t"], "t2i": f["t2i"]} for f in r["folds"]],
                    hubness=embeddings_hubness(emb))
         return out
-    if protocol == "coco5k" and emb.image.shape[0] != 5000:
-        raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {emb.image.shape[0]:,} images; "
-                             "use --protocol standard")
     # scores formed block by block: a 5K x 25K split never holds its whole score matrix
-    two = emb.image_t2i is not None
     r = evaluate_embeddings_blocked(emb.image, emb.text, emb.caption_image, ks,
                                     image_t2i=emb.image_t2i if two else None, text_t2i=emb.text_t2i if two else None)
     out.update(i2t=r["i2t"], t2i=r["t2i"], rsum=_rsum(r["i2t"], r["t2i"]), ranks=r["ranks"],

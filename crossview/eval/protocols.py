@@ -43,6 +43,8 @@ from crossview.eval.metrics import (
 __all__ = [
     "coco_5k",
     "coco_1k",
+    "coco_1k_folds",
+    "check_coco_size",
     "identity_hits",
     "precision_at_k",
     "mean_average_precision",
@@ -56,13 +58,62 @@ ScoresFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 _CHUNK_ELEMENTS = 1 << 22
 
 
+COCO_5K_IMAGES = 5000
+COCO_1K_FOLD = 1000
+
+
+def check_coco_size(protocol: str, n_images: int) -> int:
+    """The folds of ``protocol`` for a split of ``n_images`` images: 1 for ``coco5k`` (exactly 5,000 images), ``n /
+    1000`` for ``coco1k`` (a multiple of 1,000: COCO's 5K test split is five folds), 1 for any other protocol.
+    A size that does not fit is one clear :class:`CrossViewError` naming the protocol, the size and what to do."""
+    if protocol == "coco5k" and n_images != COCO_5K_IMAGES:
+        raise CrossViewError(f"COCO 5K needs the 5,000-image test split, got {n_images:,} images; "
+                             "use --protocol standard")
+    if protocol == "coco1k":
+        if n_images < COCO_1K_FOLD or n_images % COCO_1K_FOLD:
+            raise CrossViewError(f"COCO 1K needs a multiple of 1,000 test images, got {n_images:,}; "
+                                 "use --protocol standard")
+        return n_images // COCO_1K_FOLD
+    return 1
+
+
 def coco_5k(scores: Any, caption_image: Any, ks: Sequence[int] = (1, 5, 10)) -> dict[str, Any]:
     """COCO 5K: :func:`~crossview.eval.metrics.evaluate` on the whole test matrix."""
     return evaluate(scores, caption_image, ks)
 
 
+FoldFn = Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, Any]]
+"""``fn(image_ids (a,) int64, caption_ids (b,) int64, fold_caption_image (b,) int64 in [0, a)) -> {"i2t": {...},
+"t2i": {...}, ...}``: the metrics of one fold's images against its own captions."""
+
+
+def coco_1k_folds(evaluate_fold: FoldFn, caption_image: Any, ks: Sequence[int] = (1, 5, 10),
+                  n_folds: int = 5, fold_size: int = COCO_1K_FOLD) -> dict[str, Any]:
+    """COCO 1K over any evaluation of one fold: ``evaluate_fold`` is called once a fold (``n_folds`` folds of
+    ``fold_size`` consecutive images, each with the captions of its images, in caption order) and every metric is
+    the mean over the folds; rsum is the sum of the six averaged R@K (module docstring). Only one fold's scores need
+    exist at a time. Returns ``{"i2t", "t2i", "rsum", "folds": [what evaluate_fold returned, ...]}``."""
+    ci = as_numpy(caption_image)
+    n_images = n_folds * fold_size
+    if ci.ndim != 1 or not np.issubdtype(ci.dtype, np.integer):
+        raise CrossViewError(f"caption_image must be a 1-D integer array, got {ci.dtype} {ci.shape}")
+    ci = ci.astype(np.int64, copy=False)
+    if ci.size and (ci.min() < 0 or ci.max() >= n_images):
+        raise CrossViewError(
+            f"caption_image refers to image {int(ci.max())}, outside the {n_images} images of "
+            f"{n_folds} folds of {fold_size}")
+    folds = []
+    for f in range(n_folds):
+        lo, hi = f * fold_size, (f + 1) * fold_size
+        caps = np.flatnonzero((ci >= lo) & (ci < hi))
+        folds.append(evaluate_fold(np.arange(lo, hi, dtype=np.int64), caps, ci[caps] - lo))
+    i2t = {key: float(np.mean([fr["i2t"][key] for fr in folds])) for key in folds[0]["i2t"]}
+    t2i = {key: float(np.mean([fr["t2i"][key] for fr in folds])) for key in folds[0]["t2i"]}
+    return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks), "folds": folds}
+
+
 def coco_1k(scores: Any | ScoresFn, caption_image: Any, ks: Sequence[int] = (1, 5, 10),
-            n_folds: int = 5, fold_size: int = 1000) -> dict[str, Any]:
+            n_folds: int = 5, fold_size: int = COCO_1K_FOLD) -> dict[str, Any]:
     """COCO 1K: mean metrics over ``n_folds`` folds of ``fold_size`` consecutive images.
 
     ``scores`` is the full ``(n_images, n_captions)`` matrix with ``n_images == n_folds *
@@ -74,39 +125,28 @@ def coco_1k(scores: Any | ScoresFn, caption_image: Any, ks: Sequence[int] = (1, 
     """
     ci = as_numpy(caption_image)
     n_images = n_folds * fold_size
-    if ci.ndim != 1 or not np.issubdtype(ci.dtype, np.integer):
-        raise CrossViewError(f"caption_image must be a 1-D integer array, got {ci.dtype} {ci.shape}")
-    ci = ci.astype(np.int64, copy=False)
-    if callable(scores):
-        full = None
-    else:
+    full = None
+    if not callable(scores):
         full = as_numpy(scores)
-        if full.ndim != 2 or full.shape != (n_images, ci.shape[0]):
+        if full.ndim != 2 or full.shape != (n_images, ci.shape[0] if ci.ndim == 1 else -1):
             raise CrossViewError(
-                f"COCO 1K needs a ({n_images}, {ci.shape[0]}) score matrix ({n_folds} folds of "
-                f"{fold_size} images, one column per caption), got {full.shape}; pass n_folds/"
+                f"COCO 1K needs a ({n_images}, {ci.shape[0] if ci.ndim == 1 else '?'}) score matrix ({n_folds} "
+                f"folds of {fold_size} images, one column per caption), got {full.shape}; pass n_folds/"
                 "fold_size matching your test split")
-    if ci.size and (ci.min() < 0 or ci.max() >= n_images):
-        raise CrossViewError(
-            f"caption_image refers to image {int(ci.max())}, outside the {n_images} images of "
-            f"{n_folds} folds of {fold_size}")
-    folds = []
-    for f in range(n_folds):
-        lo, hi = f * fold_size, (f + 1) * fold_size
-        caps = np.flatnonzero((ci >= lo) & (ci < hi))
+
+    def one(images: np.ndarray, caps: np.ndarray, fold_ci: np.ndarray) -> dict[str, Any]:
         if full is not None:
-            sub = full[lo:hi][:, caps]
+            sub = full[images[0]:images[-1] + 1][:, caps]
         else:
-            sub = as_numpy(scores(np.arange(lo, hi, dtype=np.int64), caps))
-            if sub.shape != (fold_size, caps.size):
+            sub = as_numpy(scores(images, caps))
+            if sub.shape != (images.size, caps.size):
                 raise CrossViewError(
-                    f"the scores function returned shape {sub.shape} for fold {f}, expected "
-                    f"({fold_size}, {caps.size})")
-        res = evaluate(sub, ci[caps] - lo, ks)
-        folds.append({"i2t": res["i2t"], "t2i": res["t2i"], "rsum": res["rsum"]})
-    i2t = {key: float(np.mean([fr["i2t"][key] for fr in folds])) for key in folds[0]["i2t"]}
-    t2i = {key: float(np.mean([fr["t2i"][key] for fr in folds])) for key in folds[0]["t2i"]}
-    return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks), "folds": folds}
+                    f"the scores function returned shape {sub.shape} for fold {images[0] // fold_size}, expected "
+                    f"({images.size}, {caps.size})")
+        res = evaluate(sub, fold_ci, ks)
+        return {"i2t": res["i2t"], "t2i": res["t2i"], "rsum": res["rsum"]}
+
+    return coco_1k_folds(one, ci, ks, n_folds, fold_size)
 
 
 def _encode_labels(*arrays: Any) -> list[np.ndarray]:

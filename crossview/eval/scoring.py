@@ -212,13 +212,37 @@ def scorers_for(scoring: str, param: float | None, bank: Any,
 
 
 def evaluate_scoring(emb: Any, bank: Any, scoring: str, param: float | None = None, ks: Sequence[int] = (1, 5, 10),
-                     block_size: int = DEFAULT_BLOCK, hub_k: int | None = None) -> dict[str, Any]:
+                     block_size: int = DEFAULT_BLOCK, hub_k: int | None = None,
+                     protocol: str = "standard") -> dict[str, Any]:
     """The standard protocol (every image against every caption of ``emb``) under ``scoring``, normalised by
     ``bank`` (training embeddings; never ``emb`` itself). Returns what
     :func:`crossview.eval.embeddings.evaluate_embeddings` does for the standard protocol: ``"i2t"``, ``"t2i"``,
     ``"rsum"``, ``"ranks"`` and ``"hubness"`` (of the re-scored retrieval), plus ``"scoring"`` and ``"param"``.
+
+    ``protocol``: ``"standard"``, ``"coco5k"`` (the same, on exactly 5,000 images) or ``"coco1k"``: each fold of
+    1,000 images scored against its own captions (the bank statistics are the training bank's, as in the standard
+    protocol), every metric the mean over the folds, plus ``"folds"`` (each fold's result, its hubness included);
+    no ``"ranks"`` (a rank is within its fold) and ``"hubness"`` None (it is per fold).
     """
+    from crossview.eval.protocols import check_coco_size, coco_1k_folds
+
+    if protocol not in ("standard", "coco5k", "coco1k"):
+        raise CrossViewError(f"scoring {scoring!r} re-scores the standard, coco5k and coco1k protocols, not "
+                             f"{protocol!r}; use --scoring plain")
+    n_folds = check_coco_size(protocol, int(emb.image.shape[0]))
     ks = tuple(int(k) for k in ks)
+    if protocol == "coco1k":
+        def fold(images: np.ndarray, caps: np.ndarray, fold_ci: np.ndarray) -> dict[str, Any]:
+            res = evaluate_scoring(subset_embeddings(emb, images), bank, scoring, param, ks, block_size, hub_k)
+            return {k: res[k] for k in ("i2t", "t2i", "rsum", "hubness")}
+
+        r = coco_1k_folds(fold, emb.caption_image, ks, n_folds=n_folds)
+        first = scorers_for(scoring, param, bank, block_size)["i2t"]
+        return {"protocol": protocol, "n_images": int(emb.image.shape[0]), "n_captions": int(emb.text.shape[0]),
+                "scoring": first.scoring, "param": first.param, "i2t": r["i2t"], "t2i": r["t2i"],
+                "rsum": rsum_of(r["i2t"], r["t2i"]) if all(
+                    f"R@{x}" in r[d] for x in (1, 5, 10) for d in ("i2t", "t2i")) else None,
+                "folds": r["folds"], "hubness": None}
     ci = np.asarray(emb.caption_image, np.int64)
     n_img, n_cap = emb.image.shape[0], emb.text.shape[0]
     if n_img < 1 or n_cap < 1:
@@ -229,7 +253,7 @@ def evaluate_scoring(emb: Any, bank: Any, scoring: str, param: float | None = No
                              f"{int(np.flatnonzero(counts == 0)[0])}); i2t ranks need a caption per image")
     scorers = scorers_for(scoring, param, bank, block_size)
     k = DEFAULT_K if hub_k is None else int(hub_k)
-    out: dict[str, Any] = {"protocol": "standard", "n_images": int(n_img), "n_captions": int(n_cap),
+    out: dict[str, Any] = {"protocol": protocol, "n_images": int(n_img), "n_captions": int(n_cap),
                            "scoring": scorers["i2t"].scoring, "param": scorers["i2t"].param}
     ranks: dict[str, np.ndarray] = {}
     hub: dict[str, Any] = {}

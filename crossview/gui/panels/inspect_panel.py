@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
-                               QMessageBox, QPushButton, QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+                               QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter, QTableView, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
 
 from crossview.core.errors import CrossViewError
 from crossview.core.text import html_text
@@ -35,6 +34,7 @@ from crossview.engine.results import RunResults
 from crossview.gui.figure_export import (Figure, FigureSeries, ask_plot_path, busy, figure_paths, save_figure,
                                         short_name)
 from crossview.gui.storage_dialog import show_storage_error, storage_error_of, storage_title
+from crossview.gui.rank_table import QueryRanksModel
 from crossview.gui.thumbnails import ThumbnailCache, placeholder
 
 DIRECTION_NAMES = {"i2t": "Image -> Text (i2t)", "t2i": "Text -> Image (t2i)"}
@@ -58,18 +58,6 @@ def rank_ticks(max_rank: int) -> list[tuple[float, str]]:
                 ticks.append((float(np.log10(v)), f"{v:,}"))
         base *= 10
     return ticks
-
-
-class _NumItem(QTableWidgetItem):
-    """A table cell that sorts by its number."""
-
-    def __init__(self, value: float, text: str | None = None) -> None:
-        super().__init__(text if text is not None else (f"{value:g}" if isinstance(value, float) else str(value)))
-        self.value = float(value)
-        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-
-    def __lt__(self, other: QTableWidgetItem) -> bool:
-        return self.value < getattr(other, "value", 0.0)
 
 
 def _fmt(v) -> str:
@@ -236,15 +224,24 @@ class InspectPanel(QWidget):
 
         self.thumbs = ThumbnailCache(size=THUMB, parent=self)
         self.thumbs.ready.connect(self._thumbnail_ready)
-        self.queries = QTableWidget()
+        # a model over numpy columns, not an item per cell: a COCO 5K split has 25,000 caption queries
+        self.query_model = QueryRanksModel(self)
+        self.queries = QTableView()
+        self.queries.setModel(self.query_model)
         self.queries.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.queries.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.queries.setSortingEnabled(True)
         self.queries.verticalHeader().hide()
+        self.queries.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Fixed)
         self.queries.verticalHeader().setDefaultSectionSize(THUMB + 4)
         self.queries.setIconSize(QSize(THUMB, THUMB))
         self.queries.setWordWrap(False)
-        self.queries.itemActivated.connect(self._on_query_activated)
+        self.queries.setSortingEnabled(True)
+        self.queries.activated.connect(self._on_query_activated)
+        self.query_filter = QLineEdit()
+        self.query_filter.setPlaceholderText("Filter queries (text contains)")
+        self.query_filter.setClearButtonEnabled(True)
+        self.query_filter.setMaximumWidth(220)
+        self.query_filter.textChanged.connect(self._on_filter)
         self.queries.setToolTip("Double-click (or Enter) to open the query in the Query panel")
         # Qt's own arrow reads as the opposite of the order in some styles: the header says it in words
         self.queries.horizontalHeader().setSortIndicatorShown(False)
@@ -268,7 +265,10 @@ class InspectPanel(QWidget):
         ll.addWidget(self.paper_note)
         ll.addWidget(self.compare_label)
         self.queries_label = QLabel("Queries, worst first (double-click one to open it in Query):")
-        ll.addWidget(self.queries_label)
+        over = QHBoxLayout()                  # the filter beside the label: the list keeps its rows at 1280x800
+        over.addWidget(self.queries_label, 1)
+        over.addWidget(self.query_filter)
+        ll.addLayout(over)
         ll.addWidget(self.queries, 1)
         plots = QWidget()
         pl = QVBoxLayout(plots)
@@ -349,7 +349,7 @@ class InspectPanel(QWidget):
             self.title.setText("No run: train one in the Train panel, or open a run folder.")
             self.metrics.clear()
             self.hubness_label.hide()
-            self.queries.setRowCount(0)
+            self.query_model.clear()
             return
         s = a.summary
         bits = [f"<b>{html_text(a.name)}</b>", f"method {html_text(a.method)}",
@@ -541,11 +541,13 @@ class InspectPanel(QWidget):
     def _refresh_queries(self) -> None:
         a, b = self.run_a, self.run_b
         d = self.direction_combo.currentData()
-        self.queries.setSortingEnabled(False)
-        self.queries.clear()
         self.comparison = None
+        self.query_filter.blockSignals(True)
+        self.query_filter.clear()
+        self.query_filter.blockSignals(False)
+        self.queries_label.setText("Queries, worst first (double-click one to open it in Query):")
         if a is None or d not in a.ranks:
-            self.queries.setRowCount(0)
+            self.query_model.clear()
             self.scatter_plot.hide()
             self.compare_label.setText("" if a is None else f"This run has no per-query {d} ranks.")
             return
@@ -570,42 +572,24 @@ class InspectPanel(QWidget):
             self._effect_of = (a, b, error)
         headers = ["query", "rank A" if comp else "rank"] + (["rank B", "change (B - A)"] if comp else [])
         self._headers = headers
-        self.queries.setColumnCount(len(headers))
-        self.queries.setHorizontalHeaderLabels(headers)
-        self.queries.setRowCount(len(ra))
-        text_of = self._query_text_fn(d)
-        image_of = self._query_image_fn(d)
-        self._thumb_rows: dict[str, list[QTableWidgetItem]] = {}
-        for row in range(len(ra)):
-            qi = _NumItem(float(q[row]), text_of(int(q[row])))
-            qi.setData(Qt.ItemDataRole.UserRole, row)
-            qi.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
-            qi.setToolTip(qi.text())
-            path = image_of(int(q[row]))
-            if path:
-                pm = self.thumbs.get(path)
-                qi.setIcon(QIcon(pm if pm is not None else placeholder(THUMB)))
-                self._thumb_rows.setdefault(path, []).append(qi)
-            self.queries.setItem(row, 0, qi)
-            self.queries.setItem(row, 1, _NumItem(int(ra[row]), str(int(ra[row]))))
-            if comp is not None:
-                self.queries.setItem(row, 2, _NumItem(int(comp.rank_b[row]), str(int(comp.rank_b[row]))))
-                dv = int(comp.delta[row])
-                cell = _NumItem(dv, f"{dv:+d}" if dv else "0")
-                if dv:
-                    cell.setForeground(pg.mkColor("#1a7f37" if dv < 0 else "#cf222e"))
-                self.queries.setItem(row, 3, cell)
-        self.queries.setSortingEnabled(True)
-        self.queries.horizontalHeader().setSortIndicatorShown(False)
-        self.queries.sortItems(1, Qt.SortOrder.DescendingOrder)          # worst first
-        self._label_sort(1, Qt.SortOrder.DescendingOrder)
+        self.query_model.set_rows(q, ra, comp.rank_b if comp else None, comp.delta if comp else None,
+                                  headers=headers, text_of=self._query_text_fn(d), image_of=self._query_image_fn(d),
+                                  thumb=self.thumbs.get, placeholder=placeholder(THUMB))
         header = self.queries.horizontalHeader()
+        header.setSortIndicatorShown(False)
+        header.blockSignals(True)                   # the model is sorted worst first already
+        header.setSortIndicator(1, Qt.SortOrder.DescendingOrder)
+        header.blockSignals(False)
+        self._label_sort(1, Qt.SortOrder.DescendingOrder)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        # widths from the widest header and number, not ResizeToContents (which measures rows)
+        fm = self.queries.fontMetrics()
+        widest = max(int(np.abs(x).max(initial=0)) for x in ((ra, comp.rank_b, comp.delta) if comp else (ra,)))
         for col in range(1, len(headers)):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        self.queries.horizontalHeaderItem(1).setToolTip(f"run A: {a.name}")
-        if comp is not None:
-            self.queries.horizontalHeaderItem(2).setToolTip(f"run B: {b.name}")
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
+            text = max(headers[col] + max(SORT_TEXT.values(), key=len), f"+{widest:,}", key=len)
+            header.resizeSection(col, fm.horizontalAdvance(text) + 16)
+        header.setToolTip(f"run A: {a.name}" + (f"; run B: {b.name}" if comp is not None else ""))
         if comp is not None:
             if self.effect is not None:
                 e = self.effect
@@ -635,10 +619,14 @@ class InspectPanel(QWidget):
 
     def _label_sort(self, column: int, order: Qt.SortOrder) -> None:
         """The sorted column's header says the order in words (Qt's arrow is hidden)."""
-        for j, name in enumerate(self._headers):
-            item = self.queries.horizontalHeaderItem(j)
-            if item is not None:
-                item.setText(name + (SORT_TEXT[Qt.SortOrder(order)] if j == column else ""))
+        self.query_model.set_header_labels([name + (SORT_TEXT[Qt.SortOrder(order)] if j == column else "")
+                                            for j, name in enumerate(self._headers)])
+
+    def _on_filter(self, text: str) -> None:
+        shown = self.query_model.set_filter(text)
+        total = len(self.run_a.ranks.get(self.direction_combo.currentData(), [])) if self.run_a else 0
+        self.queries_label.setText("Queries, worst first (double-click one to open it in Query):" if not text.strip()
+                                   else f"{shown:,} of {total:,} queries contain {text.strip()!r}:")
 
     def _dataset_index(self, d: str, q: int) -> int | None:
         """The dataset index of query ``q`` (an image / caption id as ranks.npz records it)."""
@@ -669,14 +657,7 @@ class InspectPanel(QWidget):
         return image_of
 
     def _thumbnail_ready(self, path: str) -> None:
-        pm = self.thumbs.get(path)
-        if pm is None:
-            return
-        for item in getattr(self, "_thumb_rows", {}).get(path, []):
-            try:
-                item.setIcon(QIcon(pm))
-            except RuntimeError:      # the row was cleared meanwhile
-                continue
+        self.query_model.thumbnail_ready(path)
 
     def _query_text_fn(self, d: str):
         ds = getattr(self, "dataset", None)
@@ -707,20 +688,17 @@ class InspectPanel(QWidget):
         q = a.queries.get(d)
         return d, int(q[row_position]) if q is not None else int(row_position)
 
-    def _on_query_activated(self, item: QTableWidgetItem) -> None:
-        first = self.queries.item(item.row(), 0)
-        pos = int(first.data(Qt.ItemDataRole.UserRole))
-        self.open_query.emit(*self._row_query(pos))
+    def _on_query_activated(self, index) -> None:
+        self.open_query.emit(*self._row_query(self.query_model.source_row(index.row())))
 
     def _on_point_clicked(self, _item, points, *_) -> None:
         if not len(points):
             return
         pos = int(points[0].data())
-        for row in range(self.queries.rowCount()):
-            if int(self.queries.item(row, 0).data(Qt.ItemDataRole.UserRole)) == pos:
-                self.queries.selectRow(row)
-                self.queries.scrollToItem(self.queries.item(row, 0))
-                break
+        row = self.query_model.view_row(pos)
+        if row is not None:
+            self.queries.selectRow(row)
+            self.queries.scrollTo(self.query_model.index(row, 0))
         self.open_query.emit(*self._row_query(pos))
 
     # ------------------------------------------------------------------ export
