@@ -171,7 +171,6 @@ def rsum(ranks) -> float:
 def kept_parts(path: Path, methods: list[str]) -> tuple[dict[str, list[str]], list[tuple[str, str]], list[str]]:
     """From results file ``path`` (as this script writes it): its header, the ``## method`` sections of the methods
     *not* in ``methods`` and their val rows, ``[(method, section text)]`` and ``[val row]`` in the file's order."""
-    sys.path.insert(0, str(REPO / "bench"))
     header, body = _stamp.parse_header(path.read_text(encoding="utf-8"), path)
     sections, rows = [], []
     for part in body.split("\n## ")[1:]:
@@ -209,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write the tables here, stamped with the command, commit, machine and data (default "
                          "'-': print only)")
     ap.add_argument("--merge", action="store_true",
-                    help="keep the sections and val rows of the methods not named from the --out file already there")
+                    help="keep the sections and val rows of the methods not named from the --out file as it is when "
+                         "this run ends (so runs of different methods may go on side by side)")
     args = ap.parse_args(argv)
     if not Path(args.data).is_file():
         print(f"rich_features: no dataset at {args.data}; pass --data with the Flickr8k sample's JSON", file=sys.stderr)
@@ -222,51 +222,67 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rich_features: unknown method {unknown[0]!r} in --methods; known: {', '.join(list_methods())}",
               file=sys.stderr)
         return 2
-    kept: tuple = ({}, [], [])
+    if args.merge and (args.out == "-" or not Path(args.out).is_file()):
+        print(f"rich_features: --merge needs an --out file already there to keep sections from, got {args.out!r}",
+              file=sys.stderr)
+        return 2
+    intro, sections, val_rows = run(args, methods)
+    if args.out == "-":
+        return 0
     notes: list[str] = []
-    if args.merge:
-        if args.out == "-" or not Path(args.out).is_file():
-            print(f"rich_features: --merge needs an --out file already there to keep sections from, got {args.out!r}",
-                  file=sys.stderr)
-            return 2
-        kept = kept_parts(Path(args.out), methods)
-        if kept[1]:
-            notes.append(f"--merge: the sections of {', '.join(t for t, _ in kept[1])} (and their val rows) were kept "
-                         "from the file already there; each section's last line says which commit and command made "
-                         "it (the machine line is this command's)")
-    return _stamp.run_stamped(lambda: run(args, methods, kept), args.out,
-                              lambda: [_stamp.dataset_fingerprint(args.data)], notes=notes,
-                              title="Richer frozen features per method: flip averaging, two backbones, combined "
-                                    "captions (3-fold CV on the Flickr8k sample's training photos, then val once)")
+    kept_sections, kept_rows = [], []
+    if args.merge:          # read now, not at the start: another method's run may have written it meanwhile
+        _, kept_sections, kept_rows = kept_parts(Path(args.out), methods)
+        if kept_sections:
+            notes.append(f"--merge: the sections of {', '.join(t for t, _ in kept_sections)} (and their val rows) "
+                         "were kept from the file already there; each section's last line says which commit and "
+                         "command made it (the machine line is this command's)")
+    title = ("# Richer frozen features per method: flip averaging, two backbones, combined captions (3-fold CV on the "
+             "Flickr8k sample's training photos, then val once)\n\n")
+    body = title + intro + "\n" + "".join(text + "\n" for _, text in [*kept_sections, *sections]) + val_table(
+        [*kept_rows, *val_rows])
+    path = _stamp.write_results(args.out, body, data=[_stamp.dataset_fingerprint(args.data)], notes=notes)
+    print(f"wrote {_stamp.display_path(path)}", file=sys.stderr)
+    return 0
 
 
-def run(args: argparse.Namespace, methods: list[str], kept: tuple) -> int:
+def val_table(rows: list[str]) -> str:
+    """The val section: a heading, what it is, and one row per method."""
+    return (f"{VAL_HEADING}: each method trained on the 600 training photos, scored on the 100 val photos\n\n"
+            "The configuration was chosen by CV above, never on val; plain is shown beside it for reference.\n\n"
+            "| method | CV choice | val rsum plain | val rsum CV choice | 95% CI (choice) | Δ | Δ 95% CI |\n"
+            "|---|---|---|---|---|---|---|\n" + "".join(r + "\n" for r in rows))
+
+
+def run(args: argparse.Namespace, methods: list[str]) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """Score ``methods``: the intro paragraph, ``[(method, its section)]`` and the val rows (each printed as it
+    comes)."""
     from sklearn.model_selection import KFold
 
     from crossview.data import load_dataset
     from crossview.eval.bootstrap import bootstrap_ci
     from crossview.eval.paired import paired_effect
 
-    _, kept_sections, kept_rows = kept
     ds = load_dataset(args.data)
     train, val = np.asarray(ds.splits["train"]), np.asarray(ds.splits["val"])
     folds = [(train[a], train[b]) for a, b in KFold(args.folds, shuffle=True, random_state=0).split(train)]
     blocks = Blocks(ds)
-    print(f"Data: {ds.name}, {len(train)} train photos in {args.folds} folds (train on {len(folds[0][0])}, rank the "
-          f"other {len(folds[0][1])} and their captions), {len(val)} val photos kept for the end. Default parameters "
-          "and feature normalisation of each method; seed 0. rsum = R@1+5+10 both ways over the pooled held-out "
-          "queries of the folds; CI: 95% bootstrap over images (with their captions); Δ: paired difference from "
-          "plain on the same queries. plain = EfficientNet-Lite0 images, MiniLM captions (every method's default "
-          "before this bench). Configurations: the six single changes and the best pair for the linear methods; "
-          "three fixed up front for the deep methods (plain, concat+flip, concat+flip & minilm+glove; no caption "
-          "variant where the method reads the captions itself).\n")
-    for _, text in kept_sections:
-        print(text)
+    intro = (f"Data: {ds.name}, {len(train)} train photos in {args.folds} folds (train on {len(folds[0][0])}, rank the "
+             f"other {len(folds[0][1])} and their captions), {len(val)} val photos kept for the end. Default "
+             "parameters and feature normalisation of each method; seed 0. rsum = R@1+5+10 both ways over the pooled "
+             "held-out queries of the folds; CI: 95% bootstrap over images (with their captions); Δ: paired "
+             "difference from plain on the same queries. plain = EfficientNet-Lite0 images, MiniLM captions (every "
+             "method's default before this bench). Configurations: the six single changes and the best pair for the "
+             "linear methods; three fixed up front for the deep methods (plain, concat+flip, concat+flip & "
+             "minilm+glove; no caption variant where the method reads the captions itself).\n")
+    print(intro, flush=True)
+    sections: list[tuple[str, str]] = []
     chosen = {}
     for method in methods:
-        print(f"## {method}\n")
-        print("| config | image encoder | text encoder | CV rsum | 95% CI | Δ vs plain | Δ 95% CI | train s (3 folds) |")
-        print("|---|---|---|---|---|---|---|---|")
+        lines = [f"## {method}\n",
+                 "| config | image encoder | text encoder | CV rsum | 95% CI | Δ vs plain | Δ 95% CI | train s (3 folds) |",
+                 "|---|---|---|---|---|---|---|---|"]
+        print("\n".join(lines), flush=True)
         rows, kept_ranks, base = {}, {}, None
         first = configs_for(method, args.configs)
         configs = list(first)
@@ -285,8 +301,9 @@ def run(args: argparse.Namespace, methods: list[str], kept: tuple) -> int:
                 d, dci = eff["diff"], eff["ci"]
             rows[label] = (rs, d, dci, ie, te)
             kept_ranks[label] = (ranks, ci)
-            print(f"| {label} | {ie} | {te} | {rs:.1f} | {lo:.1f}-{hi:.1f} | {d:+.1f} | {dci[0]:+.1f} to {dci[1]:+.1f} "
-                  f"| {secs:.0f} |", flush=True)
+            lines.append(f"| {label} | {ie} | {te} | {rs:.1f} | {lo:.1f}-{hi:.1f} | {d:+.1f} | {dci[0]:+.1f} to "
+                         f"{dci[1]:+.1f} | {secs:.0f} |")
+            print(lines[-1], flush=True)
             if k == len(first) and first == CONFIGS:   # the best image and text pipelines together, both beat plain
                 best_i = max((r for r in rows if rows[r][4] == PLAIN_TEXT), key=lambda r: rows[r][0])
                 best_t = max((r for r in rows if rows[r][3] == PLAIN_IMAGE), key=lambda r: rows[r][0])
@@ -295,44 +312,39 @@ def run(args: argparse.Namespace, methods: list[str], kept: tuple) -> int:
         best = max(rows, key=lambda r: rows[r][0])
         rs, d, dci, ie, te = rows[best]
         if best == "plain":
-            supported, adj = False, (0.0, 0.0)
             verdict = "today's default."
         else:
             # the best of several variants: its interval widened for the number of comparisons (Bonferroni)
             level = 1 - 0.05 / (len(rows) - 1)
             adj = paired_effect(base, kept_ranks[best][0], kept_ranks[best][1], resamples=max(args.resamples, 4000),
                                 level=level)["rsum"]["ci"]
-            supported = adj[0] > 0
             verdict = (f"its interval widened for the {len(rows) - 1} variant{'s' * (len(rows) > 2)} compared "
                        f"({100 * level:.1f}%: {adj[0]:+.1f} to {adj[1]:+.1f}) " +
-                       ("lies above 0: a default worth changing." if supported else
+                       ("lies above 0: a default worth changing." if adj[0] > 0 else
                         "includes 0: not enough to change the default."))
         chosen[method] = (best, ie, te)
-        print(f"\nCV choice for {method}: **{best}** (CV rsum {rs:.1f}, Δ {d:+.1f}, 95% CI {dci[0]:+.1f} to "
-              f"{dci[1]:+.1f}); " + verdict + "\n")
-        print(provenance(_stamp.commit_info(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                         _stamp.command_line()))
+        lines.append(f"\nCV choice for {method}: **{best}** (CV rsum {rs:.1f}, Δ {d:+.1f}, 95% CI {dci[0]:+.1f} to "
+                     f"{dci[1]:+.1f}); " + verdict + "\n")
+        lines.append(provenance(_stamp.commit_info(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                _stamp.command_line()))
+        print("\n".join(lines[-2:]), flush=True)
+        sections.append((method, "\n".join(lines)))
 
-    val_rows = list(kept_rows)
+    val_rows = []
     for method in methods:
         best, ie, te = chosen[method]
         base, ci, _ = score(method, blocks, PLAIN_IMAGE, PLAIN_TEXT, [(train, val)])
         if best == "plain":
             lo, hi = bootstrap_ci(base["i2t"], base["t2i"], ci, resamples=args.resamples)["rsum"]
             val_rows.append(f"| {method} | plain | {rsum(base):.1f} | {rsum(base):.1f} | {lo:.1f}-{hi:.1f} | +0.0 | - |")
-            continue
-        ranks, ci, _ = score(method, blocks, ie, te, [(train, val)])
-        lo, hi = bootstrap_ci(ranks["i2t"], ranks["t2i"], ci, resamples=args.resamples)["rsum"]
-        eff = paired_effect(base, ranks, ci, resamples=args.resamples)["rsum"]
-        val_rows.append(f"| {method} | {best} ({ie}, {te}) | {rsum(base):.1f} | {rsum(ranks):.1f} | {lo:.1f}-{hi:.1f} "
-                        f"| {eff['diff']:+.1f} | {eff['ci'][0]:+.1f} to {eff['ci'][1]:+.1f} |")
-    print(f"{VAL_HEADING}: each method trained on the 600 training photos, scored on the 100 val photos\n")
-    print("The configuration was chosen by CV above, never on val; plain is shown beside it for reference.\n")
-    print("| method | CV choice | val rsum plain | val rsum CV choice | 95% CI (choice) | Δ | Δ 95% CI |")
-    print("|---|---|---|---|---|---|---|")
-    for row in val_rows:
-        print(row)
-    return 0
+        else:
+            ranks, ci, _ = score(method, blocks, ie, te, [(train, val)])
+            lo, hi = bootstrap_ci(ranks["i2t"], ranks["t2i"], ci, resamples=args.resamples)["rsum"]
+            eff = paired_effect(base, ranks, ci, resamples=args.resamples)["rsum"]
+            val_rows.append(f"| {method} | {best} ({ie}, {te}) | {rsum(base):.1f} | {rsum(ranks):.1f} | "
+                            f"{lo:.1f}-{hi:.1f} | {eff['diff']:+.1f} | {eff['ci'][0]:+.1f} to {eff['ci'][1]:+.1f} |")
+        print(val_rows[-1], flush=True)
+    return intro, sections, val_rows
 
 
 if __name__ == "__main__":
