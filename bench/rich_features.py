@@ -226,10 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rich_features: --merge needs an --out file already there to keep sections from, got {args.out!r}",
               file=sys.stderr)
         return 2
-    intro, sections, val_rows = run(args, methods)
+    commit = _stamp.commit_info()          # the code that runs: a commit made while it runs is not it
+    intro, sections, val_rows = run(args, methods, commit)
     if args.out == "-":
         return 0
     notes: list[str] = []
+    if _stamp.commit_info().split(" ")[0] != commit.split(" ")[0]:
+        notes.append(f"the tree changed while this ran (at the end: {_stamp.commit_info()})")
     kept_sections, kept_rows = [], []
     if args.merge:          # read now, not at the start: another method's run may have written it meanwhile
         _, kept_sections, kept_rows = kept_parts(Path(args.out), methods)
@@ -241,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
              "Flickr8k sample's training photos, then val once)\n\n")
     body = title + intro + "\n" + "".join(text + "\n" for _, text in [*kept_sections, *sections]) + val_table(
         [*kept_rows, *val_rows])
-    path = _stamp.write_results(args.out, body, data=[_stamp.dataset_fingerprint(args.data)], notes=notes)
+    header = _stamp.format_header(args.out, commands=[_stamp.command_line()], commit=commit,
+                                  data=[_stamp.dataset_fingerprint(args.data)], notes=notes)
+    path = _stamp.atomic_write_bytes(Path(args.out), (header + body.rstrip("\n") + "\n").encode("utf-8"))
     print(f"wrote {_stamp.display_path(path)}", file=sys.stderr)
     return 0
 
@@ -254,7 +259,7 @@ def val_table(rows: list[str]) -> str:
             "|---|---|---|---|---|---|---|\n" + "".join(r + "\n" for r in rows))
 
 
-def run(args: argparse.Namespace, methods: list[str]) -> tuple[str, list[tuple[str, str]], list[str]]:
+def run(args: argparse.Namespace, methods: list[str], commit: str) -> tuple[str, list[tuple[str, str]], list[str]]:
     """Score ``methods``: the intro paragraph, ``[(method, its section)]`` and the val rows (each printed as it
     comes)."""
     from sklearn.model_selection import KFold
@@ -325,7 +330,7 @@ def run(args: argparse.Namespace, methods: list[str]) -> tuple[str, list[tuple[s
         chosen[method] = (best, ie, te)
         lines.append(f"\nCV choice for {method}: **{best}** (CV rsum {rs:.1f}, Δ {d:+.1f}, 95% CI {dci[0]:+.1f} to "
                      f"{dci[1]:+.1f}); " + verdict + "\n")
-        lines.append(provenance(_stamp.commit_info(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        lines.append(provenance(commit, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                 _stamp.command_line()))
         print("\n".join(lines[-2:]), flush=True)
         sections.append((method, "\n".join(lines)))
