@@ -46,3 +46,38 @@ def test_merge_keeps_the_other_methods_sections_and_val_rows_and_says_where_they
     assert "| plain | cca |" in cca and "Val, once" not in cca + vsepp
     # the file's own methods, all named: nothing kept
     assert rf.kept_parts(path, ["cca", "vsepp", "wsabie"])[1:] == ([], [])
+
+
+def test_a_merged_run_writes_the_kept_and_new_sections_under_one_stamp(tmp_path, monkeypatch) -> None:
+    data = tmp_path / "d.json"
+    data.write_text("{}")
+    out = tmp_path / "r.md"
+    body = "# Title\n\nData: old intro.\n\n" + _section("cca") + "\n" + rf.val_table(["| cca | plain | 1 | 1 | 0-2 | +0.0 | - |"])
+    _stamp.write_results(out, body, data=["d"], command="python bench/rich_features.py --methods cca")
+    new = _section("timam", rf.provenance("bbbbbbbbbbbb", "now", "cmd"))
+    monkeypatch.setattr(rf, "run", lambda args, methods, commit: ("Data: new intro.\n", [("timam", new)],
+                                                                  ["| timam | plain | 9 | 9 | 0-9 | +0.0 | - |"]))
+    argv = ["--methods", "timam", "--merge", "--data", str(data), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", [str(REPO / "bench" / "rich_features.py"), *argv])     # the stamp's command
+    assert rf.main(argv) == 0
+    header, text = _stamp.parse_header(out.read_text(), out)
+    assert "--methods timam --merge" in header["command"][0] and len(header["command"]) == 1
+    assert any("sections of cca" in n for n in header["note"])
+    assert text.index("## cca") < text.index("## timam") < text.index(rf.VAL_HEADING)
+    assert "Data: new intro." in text and "old intro" not in text
+    assert text.split(rf.VAL_HEADING)[1].count("| cca | plain") == 1 and "| timam | plain | 9" in text
+    # rerunning timam replaces its section and row, keeps cca's
+    assert rf.main(argv) == 0
+    text = out.read_text()
+    assert text.count("## timam") == 1 and text.count("| timam | plain | 9") == 1 and text.count("## cca") == 1
+
+
+def test_bad_arguments_are_one_line(tmp_path, capsys) -> None:
+    assert rf.main(["--methods", "nosuch", "--data", str(tmp_path / "none.json")]) == 2
+    assert "no dataset at" in capsys.readouterr().err
+    data = tmp_path / "d.json"
+    data.write_text("{}")
+    assert rf.main(["--methods", "nosuch", "--data", str(data)]) == 2
+    assert "unknown method 'nosuch'" in capsys.readouterr().err
+    assert rf.main(["--methods", "cca", "--data", str(data), "--merge", "--out", str(tmp_path / "no.md")]) == 2
+    assert "--merge needs an --out file" in capsys.readouterr().err
