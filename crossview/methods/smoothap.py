@@ -54,6 +54,9 @@ class SmoothAP(Vsepp):
     """SmoothAP / InfoNCE on the VSE++ model (see the module docstring)."""
 
     group_by_image = True
+    #: feature pipelines: the package defaults until bench/rich_features.py has scored this method (not vsepp's)
+    default_image_encoder = None
+    default_text_encoder = None
     #: the loss is a mean (1 - mAP, or InfoNCE averaged), reported as it is; under DDP every process computes it
     #: on the gathered batch and the all-gather's backward sums each process's share, so DDP's average is exact
     loss_is_sum = False

@@ -124,6 +124,9 @@ class Webly(Vsepp):
     """Two-stage webly supervised training (see the module docstring)."""
 
     second_stage_epochs = "stage2_epochs"
+    #: feature pipelines: the package defaults until bench/rich_features.py has scored this method (not vsepp's)
+    default_image_encoder = None
+    default_text_encoder = None
     loss_terms = {
         "loss": "the total of the stage: lambda2 L_IT + lambda1 L_IS in Stage I, L_IT alone in Stage II",
         "L_IT": "image - tag ranking loss (the web set's images against their tags)",
