@@ -22,7 +22,12 @@ def test_train_panel_offers_flip_concat_and_combined_captions(qtbot, tmp_path: P
     assert len(images) == len(set(images)) and len(texts) == len(set(texts))
 
 
-def test_the_first_encoder_entry_names_the_methods_own_default(qtbot, tmp_path: Path) -> None:
+def test_the_first_encoder_entry_names_the_methods_own_default(qtbot, tmp_path: Path, monkeypatch) -> None:
+    from crossview.methods.wsabie import Wsabie
+
+    # a method without pipelines of its own (whichever that is today): the package defaults
+    monkeypatch.setattr(Wsabie, "default_image_encoder", None)
+    monkeypatch.setattr(Wsabie, "default_text_encoder", None)
     w = TrainPanel(runs_root=tmp_path / "runs")
     qtbot.addWidget(w)
     w.select_method("cca")
@@ -32,3 +37,6 @@ def test_the_first_encoder_entry_names_the_methods_own_default(qtbot, tmp_path: 
     w.select_method("wsabie")
     assert w.image_encoder.itemText(0) == "efficientnet_lite0 (default)"
     assert w.text_encoder.itemText(0) == "minilm (default)"
+    w.select_method("vsepp")
+    assert w.image_encoder.itemText(0) == "efficientnet_lite0+mobilenet_v2:flip (default)"
+    assert w.text_encoder.itemText(0) == "minilm+glove (default)"

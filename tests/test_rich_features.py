@@ -218,6 +218,28 @@ def test_a_methods_own_feature_pipelines_are_its_runs_defaults(tmp_path: Path, m
     assert json.loads((tmp_path / "asked" / "summary.json").read_text())["text_encoder"] == "tfidf"
 
 
+def test_own_feature_defaults_apply_only_to_the_features_a_model_reads_and_each_card_quotes_its_evidence() -> None:
+    """A method's frozen-feature defaults: no image encoder for a model that reads the image files (image_model=cnn),
+    no text encoder for one that reads the captions (a GRU, TIMAM's Bi-LSTM); a subclass says its own (vsepp's are
+    not inherited silently), and every card of a method with its own pipelines names them and the results file."""
+    from crossview.methods import default_encoders_of, list_methods, method_card, method_class
+
+    assert default_encoders_of("vsepp", {"image_model": "cnn"})[0] is None
+    assert default_encoders_of("vsepp", {"text_model": "gru"})[1] is None
+    assert default_encoders_of("timam")[1] is None                 # its default Bi-LSTM reads the captions
+    vsepp = method_class("vsepp")
+    for name in list_methods():
+        cls = method_class(name)
+        if issubclass(cls, vsepp) and cls is not vsepp:
+            assert "default_image_encoder" in vars(cls) and "default_text_encoder" in vars(cls), name
+        own = [e for e in (cls.default_image_encoder, cls.default_text_encoder) if e]
+        if own:
+            card = method_card(name)
+            text = " ".join(str(getattr(card, k, "") or "") for k in ("description", "notes"))
+            assert "rich_features_flickr8k.md" in text, name
+            assert all(e in text for e in own), (name, own)
+
+
 def test_a_flip_averaged_default_is_dropped_when_captions_say_left_or_right() -> None:
     """Features averaged with the mirror image cannot tell left from right: a method's flip-averaged default image
     encoder is taken without ``:flip`` when 5% or more of the training captions say left or right (the built-in demo:

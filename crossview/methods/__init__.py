@@ -123,7 +123,8 @@ def default_encoders_of(method: str, params: dict[str, Any] | None = None) -> tu
     """``(image_encoder, text_encoder)`` a run of ``method`` with ``params`` uses unless told otherwise: the method's
     own ``default_image_encoder`` / ``default_text_encoder`` (chosen by cross-validation on real photos,
     ``bench/results/rich_features_flickr8k.md``); None for the package defaults, and for a method that trains on a
-    representation of its own (BITR's TR / CTR) or reads the captions itself (no text encoder then)."""
+    representation of its own (BITR's TR / CTR), reads the captions itself (no text encoder then) or the image files
+    (``image_model=cnn``: no image encoder then)."""
     try:
         return default_encoders_for(method_from_params(method, params or {}))
     except (CrossViewError, AttributeError, TypeError):
@@ -140,7 +141,9 @@ def default_encoders_for(method: Any) -> tuple[str | None, str | None]:
     if own:
         return (None, None)
     text = getattr(method, "default_text_encoder", None) if getattr(method, "needs_text_features", True) else None
-    return (getattr(method, "default_image_encoder", None), text)
+    # a model that encodes the image files itself (image_model=cnn) gains nothing from richer frozen features
+    image = None if getattr(method, "wants_image_files", False) else getattr(method, "default_image_encoder", None)
+    return (image, text)
 
 
 def default_norms_for(method: Any) -> tuple[str, str]:

@@ -139,6 +139,9 @@ class Timam(Vsepp):
     """TIMAM (see the module docstring)."""
 
     second_stage_epochs = "finetune_epochs"
+    #: feature pipelines: the package defaults until bench/rich_features.py has scored this method (not vsepp's)
+    default_image_encoder = None
+    default_text_encoder = None
     loss_terms = {
         "loss": "the total: id_weight L_I + cmpm_weight L_M + L_D + adv_weight L_G",
         "L_I": "identification: cross-entropy of each image and caption embedding over the training identities",
