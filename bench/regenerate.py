@@ -187,10 +187,20 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k",), 20, ("crossview/engine/fuse.py", "crossview/engine/run.py", "crossview/engine/scoring.py",
                               "crossview/eval/paired.py", *FEATURES) + methods("cca", "bitr", "vsepp")),
     Entry("scoring_flickr8k", "scoring_flickr8k.md",
-          (S("bench/scoring_quality.py --methods cca,bitr"),),
-          ("flickr8k",), 5, ("crossview/engine/scoring.py", "crossview/eval/scoring.py", "crossview/engine/cv_runs.py",
-                             "crossview/engine/run.py", "crossview/eval/paired.py", "crossview/eval/bootstrap.py",
-                             *FEATURES) + methods("cca", "bitr")),
+          (S("bench/scoring_quality.py --methods cca,bitr --work {WORK}"),),
+          ("flickr8k",), 5, ("bench/_quality.py", "crossview/engine/scoring.py", "crossview/eval/scoring.py",
+                             "crossview/engine/cv_runs.py", "crossview/engine/run.py", "crossview/eval/paired.py",
+                             "crossview/eval/bootstrap.py", *FEATURES) + methods("cca", "bitr")),
+    # every method's runs and fold runs stay in $WORK: `--resume` (or bench/quality.py --work DIR) re-evaluates
+    # them without training, e.g. after a change of default scorings
+    Entry("quality_flickr8k", "quality_flickr8k.md",
+          (S("bench/quality.py --methods cca,bitr,vsepp,wsabie,webly,smoothap,timam --fuse cca,bitr,best-deep "
+             "--work {WORK}"),),
+          ("flickr8k",), 120, ("bench/_quality.py", "bench/results/rich_features_flickr8k.md",
+                               "crossview/engine/scoring.py", "crossview/eval/scoring.py", "crossview/engine/cv_runs.py",
+                               "crossview/engine/fuse.py", "crossview/engine/run.py", "crossview/eval/paired.py",
+                               "crossview/eval/bootstrap.py", *FEATURES)
+          + methods("cca", "bitr", "vsepp", "wsabie", "webly", "smoothap", "timam")),
     Entry("wsabie_max_norm_flickr8k", "wsabie_max_norm_flickr8k.md",
           (S("bench/method_cv.py --method wsabie --configs 'max_norm=1;max_norm=10' --seeds 1"),),
           ("flickr8k",), 12, methods("wsabie"),
