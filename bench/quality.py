@@ -81,12 +81,10 @@ def run(args: argparse.Namespace) -> int:
     print("## Defaults at this commit\n")
     print("| method | default scoring | read from | image encoder | text encoder | train s (600 photos) |")
     print("|---|---|---|---|---|---|")
-    from crossview.engine.run_folder import read_config
     for m in methods:
         s, p, where = defaults[m]
-        cfg = read_config(work / m)
-        print(f"| {m} | {s}{'' if p is None else f' {p:g}'} | {where} | {cfg.get('image_encoder')} | "
-              f"{cfg.get('text_encoder')} | {runs[m].get('train_seconds', 0):.0f} |")
+        print(f"| {m} | {s}{'' if p is None else f' {p:g}'} | {where} | {runs[m].get('image_encoder')} | "
+              f"{runs[m].get('text_encoder')} | {runs[m].get('train_seconds', 0):.0f} |")
     print("\nOne seed (0) per method: every seed costs a full run and three fold runs (the deep methods' times "
           "above, times about 3), which a shared 2-core machine could not afford for all seven methods; the "
           "deep methods' numbers therefore carry seed-to-seed spread that the intervals (over images) do not "
@@ -133,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         fused = _fused_section(members, args.fuse, work, results)
 
     print("## Richer frozen features (pointer)\n")
-    print(_rich_pointer(methods, work))
+    print(_rich_pointer(methods, runs))
 
     print("\n## What CV supports as each method's default scoring\n")
     summary = {}
@@ -163,15 +161,20 @@ def run(args: argparse.Namespace) -> int:
             summary[m] = {"scoring": "plain", "param_name": None, "param": None,
                           "cv_rsum": round(r["plain"]["cv_rsum"], 1), "cv_diff": 0.0, "cv_ci": None,
                           "val_rsum": round(r["plain"]["val"]["rsum"], 1), "val_diff": 0.0}
+    n_cand = sorted({len(results[m][s]["choice"]["candidates"]) for m in methods for s in Q.SCORINGS})
+    widths = {w: np.mean([np.subtract(*results[m][s][f"{w}_eff"]["rsum"]["ci"][::-1]) for m in methods
+                          for s in Q.SCORINGS]) for w in ("cv", "val")}
     print("\nWhere several scorings clear 0 the one with the best CV rsum is named (chosen on the folds, like its "
           "parameter; the val columns were not used). The CV differences of the re-scorings include the choice of "
-          "their parameter on the same folds (up to 5 candidates each), so a difference whose interval barely "
-          "clears 0 is weaker evidence than it reads. Val (100 photos) detects only large differences: its "
-          "intervals are about twice as wide as the folds'.")
+          f"their parameter on the same folds ({' or '.join(map(str, n_cand))} candidates each), so a difference "
+          "whose interval barely clears 0 is weaker evidence than it reads. Val (100 photos) detects only large "
+          f"differences: its intervals for the differences are {widths['val']:.1f} rsum wide on average, the "
+          f"folds' {widths['cv']:.1f}.")
     if fused is not None:
         summary["fused"] = fused
     print("\nMachine-readable (the CV-supported default scoring per method, and the fused run):\n")
-    print("```json\n" + json.dumps(summary, indent=1) + "\n```")
+    print("```json\n{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.items())
+          + "\n}\n```")
     return 0
 
 
@@ -243,11 +246,9 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
             "val_diff_vs_best_member": round(val_eff["rsum"]["diff"], 1)}
 
 
-def _rich_pointer(methods: list[str], work: Path) -> str:
+def _rich_pointer(methods: list[str], runs: dict) -> str:
     """The richer-features row: what rich_features_flickr8k.md chose for each method it measured (its CV choice
-    lines and its stamp), and the encoders the runs above used (their config.json)."""
-    from crossview.engine.run_folder import read_config
-
+    lines and its stamp), and the encoders the runs above used (their summary.json)."""
     lines = []
     if RICH.is_file():
         text = RICH.read_text(encoding="utf-8")
@@ -257,9 +258,8 @@ def _rich_pointer(methods: list[str], work: Path) -> str:
             lines.append(f"| {m} | {choice} | bench/results/rich_features_flickr8k.md (commit {commit}) |")
     out = ["| method | richer-features CV choice | file |", "|---|---|---|", *lines] if lines else \
         ["bench/results/rich_features_flickr8k.md is absent: no richer-features comparison to point to."]
-    enc = ", ".join(f"{m}: {read_config(work / m).get('image_encoder')} / {read_config(work / m).get('text_encoder')}"
-                    for m in methods)
-    out.append(f"\nThe runs above used their defaults' encoders (image / text, from each run's config.json): {enc}. "
+    enc = ", ".join(f"{m}: {runs[m].get('image_encoder')} / {runs[m].get('text_encoder')}" for m in methods)
+    out.append(f"\nThe runs above used their defaults' encoders (image / text, from each run's summary.json): {enc}. "
                "The methods not in that file were not compared on richer features.")
     return "\n".join(out)
 
