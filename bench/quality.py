@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
           "the run trained on all 600, reported once on the 100 val photos. rsum = R@1+5+10 both ways; intervals: "
           "95% bootstrap over images, each with its captions (paired for differences: crossview.eval.paired).\n")
 
+    missing = [m for m in METHODS if m not in methods]
+    if missing:
+        print(f"**Not measured in this file: {', '.join(missing)}** (not in --methods; `best-deep` below is the best "
+              "of the deep methods measured).\n")
     print("## Defaults at this commit\n")
     print("| method | default scoring | read from | image encoder | text encoder | train s (600 photos) |")
     print("|---|---|---|---|---|---|")
