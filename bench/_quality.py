@@ -258,25 +258,32 @@ def fused_cv_ranks(fused_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return {"i2t": np.concatenate(i2t), "t2i": np.concatenate(t2i)}, np.concatenate(caps)
 
 
+#: where a per-method default-scoring table or function may live (searched in this order)
+DEFAULT_SCORING_MODULES = ("crossview.engine.scoring", "crossview.methods")
+
+
 def method_default_scoring(method: str, run_dir: Path | None = None) -> tuple[str, float | None, str]:
     """``(scoring, param, where it was read)``: the scoring ``crossview train METHOD`` reports with by default at
-    this commit, read from the code (a per-method default-scoring table or function in
-    :mod:`crossview.engine.scoring`, when the code has one), else from what a run records (its config's
+    this commit, read from the code (a public table or function whose name holds "default" and "scoring" in
+    :data:`DEFAULT_SCORING_MODULES`, when the code has one: a dict ``{method: ("csls", 10) | {"name", "param"} |
+    "plain"}`` or a function of the method's name), else from what the run in ``run_dir`` records (its config's
     ``scoring``), else plain (runs evaluate plain)."""
-    import crossview.engine.scoring as sc
+    import importlib
 
-    for name in dir(sc):
-        if "default" not in name.lower() or "scoring" not in name.lower():
-            continue
-        obj = getattr(sc, name)
-        try:
-            value = obj(method) if callable(obj) and not isinstance(obj, type) else (
-                obj.get(method, "plain") if isinstance(obj, dict) else None)
-        except Exception:   # noqa: BLE001 - a helper with another signature: not the table we look for
-            continue
-        parsed = _parse_scoring(value)
-        if parsed is not None:
-            return (*parsed, f"crossview.engine.scoring.{name}")
+    for mod_name in DEFAULT_SCORING_MODULES:
+        mod = importlib.import_module(mod_name)
+        for name in dir(mod):
+            if name.startswith("_") or "default" not in name.lower() or "scoring" not in name.lower():
+                continue
+            obj = getattr(mod, name)
+            try:
+                value = obj.get(method, "plain") if isinstance(obj, dict) else (
+                    obj(method) if callable(obj) and not isinstance(obj, type) else None)
+            except Exception:   # noqa: BLE001 - a helper with another signature: not the table we look for
+                continue
+            parsed = _parse_scoring(value)
+            if parsed is not None:
+                return (*parsed, f"{mod_name}.{name}")
     if run_dir is not None:
         from crossview.engine.run_folder import read_config
 

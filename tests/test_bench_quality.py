@@ -90,13 +90,19 @@ def test_the_fused_run_reuses_the_members_fold_runs_and_pools_what_its_choice_sc
 
 
 def test_default_scoring_is_read_from_the_code(monkeypatch) -> None:
+    import importlib
+
     import crossview.engine.scoring as sc
 
-    for name in [n for n in dir(sc) if "default" in n.lower() and "scoring" in n.lower()]:
-        monkeypatch.delattr(sc, name)
+    for mod in map(importlib.import_module, Q.DEFAULT_SCORING_MODULES):
+        for name in [n for n in dir(mod) if "default" in n.lower() and "scoring" in n.lower()]:
+            monkeypatch.delattr(mod, name)
     assert Q.method_default_scoring("cca")[:2] == ("plain", None)
     monkeypatch.setattr(sc, "DEFAULT_SCORINGS", {"cca": ("csls", 10)}, raising=False)
     assert Q.method_default_scoring("cca")[:2] == ("csls", 10.0)
     assert Q.method_default_scoring("vsepp")[:2] == ("plain", None)
     monkeypatch.setattr(sc, "DEFAULT_SCORINGS", {"cca": {"name": "isoftmax", "param": 3}}, raising=False)
     assert Q.method_default_scoring("cca")[:2] == ("isoftmax", 3.0)
+    monkeypatch.delattr(sc, "DEFAULT_SCORINGS")
+    monkeypatch.setattr(sc, "default_scoring_of", lambda m: "dsoftmax" if m == "bitr" else "plain", raising=False)
+    assert Q.method_default_scoring("bitr")[:2] == ("dsoftmax", None)
