@@ -152,6 +152,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{x['val']['rsum']:.1f}, {Q.diff_cell(x['val_eff'])} over plain)"
                   + (f"; also above 0: {others}" if others else "") + f". Default now: {ds}"
                   + ("" if dp is None else f" {dp:g}") + ".")
+            if s != "csls" and r["csls"]["cv_eff"]["rsum"]["ci"][0] > 0:
+                # one rule for every method would be simpler: how much the named scoring beats csls on the folds
+                cv_csls = Q.cv_ranks(work / m, "csls", r["csls"]["choice"]["param"])[0]
+                cv_s, cv_caps = Q.cv_ranks(work / m, s, sel["param"])
+                vs = paired_effect(cv_csls, cv_s, cv_caps, seed=0)
+                print(f"  Against csls ({r['csls']['choice']['param_name']} = {r['csls']['choice']['param']:g}) on "
+                      f"the folds: {Q.diff_cell(vs)}, {Q.verdict(vs['rsum']['ci']).replace('plain', 'csls')}.")
             summary[m] = {"scoring": s, "param_name": sel["param_name"], "param": sel["param"],
                           "cv_rsum": round(x["cv_rsum"], 1), "cv_diff": round(eff["diff"], 1),
                           "cv_ci": [round(eff["ci"][0], 1), round(eff["ci"][1], 1)],
@@ -168,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
     n_cand = sorted({len(results[m][s]["choice"]["candidates"]) for m in methods for s in Q.SCORINGS})
     widths = {w: np.mean([np.subtract(*results[m][s][f"{w}_eff"]["rsum"]["ci"][::-1]) for m in methods
                           for s in Q.SCORINGS]) for w in ("cv", "val")}
+    for m in methods:                  # csls beside the named scoring: one rule for all methods is an option
+        c = results[m]["csls"]
+        summary[m]["csls"] = {"param": c["choice"]["param"], "cv_diff": round(c["cv_eff"]["rsum"]["diff"], 1),
+                              "cv_ci": [round(x, 1) for x in c["cv_eff"]["rsum"]["ci"]]}
     print("\nWhere several scorings clear 0 the one with the best CV rsum is named (chosen on the folds, like its "
           "parameter; the val columns were not used). The CV differences of the re-scorings include the choice of "
           f"their parameter on the same folds ({' or '.join(map(str, n_cand))} candidates each), so a difference "
