@@ -122,10 +122,42 @@ def diff_cell(eff: dict[str, Any]) -> str:
 
 
 def ci_cell(ranks: dict[str, np.ndarray], caps: np.ndarray) -> str:
-    from crossview.eval.bootstrap import bootstrap_ci
+    """``lo-hi``: the 95% bootstrap interval of rsum over the images (each with its captions); ``ranks`` of one run
+    ``(n_queries,)`` (crossview.eval.bootstrap) or of several seeds ``(n_seeds, n_queries)``, whose hits are
+    averaged per query first (one observation per query, as crossview.eval.paired does)."""
+    from crossview.eval.bootstrap import DEFAULT_RESAMPLES, bootstrap_ci
 
-    lo, hi = bootstrap_ci(ranks["i2t"], ranks["t2i"], caps)["rsum"]
+    r_i, r_t = np.atleast_2d(ranks["i2t"]), np.atleast_2d(ranks["t2i"])
+    if r_i.shape[0] == 1:
+        lo, hi = bootstrap_ci(r_i[0], r_t[0], caps)["rsum"]
+        return f"{lo:.1f}-{hi:.1f}"
+    n = r_i.shape[1]
+    ci = np.asarray(caps, np.int64)
+    counts = np.random.default_rng(0).multinomial(n, np.full(n, 1.0 / n), size=DEFAULT_RESAMPLES).astype(np.float64)
+    denom = counts @ np.bincount(ci, minlength=n).astype(np.float64)
+    total = np.zeros(DEFAULT_RESAMPLES)
+    for k in (1, 5, 10):
+        hit_i = (r_i <= k).mean(axis=0)
+        hit_t = np.bincount(ci, weights=(r_t <= k).mean(axis=0), minlength=n)
+        total += 100 * (counts @ hit_i) / n + 100 * (counts @ hit_t) / np.maximum(denom, 1)
+    lo, hi = np.percentile(total, [2.5, 97.5])
     return f"{lo:.1f}-{hi:.1f}"
+
+
+def seed_val(run_dirs: Sequence[Path], scoring: str, param: float | None) -> dict[str, Any]:
+    """The evaluation of several seeds' runs (same data, same evaluation split) under ``scoring`` with ``param``
+    (given, not chosen again): ``{"i2t", "t2i": R@K means over the seeds, "rsum": mean, "rsum_sd": sd over the
+    seeds, "seeds", "ranks": {"i2t", "t2i"} (n_seeds, n_queries)}``, the layout evaluate_run's result has, so the
+    cells read either."""
+    from crossview.engine.scoring import evaluate_run
+
+    res = [evaluate_run(d, scoring, param=param, record=False) for d in run_dirs]
+    out: dict[str, Any] = {d: {f"R@{k}": float(np.mean([r[d][f"R@{k}"] for r in res])) for k in (1, 5, 10)}
+                           for d in ("i2t", "t2i")}
+    rs = np.array([r["rsum"] for r in res], np.float64)
+    out.update(rsum=float(rs.mean()), rsum_sd=float(rs.std()), seeds=len(res), scoring=res[0]["scoring"],
+               ranks={d: np.stack([np.asarray(r["ranks"][d]) for r in res]) for d in ("i2t", "t2i")})
+    return out
 
 
 def recall_cells(res: dict[str, Any]) -> str:

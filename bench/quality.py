@@ -62,13 +62,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}", file=sys.stderr)
         return 2
     data = str(Path(args.data).absolute())
-    runs, results, defaults = {}, {}, {}
+    runs, results, defaults, seed_dirs = {}, {}, {}, {}
     for m in methods:
         Q.log(f"{m}: default run")
         runs[m] = Q.ensure_trained(m, data, work / m)
         Q.log(f"{m}: scorings (--select cv; fold runs in {work / m / 'scoring-cv'})")
         results[m] = Q.scoring_results(work / m)
         defaults[m] = Q.method_default_scoring(m, work / m)
+        seed_dirs[m] = [work / m]
+        if m in Q.SEEDED and args.val_seeds > 1:
+            # more seeds on val only (the folds and the fused run keep seed 0): each scoring with the parameter
+            # the folds chose, the seeds' hits averaged per query before any interval (crossview.eval.paired)
+            seed_dirs[m] += [work / f"{m}-seed{k}" for k in range(1, args.val_seeds)]
+            for k, d in enumerate(seed_dirs[m][1:], 1):
+                Q.log(f"{m}: seed {k} run (val)")
+                Q.ensure_trained(m, data, d, seed=k)
+            r = results[m]
+            for s in ("plain", *Q.SCORINGS):
+                r[s]["val"] = Q.seed_val(seed_dirs[m], s, None if s == "plain" else r[s]["choice"]["param"])
+            for s in Q.SCORINGS:
+                r[s]["val_eff"] = paired_effect(r["plain"]["val"]["ranks"], r[s]["val"]["ranks"], r["plain"]["caps"],
+                                                seed=0)
 
     folds = results[methods[0]]["plain"]["folds"]
     print(f"Data: the Flickr8k sample (600 train photos, 100 val). Each method with its defaults, as `crossview "
@@ -83,16 +97,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"**Not measured in this file: {', '.join(missing)}** (not in --methods; `best-deep` below is the best "
               "of the deep methods measured).\n")
     print("## Defaults at this commit\n")
-    print("| method | default scoring | read from | image encoder | text encoder | train s (600 photos) |")
-    print("|---|---|---|---|---|---|")
+    print("| method | default scoring | read from | image encoder | text encoder | train s (600 photos) | val seeds | "
+          "val rsum sd over seeds (plain) |")
+    print("|---|---|---|---|---|---|---|---|")
     for m in methods:
         s, p, where = defaults[m]
+        v = results[m]["plain"]["val"]
         print(f"| {m} | {s}{'' if p is None else f' {p:g}'} | {where} | {runs[m].get('image_encoder')} | "
-              f"{runs[m].get('text_encoder')} | {runs[m].get('train_seconds', 0):.0f} |")
-    print("\nOne seed (0) per method: every seed costs a full run and three fold runs (the deep methods' times "
-          "above, times about 3), which a shared 2-core machine could not afford for all seven methods; the "
-          "deep methods' numbers therefore carry seed-to-seed spread that the intervals (over images) do not "
-          "include (defaults_quality_flickr8k.md: sd 2-4 rsum over 3 seeds on val).\n")
+              f"{runs[m].get('text_encoder')} | {runs[m].get('train_seconds', 0):.0f} | {len(seed_dirs[m])} | "
+              + (f"{v['rsum_sd']:.1f} |" if "rsum_sd" in v else "- |"))
+    n_seeds = max(len(d) for d in seed_dirs.values())
+    print("\nSeeds: the CV folds and the fused run use seed 0 only (every seed there costs three more fold runs per "
+          "method, the deep methods' times above each, on a shared 2-core machine)" +
+          (f"; on val, the methods that depend on a seed are trained with seeds 0-{n_seeds - 1}, every scoring "
+           "applied to each with the parameter the folds chose, and each query's hits averaged over the seeds "
+           "before any mean or interval (one observation per query). So the CV differences carry seed-to-seed "
+           "spread that their intervals (over images) do not include; the val ones average it out over "
+           f"{n_seeds} seeds." if n_seeds > 1 else
+           "; on val too (one seed), so every interval here is over images and leaves out seed-to-seed spread."))
+    print()
 
     print("## (a) 3-fold CV of the training photos and (b) val once, per scoring\n")
     print("| method | scoring | chosen on the folds | CV rsum | CV: - plain (95% CI, p) | val i2t R@1/5/10 | "
@@ -116,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{Q.diff_cell(x['val_eff'])} |")
         ds, dp, _ = defaults[m]
         if ds != "plain":           # the default's own parameter (fixed in the code) on the same folds and val
-            from crossview.engine.scoring import evaluate_run
-            val = evaluate_run(work / m, ds, param=dp, record=False)
+            val = Q.seed_val(seed_dirs[m], ds, dp)
             cv_b, cv_caps = Q.cv_ranks(work / m, ds, dp)
             cv_eff = paired_effect(plain["cv_ranks"][0], cv_b, cv_caps, seed=0)
             val_eff = paired_effect(plain["val"]["ranks"], val["ranks"], caps, seed=0)
@@ -238,7 +260,8 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
     print(f"## The fused run: {' + '.join(members)}, `crossview fuse ... --weights auto`\n")
     print(f"Members ({spec}; best-deep: the deep method with the best plain CV rsum), each its default "
           "run; the weights chosen on the same 3 folds (the members' fold runs reused), never on val. The fused "
-          "scores combine the members' plain scores.\n")
+          "scores combine the members' plain scores, of their seed-0 runs (a seeded member's val row averages its "
+          "seeds, as above).\n")
     print("| run | weight | CV rsum | CV: - best member (95% CI, p) | val i2t R@1/5/10 | val t2i R@1/5/10 | "
           "val rsum | val 95% CI | val: - best member (95% CI, p) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -287,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(SAMPLE))
     ap.add_argument("--methods", default=",".join(METHODS), help="methods to measure, in this order")
+    ap.add_argument("--val-seeds", type=int, default=3,
+                    help="seeds (0, 1, ...) of each seeded method's run on val, averaged per query (default "
+                         "%(default)s; the folds use seed 0)")
     ap.add_argument("--fuse", default="cca,bitr,best-deep",
                     help="members of the fused run (best-deep: the measured deep method with the best plain CV "
                          "rsum; '' for none)")

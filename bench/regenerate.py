@@ -196,7 +196,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("quality_flickr8k", "quality_flickr8k.md",
           (S("bench/quality.py --methods cca,bitr,vsepp,wsabie,webly,smoothap,timam --fuse cca,bitr,best-deep "
              "--work {WORK}"),),
-          ("flickr8k",), 120, ("bench/_quality.py", "bench/results/rich_features_flickr8k.md",
+          ("flickr8k",), 150, ("bench/_quality.py", "bench/results/rich_features_flickr8k.md",
                                "crossview/engine/scoring.py", "crossview/eval/scoring.py", "crossview/engine/cv_runs.py",
                                "crossview/engine/fuse.py", "crossview/engine/run.py", "crossview/eval/paired.py",
                                "crossview/eval/bootstrap.py", *FEATURES)

@@ -64,6 +64,10 @@ def test_pooled_fold_ranks_match_the_engines_choice(work) -> None:
     assert x["cv_eff"]["rsum"]["diff"] == pytest.approx(Q.rsum(cv_b) - Q.rsum(cv_plain), abs=1e-6)
     lo, hi = x["cv_eff"]["rsum"]["ci"]
     assert lo <= x["cv_eff"]["rsum"]["diff"] <= hi
+    two = Q.seed_val([work[0] / "cca"] * 2, "csls", x["choice"]["param"])     # the same run twice: its own numbers
+    assert two["ranks"]["i2t"].shape == (2, 20) and two["seeds"] == 2 and two["rsum_sd"] == 0
+    assert two["rsum"] == pytest.approx(x["val"]["rsum"])
+    assert all(two["t2i"][k] == pytest.approx(x["val"]["t2i"][k]) for k in ("R@1", "R@5", "R@10"))
 
 
 def test_the_fused_run_reuses_the_members_fold_runs_and_pools_what_its_choice_scored(work, monkeypatch) -> None:
@@ -106,3 +110,18 @@ def test_default_scoring_is_read_from_the_code(monkeypatch) -> None:
     monkeypatch.delattr(sc, "DEFAULT_SCORINGS")
     monkeypatch.setattr(sc, "default_scoring_of", lambda m: "dsoftmax" if m == "bitr" else "plain", raising=False)
     assert Q.method_default_scoring("bitr")[:2] == ("dsoftmax", None)
+
+
+def test_seed_averaged_interval_matches_one_run_and_averages_hits_per_query() -> None:
+    from crossview.eval.bootstrap import bootstrap_ci
+
+    rng = np.random.default_rng(3)
+    caps = np.repeat(np.arange(30), 2)
+    r = {"i2t": rng.integers(1, 40, 30), "t2i": rng.integers(1, 30, 60)}
+    lo, hi = bootstrap_ci(r["i2t"], r["t2i"], caps)["rsum"]
+    assert Q.ci_cell(r, caps) == f"{lo:.1f}-{hi:.1f}"
+    same = {d: np.stack([r[d], r[d]]) for d in r}              # two identical seeds: the one run's interval
+    assert Q.ci_cell(same, caps) == f"{lo:.1f}-{hi:.1f}"
+    other = {d: np.stack([r[d], np.ones_like(r[d])]) for d in r}   # a perfect second seed: half-hits count
+    lo2, hi2 = map(float, Q.ci_cell(other, caps).split("-"))
+    assert lo2 > lo and hi2 <= 600.0
