@@ -261,6 +261,50 @@ def ensure_fused(members: Sequence[Path], fused_dir: Path, weights: str = "auto"
     return fuse(members, weights, run_dir=fused_dir)
 
 
+def fused_fold_sets(fused_dir: Path) -> list[tuple[Any, Any]]:
+    """Per fold of an ``auto`` fusion, ``(held-out embeddings, training bank)`` of the fused model under its chosen
+    weights (crossview.engine.fuse.fused_embeddings of the members' fold runs, each standardised with its fold
+    run's own bank): what a fused run's own scoring would be cross-validated on."""
+    from crossview.engine.cv_runs import FoldRun
+    from crossview.engine.fuse import _scales, fused_embeddings, score_stats
+    from crossview.engine.run_folder import read_summary
+
+    w = [float(x) for x in read_summary(fused_dir)["fusion"]["weights"]]
+    runs = list((fused_dir / "cv").iterdir())
+    out = []
+    for f in sorted({int(p.name.rsplit("-f", 1)[1]) for p in runs}):
+        fr = [FoldRun(p) for p in sorted((p for p in runs if int(p.name.rsplit("-f", 1)[1]) == f),
+                                         key=lambda p: int(p.name.split("-")[0]))]
+        stats = [{d: score_stats(x.bank, d) for d in ("i2t", "t2i")} for x in fr]
+        scales = {d: _scales(stats, w, d) for d in ("i2t", "t2i")}
+        out.append((fused_embeddings([x.emb for x in fr], scales), fused_embeddings([x.bank for x in fr], scales)))
+    return out
+
+
+def fused_scoring_cv(fused_dir: Path, scoring: str) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray]:
+    """``(choice record, pooled fold ranks, caption_image)``: ``scoring``'s parameter for the fused run chosen on
+    its folds (:func:`fused_fold_sets`; crossview.eval.scoring.iter_select_scoring_cv, as ``--select cv`` does for
+    a run that can be trained again) and the folds' pooled ranks under it."""
+    from crossview.eval.scoring import evaluate_scoring, iter_select_scoring_cv
+
+    sets = fused_fold_sets(fused_dir)
+    work = iter_select_scoring_cv(sets, scoring)
+    while True:
+        try:
+            next(work)
+        except StopIteration as stop:
+            record = stop.value
+            break
+    i2t, t2i, caps, offset = [], [], [], 0
+    for held, bank in sets:
+        res = evaluate_scoring(held, bank, scoring, record["param"])
+        i2t.append(res["ranks"]["i2t"])
+        t2i.append(res["ranks"]["t2i"])
+        caps.append(np.asarray(held.caption_image, np.int64) + offset)
+        offset += held.image.shape[0]
+    return record, {"i2t": np.concatenate(i2t), "t2i": np.concatenate(t2i)}, np.concatenate(caps)
+
+
 def fused_cv_ranks(fused_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The pooled ranks of the held-out training photos of an ``auto`` fusion's folds under its chosen weights
     (each fold's members standardised with their fold run's own training bank, as the choice scored them):

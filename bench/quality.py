@@ -282,10 +282,31 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
           f"{Q.diff_cell(val_eff2)}. The fused CV rsum scores the chosen weights on the folds they were chosen on "
           f"({choice.get('selected_on')}, {len(choice.get('candidates', []))} grid points), so it is optimistic; "
           f"val is not. Fusion wall time here: {wall:.0f} s (fold runs reused).\n")
+    # the fused run's own re-scoring: the fused embeddings against a fused bank, the parameter chosen on the folds
+    from crossview.engine.scoring import evaluate_run
+    print("Re-scoring the fused run itself (its embeddings against its training bank, as `crossview eval FUSED "
+          "--scoring S --param P` does; the parameter chosen on the same folds, the fused embeddings of each "
+          "fold's member runs against their fused bank):\n")
+    print("| fused run + | chosen on the folds | CV rsum | CV: - fused plain (95% CI, p) | val rsum | val 95% CI | "
+          "val: - fused plain (95% CI, p) |")
+    print("|---|---|---|---|---|---|---|")
+    rescored = {}
+    for s in Q.SCORINGS:
+        rec, cv_s, _ = Q.fused_scoring_cv(fdir, s)
+        val_s = evaluate_run(fdir, s, param=rec["param"], record=False)
+        ce = paired_effect(cv_f, cv_s, cv_caps, seed=0)
+        ve = paired_effect(val_f, val_s["ranks"], caps, seed=0)
+        rescored[s] = {"param": rec["param"], "cv_rsum": round(Q.rsum(cv_s), 1), "cv_diff": round(ce["rsum"]["diff"], 1),
+                       "cv_ci": [round(x, 1) for x in ce["rsum"]["ci"]], "val_rsum": round(val_s["rsum"], 1),
+                       "val_diff": round(ve["rsum"]["diff"], 1)}
+        print(f"| {s} | {rec['param_name']} = {rec['param']:g} | {Q.rsum(cv_s):.1f} | {Q.diff_cell(ce)} | "
+              f"{val_s['rsum']:.1f} | {Q.ci_cell(val_s['ranks'], caps)} | {Q.diff_cell(ve)} |")
+    print("\nThe fused plain CV rsum above already scores weights chosen on these folds; the re-scorings add the "
+          "choice of their parameter on the same folds.\n")
     return {"members": members, "weights": [round(x, 2) for x in w], "cv_rsum": round(Q.rsum(cv_f), 1),
             "cv_diff_vs_best_member": round(cv_eff["rsum"]["diff"], 1),
             "cv_ci": [round(x, 1) for x in cv_eff["rsum"]["ci"]], "val_rsum": round(float(f["rsum"]), 1),
-            "val_diff_vs_best_member": round(val_eff["rsum"]["diff"], 1)}
+            "val_diff_vs_best_member": round(val_eff["rsum"]["diff"], 1), "rescored": rescored}
 
 
 def _rich_pointer(methods: list[str], runs: dict) -> str:

@@ -91,6 +91,14 @@ def test_the_fused_run_reuses_the_members_fold_runs_and_pools_what_its_choice_sc
                   if np.allclose(c["weights"], f["fusion"]["weights"]))
     assert Q.rsum(ranks) == pytest.approx(chosen["rsum"], abs=1e-6)
     assert Q.ensure_fused([w / "cca", w / "bitr"], fdir)["rsum"] == f["rsum"]       # read back
+    from crossview.eval.scoring import evaluate_scoring
+
+    sets = Q.fused_fold_sets(fdir)                  # the fused embeddings score as the fused ranks do
+    plain = [evaluate_scoring(h, b, "plain")["rsum"] for h, b in sets]
+    assert np.mean(plain) == pytest.approx(chosen["rsum"], abs=1e-6)
+    rec, cv_s, caps_s = Q.fused_scoring_cv(fdir, "csls")
+    assert rec["selected_on"] == "train-cv3" and np.array_equal(caps_s, caps)
+    assert Q.rsum(cv_s) == pytest.approx(next(c["rsum"] for c in rec["candidates"] if c["param"] == rec["param"]))
 
 
 def test_default_scoring_is_read_from_the_code(monkeypatch) -> None:
