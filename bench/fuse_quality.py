@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,11 +50,7 @@ def run(args: argparse.Namespace) -> int:
         summary["_wall"] = float(summary.get("train_seconds") or 0.0)
         dirs.append(work / m)
         rows.append(summary)
-    fused, walls = {}, {}
-    for mode in ("auto", "bank"):
-        t0 = time.monotonic()
-        fused[mode] = Q.ensure_fused(dirs, work / f"fused-{mode}-{'+'.join(methods)}", mode)
-        walls[mode] = time.monotonic() - t0
+    fused = {mode: Q.ensure_fused(dirs, work / f"fused-{mode}-{'+'.join(methods)}", mode) for mode in ("auto", "bank")}
     auto = fused["auto"]
     print("| run | i2t R@1/5/10 | t2i R@1/5/10 | rsum on val | rsum 95% CI | weights (auto) | rsum on the "
           "CV folds | selected on | reported on | wall s |")
@@ -77,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         best_cv = max(x["rsum"] for x in c["candidates"])
         print(f"| **{label}** | {cells(f)} | **{f['rsum']:.1f}** | {ci(f)} | ({w}) | "
               f"{best_cv:.1f}{' (in-sample)' if mode == 'bank' else ''} | {f['selected_on']} | "
-              f"{f['reported_on']} | {walls[mode]:.0f} |")
+              f"{f['reported_on']} | {float(f.get('train_seconds') or 0):.0f} |")
     best = max(range(len(rows)), key=lambda i: rows[i]["rsum"])
     a, caps = Q.run_ranks(dirs[best])
     print()
@@ -95,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
           "alone (and the chosen weights) on the same folds: models trained on 400 images, galleries of 200, "
           "so below the val numbers (trained on 600, galleries of 100); it ranks the weights. --weights bank "
           "scores folds of the members' own training banks, the images they were fitted on (in-sample). wall s: "
-          "a member's training seconds as its run recorded them; a fused run's, this call's (its fold runs read back "
-          "from the work folder when there).")
+          "a member's training seconds as its run recorded them; a fused run's, the fusion's as its run recorded them "
+          "(its fold runs read back from the work folder when there).")
     top = sorted(choice["candidates"], key=lambda c: -c["rsum"])[:5]
     print("\nBest grid points on the CV folds (auto): " + "; ".join(
         f"({', '.join(f'{x:.1f}' for x in c['weights'])}) {c['rsum']:.1f}" for c in top) + ".")
