@@ -1,5 +1,5 @@
 """Each method's default scoring (crossview.engine.scoring.DEFAULT_SCORINGS) through the product: a CCA run trained
-with no flags is evaluated under csls k = 10 (its summary, ranks.npz, the printed report) with the plain numbers kept;
+with no flags is evaluated under csls with its default k (its summary, ranks.npz, the printed report) with the plain numbers kept;
 ``crossview eval`` / ``crossview query`` default to the run's scoring and ``--scoring plain`` overrides; an old run
 without the field is plain; the gallery cache's fast path scores as the full path does."""
 
@@ -15,11 +15,15 @@ import pytest
 from _engine_helpers import make_toy_dataset, write_toy_precomp
 from crossview.cli import main
 from crossview.core.errors import CrossViewError
+from crossview.engine.scoring import DEFAULT_SCORINGS
+
+#: the CCA default's k (csls), which the toy runs below are trained with
+CCA_K = int(DEFAULT_SCORINGS["cca"][1])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """A CCA run with no scoring flag (its default: csls k = 10) and one with --scoring plain, same data."""
+    """A CCA run with no scoring flag (its default: csls with its default k) and one with --scoring plain, same data."""
     base = tmp_path_factory.mktemp("default_scoring")
     data = base / "toy_precomp"
     write_toy_precomp(data, make_toy_dataset(80), (("train", "train"), ("dev", "val"), ("test", "test")))
@@ -41,21 +45,24 @@ def _json(capsys, argv: list[str]) -> dict:
 def test_table_entries_resolve_to_records() -> None:
     from crossview.engine.scoring import DEFAULT_EVIDENCE, DEFAULT_SCORINGS, default_scoring, resolve_run_scoring
 
-    assert DEFAULT_SCORINGS["cca"] == ("csls", 10) and DEFAULT_SCORINGS["bitr"] == ("csls", 20)
+    from crossview.eval.scoring import PARAMS
+    assert DEFAULT_SCORINGS["cca"] == ("csls", CCA_K)
+    seven = {"cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam"}
+    assert seven <= set(DEFAULT_SCORINGS)           # each of the seven methods has measured its own
     root = Path(__file__).parents[1]
     for m, (name, k) in DEFAULT_SCORINGS.items():
         assert root.joinpath(DEFAULT_EVIDENCE[m]).is_file()
-        # the method's card says the same
-        assert f"Default scoring: {name} with k = {k:g}" in (root / "models" / f"{m}.toml").read_text()
+        if m != "fused":      # the method's card says the same
+            assert f"Default scoring: {name} with {PARAMS[name]} = {k:g}" in (root / "models" / f"{m}.toml").read_text()
     rec = default_scoring("bitr")
-    assert (rec["scoring"], rec["param"], rec["default"]) == ("csls", 20, True)
-    assert "bench/results/scoring_flickr8k.md" in rec["selected_on"]
-    assert default_scoring("vsepp")["scoring"] == "plain" and default_scoring("fused")["scoring"] == "plain"
+    assert (rec["scoring"], rec["param"], rec["default"]) == (*DEFAULT_SCORINGS["bitr"], True)
+    assert "bench/results/quality_flickr8k.md" in rec["selected_on"]
+    assert default_scoring("wknn")["scoring"] == "plain" and default_scoring("fused")["scoring"] == "csls"
     assert resolve_run_scoring("cca", None)["scoring"] == "plain"
     assert resolve_run_scoring("cca", "default", 5)["param"] == 5
     assert resolve_run_scoring("cca", "isoftmax")["param"] is None          # chosen after training
     with pytest.raises(CrossViewError, match="default scoring is plain"):
-        resolve_run_scoring("vsepp", "default", 3)
+        resolve_run_scoring("wknn", "default", 3)
     with pytest.raises(CrossViewError, match="whole number"):
         resolve_run_scoring("cca", "csls", 2.5)
 
@@ -63,14 +70,14 @@ def test_table_entries_resolve_to_records() -> None:
 def test_default_run_is_scored_csls_and_equals_eval_with_param(runs, tmp_path, capsys) -> None:
     s = json.loads((runs["cca"] / "summary.json").read_text())
     cfg = json.loads((runs["cca"] / "config.json").read_text())
-    assert s["scoring"]["scoring"] == "csls" and s["scoring"]["param"] == 10 and s["scoring"]["bank"] == "train"
+    assert s["scoring"]["scoring"] == "csls" and s["scoring"]["param"] == CCA_K and s["scoring"]["bank"] == "train"
     assert s["scoring"]["selected_on"].startswith("method default")
-    assert cfg["scoring"]["scoring"] == "csls" and cfg["scoring"]["param"] == 10
+    assert cfg["scoring"]["scoring"] == "csls" and cfg["scoring"]["param"] == CCA_K
     # the plain numbers are kept, and equal a plain run's
     plain = json.loads((runs["plain"] / "summary.json").read_text())
     assert plain.get("scoring", {}).get("scoring", "plain") == "plain" and "metrics_plain" not in plain
     assert s["metrics_plain"]["rsum"] == pytest.approx(plain["rsum"])
-    given = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "csls", "--param", "10", "--json",
+    given = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "csls", "--param", str(CCA_K), "--json",
                            "--ranks-out", str(tmp_path / "ranks.npz")])
     assert given["rsum"] == pytest.approx(s["rsum"])
     assert given["i2t"]["R@1"] == pytest.approx(s["i2t"]["R@1"])
@@ -86,12 +93,12 @@ def test_eval_defaults_to_the_runs_scoring_and_plain_overrides(runs, capsys) -> 
     s = json.loads((runs["cca"] / "summary.json").read_text())
     own = _json(capsys, ["eval", str(runs["cca"]), "--json"])
     assert own["rsum"] == pytest.approx(s["rsum"]) and own["scoring"]["default"] is True
-    assert own["scoring"]["param"] == 10
+    assert own["scoring"]["param"] == CCA_K
     flat = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "plain", "--json"])
     assert flat["rsum"] == pytest.approx(s["metrics_plain"]["rsum"])
     capsys.readouterr()
     assert main(["eval", str(runs["cca"])]) == 0
-    assert ("scored with csls k=10 (method default (3-fold CV on the Flickr8k sample's train photos"
+    assert (f"scored with csls k={CCA_K} (method default (3-fold CV on the Flickr8k sample's train photos"
             in capsys.readouterr().out)
     # the plain run stays plain
     res = _json(capsys, ["eval", str(runs["plain"]), "--json"])
@@ -124,7 +131,7 @@ def test_query_defaults_to_the_runs_scoring_and_the_fast_path_agrees(runs, tmp_p
     monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
     argv = ["query", str(runs["cca"]), "--text", "class3 shape3 filler1", "--k", "16", "--json"]
     slow = _json(capsys, argv)            # the full path, which fills the gallery cache
-    assert slow["scoring"]["scoring"] == "csls" and slow["scoring"]["param"] == 10
+    assert slow["scoring"]["scoring"] == "csls" and slow["scoring"]["param"] == CCA_K
     plain = _json(capsys, argv + ["--scoring", "plain"])
     assert plain["scoring"]["scoring"] == "plain"
     assert [r["score"] for r in plain["results"]] != [r["score"] for r in slow["results"]]
@@ -160,16 +167,17 @@ def test_train_prints_the_scoring_line(runs, tmp_path, capsys) -> None:
                  "bow", "--device", "cpu", "--set", "n_components=6", "--scoring", "csls", "--param", "3"]) == 0
     out = capsys.readouterr().out
     assert "scored with csls k=3 (given), bank: train; plain: rsum" in out
-    assert main(["train", "vsepp", "--data", str(runs["data"]), "--select", "cv"]) != 0
+    assert main(["train", "cca", "--data", str(runs["data"]), "--scoring", "plain", "--select", "cv"]) != 0
     assert "--select cv: scoring 'plain' has no parameter to choose" in capsys.readouterr().err
 
 
 def test_fused_run_has_a_scoring_field_and_one_table_entry_switches_it(runs, tmp_path, monkeypatch, capsys) -> None:
-    """Fused from the members' plain embeddings; the fused run's own scoring is DEFAULT_SCORINGS["fused"] (plain
-    today) over the fused bank, and its summary equals ``crossview eval FUSED --scoring csls --param K``."""
+    """Fused from the members' plain embeddings; the fused run's own scoring is DEFAULT_SCORINGS["fused"] over
+    the fused bank (plain without an entry), and its summary equals ``crossview eval FUSED --scoring csls --param K``."""
     from crossview.engine import scoring as scoring_mod
     from crossview.engine.fuse import fuse
 
+    monkeypatch.delitem(scoring_mod.DEFAULT_SCORINGS, "fused")
     plain = fuse([runs["cca"], runs["plain"]], [0.5, 0.5], run_dir=tmp_path / "fused_plain")
     assert plain["scoring"]["scoring"] == "plain" and "metrics_plain" not in plain
     cfg = json.loads((tmp_path / "fused_plain" / "config.json").read_text())
@@ -188,7 +196,7 @@ def test_serve_ranks_by_the_runs_scoring_as_query_does(runs, tmp_path, monkeypat
 
     monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
     service = QueryService(runs["cca"], k=5)
-    assert service.health()["scoring"]["scoring"] == "csls" and service.health()["scoring"]["param"] == 10
+    assert service.health()["scoring"]["scoring"] == "csls" and service.health()["scoring"]["param"] == CCA_K
     doc = service.answer({"text": "class2 shape2 filler3", "k": 6})
     cli = _json(capsys, ["query", str(runs["cca"]), "--text", "class2 shape2 filler3", "--k", "6", "--json"])
     assert doc["results"] == cli["results"] and doc["scoring"] == cli["scoring"]
@@ -201,7 +209,7 @@ def test_compare_uses_each_runs_own_scoring_or_the_plain_ranks(runs, capsys) -> 
     own = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json"])
     assert own["rsum"]["a"] == pytest.approx(s["rsum"])
     assert own["rsum"]["b"] == pytest.approx(s["metrics_plain"]["rsum"])
-    assert own["scoring"] == "each run's own: csls k=10, plain"
+    assert own["scoring"] == f"each run's own: csls k={CCA_K}, plain"
     flat = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json", "--scoring", "plain"])
     assert flat["rsum"]["diff"] == 0 and flat["scoring"] == "plain"
     assert main(["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--scoring", "csls"]) == 2

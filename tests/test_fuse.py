@@ -58,16 +58,17 @@ def test_the_fused_score_is_the_weighted_sum_of_train_standardised_scores(runs) 
         fused += row["weight"] * (np.asarray(test.image, np.float64) @ np.asarray(test.text, np.float64).T - mu) / sd
     ci = load_embeddings(runs["a"] / "embeddings_test.npz").caption_image
     i2t, t2i = naive_ranks(fused, ci)
+    # the fused run is then scored by its own default scoring (DEFAULT_SCORINGS["fused"]); its plain ranks are kept
     with np.load(runs["fused"] / "ranks.npz") as z:
-        np.testing.assert_array_equal(z["i2t"], i2t)
-        np.testing.assert_array_equal(z["t2i"], t2i)
+        np.testing.assert_array_equal(z["i2t_plain"], i2t)
+        np.testing.assert_array_equal(z["t2i_plain"], t2i)
     # the fused run's embeddings are the same score as one dot product (the method contract)
     emb = load_embeddings(runs["fused"] / "embeddings_test.npz")
     s = np.asarray(emb.image, np.float64) @ np.asarray(emb.text, np.float64).T
     np.testing.assert_array_equal(np.argsort(-s, axis=1, kind="stable")[:, :5],
                                   np.argsort(-fused, axis=1, kind="stable")[:, :5])
     from crossview.eval.metrics import rank_metrics, rsum_of
-    assert summary["rsum"] == pytest.approx(rsum_of(rank_metrics(i2t), rank_metrics(t2i)))
+    assert summary["metrics_plain"]["rsum"] == pytest.approx(rsum_of(rank_metrics(i2t), rank_metrics(t2i)))
 
 
 def test_fused_ranks_block_by_block_equal_one_block() -> None:
@@ -166,9 +167,9 @@ def test_given_weights_are_recorded_as_given(runs, tmp_path) -> None:
     only_a = fuse([runs["a"], runs["b"]], "1,0", run_dir=tmp_path / "only_a")
     a = json.loads((runs["a"] / "summary.json").read_text())
     # what is fused is each member's plain embedding (its own default scoring, csls for cca, is not part of it),
-    # and the fused run's own scoring is plain: one member alone is that member's plain numbers
-    assert a["scoring"]["scoring"] == "csls" and only_a["scoring"]["scoring"] == "plain"
-    assert only_a["rsum"] == pytest.approx(a["metrics_plain"]["rsum"])
+    # and the fused run then has its own scoring: one member alone is that member's plain numbers before it
+    assert a["scoring"]["scoring"] == "csls" and only_a["scoring"]["scoring"] == "csls"
+    assert only_a["metrics_plain"]["rsum"] == pytest.approx(a["metrics_plain"]["rsum"])
 
 
 def test_a_fused_run_opens_like_any_run(runs) -> None:
@@ -177,9 +178,12 @@ def test_a_fused_run_opens_like_any_run(runs) -> None:
     from crossview.engine.scoring import evaluate_run
     from crossview.engine.session import open_run
 
+    from crossview.engine.scoring import use_run_scoring
+
     run = open_run(runs["fused"])
     assert run.eval_split == "test" and run.summary["method"] == "fused"
     r = run.retriever()
+    assert use_run_scoring(r, runs["fused"])["scoring"] == "csls"      # ranked as its summary is (the app, query)
     with np.load(runs["fused"] / "ranks.npz") as z:
         i2t, t2i = z["i2t"], z["t2i"]
     for pos in (0, 7, 19):
@@ -193,7 +197,7 @@ def test_a_fused_run_opens_like_any_run(runs) -> None:
     assert res.method == "fused" and res.ranks["i2t"].shape == (20,) and res.ranks["t2i"].shape == (40,)
     assert describe_run(runs["fused"]).status == "finished"
     plain = evaluate_run(runs["fused"], "plain", record=False)
-    assert plain["rsum"] == pytest.approx(res.summary["rsum"])
+    assert plain["rsum"] == pytest.approx(res.summary["metrics_plain"]["rsum"])
     scored = evaluate_run(runs["fused"], "csls", record=False)   # the fused run's own training bank
     assert scored["scoring"]["selected_on"] == "train (hold-out)"
     # hubness-aware scoring in the retriever too
