@@ -185,6 +185,14 @@ def test_the_scoring_box_starts_at_the_runs_own_scoring(qtbot, tmp_path: Path) -
     assert sig.args[0]["param"] == 3 and sig.args[0]["default"] is True
     assert w.scoring_note.text() == ("scoring csls (k = 3, method default (3-fold CV on the Flickr8k sample&#x27;s "
                                      "train photos: x.md))")
+    # shown as HTML, so the reader sees the apostrophe, not the entity (an auto-detected label showed "&#x27;")
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QTextDocument
+
+    assert w.scoring_note.textFormat() == Qt.TextFormat.RichText
+    doc = QTextDocument()
+    doc.setHtml(w.scoring_note.text())
+    assert "Flickr8k sample's train photos" in doc.toPlainText()
     old = tmp_path / "old"
     old.mkdir()
     (old / "config.json").write_text(json.dumps({"method": "identity", "train_split": "train"}))

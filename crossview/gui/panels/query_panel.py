@@ -151,6 +151,7 @@ class QueryPanel(QWidget):
         self.scoring_note = QLabel("")
         self.scoring_note.setObjectName("scoringNote")
         self.scoring_note.setWordWrap(True)
+        self.scoring_note.setTextFormat(Qt.TextFormat.RichText)     # its texts are escaped HTML (an apostrophe too)
         self._scorings: dict[str, tuple[Any, dict[str, Any]]] = {}   # this run's prepared scorings, by name
         self._scoring_method: Any = None                            # whose method they were prepared for
         self._scoring_task: Task | None = None
