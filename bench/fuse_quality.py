@@ -13,7 +13,7 @@ the best member as a paired effect on the same val queries (crossview.eval.paire
 Runs are kept in ``--work`` (bench/_quality.py; the layout bench/quality.py uses, so the members' runs and their
 ``--select cv`` fold runs are shared and read back).
 
-The default members are CCA, BITR and VSE++ (the three best defaults in defaults_quality_flickr8k.md): SmoothAP's
+The default members are CCA, BITR and VSE++ (three of the best defaults; bench/quality.py fuses CCA, BITR and the deep method with the best CV rsum): SmoothAP's
 default training took 619 s here (a first run of this bench, load average ~10), and ``--weights auto`` trains each
 member 3 more times on 400 images, which with SmoothAP passes the bench's half-hour budget;
 ``--methods cca,bitr,smoothap`` runs that set.
