@@ -134,7 +134,12 @@ def _captions_fingerprint(captions: Sequence[str]) -> str:
 
 
 def _nonfinite_rows(x: np.ndarray, block_bytes: int = 16 << 20) -> np.ndarray:
-    """Indices of the rows of ``x`` holding NaN or infinity, read in blocks (``x`` may be memory-mapped)."""
+    """Indices of the rows of ``x`` holding NaN or infinity, read in blocks (``x`` may be memory-mapped, or a scipy
+    CSR matrix: its stored values are checked)."""
+    if hasattr(x, "tocsr") and hasattr(x, "nnz"):
+        x = x.tocsr()
+        bad = np.flatnonzero(~np.isfinite(x.data))
+        return np.unique(np.searchsorted(x.indptr, bad, side="right") - 1).astype(np.int64)
     x = np.asarray(x) if not isinstance(x, np.ndarray) else x
     if x.ndim == 0 or x.shape[0] == 0 or not np.issubdtype(x.dtype, np.floating):
         return np.zeros(0, dtype=np.int64)
@@ -165,7 +170,8 @@ def _iter_cached_finite(store: FeatureCache | None, parts: dict[str, Any],
     key = FeatureCache.make_key(**parts) if store is not None else None
     cached = store.load(key) if store is not None and key is not None else None
     if cached is not None and not len(_nonfinite_rows(cached)):
-        drop_pages(cached)      # the check read every page of the mapping: they need not stay resident
+        if isinstance(cached, np.ndarray):
+            drop_pages(cached)  # the check read every page of the mapping: they need not stay resident
         return cached, True
     if cached is not None and store is not None and key is not None:
         bad = _nonfinite_rows(cached)
@@ -178,7 +184,7 @@ def _iter_cached_finite(store: FeatureCache | None, parts: dict[str, Any],
     bad = _nonfinite_rows(arr)
     if len(bad):
         raise CrossViewError(
-            f"the {what} contain NaN or infinite values in {len(bad):,} of {len(arr):,} rows (first: "
+            f"the {what} contain NaN or infinite values in {len(bad):,} of {arr.shape[0]:,} rows (first: "
             f"{row_name(int(bad[0]))}) straight from the encoder, so extracting them again gives the same; "
             f"check that input (e.g. 'crossview data info DATASET --check-images') or choose another encoder")
     if store is not None and key is not None:
@@ -390,8 +396,13 @@ def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureC
 def iter_encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureCache | None = None,
                          device: str = "cpu", dataset_name: str = "") -> Iterator[tuple[int, int]]:
     """:func:`encode_captions` as a generator: yields ``(done, total)`` (0 first when it encodes; only
-    ``(n, n)`` for a cache hit: the whole stage done at once) and returns ``(features, cache_hit)``."""
+    ``(n, n)`` for a cache hit: the whole stage done at once) and returns ``(features, cache_hit)``.
+
+    An encoder with ``sparse_output`` (TF-IDF, bag of words) gives a ``scipy.sparse.csr_matrix`` float32, stored
+    sparse in the cache: its dense ``n x vocabulary`` form is never made (issue 34)."""
     def compute() -> Iterator[tuple[int, int]]:
+        if getattr(text_model, "sparse_output", False) and hasattr(text_model, "iter_encode_sparse"):
+            return (yield from text_model.iter_encode_sparse(list(captions), device=device))
         if not hasattr(text_model, "iter_encode"):      # a plug-in encoder with the callback interface only
             yield 0, len(captions)
             out = np.asarray(text_model.encode(list(captions), device=device), dtype=np.float32)
@@ -401,6 +412,8 @@ def iter_encode_captions(captions: Sequence[str], text_model: Any, *, cache: Fea
         return np.asarray(x, dtype=np.float32)
 
     parts = {"kind": "text", "captions": _captions_fingerprint(captions), "encoder": text_model.cache_parts()}
+    if getattr(text_model, "sparse_output", False):
+        parts["layout"] = "csr"       # a dense entry written before the sparse rows is not this one
     text, hit = yield from _iter_cached_finite(cache, parts, compute, {**parts, "dataset": dataset_name},
                                                f"caption features ({text_model.name})",
                                                lambda i: f"caption {i}, {str(captions[i])[:60]!r}")
