@@ -268,6 +268,7 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
         check_degenerate(image, Path(f"dataset {dataset.name!r} (precomputed image features)"), notes)
         for note in notes:
             log.warning("%s", note)
+        drop_pages(image)       # the checks read every page: a memory-mapped set need not keep them resident
         image_name, image_hit, image_spec = PRECOMP, True, {"name": PRECOMP, "dim": int(image.shape[1])}
     else:
         image_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from crossview.core.errors import CrossViewError
-from crossview.core.linalg import cca_transform, is_sparse, to_dense
+from crossview.core.linalg import cca_transform, column_mean, is_sparse, to_dense
 from crossview.methods import register_method
 from crossview.methods._cgrid import PAPER_C_GRID, c_grid_values
 from crossview.methods._bitr_losses import (DOMAINS, LOSSES, _check_loss, _one_blas_thread, delta, delta_matrix,
@@ -179,7 +179,7 @@ def fit_preprocessing(image: np.ndarray, text: np.ndarray, caption_image: np.nda
         # direction all have cosines near 1 and a few captions top every list (issue 28: one caption in
         # 31 of 100 top-5 lists). Centred first, the cosine compares what differs between rows. Not for
         # l1: the simplex needs the non-negative distributions as they are.
-        state["center"][mod] = (np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
+        state["center"][mod] = (column_mean(a).astype(np.float32)
                                 if pca is None and norm == "l2" and len(a) else None)
     return state
 
@@ -198,10 +198,10 @@ def apply_preprocessing(state: dict[str, dict[str, Any]], a: np.ndarray, mod: st
     if d is not None and a.ndim == 2 and a.shape[1] != d:
         raise CrossViewError(f"BITR: the model was trained on {d}-d {mod} features, these are "
                              f"{a.shape[1]}-d; use the same {mod} encoder as for training")
-    if pca is not None and sparse:      # (a - mean) P^T = a P^T - mean P^T: the sparse rows are never centred
+    if pca is not None:
+        # a chunk of rows at a time (no centred copy of the whole matrix, 0.9 GB of image rows at COCO size);
+        # sparse rows are never centred: (a - mean) P^T = a P^T - mean P^T
         a = cca_transform(a, pca["mean"], pca["components"].T, normalize=False)
-    elif pca is not None:
-        a = (a - pca["mean"]) @ pca["components"].T
     elif sparse:
         a = to_dense(a) if center is None else to_dense(a) - center
     elif center is not None:

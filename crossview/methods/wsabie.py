@@ -55,7 +55,7 @@ from crossview.methods import register_method
 from crossview.methods._labels import label_sets_of, mentioned, normalize_rows, words
 from crossview.methods.torch_method import TorchMethod
 from crossview.core.linalg import column_mean, is_sparse
-from crossview.nn.sparse_rows import SparseRows
+from crossview.nn.sparse_rows import DenseRows, SparseRows
 from crossview.nn.trainer import unwrap
 from crossview.nn.warp import harmonic_table, max_norm_columns_, sample_violators, warp_loss
 
@@ -234,10 +234,8 @@ class Wsabie(TorchMethod):
         if self.normalize == "l2" and self.target == "captions":
             for mod, a in (("image", train.require_image_features("wsabie")),
                            ("text", train.require_text_features("wsabie", sparse=True))):
-                if a.shape[0] and is_sparse(a):      # TF-IDF captions: the mean without a dense copy
-                    center[mod] = column_mean(a).astype(np.float32)
-                elif a.shape[0]:
-                    center[mod] = np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
+                if a.shape[0]:      # summed in float64 a chunk of rows at a time: no float64 copy (1.8 GB at
+                    center[mod] = column_mean(a).astype(np.float32)     # COCO size), TF-IDF kept sparse
         self.center_ = center
 
     def _rows(self, a: np.ndarray, mod: str) -> np.ndarray:
@@ -259,8 +257,12 @@ class Wsabie(TorchMethod):
 
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """The training tensors on ``device``: features, positives, negative counts and the L table."""
-        X = torch.as_tensor(np.require(self._rows(train.require_image_features("wsabie"), "image"),
-                                       requirements="W")).to(device)
+        # the image rows as the model sees them (centred, normalised) are computed where read, over the run's
+        # features: no second image matrix (issue 34)
+        image = train.require_image_features("wsabie")
+        c = getattr(self, "center_", {}).get("image")
+        X = DenseRows.from_array(image, c if c is not None and c.shape[0] == image.shape[1] else None,
+                                 self.normalize, device)
         n_img = X.shape[0]
         t: dict[str, Any] = {"X": X, "n_img": n_img}
         if self.target == "captions":
@@ -389,7 +391,7 @@ class Wsabie(TorchMethod):
                         return torch.isin(cand * t["n_text"] + txt[rows].unsqueeze(1), t["keys"])
 
                 def full_i(rows: torch.Tensor) -> torch.Tensor:
-                    return w[rows] @ X.T
+                    return X.scores(w[rows])
                 d_i = self._draw(f_pos, n_img, t["n_neg_img"][batch], score_i, pos_i, full_i,
                                  max(1024, (1 << 22) // X.shape[1]), kw)
         # the differentiable part, through the (possibly DDP-wrapped) model: one forward for every row used

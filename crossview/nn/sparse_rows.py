@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SparseRows"]
+__all__ = ["SparseRows", "DenseRows", "shared_tensor"]
 
 
 class SparseRows:
@@ -97,3 +97,79 @@ class SparseRows:
     def embed(self, Z: torch.Tensor) -> torch.Tensor:
         """``rows @ Z.T`` for ``Z (P, q)``: ``(n, P)``, i.e. :meth:`scores` of Z's rows, transposed."""
         return self.scores(Z).T.contiguous()
+
+
+class DenseRows:
+    """``(n, q)`` rows ``(x_i - center) / norm_i`` of a dense matrix, read from its memory (no centred copy).
+
+    WSABIE's image rows: the model sees them centred and L2-normalised, and making that copy cost a second image
+    matrix (0.9 GB at COCO size, issue 34) on top of the run's. A gathered row is computed exactly as
+    :func:`crossview.methods._labels.normalize_rows` computes it (float32 ``(x - c) / max(|x - c|, 1e-12)``), and
+    :meth:`scores` centres a block of rows at a time."""
+
+    #: rows centred at a time by :meth:`scores`
+    BLOCK = 8192
+
+    def __init__(self, base: torch.Tensor, center: torch.Tensor | None, norms: torch.Tensor) -> None:
+        self.base, self.center, self.norms = base, center, norms
+        self.shape = (int(base.shape[0]), int(base.shape[1]))
+        self.device = base.device
+
+    @classmethod
+    def from_array(cls, a: np.ndarray, center: np.ndarray | None, normalize: str, device: Any) -> "DenseRows":
+        """Rows of ``a (n, q)`` minus ``center`` (or None), L2-normalised for ``"l2"``, as they are for ``"none"``;
+        ``a`` is shared, not copied, on the CPU (:func:`shared_tensor`)."""
+        a = np.asarray(a, dtype=np.float32)
+        c = None if center is None else np.asarray(center, dtype=np.float32)
+        if normalize == "none":
+            norms = np.ones(a.shape[0], dtype=np.float32)
+        elif normalize == "l2":
+            norms = np.empty(a.shape[0], dtype=np.float32)
+            for start in range(0, a.shape[0], cls.BLOCK):
+                block = a[start:start + cls.BLOCK]
+                if c is not None:
+                    block = block - c
+                norms[start:start + cls.BLOCK] = np.maximum(np.linalg.norm(block, axis=1), np.float32(1e-12))
+        else:
+            raise ValueError(f"normalize must be 'l2' or 'none', got {normalize!r}")
+        dev = torch.device(device)
+        return cls(shared_tensor(a).to(dev), None if c is None else torch.as_tensor(c).to(dev),
+                   torch.as_tensor(norms).to(dev))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        """The rows ``idx`` (an int64 tensor of any shape), ``idx.shape + (q,)`` float32."""
+        rows = self.base[idx]
+        if self.center is not None:
+            rows = rows - self.center
+        return rows / self.norms[idx].unsqueeze(-1)
+
+    def block(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` as the model sees them."""
+        rows = self.base[start:stop]
+        if self.center is not None:
+            rows = rows - self.center
+        return rows / self.norms[start:stop].unsqueeze(1)
+
+    def scores(self, u: torch.Tensor) -> torch.Tensor:
+        """``u @ rows.T``: ``(B, n)`` for ``u (B, q)``, a block of rows centred at a time."""
+        n = self.shape[0]
+        out = torch.empty((u.shape[0], n), dtype=u.dtype, device=u.device)
+        for start in range(0, n, self.BLOCK):
+            stop = min(n, start + self.BLOCK)
+            out[:, start:stop] = u @ self.block(start, stop).T
+        return out
+
+
+def shared_tensor(a: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over ``a``'s memory, without a copy also when ``a`` is read-only (a split of the run's feature
+    matrix is a read-only view, :func:`crossview.data.dataset.take_rows`; copying it to make it writable cost a
+    second image matrix at COCO size, issue 34). The tensor must only be read (batches are gathered from it)."""
+    a = np.ascontiguousarray(a)
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    with warnings.catch_warnings():     # torch warns that writing to it would be undefined: nothing writes to it
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(a)
