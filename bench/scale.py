@@ -40,7 +40,7 @@ caption features (``img``). ``x dense`` is peak RSS over the image features plus
 500`` TF-IDF matrix, the denominator of the first version of this table; ``x img`` is peak RSS over the image
 features alone. The issue's goal (#34) is ratio <= 2.5 for every step at L.
 
-    .venv/bin/python bench/scale.py                       # S and M, all steps (a few minutes on 2 cores)
+    .venv/bin/python bench/scale.py                       # S and M, all steps (about 20 minutes on 2 cores)
     .venv/bin/python bench/scale.py --sizes L --steps cca # one step at COCO size (about 1 GB of features)
 
 Writes bench/results/scale_cpu.txt (``--out``), stamped with the command, commit, machine and data.
@@ -261,7 +261,7 @@ def step_command(step: str, folder: Path, runs: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="S,M", help="comma-separated among S, M, L (default S,M)")
-    ap.add_argument("--steps", default="info,cca,bitr,query,eval",
+    ap.add_argument("--steps", default=",".join(STEPS),
                     help=f"comma-separated among {', '.join(STEPS)} (default all, in that order)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
     ap.add_argument("--work", default="/tmp/crossview-scale", metavar="DIR",
