@@ -22,7 +22,7 @@ one child at a time. Steps (``--steps``, in this order):
     query  crossview query CCA_RUN --text "one sentence"                  (needs the cca step's run)
     eval   crossview eval CCA_RUN                                         (re-evaluates the saved embeddings)
 
-``--cap-seconds`` (default 240) stops a wsabie or vsepp step that is still training that many seconds after its
+``--cap-seconds`` (default 120) stops a wsabie or vsepp step that is still training that many seconds after its
 first batch with SIGTERM, as a scheduler would (the run cancels between two batches and keeps its checkpoint): its peak
 RSS is then that of training so far (the features loaded, the model and its optimiser, the batches done), not
 of the test evaluation after it. The table says ``capped`` and how many of the epoch's batches ran (from the
@@ -266,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
     ap.add_argument("--work", default="/tmp/crossview-scale", metavar="DIR",
                     help="where the data sets, feature caches, runs and logs go (default /tmp/crossview-scale)")
-    ap.add_argument("--cap-seconds", type=float, default=240.0, metavar="S",
+    ap.add_argument("--cap-seconds", type=float, default=120.0, metavar="S",
                     help="stop a wsabie / vsepp step still training S seconds after its first batch (SIGTERM; "
-                         "default 240; 0: none)")
+                         "default 120; 0: none)")
     _stamp.add_out_argument(ap, _stamp.RESULTS / "scale_cpu.txt")
     args = ap.parse_args(argv)
     sizes = [s.strip().upper() for s in args.sizes.split(",") if s.strip()]

@@ -547,7 +547,7 @@ class Wsabie(TorchMethod):
                                  f"{data.name or 'given'} data has {text.shape[1]}-d; use the text encoder it "
                                  "was trained with")
         out = np.empty((text.shape[0], Z.shape[0]), dtype=np.float32)
-        step = 65536
+        step = max(1, (32 << 20) // (4 * max(1, Z.shape[0])))      # ~32 MB of output rows a block
         for a in range(0, text.shape[0], step):
             out[a:a + step] = self._sparse_text_rows(text[a:a + step], "cpu").embed(Z).numpy()
         return out

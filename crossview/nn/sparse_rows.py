@@ -95,8 +95,15 @@ class SparseRows:
         return (prod * self.scale.unsqueeze(1)).T.contiguous()
 
     def embed(self, Z: torch.Tensor) -> torch.Tensor:
-        """``rows @ Z.T`` for ``Z (P, q)``: ``(n, P)``, i.e. :meth:`scores` of Z's rows, transposed."""
-        return self.scores(Z).T.contiguous()
+        """``rows @ Z.T`` for ``Z (P, q)``: ``(n, P)`` float32, computed in place after the one sparse product."""
+        Z = Z.to(torch.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            out = torch.sparse.mm(self._csr, Z.T.contiguous())        # (n, P): Y Z^T
+        if self.center is not None:
+            out -= (Z @ self.center).unsqueeze(0)
+        out *= self.scale.unsqueeze(1)
+        return out
 
 
 class DenseRows:
