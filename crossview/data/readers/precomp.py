@@ -213,14 +213,18 @@ def _stack_target(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
     In memory when small, or when no temporary file of that size can be made."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes >= STACK_FILE_BYTES:
+        import logging
         import tempfile
 
         try:
             with tempfile.TemporaryFile(prefix="crossview-stack-") as fh:
                 os.posix_fallocate(fh.fileno(), 0, nbytes)
                 return np.memmap(fh, dtype=dtype, mode="r+", shape=shape)
-        except (OSError, ValueError, AttributeError):
-            pass
+        except (OSError, ValueError, AttributeError) as e:
+            logging.getLogger(__name__).warning(
+                "precomp: no temporary file of %.2f GB for the stacked image features in %s (%s): they are held in "
+                "memory, so a run that normalises them holds two copies; free disk space there or set TMPDIR",
+                nbytes / 1e9, tempfile.gettempdir(), getattr(e, "strerror", None) or e)
     return np.empty(shape, dtype=dtype)
 
 
