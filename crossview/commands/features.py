@@ -84,8 +84,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         parts = e.get("parts", {})
         enc = parts.get("encoder", {})
         name = enc.get("name", "?") if isinstance(enc, dict) else enc
+        sparse = e.get("sparse") if isinstance(e.get("sparse"), dict) else None
+        shape = (f"{'x'.join(map(str, sparse.get('shape', [])))} CSR, {sparse.get('nnz', '?'):,} non-zeros"
+                 if sparse else f"{'x'.join(map(str, e['shape']))} {e['dtype']}")
         print(f"  {e['key'][:12]}  {parts.get('kind', '?'):<5} {name:<22} {str(parts.get('dataset', '')):<16} "
-              f"{'x'.join(map(str, e['shape']))} {e['dtype']}")
+              f"{shape}")
     bad = 0
     if args.verify and not args.clear:
         bar = ProgressPrinter("verifying")

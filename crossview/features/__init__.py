@@ -51,11 +51,13 @@ class Features:
     """Feature matrices of a whole dataset (all splits), and where they came from.
 
     ``image (n_images, d) float32`` and ``text (n_captions, e) float32`` follow the dataset's image
-    and caption numbering; either may be memory-mapped (read-only) when large.
+    and caption numbering; either may be memory-mapped (read-only) when large. ``text`` is a float32
+    ``scipy.sparse.csr_matrix`` for the sparse encoders (TF-IDF, bag of words): never densified whole
+    (:meth:`crossview.data.method_data.MethodData.require_text_features`).
     """
 
     image: np.ndarray
-    text: np.ndarray | None   #: None when the run's method reads the captions itself (text encoder 'none')
+    text: Any   #: (n, e) array or CSR matrix; None when the method reads the captions itself (text encoder 'none')
     image_encoder: str
     text_encoder: str
     text_model: Any = None  #: the fitted TextEncoder, needed to encode new captions (queries, corpora)
@@ -383,7 +385,7 @@ def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureC
                     should_stop: Callable[[], bool] | None = None,
                     dataset_name: str = "") -> tuple[np.ndarray, bool]:
     """``(features (n, e) float32, cache_hit)`` of ``captions`` with a (fitted) text encoder
-    (:func:`iter_encode_captions` driven to its end).
+    (:func:`iter_encode_captions` driven to its end; a CSR matrix for TF-IDF / bag of words).
 
     Used for a dataset's captions and for independent caption corpora (the BITR setting).
     """

@@ -262,7 +262,8 @@ class FeatureCache:
 
     # ------------------------------------------------------------------ write
     def save(self, key: str, array: np.ndarray, meta: Mapping[str, Any] | None = None) -> np.ndarray:
-        """Store ``array`` under ``key`` atomically and return the stored copy (memory-mapped if large).
+        """Store ``array`` under ``key`` atomically and return the stored copy (memory-mapped if large); a scipy
+        sparse matrix is stored as CSR (module docstring) and returned as a ``csr_matrix`` over the stored bytes.
 
         The cache is an optimisation: when the write fails (a full disk, a read-only or foreign cache folder) a
         warning names the folder once per process and ``array`` is returned unstored, so the work goes on
