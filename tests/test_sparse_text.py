@@ -183,3 +183,19 @@ def test_a_tfidf_run_keeps_its_caption_features_sparse(tmp_path, monkeypatch):
     assert sp.isspmatrix_csr(train.text_features)
     dense = train.require_text_features("vsepp")
     assert isinstance(dense, np.ndarray) and dense.shape == train.text_features.shape
+
+
+def test_a_full_disk_gives_the_sparse_rows_unstored(tmp_path, monkeypatch):
+    import errno
+
+    def full(self, key, array, meta, sparse=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FeatureCache, "_save", full)
+    monkeypatch.setattr(cache_mod, "_UNWRITABLE", set())
+    caps = _captions(40, 3)
+    enc = create_text_encoder("tfidf").fit(caps)
+    got, hit = encode_captions(caps, enc, cache=FeatureCache(tmp_path))
+    assert not hit and sp.isspmatrix_csr(got)
+    np.testing.assert_allclose(got.toarray(), enc.encode(caps), rtol=1e-6, atol=1e-7)
+    assert not list(tmp_path.glob("??/*"))

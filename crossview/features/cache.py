@@ -275,8 +275,10 @@ class FeatureCache:
         if array.dtype.hasobject:
             raise ValueError("the feature cache stores numeric arrays only")
         try:
-            stored = self._save(key, array, meta, sparse)
-            return stored if sparse is None else _unpack_csr(stored, sparse)
+            if sparse is None:
+                return self._save(key, array, meta)
+            stored = self._save(key, array, meta, sparse=sparse)
+            return _unpack_csr(stored, sparse)
         except OSError as e:
             if not is_storage_error(e):
                 raise
