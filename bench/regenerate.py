@@ -92,7 +92,8 @@ def methods(*names: str) -> tuple[str, ...]:
                       "crossview/methods/_qp.py", "crossview/methods/_cgrid.py"),
              "svm": ("crossview/methods/_labels.py", "crossview/methods/_cgrid.py"),
              "wknn": ("crossview/methods/_labels.py",),
-             "wsabie": ("crossview/nn/warp.py", "crossview/nn/trainer.py", "crossview/methods/torch_method.py"),
+             "wsabie": ("crossview/nn/warp.py", "crossview/nn/trainer.py", "crossview/nn/sparse_rows.py",
+                        "crossview/methods/torch_method.py"),
              "cca": ("crossview/core/linalg.py",)}
     deep = ("crossview/nn", "crossview/methods/torch_method.py")
     out: list[str] = []
@@ -255,11 +256,12 @@ ENTRIES: tuple[Entry, ...] = (
                                       "crossview/engine/tune.py") + methods("vsepp", "smoothap"),
           title="Paper 004's loss comparison on the Flickr8k sample: one budget, each loss's own setting chosen by "
                 "cross-validation of train"),
-    Entry("scale_cpu", "scale_cpu.txt", (S("bench/scale.py --sizes S,M,L"),), ("synthetic",), 15,
+    Entry("scale_cpu", "scale_cpu.txt", (S("bench/scale.py --sizes S,M,L"),), ("synthetic",), 60,
           ("crossview/data/readers/precomp.py", "crossview/data/dataset.py", "crossview/data/method_data.py",
-           "crossview/features/normalize.py", "crossview/features/text/counts.py", "crossview/eval/metrics.py",
+           "crossview/features/normalize.py", "crossview/features/text/counts.py", "crossview/features/text/base.py",
+           "crossview/features/cache.py", "crossview/features/__init__.py", "crossview/eval/metrics.py",
            "crossview/eval/embeddings.py", "crossview/engine/run.py", "crossview/engine/retriever.py",
-           "crossview/methods/base.py", *methods("cca", "bitr"))),
+           "crossview/methods/base.py", *methods("cca", "bitr", "wsabie", "vsepp"))),
     Entry("query_cache_cpu", "query_cache_cpu.txt",
           (S("bench/query_cache.py --baseline 4f330bd --work {WORK}"),), ("flickr8k", "synthetic"), 12,
           ("crossview/engine/gallery_cache.py", "crossview/engine/retriever.py", "crossview/engine/session.py",

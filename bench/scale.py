@@ -16,18 +16,31 @@ one child at a time. Steps (``--steps``, in this order):
     info   crossview data info DIR
     cca    crossview train cca --data DIR --text-encoder tfidf            (fit on train, evaluate on test)
     bitr   crossview train bitr --data DIR --text-encoder tfidf
+    wsabie crossview train wsabie --data DIR --text-encoder tfidf --set max_epochs=1
+    vsepp  crossview train vsepp --data DIR --set text_model=gru --set max_epochs=1   (the captions through
+           its own GRU: no caption features)
     query  crossview query CCA_RUN --text "one sentence"                  (needs the cca step's run)
     eval   crossview eval CCA_RUN                                         (re-evaluates the saved embeddings)
+
+``--cap-seconds`` (default 120) stops a wsabie or vsepp step that is still training that many seconds after its
+first batch with SIGTERM, as a scheduler would (the run cancels between two batches and keeps its checkpoint): its peak
+RSS is then that of training so far (the features loaded, the model and its optimiser, the batches done), not
+of the test evaluation after it. The table says ``capped`` and how many of the epoch's batches ran (from the
+run's metrics.jsonl).
 
 The feature cache (``CROSSVIEW_CACHE_DIR``) is one folder per size, emptied before the size's first step, so
 the cca step pays the TF-IDF extraction and bitr reuses it (as a person training both would).
 
-The table's ``ratio`` is peak RSS over the bytes of the run's feature matrices: the image features of all splits
-(``n_images x 2048 x 4``) plus the captions' TF-IDF features as a dense float32 ``n_captions x 500`` matrix
-(what the text encoder hands the methods); ``x img`` is peak RSS over the image features alone. The issue's goal
-(#34) is ratio <= 2.5 for every step at L.
+The table's ``ratio`` is peak RSS over the bytes of the run's feature matrices (column ``denom``): the image
+features of all splits (``n_images x 2048 x 4``) plus, for the TF-IDF runs (cca, bitr, wsabie, and query / eval
+of the cca run), the captions' TF-IDF features as the text encoder now hands them to the methods, a float32 CSR
+matrix (``img+csr``: 4-byte values and column indices per non-zero, a 4-byte row pointer per caption; the
+non-zeros are the distinct words of each caption, counted from the caption files); the vsepp GRU run has no
+caption features (``img``). ``x dense`` is peak RSS over the image features plus a dense float32 ``n_captions x
+500`` TF-IDF matrix, the denominator of the first version of this table; ``x img`` is peak RSS over the image
+features alone. The issue's goal (#34) is ratio <= 2.5 for every step at L.
 
-    .venv/bin/python bench/scale.py                       # S and M, all steps (a few minutes on 2 cores)
+    .venv/bin/python bench/scale.py                       # S and M, all steps (about 20 minutes on 2 cores)
     .venv/bin/python bench/scale.py --sizes L --steps cca # one step at COCO size (about 1 GB of features)
 
 Writes bench/results/scale_cpu.txt (``--out``), stamped with the command, commit, machine and data.
@@ -41,6 +54,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,7 +66,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _stamp  # noqa: E402  (bench/_stamp.py)
 
 SIZES = {"S": 3_000, "M": 30_000, "L": 120_000}
-STEPS = ("info", "cca", "bitr", "query", "eval")
+STEPS = ("info", "cca", "bitr", "wsabie", "vsepp", "query", "eval")
+#: steps that train for an epoch, stopped at --cap-seconds
+CAPPED = ("wsabie", "vsepp")
 DIM = 2048
 VOCAB = 500
 TOPICS = 64
@@ -128,18 +144,80 @@ def make_dataset(root: Path, size: str, seed: int) -> Path:
 
 
 def feature_bytes(n: int) -> tuple[int, int]:
-    """``(image bytes, text bytes)``: ``n x DIM`` float32 and ``5n x VOCAB`` float32."""
+    """``(image bytes, dense text bytes)``: ``n x DIM`` float32 and ``5n x VOCAB`` float32."""
     return n * DIM * 4, n * CAPS_PER_IMAGE * VOCAB * 4
 
 
-def measure(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int, int]:
-    """Run ``cmd``; ``(wall seconds, peak RSS bytes, exit code)``; its output goes to ``log``."""
+def csr_text_bytes(folder: Path) -> int:
+    """Bytes of the captions' TF-IDF rows as a float32 CSR matrix with int32 indices: 8 bytes per non-zero (the
+    distinct words of a caption) and 4 per row pointer."""
+    nnz = rows = 0
+    for caps in sorted(folder.glob("*_caps.txt")):
+        with open(caps, encoding="utf-8") as fh:
+            for line in fh:
+                nnz += len(set(line.split()))
+                rows += 1
+    return 8 * nnz + 4 * (rows + 1)
+
+
+def batches_done(run: Path) -> tuple[int, int] | None:
+    """``(batches done, batches in the epoch)`` of the first epoch from the run's metrics.jsonl progress events,
+    or None when it has none."""
+    done = total = 0
+    try:
+        lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if (ev.get("event") == "progress" and ev.get("stage") == "fit" and ev.get("total")
+                and str(ev.get("message", "")).startswith("epoch 1/")):
+            done, total = max(done, int(ev.get("step") or 0)), int(ev["total"])
+    return (done, total) if total else None
+
+
+def _stop(proc: subprocess.Popen, use_time: bool) -> None:
+    """SIGTERM to the command (under /usr/bin/time: to time's child, which time then reports on)."""
+    pids = [proc.pid]
+    if use_time:
+        try:
+            pids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()] or pids
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def measure(cmd: list[str], env: dict[str, str], log: Path, cap: float | None = None,
+            run: Path | None = None) -> tuple[float, int, int, bool]:
+    """Run ``cmd``; ``(wall seconds, peak RSS bytes, exit code, capped)``; its output goes to ``log``. With ``cap``
+    the command gets SIGTERM once it has trained for that many seconds (from the first batch that the run folder
+    ``run``'s metrics.jsonl reports; ``capped`` True)."""
     use_time = os.access(TIME_V, os.X_OK)
     full = [TIME_V, "-v", *cmd] if use_time else cmd
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
+    capped = False
     with open(log, "w", encoding="utf-8") as out:
-        r = subprocess.run(full, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(full, env=env, stdout=out, stderr=subprocess.STDOUT)
+        started = None          # when the run's first training batch was reported (the cap counts from there)
+        while proc.poll() is None:
+            time.sleep(1.0)
+            if cap is None or run is None:
+                continue
+            if started is None and batches_done(run) is not None:
+                started = time.perf_counter()
+            if started is not None and time.perf_counter() - started > cap:
+                capped = True
+                _stop(proc, use_time)
+                proc.wait()
+    r = proc
     wall = time.perf_counter() - t
     text = log.read_text(encoding="utf-8", errors="replace")
     if use_time:
@@ -157,7 +235,7 @@ def measure(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int,
         after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         peak = after * 1024 if after > before else -1
         rc = r.returncode
-    return wall, peak, rc
+    return wall, peak, rc, capped
 
 
 def step_command(step: str, folder: Path, runs: Path) -> list[str]:
@@ -167,6 +245,12 @@ def step_command(step: str, folder: Path, runs: Path) -> list[str]:
     if step in ("cca", "bitr"):
         return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", "cpu",
                 "--run-dir", str(runs / step)]
+    if step == "wsabie":
+        return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", "cpu",
+                "--set", "max_epochs=1", "--run-dir", str(runs / step)]
+    if step == "vsepp":
+        return [*py, "train", step, "--data", str(folder), "--device", "cpu", "--set", "text_model=gru",
+                "--set", "max_epochs=1", "--run-dir", str(runs / step)]
     if step == "query":
         return [*py, "query", str(runs / "cca"), "--text", QUERY, "--k", "5"]
     if step == "eval":
@@ -177,11 +261,14 @@ def step_command(step: str, folder: Path, runs: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="S,M", help="comma-separated among S, M, L (default S,M)")
-    ap.add_argument("--steps", default="info,cca,bitr,query,eval",
+    ap.add_argument("--steps", default=",".join(STEPS),
                     help=f"comma-separated among {', '.join(STEPS)} (default all, in that order)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
     ap.add_argument("--work", default="/tmp/crossview-scale", metavar="DIR",
                     help="where the data sets, feature caches, runs and logs go (default /tmp/crossview-scale)")
+    ap.add_argument("--cap-seconds", type=float, default=120.0, metavar="S",
+                    help="stop a wsabie / vsepp step still training S seconds after its first batch (SIGTERM; "
+                         "default 120; 0: none)")
     _stamp.add_out_argument(ap, _stamp.RESULTS / "scale_cpu.txt")
     args = ap.parse_args(argv)
     sizes = [s.strip().upper() for s in args.sizes.split(",") if s.strip()]
@@ -201,14 +288,20 @@ def main(argv: list[str] | None = None) -> int:
         how = "/usr/bin/time -v" if os.access(TIME_V, os.X_OK) else "getrusage(RUSAGE_CHILDREN)"
         print(f"peak RSS by {how}; one subprocess a step; load average {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} cores at the start")
-        print("ratio = peak RSS / (image features + dense float32 TF-IDF); x img = peak RSS / image features")
+        print("ratio = peak RSS / the run's feature bytes (denom: img+csr = image features + TF-IDF as float32 CSR; "
+              "img = image features only, the GRU run)")
+        print("x dense = peak RSS / (image features + dense float32 TF-IDF); x img = peak RSS / image features")
+        print(f"wsabie / vsepp: 1 epoch, stopped {args.cap_seconds:g} s after the first batch if still training "
+              "(capped: batches done of the epoch's)" if args.cap_seconds else "wsabie / vsepp: 1 epoch, not capped")
         print()
-        print(f"{'size':<4} {'step':<6} {'wall s':>8} {'peak MB':>9} {'feat MB':>8} {'ratio':>6} {'x img':>6}  rc")
+        print(f"{'size':<4} {'step':<6} {'wall s':>8} {'peak MB':>9} {'denom':>7} {'feat MB':>8} {'ratio':>6} "
+              f"{'x dense':>7} {'x img':>6}  rc")
         failed = 0
         for size in sizes:
             folder = make_dataset(work, size, args.seed)
             n = SIZES[size]
             img_b, txt_b = feature_bytes(n)
+            csr_b = csr_text_bytes(folder)
             runs = work / f"runs_{size}"
             cache = work / f"cache_{size}"
             for d in (runs, cache):
@@ -219,13 +312,22 @@ def main(argv: list[str] | None = None) -> int:
                        os.pathsep)}
             for step in steps:
                 log = work / f"{size}_{step}.log"
-                wall, peak, rc = measure(step_command(step, folder, runs), env, log)
-                failed += rc != 0
+                cap = args.cap_seconds if step in CAPPED and args.cap_seconds > 0 else None
+                wall, peak, rc, capped = measure(step_command(step, folder, runs), env, log, cap, runs / step)
+                failed += rc != 0 and not capped
+                denom, feat = ("img", img_b) if step == "vsepp" else ("img+csr", img_b + csr_b)
                 peak_s = f"{peak / 1e6:9.0f}" if peak >= 0 else f"{'?':>9}"
-                ratio = f"{peak / (img_b + txt_b):6.2f}" if peak >= 0 else f"{'?':>6}"
+                ratio = f"{peak / feat:6.2f}" if peak >= 0 else f"{'?':>6}"
+                xdense = f"{peak / (img_b + txt_b):7.2f}" if peak >= 0 else f"{'?':>7}"
                 ximg = f"{peak / img_b:6.2f}" if peak >= 0 else f"{'?':>6}"
-                print(f"{size:<4} {step:<6} {wall:8.1f} {peak_s} {(img_b + txt_b) / 1e6:8.0f} {ratio} {ximg}  "
-                      f"{rc}{'' if rc == 0 else '  (see ' + str(log) + ')'}", flush=True)
+                note = ""
+                if capped:
+                    b = batches_done(runs / step)
+                    note = f"  capped {args.cap_seconds:g} s into training" + (f": {b[0]} of {b[1]} batches" if b else "")
+                elif rc != 0:
+                    note = f"  (see {log})"
+                print(f"{size:<4} {step:<6} {wall:8.1f} {peak_s} {denom:>7} {feat / 1e6:8.0f} {ratio} {xdense} {ximg}  "
+                      f"{rc}{note}", flush=True)
         if failed:
             print(f"\n{failed} step(s) failed: their logs are under {work}", file=sys.stderr)
         return 1 if failed else 0

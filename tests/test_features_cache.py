@@ -192,15 +192,18 @@ def test_nan_rows_in_a_cached_entry_are_extracted_again(store, caplog):
     model = _tfidf(CAPTIONS)
     clean, hit = encode_captions(CAPTIONS, model, cache=store)
     assert not hit
-    parts = {"kind": "text", "captions": _captions_fingerprint(CAPTIONS), "encoder": model.cache_parts()}
+    # TF-IDF rows are cached sparse (CSR, issue 34), under a key that says so
+    parts = {"kind": "text", "captions": _captions_fingerprint(CAPTIONS), "encoder": model.cache_parts(),
+             "layout": "csr"}
     key = FeatureCache.make_key(**parts)
-    poisoned = np.array(clean)
-    poisoned[5:9] = np.nan
+    assert store.contains(key)
+    poisoned = clean.copy()
+    poisoned.data[poisoned.indptr[5]:poisoned.indptr[9]] = np.nan
     store.save(key, poisoned, parts)          # a consistent entry (checksums match) with NaN rows
     with caplog.at_level("WARNING"):
         again, hit = encode_captions(CAPTIONS, model, cache=store)
-    assert not hit and np.isfinite(again).all()
-    np.testing.assert_array_equal(again, clean)
+    assert not hit and np.isfinite(again.toarray()).all()
+    np.testing.assert_array_equal(again.toarray(), clean.toarray())
     assert str(store.path_of(key)) in caplog.text and "NaN" in caplog.text
     assert "crossview features extract" in caplog.text
 
@@ -210,14 +213,14 @@ def test_an_encoder_that_makes_nan_is_a_clear_error_and_nothing_is_cached(store)
     from crossview.features import encode_captions
 
     model = _tfidf(CAPTIONS)
-    real = model.iter_encode           # what encode_captions drives (encode() is a wrapper of it)
+    real = model.iter_encode_sparse    # what encode_captions drives for TF-IDF (sparse rows)
 
     def broken(captions, **kw):
         out = yield from real(captions, **kw)
-        out[3] = np.inf
+        out.data[out.indptr[3]] = np.inf
         return out
 
-    model.iter_encode = broken
+    model.iter_encode_sparse = broken
     with pytest.raises(CrossViewError, match=r"NaN or infinite values in 1 of 36 rows \(first: caption 3"):
         encode_captions(CAPTIONS, model, cache=store)
     assert store.entries() == []

@@ -168,3 +168,29 @@ def test_dropped_pages_of_a_mapped_array_read_back_the_same(tmp_path):
     drop_pages(m[::5])
     drop_pages(a)                  # not mapped: nothing happens
     np.testing.assert_array_equal(m, a)
+
+
+def test_a_large_precomp_set_is_stacked_into_a_mapped_file(tmp_path, monkeypatch):
+    """Split files stacked into one memory-mapped temporary file (not anonymous memory), values unchanged, and a
+    plain view of it can give its pages back (drop_pages walks to the mapping)."""
+    from crossview.core.io import drop_pages
+    from crossview.data.readers import precomp
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "t_precomp"
+    folder.mkdir()
+    parts = {}
+    for prefix, n in (("train", 30), ("dev", 6), ("test", 6)):
+        parts[prefix] = rng.random((n, 8)).astype(np.float32) + 0.1
+        np.save(folder / f"{prefix}_ims.npy", parts[prefix])
+        (folder / f"{prefix}_caps.txt").write_text("".join(f"a photo {prefix} {i}\n" for i in range(n)))
+    in_memory = precomp.read(folder).image_features
+    assert not isinstance(in_memory, np.memmap)
+    monkeypatch.setattr(precomp, "STACK_FILE_BYTES", 64)
+    mapped = precomp.read(folder).image_features
+    assert isinstance(mapped, np.memmap)
+    np.testing.assert_array_equal(mapped, in_memory)
+    np.testing.assert_array_equal(mapped[:30], parts["train"])
+    view = np.asarray(mapped)[3:9]
+    drop_pages(view)                   # pages dropped: read back again from the file, the same values
+    np.testing.assert_array_equal(view, in_memory[3:9])

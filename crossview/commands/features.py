@@ -38,8 +38,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
         from crossview.core.io import atomic_writer
 
         out = Path(args.out) if str(args.out).endswith(".npz") else Path(f"{args.out}.npz")   # as np.savez names it
-        need = feats.image.nbytes + feats.text.nbytes + ds.caption_image.nbytes
-        atomic_writer(out, lambda f: np.savez(f, image=feats.image, text=feats.text, caption_image=ds.caption_image),
+        from crossview.core.linalg import to_dense
+
+        text = to_dense(feats.text)     # the file's "text" is dense (n_captions, dim), whatever the encoder
+        need = feats.image.nbytes + text.nbytes + ds.caption_image.nbytes
+        atomic_writer(out, lambda f: np.savez(f, image=feats.image, text=text, caption_image=ds.caption_image),
                       size=need)
         print(f"wrote {out}")
     return 0
@@ -81,8 +84,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         parts = e.get("parts", {})
         enc = parts.get("encoder", {})
         name = enc.get("name", "?") if isinstance(enc, dict) else enc
+        sparse = e.get("sparse") if isinstance(e.get("sparse"), dict) else None
+        shape = (f"{'x'.join(map(str, sparse.get('shape', [])))} CSR, {sparse.get('nnz', '?'):,} non-zeros"
+                 if sparse else f"{'x'.join(map(str, e['shape']))} {e['dtype']}")
         print(f"  {e['key'][:12]}  {parts.get('kind', '?'):<5} {name:<22} {str(parts.get('dataset', '')):<16} "
-              f"{'x'.join(map(str, e['shape']))} {e['dtype']}")
+              f"{shape}")
     bad = 0
     if args.verify and not args.clear:
         bar = ProgressPrinter("verifying")

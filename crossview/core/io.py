@@ -466,7 +466,17 @@ def drop_pages(arr: Any) -> None:
     and where ``madvise`` is missing."""
     import mmap
 
-    m = getattr(arr, "_mmap", None)
+    # the mapping of a np.memmap, or of a plain view of one (np.asarray and slices drop the memmap class but keep
+    # it as a base)
+    m, seen = None, 0
+    while arr is not None and seen < 8:
+        if isinstance(arr, mmap.mmap):
+            m = arr
+            break
+        m = getattr(arr, "_mmap", None)
+        if m is not None:
+            break
+        arr, seen = getattr(arr, "base", None), seen + 1
     if m is None or not hasattr(m, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
         return
     try:

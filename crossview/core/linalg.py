@@ -32,7 +32,8 @@ import numpy as np
 from crossview.core.errors import CrossViewError
 
 __all__ = ["CCAResult", "fit_cca", "fit_cca_pairs", "group_sums", "cca_from_covariances", "column_mean", "covariance",
-           "covariance_steps", "cross_covariance", "cca_transform", "check_finite", "check_views", "is_sparse"]
+           "covariance_steps", "cross_covariance", "cca_transform", "check_finite", "check_views", "is_sparse",
+           "to_dense"]
 
 # Rows per chunk when accumulating X^T X (keeps float32 temporaries near 64 MB for p = 2048).
 _CHUNK_ROWS = 8192
@@ -65,6 +66,14 @@ def covariance(X: np.ndarray, mean: np.ndarray, weights: np.ndarray | None = Non
 def is_sparse(X: Any) -> bool:
     """Whether ``X`` is a scipy sparse matrix (kept sparse by every function here: never densified whole)."""
     return hasattr(X, "tocsr") and hasattr(X, "nnz")
+
+
+def to_dense(X: Any) -> np.ndarray:
+    """``X`` as a dense float32 array: a scipy sparse matrix densified (only where a consumer has no sparse path:
+    its bytes are rows x columns x 4), anything else through ``np.asarray``."""
+    if is_sparse(X):
+        return np.asarray(X.toarray(), dtype=np.float32)
+    return np.asarray(X, dtype=np.float32)
 
 
 def column_mean(X: Any, weights: np.ndarray | None = None, chunk_rows: int = _CHUNK_ROWS) -> np.ndarray:

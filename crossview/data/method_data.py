@@ -46,8 +46,9 @@ class MethodData:
 
     Attributes:
         image_features: ``(n_images, p) float32``, or ``None`` when the images come as files only.
-        text_features: ``(n_captions, q) float32``, or ``None`` for methods that read the captions
-            themselves (the deep methods tokenise ``captions``).
+        text_features: ``(n_captions, q) float32`` (a scipy CSR matrix for TF-IDF / bag-of-words captions, kept
+            sparse: :meth:`require_text_features`), or ``None`` for methods that read the captions themselves
+            (the deep methods tokenise ``captions``).
         captions: ``n_captions`` caption strings.
         caption_image: ``(n_captions,) int64``, the image of each caption (index into the images).
         labels: ``(n_images,) int64`` identity / class labels, or ``None``.
@@ -143,11 +144,17 @@ class MethodData:
     def text_dim(self) -> int | None:
         return None if self.text_features is None else int(self.text_features.shape[1])
 
-    def require_text_features(self, method: str) -> np.ndarray:
-        """``text_features``, or a :class:`CrossViewError` saying that ``method`` needs them."""
+    def require_text_features(self, method: str, *, sparse: bool = False) -> Any:
+        """``text_features``, or a :class:`CrossViewError` saying that ``method`` needs them.
+
+        Sparse caption features (TF-IDF, bag of words: a scipy CSR matrix) are handed as they are to a method that
+        says ``sparse=True`` (CCA, BITR, WSABIE work on them without a dense copy); any other method gets them
+        densified, ``(n_captions, q) float32``."""
         if self.text_features is None:
             raise CrossViewError(f"method {method!r} needs caption features but the {self.name or 'given'} "
                                  "data has none; extract them with a text encoder (e.g. --text-encoder minilm)")
+        if not sparse and hasattr(self.text_features, "tocsr"):
+            return np.asarray(self.text_features.toarray(), dtype=np.float32)
         return self.text_features
 
     def caption_pairs(self) -> tuple[np.ndarray, np.ndarray]:

@@ -772,7 +772,8 @@ class FusedMethod:
         txt = data.text_features
         return replace(data, image_features=None if img is None else np.asarray(img)[:, self.image_slices[k]],
                        text_features=None if txt is None or not getattr(m, "needs_text_features", True)
-                       else np.asarray(txt)[:, self.text_slices[k]])
+                       else (txt.tocsr()[:, self.text_slices[k]] if hasattr(txt, "tocsr")
+                             else np.asarray(txt)[:, self.text_slices[k]]))
 
     def encode_images(self, data: Any, direction: str = "i2t") -> np.ndarray:
         """``(n_images, sum D_m) float32``: each member's image embedding times its scale, side by side."""
@@ -826,9 +827,14 @@ def FusedFeatures(members: Sequence[Any], methods: Sequence[Any]) -> Any:
     cls = _fused_features_class()
     img = np.hstack([np.asarray(f.image, np.float32) for f in members])
     n_caps = next((f.text.shape[0] for f in members if f.text is not None), 0)
-    texts = [np.asarray(f.text, np.float32) if f.text is not None and getattr(m, "needs_text_features", True)
+    texts = [f.text if f.text is not None and getattr(m, "needs_text_features", True)
              else np.zeros((n_caps, 0), np.float32) for f, m in zip(members, methods)]
-    feats = cls(image=img, text=np.hstack(texts) if texts else None, image_encoder=FUSED, text_encoder=FUSED)
+    if any(hasattr(t, "tocsr") for t in texts):     # a TF-IDF member: the side by side rows stay sparse
+        import scipy.sparse as sp
+        text = sp.hstack([sp.csr_matrix(t, dtype=np.float32) for t in texts], format="csr", dtype=np.float32)
+    else:
+        text = np.hstack([np.asarray(t, np.float32) for t in texts]) if texts else None
+    feats = cls(image=img, text=text, image_encoder=FUSED, text_encoder=FUSED)
     feats.members = list(members)
     feats.methods = list(methods)
     return feats

@@ -160,7 +160,10 @@ class Retriever:
         if not self.method.needs_text_features:
             return None
         if rows is not None:
-            return np.asarray(self.features.text[rows], dtype=np.float32)
+            text = self.features.text
+            if hasattr(text, "tocsr"):      # TF-IDF rows stay sparse: the method densifies them if it must
+                return text.tocsr()[rows].astype(np.float32)
+            return np.asarray(text[rows], dtype=np.float32)
         from crossview.features import encode_texts
 
         return encode_texts(self.features, captions, device=self.device)
@@ -192,7 +195,7 @@ class Retriever:
         feats, self.corpus_cache_hit = encode_captions(
             captions, model, cache=store, device=self.device, progress=report, should_stop=self._should_stop,
             dataset_name=f"corpus {getattr(self.corpus, 'name', '')}".strip())
-        return np.asarray(feats, dtype=np.float32)
+        return feats if hasattr(feats, "tocsr") else np.asarray(feats, dtype=np.float32)
 
     def _gallery_data(self) -> MethodData:
         """What the method encodes for the gallery: the corpus's captions, or the split's images and captions."""

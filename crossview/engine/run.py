@@ -182,7 +182,8 @@ def _coerce_features(features: Any) -> Any:
     if isinstance(features, (tuple, list)) and len(features) == 2:
         image, text = features
         return Features(image=np.asarray(image, dtype=np.float32),
-                        text=None if text is None else np.asarray(text, dtype=np.float32),  # type: ignore[arg-type]
+                        text=None if text is None else (text.tocsr().astype(np.float32) if hasattr(text, "tocsr")
+                                                        else np.asarray(text, dtype=np.float32)),  # type: ignore
                         image_encoder="given", text_encoder="given")
     raise CrossViewError(f"features must be a crossview.features.Features or an (image, text) pair of arrays, "
                          f"got {type(features).__name__}")

@@ -51,11 +51,13 @@ class Features:
     """Feature matrices of a whole dataset (all splits), and where they came from.
 
     ``image (n_images, d) float32`` and ``text (n_captions, e) float32`` follow the dataset's image
-    and caption numbering; either may be memory-mapped (read-only) when large.
+    and caption numbering; either may be memory-mapped (read-only) when large. ``text`` is a float32
+    ``scipy.sparse.csr_matrix`` for the sparse encoders (TF-IDF, bag of words): never densified whole
+    (:meth:`crossview.data.method_data.MethodData.require_text_features`).
     """
 
     image: np.ndarray
-    text: np.ndarray | None   #: None when the run's method reads the captions itself (text encoder 'none')
+    text: Any   #: (n, e) array or CSR matrix; None when the method reads the captions itself (text encoder 'none')
     image_encoder: str
     text_encoder: str
     text_model: Any = None  #: the fitted TextEncoder, needed to encode new captions (queries, corpora)
@@ -134,7 +136,12 @@ def _captions_fingerprint(captions: Sequence[str]) -> str:
 
 
 def _nonfinite_rows(x: np.ndarray, block_bytes: int = 16 << 20) -> np.ndarray:
-    """Indices of the rows of ``x`` holding NaN or infinity, read in blocks (``x`` may be memory-mapped)."""
+    """Indices of the rows of ``x`` holding NaN or infinity, read in blocks (``x`` may be memory-mapped, or a scipy
+    CSR matrix: its stored values are checked)."""
+    if hasattr(x, "tocsr") and hasattr(x, "nnz"):
+        x = x.tocsr()
+        bad = np.flatnonzero(~np.isfinite(x.data))
+        return np.unique(np.searchsorted(x.indptr, bad, side="right") - 1).astype(np.int64)
     x = np.asarray(x) if not isinstance(x, np.ndarray) else x
     if x.ndim == 0 or x.shape[0] == 0 or not np.issubdtype(x.dtype, np.floating):
         return np.zeros(0, dtype=np.int64)
@@ -165,7 +172,8 @@ def _iter_cached_finite(store: FeatureCache | None, parts: dict[str, Any],
     key = FeatureCache.make_key(**parts) if store is not None else None
     cached = store.load(key) if store is not None and key is not None else None
     if cached is not None and not len(_nonfinite_rows(cached)):
-        drop_pages(cached)      # the check read every page of the mapping: they need not stay resident
+        if isinstance(cached, np.ndarray):
+            drop_pages(cached)  # the check read every page of the mapping: they need not stay resident
         return cached, True
     if cached is not None and store is not None and key is not None:
         bad = _nonfinite_rows(cached)
@@ -178,7 +186,7 @@ def _iter_cached_finite(store: FeatureCache | None, parts: dict[str, Any],
     bad = _nonfinite_rows(arr)
     if len(bad):
         raise CrossViewError(
-            f"the {what} contain NaN or infinite values in {len(bad):,} of {len(arr):,} rows (first: "
+            f"the {what} contain NaN or infinite values in {len(bad):,} of {arr.shape[0]:,} rows (first: "
             f"{row_name(int(bad[0]))}) straight from the encoder, so extracting them again gives the same; "
             f"check that input (e.g. 'crossview data info DATASET --check-images') or choose another encoder")
     if store is not None and key is not None:
@@ -262,6 +270,7 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
         check_degenerate(image, Path(f"dataset {dataset.name!r} (precomputed image features)"), notes)
         for note in notes:
             log.warning("%s", note)
+        drop_pages(image)       # the checks read every page: a memory-mapped set need not keep them resident
         image_name, image_hit, image_spec = PRECOMP, True, {"name": PRECOMP, "dim": int(image.shape[1])}
     else:
         image_name = image_encoder or image_mod.DEFAULT_IMAGE_ENCODER
@@ -376,7 +385,7 @@ def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureC
                     should_stop: Callable[[], bool] | None = None,
                     dataset_name: str = "") -> tuple[np.ndarray, bool]:
     """``(features (n, e) float32, cache_hit)`` of ``captions`` with a (fitted) text encoder
-    (:func:`iter_encode_captions` driven to its end).
+    (:func:`iter_encode_captions` driven to its end; a CSR matrix for TF-IDF / bag of words).
 
     Used for a dataset's captions and for independent caption corpora (the BITR setting).
     """
@@ -390,8 +399,13 @@ def encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureC
 def iter_encode_captions(captions: Sequence[str], text_model: Any, *, cache: FeatureCache | None = None,
                          device: str = "cpu", dataset_name: str = "") -> Iterator[tuple[int, int]]:
     """:func:`encode_captions` as a generator: yields ``(done, total)`` (0 first when it encodes; only
-    ``(n, n)`` for a cache hit: the whole stage done at once) and returns ``(features, cache_hit)``."""
+    ``(n, n)`` for a cache hit: the whole stage done at once) and returns ``(features, cache_hit)``.
+
+    An encoder with ``sparse_output`` (TF-IDF, bag of words) gives a ``scipy.sparse.csr_matrix`` float32, stored
+    sparse in the cache: its dense ``n x vocabulary`` form is never made (issue 34)."""
     def compute() -> Iterator[tuple[int, int]]:
+        if getattr(text_model, "sparse_output", False) and hasattr(text_model, "iter_encode_sparse"):
+            return (yield from text_model.iter_encode_sparse(list(captions), device=device))
         if not hasattr(text_model, "iter_encode"):      # a plug-in encoder with the callback interface only
             yield 0, len(captions)
             out = np.asarray(text_model.encode(list(captions), device=device), dtype=np.float32)
@@ -401,6 +415,8 @@ def iter_encode_captions(captions: Sequence[str], text_model: Any, *, cache: Fea
         return np.asarray(x, dtype=np.float32)
 
     parts = {"kind": "text", "captions": _captions_fingerprint(captions), "encoder": text_model.cache_parts()}
+    if getattr(text_model, "sparse_output", False):
+        parts["layout"] = "csr"       # a dense entry written before the sparse rows is not this one
     text, hit = yield from _iter_cached_finite(cache, parts, compute, {**parts, "dataset": dataset_name},
                                                f"caption features ({text_model.name})",
                                                lambda i: f"caption {i}, {str(captions[i])[:60]!r}")

@@ -90,8 +90,12 @@ class FeatureNorm:
             self.proj_ = (pca.components_.T / scale).astype(np.float32)       # (d, k)
         return self
 
-    def transform(self, rows: Any) -> np.ndarray:
-        """The normalised rows, ``float32``."""
+    def transform(self, rows: Any) -> Any:
+        """The normalised rows, ``float32``. Sparse rows (TF-IDF captions, a scipy CSR matrix) stay sparse for the
+        per-row norms (``none``, ``l2``, ``ssr``); ``center`` / ``whiten`` make every value non-zero, so they give
+        dense rows (a chunk of rows densified at a time)."""
+        if hasattr(rows, "tocsr") and hasattr(rows, "nnz"):
+            return self._transform_sparse(rows.tocsr())
         x = np.asarray(rows, dtype=np.float32)
         if x.ndim != 2:
             raise CrossViewError(f"feature normalisation expects (rows, dims), got shape {x.shape}")
@@ -111,6 +115,28 @@ class FeatureNorm:
             out[start:start + _CHUNK_ROWS] = self._transform_block(x[start:start + _CHUNK_ROWS])
             drop_pages(rows)        # cached features are memory-mapped: read once, they need not stay resident
         return out
+
+    def _transform_sparse(self, x: Any) -> Any:
+        if x.shape[1] and self.mean_ is not None and x.shape[1] != self.mean_.shape[0]:
+            raise CrossViewError(f"feature normalisation {self.kind!r} was fitted on {self.mean_.shape[0]}-d "
+                                 f"features, got {x.shape[1]}-d ones")
+        x = x.astype(np.float32)            # a copy: the cached rows are read-only
+        if self.kind == "none":
+            return x
+        if self.needs_fit:
+            if self.mean_ is None:
+                raise CrossViewError(f"feature normalisation {self.kind!r} is used before it was fitted")
+            width = self.proj_.shape[1] if self.kind == "whiten" else x.shape[1]
+            out = np.empty((x.shape[0], width), dtype=np.float32)
+            for start in range(0, x.shape[0], _CHUNK_ROWS):
+                out[start:start + _CHUNK_ROWS] = self._transform_block(x[start:start + _CHUNK_ROWS].toarray())
+            return out
+        if self.kind == "ssr":
+            x.data = (np.sign(x.data) * np.sqrt(np.abs(x.data))).astype(np.float32)
+        sq = np.asarray(x.multiply(x).sum(axis=1), dtype=np.float64).ravel()
+        norms = np.maximum(np.sqrt(sq), 1e-12).astype(np.float32)
+        x.data /= np.repeat(norms, np.diff(x.indptr))
+        return x
 
     def _transform_block(self, x: np.ndarray) -> np.ndarray:
         """``transform`` of ``x (n, d) float32`` in one piece (an explanation's frozen norms need all the rows)."""
@@ -168,7 +194,9 @@ def normalize_features(features: Any, image_norm: str, text_norm: str, train_ima
     if img.needs_fit:       # the training rows are gathered only for a norm that learns from them
         img.fit(take_rows(np.asarray(features.image), np.asarray(train_images, dtype=np.int64)))
     if features.text is not None and txt.needs_fit:
-        txt.fit(take_rows(np.asarray(features.text), np.asarray(train_captions, dtype=np.int64)))
+        rows = np.asarray(train_captions, dtype=np.int64)
+        text = features.text
+        txt.fit(text.tocsr()[rows].toarray() if hasattr(text, "tocsr") else take_rows(np.asarray(text), rows))
     return _with_norms(features, img, txt), {"image": img.state_dict(), "text": txt.state_dict()}
 
 

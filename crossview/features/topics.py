@@ -713,7 +713,9 @@ def iter_build_representation(dataset: Any, name: str = "default", *,
             cache=store if store is not None else False, device=device, batch_size=batch_size,
             num_workers=num_workers, image_weights=image_weights, allow_random=allow_random)
         image = np.asarray(feats.image, dtype=np.float32)
-        text = np.asarray(feats.text, dtype=np.float32)
+        from crossview.core.linalg import to_dense
+
+        text = to_dense(feats.text)     # topics and the modern PCA need dense rows (TF-IDF comes sparse)
         info.update(image_encoder=feats.image_encoder, text_encoder=feats.text_encoder,
                     image_cache_hit=feats.image_cache_hit, text_cache_hit=feats.text_cache_hit)
         pca = None

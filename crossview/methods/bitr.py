@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from crossview.core.errors import CrossViewError
+from crossview.core.linalg import cca_transform, column_mean, is_sparse, to_dense
 from crossview.methods import register_method
 from crossview.methods._cgrid import PAPER_C_GRID, c_grid_values
 from crossview.methods._bitr_losses import (DOMAINS, LOSSES, _check_loss, _one_blas_thread, delta, delta_matrix,
@@ -144,7 +145,7 @@ def fit_preprocessing(image: np.ndarray, text: np.ndarray, caption_image: np.nda
         from crossview.core.linalg import fit_cca_pairs
 
         X = np.asarray(image, dtype=np.float32)
-        Y = np.asarray(text, dtype=np.float32)
+        Y = text if is_sparse(text) else np.asarray(text, dtype=np.float32)     # TF-IDF stays sparse
         ci = np.asarray(caption_image)
         if reduction == "ctr":
             res = fit_cca_pairs(X, Y, ci, int(min(X.shape[1], Y.shape[1])), CTR_REG)
@@ -156,7 +157,8 @@ def fit_preprocessing(image: np.ndarray, text: np.ndarray, caption_image: np.nda
                "text": {"mean": res.y_mean.astype(np.float32), "components": (res.y_proj * w).T.astype(np.float32)}}
     state: dict[str, dict[str, Any]] = {"pca": {}, "norm": {}, "domain": {}, "center": {}}
     for mod, a in (("image", image), ("text", text)):
-        a = np.asarray(a)
+        # sparse captions (TF-IDF) stay sparse through the CCA; a PCA or a centring needs them dense
+        a = a if is_sparse(a) and cca is not None else to_dense(a) if is_sparse(a) else np.asarray(a)
         pca = None
         if cca is not None:
             pca = cca[mod]
@@ -177,7 +179,7 @@ def fit_preprocessing(image: np.ndarray, text: np.ndarray, caption_image: np.nda
         # direction all have cosines near 1 and a few captions top every list (issue 28: one caption in
         # 31 of 100 top-5 lists). Centred first, the cosine compares what differs between rows. Not for
         # l1: the simplex needs the non-negative distributions as they are.
-        state["center"][mod] = (np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
+        state["center"][mod] = (column_mean(a).astype(np.float32)
                                 if pca is None and norm == "l2" and len(a) else None)
     return state
 
@@ -186,7 +188,9 @@ def apply_preprocessing(state: dict[str, dict[str, Any]], a: np.ndarray, mod: st
     """Features of modality ``mod`` as the model sees them (:func:`fit_preprocessing`'s ``state``): PCA / CCA
     (if fitted), else minus the training mean (if fitted: checkpoints from before the centring have none), then
     normalised. ``(n, d) -> (n, d') float32``."""
-    a = np.asarray(a, dtype=np.float32)
+    sparse = is_sparse(a)
+    if not sparse:
+        a = np.asarray(a, dtype=np.float32)
     pca = state["pca"].get(mod)
     center = (state.get("center") or {}).get(mod)
     fitted = pca["components"] if pca is not None else center
@@ -195,7 +199,11 @@ def apply_preprocessing(state: dict[str, dict[str, Any]], a: np.ndarray, mod: st
         raise CrossViewError(f"BITR: the model was trained on {d}-d {mod} features, these are "
                              f"{a.shape[1]}-d; use the same {mod} encoder as for training")
     if pca is not None:
-        a = (a - pca["mean"]) @ pca["components"].T
+        # a chunk of rows at a time (no centred copy of the whole matrix, 0.9 GB of image rows at COCO size);
+        # sparse rows are never centred: (a - mean) P^T = a P^T - mean P^T
+        a = cca_transform(a, pca["mean"], pca["components"].T, normalize=False)
+    elif sparse:
+        a = to_dense(a) if center is None else to_dense(a) - center
     elif center is not None:
         a = a - center
     return normalize_rows(a, state["norm"][mod], what=f"{mod} features")
@@ -469,7 +477,7 @@ class Bitr(Method):
 
         grid = self._check_params()
         dev = _resolve_device(str(self.device))
-        text = train.require_text_features("bitr")
+        text = train.require_text_features("bitr", sparse=True)
         if train.n_images < 2 or train.n_captions < 2:
             raise CrossViewError(f"BITR needs at least 2 images and 2 captions to train, the "
                                  f"{train.name or 'training'} data has {train.n_images} and {train.n_captions}")
@@ -500,7 +508,7 @@ class Bitr(Method):
 
         if prog["phase"] == "cv":
             yield from self._cross_validate(grid, np.asarray(train.image_features, dtype=np.float32),
-                                            np.asarray(text, dtype=np.float32), ci, dev)
+                                            text if is_sparse(text) else np.asarray(text, dtype=np.float32), ci, dev)
             prog["phase"] = "train"
         for di, d in enumerate(("i2t", "t2i")):
             if d in self.W_:
@@ -627,7 +635,7 @@ class Bitr(Method):
         """i2t: the normalised caption features ``(n_captions, q)``; t2i: ``W'^T y`` ``(n_captions, p)``."""
         check_direction(direction)
         self._require(direction)
-        y = self._prep(data.require_text_features("bitr"), "text")
+        y = self._prep(data.require_text_features("bitr", sparse=True), "text")
         return y if direction == "i2t" else np.ascontiguousarray(y @ self.W_["t2i"])
 
     def _require(self, direction: str) -> None:

@@ -80,7 +80,7 @@ class CCA(Method):
         ``Progress`` per covariance chunk, then a ``Log`` with the top correlations and, with ``val``,
         a ``Validation`` event with its retrieval metrics."""
         self._check_params()
-        text = train.require_text_features("cca")
+        text = train.require_text_features("cca", sparse=True)
         img = train.image_features
         ci = train.caption_image
         counts = np.bincount(ci, minlength=train.n_images).astype(np.float64)
@@ -155,7 +155,7 @@ class CCA(Method):
         """``(n_captions, d) float32``: centred caption features projected, weighted, L2-normalised."""
         check_direction(direction)
         self.check_is_fitted()
-        text = data.require_text_features("cca")
+        text = data.require_text_features("cca", sparse=True)
         self._check_dim(text, self.y_proj_, "text")
         return cca_transform(text, self.y_mean_, self.y_proj_, self.correlations_, self.weight_power)
 

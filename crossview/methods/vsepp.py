@@ -41,6 +41,7 @@ from crossview.core.errors import CrossViewError
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.torch_method import TorchMethod
+from crossview.nn.sparse_rows import shared_tensor
 from crossview.nn.encoders import BackboneImageEncoder, FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder
 from crossview.nn.losses import contrastive_loss
 from crossview.nn.trainer import gather_rows, unwrap, world
@@ -408,12 +409,12 @@ class Vsepp(TorchMethod):
         if self.model_spec_.get("image_model") == "cnn":
             self._set_image_files(list(train.image_paths or []), train.caption_image, device)
         else:
-            # a split can be a read-only view of the run's features (data.take_rows): torch wants writable rows
-            t["img"] = torch.as_tensor(np.require(train.require_image_features(self.name),
-                                                  requirements="W")).to(device)
+            # a split can be a read-only view of the run's features (data.take_rows): shared, not copied (batches
+            # are gathered from it; on a GPU .to() makes the one copy there)
+            t["img"] = shared_tensor(np.asarray(train.require_image_features(self.name), np.float32)).to(device)
         kind = self.model_spec_["text_model"]
         if kind == "features":
-            t["txt"] = torch.as_tensor(np.require(train.require_text_features(self.name), requirements="W")).to(device)
+            t["txt"] = shared_tensor(np.asarray(train.require_text_features(self.name), np.float32)).to(device)
         else:
             inputs = self._text_inputs(train.captions)
             # tokens per caption, on the host: each batch is trimmed to its longest caption without a sync

@@ -54,6 +54,8 @@ from crossview.core.errors import CrossViewError
 from crossview.methods import register_method
 from crossview.methods._labels import label_sets_of, mentioned, normalize_rows, words
 from crossview.methods.torch_method import TorchMethod
+from crossview.core.linalg import column_mean, is_sparse
+from crossview.nn.sparse_rows import DenseRows, SparseRows
 from crossview.nn.trainer import unwrap
 from crossview.nn.warp import harmonic_table, max_norm_columns_, sample_violators, warp_loss
 
@@ -184,7 +186,7 @@ class Wsabie(TorchMethod):
                                 "image_dim": int(train.require_image_features("wsabie").shape[1]), "text_dim": None,
                                 "n_labels": None}
         if self.target == "captions":
-            spec["text_dim"] = int(train.require_text_features("wsabie").shape[1])
+            spec["text_dim"] = int(train.require_text_features("wsabie", sparse=True).shape[1])
             if train.n_captions < 2:
                 raise CrossViewError("wsabie needs at least 2 training captions to draw negatives from")
         else:
@@ -236,9 +238,9 @@ class Wsabie(TorchMethod):
         center: dict[str, np.ndarray | None] = {"image": None, "text": None}
         if self.normalize == "l2" and self.target == "captions":
             for mod, a in (("image", train.require_image_features("wsabie")),
-                           ("text", train.require_text_features("wsabie"))):
-                if len(a):
-                    center[mod] = np.asarray(a, dtype=np.float64).mean(axis=0).astype(np.float32)
+                           ("text", train.require_text_features("wsabie", sparse=True))):
+                if a.shape[0]:      # summed in float64 a chunk of rows at a time: no float64 copy (1.8 GB at
+                    center[mod] = column_mean(a).astype(np.float32)     # COCO size), TF-IDF kept sparse
         self.center_ = center
 
     def _rows(self, a: np.ndarray, mod: str) -> np.ndarray:
@@ -250,15 +252,30 @@ class Wsabie(TorchMethod):
             a = a - c        # a wrong width is left to the model's own dimension check, which names the encoder
         return normalize_rows(a, self.normalize)
 
+    def _sparse_text_rows(self, a: Any, device: Any) -> SparseRows:
+        """Sparse caption rows (TF-IDF) as :meth:`_rows` gives them (minus ``center_``, then normalised), held
+        sparse: a step densifies only the rows it reads (:class:`crossview.nn.sparse_rows.SparseRows`)."""
+        c = getattr(self, "center_", {}).get("text")
+        if c is not None and c.shape[0] != a.shape[1]:
+            c = None         # a wrong width is left to the model's own dimension check, which names the encoder
+        return SparseRows.from_csr(a, c, self.normalize, device)
+
     def prepare(self, train: MethodData, device: torch.device) -> None:
         """The training tensors on ``device``: features, positives, negative counts and the L table."""
-        X = torch.as_tensor(np.require(self._rows(train.require_image_features("wsabie"), "image"),
-                                       requirements="W")).to(device)
+        # the image rows as the model sees them (centred, normalised) are computed where read, over the run's
+        # features: no second image matrix (issue 34)
+        image = train.require_image_features("wsabie")
+        c = getattr(self, "center_", {}).get("image")
+        X = DenseRows.from_array(image, c if c is not None and c.shape[0] == image.shape[1] else None,
+                                 self.normalize, device)
         n_img = X.shape[0]
         t: dict[str, Any] = {"X": X, "n_img": n_img}
         if self.target == "captions":
-            Y = torch.as_tensor(np.require(self._rows(train.require_text_features("wsabie"), "text"),
-                                        requirements="W")).to(device)
+            text = train.require_text_features("wsabie", sparse=True)
+            if is_sparse(text):      # TF-IDF: never the dense n_captions x vocabulary matrix (issue 34)
+                Y: Any = self._sparse_text_rows(text, device)
+            else:
+                Y = torch.as_tensor(np.require(self._rows(text, "text"), requirements="W")).to(device)
             ci = torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)
             per_image = torch.bincount(ci, minlength=n_img)
             n = Y.shape[0]
@@ -292,6 +309,8 @@ class Wsabie(TorchMethod):
         captured step draws every row from its full score row at once (:func:`crossview.nn.warp.draw_from_full_scores`:
         the same distribution, fixed shapes), when that fits :attr:`GRAPH_DRAW_BYTES`."""
         t = self._t
+        if isinstance(t.get("Y"), SparseRows):
+            return None, "sparse caption rows are gathered with data-dependent sizes"
         most = max(int(t["n_text"]), int(t["n_img"]))
         need = int(self.batch_size) * most * 20
         if need > self.GRAPH_DRAW_BYTES:
@@ -342,8 +361,12 @@ class Wsabie(TorchMethod):
                     def pos_t(rows: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
                         return cand == txt[rows].unsqueeze(1)
 
-                def full_t(rows: torch.Tensor) -> torch.Tensor:
-                    return s[rows] @ Y.T
+                if isinstance(Y, SparseRows):
+                    def full_t(rows: torch.Tensor) -> torch.Tensor:
+                        return Y.scores(s[rows])
+                else:
+                    def full_t(rows: torch.Tensor) -> torch.Tensor:
+                        return s[rows] @ Y.T
                 budget = max(1024, (1 << 22) // Y.shape[1])
             else:
                 Tt, keys, n_lab = T.T, t["keys"], t["n_text"]
@@ -373,7 +396,7 @@ class Wsabie(TorchMethod):
                         return torch.isin(cand * t["n_text"] + txt[rows].unsqueeze(1), t["keys"])
 
                 def full_i(rows: torch.Tensor) -> torch.Tensor:
-                    return w[rows] @ X.T
+                    return X.scores(w[rows])
                 d_i = self._draw(f_pos, n_img, t["n_neg_img"][batch], score_i, pos_i, full_i,
                                  max(1024, (1 << 22) // X.shape[1]), kw)
         # the differentiable part, through the (possibly DDP-wrapped) model: one forward for every row used
@@ -502,7 +525,10 @@ class Wsabie(TorchMethod):
         """``(n_captions, P)``: ``Z y`` of every caption; for the label targets, the mean of the
         embeddings of the labels each caption names (zero when it names none)."""
         if self.Z_ is not None:
-            y = self._rows(data.require_text_features("wsabie"), "text")
+            text = data.require_text_features("wsabie", sparse=True)
+            if is_sparse(text):
+                return self._embed_sparse_texts(text, data)
+            y = self._rows(text, "text")
             Z = _np(self.Z_)
             if y.shape[1] != Z.shape[1]:
                 raise CrossViewError(f"wsabie: the model expects {Z.shape[1]}-d caption features, the "
@@ -516,6 +542,19 @@ class Wsabie(TorchMethod):
             ids = mentioned(words(cap), name_words)
             if ids:
                 out[j] = labels[ids].mean(axis=0)
+        return out
+
+    def _embed_sparse_texts(self, text: Any, data: MethodData) -> np.ndarray:
+        """``Z y`` of sparse caption rows (centred and normalised as in training), a block of rows at a time."""
+        Z = torch.as_tensor(_np(self.Z_))
+        if text.shape[1] != Z.shape[1]:
+            raise CrossViewError(f"wsabie: the model expects {Z.shape[1]}-d caption features, the "
+                                 f"{data.name or 'given'} data has {text.shape[1]}-d; use the text encoder it "
+                                 "was trained with")
+        out = np.empty((text.shape[0], Z.shape[0]), dtype=np.float32)
+        step = max(1, (32 << 20) // (4 * max(1, Z.shape[0])))      # ~32 MB of output rows a block
+        for a in range(0, text.shape[0], step):
+            out[a:a + step] = self._sparse_text_rows(text[a:a + step], "cpu").embed(Z).numpy()
         return out
 
     def encode_labels(self) -> np.ndarray:

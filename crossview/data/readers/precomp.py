@@ -17,6 +17,7 @@ stays memory-mapped, several are concatenated in memory. Empty caption lines are
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -200,11 +201,39 @@ def _read_split(prefix: str, ims_path: Path, caps_path: Path, warnings: list[str
     return ims, captions, cap_arr
 
 
+#: Stacked features at least this large go to a memory-mapped temporary file instead of anonymous memory.
+STACK_FILE_BYTES = 64 * 1024 * 1024
+
+
+def _stack_target(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """Where the splits are stacked: for a large set, a memory-mapped temporary file (deleted at once, so it lives
+    as long as the mapping; its space reserved first, so a full disk is an ``OSError`` here and not a crash on a
+    later write), whose pages leave the resident set once read (``drop_pages``), as the cached features' do: a
+    run that normalises the features then holds one image matrix, not two (issue 34: 0.98 GB each at COCO size).
+    In memory when small, or when no temporary file of that size can be made."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes >= STACK_FILE_BYTES:
+        import logging
+        import tempfile
+
+        try:
+            with tempfile.TemporaryFile(prefix="crossview-stack-") as fh:
+                os.posix_fallocate(fh.fileno(), 0, nbytes)
+                return np.memmap(fh, dtype=dtype, mode="r+", shape=shape)
+        except (OSError, ValueError, AttributeError) as e:
+            logging.getLogger(__name__).warning(
+                "precomp: no temporary file of %.2f GB for the stacked image features in %s (%s): they are held in "
+                "memory, so a run that normalises them holds two copies; free disk space there or set TMPDIR",
+                nbytes / 1e9, tempfile.gettempdir(), getattr(e, "strerror", None) or e)
+    return np.empty(shape, dtype=dtype)
+
+
 def _concatenate(feats: list[np.ndarray]) -> np.ndarray:
-    """The splits' ``(n_k, d)`` feature arrays (memory-mapped) stacked into one in-memory array, copied a block at a
-    time with each mapping's pages dropped after its copy: the peak is the result plus one block, not twice it."""
+    """The splits' ``(n_k, d)`` feature arrays (memory-mapped) stacked into one array (:func:`_stack_target`), copied a
+    block at a time with each mapping's pages dropped after its copy: the peak is the result plus one block, not
+    twice it."""
     dtype = np.result_type(*[f.dtype for f in feats])
-    out = np.empty((sum(f.shape[0] for f in feats), feats[0].shape[1]), dtype=dtype)
+    out = _stack_target((sum(f.shape[0] for f in feats), feats[0].shape[1]), dtype)
     per_block = max(1, (1 << 24) // max(1, out.shape[1] * dtype.itemsize))
     at = 0
     for f in feats:
@@ -212,6 +241,7 @@ def _concatenate(feats: list[np.ndarray]) -> np.ndarray:
             block = f[start:start + per_block]
             out[at + start:at + start + block.shape[0]] = block
             drop_pages(f)
+            drop_pages(out)
         at += f.shape[0]
     return out
 

@@ -98,6 +98,10 @@ class TextEncoder:
     defaults: ClassVar[dict[str, Any]] = {}
     #: bumped when the encoding algorithm changes, so old cache entries stop matching
     version: ClassVar[int] = 1
+    #: True for encoders whose rows are mostly zeros (word counts, TF-IDF): :meth:`iter_encode_sparse` gives them as a
+    #: scipy CSR matrix, which a dataset's or corpus's captions are kept as (:func:`crossview.features.
+    #: iter_encode_captions`); :meth:`encode` stays dense for the few rows of a query
+    sparse_output: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.defaults))
@@ -191,6 +195,34 @@ class TextEncoder:
             done += len(idx)
             yield done, n
         return out
+
+    def iter_encode_sparse(self, captions: Sequence[str], *, batch_size: int = 65536,
+                           device: str = "cpu") -> Iterator[tuple[int, int]]:
+        """:meth:`iter_encode` for a :attr:`sparse_output` encoder: yields ``(done, total)`` and *returns* the
+        features as a ``(n, dim)`` float32 ``scipy.sparse.csr_matrix`` (the same values as :meth:`encode`), built
+        ``batch_size`` captions at a time: no dense ``n x dim`` array is ever made."""
+        import scipy.sparse as sp
+
+        if not self.sparse_output:
+            raise CrossViewError(f"text encoder {self.name!r} gives dense rows; call iter_encode")
+        captions = _check_captions(captions)
+        self._check_fitted()
+        if batch_size < 1:
+            raise CrossViewError(f"batch_size must be >= 1, got {batch_size}")
+        n = len(captions)
+        yield 0, n
+        blocks = []
+        for start in range(0, n, batch_size):
+            blocks.append(self._encode_sparse_batch(captions[start:start + batch_size]))
+            yield min(n, start + batch_size), n
+        if not blocks:
+            return sp.csr_matrix((0, self.dim), dtype=np.float32)
+        out = sp.vstack(blocks, format="csr", dtype=np.float32) if len(blocks) > 1 else blocks[0]
+        return out
+
+    def _encode_sparse_batch(self, captions: list[str]) -> Any:
+        """``(n, dim)`` float32 CSR rows of ``captions`` (:attr:`sparse_output` encoders)."""
+        raise NotImplementedError
 
     def _order(self, captions: list[str]) -> np.ndarray:
         """The order captions are batched in (identity; the transformers group similar lengths)."""

@@ -66,6 +66,21 @@ class _CountsEncoder(TextEncoder):
         self._index = {w: i for i, w in enumerate(self.vocabulary_)}
 
 
+def _normalise_sparse_rows(x: Any, norm: str | None) -> Any:
+    """:func:`_normalise_rows` of a float64 CSR matrix, in place on its values (zero rows stay zero)."""
+    if norm is None:
+        return x
+    if norm == "l2":
+        d = np.sqrt(np.asarray(x.multiply(x).sum(axis=1), dtype=np.float64).ravel())
+    elif norm == "l1":
+        d = np.asarray(abs(x).sum(axis=1), dtype=np.float64).ravel()
+    else:
+        raise CrossViewError(f"norm must be 'l1', 'l2' or None, got {norm!r}")
+    d = np.where(d > 0, d, 1.0)
+    x.data /= np.repeat(d, np.diff(x.indptr))
+    return x
+
+
 def _normalise_rows(x: np.ndarray, norm: str | None) -> np.ndarray:
     if norm is None:
         return x
@@ -87,11 +102,18 @@ class BagOfWordsEncoder(_CountsEncoder):
     """
 
     defaults = {"max_features": 10000, "min_df": 1, "stop_words": None, "binary": False, "norm": None}
+    sparse_output = True
 
     def _fit(self, captions: list[str]) -> None:
         from sklearn.feature_extraction.text import CountVectorizer
 
         self._fit_counts(CountVectorizer(**self._vectorizer_kwargs()), captions)
+
+    def _encode_sparse_batch(self, captions: list[str]) -> Any:
+        x = self._counts(captions)
+        if self.params["binary"]:
+            x.data[:] = 1.0
+        return _normalise_sparse_rows(x, self.params["norm"]).astype(np.float32)
 
     def _encode_batch(self, captions: list[str], ctx: Any) -> np.ndarray:
         x = self._counts(captions).toarray()
@@ -109,6 +131,7 @@ class TfidfEncoder(_CountsEncoder):
     """
 
     defaults = {"max_features": 10000, "min_df": 1, "stop_words": None, "sublinear_tf": False, "norm": "l2"}
+    sparse_output = True
 
     def _fit(self, captions: list[str]) -> None:
         from sklearn.feature_extraction.text import TfidfVectorizer
@@ -123,6 +146,13 @@ class TfidfEncoder(_CountsEncoder):
         if self.params["sublinear_tf"]:
             x = np.where(x > 0, 1.0 + np.log(np.maximum(x, 1.0)), 0.0)
         return _normalise_rows(x * self.idf_, self.params["norm"]).astype(np.float32)
+
+    def _encode_sparse_batch(self, captions: list[str]) -> Any:
+        x = self._counts(captions)                      # float64 CSR, duplicates summed
+        if self.params["sublinear_tf"]:
+            x.data = 1.0 + np.log(np.maximum(x.data, 1.0))
+        x.data *= self.idf_[x.indices]
+        return _normalise_sparse_rows(x, self.params["norm"]).astype(np.float32)
 
     def _get_state(self) -> dict[str, Any]:
         return {**super()._get_state(), "idf": self.idf_}
