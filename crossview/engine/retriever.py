@@ -35,6 +35,9 @@ __all__ = ["NO_CAPTIONS", "Ranking", "Retriever", "ranks_of"]
 
 #: What a caption query on a photo gallery says.
 NO_CAPTIONS = "a photo folder has no captions: query it with a sentence"
+#: A retriever opened from the gallery cache (gallery_cache.open_cached_retriever) holds no dataset feature rows.
+NO_ROWS = ("{what}: the run is open from its gallery cache, without its dataset's feature rows (still loading, or "
+           "not loaded); query with a sentence or an image file, or wait until the run is open in full")
 
 
 @dataclass
@@ -160,6 +163,8 @@ class Retriever:
         if not self.method.needs_text_features:
             return None
         if rows is not None:
+            if self.features.text is None or len(rows) and self.features.text.shape[0] <= int(np.max(rows)):
+                raise CrossViewError(NO_ROWS.format(what=f"dataset caption {int(rows[0])}"))
             return np.asarray(self.features.text[rows], dtype=np.float32)
         from crossview.features import encode_texts
 
@@ -336,6 +341,8 @@ class Retriever:
             if not 0 <= i < self.dataset.n_images:
                 raise CrossViewError(f"image {i} is not in dataset {self.dataset.name!r} "
                                      f"({self.dataset.n_images} images)")
+            if self.features.image is None or len(self.features.image) <= i:
+                raise CrossViewError(NO_ROWS.format(what=f"dataset image {i}"))
             return np.asarray(self.features.image[[i]], np.float32), {"image": i}
         path = Path(image)
         if not path.is_file():
