@@ -58,8 +58,9 @@ def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, st
 
 
 def drop_gallery_cache(features_dir: Path) -> int:
-    """Delete the gallery cache's entries (:mod:`crossview.engine.gallery_cache`) from a feature cache folder, so
-    that the next query is a first one again; the features stay. Returns how many were deleted."""
+    """Delete the gallery cache's entries (:mod:`crossview.engine.gallery_cache`) and the photo store (a query image
+    file's row, :mod:`crossview.features.photo_cache`) from a feature cache folder, so that the next query is a first
+    one again (a new photo too); the features stay. Returns how many entries were deleted."""
     from crossview.features.cache import FeatureCache
 
     store = FeatureCache(features_dir)
@@ -68,6 +69,9 @@ def drop_gallery_cache(features_dir: Path) -> int:
         if (info.get("parts") or {}).get("kind") == "gallery":
             store.delete(info["key"])
             gone += 1
+    if (features_dir / "photos").is_dir():
+        gone += len(list((features_dir / "photos").glob("*.npz")))
+        shutil.rmtree(features_dir / "photos")
     return gone
 
 

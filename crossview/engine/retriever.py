@@ -348,6 +348,18 @@ class Retriever:
         if not path.is_file():
             raise CrossViewError(f"{path}: no such image file")
         encode = getattr(self.features, "encode_new_images", None)   # a representation's own image side (TR/CTR)
+        if encode is None and self._image_encoder is None and self._cache is not False:
+            # a photo asked before (by its bytes) is a row of the photo store: no backbone to build (seconds:
+            # torchvision / timm imports and the weights); a new one is encoded once and stored
+            from crossview.data.images import verify_images
+            from crossview.features.photo_cache import encode_photos
+
+            bad = verify_images([str(path)])
+            if bad:
+                raise CrossViewError(bad[0][1])
+            got = encode_photos(self.features, [str(path)], device=self.device, cache=self._cache)
+            if len(got.kept):
+                return np.asarray(got.features, np.float32), {"file": str(path)}
         if encode is None and self._image_encoder is None:
             from crossview.features import run_image_encoder
             self._image_encoder = run_image_encoder(self.features)
