@@ -571,9 +571,11 @@ class MainWindow(QMainWindow):
                 self.status_run.setText(f"Encoding the caption corpus (first use only, then cached): "
                                         f"{done:,}/{total:,} captions")
             else:
-                name = f"Run: {self.run.name} - " if self.run_partial and self.run is not None else "Opening the run: "
-                self.status_run.setText(f"{name}loading its {stage or 'dataset'} ({done:,}/{total:,}) for "
-                                        "queries by dataset image")
+                if self.run_partial and self.run is not None:
+                    self.status_run.setText(f"Run: {self.run.name} - loading its {stage} ({done:,}/{total:,}) for "
+                                            "queries by dataset image")
+                else:
+                    self.status_run.setText(f"Opening the run: loading its {stage} ({done:,}/{total:,})")
 
     def _on_run_previewed(self, task: Task, res) -> None:
         """The run from its gallery cache (:func:`open_run_cached`): Query answers sentences off the cached gallery
