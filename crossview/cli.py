@@ -21,21 +21,23 @@ from crossview.commands._common import float_option, int_option, seed_option
 from crossview.core.errors import CrossViewError, is_storage_error, storage_error
 from crossview.core.text import printable
 
-# Command groups that live in their own modules under crossview/commands/; each has
-# ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``.
-COMMAND_MODULES: list[str] = [
-    "crossview.commands.features",
-    "crossview.commands.eval",
-    "crossview.commands.train",
-    "crossview.commands.tune",
-    "crossview.commands.experiment",
-    "crossview.commands.query",
-    "crossview.commands.serve",
-    "crossview.commands.explain",
-    "crossview.commands.screenshot",
-    "crossview.commands.runs",
-    "crossview.commands.fuse",
-]
+# Command groups that live in their own modules under crossview/commands/, by the top-level command each adds;
+# each module has ``register(subparsers)`` adding its parsers with ``set_defaults(func=...)``. `main` imports only
+# the module of the command it is given (a module may import torch, the method registry or Qt: seconds that
+# `crossview query` should not pay); a bare or unknown command, or `--help`, imports them all.
+COMMAND_MODULES: dict[str, str] = {
+    "features": "crossview.commands.features",
+    "eval": "crossview.commands.eval",
+    "train": "crossview.commands.train",
+    "tune": "crossview.commands.tune",
+    "experiment": "crossview.commands.experiment",
+    "query": "crossview.commands.query",
+    "serve": "crossview.commands.serve",
+    "explain": "crossview.commands.explain",
+    "screenshot": "crossview.commands.screenshot",
+    "runs": "crossview.commands.runs",
+    "fuse": "crossview.commands.fuse",
+}
 
 EXIT_USAGE = 2
 
@@ -107,7 +109,9 @@ def cmd_gui(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or with ``only`` (a command of COMMAND_MODULES) one that registers just that command's
+    module besides the built-in `gui` and `data` (an unknown name registers every module)."""
     parser = argparse.ArgumentParser(
         prog="crossview",
         description="Cross-modal image <-> text retrieval. With no command, opens the desktop app on the "
@@ -164,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data_formats)
 
     import importlib
-    for name in COMMAND_MODULES:
+    names = [COMMAND_MODULES[only]] if only in COMMAND_MODULES else list(COMMAND_MODULES.values())
+    for name in names:
         importlib.import_module(name).register(sub)
     return parser
 
@@ -183,7 +188,8 @@ def _safe_streams() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _safe_streams()
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=words[0] if words else None)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:  # bare `crossview`: the app on the demo

@@ -167,3 +167,20 @@ def test_the_app_keeps_sigterms_default(monkeypatch, tmp_path, command) -> None:
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main(argv) == 0
     assert seen["handler"] is before
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    """``crossview query ...`` builds a parser with its own command module only: no method module (torch, scipy)
+    is imported to parse it, while a bare ``crossview --help`` still lists every command."""
+    code = ("import sys; from crossview.cli import build_parser, COMMAND_MODULES; p = build_parser('query'); "
+            "names = p._subparsers._group_actions[0].choices; "
+            "print(sorted(names)); print([m for m in ('crossview.methods', 'crossview.commands.train', 'torch') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
+    lines = out.strip().splitlines()
+    assert lines[0] == str(sorted(["data", "gui", "query"]))
+    assert lines[1] == "[]"
+    from crossview.cli import COMMAND_MODULES
+    full = build_parser()._subparsers._group_actions[0].choices
+    assert set(COMMAND_MODULES) | {"data", "gui"} == set(full)

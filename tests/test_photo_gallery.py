@@ -281,10 +281,12 @@ def test_cli_lists_rank_score_and_path_and_json_agrees(colour_run, photos, capsy
     assert "gallery photo folder" in lines[0] and "(4 photos)" in lines[0]
     assert lines[1] == "query sentence 'a red square' -> ranked photos (t2i)"
     assert lines[2].split() == ["rank", "score", "photo", "file"]
-    # the table, then one line naming the run's own scoring (cca's default, csls k = 10)
+    # the table, then one line naming the run's own scoring (cca's default: csls with its k)
     rows = [line.split(None, 3) for line in lines[3:6]]
     assert [int(r[0]) for r in rows] == [1, 2, 3] and len(lines) == 7
-    assert lines[6].startswith("scores: scored with csls k=10 (method default")
+    from crossview.engine.scoring import DEFAULT_SCORINGS
+
+    assert lines[6].startswith(f"scores: scored with csls k={DEFAULT_SCORINGS['cca'][1]} (method default")
     files = [r[3] for r in rows]
     assert all(Path(f).is_file() and Path(f).is_relative_to(photos.resolve()) for f in files)
     assert {Path(f).name for f in files[:2]} == {"red1.png", "red2.png"}
@@ -356,3 +358,29 @@ def test_flickr8k_photos_found_by_their_caption(flickr8k_sample, tmp_path):
         items = r.query_text(caption, k=30).items.tolist()
         ranks.append(items.index(n) + 1)
     assert sum(rank <= 10 for rank in ranks) >= 6, ranks
+
+
+def test_an_image_file_asked_again_needs_no_backbone(colour_run, tmp_path, monkeypatch):
+    """Issue 34 item 3: a query by an image file keeps the photo's row in the photo store, so asking it again
+    (another process, another retriever) builds no backbone; the ranking is the uncached path's."""
+    from crossview.features.image import ImageEncoder
+
+    run = open_run(colour_run)
+    photo = tmp_path / "new red.png"
+    _square("red", 99).save(photo)
+    cache = FeatureCache(tmp_path / "cache")
+    plain = run.retriever(cache=False).query_image(str(photo), k=5)      # no store: the backbone, as before
+    first = run.retriever(cache=cache).query_image(str(photo), k=5)
+    assert list((tmp_path / "cache" / "photos").glob("*.npz"))
+    monkeypatch.setattr(ImageEncoder, "encode_paths", lambda *a, **k: pytest.fail("the backbone ran again"))
+    r = run.retriever(cache=cache)
+    again = r.query_image(str(photo), k=5)
+    assert r._image_encoder is None
+    for got in (first, again):
+        assert got.items.tolist() == plain.items.tolist()
+        np.testing.assert_allclose(got.scores, plain.scores, atol=1e-5)
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"not a png")
+    with pytest.raises(CrossViewError) as e:
+        r.query_image(str(bad))
+    assert str(bad) in str(e.value) and "\n" not in str(e.value)

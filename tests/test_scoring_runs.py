@@ -19,7 +19,7 @@ from crossview.eval.scoring import evaluate_scoring
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A finished cca run on a toy precomp folder (train 60 / val 20 / test 20 images, 2 captions each), scored plain
-    (its default, csls k = 10, is tested in test_default_scoring.py): these tests re-score a plain run."""
+    (its default, csls with a fixed k, is tested in test_default_scoring.py): these tests re-score a plain run."""
     base = tmp_path_factory.mktemp("scoring")
     data = base / "toy_precomp"
     write_toy_precomp(data, make_toy_dataset(100), (("train", "train"), ("dev", "val"), ("test", "test")))

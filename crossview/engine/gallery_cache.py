@@ -235,6 +235,12 @@ def _write_snapshot(cache: GalleryCache, r: Any) -> None:
                     "n_captions": int(ds.n_captions), "splits": list(ds.splits), "groups": bool(groups),
                     "image_paths": getattr(ds, "image_paths", None) is not None},
                    run_level=True)
+    if not cache.contains("dataset-splits", run_level=True):
+        # each split's image rows (apart: a cache written before them still answers the CLI, which needs no rows)
+        names = [str(name) for name in ds.splits]
+        rows = [np.asarray(ds.splits[name], np.int64) for name in names]
+        cache.save("dataset-splits", np.concatenate(rows) if rows else np.zeros(0, np.int64),
+                   {"names": names, "sizes": [int(len(x)) for x in rows]}, run_level=True)
     if r.corpus is not None or r.photos is not None or cache.contains("caption-text-offsets"):
         return
     cache.save("image-ids", np.asarray(r.gallery_images, np.int64))
@@ -249,18 +255,25 @@ class _CachedDataset:
     map, the gallery's captions (by dataset index), the dataset's image files, and :meth:`find_caption`."""
 
     def __init__(self, meta: dict[str, Any], caption_image: np.ndarray, hashes: np.ndarray,
-                 captions: PackedStrings, image_paths: PackedStrings | None) -> None:
+                 captions: PackedStrings, image_paths: PackedStrings | None,
+                 splits: dict[str, np.ndarray] | None = None) -> None:
         self.name = str(meta.get("name", ""))
         self.format = str(meta.get("format", ""))
         self.n_images = int(meta["n_images"])
         self.n_captions = int(meta["n_captions"])
-        self.splits = {str(s): None for s in meta.get("splits", [])}
+        # each split's image rows where the snapshot holds them (the app lists the splits' sizes), else names only
+        self.splits: dict[str, Any] = dict(splits) if splits is not None else \
+            {str(s): None for s in meta.get("splits", [])}
         self.split_names = list(self.splits)
         self.caption_image = caption_image
         self.captions = captions
         self.image_paths = image_paths
         self.labels = None
         self._hashes = hashes
+
+    def captions_of(self, image: int) -> np.ndarray:
+        """The dataset caption indices of ``image`` (those of a gallery image are in :attr:`captions`)."""
+        return np.flatnonzero(self.caption_image == int(image))
 
     def find_caption(self, sentence: str) -> int | None:
         """The first dataset caption equal to ``sentence`` (stripped, any case), as the Retriever matches it."""
@@ -271,14 +284,18 @@ class _CachedDataset:
 
 
 def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: str = "cpu", store: Any = None,
-                          sides: tuple[str, ...] = ("images", "captions")) -> tuple[Any, Any] | None:
+                          sides: tuple[str, ...] = ("images", "captions"), with_splits: bool = False
+                          ) -> tuple[Any, Any] | None:
     """``(run, retriever)`` answered from the gallery cache alone (see the module docstring), or None when the
     cache does not hold all of it yet (or the run needs what it cannot give: a representation's own encoders,
     a dataset whose labels group its images), so that the caller opens the run in full, which fills it.
 
     ``gallery``: None (the run's evaluation split), a split name or a caption corpus. ``sides``: the gallery
     embeddings to read: ``"images"`` (what a sentence ranks), ``"captions"`` (what an image ranks); a retriever
-    without one refuses the queries that need it. ``run`` is a
+    without one refuses the queries that need it. ``with_splits``: None also when the snapshot lacks each split's
+    image rows (written by a version before them; the full path adds them), so ``dataset.splits`` holds them, as
+    the app's gallery list needs. The retriever holds no feature rows: a query by a dataset image or caption
+    index is refused (one line); a sentence or an image file is answered. ``run`` is a
     :class:`CachedRun` (``name``, ``method``, ``dataset``, ``config``, ``eval_split``, ``run_dir``).
     """
     from crossview.core.io import load_checkpoint
@@ -334,7 +351,17 @@ def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: s
             return None
         gi, gc, blob, offsets = got
         captions = PackedStrings(blob, offsets, gc)
-    dataset = _CachedDataset(meta, caption_image, hashes, captions, paths)
+    splits = None
+    split_meta = run_cache.meta("dataset-splits", run_level=True)
+    split_rows = run_cache.load("dataset-splits", run_level=True) if split_meta is not None else None
+    if split_rows is not None and isinstance(split_meta, dict) and \
+            sum(int(n) for n in split_meta.get("sizes", [])) == len(split_rows):
+        bounds = np.cumsum([0, *[int(n) for n in split_meta["sizes"]]])
+        splits = {str(name): np.asarray(split_rows[a:b]) for name, a, b in
+                  zip(split_meta.get("names", []), bounds[:-1], bounds[1:])}
+    if with_splits and splits is None:
+        return None
+    dataset = _CachedDataset(meta, caption_image, hashes, captions, paths, splits)
     ckpt = load_checkpoint(folder / CHECKPOINT)
     method = load_fitted(folder, ckpt)
     features = _query_features(folder, ckpt, config)

@@ -35,6 +35,9 @@ __all__ = ["NO_CAPTIONS", "Ranking", "Retriever", "ranks_of"]
 
 #: What a caption query on a photo gallery says.
 NO_CAPTIONS = "a photo folder has no captions: query it with a sentence"
+#: A retriever opened from the gallery cache (gallery_cache.open_cached_retriever) holds no dataset feature rows.
+NO_ROWS = ("{what}: the run is open from its gallery cache, without its dataset's feature rows (still loading, or "
+           "not loaded); query with a sentence or an image file, or wait until the run is open in full")
 
 
 @dataclass
@@ -161,6 +164,8 @@ class Retriever:
             return None
         if rows is not None:
             text = self.features.text
+            if text is None or len(rows) and text.shape[0] <= int(np.max(rows)):
+                raise CrossViewError(NO_ROWS.format(what=f"dataset caption {int(rows[0])}"))
             if hasattr(text, "tocsr"):      # TF-IDF rows stay sparse: the method densifies them if it must
                 return text.tocsr()[rows].astype(np.float32)
             return np.asarray(text[rows], dtype=np.float32)
@@ -339,11 +344,25 @@ class Retriever:
             if not 0 <= i < self.dataset.n_images:
                 raise CrossViewError(f"image {i} is not in dataset {self.dataset.name!r} "
                                      f"({self.dataset.n_images} images)")
+            if self.features.image is None or len(self.features.image) <= i:
+                raise CrossViewError(NO_ROWS.format(what=f"dataset image {i}"))
             return np.asarray(self.features.image[[i]], np.float32), {"image": i}
         path = Path(image)
         if not path.is_file():
             raise CrossViewError(f"{path}: no such image file")
         encode = getattr(self.features, "encode_new_images", None)   # a representation's own image side (TR/CTR)
+        if encode is None and self._image_encoder is None and self._cache is not False:
+            # a photo asked before (by its bytes) is a row of the photo store: no backbone to build (seconds:
+            # torchvision / timm imports and the weights); a new one is encoded once and stored
+            from crossview.data.images import verify_images
+            from crossview.features.photo_cache import encode_photos
+
+            bad = verify_images([str(path)])
+            if bad:
+                raise CrossViewError(bad[0][1])
+            got = encode_photos(self.features, [str(path)], device=self.device, cache=self._cache)
+            if len(got.kept):
+                return np.asarray(got.features, np.float32), {"file": str(path)}
         if encode is None and self._image_encoder is None:
             from crossview.features import run_image_encoder
             self._image_encoder = run_image_encoder(self.features)

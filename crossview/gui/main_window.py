@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from PySide6.QtCore import QRect, QSettings, QSize, Qt
+from PySide6.QtCore import QRect, QSettings, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QInputDialog, QLabel, QMainWindow, QMenu, QMessageBox, QProgressBar,
                                QStyle, QTabWidget, QWidget)
@@ -86,7 +86,36 @@ def run_eval_split(run) -> str | None:
     return str(split) if split else None
 
 
+def open_run_cached(run_dir: str, gallery: object = None):
+    """``(run, retriever)`` of the run in ``run_dir`` from its gallery cache alone
+    (:func:`crossview.engine.gallery_cache.open_cached_retriever`: the summary's split, the gallery's embeddings
+    memory-mapped, its ids and captions; no dataset, no feature rows), what the app shows first while it opens the
+    run in full; None when the cache does not hold it all yet (the first opening fills it), the gallery is a
+    corpus, or the run's own scoring needs a bank it has not stored (``bank_<train>.npz``)."""
+    from crossview.engine.gallery_cache import open_cached_retriever
+    from crossview.engine.run import read_config
+    from crossview.engine.scoring import bank_path, run_scoring
+
+    if gallery is not None and not isinstance(gallery, str) or str(gallery).startswith("corpus:"):
+        return None
+    try:
+        config = read_config(run_dir)
+    except Exception:  # noqa: BLE001 - the full path says what is wrong with the folder, in its words
+        return None
+    train_split = str(config.get("train_split") or "train")
+    if run_scoring(config)["scoring"] != "plain" and not bank_path(run_dir, train_split).is_file():
+        return None
+    try:
+        return open_cached_retriever(run_dir, gallery, with_splits=True)
+    except Exception:  # noqa: BLE001 - a cache that cannot answer: the full path opens the run
+        return None
+
+
 class MainWindow(QMainWindow):
+    #: (task, (run, retriever, annotations, results)): a run opening shown from its gallery cache before the task
+    #: has opened it in full (text queries work; dataset-image queries wait for the full run)
+    run_previewed = Signal(object, object)
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("CrossView")
@@ -98,6 +127,9 @@ class MainWindow(QMainWindow):
         self._drop_task: Task | None = None      # sorting a dropped folder: a dataset, or photos to search
         self._dropped = ""
         self.run = None            # the OpenRun shown in Query / Inspect
+        self._run_show: str | None = None
+        self.run_partial = False   # self.run is a CachedRun from the gallery cache while the run opens in full
+        self.run_previewed.connect(self._on_run_previewed)
         self.presenting = False
 
         self.tabs = QTabWidget()
@@ -485,28 +517,44 @@ class MainWindow(QMainWindow):
         dataset = self.dataset
         run_dir = str(run_dir)
 
+        holder: list[Task] = []
+        stage = {"name": ""}
+
         def work(progress, should_stop):
+            def staged(name: str, done: int, total: int) -> None:
+                stage["name"] = name
+                progress(done, total)
+
+            # first what the panels need to show the run (summary, metrics, the cached gallery): shown at once;
+            # then the dataset and its feature rows (dataset-image queries, Inspect's captions), in full
+            preview = open_run_cached(run_dir, gallery)
+            if preview is not None and not should_stop():
+                annotations = AnnotationStore(run_dir)
+                results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
+                self.run_previewed.emit(holder[0], (*preview, annotations, results))
             try:
-                run = open_run(run_dir, dataset=dataset)
+                run = open_run(run_dir, dataset=dataset, progress=staged, should_stop=should_stop)
             except Exception:
                 if dataset is None:
                     raise
-                run = open_run(run_dir)           # trained on another dataset: load that one
+                run = open_run(run_dir, progress=staged, should_stop=should_stop)   # another dataset's run
             g = gallery if gallery is not None else run_eval_split(run)
             if isinstance(g, str) and g.startswith("corpus:"):
                 g = load_dataset(g[len("corpus:"):], format="corpus")
             elif isinstance(g, str) and g not in run.dataset.splits and g != "all":
                 g = "all"
             # A corpus's captions are encoded on first use only (then cached): that encoding moves the bar.
-            retriever = run.retriever(gallery=g, progress=lambda _stage, done, total: progress(done, total),
+            retriever = run.retriever(gallery=g, progress=lambda _stage, done, total: staged("corpus", done, total),
                                       should_stop=should_stop)
             annotations = AnnotationStore(run_dir)       # read now: a file that cannot be read keeps run A
             results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
             return run, retriever, annotations, results
 
         task = Task(work, name="open-run", parent=self)
-        self._run_task = task
+        holder.append(task)
+        self._run_task, self._run_show = task, show
         self.status_run.setText(f"Opening run {Path(run_dir).name} ...")
+        task.open_stage = stage          # what moves the bar: "corpus" (its encoding) or a stage of the full opening
         task.progress.connect(lambda done, total, t=task: self._on_run_progress(t, done, total))
         task.finished.connect(lambda t=task: self._on_run_finished(t))
         task.succeeded.connect(lambda res, t=task: self._on_run_loaded(t, run_dir, res, show))
@@ -515,11 +563,41 @@ class MainWindow(QMainWindow):
 
     def _on_run_progress(self, task: Task, done: int, total: int) -> None:
         if task is self._run_task:
+            stage = getattr(task, "open_stage", {}).get("name") or "corpus"
             self.progress.setRange(0, total)
             self.progress.setValue(done)
             self.progress.show()
-            self.status_run.setText(f"Encoding the caption corpus (first use only, then cached): "
-                                    f"{done:,}/{total:,} captions")
+            if stage == "corpus":
+                self.status_run.setText(f"Encoding the caption corpus (first use only, then cached): "
+                                        f"{done:,}/{total:,} captions")
+            else:
+                if self.run_partial and self.run is not None:
+                    self.status_run.setText(f"Run: {self.run.name} - loading its {stage} ({done:,}/{total:,}) for "
+                                            "queries by dataset image")
+                else:
+                    self.status_run.setText(f"Opening the run: loading its {stage} ({done:,}/{total:,})")
+
+    def _on_run_previewed(self, task: Task, res) -> None:
+        """The run from its gallery cache (:func:`open_run_cached`): Query answers sentences off the cached gallery
+        and Inspect shows the metrics while the task goes on opening the run in full."""
+        if task is not self._run_task:
+            return
+        run, retriever, annotations, results = res
+        try:
+            self.query_panel.set_retriever(retriever, str(run.run_dir), title=f"{run.name}  [{run.method.name}]",
+                                           annotations=annotations, eval_split=run_eval_split(run),
+                                           train_split=str(run.config.get("train_split") or "train"))
+        except Exception:  # noqa: BLE001 - the full opening goes on and says what is wrong, if anything is
+            return
+        self.run, self.run_partial = run, True
+        if results is not None:
+            self.inspect_panel.set_run(results)
+        self.status_run.setText(f"Run: {run.name} ({run.method.name}): sentences answered from the cached gallery; "
+                                "loading its dataset for queries by dataset image ...")
+        if self._run_show == "query":
+            self.tabs.setCurrentWidget(self.query_panel)
+        elif self._run_show == "inspect":
+            self.tabs.setCurrentWidget(self.inspect_panel)
 
     def _on_run_finished(self, task: Task) -> None:
         if task is self._run_task and not (self._task is not None and self._task.is_running()):
@@ -532,14 +610,25 @@ class MainWindow(QMainWindow):
         from crossview.engine.results import load_run_results
 
         run, retriever, annotations, results = res
+        qp = self.query_panel
+        # the run was shown from its gallery cache: the query on screen is asked again of the full run, and the
+        # panel the user is on stays (the preview took them where `show` said)
+        upgrade = self.run_partial and self.run is not None and str(self.run.run_dir) == str(Path(run_dir))
+        shown = list(qp.history) if upgrade and qp.retriever is not None and \
+            qp.retriever.gallery_name == retriever.gallery_name else []
         try:
-            self.query_panel.set_retriever(retriever, run_dir, title=f"{run.name}  [{run.method.name}]",
-                                           annotations=annotations, eval_split=run_eval_split(run),
-                                           train_split=str(run.config.get("train_split") or "train"))
+            qp.set_retriever(retriever, run_dir, title=f"{run.name}  [{run.method.name}]",
+                             annotations=annotations, eval_split=run_eval_split(run),
+                             train_split=str(run.config.get("train_split") or "train"))
         except Exception as e:  # noqa: BLE001 - the panel kept the previous run; say why
             self._on_run_failed(task, run_dir, f"{run_dir}: {e}", "")
             return
-        self.run = run
+        if shown:
+            qp.history.extend(shown[:-1])
+            qp._ask(shown[-1])
+        if upgrade:
+            show = None
+        self.run, self.run_partial = run, False
         if results is not None:
             others = []
             for d in list_runs(Path(run_dir).parent)[:30]:
@@ -571,7 +660,8 @@ class MainWindow(QMainWindow):
             return
         self.status_run.setText("No run" if self.run is None else f"Run: {self.run.name}")
         if self.run is not None:
-            message += f"\n\nStill showing the run {self.run.name}."
+            message += f"\n\nStill showing the run {self.run.name}" + (
+                " from its gallery cache (queries by sentence or image file only)." if self.run_partial else ".")
         box = QMessageBox(QMessageBox.Icon.Warning, "Cannot open run", message, parent=self)
         box.setInformativeText(f"Run: {run_dir}")
         if details:
@@ -591,6 +681,10 @@ class MainWindow(QMainWindow):
         if self.run is None:
             self.statusBar().showMessage("Train or open a run first (Train panel, or File > Open run folder)", 8000)
             return
+        if self.run_partial:
+            self.statusBar().showMessage("The run's dataset is still loading (see the status bar); query by "
+                                         "dataset image once it is open", 8000)
+            return
         if self.dataset is not None and self.run.dataset.fingerprint() != self.dataset.fingerprint():
             self.statusBar().showMessage("The open run was trained on another dataset; open that dataset to "
                                          "query with its images", 8000)
@@ -600,6 +694,10 @@ class MainWindow(QMainWindow):
 
     def _open_query_from_inspect(self, direction: str, query_id: int) -> None:
         if self.run is None:
+            return
+        if self.run_partial:
+            self.statusBar().showMessage("The run's dataset is still loading (see the status bar); open the query "
+                                         "once it is open", 8000)
             return
         ds = self.run.dataset
         ids = ds.image_ids if direction == "i2t" else ds.caption_ids
