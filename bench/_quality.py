@@ -72,9 +72,12 @@ def ensure_trained(method: str, data: Any, run_dir: Path, seed: int = 0, **setti
 
 
 def run_ranks(run_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """``({"i2t", "t2i"}, caption_image)`` of a run's evaluation (its ranks.npz: plain scores)."""
+    """``({"i2t", "t2i"}, caption_image)`` of a run's evaluation under plain scores: its ranks.npz's ``i2t_plain`` /
+    ``t2i_plain`` where the run is scored by another scoring of its own (a fused run's default), else ``i2t`` /
+    ``t2i``."""
     with np.load(Path(run_dir) / "ranks.npz") as z:
-        return {"i2t": z["i2t"], "t2i": z["t2i"]}, z["caption_image"]
+        plain = "i2t_plain" in z.files
+        return ({d: z[f"{d}_plain" if plain else d] for d in ("i2t", "t2i")}, z["caption_image"])
 
 
 def caption_image(run_dir: Path, split: str) -> np.ndarray:

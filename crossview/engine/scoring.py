@@ -68,10 +68,10 @@ DEFAULT_SCORINGS: dict[str, tuple[str, float]] = {
     # CV gains over plain (pooled folds, 95% interval) from bench/results/quality_flickr8k.md
     "cca": ("csls", 5),           # +16.0 (+10.1 to +21.7)
     "bitr": ("csls", 10),         # +11.0 (+6.4 to +15.7)
-    "vsepp": ("csls", 5),         # +16.7 (+10.8 to +22.4)
-    "wsabie": ("csls", 1),        # +19.8 (+12.6 to +27.1); isoftmax +3.7 over csls (-1.2 to +9.1): not better
-    "webly": ("csls", 10),        # +19.2 (+13.7 to +24.7); isoftmax +0.4 over csls (-3.9 to +4.7): not better
-    "smoothap": ("csls", 10),     # +19.0 (+13.0 to +24.6)
+    "vsepp": ("csls", 20),        # +13.1 (+8.5 to +17.7)
+    "wsabie": ("csls", 5),        # +26.4 (+19.7 to +32.7); isoftmax +0.9 over csls (-4.4 to +6.4): not better
+    "webly": ("csls", 20),        # +16.3 (+11.3 to +21.5)
+    "smoothap": ("csls", 20),     # +14.2 (+9.4 to +19.0); isoftmax +2.0 over csls (-1.6 to +5.7): not better
     "timam": ("isoftmax", 10),    # +18.4 (+12.6 to +24.3); +4.0 over csls (+0.3 to +7.8)
     "fused": ("csls", 20),        # +13.5 (+8.9 to +17.8) over the fused run's plain scores
 }
