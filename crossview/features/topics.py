@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.linalg import to_dense
 from crossview.features import Features, _staged
 from crossview.features.cache import FeatureCache
 
@@ -698,7 +699,7 @@ def iter_build_representation(dataset: Any, name: str = "default", *,
             out, _ = F.encode_captions(list(captions), model, cache=store, device=device,
                                        progress=_stage(progress, stage), should_stop=stop,
                                        dataset_name=dataset.name)
-            return np.asarray(out, dtype=np.float32)
+            return to_dense(out)        # a TF-IDF / bag-of-words encoder gives CSR rows; topics need dense
         return enc
 
     if name in ("default", "modern"):
@@ -713,8 +714,6 @@ def iter_build_representation(dataset: Any, name: str = "default", *,
             cache=store if store is not None else False, device=device, batch_size=batch_size,
             num_workers=num_workers, image_weights=image_weights, allow_random=allow_random)
         image = np.asarray(feats.image, dtype=np.float32)
-        from crossview.core.linalg import to_dense
-
         text = to_dense(feats.text)     # topics and the modern PCA need dense rows (TF-IDF comes sparse)
         info.update(image_encoder=feats.image_encoder, text_encoder=feats.text_encoder,
                     image_cache_hit=feats.image_cache_hit, text_cache_hit=feats.text_cache_hit)
@@ -774,7 +773,7 @@ def iter_build_representation(dataset: Any, name: str = "default", *,
     encode_tr = encode_with(lda_text, "captions")
     text, _ = yield from _staged("captions", F.iter_encode_captions(dataset.captions, lda_text, cache=store,
                                                                     device=device, dataset_name=dataset.name))
-    text = np.asarray(text, dtype=np.float32)
+    text = to_dense(text)
     info.update(image_encoder=enc_name, text_encoder="lda", n_words=int(n_words), n_topics=int(n_topics),
                 descriptors_per_image=int(local.shape[1]), descriptor_dim=int(descriptor_dim),
                 local_cache_hit=local_hit, image_cache_hit=image_hit,
@@ -922,7 +921,7 @@ class TopicRepresentation:
 
         t, _ = yield from F.iter_encode_captions(list(captions), self.text, cache=cache, device=device,
                                                  dataset_name=dataset_name)
-        t = np.asarray(t, dtype=np.float32)
+        t = to_dense(t)
         return t if self.cca is None else cca_transform(t, self.cca["y_mean"], self.cca["y_proj"])
 
     def image_encoder_instance(self) -> Any:
@@ -1218,7 +1217,7 @@ class BuiltRepresentation:
         self.name = rep.name
 
     def encode_captions(self, captions: Sequence[str], *, device: str = "cpu") -> np.ndarray:
-        return np.asarray(self.rep.encode_captions(list(captions)), dtype=np.float32)
+        return to_dense(self.rep.encode_captions(list(captions)))
 
     def encode_image_files(self, paths: Sequence[str], *, device: str = "cpu") -> np.ndarray:
         if self.rep.encode_images is None:
