@@ -239,7 +239,7 @@ class CuttingPlaneTrainer:
 
         With ``cb = X Wb`` and ``e = X (Wc - Wb)``, the scores are ``cb + k e``. Sphere with the C or E loss:
         each hinge is ``base_i + ||u_i + k e_i|| - (cb_i + k e_i) . y_i`` (``u = cb - kappa y``), so five
-        numbers per sample (made a block at a time) make every evaluation O(N). On the simplex and with finite
+        numbers per sample (made a block at a time, with ``||y_i||^2`` for E) make every evaluation O(N). On the simplex and with finite
         candidates every output's score is linear in ``k`` (``P + k Q``, made once): one max per evaluation,
         a block at a time. Otherwise (M on the sphere) the most violated outputs are recomputed (Danskin:
         ``dh_i/dk = e_i . (y^_i - y_i)`` where ``h_i > 0``), a block at a time.
@@ -253,9 +253,9 @@ class CuttingPlaneTrainer:
                 Y = self.Y[r]
                 u = cb - kappa * Y
                 parts.append(torch.stack([(u * u).sum(1), (u * e).sum(1), (e * e).sum(1), (cb * Y).sum(1),
-                                          (e * Y).sum(1)]).double())
-            uu, ue, ee, cy, ey = torch.cat(parts, dim=1)
-            base = 1.0 if self.loss == "C" else (self.Y * self.Y).sum(1).double() + 1.0
+                                          (e * Y).sum(1), (Y * Y).sum(1)]).double())
+            uu, ue, ee, cy, ey, yy = torch.cat(parts, dim=1)
+            base = 1.0 if self.loss == "C" else yy + 1.0
 
             def f(k: float) -> tuple[float, float]:
                 nrm = (uu + 2 * k * ue + k * k * ee).clamp_min(0).sqrt()
