@@ -86,19 +86,27 @@ class CuttingPlaneTrainer:
             new plane is taken near the best point found by an exact line search of the true primal.
             Same optimum and the same ``C * epsilon`` guarantee; far fewer iterations at large C.
         mu: where between the best point and the QP solution the new plane is taken (OCAS uses 0.1).
+        chunk_rows: samples per block in the per-iteration passes over the data (scores, most violated
+            outputs, the plane's sums, the line search's hinges), so that their ``(rows, q)`` temporaries
+            stay ``chunk_rows x q`` instead of ``N x q`` each (about 140 MB apiece at 550K captions and
+            q = 64). The result does not depend on it beyond float rounding (the sums go in float64).
     """
 
     def __init__(self, X: Any, Y: Any, *, loss: str = "C", C: float = 1.0, domain: str = "sphere",
                  epsilon: float = 1e-3, max_iter: int = 1000, inactive_limit: int = 50,
                  candidates: Any = None, true_group: Any = None, cand_group: Any = None,
                  n_starts: int = 8, n_steps: int = 30, seed: int = 0, device: str | torch.device = "cpu",
-                 line_search: bool = True, mu: float = 0.1) -> None:
+                 line_search: bool = True, mu: float = 0.1, chunk_rows: int = 1 << 15) -> None:
         self.loss = _check_loss(loss)
         self.domain = _check_domain(domain)
         if not (isinstance(C, (int, float)) and math.isfinite(C) and C > 0):
             raise CrossViewError(f"BITR: C must be a positive number, got {C!r}; typical values are 1e-5 ... 1e5")
         if not epsilon > 0:
             raise CrossViewError(f"BITR: epsilon must be positive, got {epsilon!r}; the default is 1e-3")
+        if not (isinstance(chunk_rows, int) and chunk_rows > 0):
+            raise CrossViewError(f"BITR: chunk_rows must be a positive integer, got {chunk_rows!r}; "
+                                 f"the default is {1 << 15}")
+        self.chunk_rows = int(chunk_rows)
         self.C = float(C)
         self.epsilon = float(epsilon)
         self.max_iter = int(max_iter)
@@ -147,28 +155,40 @@ class CuttingPlaneTrainer:
         self.history: list[dict[str, float]] = []
 
     # -------------------------------------------------------------------------------- pieces
-    def _scores(self, *Ws: np.ndarray) -> list[torch.Tensor]:
-        """``X @ W`` for each ``W (p, q)`` (one product for all of them): ``(N, q)`` float32 each."""
+    def _blocks(self) -> list[slice]:
+        """The samples in blocks of :attr:`chunk_rows` rows, in order."""
+        return [slice(s, min(self.N, s + self.chunk_rows)) for s in range(0, self.N, self.chunk_rows)]
+
+    def _scores(self, *Ws: np.ndarray, rows: slice = slice(None)) -> list[torch.Tensor]:
+        """``X[rows] @ W`` for each ``W (p, q)`` (one product for all of them): ``(rows, q)`` float32 each."""
         Wt = torch.from_numpy(np.concatenate([W.astype(np.float32) for W in Ws], axis=1)).to(self.device)
-        c = self.X @ Wt
+        c = self.X[rows] @ Wt
         return [c[:, i * self.q:(i + 1) * self.q] for i in range(len(Ws))]
 
-    def _violators(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Most violated outputs at scores ``c (N, q)``: ``(y_hat (N, q), margin_violation (N,), active (N,))``."""
-        own = (c * self.Y).sum(1)
+    def _generator(self) -> torch.Generator | None:
+        """The random starts' generator of one pass over the samples (M loss on the sphere only): made once
+        a pass and handed to each block in order, so the blocks draw what one unchunked call would."""
+        if self.candidates is None and self.loss == "M" and self.domain == "sphere":
+            return torch.Generator().manual_seed(self.seed * 1_000_003 + self.iteration)
+        return None
+
+    def _violators(self, c: torch.Tensor, rows: slice = slice(None), gen: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Most violated outputs of the samples ``rows`` at their scores ``c (n, q)``:
+        ``(y_hat (n, q), margin_violation (n,), active (n,))``. ``gen``: from :meth:`_generator`."""
+        Y = self.Y[rows]
+        own = (c * Y).sum(1)
         if self.candidates is not None:
             base = self._finite_base()
             if base is not None:  # Delta (with the excluded candidates at -inf) is fixed: one product per call
-                value, j = (base + c @ self.candidates.T).max(dim=1)
+                value, j = (base[rows] + c @ self.candidates.T).max(dim=1)
             else:
-                j, value = most_violated_finite(self.loss, c, self.Y, self.candidates,
-                                                true_group=self.true_group, cand_group=self.cand_group)
+                tg = self.true_group[rows] if self.true_group is not None else None
+                j, value = most_violated_finite(self.loss, c, Y, self.candidates,
+                                                true_group=tg, cand_group=self.cand_group)
             y_hat = self.candidates[j]
         else:
-            gen = None
-            if self.loss == "M" and self.domain == "sphere":
-                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.iteration)
-            y_hat, value = most_violated(self.loss, c, self.Y, self.domain, n_starts=self.n_starts,
+            y_hat, value = most_violated(self.loss, c, Y, self.domain, n_starts=self.n_starts,
                                          n_steps=self.n_steps, generator=gen)
         h = value - own
         active = h > 0
@@ -195,31 +215,47 @@ class CuttingPlaneTrainer:
             self._base = base
         return self._base
 
-    def _plane(self, c: torch.Tensor) -> tuple[np.ndarray, float]:
-        """The most violated 1-slack constraint at scores ``c = X W``: ``(A (p*q,) float32 values, b)``."""
-        y_hat, _, active = self._violators(c)
-        D = torch.where(active[:, None], self.Y - y_hat, torch.zeros_like(y_hat))
-        A = (self.X.T @ D) / self.N
-        lv = torch.where(active, delta(self.loss, self.Y, y_hat), torch.zeros(1, dtype=y_hat.dtype,
-                                                                               device=y_hat.device))
-        return A.cpu().numpy().astype(np.float32).ravel(), float(lv.double().mean())
+    def _plane(self, W: np.ndarray) -> tuple[np.ndarray, float]:
+        """The most violated 1-slack constraint at ``W (p, q)``: ``(A (p*q,) float32 values, b)``.
 
-    def _segment(self, cb: torch.Tensor, e: torch.Tensor) -> Callable[[float], tuple[float, float]]:
-        """``k -> (R(k), R'(k))``: the mean hinge at scores ``cb + k e`` and its derivative in ``k``.
-
-        Sphere with the C or E loss: each hinge is ``base_i + ||u_i + k e_i|| - (cb_i + k e_i) . y_i``
-        (``u = cb - kappa y``), so five numbers per sample make every evaluation O(N). On the simplex and
-        with finite candidates every output's score is linear in ``k`` (``P + k Q``, made once): one max
-        per evaluation. Otherwise (M on the sphere) the most violated outputs are recomputed (Danskin:
-        ``dh_i/dk = e_i . (y^_i - y_i)`` where ``h_i > 0``).
+        One pass over the samples in blocks: each block's scores, most violated outputs and its share of
+        ``X^T (Y - Y^)`` and of the losses; nothing ``N x q`` is formed.
         """
+        gen = self._generator()
+        A = torch.zeros(self.p, self.q, dtype=torch.float64, device=self.device)
+        lsum = 0.0
+        for r in self._blocks():
+            (c,) = self._scores(W, rows=r)
+            y_hat, _, active = self._violators(c, r, gen)
+            Y = self.Y[r]
+            D = (Y - y_hat).mul_(active[:, None])
+            A += (self.X[r].T @ D).double()
+            lsum += float((delta(self.loss, Y, y_hat) * active).double().sum())
+        A /= self.N
+        return A.cpu().numpy().astype(np.float32).ravel(), lsum / self.N
+
+    def _segment(self, Wb: np.ndarray, Wc: np.ndarray) -> Callable[[float], tuple[float, float]]:
+        """``k -> (R(k), R'(k))``: the mean hinge at ``W = Wb + k (Wc - Wb)`` and its derivative in ``k``.
+
+        With ``cb = X Wb`` and ``e = X (Wc - Wb)``, the scores are ``cb + k e``. Sphere with the C or E loss:
+        each hinge is ``base_i + ||u_i + k e_i|| - (cb_i + k e_i) . y_i`` (``u = cb - kappa y``), so five
+        numbers per sample (made a block at a time, with ``||y_i||^2`` for E) make every evaluation O(N). On the simplex and with finite
+        candidates every output's score is linear in ``k`` (``P + k Q``, made once): one max per evaluation,
+        a block at a time. Otherwise (M on the sphere) the most violated outputs are recomputed (Danskin:
+        ``dh_i/dk = e_i . (y^_i - y_i)`` where ``h_i > 0``), a block at a time.
+        """
+        Dw = Wc - Wb
         if self.candidates is None and self.domain == "sphere" and self.loss in ("C", "E"):
             kappa = 1.0 if self.loss == "C" else 2.0
-            u = cb - kappa * self.Y
-            dots = torch.stack([(u * u).sum(1), (u * e).sum(1), (e * e).sum(1), (cb * self.Y).sum(1),
-                                (e * self.Y).sum(1)]).double()
-            uu, ue, ee, cy, ey = dots
-            base = 1.0 if self.loss == "C" else (self.Y * self.Y).sum(1).double() + 1.0
+            parts = []
+            for r in self._blocks():
+                cb, e = self._scores(Wb, Dw, rows=r)
+                Y = self.Y[r]
+                u = cb - kappa * Y
+                parts.append(torch.stack([(u * u).sum(1), (u * e).sum(1), (e * e).sum(1), (cb * Y).sum(1),
+                                          (e * Y).sum(1), (Y * Y).sum(1)]).double())
+            uu, ue, ee, cy, ey, yy = torch.cat(parts, dim=1)
+            base = 1.0 if self.loss == "C" else yy + 1.0
 
             def f(k: float) -> tuple[float, float]:
                 nrm = (uu + 2 * k * ue + k * k * ee).clamp_min(0).sqrt()
@@ -229,6 +265,7 @@ class CuttingPlaneTrainer:
                 return float((h * act).mean()), float((dh * act).mean())
             return f
 
+        cb, e = self._scores(Wb, Dw)
         base = self._finite_base() if self.candidates is not None else None
         if self.candidates is None and self.domain == "simplex":
             # the most violated output is one of the q vertices: a finite set whose scores are P + k Q
@@ -239,22 +276,34 @@ class CuttingPlaneTrainer:
             Q = e @ self.candidates.T
         else:
             P = None
+        blocks = self._blocks()
         if P is not None:
             own_b, own_e = (cb * self.Y).sum(1), (e * self.Y).sum(1)
+            del cb, e
 
             def fin(k: float) -> tuple[float, float]:
-                v, j = (P + k * Q).max(dim=1)
-                h = v - (own_b + k * own_e)
-                act = h > 0
-                dh = Q.gather(1, j[:, None])[:, 0] - own_e
-                return float((h * act).double().mean()), float((dh * act).double().mean())
+                hs = ds = 0.0
+                for r in blocks:
+                    v, j = (P[r] + k * Q[r]).max(dim=1)
+                    h = v - (own_b[r] + k * own_e[r])
+                    act = h > 0
+                    dh = Q[r].gather(1, j[:, None])[:, 0] - own_e[r]
+                    hs += float((h * act).double().sum())
+                    ds += float((dh * act).double().sum())
+                return hs / self.N, ds / self.N
             return fin
 
         def g(k: float) -> tuple[float, float]:
-            c = cb + k * e
-            y_hat, h, active = self._violators(c)
-            dh = (e * (y_hat - self.Y)).sum(1)
-            return float((h * active).double().mean()), float((dh * active).double().mean())
+            gen = self._generator()
+            hs = ds = 0.0
+            for r in blocks:
+                er = e[r]
+                c = cb[r] + k * er
+                y_hat, h, active = self._violators(c, r, gen)
+                dh = (er * (y_hat - self.Y[r])).sum(1)
+                hs += float((h * active).double().sum())
+                ds += float((dh * active).double().sum())
+            return hs / self.N, ds / self.N
         return g
 
     def _line_search(self, Wb: np.ndarray, Wc: np.ndarray, seg: Callable[[float], tuple[float, float]]
@@ -377,16 +426,12 @@ class CuttingPlaneTrainer:
         xi, wsq_c, dual = self._bounds()
         Wc = self.W
         if self.line_search and K > 0:
-            cb, cc = self._scores(self.Wb, Wc)
-            e = cc - cb
-            k, self.Fb = self._line_search(self.Wb, Wc, self._segment(cb, e))
+            k, self.Fb = self._line_search(self.Wb, Wc, self._segment(self.Wb, Wc))
             self.Wb = self.Wb + k * (Wc - self.Wb)
             Ws = (1.0 - self.mu) * self.Wb + self.mu * Wc
-            cs = cb + ((1.0 - self.mu) * k + self.mu) * e
         else:
             Ws = Wc
-            (cs,) = self._scores(Wc)
-        a, b = self._plane(cs)
+        a, b = self._plane(Ws)
         hinge = b - float(Ws.ravel() @ a.astype(np.float64))  # = 1/N sum_i xi_i at Ws
         wsq_s = wsq_c if Ws is Wc else float((Ws ** 2).sum())
         primal = 0.5 * wsq_s + self.C * hinge
