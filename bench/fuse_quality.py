@@ -67,10 +67,11 @@ def run(args: argparse.Namespace) -> int:
               f"{s.get('selected_on')} | {s.get('reported_on')} | {s['_wall']:.0f} |")
     for mode, label in (("auto", "fused, --weights auto (CV)"), ("bank", "fused, --weights bank")):
         f = fused[mode]
+        fp = f.get("metrics_plain") or f     # the plain fusion (a fused run's summary is under its own scoring)
         c = f["fusion"]["choice"]
         w = ", ".join(f"{x:.1f}" for x in f["fusion"]["weights"])
         best_cv = max(x["rsum"] for x in c["candidates"])
-        print(f"| **{label}** | {cells(f)} | **{f['rsum']:.1f}** | {ci(f)} | ({w}) | "
+        print(f"| **{label}** | {cells(fp)} | **{fp['rsum']:.1f}** | {ci(fp)} | ({w}) | "
               f"{best_cv:.1f}{' (in-sample)' if mode == 'bank' else ''} | {f['selected_on']} | "
               f"{f['reported_on']} | {float(f.get('train_seconds') or 0):.0f} |")
     best = max(range(len(rows)), key=lambda i: rows[i]["rsum"])

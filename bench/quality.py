@@ -268,8 +268,9 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
               f"{v['rsum']:.1f} | {Q.ci_cell(v['ranks'], caps)} | - |")
     cv_eff = paired_effect(cv_best, cv_f, cv_caps, seed=0)
     val_eff = paired_effect(val_best, val_f, caps, seed=0)
-    print(f"| **fused (auto)** | - | {Q.rsum(cv_f):.1f} | {Q.diff_cell(cv_eff)} | {Q.recall_cells(f)} | "
-          f"**{f['rsum']:.1f}** | {Q.ci_cell(val_f, caps)} | {Q.diff_cell(val_eff)} |")
+    fp = f.get("metrics_plain") or f      # the fused run's plain numbers (its summary is under its own scoring)
+    print(f"| **fused (auto)** | - | {Q.rsum(cv_f):.1f} | {Q.diff_cell(cv_eff)} | {Q.recall_cells(fp)} | "
+          f"**{fp['rsum']:.1f}** | {Q.ci_cell(val_f, caps)} | {Q.diff_cell(val_eff)} |")
     cv_eff2 = paired_effect(cv_top, cv_f, cv_caps, seed=0)
     val_eff2 = paired_effect(val_top, val_f, caps, seed=0)
     top_name = f"{top_m} + {top_s}" + ("" if top_param is None else f" ({top['choice']['param_name']} = "
@@ -303,7 +304,7 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
           "choice of their parameter on the same folds.\n")
     return {"members": members, "weights": [round(x, 2) for x in w], "cv_rsum": round(Q.rsum(cv_f), 1),
             "cv_diff_vs_best_member": round(cv_eff["rsum"]["diff"], 1),
-            "cv_ci": [round(x, 1) for x in cv_eff["rsum"]["ci"]], "val_rsum": round(float(f["rsum"]), 1),
+            "cv_ci": [round(x, 1) for x in cv_eff["rsum"]["ci"]], "val_rsum": round(float(fp["rsum"]), 1),
             "val_diff_vs_best_member": round(val_eff["rsum"]["diff"], 1), "rescored": rescored}
 
 
