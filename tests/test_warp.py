@@ -57,6 +57,15 @@ def test_warp_loss_matches_naive_loop() -> None:
 
 
 # ---------------------------------------------------------------------------- WSABIE's step on the trainer
+def _double(v):
+    """A prepared tensor, or WSABIE's centred image rows (nn.sparse_rows.DenseRows), in float64."""
+    from crossview.nn.sparse_rows import DenseRows
+
+    if isinstance(v, DenseRows):
+        return DenseRows(v.base.double(), None if v.center is None else v.center.double(), v.norms.double())
+    return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+
 def _one_sgd_step(method, data, V: torch.Tensor, T: torch.Tensor, batch: list[int]) -> dict:
     """Set the model to ``V``, ``T``, run the method's training step on ``batch`` and one SGD step with
     the method's lr, then its projection: what the trainer does for one batch."""
@@ -66,8 +75,7 @@ def _one_sgd_step(method, data, V: torch.Tensor, T: torch.Tensor, batch: list[in
         model.V.copy_(V)
         model.text_matrix.copy_(T)
     method.prepare(data, torch.device("cpu"))
-    method._t = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                 for k, v in method._t.items()}
+    method._t = {k: _double(v) for k, v in method._t.items()}
     opt = torch.optim.SGD(model.parameters(), lr=method.lr)
     terms = method.training_step(model, torch.tensor(batch), torch.Generator().manual_seed(0))
     terms["loss"].backward()

@@ -139,6 +139,12 @@ def test_web_method_data_checks_its_lengths() -> None:
     assert torch.is_tensor(torch.as_tensor(d.image_features))
 
 
+def webly_default_image_encoder() -> str:
+    from crossview.methods import method_class
+
+    return str(method_class("webly").default_image_encoder)
+
+
 def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> None:
     """``--set web=PATH``: the engine reads the web set (a folder of images with .tags files here), encodes it
     with the run's image encoder, and a run stopped inside Stage II resumes there."""
@@ -159,7 +165,10 @@ def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> 
             break
     it.close()
     logs = [e.message for e in seen if isinstance(e, Log)]
-    assert any("web set: web (9 images, efficientnet_lite0 features)" in x for x in logs), logs
+    # encoded with the run's own image encoder (its default: two backbones, flip-averaged unless dropped)
+    enc = next(x.split()[2] for x in logs if x.startswith("features: image "))
+    assert enc.startswith(webly_default_image_encoder().split(":")[0]), logs
+    assert any(f"web set: web (9 images, {enc} features)" in x for x in logs), logs
     assert any("then Stage II on 9 web images" in x for x in logs), logs
     assert read_status(tmp_path / "r")["status"] != "finished"
     events = list(resume(tmp_path / "r", data=ds))
