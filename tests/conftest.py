@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,13 @@ os.environ["CROSSVIEW_HOME"] = str(_SESSION_DIR / "home")
 os.environ.setdefault("CROSSVIEW_CACHE_DIR", str(_SESSION_DIR / "cache"))
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The session's user folders and feature cache go with it (about 300 MB a whole run; sessions left them in
+    the temp folder, 700 of them on one machine); ``CROSSVIEW_KEEP_TEST_DIR=1`` keeps them for a look."""
+    if not os.environ.get("CROSSVIEW_KEEP_TEST_DIR"):
+        shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 FLICKR8K_SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample"
 
 
