@@ -237,7 +237,7 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k",), 8, ("crossview/explain", "crossview/core/rownorm.py", "crossview/features/normalize.py",
                              *methods("cca"), *FEATURES)),
     Entry("feature_throughput_cpu", "feature_throughput_cpu.txt",
-          (S("bench/feature_throughput.py --limit 320 --workers 1,2"),), ("flickr8k",), 3,
+          (S("bench/feature_throughput.py --limit 320 --encoder efficientnet_lite0,mobilenet_v2 --workers 0,1"),), ("flickr8k",), 3,
           ("crossview/features/image.py", "crossview/data/images.py")),
     Entry("gui_latency_cpu", "gui_latency_cpu.txt", (S("bench/gui_latency.py"),), ("synthetic",), 1,
           ("crossview/gui/panels/data_panel.py", "crossview/gui/panels/train_panel.py", "tests/_latency.py")),

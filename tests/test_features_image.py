@@ -360,3 +360,47 @@ def test_pca_bad_input() -> None:
         PCAReducer(2).fit(y)
     with pytest.raises(CrossViewError, match="2-D"):
         PCAReducer(2).fit(x[0])
+
+
+# ---------------------------------------------------------------------------- the folded inference body
+@pytest.mark.parametrize("name", ["efficientnet_lite0", "mobilenet_v2", "resnet18"])
+def test_the_folded_channels_last_body_computes_the_plain_body(name: str) -> None:
+    """Batch norms folded into their convolutions (with running statistics far from 0 / 1, so a fold in the wrong
+    place or a missed one shows) give the plain eval body's conv map, and the plain body is left untouched."""
+    import torch
+
+    from crossview.features.image import create_image_encoder, fold_batch_norms
+
+    enc = create_image_encoder(name, allow_random=True)
+    body = enc.load()["body"]
+    g = torch.Generator().manual_seed(0)
+    n_norms = 0
+    for m in body.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            n_norms += 1
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.5)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) * 2 + 0.5)
+            if m.weight is not None:
+                m.weight.data.copy_(torch.randn(m.num_features, generator=g) * 0.3 + 1)
+                m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.3)
+    x = torch.randn(3, 3, 224, 224, generator=g)
+    with torch.inference_mode():
+        want = body(x)
+        fast = enc.inference_body()
+        got = fast(x.contiguous(memory_format=torch.channels_last))
+    assert enc.inference_body() is fast                                  # built once
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fast.modules())     # every one folded
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in body.modules()) == n_norms > 0   # the original keeps its
+    scale = want.abs().max().item()
+    assert torch.allclose(got, want, atol=1e-4 * scale, rtol=1e-4), (got - want).abs().max().item()
+
+
+def test_folding_leaves_a_norm_that_does_not_follow_a_convolution() -> None:
+    import torch
+    from torch import nn
+
+    from crossview.features.image import fold_batch_norms
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1)).eval()
+    assert fold_batch_norms(net) == 1
+    assert isinstance(net[1], nn.Identity) and isinstance(net[3], nn.BatchNorm2d)
