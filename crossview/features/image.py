@@ -356,9 +356,9 @@ class ImageEncoder:
 
     def inference_body(self) -> Any:
         """A copy of ``load()["body"]`` made for inference only: every batch norm folded into the convolution
-        before it and the weights in channels-last layout (built once). On this 2-core CPU that runs
-        EfficientNet-Lite0 1.9x and MobileNet-V2 2.8x as fast as the plain body (``bench/results/
-        extract_speed_cpu.txt``), equal to it within float rounding (tested). ``load()``'s modules stay as they are:
+        before it and the weights in channels-last layout (built once). On this 2-core CPU extraction runs 2.1x
+        (EfficientNet-Lite0) and 2.2-2.4x (MobileNet-V2) as fast as a plain loop over the plain body
+        (``bench/results/feature_throughput_cpu.txt``), equal to it within float rounding (tested). ``load()``'s modules stay as they are:
         fine-tuning trains their batch norms."""
         import copy
 
