@@ -75,6 +75,40 @@ def test_the_scoring_box_reranks_by_the_training_bank(qtbot, panel: QueryPanel) 
     np.testing.assert_allclose(sig.args[0].scores, plain.scores)
 
 
+def test_a_query_asked_while_the_scoring_is_prepared_is_answered_once_under_it(qtbot, panel: QueryPanel) -> None:
+    """Opening a run starts its own scoring's preparation; a query asked meanwhile waits for it (saying so) and is
+    answered once, under that scoring, not first under plain and then replaced."""
+    got: list = []
+    panel.answered.connect(lambda ranking: got.append(("answer", ranking.items.tolist(), panel.retriever.scoring)))
+    panel.scoring_applied.connect(lambda rec: got.append(("scoring", rec["scoring"])))
+    assert panel.set_scoring("csls") is not None               # a worker prepares the bank
+    assert panel.query_image(22) is None                       # deferred
+    assert "Waiting for" in panel.gold_label.text() and "CSLS" in panel.gold_label.text()
+    with qtbot.waitSignal(panel.answered, timeout=10_000):
+        pass
+    qtbot.wait(50)                                             # nothing else queued after it
+    assert [g[0] for g in got] == ["scoring", "answer"]
+    assert got[1][2] == "csls"
+    assert got[1][1] == panel.retriever.query_image(22, panel.k_spin.value()).items.tolist()
+    assert panel.history == [{"image": 22}]
+
+
+def test_a_query_asked_while_a_scoring_fails_is_answered_under_the_scoring_kept(qtbot, panel: QueryPanel,
+                                                                                  monkeypatch) -> None:
+    import crossview.engine.scoring as engine_scoring
+
+    def broken(*args, **kwargs):
+        raise CrossViewError("the bank cannot be read")
+
+    monkeypatch.setattr(engine_scoring, "retriever_scoring", broken)
+    panel.set_scoring("isoftmax")
+    panel.query_image(22)
+    with qtbot.waitSignals([panel.failed, panel.answered], timeout=10_000, order="strict"):
+        pass
+    assert panel.scoring == "plain" and panel.retriever.scoring == "plain"
+    assert "cannot be read" in panel.scoring_note.text() and panel.history == [{"image": 22}]
+
+
 def test_another_gallery_keeps_the_scoring_and_another_run_starts_plain(qtbot, panel: QueryPanel,
                                                                          tmp_path: Path) -> None:
     with qtbot.waitSignal(panel.scoring_applied, timeout=10_000):
@@ -198,4 +232,4 @@ def test_the_scoring_box_starts_at_the_runs_own_scoring(qtbot, tmp_path: Path) -
     (old / "config.json").write_text(json.dumps({"method": "identity", "train_split": "train"}))
     r2 = Retriever(Identity().fit(None), ds, feats, gallery="test")
     w.set_retriever(r2, old, title="old", eval_split="test", train_split="train")
-    assert w.scoring == "plain" and r2.scoring == "plain" and not w._scoring_task.is_running()
+    assert w.scoring == "plain" and r2.scoring == "plain" and w._scoring_task is None

@@ -99,6 +99,9 @@ class QueryPanel(QWidget):
         self._query_pixmap: QPixmap | None = None
         self.ranking: Ranking | None = None
         self._task: Task | None = None
+        #: a query asked while the scoring is prepared: (query, remember), asked once the scoring is ready (or has
+        #: failed), so that no answer is shown under one scoring and then replaced by another's
+        self._deferred: tuple[dict[str, Any], bool] | None = None
         self.history: list[dict[str, Any]] = []
         # Explain: the explainer, its tasks and the explained pairs; this panel asks and draws
         self.explain_controller = ExplainController(self)
@@ -324,6 +327,7 @@ class QueryPanel(QWidget):
             raise ValueError(f"the annotations {annotations.path} do not belong to the run {run_dir}")
         self.retriever = retriever
         self._title = title
+        self._deferred = None
         # another run: its own explainer (a new gallery of the same run keeps the loaded backbone)
         self.explain_controller.set_retriever(retriever)
         self._query_overlay = None
@@ -405,12 +409,13 @@ class QueryPanel(QWidget):
         self.scoring_note.setText(f"{SCORING_LABELS[scoring]}: encoding the {html.escape(train_split)} split and "
                                   "reading or choosing its parameter...")
         task.succeeded.connect(lambda res, t=task: self._on_scoring_ready(t, r, scoring, res))
-        task.failed.connect(lambda msg, details, t=task: t is self._scoring_task and self._scoring_failed(msg))
+        task.failed.connect(lambda msg, details, t=task: self._on_scoring_task_failed(t, msg))
         return task.start()
 
     def _on_scoring_ready(self, task: Task, r: Retriever, scoring: str, res: tuple[Any, dict[str, Any]]) -> None:
         if task is not self._scoring_task or r is not self.retriever:
             return                               # superseded, or another run / gallery meanwhile
+        self._scoring_task = None                # prepared: queries are answered at once again
         self._scorings[scoring] = res
         self._apply_scoring(r, *res)
 
@@ -422,14 +427,29 @@ class QueryPanel(QWidget):
                      "--select cv")
         self.scoring_note.setText(html.escape(note))
         self.scoring_applied.emit(record)
-        if self.history:
-            self._ask(self.history[-1], remember=False)     # the query shown, ranked again
+        self._ask_after_scoring()
+
+    def _ask_after_scoring(self) -> None:
+        """The query asked while the scoring was prepared, else the query shown ranked again."""
+        if self._deferred is not None:
+            (query, remember), self._deferred = self._deferred, None
+            self._ask(query, remember)
+        elif self.history:
+            self._ask(self.history[-1], remember=False)
+
+    def _on_scoring_task_failed(self, task: Task, message: str) -> None:
+        if task is self._scoring_task:
+            self._scoring_task = None
+            self._scoring_failed(message)
 
     def _scoring_failed(self, message: str) -> None:
         current = self.retriever.scoring if self.retriever is not None else "plain"
         self.scoring_combo.setCurrentIndex(self.scoring_combo.findData(current))
         self.scoring_note.setText(f"<span style='color:#cf222e'>{html.escape(message)}</span>")
         self.failed.emit(message)
+        if self._deferred is not None:         # asked meanwhile: answered under the scoring the run keeps
+            (query, remember), self._deferred = self._deferred, None
+            self._ask(query, remember)
 
     def _keep_scoring(self, retriever: Retriever) -> None:
         """Another run starts at its own scoring (the one it recorded at training, its summary's; plain for an old
@@ -437,6 +457,10 @@ class QueryPanel(QWidget):
         run keeps the scoring chosen."""
         if retriever.method is not self._scoring_method:
             from crossview.engine.scoring import run_scoring
+
+            if self._scoring_task is not None:    # the previous run's: its answer is dropped
+                self._scoring_task.cancel()
+                self._scoring_task = None
 
             self._scoring_method = retriever.method
             self._scorings.clear()
@@ -602,6 +626,12 @@ class QueryPanel(QWidget):
         k = self.k_spin.value()
         if self._task is not None and self._task.is_running():
             self._task.cancel()               # superseded: its answer is dropped
+        if self._scoring_task is not None:
+            # the scoring is being prepared (its task runs, or its answer waits in the event queue): answer once it is ready, never first under the previous scoring
+            self._deferred = (query, remember)
+            self.gold_label.setText(f"Waiting for {html.escape(SCORING_LABELS.get(self.scoring, self.scoring))} "
+                                    "to be ready; the query is answered then.")
+            return None
         if "image" in query or "file" in query:
             target = query.get("image", query.get("file"))
             work = lambda progress, should_stop: r.query_image(target, k)  # noqa: E731
