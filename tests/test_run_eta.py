@@ -152,6 +152,9 @@ def test_timing_book_averages_and_ignores_damage(tmp_path):
     assert book.per_unit("images", "mobilenet_v2", "cpu") == timings.DEFAULTS["images"]
     assert book.per_unit("images", "mobilenet_v2", "cuda:0") < timings.DEFAULTS["images"]
     assert book.per_unit("captions", "minilm", "cpu") > book.per_unit("captions", "glove", "cpu")
+    # two backbones, each over the image and its mirror: twice one backbone's decode and run, plus two passes
+    both = book.per_unit("images", "efficientnet_lite0+mobilenet_v2:flip", "cpu")
+    assert both == pytest.approx(2 * (timings.DEFAULTS["images"] + timings.DEFAULTS["image pass"]))
     book.record("images", "mobilenet_v2", "cpu", 100, 10.0)
     assert book.per_unit("images", "mobilenet_v2", "cpu") == pytest.approx(0.1)
     book.record("images", "mobilenet_v2", "cpu", 100, 30.0)

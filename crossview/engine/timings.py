@@ -24,7 +24,9 @@ __all__ = ["TimingBook", "DEFAULTS", "unit_key", "device_kind", "default_path"]
 #: seconds per unit of work before this machine has run a stage (2-core CPU; a GPU divides the neural ones)
 DEFAULTS: dict[str, float] = {
     # measured on the Flickr8k sample (bench/results/eta_whole_run_cpu.txt), start-up (loading the model) included
-    "images": 0.042,          # a CNN on one image (efficientnet_lite0: 700 images in about 30 s)
+    "images": 0.013,          # one backbone, one pass, on one image (decoding included; efficientnet_lite0:
+                              # bench/results/feature_throughput_cpu.txt, 73 images/s with the folded network)
+    "image pass": 0.008,      # each further pass of a backbone over the decoded image (a flip's mirror)
     "captions:neural": 0.0026,  # a transformer on one caption (MiniLM: 3,500 captions in about 9 s)
     "captions": 0.0002,       # a bag of words / word vectors / tags on one caption
     "text model": 0.0005,     # fitting TF-IDF, LDA ... per training caption
@@ -54,8 +56,19 @@ def unit_key(stage: str, detail: str, device: str | None) -> str:
     return f"{stage}|{detail}|{device_kind(device)}"
 
 
+def _image_cost(detail: str) -> float:
+    """Seconds an image costs encoder ``detail`` (``A+B:flip``): every backbone decodes the image and runs once,
+    and once more on its mirror with ``:flip`` (the Flickr8k sample's 700 photos through the default
+    ``efficientnet_lite0+mobilenet_v2:flip``: 2 x (0.013 + 0.008) x 700 = 29 s, measured 30-35 s)."""
+    name, _, option = detail.partition(":")
+    backbones = max(1, len([b for b in name.split("+") if b]))
+    return backbones * (DEFAULTS["images"] + (DEFAULTS["image pass"] if option == "flip" else 0.0))
+
+
 def _default(stage: str, detail: str, device: str | None) -> float:
-    if stage == "tokens" or (stage == "captions" and any(n in detail.lower() for n in _NEURAL_TEXT)):
+    if stage == "images":
+        base = _image_cost(detail)
+    elif stage == "tokens" or (stage == "captions" and any(n in detail.lower() for n in _NEURAL_TEXT)):
         base = DEFAULTS["captions:neural"]     # a language model's token states (timam): a transformer per caption
     else:
         base = DEFAULTS.get(stage, DEFAULTS["fit"])
