@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.work).expanduser().absolute()
     print("Data: flickr8k (600 train images, 100 val), each method's default encoders and parameters (no flags), "
           "then `crossview fuse` of those runs with --weights auto (and, for comparison, --weights bank); rsum = "
-          "R@1+5+10 both ways; interval: 95% bootstrap over the val images.\n")
+          "R@1+5+10 both ways; interval: 95% bootstrap over the val images. Every number here is under plain scoring "
+          "(the runs' plain metrics, members and fused runs alike); bench/results/quality_flickr8k.md reports each "
+          "run under its default scoring (csls for CCA, BITR, VSE++ and a fused run).\n")
     rows, dirs = [], []
     for m in methods:
         summary = Q.ensure_trained(m, str(Path(args.data).absolute()), work / m)
