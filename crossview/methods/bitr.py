@@ -543,6 +543,9 @@ class Bitr(Method):
                           f"{self.epsilon:g} (violation {last.get('violation', float('nan')):.3g}); raise max_iter "
                           "or epsilon", "warning")
         prog["phase"] = "done"
+        # the training rows (projected features, the last direction's problem and its trainer: ~370 MB at COCO
+        # size) are not needed to score val: let them go first, or they and the scoring blocks peak together
+        img = txt = prob = trainer = None       # noqa: F841
         if val is not None and val.text_features is not None and val.n_images > 0:
             res = self.evaluate(val)
             res.pop("ranks", None)
