@@ -94,6 +94,15 @@ def test_vocabulary_ids_padding_lengths_and_round_trip() -> None:
     ids, lengths = v.encode_batch(["a dog a dog a dog"], max_len=4)  # cut, still ends in <end>
     np.testing.assert_array_equal(ids, [[1, 4, 5, 2]])
     assert lengths.tolist() == [4]
+    # trim: as wide as the longest caption when that is under max_len (the columns cut are all <pad>)
+    wide, wide_lengths = v.encode_batch(["a dog", "dog", ""], max_len=9)
+    ids, lengths = v.encode_batch(["a dog", "dog", ""], max_len=9, trim=True)
+    assert wide.shape == (3, 9) and ids.shape == (3, 4) and (wide[:, 4:] == v.pad_id).all()
+    np.testing.assert_array_equal(ids, wide[:, :4])
+    np.testing.assert_array_equal(lengths, wide_lengths)
+    ids, lengths = v.encode_batch(["a dog a dog a dog", "dog"], max_len=4, trim=True)     # max_len still cuts
+    np.testing.assert_array_equal(ids, [[1, 4, 5, 2], [1, 5, 2, 0]])
+    assert ids.dtype == np.int64 and lengths.tolist() == [4, 3]
     assert v.decode([1, 4, 3, 2, 0]) == ["a", "<unk>"]
     d = json.loads(json.dumps(v.to_dict()))  # a plain dict
     assert Vocabulary.from_dict(d) == v and Vocabulary.from_dict(d).counts == {"a": 3, "dog": 2}

@@ -160,3 +160,58 @@ def test_bad_names_and_parameters_get_one_clear_line() -> None:
     tiny = Embeddings(image=np.eye(3), text=np.eye(3), caption_image=np.arange(3))
     with pytest.raises(CrossViewError, match="needs at least 10 training images"):
         select_scoring(tiny, "csls")
+
+
+def _wide_set(seed, n_img, d=8, caps=5):
+    rng = np.random.default_rng(seed)
+    img = _rand(rng, n_img, d)
+    ci = np.repeat(np.arange(n_img), caps)
+    return Embeddings(image=img, text=_rand(rng, n_img * caps, d) + img[ci], caption_image=ci)
+
+
+@pytest.mark.parametrize("scoring,param", [("csls", 3), ("isoftmax", 10.0), ("dsoftmax", 10.0)])
+def test_blocks_bounded_by_elements_score_as_one_block(monkeypatch, scoring, param) -> None:
+    """A block has at most BLOCK_ELEMENTS scores (rows of the gallery's or the bank's width, the wider), and the
+    narrow blocks give the very scores, ranks and hubness of one block of every query."""
+    import crossview.eval.scoring as S
+
+    emb, bank = _wide_set(5, 40), _wide_set(6, 30)               # 200 captions, 150 in the bank
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", 1 << 40)
+    whole = evaluate_scoring(emb, bank, scoring, param)
+    one = Scorer(scoring, param, bank.image, bank.text).scores(emb.image, emb.text)
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", 450)                 # 2 rows of 200 scores
+    for queries, gallery, bq, bg in ((emb.image, emb.text, bank.image, bank.text),
+                                     (emb.text, emb.image, bank.text, bank.image)):
+        scorer = Scorer(scoring, param, bq, bg)
+        rows = [(a, b) for a, b, _ in scorer.blocks(queries, gallery)]
+        assert max(b - a for a, b in rows) == max(1, 450 // max(len(gallery), len(bg) if scoring == "csls" else 0))
+        assert [r for ab in rows for r in range(*ab)] == list(range(len(queries)))
+    np.testing.assert_allclose(Scorer(scoring, param, bank.image, bank.text).scores(emb.image, emb.text), one,
+                               rtol=1e-12, atol=1e-12)
+    part = evaluate_scoring(emb, bank, scoring, param)
+    for d in ("i2t", "t2i"):
+        np.testing.assert_array_equal(part["ranks"][d], whole["ranks"][d])
+        assert part[d] == whole[d] and part["hubness"][d] == whole["hubness"][d]
+    assert part["rsum"] == whole["rsum"]
+
+
+@pytest.mark.parametrize("scoring", ["csls", "isoftmax", "dsoftmax"])
+def test_scored_evaluation_never_holds_a_block_of_every_query(monkeypatch, scoring) -> None:
+    """Issue 34: at COCO size 1,024 queries x 25,000 captions were 205 MB of float64 a block, three at once under
+    csls. With the blocks bounded by BLOCK_ELEMENTS, the evaluation's traced peak stays far under one score matrix
+    of all the queries (what one block of block_size rows held here)."""
+    import tracemalloc
+
+    import crossview.eval.scoring as S
+
+    emb, bank = _wide_set(8, 200, d=4), _wide_set(9, 200, d=4)   # 1,000 captions each
+    matrix = 200 * 1000 * 8                                       # i2t: every image against every caption
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", 4000)                # 4 rows of 1,000 scores: 32 KB
+    evaluate_scoring(emb, bank, scoring, 3 if scoring == "csls" else 10.0)    # warm (imports, caches)
+    tracemalloc.start()
+    try:
+        evaluate_scoring(emb, bank, scoring, 3 if scoring == "csls" else 10.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < matrix / 2, f"traced peak {peak} B against a {matrix} B score matrix"

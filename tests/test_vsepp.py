@@ -410,3 +410,30 @@ def test_embedding_captions_in_length_batches_equals_each_caption_alone(text_mod
         with torch.no_grad():    # what a training step reads from the cache: the encoder's own output
             torch.testing.assert_close(enc(t["ids"], t["mask"], frozen_hidden=hidden), enc(t["ids"], t["mask"]),
                                        rtol=1e-4, atol=1e-5)
+
+
+def test_the_caption_table_is_trimmed_to_the_longest_caption_and_trains_the_same(monkeypatch) -> None:
+    """Issue 34: the GRU's token table is as wide as the longest training caption, not max_len (at COCO size
+    282 MB of int64 at 64 ids, 70 MB at 16); every batch was cut to its own longest caption already, so the
+    trained weights, the losses and the caption embeddings equal the max_len-wide table's."""
+    from crossview.features.vocab import Vocabulary
+
+    ds = H.make_toy_dataset()
+    train_d, test_d = _toy("train", ds), _toy("test", ds)
+    longest = max(len(Vocabulary().encode(c)) for c in train_d.captions)      # <start> words <end>
+    params = {**FAST, "text_model": "gru", "max_epochs": 2, "max_len": 64}
+    trimmed = create_method("vsepp", **params).with_run(**RUN).fit(train_d)
+    assert trimmed._text_inputs(train_d.captions)["ids"].shape[1] == longest < 64     # what prepare keeps
+
+    wide_batch = Vocabulary.encode_batch
+    monkeypatch.setattr(Vocabulary, "encode_batch",
+                        lambda self, caps, max_len=None, add_start_end=True, trim=False:
+                        wide_batch(self, caps, max_len, add_start_end, trim=False))
+    wide = create_method("vsepp", **params).with_run(**RUN).fit(train_d)
+    assert wide._text_inputs(train_d.captions)["ids"].shape[1] == 64
+    assert [h["epoch_loss"] for h in trimmed.history_] == [h["epoch_loss"] for h in wide.history_]
+    a, b = trimmed.model().state_dict(), wide.model().state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    np.testing.assert_array_equal(trimmed.embed_texts(test_d), wide.embed_texts(test_d))

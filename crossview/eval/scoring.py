@@ -26,10 +26,12 @@ of the gallery's modality:
     queries, which QB-Norm leaves alone so that the normalisation cannot hurt a query that meets no hub.
     Within one query all scores are of one kind, so its ranking is well defined.
 
-Scores are formed one block of ``block_size`` queries at a time (``(block_size, n_g)`` float64), and the
-bank statistics one block of gallery items (or bank queries) at a time: nothing ever holds the whole
-``n_q x n_g`` matrix. :func:`evaluate_scoring` ranks the blocks as they come (the tie rule of
-:mod:`crossview.eval.metrics`) and keeps only each query's top 10 for the hubness figure.
+Scores are formed one block of queries at a time (float64, at most ``block_size`` queries and
+:data:`BLOCK_ELEMENTS` scores, so a block stays ~32 MB however large the gallery or the bank: 1,024 queries of a
+25,000-caption COCO gallery were 205 MB a block, and a csls block held three such arrays), and the bank
+statistics one block of gallery items (or bank queries) at a time: nothing ever holds the whole ``n_q x n_g``
+matrix. :func:`evaluate_scoring` ranks the blocks as they come (the tie rule of :mod:`crossview.eval.metrics`)
+and keeps only each query's top 10 for the hubness figure.
 
 The parameter is chosen under the rule "selection never on the reported split", by the largest rsum (R@1 + R@5 +
 R@10 both ways; the first in :data:`GRIDS` among equals), in one of two ways:
@@ -54,9 +56,9 @@ from crossview.core.errors import CrossViewError
 from crossview.eval.hubness import DEFAULT_K, TOP_SHARE_K, hubness_from_top
 from crossview.eval.metrics import first_relevant_ranks, rank_metrics, rsum_of, top_k
 
-__all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "check_scoring", "Scorer", "scorers_for",
-           "evaluate_scoring", "select_scoring", "iter_select_scoring_cv", "select_scoring_cv", "subset_embeddings",
-           "describe_scoring", "describe_scored"]
+__all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "BLOCK_ELEMENTS", "check_scoring", "Scorer",
+           "scorers_for", "evaluate_scoring", "select_scoring", "iter_select_scoring_cv", "select_scoring_cv",
+           "subset_embeddings", "describe_scoring", "describe_scored"]
 
 #: the scorings and what each is, for --help and the app's combo box
 SCORINGS = {
@@ -75,8 +77,11 @@ GRIDS: dict[str, tuple[float, ...]] = {
     "isoftmax": (1, 3, 10, 20, 30, 50, 100),
     "dsoftmax": (1, 3, 10, 20, 30, 50, 100),
 }
-#: queries (rows) per score block
+#: queries (rows) per score block, at most
 DEFAULT_BLOCK = 1024
+#: float64 scores per block, at most (32 MB): a block has ``min(block_size, BLOCK_ELEMENTS // width)`` rows (at
+#: least 1), ``width`` the gallery's or the bank's size, whichever the block is scored against is larger
+BLOCK_ELEMENTS = 1 << 22
 
 
 def check_scoring(name: Any) -> str:
@@ -123,17 +128,24 @@ class Scorer:
     bank_queries: np.ndarray
     bank_gallery: np.ndarray
     block_size: int = DEFAULT_BLOCK
+    block_elements: int | None = None       # None: BLOCK_ELEMENTS
 
     def __post_init__(self) -> None:
         self.scoring = check_scoring(self.scoring)
         self.param = _check_param(self.scoring, self.param)
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, (int, np.integer)) \
-                or self.block_size < 1:
-            raise CrossViewError(f"block size must be a whole number >= 1, got {self.block_size!r}")
+        if self.block_elements is None:
+            self.block_elements = BLOCK_ELEMENTS
+        for what, v in (("block size", self.block_size), ("block elements", self.block_elements)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise CrossViewError(f"{what} must be a whole number >= 1, got {v!r}")
         self.bank_queries = np.asarray(self.bank_queries, np.float64)
         self.bank_gallery = np.asarray(self.bank_gallery, np.float64)
         if self.scoring != "plain" and (self.bank_queries.shape[0] < 1 or self.bank_gallery.shape[0] < 1):
             raise CrossViewError(f"{self.scoring} needs a bank of training images and captions; the bank is empty")
+
+    def _rows(self, width: int) -> int:
+        """Rows of a block whose rows are ``width`` scores wide (``block_size`` and ``block_elements`` bound it)."""
+        return int(min(self.block_size, max(1, self.block_elements // max(1, width))))
 
     def prepare(self, gallery: np.ndarray) -> dict[str, np.ndarray]:
         """The statistics of ``gallery (n_g, D)`` over the bank: ``r`` (csls), ``c`` = log-sum-exp over the
@@ -145,40 +157,53 @@ class Scorer:
         b = self.bank_queries
         n_g = g.shape[0]
         stat = np.empty(n_g)
-        for a in range(0, n_g, self.block_size):
-            block = g[a:a + self.block_size] @ b.T                      # (blk, n_b): gallery items vs bank
-            stat[a:a + self.block_size] = (_mean_top(block, int(self.param)) if self.scoring == "csls"
-                                           else _lse(self.param * block))
+        step = self._rows(b.shape[0])
+        for a in range(0, n_g, step):
+            block = g[a:a + step] @ b.T                                 # (blk, n_b): gallery items vs bank
+            if self.scoring == "csls":
+                stat[a:a + step] = _mean_top(block, int(self.param))
+            else:
+                block *= self.param
+                stat[a:a + step] = _lse(block)
         out["r" if self.scoring == "csls" else "c"] = stat
         if self.scoring == "dsoftmax":
             hub = np.zeros(n_g, dtype=bool)
             if n_g:
-                for a in range(0, b.shape[0], self.block_size):
-                    hub[np.argmax(b[a:a + self.block_size] @ g.T, axis=1)] = True   # argmax: smaller index on ties
+                step = self._rows(n_g)
+                for a in range(0, b.shape[0], step):
+                    hub[np.argmax(b[a:a + step] @ g.T, axis=1)] = True      # argmax: smaller index on ties
             out["hub"] = hub
         return out
 
     def blocks(self, queries: np.ndarray, gallery: np.ndarray,
                stats: dict[str, np.ndarray] | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
-        """``(start, stop, scores (stop - start, n_g) float64)`` for each block of ``queries (n_q, D)``."""
-        q = np.asarray(queries, np.float64)
+        """``(start, stop, scores (stop - start, n_g) float64)`` for each block of ``queries (n_q, D)`` (at most
+        ``block_size`` rows and ``block_elements`` scores, :meth:`_rows`). The queries are taken to float64 a
+        block at a time; the scores are combined in place (the same operations, in the same order, as
+        ``2 s - r_q - r_g``), so a block costs one score array and, for csls, one against the bank."""
+        q = queries if isinstance(queries, np.ndarray) else np.asarray(queries, np.float64)
         g = np.asarray(gallery, np.float64)
         if q.ndim != 2 or g.ndim != 2 or q.shape[1] != g.shape[1]:
             raise CrossViewError(f"scoring: queries {q.shape} and gallery {g.shape} must be 2-D with the same "
                                  "number of columns")
         stats = self.prepare(g) if stats is None else stats
         gt = g.T
-        for a in range(0, q.shape[0], self.block_size):
-            qb = q[a:a + self.block_size]
+        step = self._rows(max(g.shape[0], self.bank_gallery.shape[0] if self.scoring == "csls" else 0))
+        for a in range(0, q.shape[0], step):
+            qb = np.asarray(q[a:a + step], np.float64)
             s = qb @ gt
             if self.scoring == "csls":
                 r_q = _mean_top(qb @ self.bank_gallery.T, int(self.param))
-                s = 2 * s - r_q[:, None] - stats["r"][None, :]
+                s *= 2
+                s -= r_q[:, None]
+                s -= stats["r"][None, :]
             elif self.scoring == "isoftmax":
-                s = self.param * s - stats["c"][None, :]
+                s *= self.param
+                s -= stats["c"][None, :]
             elif self.scoring == "dsoftmax" and s.shape[1]:
                 normalise = stats["hub"][np.argmax(s, axis=1)]
-                s = np.where(normalise[:, None], self.param * s - stats["c"][None, :], s)
+                s[normalise] *= self.param
+                s[normalise] -= stats["c"][None, :]
             yield a, a + qb.shape[0], s
 
     def scores(self, queries: np.ndarray, gallery: np.ndarray,
@@ -205,8 +230,9 @@ def scorers_for(scoring: str, param: float | None, bank: Any,
     """``{"i2t": Scorer, "t2i": Scorer}`` over the training ``bank`` (an
     :class:`~crossview.eval.embeddings.Embeddings` of training images and captions): i2t queries are images (its
     bank queries the training images), t2i queries are captions."""
-    bi, bt = _sides(bank, "i2t")
-    ci, ct = _sides(bank, "t2i")
+    # float64 once: with one model both scorers share the same two arrays (the Scorer keeps float64 as given)
+    bi, bt = (np.asarray(x, np.float64) for x in _sides(bank, "i2t"))
+    ci, ct = (bi, bt) if bank.image_t2i is None else (np.asarray(x, np.float64) for x in _sides(bank, "t2i"))
     return {"i2t": Scorer(scoring, param, bank_queries=bi, bank_gallery=bt, block_size=block_size),
             "t2i": Scorer(scoring, param, bank_queries=ct, bank_gallery=ci, block_size=block_size)}
 

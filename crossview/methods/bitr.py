@@ -542,7 +542,13 @@ class Bitr(Method):
                 yield Log(f"bitr {d}: stopped at max_iter = {self.max_iter} before reaching epsilon = "
                           f"{self.epsilon:g} (violation {last.get('violation', float('nan')):.3g}); raise max_iter "
                           "or epsilon", "warning")
+            # this direction's problem and trainer (its per-caption copy of the image rows among them) go before
+            # the next direction builds its own: at COCO size the two overlapped at the start of t2i (the peak)
+            prob = trainer = None       # noqa: F841
         prog["phase"] = "done"
+        # the projected training rows are not needed to score val: let them go first, or they and the scoring
+        # blocks peak together (~370 MB at COCO size with the last trainer)
+        img = txt = None       # noqa: F841
         if val is not None and val.text_features is not None and val.n_images > 0:
             res = self.evaluate(val)
             res.pop("ranks", None)

@@ -316,7 +316,9 @@ class Vsepp(TorchMethod):
             if vocab is None or vocab.words != list(spec["vocab"]):
                 vocab = Vocabulary(list(spec["vocab"])[4:])
                 self._vocab = vocab
-            ids, lengths = vocab.encode_batch(captions, max_len=int(self.max_len))
+            # trimmed to the longest caption: every batch is cut to its own longest anyway (_text_batch,
+            # embed_texts), and the padding past it was 3/4 of the table at COCO size (issue 34)
+            ids, lengths = vocab.encode_batch(captions, max_len=int(self.max_len), trim=True)
             return {"ids": torch.as_tensor(ids), "lengths": torch.as_tensor(lengths)}
         tok = _tokenizer(str(spec["transformer"]))
         enc = tok(list(captions), padding=True, truncation=True, max_length=int(self.max_len), return_tensors="pt")
