@@ -85,6 +85,16 @@ def test_fused_ranks_block_by_block_equal_one_block() -> None:
         part = fused_ranks(embs, scales, block_size=block)
         np.testing.assert_array_equal(part["i2t"], whole["i2t"])
         np.testing.assert_array_equal(part["t2i"], whole["t2i"])
+    import crossview.engine.fuse as fuse_mod
+
+    for elements in (50, 200):                # a wide gallery: blocks of fewer rows than block_size, same ranks
+        fuse_mod.BLOCK_ELEMENTS, saved = elements, fuse_mod.BLOCK_ELEMENTS
+        try:
+            part = fused_ranks(embs, scales, block_size=1000)
+        finally:
+            fuse_mod.BLOCK_ELEMENTS = saved
+        np.testing.assert_array_equal(part["i2t"], whole["i2t"])
+        np.testing.assert_array_equal(part["t2i"], whole["t2i"])
     s = 0.3 * embs[0].image @ embs[0].text.T + 1.2 * embs[1].image @ embs[1].text.T
     i2t, t2i = naive_ranks(s, ci)
     np.testing.assert_array_equal(whole["i2t"], i2t)

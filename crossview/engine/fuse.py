@@ -37,8 +37,9 @@ it, the plain ones kept as ``metrics_plain``; ``crossview eval FUSED --scoring c
 The evaluation split is read only to report the chosen weights' metrics (``selected_on``: the training folds;
 ``reported_on``: the evaluation split). Given weights are normalised to sum 1.
 
-Scores are computed block by block over the queries (:data:`DEFAULT_BLOCK` rows), never as a whole images x
-captions matrix of a large gallery.
+Scores are computed block by block over the queries (:data:`DEFAULT_BLOCK` rows, fewer where a row is so wide
+that a block would pass :data:`crossview.eval.scoring.BLOCK_ELEMENTS` scores), never as a whole images x captions
+matrix of a large gallery, from the members' float32 embeddings (added in float64), with no whole-matrix copies.
 
 The run folder::
 
@@ -67,6 +68,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Plan, Progress
+from crossview.eval.scoring import BLOCK_ELEMENTS
 from crossview.engine.run_folder import CONFIG, METRICS, RANKS, STATUS, SUMMARY, _METRIC_KEYS, _now
 
 __all__ = ["FUSED", "FOLDS", "DEFAULT_BLOCK", "MAX_MEMBERS", "parse_weights", "simplex_grid", "grid_step",
@@ -253,11 +255,12 @@ def score_stats(emb: Any, direction: str, block_size: int = DEFAULT_BLOCK) -> tu
     """``(mean, standard deviation)`` of ``image . text`` over every image x caption pair of ``emb`` (a training
     bank) in the model of ``direction``, accumulated block by block; the deviation is 1 when it is 0."""
     img, txt = _sides(emb, direction)
-    img = np.asarray(img, np.float64)
-    txt = np.asarray(txt, np.float64)
+    img = np.asarray(img, np.float32)
+    txt = np.asarray(txt, np.float32)
     n, total, sq = 0, 0.0, 0.0
-    for a in range(0, img.shape[0], block_size):
-        s = img[a:a + block_size] @ txt.T
+    rows = int(min(block_size, max(1, BLOCK_ELEMENTS // max(1, txt.shape[0]))))
+    for a in range(0, img.shape[0], rows):
+        s = (img[a:a + rows] @ txt.T).astype(np.float64)
         n += s.size
         total += float(s.sum())
         sq += float((s * s).sum())
@@ -285,22 +288,24 @@ def fused_ranks(embs: Sequence[Any], scales: dict[str, Sequence[float]],
     for d in ("i2t", "t2i"):
         sides = [_sides(e, d) for e in embs]
         a = list(scales[d])
+        # float32 embeddings as the members' own evaluations score them (no float64 copies of whole matrices:
+        # at COCO size a member's captions are GBs in float64); each member's block of scores is added in float64
+        qi, gi = (0, 1) if d == "i2t" else (1, 0)
+        queries = [np.asarray(s[qi], np.float32) for s in sides]
+        gallery = [np.asarray(s[gi], np.float32) for s in sides]
         if d == "i2t":
-            queries = [np.asarray(s[0], np.float64) for s in sides]
-            gallery = [np.asarray(s[1], np.float64).T for s in sides]
             q_labels, g_labels = np.arange(n_img, dtype=np.int64), ci
         else:
-            queries = [np.asarray(s[1], np.float64) for s in sides]
-            gallery = [np.asarray(s[0], np.float64).T for s in sides]
             q_labels, g_labels = ci, np.arange(n_img, dtype=np.int64)
-        n_q = queries[0].shape[0]
+        n_q, n_g = queries[0].shape[0], gallery[0].shape[0]
+        rows = int(min(block_size, max(1, BLOCK_ELEMENTS // max(1, n_g))))    # a block stays ~32 MB
         r = np.empty(n_q, np.int64)
-        for lo in range(0, n_q, block_size):
-            hi = min(lo + block_size, n_q)
-            s = np.zeros((hi - lo, gallery[0].shape[1]))
+        for lo in range(0, n_q, rows):
+            hi = min(lo + rows, n_q)
+            s = np.zeros((hi - lo, n_g))
             for am, q, g in zip(a, queries, gallery):
                 if am:
-                    s += am * (q[lo:hi] @ g)
+                    s += am * (q[lo:hi] @ g.T)
             r[lo:hi] = first_relevant_ranks(s, q_labels[lo:hi], g_labels)
         out[d] = r
     return out
