@@ -271,7 +271,7 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k", "synthetic"), 25,
           ("crossview/engine/gallery_cache.py", "crossview/engine/retriever.py", "crossview/engine/session.py",
            "crossview/commands/query.py", "crossview/gui/main_window.py", "crossview/features/cache.py",
-           "crossview/cli.py", "crossview/features/photo_cache.py")),
+           "crossview/cli.py", "crossview/features/photo_cache.py", "crossview/gui/workers.py")),
     Entry("smoothap_step_cpu", "smoothap_step_cpu.txt", (S("bench/smoothap_step.py --steps 20 --reps 10"),),
           ("synthetic",), 4, ("crossview/nn/losses.py", *methods("vsepp", "smoothap"))),
     Entry("timam_cpu", "timam_cpu.txt", (S("bench/timam_cpu.py --epochs 10 --threads 1"),), ("flickr8k",), 25,
