@@ -12,6 +12,7 @@ with it; a dropped folder that is a dataset opens as one.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -546,6 +547,7 @@ class MainWindow(QMainWindow):
         run_dir = str(run_dir)
 
         holder: list[Task] = []
+        drawn = threading.Event()      # set once the GUI has shown the preview (or will not)
         stage = {"name": ""}
 
         def work(progress, should_stop):
@@ -553,15 +555,16 @@ class MainWindow(QMainWindow):
                 stage["name"] = name
                 progress(done, total)
 
-            # first what the panels need to show the run (summary, metrics, the cached gallery): shown at once;
-            # then the dataset and its feature rows (dataset-image queries, Inspect's captions), in full.
-            # A checkpoint is read with torch: imported here without stalling the GUI (before the engine loader)
-            import_quietly(("torch",))
+            # first what the panels need to show the run (summary, metrics, the cached gallery; a CCA run's
+            # without torch): shown at once; then the dataset and its feature rows (dataset-image queries,
+            # Inspect's captions), in full
             preview = open_run_cached(run_dir, gallery)
             if preview is not None and not should_stop():
                 annotations = AnnotationStore(run_dir)
                 results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
                 self.run_previewed.emit(holder[0], (*preview, annotations, results))
+                drawn.wait(2.0)   # the GUI draws it first: the full opening's imports and reads contend for the GIL
+            import_quietly(("torch",))     # the full opening reads the checkpoint with torch: without stalling the GUI
             try:
                 run = open_run(run_dir, dataset=dataset, progress=staged, should_stop=should_stop)
             except Exception:
@@ -581,6 +584,7 @@ class MainWindow(QMainWindow):
             return run, retriever, annotations, results
 
         task = Task(work, name="open-run", parent=self)
+        task.preview_drawn = drawn
         holder.append(task)
         self._run_task, self._run_show = task, show
         self.status_run.setText(f"Opening run {Path(run_dir).name} ...")
@@ -610,6 +614,9 @@ class MainWindow(QMainWindow):
     def _on_run_previewed(self, task: Task, res) -> None:
         """The run from its gallery cache (:func:`open_run_cached`): Query answers sentences off the cached gallery
         and Inspect shows the metrics while the task goes on opening the run in full."""
+        # a 1-ms timer, not a zero-time call (a posted event, sent before the panels' paint requests): timers fire
+        # after the posted events, so the preview is drawn before the engine's import and the full opening go on
+        QTimer.singleShot(1, task.preview_drawn.set)
         if task is not self._run_task:
             return
         run, retriever, annotations, results = res
@@ -629,7 +636,7 @@ class MainWindow(QMainWindow):
         elif self._run_show == "inspect":
             self.tabs.setCurrentWidget(self.inspect_panel)
         task.shown = True
-        QTimer.singleShot(0, self._load_engine)     # after the preview's first paint
+        QTimer.singleShot(1, self._load_engine)     # after the preview's first paint (see above)
 
     def _on_run_finished(self, task: Task) -> None:
         if task is self._run_task and not (self._task is not None and self._task.is_running()):
