@@ -15,7 +15,10 @@ sentence queries on the val split, and a new photo against the sample's 35K-line
 run on TF-IDF captions), ``scale`` (``--sizes S,M,L``: the seeded sets of ``bench/scale.py``, made under
 ``--scale-work`` unless there already; a CCA run on TF-IDF captions each). ``--app`` also times opening each run in the
 app (offscreen Qt, its own process: the main window made and shown, then ``MainWindow.open_run`` until Inspect shows the
-run; wall time and peak memory from ``os.wait4``). ``corpus``: the Flickr8k VSE++ GRU run (as in ``flickr8k``)
+run; wall time and peak memory from ``os.wait4``; with ``--baseline`` the baseline's app too, the two interleaved), and
+the app's import of the engine's modules in the background once a run is shown (when it ends, and the longest stall
+of the GUI thread meanwhile; also with no run, and done as a plain import for comparison).
+``corpus``: the Flickr8k VSE++ GRU run (as in ``flickr8k``)
 ranking a ``--corpus-lines`` caption corpus (the sample's 35K lines repeated with a few words appended) for a new
 photo: the corpus's GRU embeddings are cached by the run's checkpoint on first use. ``floor`` is ``python -c "import crossview.cli, torch"``: interpreter start and the
 imports every query pays. ``serve`` is the median time of one POST /query answer in a kept-open
@@ -208,15 +211,35 @@ def run(args: argparse.Namespace) -> int:
             for until, what, repeat in (("shown", "process start to Inspect showing the run and Query answering "
                                          "sentences", args.repeat),
                                         ("full", "process start to the run open in full: dataset, feature rows", 1)):
-                best = None
-                for _ in range(repeat):
-                    got = measure([py, str(Path(__file__).resolve()), "--app-child", str(run_dir), until], env)
-                    if got[2] != 0:
-                        print(f"app {name}: exit {got[2]}: {got[3]}")
+                best: dict[str, tuple] = {}
+                for _ in range(repeat):                  # the codes interleaved, each round
+                    for label, code in codes:
+                        got = measure([py, str(Path(__file__).resolve()), "--app-child", str(run_dir), until],
+                                      {**env, "PYTHONPATH": code})
+                        if got[2] != 0:
+                            print(f"app {name} ({label}): exit {got[2]}: {got[3]}")
+                            continue
+                        best[label] = got if label not in best or got[0] < best[label][0] else best[label]
+                for label, _ in codes:
+                    if label in best:
+                        tag = f" [{label}]" if len(codes) > 1 else ""
+                        print(f"app {name:<26} {until:<5} ({what}){tag}: {best[label][0]:.1f} s, "
+                              f"peak {best[label][1]:,.0f} MiB")
+            for target, variant, what in ((run_dir, "engine", "the run opened, as the app does it"),
+                                          ("-", "engine", "no run opened, as the app does it"),
+                                          ("-", "engine-plain", "no run opened, a plain import, for comparison")):
+                rounds = []
+                for _ in range(args.repeat):
+                    got = measure([py, str(Path(__file__).resolve()), "--app-child", str(target), variant], env)
+                    if got[2] != 0 or not got[3].startswith("engine:"):
+                        print(f"app {name} {variant}: exit {got[2]}: {got[3]}")
                         break
-                    best = got if best is None or got[0] < best[0] else best
-                if best is not None:
-                    print(f"app {name:<26} {until:<5} ({what}): {best[0]:.1f} s, peak {best[1]:,.0f} MiB")
+                    rounds.append(dict(kv.split("=") for kv in got[3].split()[1:]))
+                if rounds:
+                    print(f"app {name if target != '-' else 'no run':<26} {variant:<12} (torch, torchvision, "
+                          f"scikit-learn imported in the background; {what}): longest GUI stall while they load "
+                          f"{', '.join(r['stall_ms'] + ' ms' for r in rounds)}; loaded "
+                          f"{', '.join(r['loaded_s'] + ' s' for r in rounds)} after process start")
         print()
     os.environ.update({k: env[k] for k in ("CROSSVIEW_HOME", "CROSSVIEW_CACHE_DIR")})
     from crossview.commands.serve import QueryService
@@ -237,11 +260,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def since_process_start() -> float:
+    """Seconds since this process started (its interpreter's start-up included, as os.wait4's wall time counts
+    it; Linux's /proc), else 0."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])     # field 22, starttime, in clock ticks after boot
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def app_child(run_dir: str, until: str = "full") -> int:
     """Open ``run_dir`` in the app (offscreen) and return once Inspect shows it and the Query panel answers
     sentences (``until`` "shown": from the gallery cache when it holds the run, the app's
     ``MainWindow.run_previewed``; the process then ends without waiting for the full opening in the background), or
-    once the run is open in full ("full": its dataset and feature rows loaded) (``--app``)."""
+    once the run is open in full ("full": its dataset and feature rows loaded) (``--app``). "engine": shown, then
+    on until the engine's modules are imported in the background (``crossview.gui.workers.engine_loader``); the
+    last line of stderr says when (seconds since process start) and the longest stall of the GUI thread while they
+    were imported (how late a 10 ms timer ticked, the tests' ``LatencyProbe``; the GUI's own work meanwhile, such
+    as drawing the run, counts too). "engine-plain": the same with the import done plainly (full garbage
+    collections left on, torch's libraries mapped by the import itself). ``run_dir`` "-": no run opened."""
+    started = time.perf_counter() - since_process_start()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QEventLoop, QTimer
 
@@ -250,19 +291,52 @@ def app_child(run_dir: str, until: str = "full") -> int:
     app = ensure_app()
     from crossview.gui.main_window import MainWindow
 
+    engine = until.startswith("engine")
+    if until == "engine-plain":
+        import gc
+
+        from crossview.gui import workers
+        workers._load_torch_libraries = lambda: None
+        gc.set_threshold = lambda *_: None    # this process only: the import as a plain one would run
+    probe = None
+    if engine:
+        sys.path.insert(0, str(REPO / "tests"))
+        from _latency import LatencyProbe   # the GUI tests' probe
+        from crossview.gui import workers
+
+        probe = LatencyProbe()
+        start = workers.EngineLoader.start
+
+        def start_probed(loader: object) -> None:       # the stall is measured while the import runs
+            probe.start()
+            start(loader)
+        workers.EngineLoader.start = start_probed
     win = MainWindow()
     win.resize(1280, 800)
     win.show()
-    task = win.open_run(run_dir, show="inspect")
-    loop = QEventLoop()
-    task.finished.connect(loop.quit)
-    if until == "shown":
-        win.run_previewed.connect(loop.quit)
-    QTimer.singleShot(900_000, loop.quit)
-    loop.exec()
-    app.processEvents()
-    win.repaint()
-    ok = win.inspect_panel.run_a is not None and win.query_panel.retriever is not None
+    ok = True
+    if run_dir != "-":
+        task = win.open_run(run_dir, show="inspect")
+        loop = QEventLoop()
+        task.finished.connect(loop.quit)
+        if until == "shown" or engine:
+            win.run_previewed.connect(loop.quit)
+        QTimer.singleShot(900_000, loop.quit)
+        loop.exec()
+        app.processEvents()
+        win.repaint()
+        ok = win.inspect_panel.run_a is not None and win.query_panel.retriever is not None
+    if engine:
+        loader = workers.engine_loader()
+        if loader.result is None:
+            loop = QEventLoop()
+            loader.loaded.connect(loop.quit)
+            QTimer.singleShot(600_000, loop.quit)
+            loop.exec()
+        app.processEvents()
+        stall = probe.stop()
+        print(f"engine: loaded_s={time.perf_counter() - started:.1f} stall_ms={stall:.0f}", file=sys.stderr, flush=True)
+        os._exit(0 if ok and loader.result is not None else 1)
     if until == "shown" and task.is_running():
         sys.stdout.flush()
         os._exit(0 if ok else 1)      # the full opening goes on in a worker thread: not waited for
@@ -272,6 +346,13 @@ def app_child(run_dir: str, until: str = "full") -> int:
 
 def main() -> int:
     if "--app-child" in sys.argv:
+        # the app under test is PYTHONPATH's code (the baseline's with --baseline), not this repository's, which
+        # _stamp put first on sys.path and whose crossview.core it imported
+        code = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+        if code and Path(code).resolve() != REPO.resolve():
+            sys.path.insert(0, code)
+            for name in [m for m in sys.modules if m == "crossview" or m.startswith("crossview.")]:
+                del sys.modules[name]
         rest = sys.argv[sys.argv.index("--app-child") + 1:]
         return app_child(rest[0], *rest[1:2])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -39,6 +39,10 @@ COMMAND_MODULES: dict[str, str] = {
     "fuse": "crossview.commands.fuse",
 }
 
+#: The commands defined in this module (the app, datasets): building the parser for one of them imports no
+#: command module.
+BUILTIN_COMMANDS = ("gui", "data")
+
 EXIT_USAGE = 2
 
 
@@ -168,7 +172,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data_formats)
 
     import importlib
-    names = [COMMAND_MODULES[only]] if only in COMMAND_MODULES else list(COMMAND_MODULES.values())
+    names = ([COMMAND_MODULES[only]] if only in COMMAND_MODULES else [] if only in BUILTIN_COMMANDS
+             else list(COMMAND_MODULES.values()))
     for name in names:
         importlib.import_module(name).register(sub)
     return parser
@@ -189,7 +194,8 @@ def _safe_streams() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _safe_streams()
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=words[0] if words else None)
+    # bare `crossview` is `crossview gui`: its parser alone (every module's would import torch first: 2-3 s)
+    parser = build_parser(only=words[0] if words else "gui")
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:  # bare `crossview`: the app on the demo

@@ -184,3 +184,15 @@ def test_a_command_imports_only_its_own_module() -> None:
     from crossview.cli import COMMAND_MODULES
     full = build_parser()._subparsers._group_actions[0].choices
     assert set(COMMAND_MODULES) | {"data", "gui"} == set(full)
+
+
+def test_the_bare_command_parses_as_the_app_alone() -> None:
+    """Bare ``crossview`` opens the app: its parser registers no command module (each full parse imported torch
+    and the method registry first, 2-3 s before the window showed)."""
+    code = ("import sys; from crossview import cli; seen = []; "
+            "cli.cmd_gui = lambda args: seen.append(args.data) or 0; "
+            "rc = cli.main([]); print(rc, seen); print([m for m in ('crossview.methods', 'crossview.commands.train', "
+            "'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
+    assert out.strip().splitlines() == ["0 ['demo']", "[]"]

@@ -91,6 +91,58 @@ def test_checkpoint_round_trips_numpy_and_python_values_under_weights_only(tmp_p
     assert back["nested"] == value["nested"] and torch.equal(back["tensor"], value["tensor"])
 
 
+def test_entries_of_numpy_arrays_are_read_without_torch_as_torch_reads_them(tmp_path):
+    """``load_checkpoint(keys=...)`` (what the app reads to show a run from its gallery cache): entries whose
+    tensors all carry numpy arrays are read without importing torch, equal to torch's reading; a bare tensor among
+    them, a strided one or a planted global leaves the file to torch (and to its refusal)."""
+    random.seed(3)
+    arrays = {"f32": np.arange(12, dtype=np.float32).reshape(3, 4), "f64": np.arange(20.0)[::3],
+              "u32": np.array([0, 2**32 - 1], dtype=np.uint32), "u64": np.array([2**64 - 1], dtype=np.uint64),
+              "i8": np.array([-3, 4], dtype=np.int8), "big_endian": np.array([1.5, -2.0], dtype=">f8"),
+              "bool": np.array([True, False]), "c128": np.array([1 + 2j]), "strings": np.array(["dog", "café"]),
+              "objects": np.array([{"a": 1}, None], dtype=object), "scalar": np.float32(2.5),
+              "empty": np.zeros((0, 5)), "one": np.ones((3, 1, 2)), "numpy_rng": np.random.get_state(),
+              "python_rng": random.getstate(), "a_set": {1, 2}, "nested": [{"x": (1, None, "s", 10**30)}]}
+    path = eio.save_checkpoint(tmp_path / "c.pt", {"method_state": arrays, "rng": {"torch": torch.get_rng_state()}})
+    code = textwrap.dedent(f"""
+        import sys
+        from crossview.core.io import load_checkpoint
+        got = load_checkpoint({str(path)!r}, keys=("method_state",))
+        print(sorted(got), "torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
+    assert out.split() == ["['format',", "'method_state']", "False"]     # torch was never imported
+
+    assert eio._read_plain_without_torch(path, ("method_state",)) is not None     # read by the torch-free path here too
+    fast, full = eio.load_checkpoint(path, keys=("method_state",))["method_state"], eio.load_checkpoint(path)
+    for k, v in full["method_state"].items():
+        if isinstance(v, np.ndarray) and v.dtype != object:
+            assert fast[k].dtype == v.dtype and fast[k].shape == v.shape and np.array_equal(fast[k], v), k
+            assert fast[k].flags.writeable, k
+    assert str(fast["numpy_rng"]) == str(full["method_state"]["numpy_rng"])
+    assert {k: v for k, v in fast.items() if not isinstance(v, (np.ndarray, tuple))} == \
+        {k: v for k, v in full["method_state"].items() if not isinstance(v, (np.ndarray, tuple))}
+    assert list(fast["objects"]) == [{"a": 1}, None] and fast["python_rng"] == full["method_state"]["python_rng"]
+
+    assert eio._read_plain_without_torch(path, ("rng",)) is None                    # a bare tensor: torch's
+    assert isinstance(eio.load_checkpoint(path, keys=("rng",))["rng"]["torch"], torch.Tensor)
+    strided = tmp_path / "strided.pt"        # an array tag whose tensor is a strided view: torch's too
+    torch.save({"format": eio.CHECKPOINT_FORMAT, "m": {"__ndarray__": torch.arange(10.0)[::2], "dtype": "<f8",
+                                                       "shape": [5]}}, strided)
+    assert eio._read_plain_without_torch(strided, ("m",)) is None
+    assert np.array_equal(eio.load_checkpoint(strided, keys=("m",))["m"], np.arange(10.0)[::2])
+
+
+def test_a_planted_pickle_is_refused_when_read_for_some_entries(tmp_path, evil):
+    data, marker = evil
+    (tmp_path / "m.pt").write_bytes(data)
+    assert eio._read_plain_without_torch(tmp_path / "m.pt", ("method_state",)) is None
+    with pytest.raises(CrossViewError, match=r"m\.pt: .*older CrossView or by another program"):
+        eio.load_checkpoint(tmp_path / "m.pt", keys=("method_state",))
+    assert not marker.exists()
+
+
 def test_a_value_that_is_not_plain_data_is_refused_at_save(tmp_path):
     class Thing:
         pass

@@ -6,7 +6,8 @@
 - :func:`save_checkpoint` / :func:`load_checkpoint`: ``torch.save`` into such a temp file, read back
   with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain Python values only
   (numpy arrays and scalars are stored in a tagged form, see :func:`to_plain`), so opening a run
-  folder someone sent you can never execute code. ``"format": 2`` is checked on load.
+  folder someone sent you can never execute code. ``"format": 2`` is checked on load. Entries that hold numpy
+  arrays only (``load_checkpoint(keys=...)``) are read without importing torch, by an unpickler as strict.
 - :class:`EventLog`: ``metrics.jsonl``, one event per line, appended and flushed as it happens;
   :func:`read_events` reads it back and skips a torn last line (a crash mid-append).
 """
@@ -276,9 +277,11 @@ def to_plain(obj: Any) -> Any:
 
 
 def from_plain(obj: Any) -> Any:
-    """The tree :func:`to_plain` was given (numpy arrays, scalars and sets restored)."""
+    """The tree :func:`to_plain` was given (numpy arrays, scalars and sets restored). An array's data may be
+    a tensor or, read without torch (:func:`_read_plain_without_torch`), a numpy array of the tensor's dtype."""
+    import sys
+
     import numpy as np
-    import torch
 
     if isinstance(obj, dict):
         if _ND in obj and "dtype" in obj:
@@ -286,8 +289,9 @@ def from_plain(obj: Any) -> Any:
             if dtype.kind not in "biufcUSO":
                 raise ValueError(f"array dtype {dtype} is not one CrossView writes")
             shape = tuple(int(x) for x in obj.get("shape", ()))
-            if isinstance(data, torch.Tensor):
-                arr = data.numpy()
+            torch = sys.modules.get("torch")     # a tensor exists only when torch is imported
+            if isinstance(data, np.ndarray) or (torch is not None and isinstance(data, torch.Tensor)):
+                arr = data if isinstance(data, np.ndarray) else data.numpy()
                 if dtype.kind == "u" and dtype.itemsize > 1:
                     arr = arr.view(dtype)
                 return arr.reshape(shape) if arr.shape != shape else arr
@@ -330,16 +334,18 @@ def _refused_global(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (on the CPU), without executing any code.
 
     ``torch.load(weights_only=True)`` refuses every pickled global that is not a tensor or a builtin
     container, so a planted ``__reduce__`` payload never runs. A missing, damaged, older (format 1) or
     foreign file raises :class:`CrossViewError` with one line naming it and what to do.
+
+    ``keys``: only these entries are wanted (the others may be left out): when they hold numpy arrays and plain
+    values only (a CCA run's matrices and TF-IDF encoder, not a deep model's weights), the file is read
+    without importing torch (:func:`_read_plain_without_torch`; the app shows a run that way).
     """
     import pickle
-
-    import torch
 
     path = Path(path)
     if not path.is_file():
@@ -348,6 +354,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     older = (f"{path}: not a checkpoint this version of CrossView can read safely: it was written by an older "
              "CrossView or by another program")
     todo = "; retrain (or resume from a checkpoint written by this version)"
+    obj = _read_plain_without_torch(path, keys) if keys is not None else None
+    if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
+        try:
+            return from_plain(obj)  # type: ignore[no-any-return]
+        except (ValueError, TypeError, KeyError, RuntimeError):
+            pass                  # torch's reading below says what is wrong, in its words
+    import torch
+
     try:
         with warnings.catch_warnings():   # torch warns about pickle protocols of foreign files
             warnings.simplefilter("ignore")
@@ -370,6 +384,131 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         return from_plain(obj)  # type: ignore[no-any-return]
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
         raise CrossViewError(f"{path}: the checkpoint is damaged ({type(e).__name__}: {str(e)[:200]}){todo}") from None
+
+
+#: torch's storage types in a checkpoint's pickle, and the numpy dtype of their elements (little-endian files)
+_STORAGE_DTYPES = {"DoubleStorage": "<f8", "FloatStorage": "<f4", "HalfStorage": "<f2", "LongStorage": "<i8",
+                   "IntStorage": "<i4", "ShortStorage": "<i2", "CharStorage": "i1", "ByteStorage": "u1",
+                   "BoolStorage": "?", "ComplexDoubleStorage": "<c16", "ComplexFloatStorage": "<c8"}
+
+
+class _Unreadable(Exception):
+    """Something :func:`_read_plain_without_torch` does not read: torch reads the file instead."""
+
+
+class _StorageType:
+    """A torch storage type named by the pickle (never called: it only tags a storage's persistent id)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Tensor:
+    """A tensor read without torch: its elements as a numpy array of its shape."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+
+def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any, requires_grad: bool = False,
+                    hooks: Any = None, metadata: Any = None) -> _Tensor:
+    """``torch._utils._rebuild_tensor_v2`` for a contiguous tensor of a storage read as a numpy array; any other
+    tensor is kept without its elements (``array`` None: an entry holding it is left to torch)."""
+    import math
+
+    if not hasattr(storage, "dtype") or not isinstance(offset, int) or requires_grad or hooks or metadata:
+        return _Tensor(None)
+    size, stride = tuple(int(n) for n in size), tuple(int(n) for n in stride)
+    n = math.prod(size)
+    contiguous = tuple(math.prod(size[i + 1:]) for i in range(len(size)))
+    if any(d < 0 for d in size) or offset < 0 or offset + n > len(storage) or len(stride) != len(size) or \
+            (n > 1 and any(a != b for a, b, d in zip(stride, contiguous, size) if d > 1)):
+        return _Tensor(None)
+    return _Tensor(storage[offset:offset + n].reshape(size))
+
+
+def _read_plain_without_torch(path: Path, keys: tuple[str, ...]) -> Any:
+    """The entries ``keys`` (and ``"format"``) of what ``torch.load(path, weights_only=True)`` returns, when
+    every tensor in them carries a numpy array (``{"__ndarray__": tensor, ...}``, :func:`to_plain`): the same
+    tree with numpy arrays for those tensors, read without importing torch (2-3 s a process would spend only
+    to read a CCA run's matrices). None otherwise (a bare tensor in them, a storage type, global or layout this
+    does not know, a damaged file): torch reads the file.
+
+    As safe as ``weights_only``: the unpickler finds no global but ``collections.OrderedDict``, torch's tensor
+    rebuild (here :func:`_rebuild_tensor`, a contiguous view of a storage, bounds checked) and the storage types
+    (tags, never called); storages are the zip's stored (uncompressed) entries of the size the pickle says."""
+    import collections
+    import pickle
+    import zipfile
+
+    import numpy as np
+
+    def find_global(module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _rebuild_tensor
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _StorageType(name)
+        raise _Unreadable(f"global {module}.{name}")
+
+    def convert(obj: Any) -> Any:
+        if isinstance(obj, _Tensor):
+            raise _Unreadable("a tensor outside an array's tag")
+        if isinstance(obj, dict):
+            out = type(obj)()
+            for k, v in obj.items():
+                if k == _ND and isinstance(v, _Tensor) and isinstance(v.array, np.ndarray):
+                    out[k] = v.array
+                else:
+                    out[convert(k)] = convert(v)
+            return out
+        if isinstance(obj, list):
+            return [convert(x) for x in obj]
+        if isinstance(obj, tuple):
+            return tuple(convert(x) for x in obj)
+        if obj is None or isinstance(obj, _PLAIN):
+            return obj
+        raise _Unreadable(f"a {type(obj).__name__}")
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = {i.filename: i for i in z.infolist()}
+            pickles = [name for name in infos if name.endswith("/data.pkl") and name.count("/") == 1]
+            if len(pickles) != 1:
+                return None
+            prefix = pickles[0][:-len("data.pkl")]
+            if prefix + "byteorder" in infos and z.read(prefix + "byteorder") != b"little":
+                return None
+
+            def load_storage(pid: Any) -> Any:
+                if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                        and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and isinstance(pid[4], int)):
+                    raise _Unreadable("a persistent id that is not a storage")
+                dtype = np.dtype(_STORAGE_DTYPES[pid[1].name])
+                info = infos.get(f"{prefix}data/{pid[2]}")
+                if info is None or info.compress_type != zipfile.ZIP_STORED or \
+                        info.file_size != pid[4] * dtype.itemsize:
+                    raise _Unreadable("a storage that is not stored as its size says")
+                return np.frombuffer(bytearray(z.read(info)), dtype)
+
+            class Unpickler(pickle.Unpickler):
+                def find_class(self, module: str, name: str) -> Any:
+                    return find_global(module, name)
+
+                def persistent_load(self, pid: Any) -> Any:
+                    return load_storage(pid)
+
+            obj = Unpickler(io.BytesIO(z.read(pickles[0]))).load()
+            if not isinstance(obj, dict):
+                return None
+            return convert({k: obj[k] for k in (*keys, "format") if k in obj})
+    except Exception:  # noqa: BLE001 - anything unexpected: torch reads the file and says what is wrong
+        return None
 
 
 class EventLog:

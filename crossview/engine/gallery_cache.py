@@ -362,7 +362,8 @@ def open_cached_retriever(run_dir: str | Path, gallery: Any = None, *, device: s
     if with_splits and splits is None:
         return None
     dataset = _CachedDataset(meta, caption_image, hashes, captions, paths, splits)
-    ckpt = load_checkpoint(folder / CHECKPOINT)
+    # what the fitted method and the query's encoders need; read without torch when they are numpy arrays (CCA)
+    ckpt = load_checkpoint(folder / CHECKPOINT, keys=("method_state", "features", "text_model"))
     method = load_fitted(folder, ckpt)
     features = _query_features(folder, ckpt, config)
     if features is None:

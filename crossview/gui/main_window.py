@@ -12,11 +12,12 @@ with it; a dropped folder that is a dataset opens as one.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
 
-from PySide6.QtCore import QRect, QSettings, QSize, Qt, Signal
+from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QInputDialog, QLabel, QMainWindow, QMenu, QMessageBox, QProgressBar,
                                QStyle, QTabWidget, QWidget)
@@ -27,7 +28,7 @@ from crossview.gui.panels.data_panel import DataPanel
 from crossview.gui.panels.inspect_panel import InspectPanel
 from crossview.gui.panels.query_panel import QueryPanel
 from crossview.gui.panels.train_panel import TrainPanel
-from crossview.gui.workers import Task
+from crossview.gui.workers import Task, engine_loader, import_quietly
 from crossview.core.settings import get_settings
 
 MAX_RECENT = 8
@@ -115,6 +116,8 @@ class MainWindow(QMainWindow):
     #: (task, (run, retriever, annotations, results)): a run opening shown from its gallery cache before the task
     #: has opened it in full (text queries work; dataset-image queries wait for the full run)
     run_previewed = Signal(object, object)
+    #: the engine's modules are imported (in the background, after the window is shown) and the devices listed
+    engine_loaded = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -134,7 +137,7 @@ class MainWindow(QMainWindow):
 
         self.tabs = QTabWidget()
         self.data_panel = DataPanel()
-        self.train_panel = TrainPanel()
+        self.train_panel = TrainPanel(preload=False)     # the engine is imported once the window is up
         self.query_panel = QueryPanel()
         self.inspect_panel = InspectPanel()
         self.tabs.addTab(self.data_panel, "Data")
@@ -153,7 +156,10 @@ class MainWindow(QMainWindow):
 
         self.status_dataset = QLabel("No dataset")
         self.status_run = QLabel("No run")
-        self.status_device = QLabel(self._device_text())
+        # the device needs torch (and CUDA initialised): known once the engine is loaded (_load_engine)
+        self.status_device = QLabel("Device: ...")
+        self._engine = "idle"     # "wanted" once the window is shown, "started" once the import is asked for
+        self.engine_ready = False   # engine_loaded was sent
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
         self.progress.hide()
@@ -266,13 +272,36 @@ class MainWindow(QMainWindow):
         self.query_panel.sentence.setFocus()
         self.query_panel.sentence.selectAll()
 
-    @staticmethod
-    def _device_text() -> str:
-        try:
-            from crossview.core.devices import select_device
-            return f"Device: {select_device('auto')}"
-        except Exception:  # noqa: BLE001 - the status bar must never stop the app
-            return "Device: cpu"
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        super().showEvent(event)
+        if self._engine == "idle":
+            self._engine = "wanted"
+            QTimer.singleShot(0, self._load_engine)     # after the first paint, and after what show's caller opens
+
+    def _load_engine(self) -> None:
+        """Import the engine's heavy modules (torch, torchvision, scikit-learn) in the background
+        (:class:`~crossview.gui.workers.EngineLoader`), once the window is shown and a run being opened is on
+        screen (its preview, or the run itself): they take seconds and nothing needs them to show a run from
+        its gallery cache. Training imports them first itself if it starts before they are in."""
+        task = self._run_task
+        if self._engine != "wanted" or (task is not None and task.is_running() and not getattr(task, "shown", False)):
+            return                    # again from _on_run_previewed / _on_run_finished
+        self._engine = "started"
+        loader = engine_loader()
+        loader.loaded.connect(self._on_engine_loaded)
+        loader.start()
+        if loader.result is not None:    # loaded before (another window): its signal may have gone
+            self._on_engine_loaded(loader.result)
+
+    def _on_engine_loaded(self, result) -> None:
+        if self.engine_ready:
+            return
+        auto, devices = result
+        self.status_device.setText(f"Device: {auto}")
+        if devices:
+            self.train_panel.set_devices(devices)
+        self.engine_ready = True
+        self.engine_loaded.emit()
 
     def _about(self) -> None:
         from crossview import __version__
@@ -518,6 +547,7 @@ class MainWindow(QMainWindow):
         run_dir = str(run_dir)
 
         holder: list[Task] = []
+        drawn = threading.Event()      # set once the GUI has shown the preview (or will not)
         stage = {"name": ""}
 
         def work(progress, should_stop):
@@ -525,13 +555,16 @@ class MainWindow(QMainWindow):
                 stage["name"] = name
                 progress(done, total)
 
-            # first what the panels need to show the run (summary, metrics, the cached gallery): shown at once;
-            # then the dataset and its feature rows (dataset-image queries, Inspect's captions), in full
+            # first what the panels need to show the run (summary, metrics, the cached gallery; a CCA run's
+            # without torch): shown at once; then the dataset and its feature rows (dataset-image queries,
+            # Inspect's captions), in full
             preview = open_run_cached(run_dir, gallery)
             if preview is not None and not should_stop():
                 annotations = AnnotationStore(run_dir)
                 results = load_run_results(run_dir) if (Path(run_dir) / "summary.json").is_file() else None
                 self.run_previewed.emit(holder[0], (*preview, annotations, results))
+                drawn.wait(2.0)   # the GUI draws it first: the full opening's imports and reads contend for the GIL
+            import_quietly(("torch",))     # the full opening reads the checkpoint with torch: without stalling the GUI
             try:
                 run = open_run(run_dir, dataset=dataset, progress=staged, should_stop=should_stop)
             except Exception:
@@ -551,6 +584,7 @@ class MainWindow(QMainWindow):
             return run, retriever, annotations, results
 
         task = Task(work, name="open-run", parent=self)
+        task.preview_drawn = drawn
         holder.append(task)
         self._run_task, self._run_show = task, show
         self.status_run.setText(f"Opening run {Path(run_dir).name} ...")
@@ -580,6 +614,9 @@ class MainWindow(QMainWindow):
     def _on_run_previewed(self, task: Task, res) -> None:
         """The run from its gallery cache (:func:`open_run_cached`): Query answers sentences off the cached gallery
         and Inspect shows the metrics while the task goes on opening the run in full."""
+        # a 1-ms timer, not a zero-time call (a posted event, sent before the panels' paint requests): timers fire
+        # after the posted events, so the preview is drawn before the engine's import and the full opening go on
+        QTimer.singleShot(1, task.preview_drawn.set)
         if task is not self._run_task:
             return
         run, retriever, annotations, results = res
@@ -598,10 +635,14 @@ class MainWindow(QMainWindow):
             self.tabs.setCurrentWidget(self.query_panel)
         elif self._run_show == "inspect":
             self.tabs.setCurrentWidget(self.inspect_panel)
+        task.shown = True
+        QTimer.singleShot(1, self._load_engine)     # after the preview's first paint (see above)
 
     def _on_run_finished(self, task: Task) -> None:
         if task is self._run_task and not (self._task is not None and self._task.is_running()):
             self.progress.hide()
+        if task is self._run_task:
+            self._load_engine()
 
     def _on_run_loaded(self, task: Task, run_dir: str, res, show: str | None) -> None:
         if task is not self._run_task:

@@ -138,6 +138,8 @@ def render_screenshots(out: str | Path, data: str = "demo", run: str | None = No
     win.resize(*size)
     win.show()
     written: list[Path] = []
+    if not win.engine_ready:     # the window imports the engine in the background: the devices are known after it
+        _wait(win.engine_loaded, 600_000, "the engine's modules")
 
     def explained(qp: Any, name: str) -> None:
         """Explain on, wait until the query's explanation is shown, shoot, Explain off."""

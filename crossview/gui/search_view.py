@@ -32,7 +32,7 @@ from crossview.core.progress import StageEta, format_seconds
 from crossview.core.text import html_text
 from crossview.engine.tune import TuneResult
 from crossview.gui.search_dialog import SearchDialog, SearchSpec
-from crossview.gui.workers import EventTask
+from crossview.gui.workers import EventTask, preload_engine_modules
 
 __all__ = ["SearchChoices", "SearchView", "card_fields", "field_texts"]
 
@@ -241,6 +241,7 @@ class SearchView(QWidget):
                                      device=choices.device, seed=choices.seed))
 
     def _start_tune(self, kw: dict[str, Any]) -> EventTask | None:
+        preload_engine_modules()     # at once when done; else the worker would import torch holding the GIL
         from crossview.engine.tune import tune
 
         gen = tune(**kw)

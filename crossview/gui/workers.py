@@ -258,23 +258,150 @@ class EventTask(WorkerBase):
             gen.close()   # runs the generator's finally blocks: the engine's cancel path
 
 
-#: Heavy modules the engine imports lazily. Importing one in a worker thread holds the GIL for up to
-#: a few hundred ms (measured: scikit-learn's text features, 0.35 s), which would freeze the GUI
-#: thread; the panels that start such work import them first, on the GUI thread, before any run.
+#: Heavy modules the engine imports lazily (seconds on the 2-core machine). Imported plainly on a worker thread
+#: they hold the GIL for up to 0.35 s at a time, freezing the GUI thread; so the main window imports them once it
+#: is shown, on a background thread and quietly (:class:`EngineLoader`, :func:`import_quietly`), and a training,
+#: a search or a panel run alone imports them before it starts (:func:`preload_engine_modules`: at once when done).
 PRELOAD_MODULES = ("torch", "torchvision", "sklearn.feature_extraction.text", "sklearn.decomposition",
                    "scipy.linalg", "crossview.features.image", "crossview.features.text", "crossview.engine.run")
 
+_import_lock = threading.Lock()
+_preload_lock = threading.Lock()
+_preloaded = threading.Event()
+
+
+def import_quietly(names: tuple[str, ...], freeze: bool = False) -> None:
+    """Import the modules ``names`` (an ImportError is ignored: an optional part is missing, and the work that
+    needs it will say so clearly) without the long holds of the GIL that stall the GUI thread when this runs on
+    another thread, then with ``freeze`` :func:`freeze_heap`. At once when all are imported (and no freeze).
+
+    Two causes of those holds are taken away: torch's shared libraries are mapped with the GIL released first
+    (:func:`_load_torch_libraries`), and the garbage collector makes no full collection meanwhile (each one,
+    and the imports' half a million new objects start several, walks the whole heap holding the GIL: 0.2-0.35
+    s). The young generations are still collected as usual: switching the collector off instead piles every
+    new object into the youngest, and the first collection after it walks them all at once (0.5 s). Measured
+    with bench/query_cache.py --app (engine rows): the longest GUI stall while torch, torchvision and
+    scikit-learn load on a worker thread falls from 0.3-0.4 s to ~0.05 s. One import at a time: a second
+    caller waits for the first.
+    """
+    import gc
+    import importlib
+    import sys
+
+    if not freeze and all(name in sys.modules for name in names):
+        return
+    with _import_lock:
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)    # no full collection until they are restored
+        try:
+            if any(name.split(".")[0] == "torch" for name in names):
+                _load_torch_libraries()
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    pass
+            if freeze:
+                freeze_heap()     # before the thresholds are back: the full collection due then has little to walk
+        finally:
+            gc.set_threshold(*thresholds)
+
 
 def preload_engine_modules() -> None:
-    """Import :data:`PRELOAD_MODULES` now (cheap when already imported), then :func:`freeze_heap`."""
-    import importlib
+    """Import :data:`PRELOAD_MODULES` and :func:`freeze_heap` (:func:`import_quietly`); once: later calls
+    return at once, and a call made while another thread is at it waits for it."""
+    with _preload_lock:
+        if _preloaded.is_set():
+            return
+        import_quietly(PRELOAD_MODULES, freeze=True)
+        _preloaded.set()
 
-    for name in PRELOAD_MODULES:
+
+def engine_preloaded() -> bool:
+    """True once :func:`preload_engine_modules` has run to its end in this process."""
+    return _preloaded.is_set()
+
+
+def _load_torch_libraries() -> None:
+    """Map torch's shared libraries with the GIL released, before ``import torch`` maps them holding it.
+
+    Python's import of an extension module calls ``dlopen`` holding the GIL; for ``torch._C`` that maps and
+    relocates libtorch_cpu, libtorch_cuda and the CUDA libraries (0.4-0.5 s measured here), a stall of the GUI
+    thread when the import runs on another thread. A ``ctypes`` call of libc's ``dlopen`` releases the GIL;
+    the same files opened with the same flags first (``libtorch_global_deps`` global, as torch's
+    ``_load_global_deps``; ``torch/_C`` with Python's import flags), torch's own import finds them mapped.
+    Linux only, and not when ``LD_LIBRARY_PATH`` is set: torch preloads CUDA libraries from its wheels before
+    ``torch._C`` so that they win over other copies found there, an order this must not change.
+    """
+    import ctypes
+    import os
+    import sys
+    from importlib.util import find_spec
+
+    if not sys.platform.startswith("linux") or "torch" in sys.modules or os.environ.get("LD_LIBRARY_PATH"):
+        return
+    try:
+        spec = find_spec("torch")
+        if spec is None or not spec.origin:
+            return
+        here = os.path.dirname(spec.origin)
+        ext = [f for f in os.listdir(here) if f.startswith("_C.") and f.endswith(".so")]
+        dlopen = ctypes.CDLL(None).dlopen     # a foreign call: ctypes releases the GIL during it
+        dlopen.restype = ctypes.c_void_p
+        dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        deps = os.path.join(here, "lib", "libtorch_global_deps.so")
+        if ext and os.path.isfile(deps) and dlopen(deps.encode(), os.RTLD_NOW | os.RTLD_GLOBAL):
+            dlopen(os.path.join(here, ext[0]).encode(), sys.getdlopenflags())
+    except (OSError, AttributeError, ValueError):  # no dlopen here, or a layout torch may change: import plainly
+        pass
+
+
+class EngineLoader(QObject):
+    """Imports the engine's heavy modules (:func:`preload_engine_modules`) on a daemon thread, then lists the
+    devices (:func:`crossview.core.devices.list_devices`, which initialises CUDA) there too; :attr:`loaded`
+    carries ``(auto device name, [DeviceInfo])`` to the GUI thread (``("cpu", [])`` when torch cannot say).
+
+    One per process (:func:`engine_loader`), never deleted: the import cannot be stopped halfway, and a plain
+    daemon thread, unlike a running ``QThread``, may outlive the window and the application at exit.
+    """
+
+    loaded = Signal(object)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread: threading.Thread | None = None
+        self.result: tuple[str, list[Any]] | None = None
+
+    def start(self) -> None:
+        """Start the import, once per process (later calls do nothing: connect to :attr:`loaded` first, then
+        look at :attr:`result`, which is set before :attr:`loaded` is sent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="crossview-engine-preload", daemon=True)
+            self._thread.start()
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        preload_engine_modules()
         try:
-            importlib.import_module(name)
-        except ImportError:  # an optional part is missing: the run itself will say so clearly
-            pass
-    freeze_heap()
+            from crossview.core.devices import list_devices, select_device
+            result: tuple[str, list[Any]] = (select_device("auto"), list_devices())
+        except Exception:  # noqa: BLE001 - no torch, a broken driver: the CPU, as the status bar says then
+            result = ("cpu", [])
+        self.result = result
+        self.loaded.emit(result)     # from this thread to the loader's (the GUI thread): queued
+
+
+_engine_loader: EngineLoader | None = None
+
+
+def engine_loader() -> EngineLoader:
+    """The process's :class:`EngineLoader` (made on first use, on the GUI thread)."""
+    global _engine_loader
+    if _engine_loader is None:
+        _engine_loader = EngineLoader()
+    return _engine_loader
 
 
 def freeze_heap() -> None:

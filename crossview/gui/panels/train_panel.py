@@ -42,7 +42,7 @@ from crossview.gui.result_card import ResultCard
 from crossview.gui.runs_browser import RunsBrowser
 from crossview.gui.search_view import SearchChoices, SearchView, field_texts
 from crossview.gui.storage_dialog import show_storage_error, storage_error_of, storage_text, storage_title
-from crossview.gui.workers import EventTask, preload_engine_modules
+from crossview.gui.workers import EventTask, engine_preloaded, preload_engine_modules
 
 AUTO_SPLIT_TEXT = "auto (test, else val, else a held-out part of train)"
 
@@ -136,12 +136,17 @@ class TrainPanel(QWidget):
     runs_changed = Signal()
     search_finished = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None, runs_root: str | Path | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, runs_root: str | Path | None = None,
+                 preload: bool = True) -> None:
+        """``preload`` False: the engine's modules are not imported here (the main window imports them in the
+        background once it is shown, then calls :meth:`set_devices`); a training started before that imports
+        them first, on this thread."""
         super().__init__(parent)
         from crossview.core.settings import get_settings
 
         self.runs_root = Path(runs_root) if runs_root is not None else get_settings().runs_dir
-        preload_engine_modules()
+        if preload:
+            preload_engine_modules()
         self.dataset: Any = None
         self.task: EventTask | None = None
         self.run_dir: Path | None = None
@@ -410,11 +415,29 @@ class TrainPanel(QWidget):
                                      "A+B combines two (each block L2-normalised)")
 
     def _fill_devices(self) -> None:
-        from crossview.core.devices import list_devices
+        """auto and the devices torch sees; only auto and the CPU while the engine is not imported yet
+        (:func:`~crossview.core.devices.list_devices` imports torch and initialises CUDA)."""
+        import os
+        import sys
 
+        from crossview.core.devices import DeviceInfo, list_devices
+
+        if engine_preloaded() or "torch" in sys.modules:
+            self.set_devices(list_devices())
+        else:
+            self.set_devices([DeviceInfo("cpu", f"CPU ({os.cpu_count() or 1} cores)")])
+
+    def set_devices(self, devices: list[Any]) -> None:
+        """The device choices: auto, then ``devices`` (:class:`~crossview.core.devices.DeviceInfo`); the chosen
+        one stays chosen when it is among them (else auto)."""
+        chosen = self.device_combo.currentData()
+        self.device_combo.blockSignals(True)
+        self.device_combo.clear()
         self.device_combo.addItem("auto (a GPU when present)", "auto")
-        for d in list_devices():
+        for d in devices:
             self.device_combo.addItem(f"{d.name}: {d.description}", d.name)
+        self.device_combo.setCurrentIndex(max(0, self.device_combo.findData(chosen)))
+        self.device_combo.blockSignals(False)
 
     def _on_method(self) -> None:
         from crossview.methods import cards, method_class
@@ -626,6 +649,7 @@ class TrainPanel(QWidget):
 
     def start(self) -> EventTask | None:
         """Start training the chosen method on the current dataset in a new run folder."""
+        preload_engine_modules()     # at once when done (the main window's background import, or this panel's)
         from crossview.engine import run as engine_run
 
         if self.dataset is None or (self.task is not None and self.task.is_running()):
@@ -679,6 +703,7 @@ class TrainPanel(QWidget):
 
     def resume(self, run_dir: str | Path) -> EventTask | None:
         """Continue a stopped or interrupted run from its checkpoint."""
+        preload_engine_modules()
         from crossview.engine import run as engine_run
 
         run_dir = Path(run_dir)
