@@ -153,12 +153,22 @@ def val(ds: Any, work: Path, name: str, seeds: list[int]) -> None:
     if differs:
         print(f"\n{name} is not the method's defaults at this commit ({differs}): no val run.")
         return
+    import crossview.engine.run as run_mod
+    from crossview.engine.runs import drain, ensure_run
+
     chosen, old = [], []
     for s in seeds:
         summary = Q.ensure_trained("timam", ds, work / f"val-chosen-s{s}", seed=s, device="cpu")
         chosen.append(work / f"val-chosen-s{s}")
         Q.log(f"val run seed {s}: {summary['_state']}, {summary.get('train_seconds', 0):.0f} s")
-        old.append(work / f"val-defaults-s{s}")
+        rd = work / f"val-defaults-s{s}"        # the former defaults, as `crossview train timam` ran them
+        _, it = ensure_run(rd, lambda: run_mod.train("timam", ds, run_dir=rd, params=dict(OLD, **({"seed": s} if s
+                                                                                                  else {})),
+                                                     device="cpu", seed=s), data=ds)
+        if it is not None:
+            Q.log(f"former defaults' val run seed {s}: training")
+            drain(it, str(rd))
+        old.append(rd)
     caps = Q.caption_image(chosen[0], "val")
     print(f"\n## Val once: the chosen configuration (the defaults now) trained on all 600 training photos, seeds "
           f"{'-'.join(map(str, (seeds[0], seeds[-1])))}, against the former defaults' runs (the quality bench's)\n")
