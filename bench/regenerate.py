@@ -288,6 +288,9 @@ ENTRIES: tuple[Entry, ...] = (
              "adv_target=confusion,adv_weight=0.3;adv_weight=0'")),
           ("flickr8k",), 150, methods("timam"),
           title="TIMAM's defaults on real photos (the Flickr8k sample): cross-validation of the training photos"),
+    Entry("timam_cv2_flickr8k", "timam_cv2_flickr8k.md", (S("bench/timam_text_cv.py --work {WORK}"),),
+          ("flickr8k",), 60, ("bench/_quality.py", "crossview/engine/cv_runs.py", "crossview/engine/run.py",
+                              "crossview/eval/scoring.py", "crossview/eval/paired.py", *FEATURES) + methods("timam")),
     Entry("timam_flickr8k", "timam_flickr8k.md",
           (S("crossview experiment timam-ablation --data {F8K} --variants full,no-discriminator --seeds 5 "
              "--exp-dir {WORK}/ablation"),),

@@ -118,8 +118,8 @@ class Blocks:
 
 
 def reads_text_features(method: str) -> bool:
-    """Whether ``method`` with its default parameters trains on the run's caption features (TIMAM's default Bi-LSTM
-    reads the captions themselves)."""
+    """Whether ``method`` with its default parameters trains on the run's caption features (a GRU or TIMAM's
+    Bi-LSTM, when they are the default, read the captions themselves)."""
     from crossview.methods import method_from_params
 
     return bool(getattr(method_from_params(method, {}), "needs_text_features", True))

@@ -226,7 +226,8 @@ def test_own_feature_defaults_apply_only_to_the_features_a_model_reads_and_each_
 
     assert default_encoders_of("vsepp", {"image_model": "cnn"})[0] is None
     assert default_encoders_of("vsepp", {"text_model": "gru"})[1] is None
-    assert default_encoders_of("timam")[1] is None                 # its default Bi-LSTM reads the captions
+    assert default_encoders_of("timam", {"text_model": "bilstm"})[1] is None      # its Bi-LSTM reads the captions
+    assert default_encoders_of("timam")[1] == "minilm+glove"       # its default reads the caption features
     vsepp = method_class("vsepp")
     for name in list_methods():
         cls = method_class(name)

@@ -23,15 +23,15 @@ def test_each_variant_is_a_timam_run_with_its_parameters() -> None:
     assert variant_params(STUDY, "no-discriminator", QUICK, 3)["adv_weight"] == 0
     assert variant_params(STUDY, "no-discriminator", QUICK, 3)["max_epochs"] == 3
     assert variant_params(STUDY, "no-identification", None, None) == {"id_weight": 0.0}
-    assert variant_params(STUDY, "lm-frozen", None, None) == {"finetune_epochs": 0}
+    assert variant_params(STUDY, "lm-frozen", None, None) == {"text_model": "bilstm", "lr": 2e-4, "finetune_epochs": 0}
     assert variant_params(STUDY, "lm-finetuned", None, None)["finetune_epochs"] > 0
     assert variant_params(STUDY, "swapped-target", None, None) == {"adv_target": "swapped"}
     defaults = method_class("timam").default_params()
     left_out = {v for v in VARIANTS if v not in default_variants()}
     want = {v for v, (_, p) in VARIANTS.items() if v != "full" and all(defaults[k] == x for k, x in p.items())}
     assert left_out == want and "full" in default_variants(), "a variant that is the defaults is not trained twice"
-    # with today's defaults: the language model frozen and the confusion target
-    assert left_out == {"lm-frozen"} and defaults["adv_target"] == "confusion"
+    # with today's defaults (caption features -> FC, the confusion target) every variant differs from full
+    assert left_out == set() and defaults["text_model"] == "features" and defaults["adv_target"] == "confusion"
 
 
 def test_the_ablation_runs_its_variants_and_pairs_them_with_full(tmp_path) -> None:
