@@ -71,7 +71,12 @@ def test_the_graph_key_of_vsepp_is_the_batch_width_bucket_and_end_to_end_images_
     assert why == "" and key is not None
     host = np.arange(32)
     longest = int(m._t["width_np"][host].max())
-    assert key(host) == (-(-longest // 4) * 4,)
+    table = int(m._t["ids"].shape[1])           # as wide as the longest caption (Vocabulary.encode_batch(trim=True))
+    assert key(host) == (min(-(-longest // 4) * 4, table),)
+    short = host[m._t["width_np"][host] < table - 4]
+    if len(short):                              # a batch of shorter captions: rounded up to a multiple of 4
+        w = int(m._t["width_np"][short].max())
+        assert key(short) == (-(-w // 4) * 4,)
     assert not m._graphing                      # asking for a key leaves eager batches as they were
     m._t.pop("img")                             # as with image_model=cnn: images decoded per batch on the CPU
     key, why = m.graph_key()
