@@ -142,9 +142,9 @@ def test_the_command_serves_until_stopped(run_dir):
         assert status == 200 and len(doc["results"]) == 2
     finally:
         proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
+        try:             # a real hang, not a loaded machine's slow exit (a CI run once passed 30 s here)
+            proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
