@@ -136,6 +136,8 @@ def test_plateau_schedule_cuts_the_learning_rate() -> None:
                                 "min_lr": 0.0}).with_run(**RUN)
     logs = [e.message for e in m.fit_iter(_toy("train"), _toy("val")) if isinstance(e, Log)]
     assert any("validation rsum has not improved for 1 epochs; learning rate now 2.0e-09" in x for x in logs), logs
+    start = next(x for x in logs if x.startswith("timam ("))
+    assert "4 epochs;" in start and "language model" not in start        # caption features: no language model
 
 
 @pytest.mark.parametrize("params, needle", [({"labels": "class"}, "labels 'class'"),
@@ -176,6 +178,8 @@ def test_two_phases_bilstm_over_minilm_and_resume_inside_the_second(tmp_path) ->
             final = {k: v.detach().clone() for k, v in m.model().state_dict().items()}
     assert snap and final and m.stage_ == 2
     assert [e.epoch for e in events if isinstance(e, Validation)] == [1, 2, 3, 4]
+    start = next(e.message for e in events if isinstance(e, Log) and e.message.startswith("timam ("))
+    assert "2 epochs with the language model frozen, then 2 fine-tuning it" in start, start
     top = [k for k in final if k.startswith("text.model.encoder.layer.5.")]
     low = [k for k in final if k.startswith("text.model.encoder.layer.4.")]
     assert top and any(not torch.equal(final[k], snap[k]) for k in top), "phase 2 trains the top layer"

@@ -298,7 +298,8 @@ class Timam(Vsepp):
         parts = [f"{w} x {n}" for w, n in ((self.id_weight, "L_I"), (self.cmpm_weight, "L_M"),
                                             (self.adv_weight, "adversarial")) if w]
         return (f"timam ({' + '.join(parts)}; labels: {spec.get('n_classes')} {what}): {n_items} captions, "
-                f"{n_batches} batches per epoch, {self.max_epochs} epochs with the language model frozen"
+                f"{n_batches} batches per epoch, {self.max_epochs} epochs"
+                + (" with the language model frozen" if self._uses_transformer() else "")
                 + (f", then {self.finetune_epochs} fine-tuning it at lr {self.finetune_lr}" if self.finetune_epochs
                    and self._uses_transformer() else "")
                 + f"; text: {self._text_description()}; {self.embed_dim}-d, device {device}{self._amp_note(device)}")
