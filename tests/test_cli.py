@@ -169,6 +169,13 @@ def test_the_app_keeps_sigterms_default(monkeypatch, tmp_path, command) -> None:
     assert seen["handler"] is before
 
 
+def _python_prints(code: str) -> list[str]:
+    """The lines a fresh interpreter prints running ``code`` with this checkout first on its path."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
+    return out.strip().splitlines()
+
+
 def test_a_command_imports_only_its_own_module() -> None:
     """``crossview query ...`` builds a parser with its own command module only: no method module (torch, scipy)
     is imported to parse it, while a bare ``crossview --help`` still lists every command."""
@@ -176,9 +183,7 @@ def test_a_command_imports_only_its_own_module() -> None:
             "names = p._subparsers._group_actions[0].choices; "
             "print(sorted(names)); print([m for m in ('crossview.methods', 'crossview.commands.train', 'torch') "
             "if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
-    lines = out.strip().splitlines()
+    lines = _python_prints(code)
     assert lines[0] == str(sorted(["data", "gui", "query"]))
     assert lines[1] == "[]"
     from crossview.cli import COMMAND_MODULES
@@ -193,6 +198,4 @@ def test_the_bare_command_parses_as_the_app_alone() -> None:
             "cli.cmd_gui = lambda args: seen.append(args.data) or 0; "
             "rc = cli.main([]); print(rc, seen); print([m for m in ('crossview.methods', 'crossview.commands.train', "
             "'torch') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
-    assert out.strip().splitlines() == ["0 ['demo']", "[]"]
+    assert _python_prints(code) == ["0 ['demo']", "[]"]
