@@ -215,3 +215,41 @@ def test_scored_evaluation_never_holds_a_block_of_every_query(monkeypatch, scori
     finally:
         tracemalloc.stop()
     assert peak < matrix / 2, f"traced peak {peak} B against a {matrix} B score matrix"
+
+
+@pytest.mark.parametrize("scoring,param", [("plain", None), ("csls", 3), ("isoftmax", 10.0), ("dsoftmax", 10.0)])
+def test_a_large_float32_bank_is_never_copied_to_float64_and_scores_the_same(monkeypatch, scoring, param) -> None:
+    """Issue 34: a 4,096-d WSABIE bank and test split at COCO size were copied whole to float64 (1.8 GB). Over
+    F64_COPY_BYTES a float32 bank or gallery is converted a chunk at a time inside each product: the very scores
+    and ranks of the copied path, and a traced peak under one float64 copy of the bank."""
+    import tracemalloc
+
+    import crossview.eval.scoring as S
+
+    f32 = lambda e: Embeddings(image=e.image.astype(np.float32), text=e.text.astype(np.float32),  # noqa: E731
+                               caption_image=e.caption_image)
+    emb, bank = f32(_wide_set(11, 60, d=64)), f32(_wide_set(12, 400, d=64))    # bank: 2,000 x 64 captions
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", 30_000)              # blocks of 15 rows of 2,000 (the same both ways)
+    copied = evaluate_scoring(emb, bank, scoring, param)
+    one = Scorer(scoring, param, bank.image, bank.text).scores(emb.image, emb.text)
+    monkeypatch.setattr(S, "F64_COPY_BYTES", 1000)                # every array here is larger: chunks of 468 rows
+    scorer = Scorer(scoring, param, bank.image, bank.text)
+    assert scorer.bank_queries.dtype == np.float32 and scorer.bank_gallery.dtype == np.float32
+    np.testing.assert_array_equal(scorer.scores(emb.image, emb.text), one)
+
+    def traced(limit: int):
+        monkeypatch.setattr(S, "F64_COPY_BYTES", limit)
+        evaluate_scoring(emb, bank, scoring, param)              # warm
+        tracemalloc.start()
+        try:
+            return evaluate_scoring(emb, bank, scoring, param), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    chunked, peak = traced(1000)
+    _, copied_peak = traced(1 << 40)
+    for d in ("i2t", "t2i"):
+        np.testing.assert_array_equal(chunked["ranks"][d], copied["ranks"][d])
+        assert chunked[d] == copied[d]
+    bank_f64 = bank.text.size * 8                                  # 1 MB
+    assert peak < bank_f64 < copied_peak, (peak, bank_f64, copied_peak)

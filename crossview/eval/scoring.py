@@ -26,11 +26,13 @@ of the gallery's modality:
     queries, which QB-Norm leaves alone so that the normalisation cannot hurt a query that meets no hub.
     Within one query all scores are of one kind, so its ranking is well defined.
 
-Scores are formed one block of queries at a time (float64, at most ``block_size`` queries and
-:data:`BLOCK_ELEMENTS` scores, so a block stays ~32 MB however large the gallery or the bank: 1,024 queries of a
-25,000-caption COCO gallery were 205 MB a block, and a csls block held three such arrays), and the bank
-statistics one block of gallery items (or bank queries) at a time: nothing ever holds the whole ``n_q x n_g``
-matrix. :func:`evaluate_scoring` ranks the blocks as they come (the tie rule of :mod:`crossview.eval.metrics`)
+Scores are formed one block of queries at a time (at most ``block_size`` queries and :data:`BLOCK_ELEMENTS`
+scores, so a block stays ~32 MB however large the gallery or the bank: 1,024 queries of a 25,000-caption COCO
+gallery were 205 MB a block, and a csls block held three such arrays), and the bank statistics one block of
+gallery items (or bank queries) at a time: nothing ever holds the whole ``n_q x n_g`` matrix. The products are float64 (ties stay ties), but a float32 bank or gallery larger than
+:data:`F64_COPY_BYTES` as float64 is not copied whole: its rows are taken to float64 a chunk at a time inside each
+product (a 4,096-d WSABIE bank and test split at COCO size were 1.8 GB of such copies); smaller ones are copied
+once (the same numbers, less conversion). :func:`evaluate_scoring` ranks the blocks as they come (the tie rule of :mod:`crossview.eval.metrics`)
 and keeps only each query's top 10 for the hubness figure.
 
 The parameter is chosen under the rule "selection never on the reported split", by the largest rsum (R@1 + R@5 +
@@ -56,7 +58,7 @@ from crossview.core.errors import CrossViewError
 from crossview.eval.hubness import DEFAULT_K, TOP_SHARE_K, hubness_from_top
 from crossview.eval.metrics import first_relevant_ranks, rank_metrics, rsum_of, top_k
 
-__all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "BLOCK_ELEMENTS", "check_scoring", "Scorer",
+__all__ = ["SCORINGS", "PARAMS", "GRIDS", "DEFAULT_BLOCK", "BLOCK_ELEMENTS", "F64_COPY_BYTES", "check_scoring", "Scorer",
            "scorers_for", "evaluate_scoring", "select_scoring", "iter_select_scoring_cv", "select_scoring_cv",
            "subset_embeddings", "describe_scoring", "describe_scored"]
 
@@ -82,6 +84,10 @@ DEFAULT_BLOCK = 1024
 #: float64 scores per block, at most (32 MB): a block has ``min(block_size, BLOCK_ELEMENTS // width)`` rows (at
 #: least 1), ``width`` the gallery's or the bank's size, whichever the block is scored against is larger
 BLOCK_ELEMENTS = 1 << 22
+#: a float32 bank or gallery is copied to float64 once when the copy takes at most this many bytes (64 MB: the
+#: Flickr8k banks and galleries); a larger one is converted a chunk at a time inside each product (a COCO-size
+#: 4,096-d test split was 820 MB as float64; the conversions cost ~10-15% of the products' time there)
+F64_COPY_BYTES = 1 << 26
 
 
 def check_scoring(name: Any) -> str:
@@ -103,6 +109,28 @@ def _check_param(scoring: str, param: Any) -> float | None:
             raise CrossViewError(f"csls: k must be a whole number >= 1, got {param!r}")
         return int(param)
     return float(param)
+
+
+def _floats(x: Any) -> np.ndarray:
+    """``x`` in float64, or as it is when it is float32 and its float64 copy would exceed :data:`F64_COPY_BYTES`
+    (:func:`_dot64` then converts it a chunk of rows at a time)."""
+    a = np.asarray(x)
+    if a.dtype == np.float32 and a.size * 8 > F64_COPY_BYTES:
+        return a
+    return np.asarray(a, np.float64)
+
+
+def _dot64(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``x @ y.T`` in float64 (``x`` a block of rows; ``y`` float64, or float32 taken to float64 a chunk of at most
+    :data:`BLOCK_ELEMENTS` entries at a time)."""
+    x = np.asarray(x, np.float64)
+    if y.dtype == np.float64:
+        return x @ y.T
+    out = np.empty((x.shape[0], y.shape[0]))
+    step = max(1, BLOCK_ELEMENTS // max(1, y.shape[1]))
+    for c in range(0, y.shape[0], step):
+        np.matmul(x, np.asarray(y[c:c + step], np.float64).T, out=out[:, c:c + step])
+    return out
 
 
 def _lse(x: np.ndarray) -> np.ndarray:
@@ -138,8 +166,8 @@ class Scorer:
         for what, v in (("block size", self.block_size), ("block elements", self.block_elements)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise CrossViewError(f"{what} must be a whole number >= 1, got {v!r}")
-        self.bank_queries = np.asarray(self.bank_queries, np.float64)
-        self.bank_gallery = np.asarray(self.bank_gallery, np.float64)
+        self.bank_queries = _floats(self.bank_queries)
+        self.bank_gallery = _floats(self.bank_gallery)
         if self.scoring != "plain" and (self.bank_queries.shape[0] < 1 or self.bank_gallery.shape[0] < 1):
             raise CrossViewError(f"{self.scoring} needs a bank of training images and captions; the bank is empty")
 
@@ -150,16 +178,15 @@ class Scorer:
     def prepare(self, gallery: np.ndarray) -> dict[str, np.ndarray]:
         """The statistics of ``gallery (n_g, D)`` over the bank: ``r`` (csls), ``c`` = log-sum-exp over the
         bank (isoftmax / dsoftmax) and ``hub`` ``(n_g,) bool``, the activation set (dsoftmax)."""
-        g = np.asarray(gallery, np.float64)
         out: dict[str, np.ndarray] = {}
         if self.scoring == "plain":
             return out
-        b = self.bank_queries
+        g, b = _floats(gallery), self.bank_queries
         n_g = g.shape[0]
         stat = np.empty(n_g)
         step = self._rows(b.shape[0])
         for a in range(0, n_g, step):
-            block = g[a:a + step] @ b.T                                 # (blk, n_b): gallery items vs bank
+            block = _dot64(g[a:a + step], b)                            # (blk, n_b): gallery items vs bank
             if self.scoring == "csls":
                 stat[a:a + step] = _mean_top(block, int(self.param))
             else:
@@ -171,7 +198,7 @@ class Scorer:
             if n_g:
                 step = self._rows(n_g)
                 for a in range(0, b.shape[0], step):
-                    hub[np.argmax(b[a:a + step] @ g.T, axis=1)] = True      # argmax: smaller index on ties
+                    hub[np.argmax(_dot64(b[a:a + step], g), axis=1)] = True      # argmax: smaller index on ties
             out["hub"] = hub
         return out
 
@@ -179,21 +206,21 @@ class Scorer:
                stats: dict[str, np.ndarray] | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
         """``(start, stop, scores (stop - start, n_g) float64)`` for each block of ``queries (n_q, D)`` (at most
         ``block_size`` rows and ``block_elements`` scores, :meth:`_rows`). The queries are taken to float64 a
-        block at a time; the scores are combined in place (the same operations, in the same order, as
-        ``2 s - r_q - r_g``), so a block costs one score array and, for csls, one against the bank."""
+        block at a time (a large float32 gallery a chunk at a time, :func:`_dot64`); the scores are combined in
+        place (the same operations, in the same order, as ``2 s - r_q - r_g``), so a block costs one score array
+        and, for csls, one against the bank."""
         q = queries if isinstance(queries, np.ndarray) else np.asarray(queries, np.float64)
-        g = np.asarray(gallery, np.float64)
+        g = _floats(gallery)
         if q.ndim != 2 or g.ndim != 2 or q.shape[1] != g.shape[1]:
             raise CrossViewError(f"scoring: queries {q.shape} and gallery {g.shape} must be 2-D with the same "
                                  "number of columns")
         stats = self.prepare(g) if stats is None else stats
-        gt = g.T
         step = self._rows(max(g.shape[0], self.bank_gallery.shape[0] if self.scoring == "csls" else 0))
         for a in range(0, q.shape[0], step):
             qb = np.asarray(q[a:a + step], np.float64)
-            s = qb @ gt
+            s = _dot64(qb, g)
             if self.scoring == "csls":
-                r_q = _mean_top(qb @ self.bank_gallery.T, int(self.param))
+                r_q = _mean_top(_dot64(qb, self.bank_gallery), int(self.param))
                 s *= 2
                 s -= r_q[:, None]
                 s -= stats["r"][None, :]
@@ -209,8 +236,8 @@ class Scorer:
     def scores(self, queries: np.ndarray, gallery: np.ndarray,
                stats: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """All of ``queries`` against ``gallery`` at once (a few queries: the app's and the CLI's)."""
-        q = np.asarray(queries, np.float64)
-        g = np.asarray(gallery, np.float64)
+        q = _floats(queries)
+        g = _floats(gallery)
         out = np.empty((q.shape[0], g.shape[0]))
         for a, b, s in self.blocks(q, g, stats):
             out[a:b] = s
@@ -230,9 +257,9 @@ def scorers_for(scoring: str, param: float | None, bank: Any,
     """``{"i2t": Scorer, "t2i": Scorer}`` over the training ``bank`` (an
     :class:`~crossview.eval.embeddings.Embeddings` of training images and captions): i2t queries are images (its
     bank queries the training images), t2i queries are captions."""
-    # float64 once: with one model both scorers share the same two arrays (the Scorer keeps float64 as given)
-    bi, bt = (np.asarray(x, np.float64) for x in _sides(bank, "i2t"))
-    ci, ct = (bi, bt) if bank.image_t2i is None else (np.asarray(x, np.float64) for x in _sides(bank, "t2i"))
+    # float64 once (or float32 kept, when large): with one model both scorers share the same two arrays
+    bi, bt = (_floats(x) for x in _sides(bank, "i2t"))
+    ci, ct = (bi, bt) if bank.image_t2i is None else (_floats(x) for x in _sides(bank, "t2i"))
     return {"i2t": Scorer(scoring, param, bank_queries=bi, bank_gallery=bt, block_size=block_size),
             "t2i": Scorer(scoring, param, bank_queries=ct, bank_gallery=ci, block_size=block_size)}
 
