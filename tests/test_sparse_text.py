@@ -1,6 +1,7 @@
 """TF-IDF caption features sparse end to end (issue 34): the encoder gives CSR rows, the feature cache stores and
-returns them sparse, CCA / BITR / WSABIE train on them with the dense matrix's results, and no dense
-``n_captions x vocabulary`` array is made on the way."""
+returns them sparse, CCA / BITR / WSABIE and the deep methods on caption features (VSE++, SmoothAP, TIMAM, webly)
+train on them with the dense matrix's results, and no dense ``n_captions x vocabulary`` array is made on the
+way."""
 
 from __future__ import annotations
 
@@ -98,6 +99,11 @@ def _pairs(n_images: int = 60, per: int = 3, vocab: int = 30, p: int = 16, seed:
     ("bitr", {"c_grid": "", "max_iter": 20, "cca_dim": 8}),
     ("bitr", {"c_grid": "0.1,1", "cv_folds": 2, "max_iter": 10, "cca_dim": 6}),
     ("wsabie", {"dim": 8, "max_epochs": 2, "batch_size": 16}),
+    # the deep methods on caption features densify a batch's rows only (issue 34: the whole matrix before)
+    ("vsepp", {"text_model": "features", "embed_dim": 8, "max_epochs": 2, "batch_size": 16}),
+    ("smoothap", {"text_model": "features", "embed_dim": 8, "max_epochs": 2, "batch_size": 16}),
+    ("timam", {"embed_dim": 8, "max_epochs": 2, "batch_size": 16}),
+    ("webly", {"text_model": "features", "embed_dim": 8, "max_epochs": 2, "batch_size": 16}),
 ])
 def test_dense_and_sparse_captions_give_the_same_model(name, params):
     torch.set_num_threads(1)
@@ -114,8 +120,9 @@ def test_dense_and_sparse_captions_give_the_same_model(name, params):
 
 
 def test_sparse_captions_are_never_densified(monkeypatch):
-    """CCA, BITR and WSABIE on 15,000 sparse captions x 400 words (dense float32: 24 MB): no scipy densify of
-    the matrix, no torch gather of all its rows, and numpy's traced peak stays under half the dense bytes."""
+    """CCA, BITR, WSABIE and the deep methods on caption features on 15,000 sparse captions x 400 words (dense
+    float32: 24 MB): no scipy densify of the matrix, no torch gather of all its rows, and numpy's traced peak stays
+    under half the dense bytes."""
     torch.set_num_threads(1)
     rng = np.random.default_rng(3)
     n_img, per, vocab = 3000, 5, 400
@@ -148,7 +155,10 @@ def test_sparse_captions_are_never_densified(monkeypatch):
     monkeypatch.setattr(SparseRows, "__getitem__", gather)
     data = MethodData(image_features=img, text_features=text, captions=[""] * n, caption_image=ci, name="train")
     for name, params in [("cca", {"n_components": 8}), ("bitr", {"c_grid": "", "max_iter": 3, "cca_dim": 8}),
-                         ("wsabie", {"dim": 16, "max_epochs": 1, "batch_size": 1024, "max_draws": 20})]:
+                         ("wsabie", {"dim": 16, "max_epochs": 1, "batch_size": 1024, "max_draws": 20})] + [
+                         (deep, {"embed_dim": 16, "max_epochs": 1, "batch_size": 512, **(
+                             {} if deep == "timam" else {"text_model": "features"})})
+                         for deep in ("vsepp", "smoothap", "timam", "webly")]:
         # once on a few images first: the modules a first fit imports (torch's compiler stack) are not features
         create_method(name, **params).with_run(device="cpu", seed=0).fit(data.subset(np.arange(60)))
         m = create_method(name, **params).with_run(device="cpu", seed=0)
@@ -164,8 +174,8 @@ def test_sparse_captions_are_never_densified(monkeypatch):
 
 
 def test_a_tfidf_run_keeps_its_caption_features_sparse(tmp_path, monkeypatch):
-    """Through the engine: extracted sparse, cached sparse, CCA trained and evaluated on them, and a method that
-    has no sparse path (vsepp on caption features) gets them dense."""
+    """Through the engine: extracted sparse, cached sparse, CCA trained and evaluated on them, and a caller that
+    asks for them dense gets them dense."""
     from crossview.engine import run as run_mod
     from crossview.features import extract_features
 

@@ -41,7 +41,7 @@ from crossview.core.errors import CrossViewError
 from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.torch_method import TorchMethod
-from crossview.nn.sparse_rows import shared_tensor
+from crossview.nn.sparse_rows import SparseRows, shared_tensor
 from crossview.nn.encoders import BackboneImageEncoder, FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder
 from crossview.nn.losses import contrastive_loss
 from crossview.nn.trainer import gather_rows, unwrap, world
@@ -247,7 +247,7 @@ class Vsepp(TorchMethod):
                 word_dim = int(_glove_tables()[0].shape[1])
             spec.update(vocab=vocab, word_dim=word_dim)
         elif self.text_model == "features":
-            spec["text_dim"] = int(train.require_text_features(self.name).shape[1])
+            spec["text_dim"] = int(train.require_text_features(self.name, sparse=True).shape[1])
         else:
             spec.update(transformer=self._transformer_name(), train_layers=int(self.train_layers))
         return spec
@@ -369,6 +369,9 @@ class Vsepp(TorchMethod):
         lengths on the host) run eagerly."""
         if "img" not in self._t:
             return None, "the images are decoded and augmented per batch by the CPU (image_model=cnn)"
+        if isinstance(self._t.get("txt"), SparseRows):
+            return None, "the caption features are sparse (TF-IDF): a batch's rows are densified at a size read " \
+                         "on the host"
         if self.model_spec_["text_model"] == "transformer" and str(self.model_spec_.get("pool", "mean")) == "bilstm":
             return None, "the Bi-LSTM pool packs captions by lengths read on the host"
         tables = self._graph_width_tables()
@@ -416,7 +419,11 @@ class Vsepp(TorchMethod):
             t["img"] = shared_tensor(np.asarray(train.require_image_features(self.name), np.float32)).to(device)
         kind = self.model_spec_["text_model"]
         if kind == "features":
-            t["txt"] = shared_tensor(np.asarray(train.require_text_features(self.name), np.float32)).to(device)
+            text = train.require_text_features(self.name, sparse=True)
+            # sparse caption features (TF-IDF) stay sparse: a batch densifies its own rows (a COCO-size set's dense
+            # 500-word TF-IDF was 1.2 GB, issue 34); dense ones are shared, not copied
+            t["txt"] = (SparseRows.from_csr(text, None, "none", device) if hasattr(text, "tocsr") else
+                        shared_tensor(np.asarray(text, np.float32)).to(device))
         else:
             inputs = self._text_inputs(train.captions)
             # tokens per caption, on the host: each batch is trimmed to its longest caption without a sync
@@ -676,13 +683,15 @@ class Vsepp(TorchMethod):
         try:
             with torch.no_grad():
                 if spec["text_model"] == "features":
-                    y = data.require_text_features(self.name)
+                    y = data.require_text_features(self.name, sparse=True)    # sparse: densified a batch at a time
                     if y.shape[1] != int(spec["text_dim"]):
                         raise CrossViewError(f"{self.name}: the model expects {spec['text_dim']}-d caption features, "
                                              f"the {data.name or 'given'} data has {y.shape[1]}-d; use the text "
                                              "encoder it was trained with")
                     for a in range(0, n, _EMBED_BATCH):
-                        out.append(enc(torch.as_tensor(y[a:a + _EMBED_BATCH]).to(dev)).float().cpu().numpy())
+                        x = y[a:a + _EMBED_BATCH]
+                        x = np.asarray(x.toarray() if hasattr(x, "toarray") else x, np.float32)
+                        out.append(enc(torch.as_tensor(x).to(dev)).float().cpu().numpy())
                 else:                     # batches of similar length, each trimmed to its longest caption
                     res = np.zeros((n, int(spec["embed_dim"])), np.float32)
                     if not n:
