@@ -30,7 +30,7 @@ data and checks that its features are this run's); the new run's epochs and step
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,8 @@ from crossview.nn.encoders import FeatureImageEncoder
 from crossview.nn.losses import contrastive_loss
 from crossview.nn.trainer import gather_rows, world
 
-__all__ = ["Webly", "tag_vectors", "tag_sentences", "caption_tags", "clean_tag_counts", "curriculum_order", "web_method_data", "TAG_BRANCHES"]
+__all__ = ["Webly", "tag_vectors", "caption_tag_vectors", "tag_sentences", "caption_tags", "clean_tag_counts",
+           "curriculum_order", "web_method_data", "TAG_BRANCHES"]
 
 #: how tags reach the joint space: their own branch (averaged GloVe -> FC) or the sentence branch on the tag string
 TAG_BRANCHES = ("glove", "sentence")
@@ -54,16 +55,37 @@ TAG_BRANCHES = ("glove", "sentence")
 def tag_vectors(tag_lists: list[list[str]]) -> np.ndarray:
     """``(n, 50) float32``: the mean GloVe 6B 50-d vector of the words of each tag list (multi-word tags count
     each word; words GloVe lacks are skipped; a list with none left is the zero vector)."""
+    return _tag_vectors(tag_lists, len(tag_lists))
+
+
+def _tag_vectors(tag_lists: Iterable[list[str]], n: int) -> np.ndarray:
+    """:func:`tag_vectors` of ``n`` tag lists, each read once from an iterable (none of them kept)."""
     from crossview.data.text import tokenize
     from crossview.features.text.glove import _glove_tables
 
     emb, index, _ = _glove_tables()
-    out = np.zeros((len(tag_lists), emb.shape[1]), dtype=np.float32)
+    out = np.zeros((n, emb.shape[1]), dtype=np.float32)
     for r, tags in enumerate(tag_lists):
         ids = [index[w] for t in tags for w in tokenize(t) if w in index]
         if ids:
             out[r] = np.asarray(emb[np.asarray(ids)], dtype=np.float32).mean(axis=0)
     return out
+
+
+def caption_tag_vectors(captions: Sequence[str], counts: Counter | None = None) -> np.ndarray:
+    """``tag_vectors(caption_tags(captions))``, a caption at a time: no caption's tag list is kept (a COCO-size
+    set's 600K lists of strings were ~0.5 GB, issue 34). ``counts``, when given, gains every caption's tags (what
+    :func:`clean_tag_counts` counts), in the same pass."""
+    from crossview.features.tags import extract_tags
+
+    def lists() -> Iterator[list[str]]:
+        for c in captions:
+            tags = extract_tags(c)
+            if counts is not None:
+                counts.update(tags)
+            yield tags
+
+    return _tag_vectors(lists(), len(captions))
 
 
 def tag_sentences(tag_lists: list[list[str]]) -> list[str]:
@@ -326,17 +348,25 @@ class Webly(Vsepp):
     def prepare(self, train: MethodData, device: torch.device) -> None:
         if self._stage() == 1:
             super().prepare(train, device)
-            tags = caption_tags(train.captions, getattr(self, "_tag_memo", None))
-        else:                          # the web set: images and their tag lists (its "captions"), no sentences
-            self._t = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)}
-            if self.model_spec_.get("image_model") == "cnn":     # end to end: the web images' files
-                if not train.image_paths:
-                    raise CrossViewError("webly: image_model=cnn trains Stage II on the web set's image files, but "
-                                         "this web set has feature rows only; give a web set of image files")
-                self._set_image_files(list(train.image_paths), train.caption_image, device)
+            if self._sentence_tags():
+                self._t["tagtext"] = self._tag_text(tag_sentences(caption_tags(train.captions)), device)
             else:
-                self._t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
-            tags = [[t for t in c.split(",") if t] for c in train.captions]
+                # the tag vectors fit_iter made with the curriculum's counts (one tagging pass), else made now
+                tagv, self._caption_tagv = getattr(self, "_caption_tagv", None), None
+                if tagv is None or len(tagv) != train.n_captions:
+                    tagv = caption_tag_vectors(train.captions)
+                self._t["tagv"] = torch.as_tensor(tagv).to(device)
+            return
+        # Stage II, the web set: images and their tag lists (its "captions"), no sentences
+        self._t = {"ci": torch.as_tensor(train.caption_image, dtype=torch.int64).to(device)}
+        if self.model_spec_.get("image_model") == "cnn":     # end to end: the web images' files
+            if not train.image_paths:
+                raise CrossViewError("webly: image_model=cnn trains Stage II on the web set's image files, but "
+                                     "this web set has feature rows only; give a web set of image files")
+            self._set_image_files(list(train.image_paths), train.caption_image, device)
+        else:
+            self._t["img"] = torch.as_tensor(train.require_image_features(self.name)).to(device)
+        tags = [[t for t in c.split(",") if t] for c in train.captions]
         if self._sentence_tags():
             self._t["tagtext"] = self._tag_text(tag_sentences(tags), device)
         else:
@@ -409,9 +439,12 @@ class Webly(Vsepp):
     def fit_iter(self, train: MethodData, val: MethodData | None = None, *, resume: bool = False,
                  web: MethodData | None = None) -> Iterator[Any]:
         web = web if web is not None else getattr(self, "_web", None)
-        self._tag_memo: dict[str, list[str]] = {}
-        # the curriculum's order: from every training caption, the same on resume
-        self._clean_counts = clean_tag_counts(caption_tags(train.captions, self._tag_memo))
+        # the curriculum's order: from every training caption's tags, the same on resume; counted only when a
+        # Stage II will order its web set by them, in the pass that makes Stage I's tag vectors (prepare)
+        self._clean_counts: Counter = Counter()
+        self._caption_tagv = None
+        if web is not None and int(self.stage2_epochs) > 0 and self.curriculum == "frequency":
+            self._caption_tagv = caption_tag_vectors(train.captions, self._clean_counts)
         initial, self._initial = getattr(self, "_initial", None), None
         if resume and getattr(self, "model_state_", None) is not None:
             initial = None                           # a resume continues its own state, wherever it began
