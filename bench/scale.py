@@ -19,14 +19,21 @@ one child at a time. Steps (``--steps``, in this order):
     wsabie crossview train wsabie --data DIR --text-encoder tfidf --set max_epochs=1
     vsepp  crossview train vsepp --data DIR --set text_model=gru --set max_epochs=1   (the captions through
            its own GRU: no caption features)
+    smoothap, webly, timam
+           crossview train METHOD --data DIR --text-encoder tfidf --set max_epochs=1   (webly: Stage I only, no
+           web set)
     query  crossview query CCA_RUN --text "one sentence"                  (needs the cca step's run)
+    vquery crossview query VSEPP_RUN --text "one sentence"                (needs the vsepp step's run: the
+           sentence through the run's GRU, the gallery's images through its image side)
     eval   crossview eval CCA_RUN                                         (re-evaluates the saved embeddings)
 
-``--cap-seconds`` (default 120) stops a wsabie or vsepp step that is still training that many seconds after its
-first batch with SIGTERM, as a scheduler would (the run cancels between two batches and keeps its checkpoint): its peak
-RSS is then that of training so far (the features loaded, the model and its optimiser, the batches done), not
-of the test evaluation after it. The table says ``capped`` and how many of the epoch's batches ran (from the
-run's metrics.jsonl).
+Every training step of a deep method (wsabie, vsepp, smoothap, webly, timam) runs one whole epoch and then the
+run's evaluation on the test split (as ``crossview train`` does), unless ``--cap-seconds S`` (default 0: no cap)
+stops it S seconds after its first batch with SIGTERM, as a scheduler would (the run cancels between two batches
+and keeps its checkpoint): its peak RSS is then that of training so far (the features loaded, the model and its
+optimiser, the batches done), not of the evaluation after the epoch. The table then says ``capped`` and how many
+of the epoch's batches ran (from the run's metrics.jsonl). ``--cap-steps`` names the steps the cap applies to
+(default all five).
 
 The feature cache (``CROSSVIEW_CACHE_DIR``) is one folder per size, emptied before the size's first step, so
 the cca step pays the TF-IDF extraction and bitr reuses it (as a person training both would).
@@ -40,7 +47,8 @@ caption features (``img``). ``x dense`` is peak RSS over the image features plus
 500`` TF-IDF matrix, the denominator of the first version of this table; ``x img`` is peak RSS over the image
 features alone. The issue's goal (#34) is ratio <= 2.5 for every step at L.
 
-    .venv/bin/python bench/scale.py                       # S and M, all steps (about 20 minutes on 2 cores)
+    .venv/bin/python bench/scale.py                       # S and M, all steps (about 25 minutes on 2 cores)
+    .venv/bin/python bench/scale.py --sizes L,S,M         # everything (about two hours on 2 cores)
     .venv/bin/python bench/scale.py --sizes L --steps cca # one step at COCO size (about 1 GB of features)
 
 Writes bench/results/scale_cpu.txt (``--out``), stamped with the command, commit, machine and data.
@@ -66,9 +74,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _stamp  # noqa: E402  (bench/_stamp.py)
 
 SIZES = {"S": 3_000, "M": 30_000, "L": 120_000}
-STEPS = ("info", "cca", "bitr", "wsabie", "vsepp", "query", "eval")
-#: steps that train for an epoch, stopped at --cap-seconds
-CAPPED = ("wsabie", "vsepp")
+STEPS = ("info", "cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam", "query", "vquery", "eval")
+#: steps that train for an epoch (stopped at --cap-seconds when one is given)
+CAPPED = ("wsabie", "vsepp", "smoothap", "webly", "timam")
+#: steps whose run has no caption features (the vsepp run reads captions through its own GRU)
+IMAGE_ONLY = ("vsepp", "vquery")
 DIM = 2048
 VOCAB = 500
 TOPICS = 64
@@ -194,11 +204,30 @@ def _stop(proc: subprocess.Popen, use_time: bool) -> None:
             pass
 
 
+def _rss(proc: subprocess.Popen, use_time: bool) -> int:
+    """The command's resident set size in bytes now (under /usr/bin/time: its child's), 0 when unknown."""
+    pid = proc.pid
+    if use_time:
+        try:
+            pid = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            return 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def measure(cmd: list[str], env: dict[str, str], log: Path, cap: float | None = None,
-            run: Path | None = None) -> tuple[float, int, int, bool]:
-    """Run ``cmd``; ``(wall seconds, peak RSS bytes, exit code, capped)``; its output goes to ``log``. With ``cap``
-    the command gets SIGTERM once it has trained for that many seconds (from the first batch that the run folder
-    ``run``'s metrics.jsonl reports; ``capped`` True)."""
+            run: Path | None = None) -> tuple[float, int, int, bool, int]:
+    """Run ``cmd``; ``(wall seconds, peak RSS bytes, exit code, capped, epoch RSS bytes)``; its output goes to
+    ``log``. With ``run`` (a training step's run folder) the command's RSS is sampled every second while its first
+    epoch is in progress (from the first batch its metrics.jsonl reports to the last): ``epoch RSS`` is the largest
+    sample (0 when none), so the peak's phase can be told: training, or the load / evaluation around it. With
+    ``cap`` the command gets SIGTERM once it has trained for that many seconds (``capped`` True)."""
     use_time = os.access(TIME_V, os.X_OK)
     full = [TIME_V, "-v", *cmd] if use_time else cmd
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -207,13 +236,17 @@ def measure(cmd: list[str], env: dict[str, str], log: Path, cap: float | None = 
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(full, env=env, stdout=out, stderr=subprocess.STDOUT)
         started = None          # when the run's first training batch was reported (the cap counts from there)
+        epoch_rss, in_epoch = 0, True
         while proc.poll() is None:
             time.sleep(1.0)
-            if cap is None or run is None:
+            if run is None:
                 continue
-            if started is None and batches_done(run) is not None:
-                started = time.perf_counter()
-            if started is not None and time.perf_counter() - started > cap:
+            b = batches_done(run) if in_epoch else None
+            if b is not None:
+                started = started or time.perf_counter()
+                epoch_rss = max(epoch_rss, _rss(proc, use_time))
+                in_epoch = b[0] < b[1]
+            if cap is not None and started is not None and time.perf_counter() - started > cap:
                 capped = True
                 _stop(proc, use_time)
                 proc.wait()
@@ -235,7 +268,7 @@ def measure(cmd: list[str], env: dict[str, str], log: Path, cap: float | None = 
         after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         peak = after * 1024 if after > before else -1
         rc = r.returncode
-    return wall, peak, rc, capped
+    return wall, peak, rc, capped, epoch_rss
 
 
 def step_command(step: str, folder: Path, runs: Path) -> list[str]:
@@ -245,7 +278,7 @@ def step_command(step: str, folder: Path, runs: Path) -> list[str]:
     if step in ("cca", "bitr"):
         return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", "cpu",
                 "--run-dir", str(runs / step)]
-    if step == "wsabie":
+    if step in ("wsabie", "smoothap", "webly", "timam"):
         return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", "cpu",
                 "--set", "max_epochs=1", "--run-dir", str(runs / step)]
     if step == "vsepp":
@@ -253,6 +286,8 @@ def step_command(step: str, folder: Path, runs: Path) -> list[str]:
                 "--set", "max_epochs=1", "--run-dir", str(runs / step)]
     if step == "query":
         return [*py, "query", str(runs / "cca"), "--text", QUERY, "--k", "5"]
+    if step == "vquery":
+        return [*py, "query", str(runs / "vsepp"), "--text", QUERY, "--k", "5"]
     if step == "eval":
         return [*py, "eval", str(runs / "cca")]
     raise ValueError(step)
@@ -266,9 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
     ap.add_argument("--work", default="/tmp/crossview-scale", metavar="DIR",
                     help="where the data sets, feature caches, runs and logs go (default /tmp/crossview-scale)")
-    ap.add_argument("--cap-seconds", type=float, default=120.0, metavar="S",
-                    help="stop a wsabie / vsepp step still training S seconds after its first batch (SIGTERM; "
-                         "default 120; 0: none)")
+    ap.add_argument("--cap-seconds", type=float, default=0.0, metavar="S",
+                    help="stop a deep method's training step still training S seconds after its first batch "
+                         "(SIGTERM; default 0: none, the whole epoch and its evaluation)")
+    ap.add_argument("--cap-steps", default=",".join(CAPPED), metavar="STEPS",
+                    help=f"the training steps --cap-seconds applies to (default all: {','.join(CAPPED)})")
     _stamp.add_out_argument(ap, _stamp.RESULTS / "scale_cpu.txt")
     args = ap.parse_args(argv)
     sizes = [s.strip().upper() for s in args.sizes.split(",") if s.strip()]
@@ -279,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(SIZES)} and steps {', '.join(STEPS)}", file=sys.stderr)
         return 2
     steps = [s for s in STEPS if s in steps]
+    cap_steps = {s.strip().lower() for s in args.cap_steps.split(",") if s.strip()}
+    if cap_steps - set(CAPPED):
+        print(f"scale.py: --cap-steps {', '.join(sorted(cap_steps - set(CAPPED)))}: not a training step; choose "
+              f"among {', '.join(CAPPED)}", file=sys.stderr)
+        return 2
     work = Path(args.work).absolute()
     data = [_stamp.synthetic(seed=args.seed, sizes="/".join(f"{s}={SIZES[s]}" for s in sizes), dim=DIM,
                              captions_per_image=CAPS_PER_IMAGE, vocab=VOCAB, topics=TOPICS,
@@ -289,13 +331,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak RSS by {how}; one subprocess a step; load average {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} cores at the start")
         print("ratio = peak RSS / the run's feature bytes (denom: img+csr = image features + TF-IDF as float32 CSR; "
-              "img = image features only, the GRU run)")
+              "img = image features only, the vsepp GRU run)")
         print("x dense = peak RSS / (image features + dense float32 TF-IDF); x img = peak RSS / image features")
-        print(f"wsabie / vsepp: 1 epoch, stopped {args.cap_seconds:g} s after the first batch if still training "
-              "(capped: batches done of the epoch's)" if args.cap_seconds else "wsabie / vsepp: 1 epoch, not capped")
+        capped_here = [s for s in CAPPED if s in cap_steps] if args.cap_seconds else []
+        whole = [s for s in CAPPED if s not in capped_here]
+        if capped_here:
+            print(f"{' / '.join(capped_here)}: 1 epoch, stopped {args.cap_seconds:g} s after the first batch if "
+                  "still training (capped: batches done of the epoch's)")
+        if whole:
+            print(f"{' / '.join(whole)}: 1 whole epoch and the test evaluation after it")
+        print("epoch MB = the largest RSS sampled (every second) while a training step's epoch ran: below peak MB, "
+              "the peak came from loading or the evaluation after the epoch")
         print()
-        print(f"{'size':<4} {'step':<6} {'wall s':>8} {'peak MB':>9} {'denom':>7} {'feat MB':>8} {'ratio':>6} "
-              f"{'x dense':>7} {'x img':>6}  rc")
+        print(f"{'size':<4} {'step':<8} {'wall s':>8} {'peak MB':>9} {'epoch MB':>9} {'denom':>7} {'feat MB':>8} "
+              f"{'ratio':>6} {'x dense':>7} {'x img':>6}  rc")
         failed = 0
         for size in sizes:
             folder = make_dataset(work, size, args.seed)
@@ -312,10 +361,11 @@ def main(argv: list[str] | None = None) -> int:
                        os.pathsep)}
             for step in steps:
                 log = work / f"{size}_{step}.log"
-                cap = args.cap_seconds if step in CAPPED and args.cap_seconds > 0 else None
-                wall, peak, rc, capped = measure(step_command(step, folder, runs), env, log, cap, runs / step)
+                cap = args.cap_seconds if step in cap_steps and args.cap_seconds > 0 else None
+                wall, peak, rc, capped, epoch = measure(step_command(step, folder, runs), env, log, cap,
+                                                        runs / step if step in CAPPED else None)
                 failed += rc != 0 and not capped
-                denom, feat = ("img", img_b) if step == "vsepp" else ("img+csr", img_b + csr_b)
+                denom, feat = ("img", img_b) if step in IMAGE_ONLY else ("img+csr", img_b + csr_b)
                 peak_s = f"{peak / 1e6:9.0f}" if peak >= 0 else f"{'?':>9}"
                 ratio = f"{peak / feat:6.2f}" if peak >= 0 else f"{'?':>6}"
                 xdense = f"{peak / (img_b + txt_b):7.2f}" if peak >= 0 else f"{'?':>7}"
@@ -326,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                     note = f"  capped {args.cap_seconds:g} s into training" + (f": {b[0]} of {b[1]} batches" if b else "")
                 elif rc != 0:
                     note = f"  (see {log})"
-                print(f"{size:<4} {step:<6} {wall:8.1f} {peak_s} {denom:>7} {feat / 1e6:8.0f} {ratio} {xdense} {ximg}  "
+                epoch_s = f"{epoch / 1e6:9.0f}" if epoch > 0 else f"{'-':>9}"
+                print(f"{size:<4} {step:<8} {wall:8.1f} {peak_s} {epoch_s} {denom:>7} {feat / 1e6:8.0f} {ratio} {xdense} {ximg}  "
                       f"{rc}{note}", flush=True)
         if failed:
             print(f"\n{failed} step(s) failed: their logs are under {work}", file=sys.stderr)
