@@ -228,3 +228,66 @@ def test_learns_on_real_photos(tmp_path, flickr8k_sample, params, least) -> None
     events = list(train("timam", str(flickr8k_sample), run_dir=tmp_path / "f8k", device="cpu", params=params))
     assert isinstance(events[-1], Finished)
     assert events[-1].summary["rsum"] > least, events[-1].summary["rsum"]
+
+
+def test_a_sampled_identification_softmax_is_partial_fc_and_exact_when_it_samples_every_class(monkeypatch) -> None:
+    """More than ``id_classes`` classes (COCO: one per training image): the step's identification softmax runs over
+    the batch's own classes and a uniform sample of the others, ``id_classes`` rows, with a sparse gradient (only
+    those rows); the same as the full softmax when the sample is every class (the order of the classes does not
+    change a softmax)."""
+    data = _toy("train")
+    m, model = _prepared(data)
+    n = int(m.model_spec_["n_classes"])
+    assert n > 8
+    batch = torch.arange(12)
+    lab = m._t["lab"][m._t["ci"][batch]]
+    assert m._id_classes(model, lab, torch.Generator().manual_seed(0))[0] is model.classifier    # n <= 16,384
+    m.id_classes = 8
+    assert m._sampled_ids()
+    weight, lab_in = m._id_classes(model, lab, torch.Generator().manual_seed(1))
+    own = torch.unique(lab)
+    assert weight.shape == (max(8, own.numel()), model.classifier.shape[1])
+    rows = torch.stack([torch.nonzero((model.classifier == w).all(1))[0, 0] for w in weight.detach()])
+    assert rows.unique().numel() == rows.numel()                                  # distinct classes
+    assert torch.equal(rows[lab_in], lab)                                         # each label points at its class
+    x = torch.randn(12, model.classifier.shape[1])
+    torch.nn.functional.cross_entropy(x @ (weight / weight.norm(dim=1, keepdim=True)).T, lab_in).backward()
+    grad = model.classifier.grad
+    assert grad.is_sparse
+    touched = grad.coalesce().indices()[0].unique()
+    assert set(touched.tolist()) <= set(rows.tolist())
+    model.classifier.grad = None
+    # every class sampled: the exact loss and gradient of the full softmax
+    m.id_classes = n
+    monkeypatch.setattr(type(m), "_sampled_ids", lambda self: True)
+    weight, lab_in = m._id_classes(model, lab, torch.Generator().manual_seed(2))
+    assert weight.shape[0] == n
+    got = norm_softmax_id_loss(x, weight, lab_in)
+    got.backward()
+    g_sampled = model.classifier.grad.to_dense()
+    model.classifier.grad = None
+    want = norm_softmax_id_loss(x, model.classifier, lab)
+    want.backward()
+    assert torch.isclose(got, want, atol=1e-6)
+    assert torch.allclose(g_sampled, model.classifier.grad, atol=1e-6)
+
+
+def test_learns_with_a_sampled_identification_softmax_and_updates_only_sampled_rows() -> None:
+    """Training with ``id_classes`` below the number of classes: the classifier has its own SparseAdam, the step
+    falls back from CUDA graphs with the reason, the model learns, and the start line says the softmax samples."""
+    ds = H.make_toy_dataset()
+    train_d, test_d = _toy("train", ds), _toy("test", ds)
+    m = create_method("timam", **{**FAST, "id_classes": 6}).with_run(**RUN)
+    events = list(m.fit_iter(train_d))
+    assert any("the identification softmax over 6 of them a step" in e.message for e in events
+               if isinstance(e, Log)), [e.message for e in events if isinstance(e, Log)][:3]
+    m0 = create_method("timam", **{**FAST, "max_epochs": 1, "lr": 1e-9, "id_classes": 6}).with_run(**RUN).fit(train_d)
+    before, after = _rsum(m0, test_d), _rsum(m, test_d)
+    assert after > before + 60 and after > 200, (before, after)
+    model = m.build_model(m.model_spec_)
+    opts = m.optimizers(model)
+    assert isinstance(opts[-1], torch.optim.SparseAdam) and opts[-1].param_groups[0]["params"][0] is model.classifier
+    assert all(p is not model.classifier for o in opts[:-1] for g in o.param_groups for p in g["params"])
+    m._t = {"img": torch.zeros(1)}
+    key, why = m.graph_key()
+    assert key is None and "samples 6 of" in why

@@ -164,6 +164,7 @@ class Timam(Vsepp):
 
     def __init__(self, *, labels: str = "auto", id_weight: float = 1.0, cmpm_weight: float = 1.0,
                  adv_weight: float = 1.0, adv_target: str = "confusion", d_hidden: int = 256, soft_labels: bool = True, flip: float = 0.2,
+                 id_classes: int = 16384,
                  embed_dim: int = 512, text_model: str = "features", lstm_hidden: int = 256,
                  image_model: str = "features", backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
                  word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
@@ -179,6 +180,7 @@ class Timam(Vsepp):
             setattr(self, name, value)
         self.labels = labels
         self.id_weight = id_weight
+        self.id_classes = id_classes
         self.cmpm_weight = cmpm_weight
         self.adv_weight = adv_weight
         self.adv_target = adv_target
@@ -241,7 +243,7 @@ class Timam(Vsepp):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise CrossViewError(f"timam: {name} must be a whole number >= 1, got {v!r}")
-        for name in ("finetune_layers", "finetune_epochs", "plateau_patience"):
+        for name in ("finetune_layers", "finetune_epochs", "plateau_patience", "id_classes"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
                 raise CrossViewError(f"timam: {name} must be a whole number >= 0, got {v!r}")
@@ -297,14 +299,21 @@ class Timam(Vsepp):
         what = "identities" if spec.get("label_kind") == "identity" else "images"
         parts = [f"{w} x {n}" for w, n in ((self.id_weight, "L_I"), (self.cmpm_weight, "L_M"),
                                             (self.adv_weight, "adversarial")) if w]
-        return (f"timam ({' + '.join(parts)}; labels: {spec.get('n_classes')} {what}): {n_items} captions, "
+        sampled = (f", the identification softmax over {int(self.id_classes):,} of them a step" if self.id_weight
+                   and self._sampled_ids() else "")
+        return (f"timam ({' + '.join(parts)}; labels: {spec.get('n_classes')} {what}{sampled}): {n_items} captions, "
                 f"{n_batches} batches per epoch, {self.max_epochs} epochs"
                 + (" with the language model frozen" if self._uses_transformer() else "")
                 + (f", then {self.finetune_epochs} fine-tuning it at lr {self.finetune_lr}" if self.finetune_epochs
                    and self._uses_transformer() else "")
                 + f"; text: {self._text_description()}; {self.embed_dim}-d, device {device}{self._amp_note(device)}")
 
-    # ------------------------------------------------------------------ training
+    def graph_key(self) -> tuple[Any, str]:
+        if self.id_weight and self._sampled_ids():
+            return None, (f"the identification softmax samples {int(self.id_classes):,} of "
+                          f"{int(self.model_spec_['n_classes']):,} classes a step, updated by SparseAdam")
+        return super().graph_key()
+
     # ------------------------------------------------------------------ the language model's token states, cached
     def plan_stages(self, n_captions: int) -> list[tuple[str, str, str, float]]:
         """The run's stages before fitting (the engine's plan): the token states of the ``n_captions`` captions
@@ -439,7 +448,8 @@ class Timam(Vsepp):
             loss = loss + float(self.cmpm_weight) * (i2t + t2i)
             out["L_M"] = (i2t + t2i).detach()
         if self.id_weight:
-            l_i = norm_softmax_id_loss(im, m.classifier, lab) + norm_softmax_id_loss(s, m.classifier, lab)
+            weight, lab_in = self._id_classes(m, lab, generator)
+            l_i = norm_softmax_id_loss(im, weight, lab_in) + norm_softmax_id_loss(s, weight, lab_in)
             loss = loss + float(self.id_weight) * l_i
             out["L_I"] = l_i.detach()
         if self.adv_weight:
@@ -451,24 +461,52 @@ class Timam(Vsepp):
             out["D_acc"] = discriminator_accuracy(d_im, d_tx)
         return {"loss": loss / world()[1], **out}
 
+    def _sampled_ids(self) -> bool:
+        """Whether the identification softmax runs over a sample of the classes (more than ``id_classes``)."""
+        return 0 < int(self.id_classes) < int(self.model_spec_["n_classes"])
+
+    def _id_classes(self, m: nn.Module, lab: torch.Tensor,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(class weights, labels into them)`` of a step's identification loss: every class's row and ``lab``
+        itself, or (more than ``id_classes`` classes: a COCO-size set has one per training image, 113K) the rows
+        of the batch's own classes and a uniform sample of the others, ``id_classes`` in all, with ``lab``
+        renumbered into them (Partial FC, An et al. 2021: the softmax over a sample of the negative classes).
+        The sampled rows are gathered with a sparse gradient, so the classifier's optimiser (SparseAdam, see
+        :meth:`optimizers`) updates those rows only: a step's classifier work follows ``id_classes``, not the
+        number of classes."""
+        if not self._sampled_ids():
+            return m.classifier, lab
+        n, k = int(m.classifier.shape[0]), int(self.id_classes)
+        own = torch.unique(lab)                                         # sorted
+        taken = torch.zeros(n, dtype=torch.bool, device=lab.device)
+        taken[own] = True
+        order = torch.randperm(n, generator=generator, device=generator.device).to(lab.device)
+        others = order[~taken[order]][:max(0, k - own.numel())]
+        idx = torch.cat([own, others])
+        weight = torch.nn.functional.embedding(idx, m.classifier, sparse=True)
+        return weight, torch.searchsorted(own, lab)
+
     def optimizers(self, model: nn.Module) -> list[torch.optim.Optimizer]:
         """SGD (momentum) for the image branch, the classifier and the discriminator, Adam for the text branch
         (the paper's split); the pretrained parts that learn (a fine-tuned CNN) at lr / 10; in the second phase
-        every part at ``finetune_lr``."""
+        every part at ``finetune_lr``. With a sampled identification softmax (:meth:`_id_classes`) the classifier
+        has its own SparseAdam (the sampled rows' moments only; no weight decay) at the image side's lr."""
         m = unwrap(model)
+        sampled = self._sampled_ids()
         lr = float(self.finetune_lr) if self._stage() == 2 else float(self.lr)
         wd = float(self.weight_decay)
         backbone = {id(p) for p in (m.image.backbone_parameters() if hasattr(m.image, "backbone_parameters") else [])}
         image = [p for p in m.image.parameters() if p.requires_grad and id(p) not in backbone]
         cnn = [p for p in m.image.parameters() if p.requires_grad and id(p) in backbone]
-        image += [m.classifier] + [p for p in m.disc.parameters()]
+        image += ([] if sampled else [m.classifier]) + [p for p in m.disc.parameters()]
         groups = [{"params": image, "lr": lr}] + ([{"params": cnn, "lr": lr if self._stage() == 2 else lr / 10}]
                                                    if cnn else [])
         text = [p for p in m.text.parameters() if p.requires_grad]
         fused = all(p.is_cuda for p in text)
         first = (torch.optim.SGD(groups, lr=lr, momentum=float(self.momentum), weight_decay=wd)
                  if self.image_optimizer == "sgd" else torch.optim.Adam(groups, lr=lr, weight_decay=wd))
-        return [first, torch.optim.Adam([{"params": text, "lr": lr}], lr=lr, weight_decay=wd, fused=fused)]
+        out = [first, torch.optim.Adam([{"params": text, "lr": lr}], lr=lr, weight_decay=wd, fused=fused)]
+        return out + ([torch.optim.SparseAdam([m.classifier], lr=lr)] if sampled else [])
 
     def schedulers(self, optimizers: Any) -> list[Any]:
         if self._stage() == 2 or not int(self.plateau_patience):
