@@ -21,7 +21,9 @@ The loss (:mod:`crossview.nn.losses`), summed as the paper's Algorithm 1:
 
 - identification ``L_I = L_I^V + L_I^T``: norm-softmax cross-entropy of each embedding over the training labels,
   one classifier (class vectors L2-normalised) shared by both modalities as in CMPM's code
-  (:func:`~crossview.nn.losses.norm_softmax_id_loss`), weight ``id_weight``;
+  (:func:`~crossview.nn.losses.norm_softmax_id_loss`), weight ``id_weight``; with more than ``id_classes``
+  classes (COCO: one per training image, 113K) each step's softmax runs over the batch's own classes and a
+  uniform sample of the others (Partial FC, An et al. 2021), the sampled rows updated by their own SparseAdam;
 - cross-modal projection matching ``L_M = L_M^V + L_M^T`` (:func:`~crossview.nn.losses.cmpm_loss`), weight
   ``cmpm_weight``;
 - the modality game, weight ``adv_weight`` (0 = no discriminator): a discriminator ``D`` =
