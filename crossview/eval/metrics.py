@@ -49,6 +49,7 @@ __all__ = [
     "evaluate",
     "embedding_ranks",
     "evaluate_embeddings_blocked",
+    "embedding_average_precision",
     "top_k",
 ]
 
@@ -285,6 +286,62 @@ def evaluate_embeddings_blocked(image: Any, text: Any, caption_image: Any, ks: S
     i2t = rank_metrics(ranks["i2t"], ks)
     t2i = rank_metrics(ranks["t2i"], ks)
     return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks), "ranks": ranks}
+
+
+def embedding_average_precision(image: Any, text: Any, caption_image: Any, t2i_ranks: Any = None,
+                                block_rows: int | None = None) -> dict[str, float]:
+    """Mean average precision (percent) both ways of the scores ``image @ text.T``, formed block by block as in
+    :func:`embedding_ranks` (never the whole ``(n_images, n_captions)`` matrix): ``{"i2t": mAP, "t2i": mAP}``.
+
+    i2t: each image ranks every caption, its own captions relevant; t2i: each caption has one relevant image, so
+    its AP is ``1 / rank`` (the mean reciprocal rank; ``t2i_ranks``, when the caller has them from
+    :func:`embedding_ranks`, are used instead of scoring again). The tie rule of this module, so the numbers equal
+    :func:`crossview.eval.protocols.mean_average_precision` of the full matrix: the rank of a relevant caption is
+    counted (``1 + #higher + #tied before it``), and its precision is its place among the image's relevant
+    captions over that rank.
+    """
+    ci = np.asarray(caption_image, dtype=np.int64)
+    img = np.asarray(image, dtype=np.float32)
+    txt = np.asarray(text, dtype=np.float32)
+    if img.ndim != 2 or txt.ndim != 2 or img.shape[1] != txt.shape[1]:
+        raise CrossViewError(f"embeddings must be (n_images, D) and (n_captions, D) with the same D, got "
+                             f"{img.shape} and {txt.shape}")
+    n_images, n_captions = img.shape[0], txt.shape[0]
+    if ci.shape != (n_captions,) or n_captions == 0:
+        raise CrossViewError(f"caption_image must have one entry per caption ({n_captions}), got shape {ci.shape}")
+    if ci.min() < 0 or ci.max() >= n_images:
+        raise CrossViewError(f"caption_image refers to image {int(ci.max())}, but there are {n_images} images")
+    _check_every_image_has_a_caption(ci, n_images)
+    if block_rows is None:
+        block_rows = max(1, _SCORE_BLOCK_ELEMENTS // max(1, n_captions))
+    order = np.argsort(ci, kind="stable")
+    bounds = np.searchsorted(ci[order], np.arange(0, n_images + block_rows, block_rows))
+    cols = np.arange(n_captions, dtype=np.int64)
+    per_chunk = max(1, _CHUNK_ELEMENTS // n_captions)           # relevant captions compared at a time
+    ap_sum = 0.0
+    for k, (start, _stop, s) in enumerate(_score_blocks(img, txt, block_rows)):
+        if np.isnan(s).any():
+            raise CrossViewError("scores contain NaN; rankings are undefined (check the embeddings for NaN)")
+        mine = order[bounds[k]:bounds[k + 1]]                   # relevant captions of the block's images, by image
+        rows = ci[mine] - start
+        rank = np.empty(mine.size, dtype=np.int64)
+        for a in range(0, mine.size, per_chunk):
+            r, c = rows[a:a + per_chunk], mine[a:a + per_chunk]
+            block = s[r]                                          # (m, n_captions): each relevant caption's row
+            v = block[np.arange(r.size), c][:, None]
+            rank[a:a + per_chunk] = 1 + (block > v).sum(axis=1) + ((block == v) & (cols[None, :] < c[:, None])).sum(
+                axis=1)
+        by = np.lexsort((rank, rows))                           # by image, then by rank
+        r_sorted = rows[by]
+        first = np.searchsorted(r_sorted, r_sorted, side="left")
+        place = np.arange(by.size) - first + 1                  # 1-based place among the image's relevant captions
+        prec = place / rank[by]
+        n_rel = np.bincount(r_sorted, minlength=s.shape[0])
+        ap_sum += float((np.bincount(r_sorted, weights=prec, minlength=s.shape[0]) / n_rel).sum())
+    if t2i_ranks is None:
+        t2i_ranks = embedding_ranks(img, txt, ci, block_rows=block_rows)["t2i"]
+    t2i = np.asarray(t2i_ranks, dtype=np.float64)
+    return {"i2t": 100.0 * ap_sum / n_images, "t2i": 100.0 * float(np.mean(1.0 / t2i))}
 
 
 def top_k(scores: Any, k: int) -> np.ndarray:
