@@ -33,19 +33,20 @@ CHILD = textwrap.dedent("""
     from crossview.engine import train
     from crossview.core.events import CheckpointSaved
 
-    saves = 0
+    files = []                  # the temp files written so far (a checkpoint is streamed in chunks, one file each)
     real_write = eio._write_payload
 
     def slow_write(f, data):
-        global saves
-        saves += 1
-        if saves >= 2:
+        if f not in files:
+            files.append(f)
+        if len(files) >= 2 and len(data) >= 2**20:
+            # the second checkpoint, part written (what came before the ballast and half of it): wait for SIGKILL
             half = len(data) // 2
             f.write(data[:half])
             f.flush()
             os.fsync(f.fileno())
             print("WRITING", os.fstat(f.fileno()).st_size, flush=True)
-            signal.pause()   # half written: wait for the parent's SIGKILL
+            signal.pause()
         real_write(f, data)
 
     eio._write_payload = slow_write

@@ -56,6 +56,36 @@ def test_standard_protocol_of_saved_embeddings_matches_the_full_matrix():
     np.testing.assert_array_equal(out["ranks"]["t2i"], full["ranks"]["t2i"])
 
 
+@pytest.mark.parametrize("levels", [None, 1])
+@pytest.mark.parametrize("block_rows", [1, 4, None])
+def test_blocked_average_precision_equals_the_full_matrix(levels, block_rows, monkeypatch):
+    """SmoothAP's validation mAP, block by block, equals protocols.mean_average_precision of the whole matrix
+    (ties included: the grid makes many), with images of 1 to 6 captions and the relevant captions compared a
+    few at a time."""
+    from crossview.eval.protocols import mean_average_precision
+
+    rng = np.random.default_rng(7)
+    n, d = 30, 6
+    img = rng.standard_normal((n, d)).astype(np.float32)
+    ci = rng.permutation(np.concatenate([np.arange(n), rng.integers(0, n, 60)]))
+    txt = (img[ci] + rng.standard_normal((len(ci), d))).astype(np.float32)
+    if levels is not None:
+        img, txt = np.round(img * levels) / levels, np.round(txt * levels) / levels
+    monkeypatch.setattr(M, "_CHUNK_ELEMENTS", 3 * len(ci))       # three relevant captions compared at a time
+    s = img @ txt.T
+    rel = np.arange(n)[:, None] == ci[None, :]
+    got = M.embedding_average_precision(img, txt, ci, block_rows=block_rows)
+    assert got["i2t"] == pytest.approx(mean_average_precision(s, rel)["mAP"], rel=1e-12)
+    assert got["t2i"] == pytest.approx(mean_average_precision(s.T, rel.T)["mAP"], rel=1e-12)
+    ranks = M.embedding_ranks(img, txt, ci)["t2i"]
+    again = M.embedding_average_precision(img, txt, ci, t2i_ranks=ranks)
+    assert again["i2t"] == pytest.approx(got["i2t"], rel=1e-12) and again["t2i"] == pytest.approx(got["t2i"], rel=1e-12)
+    bad = img.copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(Exception, match="NaN"):
+        M.embedding_average_precision(bad, txt, ci)
+
+
 def test_blocked_ranks_refuse_bad_input_in_one_line():
     img, txt, ci = _embeddings(5, 2, 4, seed=5)
     with pytest.raises(Exception, match="same D"):
@@ -194,3 +224,66 @@ def test_a_large_precomp_set_is_stacked_into_a_mapped_file(tmp_path, monkeypatch
     view = np.asarray(mapped)[3:9]
     drop_pages(view)                   # pages dropped: read back again from the file, the same values
     np.testing.assert_array_equal(view, in_memory[3:9])
+
+
+def test_a_checkpoint_is_streamed_to_its_file_not_serialised_in_memory_first(tmp_path):
+    """save_checkpoint writes as torch serialises (a COCO-size TIMAM's ~0.7 GB of classifier and moments were
+    first serialised into a buffer, doubling them at every save): no payload-sized Python allocation, and the file
+    reads back, read-only arrays included (shared, not copied, on the way)."""
+    import torch  # noqa: F401 - imported before tracing (importing it is tens of MB of Python objects)
+
+    from crossview.core.io import load_checkpoint, save_checkpoint
+
+    big = np.arange(8 << 20, dtype=np.float32)                   # 32 MB
+    frozen = np.arange(10, dtype=np.float64)
+    frozen.flags.writeable = False
+    tracemalloc.start()
+    try:
+        save_checkpoint(tmp_path / "c.pt", {"w": big, "frozen": frozen, "n": 3})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    back = load_checkpoint(tmp_path / "c.pt")
+    np.testing.assert_array_equal(back["w"], big)
+    np.testing.assert_array_equal(back["frozen"], frozen)
+    assert back["n"] == 3
+
+
+def test_a_torch_method_keeps_no_copy_of_its_live_state_between_checkpoints(tmp_path):
+    """While training, a checkpoint's state shares the live weights (checkpoint_state, written at once) and the
+    method keeps no copy of them afterwards; state_dict stays a snapshot that later steps do not change; once
+    done, the model's state is the best epoch's weights themselves (one copy, not two) and a saved run reloads."""
+    import _engine_helpers as H
+    from crossview.core.events import Loss
+    from crossview.core.io import save_checkpoint
+    from crossview.methods import create_method
+    from crossview.methods.base import Method
+
+    ds = H.make_toy_dataset()
+    img, txt = H.toy_features(ds)
+    train, val = (MethodData.from_features(ds, img, txt, s) for s in ("train", "test"))
+    m = create_method("smoothap", embed_dim=16, batch_size=8, max_epochs=3, text_model="features").with_run(
+        device="cpu", log_every=1)
+    it = m.fit_iter(train, val)
+    seen = 0
+    for ev in it:
+        seen += isinstance(ev, Loss)
+        if seen == 3:
+            break
+    model, _trainer = m._live
+    live = dict(model.named_parameters())
+    shared = m.checkpoint_state()["state"]["model_state_"]
+    assert all(np.shares_memory(shared[k], live[k].detach().numpy()) for k in live)
+    snap = m.state_dict()["state"]["model_state_"]
+    assert not any(np.shares_memory(snap[k], live[k].detach().numpy()) for k in live)
+    save_checkpoint(tmp_path / "mid.pt", {"method_state": m.checkpoint_state()})
+    assert m.model_state_ is None and m.train_state_ is None          # nothing kept on the method
+    frozen = {k: v.copy() for k, v in snap.items()}
+    for ev in it:                                                    # training goes on, the snapshot stays
+        pass
+    assert all(np.array_equal(frozen[k], snap[k]) for k in frozen)
+    assert m.best_state_ is not None and m.model_state_ is m.best_state_
+    m.save(tmp_path / "done.pt")
+    again = Method.load(tmp_path / "done.pt")
+    np.testing.assert_allclose(again.encode_images(val), m.encode_images(val), rtol=1e-6)

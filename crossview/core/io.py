@@ -203,7 +203,7 @@ def read_json_object(path: str | Path, required: dict[str, Any] | None = None,
 
 
 def _write_payload(f: BinaryIO, data: memoryview) -> None:
-    """Write a serialised checkpoint into the open temp file (a seam the SIGKILL test slows down)."""
+    """Write a chunk of a serialised checkpoint into the open temp file (a seam the SIGKILL test slows down)."""
     f.write(data)
 
 
@@ -227,8 +227,10 @@ def _array_to_plain(a: Any) -> dict[str, Any]:
         native = np.ascontiguousarray(a, dtype=native_dtype)
         if dtype.kind == "u" and dtype.itemsize > 1:   # torch has no general unsigned 16/32/64-bit storage
             native = native.view(f"i{dtype.itemsize}")
-        if not native.flags.writeable:   # torch wants writable memory; otherwise it is shared, not copied
-            native = native.copy()
+        if not native.flags.writeable:   # shared, not copied (torch.save only reads it; torch warns all the same)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                return {_ND: torch.as_tensor(native), "dtype": native_dtype.str, "shape": list(a.shape)}
         return {_ND: torch.from_numpy(native), "dtype": native_dtype.str, "shape": list(a.shape)}
     if dtype.kind in "US":
         return {_ND: a.tolist(), "dtype": dtype.str, "shape": list(a.shape)}
@@ -322,10 +324,37 @@ def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
     import torch
 
     payload = to_plain({**obj, "format": CHECKPOINT_FORMAT})
+    # streamed into the temp file as torch writes it, not serialised into memory first: a COCO-size TIMAM's
+    # classifier and its optimiser's moments are ~0.7 GB, and a buffer of them doubled that at every save (issue 34)
+    return atomic_writer(path, lambda f: torch.save(payload, _Sink(f)), size=_tensor_bytes(payload))
 
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return atomic_writer(path, lambda f: _write_payload(f, buf.getbuffer()), size=buf.getbuffer().nbytes)
+
+class _Sink:
+    """The file-like object ``torch.save`` writes into: every chunk goes through :func:`_write_payload`."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        _write_payload(self.f, view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensors in a :func:`to_plain` tree (what a checkpoint of it needs on disk, near enough)."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in tree)
+    return 0
 
 
 def _refused_global(e: BaseException) -> str | None:

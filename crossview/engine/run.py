@@ -388,7 +388,7 @@ class _Run:
             # metrics.jsonl up to here matches this state; a resume trims what training logged after it
             "log_bytes": self._log.size() if self._log is not None else None,
             "train_seconds": self.train_seconds,
-            "method_state": self.method.state_dict(),
+            "method_state": self.method.checkpoint_state(),
             "features": self.feature_spec,
             "text_model": self.text_model_state,
             "rng": _rng_state(),

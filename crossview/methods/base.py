@@ -311,6 +311,12 @@ class Method:
         return {"method": self.name, "params": self.saved_params(), "stream": self.stream_state(),
                 "state": {k: getattr(self, k) for k in self._learned_names()}}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` for a checkpoint written at once, before the method changes again: it may share memory
+        with what the method is still training (a torch method's live weights), where :meth:`state_dict` is a
+        snapshot to keep."""
+        return self.state_dict()
+
     def stream_state(self) -> dict[str, Any]:
         """``{"seed": 7}``: the seed this method's training draws from, kept with the learned state (``"stream"``) so
         that a state loaded into a new object continues the very same stream (the engine sets it from the run
@@ -341,7 +347,7 @@ class Method:
         """Write a checkpoint (``state_dict()`` plus ``extra``, e.g. the feature spec) atomically, in the
         weights-only format of :func:`crossview.core.io.save_checkpoint` (``"format": 2``)."""
         from crossview.core.io import save_checkpoint
-        return save_checkpoint(path, {"method_state": self.state_dict(), **(extra or {})})
+        return save_checkpoint(path, {"method_state": self.checkpoint_state(), **(extra or {})})
 
     @classmethod
     def load(cls, path: str | Path) -> "Method":
