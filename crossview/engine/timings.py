@@ -29,6 +29,7 @@ DEFAULTS: dict[str, float] = {
     "image pass": 0.008,      # each further pass of a backbone over the decoded image (a flip's mirror)
     "captions:neural": 0.0026,  # a transformer on one caption (MiniLM: 3,500 captions in about 9 s)
     "captions": 0.0002,       # a bag of words / word vectors / tags on one caption
+    "tags": 0.0011,           # webly's nouns and verbs of one training caption (a COCO-size set's 550K: ~10 min)
     "text model": 0.0005,     # fitting TF-IDF, LDA ... per training caption
     "features": 0.05,         # a representation built from image regions (TR / CTR) per image
     "fit": 0.002,             # a method per training image (and per epoch, for those that have epochs)

@@ -29,6 +29,7 @@ data and checks that its features are this run's); the new run's epochs and step
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -45,8 +46,8 @@ from crossview.nn.encoders import FeatureImageEncoder
 from crossview.nn.losses import contrastive_loss
 from crossview.nn.trainer import gather_rows, world
 
-__all__ = ["Webly", "tag_vectors", "caption_tag_vectors", "tag_sentences", "caption_tags", "clean_tag_counts",
-           "curriculum_order", "web_method_data", "TAG_BRANCHES"]
+__all__ = ["Webly", "tag_vectors", "caption_tag_vectors", "iter_caption_tag_vectors", "tag_sentences", "caption_tags",
+           "clean_tag_counts", "curriculum_order", "web_method_data", "TAG_BRANCHES"]
 
 #: how tags reach the joint space: their own branch (averaged GloVe -> FC) or the sentence branch on the tag string
 TAG_BRANCHES = ("glove", "sentence")
@@ -76,16 +77,51 @@ def caption_tag_vectors(captions: Sequence[str], counts: Counter | None = None) 
     """``tag_vectors(caption_tags(captions))``, a caption at a time: no caption's tag list is kept (a COCO-size
     set's 600K lists of strings were ~0.5 GB, issue 34). ``counts``, when given, gains every caption's tags (what
     :func:`clean_tag_counts` counts), in the same pass."""
+    work = iter_caption_tag_vectors(captions, counts)
+    while True:
+        try:
+            next(work)
+        except StopIteration as end:
+            return end.value
+
+
+#: the stage of the run's plan and progress in which the training captions are tagged
+TAG_STAGE = "tags"
+#: captions tagged between two progress reports (tagging takes ~1 ms a caption: a COCO-size set's 600K, ~10 min)
+_TAG_REPORT = 2000
+
+
+def iter_caption_tag_vectors(captions: Sequence[str], counts: Counter | None = None,
+                             sentences: bool = False) -> Iterator[tuple[int, int]]:
+    """:func:`caption_tag_vectors` as a generator of ``(done, total)`` every few thousand captions, which returns
+    the vectors (``sentences``: the tags as strings for the sentence branch instead, :func:`tag_sentences`)."""
     from crossview.features.tags import extract_tags
+
+    total = len(captions)
+    done = [0]
 
     def lists() -> Iterator[list[str]]:
         for c in captions:
             tags = extract_tags(c)
             if counts is not None:
                 counts.update(tags)
+            done[0] += 1
             yield tags
 
-    return _tag_vectors(lists(), len(captions))
+    # tag a slice at a time (each slice's vectors made as it goes), reporting between slices
+    parts = []
+    it = lists()
+    yield 0, total
+    while done[0] < total:
+        n = min(_TAG_REPORT, total - done[0])
+        part = itertools.islice(it, n)
+        parts.append(tag_sentences(list(part)) if sentences else _tag_vectors(part, n))
+        yield done[0], total
+    if sentences:
+        return [t for p in parts for t in p]
+    if not parts:
+        return _tag_vectors([], 0)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def tag_sentences(tag_lists: list[list[str]]) -> list[str]:
@@ -345,11 +381,50 @@ class Webly(Vsepp):
     def schedulers(self, optimizers: Any) -> list[Any]:
         return [] if self._stage() == 2 else super().schedulers(optimizers)
 
+    def _tagging(self, captions: Sequence[str], counts: Counter | None = None,
+                 sentences: bool = False) -> Iterator[Any]:
+        """:func:`iter_caption_tag_vectors` of ``captions`` with progress events (stage :data:`TAG_STAGE`); returns
+        what it returns."""
+        from crossview.core.events import Progress
+
+        work = iter_caption_tag_vectors(captions, counts, sentences)
+        while True:
+            try:
+                done, total = next(work)
+            except StopIteration as end:
+                return end.value
+            if world()[0] == 0:
+                yield Progress(done, total, "webly: tagging the training captions (nouns and verbs)", stage=TAG_STAGE)
+
+    def plan_stages(self, n_captions: int) -> list[tuple[str, str, str, float]]:
+        """The run's stages before fitting (the engine's plan): Stage I tags its training captions (its tag branch
+        reads their nouns and verbs) once, before the first epoch; none for Stage II from a finished Stage I run."""
+        if getattr(self, "init_from", None):
+            return []
+        return [(TAG_STAGE, "tagging the captions", "nouns and verbs", float(n_captions))]
+
+    def before_training(self, train: MethodData, val: MethodData | None, model: torch.nn.Module,
+                        device: torch.device) -> Iterator[Any]:
+        """Stage I's tag vectors of the training captions, with progress (made here unless fit_iter made them in
+        its pass that counts the curriculum's tags); Stage II reads its web set's tags as they are."""
+        yield from super().before_training(train, val, model, device)
+        if self._stage() != 1:
+            return
+        if self._sentence_tags():
+            self._caption_tagtext = yield from self._tagging(train.captions, sentences=True)
+            return
+        tagv = getattr(self, "_caption_tagv", None)
+        if tagv is None or len(tagv) != train.n_captions:
+            self._caption_tagv = yield from self._tagging(train.captions)
+
     def prepare(self, train: MethodData, device: torch.device) -> None:
         if self._stage() == 1:
             super().prepare(train, device)
             if self._sentence_tags():
-                self._t["tagtext"] = self._tag_text(tag_sentences(caption_tags(train.captions)), device)
+                text, self._caption_tagtext = getattr(self, "_caption_tagtext", None), None
+                if text is None or len(text) != train.n_captions:
+                    text = tag_sentences(caption_tags(train.captions))
+                self._t["tagtext"] = self._tag_text(text, device)
             else:
                 # the tag vectors fit_iter made with the curriculum's counts (one tagging pass), else made now
                 tagv, self._caption_tagv = getattr(self, "_caption_tagv", None), None
@@ -444,7 +519,7 @@ class Webly(Vsepp):
         self._clean_counts: Counter = Counter()
         self._caption_tagv = None
         if web is not None and int(self.stage2_epochs) > 0 and self.curriculum == "frequency":
-            self._caption_tagv = caption_tag_vectors(train.captions, self._clean_counts)
+            self._caption_tagv = yield from self._tagging(train.captions, self._clean_counts)
         initial, self._initial = getattr(self, "_initial", None), None
         if resume and getattr(self, "model_state_", None) is not None:
             initial = None                           # a resume continues its own state, wherever it began
