@@ -287,3 +287,28 @@ def test_a_torch_method_keeps_no_copy_of_its_live_state_between_checkpoints(tmp_
     m.save(tmp_path / "done.pt")
     again = Method.load(tmp_path / "done.pt")
     np.testing.assert_allclose(again.encode_images(val), m.encode_images(val), rtol=1e-6)
+
+
+def test_large_normalised_features_are_file_backed_and_equal(tmp_path, monkeypatch):
+    """A normalisation's large result (the run's image features at COCO size) is a memory-mapped scratch file with
+    no name (nothing left behind), whose pages can leave the resident set once a step is done with them; the same
+    rows as in memory. Where no scratch file can be made it is plain memory."""
+    import crossview.core.io as eio
+    import crossview.features.normalize as N
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((50, 6)).astype(np.float32)
+    want = N.FeatureNorm("ssr").transform(x)
+    monkeypatch.setattr(eio, "SCRATCH_BYTES", 256)
+    monkeypatch.setattr(N, "_CHUNK_ROWS", 7)
+    monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
+    got = N.FeatureNorm("ssr").transform(x)
+    assert isinstance(got, np.memmap) and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert list((tmp_path / "cache" / "scratch").iterdir()) == []           # unlinked: no file to clean up
+    eio.drop_pages(got)
+    np.testing.assert_array_equal(take_rows(got, np.array([40, 3, 17])), want[[40, 3, 17]])   # read back
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("x")
+    plain = eio.scratch_array((100, 10), np.float32, folder=blocked)
+    assert not isinstance(plain, np.memmap) and plain.shape == (100, 10) and not plain.any()

@@ -651,3 +651,36 @@ def drop_pages(arr: Any) -> None:
         m.madvise(mmap.MADV_DONTNEED)
     except (OSError, ValueError):
         pass
+
+
+#: arrays at least this large that a run derives from its features (the normalised image features) are backed by a
+#: scratch file rather than by anonymous memory (:func:`scratch_array`)
+SCRATCH_BYTES = 256 * 2**20
+
+
+def scratch_array(shape: tuple[int, ...], dtype: Any = "float32", folder: str | Path | None = None) -> Any:
+    """A zeroed writable array of ``shape``: for ``SCRATCH_BYTES`` or more, backed by an unlinked temporary file in
+    ``folder`` (default: the cache folder's ``scratch``), else (and where no such file can be made: a full disk, an
+    unwritable folder) in memory.
+
+    A file-backed array is what the run's own derived data should be at COCO size (issue 34): its pages leave the
+    resident set once a step is done with them (:func:`drop_pages`: the evaluation after training reads 10K rows of
+    a 120K-row matrix) and are written back to the file under memory pressure instead of being swapped; the file has
+    no name, so nothing is left behind whatever way the process ends."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < SCRATCH_BYTES:
+        return np.zeros(shape, dtype=dtype)
+    if folder is None:
+        from crossview.core.settings import get_settings
+
+        folder = get_settings().cache_dir / "scratch"
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.truncate(nbytes)
+            return np.memmap(f, dtype=dtype, mode="r+", shape=tuple(shape))   # the mapping keeps the file
+    except (OSError, ValueError):
+        return np.zeros(shape, dtype=dtype)

@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from crossview.core.errors import DatasetError
+from crossview.core.io import drop_pages
 from crossview.core.hashing import repair_text, utf8_bytes
 
 #: Split names in their canonical order. Readers map other spellings ("dev", "restval") onto these
@@ -41,7 +42,10 @@ def _as_int_array(values: Iterable[int] | np.ndarray, n: int | None = None) -> n
 def take_rows(arr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``arr[rows]`` for an ``(n, ...)`` array and ``rows (k,) int64``; a read-only view (no copy) when ``rows`` is
     one ascending contiguous range, as a precomp split's rows are, so a split of a large feature matrix costs no
-    memory. Writing into the view raises instead of changing the parent's rows."""
+    memory. Writing into the view raises instead of changing the parent's rows. Other rows are copied; from a
+    memory-mapped matrix (the feature cache's, a run's file-backed normalised features) the pages the gather mapped
+    then leave the resident set (:func:`~crossview.core.io.drop_pages`: the kernel maps the neighbours of every row
+    read, so 5K scattered rows of a 120K-row matrix mapped nearly all of it)."""
     rows = np.asarray(rows)
     if rows.ndim == 1 and len(rows) > 1 and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
         view = arr[int(rows[0]):int(rows[-1]) + 1]
@@ -49,7 +53,9 @@ def take_rows(arr: np.ndarray, rows: np.ndarray) -> np.ndarray:
             view = view.view()
             view.flags.writeable = False
         return view
-    return arr[rows]
+    out = arr[rows]
+    drop_pages(arr)
+    return out
 
 
 def _repaired_captions(captions: Iterable[str], warnings: list[str]) -> list[str]:

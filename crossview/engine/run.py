@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.events import CheckpointSaved, Event, Finished, Log, Plan, Progress
-from crossview.core.io import EventLog, atomic_write_json, load_checkpoint, save_checkpoint
+from crossview.core.io import EventLog, atomic_write_json, drop_pages, load_checkpoint, save_checkpoint
 from crossview.core.errors import Cancelled, CrossViewError, is_storage_error, storage_error
 from crossview.core.run_settings import RunSettings, check_checkpoint_seconds, check_seed, split_run_settings
 # the folder's files, readers, lock and checkpoint checks (re-exported: scripts import them from here)
@@ -628,6 +628,9 @@ class _Run:
                 yield from self.fitting.fit(train, val, resume=continued)
                 self.phase = "trained"
                 yield self._emit(self._checkpoint())
+            # training read every row of the features; the evaluation reads its split's and the bank's: a
+            # file-backed matrix (the normalised features at COCO size, the feature cache's) gives the rest back
+            drop_pages(self.features.image)
             summary = yield from self.fitting.evaluate(test, self.features, features_seconds, train)
             self.phase = "finished"
             status = "finished"

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
-from crossview.core.io import drop_pages
+from crossview.core.io import drop_pages, scratch_array
 from crossview.core.rownorm import first_rows, norms_frozen, row_norms
 
 __all__ = ["NORMS", "FeatureNorm", "check_norm", "normalize_features", "restore_normalized", "concat_blocks"]
@@ -108,12 +108,15 @@ class FeatureNorm:
                                  f"features, got {x.shape[1]}-d ones")
         if norms_frozen() or x.shape[0] <= _CHUNK_ROWS:
             return self._transform_block(x)
-        # a chunk of rows at a time into one float32 result: the temporaries stay ~tens of MB whatever the size
+        # a chunk of rows at a time into one float32 result: the temporaries stay ~tens of MB whatever the size; a
+        # large result is file-backed (core.io.scratch_array): its pages leave the resident set as they are written
+        # and once a step is done with them (the evaluation after training reads a few thousand of its rows)
         width = self.proj_.shape[1] if self.kind == "whiten" else x.shape[1]
-        out = np.empty((x.shape[0], width), dtype=np.float32)
+        out = scratch_array((x.shape[0], width), np.float32)
         for start in range(0, x.shape[0], _CHUNK_ROWS):
             out[start:start + _CHUNK_ROWS] = self._transform_block(x[start:start + _CHUNK_ROWS])
             drop_pages(rows)        # cached features are memory-mapped: read once, they need not stay resident
+            drop_pages(out)
         return out
 
     def _transform_sparse(self, x: Any) -> Any:
