@@ -272,14 +272,16 @@ class TorchMethod(Method):
         self.done_ = False
 
     def _sync(self, model_state: Any = None) -> None:
-        """Copy the live model and trainer into the learned attributes (what a checkpoint holds); ``model_state``:
-        the model's state as numpy arrays when the caller has it (the best epoch's, just loaded)."""
+        """Hand the live model and trainer over to the learned attributes when training stops (finished, cancelled
+        or failed); ``model_state``: the model's state as numpy arrays when the caller has it (the best epoch's, just
+        loaded). The arrays are views of the CPU tensors, not copies: nothing trains them any more, and a copy of a
+        COCO-size TIMAM's classifier and optimiser state was 0.7 GB more at every stop."""
         live = getattr(self, "_live", None)
         if live is None:
             return
         model, trainer = live
-        self.model_state_ = numpy_tree(model.state_dict()) if model_state is None else model_state
-        self.train_state_ = numpy_tree(trainer.state_dict())
+        self.model_state_ = _numpy_views(model.state_dict()) if model_state is None else model_state
+        self.train_state_ = _numpy_views(trainer.state_dict())
         self.epoch_, self.step_, self.stopped_ = trainer.epoch, trainer.step, trainer.stopped
 
     def model(self) -> torch.nn.Module:
