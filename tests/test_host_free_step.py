@@ -101,7 +101,7 @@ def _step_counts(method: str, params: dict[str, Any], data: MethodData, log_ever
 
             trainer._step = counted
             patched = True
-        if isinstance(ev, Progress):
+        if isinstance(ev, Progress) and not ev.stage:     # a training step's (set-up stages name theirs: tagging)
             n += 1
         elif isinstance(ev, Loss):
             losses.append(ev)
