@@ -17,6 +17,7 @@ from crossview.data.method_data import MethodData
 from crossview.methods import create_method
 from crossview.methods.timam import Timam, pair_labels
 from crossview.nn.losses import cmpm_loss, discriminator_loss, generator_loss, norm_softmax_id_loss
+from crossview.nn.row_optim import RowwiseRMSprop
 from crossview.nn.trainer import PlateauScheduler
 from test_vsepp import _rsum, _toy
 
@@ -143,6 +144,7 @@ def test_plateau_schedule_cuts_the_learning_rate() -> None:
 @pytest.mark.parametrize("params, needle", [({"labels": "class"}, "labels 'class'"),
                                             ({"text_model": "lstm"}, "text_model 'lstm'"),
                                             ({"image_optimizer": "rmsprop"}, "image_optimizer"),
+                                            ({"id_optimizer": "sgd"}, "id_optimizer 'sgd' must be one of rowwise"),
                                             ({"flip": 1.5}, "flip must be a probability"),
                                             ({"id_weight": 0.0, "cmpm_weight": 0.0}, "both 0"),
                                             ({"finetune_epochs": -1}, "finetune_epochs must be"),
@@ -286,8 +288,11 @@ def test_learns_with_a_sampled_identification_softmax_and_updates_only_sampled_r
     assert after > before + 60 and after > 200, (before, after)
     model = m.build_model(m.model_spec_)
     opts = m.optimizers(model)
-    assert isinstance(opts[-1], torch.optim.SparseAdam) and opts[-1].param_groups[0]["params"][0] is model.classifier
+    assert isinstance(opts[-1], RowwiseRMSprop) and opts[-1].param_groups[0]["params"][0] is model.classifier
     assert all(p is not model.classifier for o in opts[:-1] for g in o.param_groups for p in g["params"])
+    m.id_optimizer = "adam"                                    # the former optimiser, kept as an option
+    assert isinstance(m.optimizers(model)[-1], torch.optim.SparseAdam)
+    m.id_optimizer = "rowwise"
     m._t = {"img": torch.zeros(1)}
     key, why = m.graph_key()
     assert key is None and "samples 6 of" in why

@@ -14,6 +14,7 @@ import torch
 
 from crossview.core.events import Loss, Progress
 from crossview.core.errors import CrossViewError
+from crossview.nn.row_optim import RowwiseRMSprop
 from crossview.nn.trainer import EpochSampler, Trainer, step_seed
 
 torch.set_num_threads(1)
@@ -149,6 +150,21 @@ def test_resume_mid_epoch_is_exact() -> None:
     assert again.step == full.step == 12
     for a, b in zip(again_model.parameters(), full_model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_state_another_optimiser_saved_is_one_clear_error() -> None:
+    """Resuming with an optimiser that cannot read the saved one's state (Adam's into RowwiseRMSprop) says so in
+    one line instead of torch's error."""
+    X, y = _data()
+    t, _ = _make(max_epochs=1)
+    list(t.fit_iter(_step(X, y)))
+    state = copy.deepcopy(t.state_dict())
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)).double()
+    opt = RowwiseRMSprop([model[0].weight], lr=0.1)
+    again = Trainer(model, opt, EpochSampler(64, 16, seed=4), max_epochs=3, device=torch.device("cpu"), seed=9,
+                    schedulers=[torch.optim.lr_scheduler.StepLR(opt, step_size=1)])
+    with pytest.raises(CrossViewError, match="does not fit this model's RowwiseRMSprop .*start the run again"):
+        again.load_state_dict(state)
 
 
 def test_a_non_finite_loss_is_one_clear_error() -> None:

@@ -225,17 +225,9 @@ def _score_blocks(image: np.ndarray, text: np.ndarray, block_rows: int):
         yield start, stop, np.asarray(image[start:stop], dtype=np.float32) @ text.T
 
 
-def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any = None, text_t2i: Any = None,
-                    block_rows: int | None = None) -> dict[str, np.ndarray]:
-    """``{"i2t": (n_images,) int64, "t2i": (n_captions,) int64}``: the ranks :func:`evaluate` gives for the scores
-    ``image @ text.T``, formed block by block of ``block_rows`` images (default: ~64 MB of scores a block), never
-    the whole ``(n_images, n_captions)`` matrix.
-
-    ``image (n_images, D)`` and ``text (n_captions, D)`` are embeddings whose dot product is the score (the i2t
-    model's); ``image_t2i`` / ``text_t2i``, when given, score the t2i direction. Same tie rule as :func:`evaluate`:
-    each block is the very rows of the full product, and t2i's gold scores are read from the blocks themselves
-    (a first pass), so the ranks equal the full matrix's. Costs two products for t2i instead of one.
-    """
+def _checked_embeddings(image: Any, text: Any, caption_image: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(image, text, caption_image)`` as float32 / float32 / int64 arrays, or one clear error: the embeddings
+    ``(n_images, D)`` and ``(n_captions, D)`` with one ``D``, one image index per caption, each a valid image."""
     ci = np.asarray(caption_image, dtype=np.int64)
     img = np.asarray(image, dtype=np.float32)
     txt = np.asarray(text, dtype=np.float32)
@@ -247,6 +239,22 @@ def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any
         raise CrossViewError(f"caption_image must have one entry per caption ({n_captions}), got shape {ci.shape}")
     if n_captions and (ci.min() < 0 or ci.max() >= n_images):
         raise CrossViewError(f"caption_image refers to image {int(ci.max())}, but there are {n_images} images")
+    return img, txt, ci
+
+
+def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any = None, text_t2i: Any = None,
+                    block_rows: int | None = None) -> dict[str, np.ndarray]:
+    """``{"i2t": (n_images,) int64, "t2i": (n_captions,) int64}``: the ranks :func:`evaluate` gives for the scores
+    ``image @ text.T``, formed block by block of ``block_rows`` images (default: ~64 MB of scores a block), never
+    the whole ``(n_images, n_captions)`` matrix.
+
+    ``image (n_images, D)`` and ``text (n_captions, D)`` are embeddings whose dot product is the score (the i2t
+    model's); ``image_t2i`` / ``text_t2i``, when given, score the t2i direction. Same tie rule as :func:`evaluate`:
+    each block is the very rows of the full product, and t2i's gold scores are read from the blocks themselves
+    (a first pass), so the ranks equal the full matrix's. Costs two products for t2i instead of one.
+    """
+    img, txt, ci = _checked_embeddings(image, text, caption_image)
+    n_images, n_captions = img.shape[0], txt.shape[0]
     if block_rows is None:
         block_rows = max(1, _SCORE_BLOCK_ELEMENTS // max(1, n_captions))
     _check_every_image_has_a_caption(ci, n_images)
@@ -300,17 +308,10 @@ def embedding_average_precision(image: Any, text: Any, caption_image: Any, t2i_r
     counted (``1 + #higher + #tied before it``), and its precision is its place among the image's relevant
     captions over that rank.
     """
-    ci = np.asarray(caption_image, dtype=np.int64)
-    img = np.asarray(image, dtype=np.float32)
-    txt = np.asarray(text, dtype=np.float32)
-    if img.ndim != 2 or txt.ndim != 2 or img.shape[1] != txt.shape[1]:
-        raise CrossViewError(f"embeddings must be (n_images, D) and (n_captions, D) with the same D, got "
-                             f"{img.shape} and {txt.shape}")
+    img, txt, ci = _checked_embeddings(image, text, caption_image)
     n_images, n_captions = img.shape[0], txt.shape[0]
-    if ci.shape != (n_captions,) or n_captions == 0:
+    if n_captions == 0:
         raise CrossViewError(f"caption_image must have one entry per caption ({n_captions}), got shape {ci.shape}")
-    if ci.min() < 0 or ci.max() >= n_images:
-        raise CrossViewError(f"caption_image refers to image {int(ci.max())}, but there are {n_images} images")
     _check_every_image_has_a_caption(ci, n_images)
     if block_rows is None:
         block_rows = max(1, _SCORE_BLOCK_ELEMENTS // max(1, n_captions))

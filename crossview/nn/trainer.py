@@ -508,7 +508,11 @@ class Trainer:
             raise CrossViewError("the training state does not fit this model (different optimisers or "
                                  "schedulers); start the run again instead of resuming it")
         for o, s in zip(self.optimizers, opt_states):
-            o.load_state_dict(s)
+            try:
+                o.load_state_dict(s)
+            except (ValueError, KeyError) as e:     # another optimiser's state, or other parameter groups
+                raise CrossViewError(f"the training state does not fit this model's {type(o).__name__} ({e}); "
+                                     "start the run again instead of resuming it") from None
             _set_capturable(o, not self.graph_off)     # the saving run's choice is not this one's
         for sch, s in zip(self.schedulers, sched_states):
             sch.load_state_dict(s)
