@@ -86,6 +86,20 @@ def test_blocked_average_precision_equals_the_full_matrix(levels, block_rows, mo
         M.embedding_average_precision(bad, txt, ci)
 
 
+def test_blocked_ranks_hold_about_two_blocks_of_scores_whatever_the_set(monkeypatch):
+    """The default blocks: ranking 2,000 images x 10,000 captions (a 76 MB matrix) holds about two blocks (a block
+    and its comparison temporaries), not the matrix; the limit is lowered so the test stays small."""
+    monkeypatch.setattr(M, "_SCORE_BLOCK_ELEMENTS", 1 << 20)          # 4 MB blocks
+    img, txt, ci = _embeddings(2000, 5, 16, seed=3)
+    tracemalloc.start()
+    try:
+        M.embedding_ranks(img, txt, ci)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * 4 * (1 << 20) + 4 * 10_000 * 8, peak / 2**20           # blocks + per-caption vectors
+
+
 def test_blocked_ranks_refuse_bad_input_in_one_line():
     img, txt, ci = _embeddings(5, 2, 4, seed=5)
     with pytest.raises(Exception, match="same D"):

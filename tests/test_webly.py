@@ -108,6 +108,10 @@ def test_tagging_the_training_captions_reports_progress_and_gives_the_same_vecto
     caps = ["a dog runs on the grass", "two men ride red bikes", "", "a child eats cake", "dogs swim"] * 3
     whole = W._tag_vectors(W.caption_tags(caps), len(caps))
     monkeypatch.setattr(W, "_TAG_REPORT", 4)
+    import crossview.core.io as io
+    from crossview.features.text.glove import _glove_tables
+    dropped = []
+    monkeypatch.setattr(io, "drop_pages", dropped.append)
     counts = Counter()
     work = W.iter_caption_tag_vectors(caps, counts)
     reports = []
@@ -119,6 +123,10 @@ def test_tagging_the_training_captions_reports_progress_and_gives_the_same_vecto
             break
     assert reports == [(0, 15), (4, 15), (8, 15), (12, 15), (15, 15)]
     np.testing.assert_array_equal(got, whole)
+    assert got.dtype == np.float32 and got.flags.owndata                          # one array, filled in place
+    assert len(dropped) == 1 and dropped[0] is _glove_tables()[0]     # GloVe's pages given back once tagged
+    from crossview.features.tags import _perceptron_model
+    assert _perceptron_model.cache_info().currsize == 0                  # and the tagger's model let go
     assert counts == W.clean_tag_counts(W.caption_tags(caps))
     assert W.caption_tag_vectors(caps).tolist() == whole.tolist()
     work = W.iter_caption_tag_vectors(caps, sentences=True)

@@ -214,8 +214,9 @@ def evaluate(scores: Any, caption_image: Any, ks: Sequence[int] = (1, 5, 10)) ->
             "ranks": {"i2t": r_i2t, "t2i": r_t2i}}
 
 
-#: Elements of one block of scores formed by :func:`embedding_ranks` (64 MB of float32).
-_SCORE_BLOCK_ELEMENTS = 1 << 24
+#: Elements of one block of scores formed by :func:`embedding_ranks` (32 MB of float32; with its temporaries a block
+#: peaks at twice that: 5K x 25K ranked in 64 MB, where 64 MB blocks took 128 MB in the same time, issue 34).
+_SCORE_BLOCK_ELEMENTS = 1 << 23
 
 
 def _score_blocks(image: np.ndarray, text: np.ndarray, block_rows: int):
@@ -245,7 +246,7 @@ def _checked_embeddings(image: Any, text: Any, caption_image: Any) -> tuple[np.n
 def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any = None, text_t2i: Any = None,
                     block_rows: int | None = None) -> dict[str, np.ndarray]:
     """``{"i2t": (n_images,) int64, "t2i": (n_captions,) int64}``: the ranks :func:`evaluate` gives for the scores
-    ``image @ text.T``, formed block by block of ``block_rows`` images (default: ~64 MB of scores a block), never
+    ``image @ text.T``, formed block by block of ``block_rows`` images (default: ~32 MB of scores a block), never
     the whole ``(n_images, n_captions)`` matrix.
 
     ``image (n_images, D)`` and ``text (n_captions, D)`` are embeddings whose dot product is the score (the i2t

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from crossview.data.text import tokenize
 from crossview.core.errors import CrossViewError
 
-__all__ = ["extract_tags", "caption_tags", "pos_tag", "lemmatize"]
+__all__ = ["extract_tags", "caption_tags", "pos_tag", "lemmatize", "release_tagger"]
 
 
 _SKIP_LEMMAS = frozenset({"be", "have", "do"})
@@ -83,6 +83,13 @@ def _perceptron_model() -> tuple[dict, dict, list]:
         raise CrossViewError(f"POS tagger model {path} is unreadable ({e}): reinstall it with "
                              "pip install --force-reinstall textblob-aptagger") from None
     return weights, tagdict, sorted(classes)
+
+
+def release_tagger() -> None:
+    """Let the POS tagger's model go (~45 MB of dicts) once a set's captions are tagged (webly's 550K training
+    captions at COCO size, issue 34: it is not needed by the training after them); the next tag reads it again
+    (~0.1 s)."""
+    _perceptron_model.cache_clear()
 
 
 def _normalize(word: str) -> str:

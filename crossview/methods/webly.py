@@ -59,13 +59,15 @@ def tag_vectors(tag_lists: list[list[str]]) -> np.ndarray:
     return _tag_vectors(tag_lists, len(tag_lists))
 
 
-def _tag_vectors(tag_lists: Iterable[list[str]], n: int) -> np.ndarray:
-    """:func:`tag_vectors` of ``n`` tag lists, each read once from an iterable (none of them kept)."""
+def _tag_vectors(tag_lists: Iterable[list[str]], n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`tag_vectors` of ``n`` tag lists, each read once from an iterable (none of them kept), written into
+    ``out`` (``(n, 50)`` zeros) when given."""
     from crossview.data.text import tokenize
     from crossview.features.text.glove import _glove_tables
 
     emb, index, _ = _glove_tables()
-    out = np.zeros((n, emb.shape[1]), dtype=np.float32)
+    if out is None:
+        out = np.zeros((n, emb.shape[1]), dtype=np.float32)
     for r, tags in enumerate(tag_lists):
         ids = [index[w] for t in tags for w in tokenize(t) if w in index]
         if ids:
@@ -95,7 +97,9 @@ def iter_caption_tag_vectors(captions: Sequence[str], counts: Counter | None = N
                              sentences: bool = False) -> Iterator[tuple[int, int]]:
     """:func:`caption_tag_vectors` as a generator of ``(done, total)`` every few thousand captions, which returns
     the vectors (``sentences``: the tags as strings for the sentence branch instead, :func:`tag_sentences`)."""
-    from crossview.features.tags import extract_tags
+    from crossview.core.io import drop_pages
+    from crossview.features.tags import extract_tags, release_tagger
+    from crossview.features.text.glove import _glove_tables
 
     total = len(captions)
     done = [0]
@@ -108,20 +112,25 @@ def iter_caption_tag_vectors(captions: Sequence[str], counts: Counter | None = N
             done[0] += 1
             yield tags
 
-    # tag a slice at a time (each slice's vectors made as it goes), reporting between slices
-    parts = []
+    # tag a slice at a time (each slice's vectors written into the one array as it goes), reporting between slices
+    texts: list[str] = []
+    vectors = None if sentences else np.zeros((total, _glove_tables()[0].shape[1]), dtype=np.float32)
     it = lists()
     yield 0, total
     while done[0] < total:
-        n = min(_TAG_REPORT, total - done[0])
+        start = done[0]
+        n = min(_TAG_REPORT, total - start)
         part = itertools.islice(it, n)
-        parts.append(tag_sentences(list(part)) if sentences else _tag_vectors(part, n))
+        if sentences:
+            texts += tag_sentences(list(part))
+        else:
+            _tag_vectors(part, n, vectors[start:start + n])
         yield done[0], total
+    release_tagger()                    # the tagger's model (~45 MB): read again by the next tagging
     if sentences:
-        return [t for p in parts for t in p]
-    if not parts:
-        return _tag_vectors([], 0)
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return texts
+    drop_pages(_glove_tables()[0])      # the GloVe table's pages read while tagging (76 MB): not needed by training
+    return vectors
 
 
 def tag_sentences(tag_lists: list[list[str]]) -> list[str]:
