@@ -334,10 +334,12 @@ def test_the_title_says_where_choices_were_made_and_marks_optimistic_runs(qtbot,
     panel.set_run(load_run_results(d))
     assert "chosen on train-cv3" in panel.title.text() and "optimistic" not in panel.title.text()
     assert "parameters chosen on train-cv3" in panel.title.toolTip()
-    s.update(selected_on="val", optimistic=True)
+    s.update(selected_on="val", optimistic=True, train_seconds=20.5, features_seconds=3.0)
     (d / "summary.json").write_text(json.dumps(s))
     panel.set_run(load_run_results(d))
     assert "<b>optimistic</b>: chosen on val and reported on the same split" in panel.title.text()
+    # a number and its unit do not wrap apart (the title wraps at 1280 px)
+    assert "trained in 20.5&nbsp;s after 3&nbsp;s of feature extraction" in panel.title.text()
     old = _run(tmp_path, "old", [1, 2], [1, 1, 2, 2])          # a run from before selection was recorded
     panel.set_run(load_run_results(old))
     assert "chosen" not in panel.title.text()

@@ -369,8 +369,9 @@ class InspectPanel(QWidget):
         if s.get("train_seconds") is not None:
             feats = float(s.get("features_seconds") or 0.0)
             # the wait a person had: features first (extraction on first use), then the fit
-            bits.append(f"trained in {float(s['train_seconds']):.1f} s"
-                        + (f" after {feats:.0f} s of feature extraction" if feats >= 1.0 else ""))
+            # a number and its unit never wrap apart (the title wraps at 1280 px)
+            bits.append(f"trained in {float(s['train_seconds']):.1f}&nbsp;s"
+                        + (f" after {feats:.0f}&nbsp;s of feature extraction" if feats >= 1.0 else ""))
         self.title.setText(" &nbsp; ".join(bits))
         self.title.setToolTip("; ".join(f"{c.get('what')} chosen on {c.get('on')}" for c in s.get("choices") or [])
                               or "nothing was chosen on data (all settings given)")
