@@ -326,3 +326,24 @@ def test_large_normalised_features_are_file_backed_and_equal(tmp_path, monkeypat
     blocked.write_text("x")
     plain = eio.scratch_array((100, 10), np.float32, folder=blocked)
     assert not isinstance(plain, np.memmap) and plain.shape == (100, 10) and not plain.any()
+
+
+def test_the_training_features_leave_the_resident_set_while_each_validation_runs(monkeypatch):
+    """Each epoch's validation embeds its own split: the training split's (file-backed) features are given back
+    first, so at size they are not held beside the validation's embeddings; training then goes on the same."""
+    import _engine_helpers as H
+    import crossview.methods.torch_method as TM
+    from crossview.core.events import Validation
+    from crossview.methods import create_method
+
+    ds = H.make_toy_dataset()
+    img, txt = H.toy_features(ds)
+    train, val = (MethodData.from_features(ds, img, txt, s) for s in ("train", "test"))
+    order: list[str] = []
+    monkeypatch.setattr(TM, "drop_pages", lambda arr: order.append("drop") if arr is train.image_features else None)
+    m = create_method("smoothap", embed_dim=16, batch_size=8, max_epochs=2, text_model="features").with_run(
+        device="cpu", log_every=1)
+    for ev in m.fit_iter(train, val):
+        if isinstance(ev, Validation):
+            order.append("validation")
+    assert order == ["drop", "validation"] * 2
