@@ -36,10 +36,32 @@ def flickr8k_sample() -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_windows_left_open(request):
-    """GUI tests must close what they open (windows left behind leak into the next test)."""
-    yield
+    """GUI tests must close what they open (windows left behind leak into the next test), and every worker a GUI
+    test started has ended before the test's objects go: a worker's ``finished`` is queued from its thread as it
+    ends, and processing events while a thread still winds down behind a test whose widgets are gone crashed full
+    CI runs under load twice (after test_gui_workers' and test_gui_train's tests)."""
     if "qtbot" not in request.fixturenames:
+        yield
         return
+    from crossview.gui.workers import WorkerBase
+
+    made = []
+    real_init = WorkerBase.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(WorkerBase, "__init__", init)
+    try:
+        yield
+    finally:
+        patch.undo()
+    for w in made:
+        if w.is_running():
+            w.stop()
+            assert w.wait(30000), f"worker {getattr(w, 'name', w)!r} did not end within 30 s of the test"
     from PySide6.QtWidgets import QApplication
     app = QApplication.instance()
     if app is None:
