@@ -28,7 +28,7 @@ from crossview.core.errors import CrossViewError, StorageError, is_storage_error
 
 __all__ = ["atomic_write_bytes", "check_writable_folder", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
-           "read_events", "drop_pages"]
+           "read_events", "drop_pages", "mapped_arrays", "scratch_array"]
 
 #: The version of the checkpoint layout; files without it (or with another) are refused with a clear line.
 CHECKPOINT_FORMAT = 2
@@ -227,6 +227,13 @@ def _array_to_plain(a: Any) -> dict[str, Any]:
         native = np.ascontiguousarray(a, dtype=native_dtype)
         if dtype.kind == "u" and dtype.itemsize > 1:   # torch has no general unsigned 16/32/64-bit storage
             native = native.view(f"i{dtype.itemsize}")
+        if isinstance(a, np.memmap) and native.nbytes > _SINK_CHUNK and native.flags.writeable:
+            # file-backed (the best epoch's weights at size): one storage per chunk, so torch reads (for its CRC)
+            # and writes a chunk at a time and the sink gives each chunk's pages back (never resident whole)
+            flat = native.reshape(-1)
+            step = max(1, _SINK_CHUNK // native.itemsize)
+            return {_ND: [torch.from_numpy(flat[i:i + step]) for i in range(0, flat.size, step)],
+                    "dtype": native_dtype.str, "shape": list(a.shape), "chunked": True}
         if not native.flags.writeable:   # shared, not copied (torch.save only reads it; torch warns all the same)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -239,36 +246,45 @@ def _array_to_plain(a: Any) -> dict[str, Any]:
     raise CrossViewError(f"cannot store a numpy array of dtype {dtype} in a checkpoint")
 
 
-def to_plain(obj: Any) -> Any:
+def to_plain(obj: Any, _memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
     """``obj`` as a tree that ``torch.load(weights_only=True)`` reads: tensors, ``None``, bool, int,
     float, complex, str, bytes, lists, tuples and dicts. Numpy arrays become
     ``{"__ndarray__": tensor, "dtype": "<f8", "shape": [...]}`` (string arrays a list, object arrays a
     list of plain values), numpy scalars ``{"__npscalar__": value, "dtype": ...}``, sets
-    ``{"__set__": [...]}``. :func:`from_plain` undoes it. Anything else raises :class:`CrossViewError`."""
+    ``{"__set__": [...]}``. :func:`from_plain` undoes it. Anything else raises :class:`CrossViewError`.
+
+    An array met twice in ``obj`` (a finished run's weights are also its best epoch's) becomes one plain entry: the
+    checkpoint holds its bytes once and reads back as two arrays over one memory."""
     import numpy as np
     import torch
 
+    memo: dict[int, tuple[Any, Any]] = {} if _memo is None else _memo
     if isinstance(obj, _PLAIN):
         return obj
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, np.ndarray):
-        return _array_to_plain(obj)
+        seen = memo.get(id(obj))
+        if seen is not None and seen[0] is obj:
+            return seen[1]
+        plain = _array_to_plain(obj)
+        memo[id(obj)] = (obj, plain)
+        return plain
     if isinstance(obj, np.generic):
         if obj.dtype.kind not in "biufcUS":
             raise CrossViewError(f"cannot store a numpy scalar of dtype {obj.dtype} in a checkpoint")
         return {_NPS: obj.item(), "dtype": obj.dtype.str}
     if isinstance(obj, dict):
-        items = {to_plain(k) if not isinstance(k, str) else k: to_plain(v) for k, v in obj.items()}
+        items = {to_plain(k) if not isinstance(k, str) else k: to_plain(v, memo) for k, v in obj.items()}
         if any(isinstance(k, str) and k in _TAGS for k in obj):   # a user dict that looks like a tag
             return {_DICT: [[k, v] for k, v in items.items()]}
         return items
     if isinstance(obj, tuple):
-        return tuple(to_plain(x) for x in obj)
+        return tuple(to_plain(x, memo) for x in obj)
     if isinstance(obj, list):
-        return [to_plain(x) for x in obj]
+        return [to_plain(x, memo) for x in obj]
     if isinstance(obj, (set, frozenset)):
-        return {_SET: [to_plain(x) for x in obj]}
+        return {_SET: [to_plain(x, memo) for x in obj]}
     if isinstance(obj, (torch.dtype, torch.Size)):
         return obj
     if isinstance(obj, os.PathLike):   # a path in a spec or a parameter: its text is what matters
@@ -292,6 +308,12 @@ def from_plain(obj: Any) -> Any:
                 raise ValueError(f"array dtype {dtype} is not one CrossView writes")
             shape = tuple(int(x) for x in obj.get("shape", ()))
             torch = sys.modules.get("torch")     # a tensor exists only when torch is imported
+            if obj.get("chunked") is True and isinstance(data, list) and dtype.kind in "biufc":
+                parts = [d if isinstance(d, np.ndarray) else d.numpy() if torch is not None and
+                         isinstance(d, torch.Tensor) else None for d in data]
+                if not parts or any(p is None for p in parts):
+                    raise ValueError("a chunked array with a piece that is not an array")
+                data = np.concatenate([p.reshape(-1) for p in parts])
             if isinstance(data, np.ndarray) or (torch is not None and isinstance(data, torch.Tensor)):
                 arr = data if isinstance(data, np.ndarray) else data.numpy()
                 if dtype.kind == "u" and dtype.itemsize > 1:
@@ -320,24 +342,58 @@ def from_plain(obj: Any) -> Any:
 
 def save_checkpoint(path: str | Path, obj: dict[str, Any]) -> Path:
     """Write ``obj`` (a dict of tensors, numpy and plain Python values) to ``path`` atomically, as
-    ``torch.save({"format": 2, ...})`` of its :func:`to_plain` form (temp file, then ``os.replace``)."""
+    ``torch.save({"format": 2, ...})`` of its :func:`to_plain` form (temp file, then ``os.replace``). Memory-mapped
+    arrays in ``obj`` (file-backed scratch, e.g. the best epoch's weights at COCO size) are read a chunk at a time:
+    their pages leave the resident set as they are written."""
     import torch
 
     payload = to_plain({**obj, "format": CHECKPOINT_FORMAT})
     # streamed into the temp file as torch writes it, not serialised into memory first: a COCO-size TIMAM's
     # classifier and its optimiser's moments are ~0.7 GB, and a buffer of them doubled that at every save (issue 34)
-    return atomic_writer(path, lambda f: torch.save(payload, _Sink(f)), size=_tensor_bytes(payload))
+    mapped = mapped_arrays(obj)
+    return atomic_writer(path, lambda f: torch.save(payload, _Sink(f, mapped)), size=_tensor_bytes(payload))
+
+
+#: the largest piece of a serialised checkpoint written at once (torch hands over each tensor's bytes whole)
+_SINK_CHUNK = 16 * 2**20
+
+
+def mapped_arrays(tree: Any, out: list[Any] | None = None) -> list[Any]:
+    """The memory-mapped numpy arrays in a tree of dicts, lists and tuples."""
+    import numpy as np
+
+    out = [] if out is None else out
+    if isinstance(tree, np.memmap):
+        out.append(tree)
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            mapped_arrays(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            mapped_arrays(v, out)
+    return out
 
 
 class _Sink:
-    """The file-like object ``torch.save`` writes into: every chunk goes through :func:`_write_payload`."""
+    """The file-like object ``torch.save`` writes into: every chunk (at most ``_SINK_CHUNK`` bytes) goes through
+    :func:`_write_payload`; after each, the pages of ``mapped`` (memory-mapped arrays being saved) read so far are
+    given back (:func:`drop_pages`), so a file-backed array is never resident whole while it is written."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, mapped: list[Any] | None = None) -> None:
         self.f = f
+        self.mapped = mapped or []
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
-        _write_payload(self.f, view)
+        try:
+            view = view.cast("B")
+        except TypeError:          # not C-contiguous: written as it is
+            _write_payload(self.f, view)
+            return view.nbytes
+        for start in range(0, view.nbytes, _SINK_CHUNK):
+            _write_payload(self.f, view[start:start + _SINK_CHUNK])
+            for a in self.mapped:
+                drop_pages(a)
         return view.nbytes
 
     def flush(self) -> None:
@@ -493,6 +549,9 @@ def _read_plain_without_torch(path: Path, keys: tuple[str, ...]) -> Any:
             for k, v in obj.items():
                 if k == _ND and isinstance(v, _Tensor) and isinstance(v.array, np.ndarray):
                     out[k] = v.array
+                elif k == _ND and isinstance(v, list) and v and all(
+                        isinstance(x, _Tensor) and isinstance(x.array, np.ndarray) for x in v):
+                    out[k] = [x.array for x in v]         # a chunked array's pieces
                 else:
                     out[convert(k)] = convert(v)
             return out
@@ -658,10 +717,11 @@ def drop_pages(arr: Any) -> None:
 SCRATCH_BYTES = 256 * 2**20
 
 
-def scratch_array(shape: tuple[int, ...], dtype: Any = "float32", folder: str | Path | None = None) -> Any:
-    """A zeroed writable array of ``shape``: for ``SCRATCH_BYTES`` or more, backed by an unlinked temporary file in
-    ``folder`` (default: the cache folder's ``scratch``), else (and where no such file can be made: a full disk, an
-    unwritable folder) in memory.
+def scratch_array(shape: tuple[int, ...], dtype: Any = "float32", folder: str | Path | None = None, *,
+                  min_bytes: int | None = None) -> Any:
+    """A zeroed writable array of ``shape``: for ``min_bytes`` (default ``SCRATCH_BYTES``) or more, backed by an
+    unlinked temporary file in ``folder`` (default: the cache folder's ``scratch``), else (and where no such file can
+    be made: a full disk, an unwritable folder) in memory.
 
     A file-backed array is what the run's own derived data should be at COCO size (issue 34): its pages leave the
     resident set once a step is done with them (:func:`drop_pages`: the evaluation after training reads 10K rows of
@@ -671,7 +731,7 @@ def scratch_array(shape: tuple[int, ...], dtype: Any = "float32", folder: str | 
 
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < SCRATCH_BYTES:
+    if nbytes < (SCRATCH_BYTES if min_bytes is None else int(min_bytes)) or nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     if folder is None:
         from crossview.core.settings import get_settings

@@ -33,7 +33,7 @@ import torch
 from crossview.data.method_data import MethodData
 from crossview.core.events import Log, Loss, Validation
 from crossview.core.errors import CrossViewError
-from crossview.core.io import drop_pages
+from crossview.core.io import drop_pages, mapped_arrays, scratch_array
 from crossview.methods.base import Method
 from crossview.nn.trainer import EpochSampler, Trainer, cuda_graphs_wanted, init_distributed, world
 
@@ -53,6 +53,36 @@ def numpy_tree(obj: Any) -> Any:
         return [numpy_tree(v) for v in obj]
     if isinstance(obj, tuple):
         return tuple(numpy_tree(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+#: a weight of at least this many bytes kept as the best epoch's goes to a file-backed scratch array (issue 34)
+KEPT_SCRATCH_BYTES = 32 * 2**20
+
+
+def kept_tree(obj: Any) -> Any:
+    """:func:`numpy_tree` for weights kept aside while training goes on (the best epoch's): a tensor of
+    ``KEPT_SCRATCH_BYTES`` or more is copied, ``KEPT_SCRATCH_BYTES`` at a time, into a file-backed scratch array
+    (:func:`~crossview.core.io.scratch_array`) whose pages leave the resident set as they are written. A COCO-size
+    TIMAM's identification classifier (0.22 GB) was held in memory beside the live one from the second epoch on;
+    now it is on disk (the page cache) until the run ends or saves a checkpoint, which reads it a chunk at a time."""
+    if isinstance(obj, torch.Tensor):
+        src = obj.detach()
+        if src.numel() * src.element_size() < KEPT_SCRATCH_BYTES:
+            return numpy_tree(src)
+        src = src.cpu().numpy()
+        out = scratch_array(src.shape, src.dtype, min_bytes=KEPT_SCRATCH_BYTES)
+        flat_src, flat_out = src.reshape(-1), out.reshape(-1)
+        step = max(1, KEPT_SCRATCH_BYTES // src.itemsize)
+        for start in range(0, flat_src.size, step):
+            flat_out[start:start + step] = flat_src[start:start + step]
+            drop_pages(out)
+        return out
+    if isinstance(obj, dict):
+        return {k: kept_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [kept_tree(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
     return copy.deepcopy(obj)
 
 
@@ -82,6 +112,19 @@ def _shared_tree(obj: Any) -> Any:
         items = [_shared_tree(v) for v in obj]
         return items if isinstance(obj, list) else tuple(items)
     return copy.deepcopy(obj)
+
+
+def _tensor_views(obj: Any) -> Any:
+    """:func:`tensor_tree` without the copies where it can (writable arrays become tensors over their memory), for
+    a tree read once (``load_state_dict`` copies it into the model)."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj) if obj.flags.writeable else torch.from_numpy(np.array(obj))
+    if isinstance(obj, dict):
+        return {k: _tensor_views(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_tensor_views(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
 
 
 def tensor_tree(obj: Any) -> Any:
@@ -232,8 +275,12 @@ class TorchMethod(Method):
         self._t = None
         self._graphing = False
 
+    def learning_rate(self) -> float:
+        """The lr training starts at (the ``lr`` parameter; a method may choose it from others)."""
+        return float(getattr(self, "lr", 1e-3))
+
     def optimizers(self, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
-        lr = float(getattr(self, "lr", 1e-3))
+        lr = self.learning_rate()
         wd = float(getattr(self, "weight_decay", 0.0) or 0.0)
         kind = str(getattr(self, "optimizer", "adam"))
         params = [p for p in model.parameters() if p.requires_grad]
@@ -370,7 +417,7 @@ class TorchMethod(Method):
                           seed=seed, schedulers=scheds, grad_clip=getattr(self, "grad_clip", None),
                           amp=bool(self.amp), loss_is_sum=self.loss_is_sum,
                           log_every=int(self.log_every), after_step=self.after_step,
-                          nan_hint=f"{self.nan_hint} (lr={getattr(self, 'lr', '?')})",
+                          nan_hint=f"{self.nan_hint} (lr={self.learning_rate():g})",
                           graph_key=graph_key, graph_off=graph_off, cuda_graphs=cuda_graphs_wanted())
         self._graphing = not trainer.graph_off
         if resume and self.train_state_ is not None:
@@ -402,7 +449,7 @@ class TorchMethod(Method):
                 record["val"] = score
                 if score > self.best_score_:
                     self.best_score_, self.best_epoch_, self.bad_epochs_ = score, epoch, 0
-                    self.best_state_ = numpy_tree(model.state_dict())
+                    self.best_state_ = kept_tree(model.state_dict())
                 else:
                     self.bad_epochs_ += 1
                     stop = patience > 0 and self.bad_epochs_ >= patience
@@ -423,15 +470,26 @@ class TorchMethod(Method):
                 yield ev
             best = self.best_state_
             if best is not None:
-                model.load_state_dict(tensor_tree(best))
+                # read in place (file-backed at size: the pages given back once copied), not copied first
+                model.load_state_dict(_tensor_views(best))
+                for a in mapped_arrays(best):
+                    drop_pages(a)
             self.done_ = True
         finally:
-            # done with the best epoch's weights loaded: they are the model's state (one copy of them, not two)
-            self._sync(best if self.done_ else None)
+            # done with the best epoch's weights loaded: they are the model's state (one copy of them, not two): on
+            # the CPU views of the model's own tensors, and the model is what model() returns (not rebuilt from a
+            # copy); on a GPU the host copy already made
+            on_cpu = dev.type == "cpu"
+            self._sync(best if self.done_ and not on_cpu else None)
             self.end_training()
             model.eval()
             self._live = None
             self.model_state_ = numpy_tree(model.state_dict()) if self.model_state_ is None else self.model_state_
+            if on_cpu and self.done_:
+                self._model_cache = (self.model_state_, model)
+            if self.done_ and self.best_state_ is not None:
+                # the same weights: one set of arrays (a checkpoint stores them once; the scratch files are freed)
+                self.best_state_ = self.model_state_
 
     def selection_info(self, train_split: str, val_split: str | None) -> list[dict[str, str]]:
         """The epoch (best-epoch weights, early stopping) is chosen on ``val``, else on the ``holdout`` part of the
