@@ -15,6 +15,7 @@ from crossview.core.errors import CrossViewError
 from crossview.core.events import Finished, Log, Loss, Phase, Validation
 from crossview.data.method_data import MethodData
 from crossview.methods import create_method
+from crossview.methods.cards import load_card
 from crossview.methods.timam import Timam, pair_labels
 from crossview.nn.losses import cmpm_loss, discriminator_loss, generator_loss, norm_softmax_id_loss
 from crossview.nn.row_optim import RowwiseRMSprop
@@ -149,10 +150,30 @@ def test_plateau_schedule_cuts_the_learning_rate() -> None:
                                             ({"id_weight": 0.0, "cmpm_weight": 0.0}, "both 0"),
                                             ({"finetune_epochs": -1}, "finetune_epochs must be"),
                                             ({"adv_weight": -1.0}, "adv_weight must be"),
-                                            ({"adv_target": "reversal"}, "adv_target 'reversal'")])
+                                            ({"adv_target": "reversal"}, "adv_target 'reversal'"),
+                                            ({"lr": "fast"}, "lr must be a number > 0 or none"),
+                                            ({"lr": -1.0}, "lr")])
 def test_bad_parameters_get_one_line(params, needle) -> None:
     with pytest.raises(CrossViewError, match=needle):
         create_method("timam", **{**FAST, **params}).with_run(**RUN).check_params()
+
+
+def test_lr_none_takes_the_rate_chosen_for_the_text_model() -> None:
+    """lr=None (the default): 3e-3 for the caption features, the paper's 2e-4 for the Bi-LSTM (each chosen by CV on
+    the Flickr8k sample); a number overrides it. The run trains at it and its start line says so."""
+    assert create_method("timam").learning_rate() == 3e-3
+    assert create_method("timam", text_model="bilstm").learning_rate() == 2e-4
+    assert create_method("timam", text_model="bilstm", lr=1e-3).learning_rate() == 1e-3
+    assert load_card("timam").params["lr"].coerce("none") is None
+    m = create_method("timam", **{**FAST, "lr": None, "max_epochs": 1}).with_run(**RUN)
+    lrs, start = [], ""
+    for ev in m.fit_iter(_toy("train"), None):
+        if isinstance(ev, Log) and ev.message.startswith("timam ("):
+            start = ev.message
+        if isinstance(ev, Loss) and not lrs:
+            lrs = [g["lr"] for o in m._live[1].optimizers for g in o.param_groups]
+    assert lrs and all(lr == pytest.approx(3e-3) for lr in lrs), lrs
+    assert "lr 0.003 (chosen for text_model=features)" in start, start
 
 
 @pytest.mark.slow
@@ -219,7 +240,7 @@ def test_learns_on_the_demo(tmp_path, small_demo) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("params, least", [
     ({}, 320),
-    ({"text_model": "bilstm", "lr": 2e-4, "max_epochs": 6}, 280)], ids=["defaults", "bilstm"])
+    ({"text_model": "bilstm", "max_epochs": 6}, 280)], ids=["defaults", "bilstm"])
 def test_learns_on_real_photos(tmp_path, flickr8k_sample, params, least) -> None:
     """The Flickr8k sample (train 600 -> val 100, no test split): the defaults (MiniLM + GloVe caption features ->
     FC at lr 3e-3, 10 epochs; bench/results/timam_cv2_flickr8k.md reports seeds 0-2 on val), and the paper's

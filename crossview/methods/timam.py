@@ -48,7 +48,8 @@ the Flickr8k sample's training photos): the caption features -> FC at lr 3e-3 fo
 (bench/results/timam_cv2_flickr8k.md: CV rsum under isoftmax 10, seeds 0-2,
 275.7 -> 314.1, paired +38.3, 95% interval +30.5 to +45.6; the paper's
 Bi-LSTM at lr 2e-4 learns slowly on 400-600 photos); with ``text_model="bilstm"`` a 256-unit Bi-LSTM (the paper:
-512; bench/results/timam_flickr8k.md), trained at the paper's lr 2e-4 there (1e-3: +2.9, -7.4 to +12.9).
+512; bench/results/timam_flickr8k.md), trained at the paper's lr 2e-4 there (1e-3: +2.9, -7.4 to +12.9). ``lr=None``
+(the default) takes the rate chosen for the text model (:data:`LR_BY_TEXT_MODEL`); a number overrides it.
 With ``text_model="bilstm"`` (or ``"transformer"``), two phases in one run, as the paper: the language model frozen
 (its token states computed once per caption text, ever: the token-state cache, :mod:`crossview.features.token_cache`,
 shared between runs and read by a resume,
@@ -83,6 +84,12 @@ __all__ = ["Timam", "TimamModel", "Discriminator", "LABELS", "TIMAM_TEXT_MODELS"
 
 #: where each pair's label comes from: the dataset's identities / classes, the image itself, or the first when given
 LABELS = ("auto", "identity", "image")
+
+#: the first phase's lr with ``lr=None``, by text model (3-fold CV on the Flickr8k sample's training photos): the
+#: caption features -> FC at 3e-3 (bench/results/timam_cv2_flickr8k.md), the paper's Bi-LSTM at its 2e-4
+#: (bench/results/timam_flickr8k.md: 1e-3 was +2.9, -7.4 to +12.9); the others at 3e-3
+LR_BY_TEXT_MODEL = {"features": 3e-3, "bilstm": 2e-4}
+DEFAULT_LR = 3e-3
 # the sampled classifier's optimisers (id_classes below the number of classes), as the logs name them
 ID_OPTIMIZERS = {"rowwise": "row-wise RMSprop", "adam": "SparseAdam"}
 #: the text side: the paper's Bi-LSTM over a transformer's token states, or the vsepp text encoders
@@ -176,7 +183,7 @@ class Timam(Vsepp):
                  image_model: str = "features", backbone: str = "efficientnet_lite0", finetune_cnn: bool = False,
                  word_dim: int = 300, min_count: int = 1, max_len: int = 30, bert_path: str = "",
                  finetune_layers: int = 6, finetune_epochs: int = 0, finetune_lr: float = 2e-6,
-                 max_epochs: int = 10, batch_size: int = 64, lr: float = 3e-3, image_optimizer: str = "adam",
+                 max_epochs: int = 10, batch_size: int = 64, lr: float | None = None, image_optimizer: str = "adam",
                  momentum: float = 0.9, plateau_patience: int = 2, min_lr: float = 2e-6, weight_decay: float = 4e-4,
                  grad_clip: float = 0.0, patience: int = 0, holdout: float = 0.0) -> None:
         for name, value in dict(embed_dim=embed_dim, text_model=text_model, image_model=image_model,
@@ -203,6 +210,13 @@ class Timam(Vsepp):
         self.momentum = momentum
         self.plateau_patience = plateau_patience
         self.min_lr = min_lr
+
+    def learning_rate(self) -> float:
+        """The first phase's lr: ``lr``, or with ``lr=None`` (the default) the one chosen for the text model by 3-fold
+        CV on the Flickr8k sample (:data:`LR_BY_TEXT_MODEL`; 3e-3 for the others)."""
+        if self.lr is not None:
+            return float(self.lr)
+        return LR_BY_TEXT_MODEL.get(str(self.text_model), DEFAULT_LR)
 
     # vsepp's parameters that timam does not have (read by the shared vsepp code)
     loss = "vsepp"
@@ -234,11 +248,15 @@ class Timam(Vsepp):
         if self.id_optimizer not in ID_OPTIMIZERS:
             raise CrossViewError(f"timam: id_optimizer {self.id_optimizer!r} must be one of "
                                  f"{', '.join(ID_OPTIMIZERS)}")
-        text_model, self.text_model = self.text_model, ("transformer" if self.text_model == "bilstm" else self.text_model)
+        if self.lr is not None and (not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool)):
+            raise CrossViewError(f"timam: lr must be a number > 0 or none (chosen for the text model), got {self.lr!r}")
+        text_model, lr = self.text_model, self.lr
+        self.lr = self.learning_rate()
+        self.text_model = "transformer" if self.text_model == "bilstm" else self.text_model
         try:
             super()._check_params()
         finally:
-            self.text_model = text_model
+            self.text_model, self.lr = text_model, lr
         for name in ("id_weight", "cmpm_weight", "adv_weight", "finetune_lr", "min_lr", "momentum"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
@@ -317,7 +335,9 @@ class Timam(Vsepp):
                 + (" with the language model frozen" if self._uses_transformer() else "")
                 + (f", then {self.finetune_epochs} fine-tuning it at lr {self.finetune_lr}" if self.finetune_epochs
                    and self._uses_transformer() else "")
-                + f"; text: {self._text_description()}; {self.embed_dim}-d, device {device}{self._amp_note(device)}")
+                + f"; text: {self._text_description()}; lr {self.learning_rate():g}"
+                + ("" if self.lr is not None else f" (chosen for text_model={self.text_model})")
+                + f"; {self.embed_dim}-d, device {device}{self._amp_note(device)}")
 
     def graph_key(self) -> tuple[Any, str]:
         if self.id_weight and self._sampled_ids():
@@ -506,7 +526,7 @@ class Timam(Vsepp):
         row-wise RMSprop (one number per row, ``id_optimizer="rowwise"``) or SparseAdam (two moments per weight)."""
         m = unwrap(model)
         sampled = self._sampled_ids()
-        lr = float(self.finetune_lr) if self._stage() == 2 else float(self.lr)
+        lr = float(self.finetune_lr) if self._stage() == 2 else self.learning_rate()
         wd = float(self.weight_decay)
         backbone = {id(p) for p in (m.image.backbone_parameters() if hasattr(m.image, "backbone_parameters") else [])}
         image = [p for p in m.image.parameters() if p.requires_grad and id(p) not in backbone]
