@@ -248,3 +248,26 @@ def test_feature_extraction_is_the_runs_own_events_no_thread_and_a_cancel_closes
     assert set(threading.enumerate()) <= before, "no thread left behind"
     events = list(resume(tmp_path / "run"))
     assert isinstance(events[-1], Finished)
+
+
+def test_the_run_never_ends_before_its_running_stage():
+    """A stage far slower than its prior (a COCO-size epoch: 64 min where the plan said 4): before the stage has done
+    a tenth of its work the run's ETA is scaled by the run's pace, which catches up slowly; it is never less than
+    the stage's own ETA (the CLI printed 'epoch ETA 1 h 03 min; run ETA 7 min')."""
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan([{"name": "features", "seconds": 10.0}, {"name": "fit", "seconds": 240.0},
+              {"name": "evaluate", "seconds": 20.0}])
+    eta.update("features", 0.0)
+    clock.t += 10.0
+    eta.update("features", 1.0)
+    eta.update("fit", 0.0)
+    own = StageEta(clock)
+    own.update("fit", 0.0)
+    for i in range(1, 10):                     # 1% of the epoch every 38 s: 3,840 s in all
+        clock.t += 38.4
+        left = eta.update("fit", i / 100)
+        mine = own.update("fit", i / 100)
+        if i >= 2:                             # paced from its first batch's report (i = 1) on
+            assert left is not None and mine is not None and left >= mine, (i, left, mine)
+    assert left is not None and left > 3000

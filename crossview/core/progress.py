@@ -101,9 +101,11 @@ class RunEta:
     estimate learns from the run's own timings: the work done so far took ``k`` times its expected seconds, so
     every stage still to come takes ``k`` times its own; the running stage, once it has done a tenth of its
     work since its first batch, goes at its own pace measured from there (its start-up, such as loading a model
-    after it said "work starts", does not recur). A stage that reports itself done at its first event (its features
-    came from the cache) is skipped: neither its time nor its expected seconds count. Progress for a stage the
-    plan does not name (or with no plan) falls back to :class:`StageEta`: that stage alone."""
+    after it said "work starts", does not recur); before that, once it has done ``min_fraction``, it is given at
+    least the time its own pace says (a run never ends before its running stage). A stage that reports itself
+    done at its first event (its features came from the cache) is skipped: neither its time nor its expected
+    seconds count. Progress for a stage the plan does not name (or with no plan) falls back to
+    :class:`StageEta`: that stage alone."""
 
     #: the running stage is timed at its own rate once it has done this share of its work
     OWN_RATE_FRACTION = 0.1
@@ -203,11 +205,15 @@ class RunEta:
         for s in self._stages:
             if s.state == "running":
                 r = s.rate_from
-                if r is not None and s.fraction - r[1] >= self.OWN_RATE_FRACTION and t > r[0]:
-                    # its pace since its first batch: the start-up before it is spent and does not recur
-                    left += (t - r[0]) * (1.0 - s.fraction) / (s.fraction - r[1])
+                # its pace since its first batch: the start-up before it is spent and does not recur
+                own = (t - r[0]) * (1.0 - s.fraction) / (s.fraction - r[1]) \
+                    if r is not None and s.fraction - r[1] >= self.min_fraction and t > r[0] else None
+                if own is not None and s.fraction - r[1] >= self.OWN_RATE_FRACTION:
+                    left += own
                 else:
-                    left += k * s.prior * (1.0 - s.fraction)
+                    # the run's pace so far; never less than this stage's own once it has one (a COCO-size epoch
+                    # said "ETA 1 h 03 min" beside a run "ETA 7 min" while the run's pace caught up)
+                    left += max(k * s.prior * (1.0 - s.fraction), own or 0.0)
             elif s.state == "pending":
                 left += k * s.prior
         return left
