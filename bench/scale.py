@@ -26,6 +26,10 @@ one child at a time. Steps (``--steps``, in this order):
     vquery crossview query VSEPP_RUN --text "one sentence"                (needs the vsepp step's run: the
            sentence through the run's GRU, the gallery's images through its image side)
     eval   crossview eval CCA_RUN                                         (re-evaluates the saved embeddings)
+    wsabie3, vsepp3, timam3
+           the wsabie / vsepp / timam step over 3 epochs of their first 60 batches each, through
+           bench/_cut_epochs.py: a run's later epochs (the best epoch's weights kept beside the live model,
+           checkpoints between epochs, every epoch's validation) at a size whose whole epochs take up to an hour
 
 Every training step of a deep method (wsabie, vsepp, smoothap, webly, timam) runs one whole epoch and then the
 run's evaluation on the test split (as ``crossview train`` does), unless ``--cap-seconds S`` (default 0: no cap)
@@ -74,11 +78,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _stamp  # noqa: E402  (bench/_stamp.py)
 
 SIZES = {"S": 3_000, "M": 30_000, "L": 120_000}
-STEPS = ("info", "cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam", "query", "vquery", "eval")
+STEPS = ("info", "cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam", "query", "vquery", "eval",
+         "wsabie3", "vsepp3", "timam3")
 #: steps that train for an epoch (stopped at --cap-seconds when one is given)
 CAPPED = ("wsabie", "vsepp", "smoothap", "webly", "timam")
+#: steps that train MULTI_EPOCHS epochs of EPOCH_BATCHES batches each (bench/_cut_epochs.py): what a run holds
+#: from its second epoch on (the best epoch's weights, checkpoints between epochs, each validation) at a size
+#: whose whole epochs take up to an hour here
+MULTI = {"wsabie3": "wsabie", "vsepp3": "vsepp", "timam3": "timam"}
+MULTI_EPOCHS = 3
+EPOCH_BATCHES = 60
 #: steps whose run has no caption features (the vsepp run reads captions through its own GRU)
-IMAGE_ONLY = ("vsepp", "vquery")
+IMAGE_ONLY = ("vsepp", "vquery", "vsepp3")
 DIM = 2048
 VOCAB = 500
 TOPICS = 64
@@ -273,6 +284,13 @@ def measure(cmd: list[str], env: dict[str, str], log: Path, cap: float | None = 
 
 def step_command(step: str, folder: Path, runs: Path) -> list[str]:
     py = [sys.executable, "-m", "crossview"]
+    if step in MULTI:
+        cmd = step_command(MULTI[step], folder, runs)
+        cut = [sys.executable, str(Path(__file__).resolve().parent / "_cut_epochs.py"), str(EPOCH_BATCHES)]
+        cmd = [*cut, *cmd[len(py):]]
+        cmd[cmd.index("max_epochs=1")] = f"max_epochs={MULTI_EPOCHS}"
+        cmd[cmd.index("--run-dir") + 1] = str(runs / step)
+        return cmd
     if step == "info":
         return [*py, "data", "info", str(folder)]
     if step in ("cca", "bitr"):
@@ -340,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
                   "still training (capped: batches done of the epoch's)")
         if whole:
             print(f"{' / '.join(whole)}: 1 whole epoch and the test evaluation after it")
+        multi = [s for s in MULTI if s in steps]
+        if multi:
+            print(f"{' / '.join(multi)}: {MULTI_EPOCHS} epochs of the first {EPOCH_BATCHES} batches each "
+                  "(bench/_cut_epochs.py), each validated (the best epoch's weights kept), checkpoints between "
+                  "them, then the test evaluation")
         print("epoch MB = the largest RSS sampled (every second) while a training step's epoch ran: below peak MB, "
               "the peak came from loading or the evaluation after the epoch")
         print()

@@ -14,27 +14,7 @@ from crossview.core.errors import CrossViewError  # noqa: E402
 from _latency import LatencyProbe  # noqa: E402
 from crossview.gui.workers import EventTask, Task  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _threads_end_before_their_workers_go(monkeypatch):
-    """Each test's workers are local: their QThread objects go with them once the test returns. ``finished`` is
-    queued from the worker thread as it ends, so a thread could still be winding down when the test (and its
-    worker) is gone, and a full CI run once crashed in the teardown right after such a test. Join them first."""
-    from crossview.gui.workers import WorkerBase
-
-    made = []
-    real_init = WorkerBase.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        made.append(self)
-
-    monkeypatch.setattr(WorkerBase, "__init__", init)
-    yield
-    for w in made:
-        w.stop()
-        assert w.wait(10000), f"worker {w.name} did not end"
-
+# each worker a test starts is stopped and joined before the test's objects go: tests/conftest.py
 pytestmark = pytest.mark.gui
 
 
