@@ -6,9 +6,11 @@
 #   bash bench/gpu_all.sh             # run everything (needs CUDA), from the repository root or anywhere
 #   bash bench/gpu_all.sh --dry-run   # print the commands, one per line, run nothing (any machine)
 #   bash bench/gpu_all.sh --only tests,epoch,deep   # some of the steps: tests epoch deep e2e topk wsabie train
+#   bash bench/gpu_all.sh --only scale              # not in the default set (about 4 more minutes): COCO size
+#                                                   # (bench/scale.py --device cuda at L, issue 34) -> scale_gpu.txt
 #
 # Writes, stamped with the command, commit and machine (the GPU's name included):
-#   bench/results/vsepp_epoch_gpu.txt, deep_step_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt (the entries bench/regenerate.py
+#   bench/results/vsepp_epoch_gpu.txt, deep_step_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt, scale_gpu.txt (the entries bench/regenerate.py
 #     names, here with shorter runs than the registry's full commands: the file's stamp lists the commands it ran)
 #   bench/results/gpu_logs/cuda_tests_gpu.txt, vsepp_e2e_gpu.txt, train_vsepp_f8k_gpu.txt (logs, no registry entry;
 #     each starts with the GPU's name)
@@ -30,7 +32,7 @@ for a in "$@"; do
         --dry-run) DRY=1 ;;
         --only) NEXT=only ;;
         --only=*) ONLY="${a#--only=}" ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "gpu_all.sh: unknown argument $a (--dry-run, --only STEPS, --help)" >&2; exit 2 ;;
     esac
 done
@@ -72,6 +74,7 @@ E2E=(
 DEEP_STEP=("bench/deep_step.py --device cuda --images 6000 --steps 30 --warmup 8"
            "bench/deep_step.py --device cuda --images 6000 --steps 30 --warmup 8 --amp")
 TOPK=("bench/topk_scale.py --gpu-only --device cuda --repeats 10")
+SCALE=("bench/scale.py --device cuda --sizes L --steps vsepp,vquery,timam,timam3")
 WSABIE=("bench/wsabie_train.py --device cuda --epochs 5 --max-draws 0,100 --baseline-examples 200 --threads 1")
 TRAIN="crossview train vsepp --data $F8K --device cuda --set image_model=cnn --set text_model=gru --set max_epochs=1"
 # on the run's frozen image features (its steps captured as CUDA graphs: the log says so)
@@ -79,7 +82,9 @@ TRAIN_GRU="crossview train vsepp --data $F8K --device cuda --set text_model=gru 
 
 if [ "$DRY" = 1 ]; then
     echo "python -m pytest -q $(cuda_tests | tr '\n' ' ')"
-    for c in "${VSEPP_EPOCH[@]}" "${E2E[@]}" "${DEEP_STEP[@]}" "${TOPK[@]}" "${WSABIE[@]}"; do echo "python $c"; done
+    for c in "${VSEPP_EPOCH[@]}" "${E2E[@]}" "${DEEP_STEP[@]}" "${TOPK[@]}" "${WSABIE[@]}" "${SCALE[@]}"; do
+        echo "python $c"
+    done
     echo "$TRAIN --run-dir \$WORK/train_vsepp_cnn_f8k"
     echo "$TRAIN_GRU --run-dir \$WORK/train_vsepp_gru_f8k"
     exit 0
@@ -165,6 +170,7 @@ wanted deep && step "deep_step_gpu" 130 entry deep_step_gpu "${DEEP_STEP[@]}"
 wanted e2e && step "vsepp e2e" 80 e2e_log
 wanted topk && step "topk_scale_gpu" 60 entry topk_scale_gpu "${TOPK[@]}"
 wanted wsabie && step "wsabie_train_cuda" 60 entry wsabie_train_cuda "${WSABIE[@]}"
+wanted scale && step "scale_gpu" 420 entry scale_gpu "${SCALE[@]}"
 if wanted train && [ -f "$F8K" ]; then
     step "train vsepp f8k" 90 train_log
 elif wanted train; then

@@ -149,6 +149,17 @@ _VSEPP_CONFIGS = ("vse0:minilm,vsepp:minilm,vse0:gru_glove,vsepp:gru_glove,vse0:
                   "vsepp:minilm_ft")
 _VSEPP_CV = [(6, 4), (8, 6), (10, 7), (12, 8), (15, 10), (20, 15), (30, 15)]
 
+#: what bench/scale.py measures (scale_cpu.txt, scale_gpu.txt)
+SCALE_DEPS = ("crossview/data/readers/precomp.py", "crossview/data/dataset.py", "crossview/data/method_data.py",
+              "crossview/features/normalize.py", "crossview/features/text/counts.py", "crossview/features/text/base.py",
+              "crossview/features/cache.py", "crossview/features/__init__.py", "crossview/eval/metrics.py",
+              "crossview/eval/embeddings.py", "crossview/eval/scoring.py", "crossview/features/vocab.py",
+              "crossview/engine/run.py", "crossview/engine/retriever.py", "crossview/engine/fit_stage.py",
+              "crossview/engine/scoring.py", "crossview/core/io.py", "crossview/nn/sparse_rows.py",
+              "crossview/nn/row_optim.py", "crossview/features/tags.py", "crossview/features/text/glove.py",
+              "crossview/methods/base.py", "crossview/methods/torch_method.py", "bench/_cut_epochs.py",
+              *methods("cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam"))
+
 ENTRIES: tuple[Entry, ...] = (
     Entry("backbone_compare", "backbone_compare.md", (S("bench/backbone_compare.py"),), ("flickr8k",), 8,
           ("crossview/features/image.py", "crossview/features/text", *methods("cca"), *METRICS)),
@@ -258,15 +269,10 @@ ENTRIES: tuple[Entry, ...] = (
                 "cross-validation of train"),
     Entry("scale_cpu", "scale_cpu.txt",
           (S("bench/scale.py --sizes L,S,M --cap-seconds 120 --cap-steps wsabie,vsepp,timam"),), ("synthetic",), 90,
-          ("crossview/data/readers/precomp.py", "crossview/data/dataset.py", "crossview/data/method_data.py",
-           "crossview/features/normalize.py", "crossview/features/text/counts.py", "crossview/features/text/base.py",
-           "crossview/features/cache.py", "crossview/features/__init__.py", "crossview/eval/metrics.py",
-           "crossview/eval/embeddings.py", "crossview/eval/scoring.py", "crossview/features/vocab.py",
-           "crossview/engine/run.py", "crossview/engine/retriever.py", "crossview/engine/fit_stage.py",
-           "crossview/engine/scoring.py", "crossview/core/io.py", "crossview/nn/sparse_rows.py",
-           "crossview/nn/row_optim.py", "crossview/features/tags.py", "crossview/features/text/glove.py",
-           "crossview/methods/base.py", "crossview/methods/torch_method.py",
-           *methods("cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam"))),
+          SCALE_DEPS),
+    Entry("scale_gpu", "scale_gpu.txt",
+          (S("bench/scale.py --device cuda --sizes L --steps vsepp,vquery,timam,timam3"),), ("synthetic",), 6,
+          SCALE_DEPS, gpu=True),
     Entry("query_cache_cpu", "query_cache_cpu.txt",
           (S("bench/query_cache.py --baseline 4f330bd --work {WORK}"),), ("flickr8k", "synthetic"), 12,
           ("crossview/engine/gallery_cache.py", "crossview/engine/retriever.py", "crossview/engine/session.py",

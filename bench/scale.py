@@ -55,7 +55,8 @@ features alone. The issue's goal (#34) is ratio <= 2.5 for every step at L.
     .venv/bin/python bench/scale.py --sizes L,S,M         # everything (about two hours on 2 cores)
     .venv/bin/python bench/scale.py --sizes L --steps cca # one step at COCO size (about 1 GB of features)
 
-Writes bench/results/scale_cpu.txt (``--out``), stamped with the command, commit, machine and data.
+Writes bench/results/scale_cpu.txt (``--out``; ``--device cuda``: the training steps on the GPU, scale_gpu.txt),
+stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ MULTI_EPOCHS = 3
 EPOCH_BATCHES = 60
 #: steps whose run has no caption features (the vsepp run reads captions through its own GRU)
 IMAGE_ONLY = ("vsepp", "vquery", "vsepp3")
+#: where the training steps train (--device)
+DEVICE = "cpu"
 DIM = 2048
 VOCAB = 500
 TOPICS = 64
@@ -294,13 +297,13 @@ def step_command(step: str, folder: Path, runs: Path) -> list[str]:
     if step == "info":
         return [*py, "data", "info", str(folder)]
     if step in ("cca", "bitr"):
-        return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", "cpu",
+        return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", DEVICE,
                 "--run-dir", str(runs / step)]
     if step in ("wsabie", "smoothap", "webly", "timam"):
-        return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", "cpu",
+        return [*py, "train", step, "--data", str(folder), "--text-encoder", "tfidf", "--device", DEVICE,
                 "--set", "max_epochs=1", "--run-dir", str(runs / step)]
     if step == "vsepp":
-        return [*py, "train", step, "--data", str(folder), "--device", "cpu", "--set", "text_model=gru",
+        return [*py, "train", step, "--data", str(folder), "--device", DEVICE, "--set", "text_model=gru",
                 "--set", "max_epochs=1", "--run-dir", str(runs / step)]
     if step == "query":
         return [*py, "query", str(runs / "cca"), "--text", QUERY, "--k", "5"]
@@ -324,8 +327,21 @@ def main(argv: list[str] | None = None) -> int:
                          "(SIGTERM; default 0: none, the whole epoch and its evaluation)")
     ap.add_argument("--cap-steps", default=",".join(CAPPED), metavar="STEPS",
                     help=f"the training steps --cap-seconds applies to (default all: {','.join(CAPPED)})")
-    _stamp.add_out_argument(ap, _stamp.RESULTS / "scale_cpu.txt")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the training steps train (default cpu; cuda: the GPU, whose memory the table does "
+                         "not show: peak RSS is the host's)")
+    _stamp.add_out_argument(ap, _stamp.RESULTS / "scale_cpu.txt", "the results file (scale_gpu.txt for --device cuda)")
     args = ap.parse_args(argv)
+    if args.device == "cuda" and args.out == _stamp.display_path(_stamp.RESULTS / "scale_cpu.txt"):
+        args.out = _stamp.display_path(_stamp.RESULTS / "scale_gpu.txt")
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("scale.py: --device cuda: no CUDA GPU here (torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
     sizes = [s.strip().upper() for s in args.sizes.split(",") if s.strip()]
     steps = [s.strip().lower() for s in args.steps.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES] + [s for s in steps if s not in STEPS]
@@ -348,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         how = "/usr/bin/time -v" if os.access(TIME_V, os.X_OK) else "getrusage(RUSAGE_CHILDREN)"
         print(f"peak RSS by {how}; one subprocess a step; load average {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} cores at the start")
+        if DEVICE == "cuda":
+            import torch  # noqa: F811 - imported in main() when the device was checked
+
+            print(f"training steps on the GPU: {torch.cuda.get_device_name(0)} (the table's memory is the host's)")
         print("ratio = peak RSS / the run's feature bytes (denom: img+csr = image features + TF-IDF as float32 CSR; "
               "img = image features only, the vsepp GRU run)")
         print("x dense = peak RSS / (image features + dense float32 TF-IDF); x img = peak RSS / image features")

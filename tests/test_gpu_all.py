@@ -43,13 +43,15 @@ def test_every_command_of_the_dry_run_exists_and_takes_its_flags() -> None:
     assert kinds[0] == "pytest" and "crossview" in kinds
     scripts = {c[1] for c in cmds if c[0] == "python" and c[1].startswith("bench/")}
     # the registry's GPU entries are all covered, and every step runs under its own timeout
-    assert {"bench/vsepp_epoch.py", "bench/vsepp_e2e.py", "bench/topk_scale.py", "bench/wsabie_train.py"} <= scripts
+    assert {"bench/vsepp_epoch.py", "bench/vsepp_e2e.py", "bench/topk_scale.py", "bench/wsabie_train.py",
+            "bench/scale.py"} <= scripts
     text = SCRIPT.read_text(encoding="utf-8")
-    for entry in ("vsepp_epoch_gpu", "deep_step_gpu", "topk_scale_gpu", "wsabie_train_cuda"):
+    for entry in ("vsepp_epoch_gpu", "deep_step_gpu", "topk_scale_gpu", "wsabie_train_cuda", "scale_gpu"):
         assert re.search(rf'^wanted \w+ && step "{entry}" \d+ entry {entry} ', text, re.M), entry
     # every step under its own limit, each one of --only's names
     steps = re.findall(r'^\s*(?:wanted (\w+) && )?step "', text, re.M)
-    assert len(steps) == 7 and set(steps) == {"tests", "epoch", "deep", "e2e", "topk", "wsabie", ""}, steps
+    assert len(steps) == 8 and set(steps) == {"tests", "epoch", "deep", "e2e", "topk", "wsabie", "scale", ""}, steps
+    assert "scale" not in re.search(r'^ONLY="([^"]*)"', text, re.M).group(1)      # opt-in: about 4 minutes more
 
     # the CUDA tests: files present, functions defined
     node_ids = [w for w in cmds[0] if "::" in w]
