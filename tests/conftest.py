@@ -43,22 +43,10 @@ def _no_windows_left_open(request):
     if "qtbot" not in request.fixturenames:
         yield
         return
-    from crossview.gui.workers import WorkerBase
+    from crossview.gui.workers import _LIVE
 
-    made = []
-    real_init = WorkerBase.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        made.append(self)
-
-    patch = pytest.MonkeyPatch()
-    patch.setattr(WorkerBase, "__init__", init)
-    try:
-        yield
-    finally:
-        patch.undo()
-    for w in made:
+    yield
+    for w in list(_LIVE):          # every worker started and not yet joined (its owner may have dropped it)
         if w.is_running():
             w.stop()
             assert w.wait(30000), f"worker {getattr(w, 'name', w)!r} did not end within 30 s of the test"

@@ -362,3 +362,32 @@ def test_tokens_increase_across_both_kinds() -> None:
     b = EventTask(lambda: iter(()))
     c = Task(lambda p, s: None)
     assert a.token < b.token < c.token
+
+
+def test_a_dropped_worker_is_freed_on_the_gui_thread_without_the_cyclic_collector(qtbot) -> None:
+    """worker <-> runner was a reference cycle: a worker its owner dropped was freed by the cyclic garbage collector,
+    whenever and on whichever thread it ran, QThread and runner included (full test runs under load crashed in it).
+    Now a never-started worker goes at once, and a running one stays alive until its thread has ended, then goes on
+    the GUI thread by reference counting, with the collector off."""
+    import gc
+    import weakref
+
+    from crossview.gui import workers as W
+
+    gc.collect()
+    gc.disable()
+    try:
+        idle = weakref.ref(Task(lambda p, s: None))
+        assert idle() is None, "a worker that never started is freed when dropped"
+        gate = threading.Event()
+        task = Task(lambda p, s: gate.wait(30))
+        done = []
+        task.finished.connect(lambda: done.append(True))
+        task.start()
+        ref = weakref.ref(task)
+        del task
+        assert ref() is not None and ref() in W._LIVE, "a running worker its owner dropped stays alive"
+        gate.set()
+        qtbot.waitUntil(lambda: bool(done) and ref() is None, timeout=30000)
+    finally:
+        gc.enable()

@@ -27,13 +27,15 @@ itself is Qt's ``QThread`` (what superqt's ``thread_worker``, the model STYLE.md
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Callable, Self
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal
 
 from crossview.core.errors import CrossViewError
 
@@ -61,10 +63,16 @@ class _Runner(QObject):
 
     def __init__(self, worker: "WorkerBase") -> None:
         super().__init__()
-        self._worker = worker
+        # weak: a strong one made worker <-> runner a reference cycle, so a dropped worker was freed by the cyclic
+        # garbage collector, on whatever thread and at whatever moment it ran, QThread and runner included (full
+        # test runs under load crashed in it); while it runs the worker is held by _LIVE
+        self._worker = weakref.ref(worker)
 
     def run(self) -> None:
-        w = self._worker
+        w = self._worker()
+        if w is None:
+            self.done.emit()
+            return
         try:
             w._work(self)
         except Exception as e:  # noqa: BLE001 - a bug too: keep the app alive and show the traceback
@@ -76,6 +84,11 @@ class _Runner(QObject):
             except Exception as e:  # noqa: BLE001 - report, never crash the thread
                 self.failed.emit(*_describe(e, "while stopping: "))
             self.done.emit()
+
+
+#: the workers whose thread has started and not yet been joined: a worker its owner drops while it runs stays alive
+#: until then, and is freed on the GUI thread, by reference counting, once its thread has ended (WorkerBase._release)
+_LIVE: set["WorkerBase"] = set()
 
 
 class WorkerBase(QObject):
@@ -116,10 +129,18 @@ class WorkerBase(QObject):
         self._runner.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)  # quit is thread-safe; wait() must not deadlock
         self._runner.failed.connect(self.failed, _QUEUED)
         self._thread.finished.connect(self.finished, _QUEUED)   # emitted on the worker thread: queued after failed
+        self.finished.connect(self._release)
 
     def start(self) -> Self:
+        _LIVE.add(self)
         self._thread.start()
         return self
+
+    def _release(self) -> None:
+        """On the owner's thread, once the work has ended: join the thread (it emitted ``finished`` on its way out),
+        then let go of the worker after this emission (its owner may hold the last reference, or none)."""
+        self._thread.wait()
+        QTimer.singleShot(0, functools.partial(_LIVE.discard, self))
 
     def stop(self) -> None:
         """Ask the work to end at its next check (between two batches or events); a paused worker wakes up to stop."""
