@@ -55,6 +55,9 @@ def _no_windows_left_open(request):
     if app is None:
         return
     app.processEvents()
+    if _LIVE:                       # the joined workers are let go a turn after their finished signal
+        app.processEvents()
+        app.processEvents()
     left = [w for w in app.topLevelWidgets() if w.isVisible()]
     for w in left:
         w.close()

@@ -391,3 +391,43 @@ def test_a_dropped_worker_is_freed_on_the_gui_thread_without_the_cyclic_collecto
         qtbot.waitUntil(lambda: bool(done) and ref() is None, timeout=30000)
     finally:
         gc.enable()
+
+
+def test_while_workers_run_garbage_is_collected_on_the_gui_thread_only(qtbot) -> None:
+    """A collection started on a worker thread freed GUI garbage there (a plot's QGraphicsScene cleared on the worker
+    thread: full test runs crashed). While a worker runs, automatic collection is off and the GUI thread collects on
+    a timer; cyclic garbage made meanwhile is collected there; after the last worker, collection is Python's again."""
+    import gc
+    import weakref
+
+    from crossview.gui import workers as W
+
+    assert gc.isenabled()
+    gate = threading.Event()
+    seen = {}
+
+    def work(p, s):
+        seen["enabled_in_worker"] = gc.isenabled()
+        gate.wait(30)
+
+    task = Task(work)
+    task.start()
+    qtbot.waitUntil(lambda: "enabled_in_worker" in seen, timeout=30000)
+    assert not gc.isenabled() and seen["enabled_in_worker"] is False
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a                     # a cycle: only the collector frees it
+    ref = weakref.ref(a)
+    del a, b
+    for _ in range(gc.get_threshold()[0] + 10):  # past generation 0's threshold
+        Node()
+    junk = [[] for _ in range(gc.get_threshold()[0] + 10)]
+    qtbot.waitUntil(lambda: ref() is None, timeout=10 * W.GC_INTERVAL_MS)
+    del junk
+    with qtbot.waitSignal(task.finished, timeout=30000):
+        gate.set()
+    qtbot.waitUntil(lambda: not W._LIVE, timeout=10000)
+    assert gc.isenabled()

@@ -28,6 +28,7 @@ itself is Qt's ``QThread`` (what superqt's ``thread_worker``, the model STYLE.md
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import threading
 import time
@@ -90,6 +91,51 @@ class _Runner(QObject):
 #: until then, and is freed on the GUI thread, by reference counting, once its thread has ended (WorkerBase._release)
 _LIVE: set["WorkerBase"] = set()
 
+#: how often the GUI thread collects cyclic garbage while workers run (milliseconds)
+GC_INTERVAL_MS = 500
+
+
+class _GuiThreadGC:
+    """While any worker runs, Python's cyclic garbage collector runs on the GUI thread only (pyqtgraph's
+    ``GarbageCollector`` does the same for the same reason). Left automatic, a collection starts on whichever thread
+    allocates when the thresholds are crossed; a worker building a model allocates a lot, so the collection ran on
+    the worker thread and freed garbage of the GUI's (a closed plot's ``QGraphicsScene``, cleared there while the GUI
+    thread processed events): full test runs crashed so, three times in a row at one GUI test. Automatic collection
+    is off from the first worker's start to the last one's end; meanwhile a timer on the GUI thread collects every
+    ``GC_INTERVAL_MS`` whatever generations are over their thresholds, as the automatic collector would."""
+
+    def __init__(self) -> None:
+        self.timer: QTimer | None = None
+        self.disabled_here = False
+
+    def start(self) -> None:
+        if self.timer is None:
+            self.timer = QTimer()
+            self.timer.setInterval(GC_INTERVAL_MS)
+            self.timer.timeout.connect(self.collect)
+        if not self.timer.isActive():
+            self.disabled_here = gc.isenabled()
+            gc.disable()
+            self.timer.start()
+
+    def stop(self) -> None:
+        if self.timer is not None and self.timer.isActive():
+            self.timer.stop()
+            self.collect()
+            if self.disabled_here:
+                gc.enable()
+            self.disabled_here = False
+
+    @staticmethod
+    def collect() -> None:
+        counts, limits = gc.get_count(), gc.get_threshold()
+        over = [g for g in range(3) if counts[g] > limits[g]]
+        if over:
+            gc.collect(max(over))
+
+
+_GC = _GuiThreadGC()
+
 
 class WorkerBase(QObject):
     """What both kinds of worker share: one QThread, a stop flag, a pause gate, failures and the end.
@@ -133,6 +179,7 @@ class WorkerBase(QObject):
 
     def start(self) -> Self:
         _LIVE.add(self)
+        _GC.start()
         self._thread.start()
         return self
 
@@ -140,7 +187,7 @@ class WorkerBase(QObject):
         """On the owner's thread, once the work has ended: join the thread (it emitted ``finished`` on its way out),
         then let go of the worker after this emission (its owner may hold the last reference, or none)."""
         self._thread.wait()
-        QTimer.singleShot(0, functools.partial(_LIVE.discard, self))
+        QTimer.singleShot(0, functools.partial(_let_go, self))
 
     def stop(self) -> None:
         """Ask the work to end at its next check (between two batches or events); a paused worker wakes up to stop."""
@@ -187,6 +234,13 @@ class WorkerBase(QObject):
 
     def _cleanup(self) -> None:
         pass
+
+
+def _let_go(worker: WorkerBase) -> None:
+    """The end of a worker's life (on the GUI thread): forgotten; the last one hands collection back to Python."""
+    _LIVE.discard(worker)
+    if not _LIVE:
+        _GC.stop()
 
 
 class Task(WorkerBase):
