@@ -113,9 +113,10 @@ class _GuiThreadGC:
             self.timer = QTimer()
             self.timer.setInterval(GC_INTERVAL_MS)
             self.timer.timeout.connect(self.collect)
-        if not self.timer.isActive():
-            self.disabled_here = gc.isenabled()
+        if gc.isenabled():          # off at every start: something may have turned it back on meanwhile
+            self.disabled_here = True
             gc.disable()
+        if not self.timer.isActive():
             self.timer.start()
 
     def stop(self) -> None:
