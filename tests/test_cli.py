@@ -33,7 +33,7 @@ def test_every_command_has_help(capsys) -> None:
         assert out.startswith("usage: crossview") and len(out) > 80, cmd
 
 
-@pytest.mark.parametrize("method", ["cca", "wsabie", "bitr", "vsepp", "smoothap"])
+@pytest.mark.parametrize("method", ["cca", "wsabie", "bitr", "vsepp", "smoothap", "timam"])
 def test_train_method_help_lists_the_cards_parameters(method: str, capsys) -> None:
     """``crossview train METHOD --help``: every parameter of the card, with its default from the signature."""
     from crossview.methods import method_card
@@ -45,10 +45,27 @@ def test_train_method_help_lists_the_cards_parameters(method: str, capsys) -> No
     card = method_card(method)
     assert f"Parameters of {method}" in out
     for spec in card.params.values():
-        assert f"  {spec.name} ({spec.type}, default {spec.default!r})" in out, spec.name
+        assert f"  {spec.name} ({spec.type}, default {spec.default_text})" in out, spec.name
     with pytest.raises(SystemExit):
         main(["train", "no_such_method", "--help"])
     assert "no method 'no_such_method'" in capsys.readouterr().out
+
+
+def test_a_default_shown_in_help_is_what_one_types_after_set() -> None:
+    """``default None`` / ``default [1, 2]`` in the help could not be typed back; ``none`` and ``1,2`` can."""
+    from crossview.methods import list_methods, method_card
+
+    seen: set[str] = set()
+    for name in list_methods():
+        card = method_card(name)
+        for spec in (card.params.values() if card is not None else ()):
+            if spec.default is None or isinstance(spec.default, (list, tuple)):
+                seen.add(type(spec.default).__name__)
+                assert spec.coerce(spec.default_text, name) == spec.default, (name, spec.name, spec.default_text)
+    assert "NoneType" in seen, seen
+    from crossview.methods.cards import ParamSpec
+    for spec in (ParamSpec("ks", [1, 5, 10], "list[int]"), ParamSpec("betas", [0.5, 2.0], "list[float]")):
+        assert spec.coerce(spec.default_text) == spec.default, spec.default_text
 
 
 def test_data_info_flickr8k(flickr8k_sample: Path, capsys) -> None:

@@ -433,3 +433,45 @@ def test_while_workers_run_garbage_is_collected_on_the_gui_thread_only(qtbot) ->
     # handed back once no worker is live (a worker whose parent widget deleted it before its end stays listed, and
     # collection then stays on the GUI thread's timer)
     assert gc.isenabled() == (not W._LIVE)
+
+
+def test_a_worker_deleted_by_its_parent_before_its_end_is_let_go_and_collection_handed_back(qtbot) -> None:
+    """A worker whose Qt object its parent deleted while it ran never sends ``finished``: it was left in ``_LIVE``
+    for good, and automatic collection stayed off. The collection timer now lets go of it once its thread ends."""
+    import gc
+
+    import shiboken6
+    from PySide6.QtCore import QObject
+
+    from crossview.gui import workers as W
+
+    parent = QObject()
+    gate = threading.Event()
+    task = Task(lambda p, s: gate.wait(30), parent=parent)
+    task.start()
+    assert task in W._LIVE and not gc.isenabled()
+    shiboken6.delete(parent)                     # the worker's Qt object goes with it, its thread still running
+    assert not shiboken6.isValid(task) and task.is_running()
+    qtbot.wait(3 * W.GC_INTERVAL_MS)
+    assert task in W._LIVE, "a running orphan is kept (its thread must not be destroyed while it runs)"
+    gate.set()
+    qtbot.waitUntil(lambda: task not in W._LIVE, timeout=30000)
+    assert not task.is_running()
+    qtbot.waitUntil(lambda: gc.isenabled() == (not W._LIVE and not W._LOADING), timeout=10 * W.GC_INTERVAL_MS)
+
+
+def test_the_engine_import_thread_collects_on_the_gui_thread_too(qtbot) -> None:
+    """The engine loader's import thread allocates enough to set a collection off there: while it runs, collection
+    is the GUI thread's, as for a worker, and handed back when it ends."""
+    import gc
+
+    from crossview.gui import workers as W
+
+    assert gc.isenabled() and not W._LIVE
+    loader = W.EngineLoader()                   # a fresh one (the process's own has long finished)
+    with qtbot.waitSignal(loader.loaded, timeout=120000):
+        loader.start()
+        assert not gc.isenabled() and loader in W._LOADING
+    qtbot.waitUntil(lambda: loader not in W._LOADING, timeout=10000)
+    assert gc.isenabled()
+    assert loader.result is not None and isinstance(loader.result[0], str)

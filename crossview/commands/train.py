@@ -63,7 +63,7 @@ def method_help(name: str) -> str:
             rng = f" >= {spec.min}" if spec.min is not None else f" <= {spec.max}"
         else:
             rng = ""
-        lines.append(f"  {spec.name} ({spec.type}, default {spec.default!r}){rng}")
+        lines.append(f"  {spec.name} ({spec.type}, default {spec.default_text}){rng}")
         lines += textwrap.wrap(spec.help, width=100, initial_indent="      ", subsequent_indent="      ")
     lines.append("Run settings (the run's, not the method's: --device, --seed, or --set NAME=VALUE): device, seed, "
                  "amp, workers (n_jobs), log_every")
@@ -139,7 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         spec = owners[0][1]
         who = ", ".join(m for m, _ in owners)
         p.add_argument(flag, dest=f"card_flag:{flag}", metavar="VALUE", default=None,
-                       help=f"{spec.help} ({who}: sets {spec.name}; default {spec.default!r})")
+                       help=f"{spec.help} ({who}: sets {spec.name}; default {spec.default_text})")
     p.set_defaults(func=cmd_train)
 
 

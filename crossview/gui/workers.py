@@ -16,6 +16,13 @@ One base, two kinds, as superqt's ``WorkerBase`` with its function and generator
   thinning out runs of progress events, holding between two events while paused, and closing the
   generator on stop so the engine's ``finally`` checkpoints the run.
 
+Two rules keep Qt objects on the GUI thread (breaking them crashed full test runs): a started worker is held by
+``_LIVE`` until its thread is joined, then dropped on the GUI thread (no worker <-> runner reference cycle, so the
+cyclic garbage collector never frees one on some other thread); and while any worker runs, automatic garbage
+collection is off and a timer on the GUI thread collects instead (:class:`_GuiThreadGC`), so a collection set off
+by a worker's allocations cannot free GUI garbage (a closed plot's scene) on the worker thread. A thread that is not
+a worker here (a background import, a DataLoader) can still set one off: route such work through these workers.
+
 Why not ``concurrent.futures`` (issue 12 asked): a ``Future`` reports once, at the end, and its
 ``cancel()`` only stops work that has not started; these workers must stream progress and events to
 the GUI thread as *queued Qt signals* while running (STYLE.md 3), hold a generator between two events
@@ -36,6 +43,7 @@ import traceback
 import weakref
 from typing import Any, Callable, Self
 
+import shiboken6
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal
 
 from crossview.core.errors import CrossViewError
@@ -90,6 +98,8 @@ class _Runner(QObject):
 #: the workers whose thread has started and not yet been joined: a worker its owner drops while it runs stays alive
 #: until then, and is freed on the GUI thread, by reference counting, once its thread has ended (WorkerBase._release)
 _LIVE: set["WorkerBase"] = set()
+#: the engine loaders whose import thread runs (collection stays on the GUI thread meanwhile too)
+_LOADING: set["EngineLoader"] = set()
 
 #: how often the GUI thread collects cyclic garbage while workers run (milliseconds)
 GC_INTERVAL_MS = 500
@@ -112,7 +122,7 @@ class _GuiThreadGC:
         if self.timer is None:
             self.timer = QTimer()
             self.timer.setInterval(GC_INTERVAL_MS)
-            self.timer.timeout.connect(self.collect)
+            self.timer.timeout.connect(self.tick)
         if gc.isenabled():          # off at every start: something may have turned it back on meanwhile
             self.disabled_here = True
             gc.disable()
@@ -126,6 +136,12 @@ class _GuiThreadGC:
             if self.disabled_here:
                 gc.enable()
             self.disabled_here = False
+
+    def tick(self) -> None:
+        """The timer: let go of orphaned workers (the last one hands collection back), else collect."""
+        if _prune_orphans():
+            return
+        self.collect()
 
     @staticmethod
     def collect() -> None:
@@ -179,6 +195,7 @@ class WorkerBase(QObject):
         self.finished.connect(self._release)
 
     def start(self) -> Self:
+        _prune_orphans()
         _LIVE.add(self)
         _GC.start()
         self._thread.start()
@@ -240,8 +257,22 @@ class WorkerBase(QObject):
 def _let_go(worker: WorkerBase) -> None:
     """The end of a worker's life (on the GUI thread): forgotten; the last one hands collection back to Python."""
     _LIVE.discard(worker)
-    if not _LIVE:
+    if not _LIVE and not _LOADING:
         _GC.stop()
+
+
+def _prune_orphans() -> bool:
+    """Let go of the workers whose Qt object was deleted (by a parent widget closed while they ran) and whose thread
+    has ended: their ``finished`` never arrives, so :meth:`WorkerBase._release` never runs for them. Called on the GUI
+    thread at every start and every collection tick. True when that emptied ``_LIVE`` (collection handed back)."""
+    orphans = [w for w in _LIVE if not shiboken6.isValid(w) and not w._thread.isRunning()]
+    for w in orphans:
+        w._thread.wait()
+        _LIVE.discard(w)
+    if orphans and not _LIVE and not _LOADING:
+        _GC.stop()
+        return True
+    return False
 
 
 class Task(WorkerBase):
@@ -447,13 +478,24 @@ class EngineLoader(QObject):
         super().__init__()
         self._thread: threading.Thread | None = None
         self.result: tuple[str, list[Any]] | None = None
+        self.loaded.connect(self._ended)        # queued: sent from the import thread
 
     def start(self) -> None:
         """Start the import, once per process (later calls do nothing: connect to :attr:`loaded` first, then
-        look at :attr:`result`, which is set before :attr:`loaded` is sent)."""
+        look at :attr:`result`, which is set before :attr:`loaded` is sent). Garbage is collected on the GUI
+        thread meanwhile, as while a worker runs (the imports allocate enough to set a collection off)."""
         if self._thread is None:
+            _LOADING.add(self)
+            _GC.start()
             self._thread = threading.Thread(target=self._run, name="crossview-engine-preload", daemon=True)
             self._thread.start()
+
+    def _ended(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        _LOADING.discard(self)
+        if not _LIVE and not _LOADING:
+            _GC.stop()
 
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

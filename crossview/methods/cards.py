@@ -122,6 +122,15 @@ class ParamSpec:
     flag: str | None = None
     optional: bool = False  #: the value may also be None ("none" on the command line)
 
+    @property
+    def default_text(self) -> str:
+        """The default as one would type it after ``--set NAME=``: ``none``, ``1,2,3`` for a list, else its repr."""
+        if self.default is None:
+            return "none"
+        if isinstance(self.default, (list, tuple)):
+            return ",".join(map(str, self.default))
+        return repr(self.default)
+
     def coerce(self, value: Any, method: str = "") -> Any:
         """``value`` (or a command-line string) converted to this type and checked against the range
         and choices; :class:`CrossViewError` naming the parameter otherwise."""

@@ -477,7 +477,7 @@ class TrainPanel(QWidget):
                 self._getters[pname] = (spec, slots[pname].value)
                 continue
             w, get = _param_widget(spec)
-            tip = spec.help + (f" (default {spec.default})" if spec.help else f"default {spec.default}")
+            tip = spec.help + (f" (default {spec.default_text})" if spec.help else f"default {spec.default_text}")
             w.setToolTip(tip)
             label = QLabel(pname)
             label.setToolTip(tip)
