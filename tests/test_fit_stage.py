@@ -106,7 +106,12 @@ def test_evaluate_writes_the_run_files_with_the_hand_computed_numbers(toy, tmp_p
     stage, _logged, _ = _stage(ds, _method(), tmp_path, checkpoint_seconds=1e9)
     _drain(stage.fit(data["train"], data["val"], resume=False))
     events, summary = _drain(stage.evaluate(data["test"], features, features_seconds=1.5))
-    assert [(e.step, e.total, e.stage) for e in events] == [(0, 1, "evaluate"), (1, 1, "evaluate")]
+    # each part of the evaluation is a progress event of the stage, labelled with it, rising to the end
+    assert {e.stage for e in events} == {"evaluate"} and {e.total for e in events} == {1000}
+    steps = [e.step for e in events]
+    assert steps[0] == 0 and steps[-1] == 1000 and steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert [e.message for e in events] == ["evaluating on test: ranking", "evaluating on test: writing the embeddings",
+                                           "evaluating on test: intervals and hubness", "evaluating on test"]
     test = data["test"]
     scores = stage.method.encode_images(test) @ stage.method.encode_texts(test).T
     i2t, t2i = _naive_ranks(scores, test.caption_image)
@@ -122,3 +127,32 @@ def test_evaluate_writes_the_run_files_with_the_hand_computed_numbers(toy, tmp_p
     assert summary["split"] == "test" and summary["image_encoder"] == "given" and summary["status"] == "finished"
     assert read_summary(tmp_path) == summary
     assert (tmp_path / "embeddings_test.npz").is_file()
+
+
+def test_a_scored_evaluation_reports_its_parts_and_the_scores_as_they_go(toy, tmp_path, monkeypatch):
+    """At COCO size the part of an evaluation after the ranking (the embeddings, the bank, the hubness figure and
+    csls's products) was minutes under one ``0 / 1`` line. Each part is now an event of the stage, and the csls
+    re-scoring reports its products block by block; the numbers are those of the scoring module."""
+    import crossview.eval.scoring as S
+    from crossview.engine.run_folder import read_summary
+    from crossview.eval.embeddings import load_embeddings
+
+    ds, features, data = toy
+    stage, _logged, _ = _stage(ds, _method(), tmp_path, checkpoint_seconds=1e9)
+    stage.cfg.scoring = {"scoring": "csls", "param_name": "k", "param": 3, "selected_on": "given"}
+    _drain(stage.fit(data["train"], data["val"], resume=False))
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", 200)            # small blocks: several progress events of the scores
+    events, summary = _drain(stage.evaluate(data["test"], features, features_seconds=1.5, train=data["train"]))
+    progress = [e for e in events if isinstance(e, Progress)]
+    steps = [e.step for e in progress]
+    assert steps[0] == 0 and steps[-1] == 1000 and steps == sorted(steps)
+    parts = list(dict.fromkeys(e.message for e in progress))
+    assert parts == ["evaluating on test: ranking", "evaluating on test: writing the embeddings",
+                     "evaluating on test: the training bank", "evaluating on test: intervals and hubness",
+                     "evaluating on test: csls scores against the bank", "evaluating on test"]
+    scores = [e.step for e in progress if e.message.endswith("against the bank")]
+    assert len(scores) > 5 and len(set(scores)) == len(scores)
+    emb = load_embeddings(tmp_path / "embeddings_test.npz")
+    bank = load_embeddings(tmp_path / "bank_train.npz")
+    expected = S.evaluate_scoring(emb, bank, "csls", 3)
+    assert read_summary(tmp_path)["rsum"] == pytest.approx(expected["rsum"]) == summary["rsum"]

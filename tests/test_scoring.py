@@ -253,3 +253,38 @@ def test_a_large_float32_bank_is_never_copied_to_float64_and_scores_the_same(mon
         assert chunked[d] == copied[d]
     bank_f64 = bank.text.size * 8                                  # 1 MB
     assert peak < bank_f64 < copied_peak, (peak, bank_f64, copied_peak)
+
+
+def test_csls_with_one_model_computes_each_bank_statistic_once_and_reports_progress(monkeypatch) -> None:
+    """With one model both ways, the test captions' r against the bank images is i2t's gallery statistic and t2i's
+    query statistic (and the images' the other way round): two products with the bank, not four (a COCO-size csls
+    evaluation of 4,096-d embeddings spent about 40 s of 99 on the repeats). The same ranks as the two-model path,
+    which computes them per direction; progress rises to the end."""
+    import crossview.eval.scoring as S
+
+    emb, bank = _wide_set(21, 40, d=8), _wide_set(22, 50, d=8)
+    calls = []
+    real = S._dot64
+    monkeypatch.setattr(S, "_dot64", lambda a, b: calls.append(b.shape[0]) or real(a, b))
+    monkeypatch.setattr(S, "BLOCK_ELEMENTS", 2000)
+    gen = S.iter_evaluate_scoring(emb, bank, "csls", 3)
+    seen = []
+    while True:
+        try:
+            seen.append(next(gen))
+        except StopIteration as end:
+            shared = end.value
+            break
+    bank_rows = {bank.image.shape[0], bank.text.shape[0]}
+    bank_products = sum(1 for n in calls if n in bank_rows)
+    calls.clear()
+    two = Embeddings(image=emb.image, text=emb.text, caption_image=emb.caption_image,
+                     image_t2i=emb.image.copy(), text_t2i=emb.text.copy())
+    separate = evaluate_scoring(two, bank, "csls", 3)
+    assert sum(1 for n in calls if n in bank_rows) > bank_products, "the two-model path computes them per direction"
+    for d in ("i2t", "t2i"):
+        np.testing.assert_array_equal(shared["ranks"][d], separate["ranks"][d])
+    assert shared["rsum"] == separate["rsum"]
+    done = [a for a, _ in seen]
+    assert done == sorted(done) and done[-1] == S.PROGRESS_UNITS and len(done) > 3
+    assert all(total == S.PROGRESS_UNITS for _, total in seen)

@@ -4,10 +4,10 @@
 logger, counted (``events``, the step of the last loss / progress, the training seconds over resumes), and the run
 is checkpointed every ``checkpoint_seconds`` of its settings and after each validation event. :meth:`FitStage.
 evaluate` scores the evaluation split and writes ``ranks.npz``, ``embeddings_<split>.npz`` and ``summary.json``
-(:mod:`crossview.engine.run_folder`), between a ``0 / 1`` and a ``1 / 1`` progress event of the plan's stage
-``evaluate``. The run (:mod:`crossview.engine.run`) owns the folder, the lock, the phase and the checkpoint's
-content; it hands this stage its logger (``emit``) and its checkpoint writer (``checkpoint``), and reads back
-``events``, ``step`` and ``train_seconds`` for ``status.json`` and the checkpoint.
+(:mod:`crossview.engine.run_folder`), each of its parts a progress event of the plan's stage ``evaluate``. The
+run (:mod:`crossview.engine.run`) owns the folder, the lock, the phase and the checkpoint's content; it hands this
+stage its logger (``emit``) and its checkpoint writer (``checkpoint``), and reads back ``events``, ``step`` and
+``train_seconds`` for ``status.json`` and the checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +24,32 @@ from crossview.core.io import atomic_write_json, atomic_writer
 from crossview.engine.run_folder import _METRIC_KEYS, RANKS, SUMMARY, _now
 
 __all__ = ["FitStage", "selection_record"]
+
+
+class _EvalSteps:
+    """The parts of a run's evaluation as progress of the plan's stage ``evaluate``: ``(done, UNITS)`` from the
+    parts' relative costs (in score products of the split: the ranking forms one, the hubness figure's top 10s most
+    of another, csls's re-scoring four more with one model both ways), each event labelled with its part."""
+
+    UNITS = 1000
+    COST = {"ranking": 1.0, "embeddings": 0.1, "bank": 0.1, "summary": 0.7, "scores": 4.0}
+    LABEL = {"ranking": "ranking", "embeddings": "writing the embeddings", "bank": "the training bank",
+             "summary": "intervals and hubness", "scores": "{scoring} scores against the bank"}
+
+    def __init__(self, split: str, scored: bool, scoring: str) -> None:
+        self.split, self.scoring = split, scoring
+        self.parts = [p for p in self.COST if scored or p != "scores"]
+        self.total = sum(self.COST[p] for p in self.parts)
+
+    def at(self, part: str, fraction: float = 0.0) -> Progress:
+        before = sum(self.COST[p] for p in self.parts[:self.parts.index(part)]) if part in self.parts else 0.0
+        done = int(self.UNITS * (before + min(1.0, max(0.0, fraction)) * self.COST.get(part, 0.0)) / self.total)
+        label = self.LABEL[part].format(scoring=self.scoring)
+        return Progress(min(done, self.UNITS - 1), self.UNITS, f"evaluating on {self.split}: {label}",
+                        stage="evaluate")
+
+    def end(self) -> Progress:
+        return Progress(self.UNITS, self.UNITS, f"evaluating on {self.split}", stage="evaluate")
 
 
 class FitStage:
@@ -80,17 +106,23 @@ class FitStage:
         """Score ``test`` (the evaluation split's :class:`~crossview.data.method_data.MethodData`) and write the
         ranks, the embeddings and the summary; returns the summary. ``features`` are the run's (their encoders
         are recorded), ``features_seconds`` the time their stage took. ``train`` (the training split's data)
-        gives the scoring bank, ``bank_<train split>.npz`` (:mod:`crossview.engine.scoring`)."""
+        gives the scoring bank, ``bank_<train split>.npz`` (:mod:`crossview.engine.scoring`).
+
+        Each part is a progress event of the stage ``evaluate`` naming it (:class:`_EvalSteps`), and the scoring's
+        products report as they go: at COCO size the part after the ranking was minutes under one ``0 / 1`` line."""
+        from crossview.engine.scoring import PLAIN_RECORD, run_scoring
+
         self.features = features
+        record = run_scoring({"scoring": getattr(self.cfg, "scoring", None)})
+        scored = record["scoring"] != "plain"
+        steps = _EvalSteps(self.cfg.split, scored and self.cfg.split != self.cfg.train_split, record["scoring"])
         t1 = time.monotonic()
-        yield self._emit(Progress(0, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
+        yield self._emit(steps.at("ranking"))
         res = self.method.evaluate(test)
         eval_seconds = time.monotonic() - t1
         self._write_ranks(res["ranks"], test)
+        yield self._emit(steps.at("embeddings"))
         self._write_embeddings(test)
-        from crossview.engine.scoring import PLAIN_RECORD, run_scoring
-        record = run_scoring({"scoring": getattr(self.cfg, "scoring", None)})
-        scored = record["scoring"] != "plain"
         if scored and self.cfg.split == self.cfg.train_split:
             yield self._emit(Log(f"{record['scoring']} scoring needs a bank of training images apart from the "
                                  f"evaluated split ({self.cfg.split}); this run is scored plain", "warning"))
@@ -106,29 +138,38 @@ class FitStage:
             # CNN end to end) would add minutes to every plain run: its bank is made here only when the run's own
             # scoring needs it, else on first use
             from crossview.engine.scoring import write_bank
+            yield self._emit(steps.at("bank"))
             write_bank(self.run_dir, self.cfg.train_split, self.method, train, seed=self.cfg.seed)
+        yield self._emit(steps.at("summary"))
         summary = self._summary(res, test, features_seconds, eval_seconds)
         if scored:
-            summary = yield from self._score(summary, record)
+            summary = yield from self._score(summary, record, steps)
         else:
             summary["scoring"] = {**record, "bank": None, "reported_on": self.cfg.split}
         atomic_write_json(self._path(SUMMARY), summary)
-        yield self._emit(Progress(1, 1, f"evaluating on {self.cfg.split}", stage="evaluate"))
+        yield self._emit(steps.end())
         return summary
 
-    def _score(self, summary: dict[str, Any], record: dict[str, Any]) -> Iterator[Event]:
+    def _score(self, summary: dict[str, Any], record: dict[str, Any], steps: "_EvalSteps") -> Iterator[Event]:
         """The summary under the run's scoring ``record`` (:mod:`crossview.engine.scoring`): the evaluation
         embeddings just written re-scored against the training bank, ranks.npz rewritten under it (the plain ranks
         kept beside), and config.json's record completed when its parameter was chosen here."""
         from crossview.engine.run_folder import CONFIG, read_config
-        from crossview.engine.scoring import (bank_path, describe_run_scoring, score_run_evaluation, scored_summary,
-                                              write_scored_ranks)
+        from crossview.engine.scoring import (bank_path, describe_run_scoring, iter_score_run_evaluation,
+                                              scored_summary, write_scored_ranks)
         from crossview.eval.embeddings import load_embeddings
 
         t = time.monotonic()
         emb = load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))
         bank = load_embeddings(bank_path(self.run_dir, self.cfg.train_split))
-        res, chosen = score_run_evaluation(emb, bank, record, self.cfg.seed, self.cfg.train_split)
+        work = iter_score_run_evaluation(emb, bank, record, self.cfg.seed, self.cfg.train_split)
+        while True:
+            try:
+                done, total = next(work)
+            except StopIteration as stop:
+                res, chosen = stop.value
+                break
+            yield self._emit(steps.at("scores", done / total))
         if chosen is not record:
             self.cfg.scoring = chosen
             config = read_config(self.run_dir)

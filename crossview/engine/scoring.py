@@ -39,7 +39,7 @@ bank in the run; ``crossview train --select cv`` then makes the cross-validated 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Log, Progress
-from crossview.eval.scoring import (DEFAULT_BLOCK, PARAMS, check_scoring, evaluate_scoring, scorers_for,
+from crossview.eval.scoring import (DEFAULT_BLOCK, PARAMS, _drain, check_scoring, iter_evaluate_scoring, scorers_for,
                                     select_scoring)
 
 __all__ = ["BANK_MAX_IMAGES", "SCORING_FILE", "SELECTIONS", "CV_FOLDS", "CV_DIR", "AUTO_CV_SECONDS", "bank_path",
@@ -383,7 +383,15 @@ def iter_evaluate_run(run_dir: str | Path, scoring: str = "plain", *, split: str
     bank = run_bank(folder) if bank is None else bank
     choice = yield from iter_run_choice(folder, scoring, param=param, select=select, folds=folds, bank=bank)
     choice = {**choice, "reported_on": split}
-    res = evaluate_scoring(emb, bank, scoring, choice["param"], ks, block_size=block_size, protocol=protocol)
+    work = iter_evaluate_scoring(emb, bank, scoring, choice["param"], ks, block_size=block_size, protocol=protocol)
+    label = f"{scoring} scores of {split} against the {train_split} bank"
+    while True:
+        try:
+            done, total = next(work)
+        except StopIteration as stop:
+            res = stop.value
+            break
+        yield Progress(done, total, label, stage="score")
     res["scoring"] = choice
     if record and protocol != "coco1k":      # scoring.json holds the whole-split results the app shows
         _record(folder, split, choice, res)
@@ -575,10 +583,16 @@ def score_run_evaluation(emb: Any, bank: Any, record: dict[str, Any], seed: int 
     """``(result, record)``: the evaluation embeddings ``emb`` under the run's scoring ``record`` with its
     training ``bank`` (:func:`crossview.eval.scoring.evaluate_scoring`); a record still pending gets its parameter
     from a hold-out of the bank (quick, labelled in-sample; ``crossview train`` may replace it by ``--select``)."""
+    return _drain(iter_score_run_evaluation(emb, bank, record, seed, train_split))
+
+
+def iter_score_run_evaluation(emb: Any, bank: Any, record: dict[str, Any], seed: int = 0,
+                              train_split: str = "train") -> Generator[tuple[int, int], None, tuple[dict, dict]]:
+    """:func:`score_run_evaluation` as a generator of the re-scoring's ``(done, total)``; returns its pair."""
     if pending_scoring(record):
         chosen = choose_scoring(bank, record["scoring"], None, seed, train_split)
         record = {**chosen, "selected_on": chosen.get("selected_on")}
-    res = evaluate_scoring(emb, bank, record["scoring"], record["param"])
+    res = yield from iter_evaluate_scoring(emb, bank, record["scoring"], record["param"])
     return res, record
 
 
