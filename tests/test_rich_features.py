@@ -284,3 +284,43 @@ def test_the_engine_resolves_the_flip_default_by_the_training_captions(images, t
         it.close()
         assert seen["enc"] == want
         assert any("say left or right" in m and "100%" in m for m in logs) == said, logs
+
+
+def test_a_combined_caption_encoders_progress_weights_each_block_by_its_cost(monkeypatch) -> None:
+    """minilm+glove reported each block as half its work, though MiniLM is most of the time: a run's ETA took
+    MiniLM's pace for GloVe's half and overshot 2.8x. Each block's share now follows its relative cost; the total
+    and the features are unchanged."""
+    from crossview.features.text.base import TextEncoder
+
+    class Slow(TextEncoder):
+        registry_name = "slow_test"
+        relative_cost = 9.0
+
+        def _dim(self) -> int:
+            return 2
+
+        def _encode_batch(self, captions, ctx):
+            return np.ones((len(captions), 2), np.float32)
+
+    class Fast(Slow):
+        registry_name = "fast_test"
+        relative_cost = 1.0
+
+    enc = CombinedTextEncoder.__new__(CombinedTextEncoder)
+    TextEncoder.__init__(enc)
+    enc.blocks = [Slow(), Fast()]
+    caps = [f"caption {i}" for i in range(40)]
+    work = enc.iter_encode(caps, batch_size=10)
+    seen = []
+    while True:
+        try:
+            seen.append(next(work))
+        except StopIteration as end:
+            out = end.value
+            break
+    assert all(total == 80 for _, total in seen)
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == 80
+    # the slow block's last batch is 90% of the work (9 of 10 cost units), the fast block's first batch 92.5%
+    assert done[4] == 72 and done[5] == 74
+    assert out.shape == (40, 4)

@@ -197,6 +197,7 @@ def test_a_run_says_its_plan_first_and_names_every_stage(tmp_path, monkeypatch):
     plan = next(e for e in events if isinstance(e, Plan))
     names = [s["name"] for s in plan.stages]
     assert names[-2:] == ["fit", "evaluate"] and "images" in names and "captions" in names
+    assert "text model" in names                                      # TF-IDF is fitted on the training captions
     assert all(s["seconds"] >= 0 for s in plan.stages)
     progress = [e for e in events if isinstance(e, Progress)]
     assert progress and all(e.stage in names for e in progress)
@@ -212,6 +213,14 @@ def test_a_run_says_its_plan_first_and_names_every_stage(tmp_path, monkeypatch):
     for e in progress:
         eta.update(e.stage, e.fraction)
     assert eta.fraction() == pytest.approx(1.0) and np.isfinite(eta.fraction())
+    # an encoder with nothing to fit plans no text-model stage (it was planned, never came, and the ETA overshot)
+    gen = train("cca", data, run_dir=tmp_path / "glove", **{**kw, "text_encoder": "glove"})
+    try:
+        glove_plan = next(e for e in gen if isinstance(e, Plan))
+    finally:
+        gen.close()
+    glove_names = [s["name"] for s in glove_plan.stages]
+    assert "captions" in glove_names and "text model" not in glove_names
 
 
 def test_feature_extraction_is_the_runs_own_events_no_thread_and_a_cancel_closes_it(tmp_path, monkeypatch):

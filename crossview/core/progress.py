@@ -194,10 +194,25 @@ class RunEta:
     def _estimate(self, t: float) -> float | None:
         known = [s for s in self._stages if s.state != "skipped" and s.prior > 0]
         total_prior = sum(s.prior * (1.0 - s.first) for s in known)
-        done_prior = sum(s.prior * s.share_done() for s in known)
-        # the running stage counts from its first event: its start-up (loading a model) is not a pace to scale by
-        done_actual = sum(s.actual if s.state == "done" else (t - s.first_at) if s.state == "running" else 0.0
-                          for s in known)
+        # the running stage counts from its first report of work done once it has done more since: its start-up
+        # (loading a model after it said "work starts") is not a pace to scale the rest of the run by (a first-time
+        # CCA run's ETA overshot 1.5x through the images stage, two backbones loading counted as pace); until then
+        # it counts nothing while stages before it give a pace, else from its first event
+        def paced(s: _PlanStage, early: bool) -> tuple[float, float]:
+            if s.state == "done":
+                return s.prior * s.share_done(), s.actual
+            if s.state != "running":
+                return 0.0, 0.0
+            r = s.rate_from
+            if r is not None and s.fraction - r[1] >= self.min_fraction:
+                return s.prior * (s.fraction - r[1]), t - r[0]
+            return (s.prior * s.share_done(), t - s.first_at) if early else (0.0, 0.0)
+
+        pairs = [paced(s, early=False) for s in known]
+        if sum(p for p, _ in pairs) < self.min_fraction * total_prior:
+            pairs = [paced(s, early=True) for s in known]
+        done_prior = sum(p for p, _ in pairs)
+        done_actual = sum(a for _, a in pairs)
         if total_prior <= 0 or done_prior < self.min_fraction * total_prior or done_actual <= 0:
             return None
         k = done_actual / done_prior

@@ -81,9 +81,17 @@ class FeatureStage:
                     enc = self.cfg.image_encoder or DEFAULT_IMAGE_ENCODER
                     work.append(("images", f"image features ({enc})", enc, float(ds.n_images)))
                 if self.cfg.text_encoder != "none":
+                    from crossview.features.text import create_text_encoder
+
                     enc = self.cfg.text_encoder or DEFAULT_TEXT_ENCODER
-                    n_fit = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.train_split])).sum())
-                    work.append(("text model", f"text model ({enc})", enc, float(n_fit)))
+                    try:
+                        fits = create_text_encoder(enc).needs_fit
+                    except (CrossViewError, ValueError, TypeError):
+                        fits = True                            # say so at extraction; plan it meanwhile
+                    if fits:    # MiniLM, GloVe: nothing to fit, no stage (it was planned anyway: 1.5 s of a 45 s
+                        # run that never came, and the ETA's end overshot)
+                        n_fit = int(np.isin(ds.caption_image, np.asarray(ds.splits[self.cfg.train_split])).sum())
+                        work.append(("text model", f"text model ({enc})", enc, float(n_fit)))
                     work.append(("captions", f"caption features ({enc})", enc, float(ds.n_captions)))
         want = getattr(self.method, "auxiliary_datasets", None)
         if want is not None and want():

@@ -27,7 +27,7 @@ DEFAULTS: dict[str, float] = {
     "images": 0.013,          # one backbone, one pass, on one image (decoding included; efficientnet_lite0:
                               # bench/results/feature_throughput_cpu.txt, 73 images/s with the folded network)
     "image pass": 0.008,      # each further pass of a backbone over the decoded image (a flip's mirror)
-    "captions:neural": 0.0026,  # a transformer on one caption (MiniLM: 3,500 captions in about 9 s)
+    "captions:neural": 0.002,   # a transformer on one caption (MiniLM + GloVe: 3,500 captions in 6.4-7.8 s)
     "captions": 0.0002,       # a bag of words / word vectors / tags on one caption
     "tags": 0.0011,           # webly's nouns and verbs of one training caption (a COCO-size set's 550K: ~10 min)
     "text model": 0.0005,     # fitting TF-IDF, LDA ... per training caption
