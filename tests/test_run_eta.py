@@ -280,3 +280,25 @@ def test_the_run_never_ends_before_its_running_stage():
         if i >= 2:                             # paced from its first batch's report (i = 1) on
             assert left is not None and mine is not None and left >= mine, (i, left, mine)
     assert left is not None and left > 3000
+
+
+def test_relay_turns_each_report_into_an_event_and_returns_the_work_s_value():
+    from crossview.core.events import relay
+
+    def work():
+        yield 0, 3
+        yield 2, 3
+        return "result"
+
+    def outer():
+        value = yield from relay(work(), lambda done, total: Progress(done, total, "w"))
+        return value
+
+    gen, events = outer(), []
+    while True:
+        try:
+            events.append(next(gen))
+        except StopIteration as end:
+            assert end.value == "result"
+            break
+    assert [(e.step, e.total, e.message) for e in events] == [(0, 3, "w"), (2, 3, "w")]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from collections.abc import Callable, Generator
+from typing import Any, ClassVar, TypeVar
 
-__all__ = ["Event", "Progress", "Plan", "Loss", "Validation", "Phase", "CheckpointSaved", "Log", "Finished", "TrialFinished",
-           "event_from_dict", "EVENT_TYPES"]
+__all__ = ["relay", "Event", "Progress", "Plan", "Loss", "Validation", "Phase", "CheckpointSaved", "Log", "Finished",
+           "TrialFinished", "event_from_dict", "EVENT_TYPES"]
 
 
 def _jsonable(x: Any) -> Any:
@@ -167,3 +168,19 @@ def event_from_dict(d: dict[str, Any]) -> Event:
     cls = EVENT_TYPES[kind]
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
+
+
+_T = TypeVar("_T")
+_E = TypeVar("_E")
+
+
+def relay(work: Generator[tuple[int, int], Any, _T], event: Callable[[int, int], _E]) -> Generator[_E, None, _T]:
+    """Yield ``event(done, total)`` for each report of ``work`` (a generator of ``(done, total)`` that *returns*
+    its result, as the encoders' and the scorings' ``iter_*``) and return that result: ``x = yield from relay(work,
+    lambda d, t: Progress(d, t, label))``. (:func:`crossview.core.progress.drive` is its callback twin.)"""
+    while True:
+        try:
+            done, total = next(work)
+        except StopIteration as end:
+            return end.value
+        yield event(done, total)

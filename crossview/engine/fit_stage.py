@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from crossview.core.events import Event, Log, Loss, Progress, Validation
+from crossview.core.events import Event, Log, Loss, Progress, Validation, relay
 from crossview.core.io import atomic_write_json, atomic_writer
 from crossview.engine.run_folder import _METRIC_KEYS, RANKS, SUMMARY, _now
 
@@ -162,14 +162,9 @@ class FitStage:
         t = time.monotonic()
         emb = load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))
         bank = load_embeddings(bank_path(self.run_dir, self.cfg.train_split))
-        work = iter_score_run_evaluation(emb, bank, record, self.cfg.seed, self.cfg.train_split)
-        while True:
-            try:
-                done, total = next(work)
-            except StopIteration as stop:
-                res, chosen = stop.value
-                break
-            yield self._emit(steps.at("scores", done / total))
+        res, chosen = yield from relay(iter_score_run_evaluation(emb, bank, record, self.cfg.seed,
+                                                                  self.cfg.train_split),
+                                       lambda done, total: self._emit(steps.at("scores", done / total)))
         if chosen is not record:
             self.cfg.scoring = chosen
             config = read_config(self.run_dir)

@@ -46,8 +46,9 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Event, Log, Progress
-from crossview.eval.scoring import (DEFAULT_BLOCK, PARAMS, _drain, check_scoring, iter_evaluate_scoring, scorers_for,
+from crossview.core.events import Event, Log, Progress, relay
+from crossview.core.progress import drive
+from crossview.eval.scoring import (DEFAULT_BLOCK, PARAMS, check_scoring, iter_evaluate_scoring, scorers_for,
                                     select_scoring)
 
 __all__ = ["BANK_MAX_IMAGES", "SCORING_FILE", "SELECTIONS", "CV_FOLDS", "CV_DIR", "AUTO_CV_SECONDS", "bank_path",
@@ -289,15 +290,9 @@ def iter_select_cv(run_dir: str | Path, scoring: str, folds: int = CV_FOLDS, gri
         fold = yield from iter_fold_run(config, ds, where / f"f{f + 1}", tr, te, f"cv fold {f + 1}/{len(parts)}")
         sets.append((fold.emb, fold.bank))
         yield Progress(f + 1, len(parts), "cross-validation runs", stage="cv")
-    work = iter_select_scoring_cv(sets, scoring, grid, train_split, block_size)
     label = f"choosing {scoring}'s {PARAMS[scoring]} on the {train_split} folds"
-    while True:
-        try:
-            done, total = next(work)
-        except StopIteration as stop:
-            record = stop.value
-            break
-        yield Progress(done, total, label, stage="choose")
+    record = yield from relay(iter_select_scoring_cv(sets, scoring, grid, train_split, block_size),
+                              lambda done, total: Progress(done, total, label, stage="choose"))
     record.update(seed=seed, fold_runs=[str(where / f"f{f + 1}") for f in range(len(parts))],
                   how=f"{len(parts)}-fold cross-validation of the {train_split} images: the run's method trained "
                       "again on each fold's other images, the fold scored against a bank of those images")
@@ -383,15 +378,10 @@ def iter_evaluate_run(run_dir: str | Path, scoring: str = "plain", *, split: str
     bank = run_bank(folder) if bank is None else bank
     choice = yield from iter_run_choice(folder, scoring, param=param, select=select, folds=folds, bank=bank)
     choice = {**choice, "reported_on": split}
-    work = iter_evaluate_scoring(emb, bank, scoring, choice["param"], ks, block_size=block_size, protocol=protocol)
     label = f"{scoring} scores of {split} against the {train_split} bank"
-    while True:
-        try:
-            done, total = next(work)
-        except StopIteration as stop:
-            res = stop.value
-            break
-        yield Progress(done, total, label, stage="score")
+    res = yield from relay(iter_evaluate_scoring(emb, bank, scoring, choice["param"], ks, block_size=block_size,
+                                                 protocol=protocol),
+                           lambda done, total: Progress(done, total, label, stage="score"))
     res["scoring"] = choice
     if record and protocol != "coco1k":      # scoring.json holds the whole-split results the app shows
         _record(folder, split, choice, res)
@@ -583,7 +573,7 @@ def score_run_evaluation(emb: Any, bank: Any, record: dict[str, Any], seed: int 
     """``(result, record)``: the evaluation embeddings ``emb`` under the run's scoring ``record`` with its
     training ``bank`` (:func:`crossview.eval.scoring.evaluate_scoring`); a record still pending gets its parameter
     from a hold-out of the bank (quick, labelled in-sample; ``crossview train`` may replace it by ``--select``)."""
-    return _drain(iter_score_run_evaluation(emb, bank, record, seed, train_split))
+    return drive(iter_score_run_evaluation(emb, bank, record, seed, train_split))
 
 
 def iter_score_run_evaluation(emb: Any, bank: Any, record: dict[str, Any], seed: int = 0,

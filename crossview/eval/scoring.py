@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.progress import drive
 from crossview.eval.hubness import DEFAULT_K, TOP_SHARE_K, hubness_from_top
 from crossview.eval.metrics import first_relevant_ranks, rank_metrics, rsum_of, top_k
 
@@ -178,10 +179,11 @@ class Scorer:
     def prepare(self, gallery: np.ndarray) -> dict[str, np.ndarray]:
         """The statistics of ``gallery (n_g, D)`` over the bank: ``r`` (csls), ``c`` = log-sum-exp over the
         bank (isoftmax / dsoftmax) and ``hub`` ``(n_g,) bool``, the activation set (dsoftmax)."""
-        return _drain(self.iter_prepare(gallery))
+        return drive(self.iter_prepare(gallery))
 
-    def iter_prepare(self, gallery: np.ndarray) -> Generator[int, None, dict[str, np.ndarray]]:
-        """:meth:`prepare` as a generator: yields the gallery rows done after each block, returns the statistics."""
+    def iter_prepare(self, gallery: np.ndarray) -> Generator[tuple[int, int], None, dict[str, np.ndarray]]:
+        """:meth:`prepare` as a generator: yields ``(gallery rows done, n_g)`` after each block, returns the
+        statistics."""
         out: dict[str, np.ndarray] = {}
         if self.scoring == "plain":
             return out
@@ -196,7 +198,7 @@ class Scorer:
             else:
                 block *= self.param
                 stat[a:a + step] = _lse(block)
-            yield min(n_g, a + step)
+            yield min(n_g, a + step), n_g
         out["r" if self.scoring == "csls" else "c"] = stat
         if self.scoring == "dsoftmax":
             hub = np.zeros(n_g, dtype=bool)
@@ -272,15 +274,6 @@ def scorers_for(scoring: str, param: float | None, bank: Any,
             "t2i": Scorer(scoring, param, bank_queries=ct, bank_gallery=ci, block_size=block_size)}
 
 
-def _drain(gen: Iterator[Any]) -> Any:
-    """Run a generator to its end; its return value."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as end:
-            return end.value
-
-
 def evaluate_scoring(emb: Any, bank: Any, scoring: str, param: float | None = None, ks: Sequence[int] = (1, 5, 10),
                      block_size: int = DEFAULT_BLOCK, hub_k: int | None = None,
                      protocol: str = "standard") -> dict[str, Any]:
@@ -294,7 +287,7 @@ def evaluate_scoring(emb: Any, bank: Any, scoring: str, param: float | None = No
     protocol), every metric the mean over the folds, plus ``"folds"`` (each fold's result, its hubness included);
     no ``"ranks"`` (a rank is within its fold) and ``"hubness"`` None (it is per fold).
     """
-    return _drain(iter_evaluate_scoring(emb, bank, scoring, param, ks, block_size, hub_k, protocol))
+    return drive(iter_evaluate_scoring(emb, bank, scoring, param, ks, block_size, hub_k, protocol))
 
 
 #: the units of :func:`iter_evaluate_scoring`'s progress
@@ -372,7 +365,7 @@ def iter_evaluate_scoring(emb: Any, bank: Any, scoring: str, param: float | None
         gen = scorers[d].iter_prepare(gallery)
         while True:
             try:
-                rows = next(gen)
+                rows, _ = next(gen)
             except StopIteration as end:
                 stats[d] = end.value
                 break
