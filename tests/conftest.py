@@ -43,25 +43,45 @@ def _no_windows_left_open(request):
     if "qtbot" not in request.fixturenames:
         yield
         return
-    from crossview.gui.workers import _LIVE
+    from crossview.gui.workers import _LIVE, hold_collection, release_collection
 
-    yield
-    for w in list(_LIVE):          # every worker started and not yet joined (its owner may have dropped it)
-        if w.is_running():
-            w.stop()
-            assert w.wait(30000), f"worker {getattr(w, 'name', w)!r} did not end within 30 s of the test"
-    from PySide6.QtWidgets import QApplication
-    app = QApplication.instance()
-    if app is None:
-        return
-    app.processEvents()
-    if _LIVE:                       # the joined workers are let go a turn after their finished signal
+    hold_collection(request.node)
+    try:
+        yield
+        for w in list(_LIVE):          # every worker started and not yet joined (its owner may have dropped it)
+            if w.is_running():
+                w.stop()
+                assert w.wait(30000), f"worker {getattr(w, 'name', w)!r} did not end within 30 s of the test"
+        from PySide6.QtWidgets import QApplication
+        app = QApplication.instance()
+        if app is None:
+            return
         app.processEvents()
-        app.processEvents()
-    left = [w for w in app.topLevelWidgets() if w.isVisible()]
-    for w in left:
-        w.close()
-    assert not left, f"windows left open: {[type(w).__name__ for w in left]}"
+        if _LIVE:                       # the joined workers are let go a turn after their finished signal
+            app.processEvents()
+            app.processEvents()
+        left = [w for w in app.topLevelWidgets() if w.isVisible()]
+        for w in left:
+            w.close()
+        assert not left, f"windows left open: {[type(w).__name__ for w in left]}"
+    finally:
+        _free_gui_garbage()
+        release_collection(request.node)
+
+
+def _free_gui_garbage() -> None:
+    """The test's widgets (closed and given to ``deleteLater`` by pytest-qt) deleted now, and its cyclic garbage
+    collected now, on the GUI thread: left for later, a collection set off by another thread (a tqdm monitor, a pool's
+    feeder, a later test's worker) freed a closed plot's scene there, and a full CI run segfaulted in the next GUI
+    test."""
+    import gc
+
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    if QCoreApplication.instance() is not None:
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        QCoreApplication.processEvents()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -364,7 +364,19 @@ def test_tokens_increase_across_both_kinds() -> None:
     assert a.token < b.token < c.token
 
 
-def test_a_dropped_worker_is_freed_on_the_gui_thread_without_the_cyclic_collector(qtbot) -> None:
+@pytest.fixture
+def collection_released(request):
+    """The collection tests watch collection taken and handed back: the hold every GUI test has (tests/conftest.py)
+    is let go for their body and taken again after it."""
+    from crossview.gui import workers as W
+
+    W.release_collection(request.node)
+    assert not W._HELD, "nothing else holds collection on the GUI thread"
+    yield
+    W.hold_collection(request.node)
+
+
+def test_a_dropped_worker_is_freed_on_the_gui_thread_without_the_cyclic_collector(qtbot, collection_released) -> None:
     """worker <-> runner was a reference cycle: a worker its owner dropped was freed by the cyclic garbage collector,
     whenever and on whichever thread it ran, QThread and runner included (full test runs under load crashed in it).
     Now a never-started worker goes at once, and a running one stays alive until its thread has ended, then goes on
@@ -393,7 +405,7 @@ def test_a_dropped_worker_is_freed_on_the_gui_thread_without_the_cyclic_collecto
         gc.enable()
 
 
-def test_while_workers_run_garbage_is_collected_on_the_gui_thread_only(qtbot) -> None:
+def test_while_workers_run_garbage_is_collected_on_the_gui_thread_only(qtbot, collection_released) -> None:
     """A collection started on a worker thread freed GUI garbage there (a plot's QGraphicsScene cleared on the worker
     thread: full test runs crashed). While a worker runs, automatic collection is off and the GUI thread collects on
     a timer; cyclic garbage made meanwhile is collected there; after the last worker, collection is Python's again."""
@@ -435,7 +447,7 @@ def test_while_workers_run_garbage_is_collected_on_the_gui_thread_only(qtbot) ->
     assert gc.isenabled() == (not W._LIVE)
 
 
-def test_a_worker_deleted_by_its_parent_before_its_end_is_let_go_and_collection_handed_back(qtbot) -> None:
+def test_a_worker_deleted_by_its_parent_before_its_end_is_let_go_and_collection_handed_back(qtbot, collection_released) -> None:
     """A worker whose Qt object its parent deleted while it ran never sends ``finished``: it was left in ``_LIVE``
     for good, and automatic collection stayed off. The collection timer now lets go of it once its thread ends."""
     import gc
@@ -460,7 +472,7 @@ def test_a_worker_deleted_by_its_parent_before_its_end_is_let_go_and_collection_
     qtbot.waitUntil(lambda: gc.isenabled() == (not W._LIVE and not W._LOADING), timeout=10 * W.GC_INTERVAL_MS)
 
 
-def test_the_engine_import_thread_collects_on_the_gui_thread_too(qtbot) -> None:
+def test_the_engine_import_thread_collects_on_the_gui_thread_too(qtbot, collection_released) -> None:
     """The engine loader's import thread allocates enough to set a collection off there: while it runs, collection
     is the GUI thread's, as for a worker, and handed back when it ends."""
     import gc
@@ -475,3 +487,65 @@ def test_the_engine_import_thread_collects_on_the_gui_thread_too(qtbot) -> None:
     qtbot.waitUntil(lambda: loader not in W._LOADING, timeout=10000)
     assert gc.isenabled()
     assert loader.result is not None and isinstance(loader.result[0], str)
+
+
+def test_a_holder_keeps_collection_on_the_gui_thread_whatever_the_workers_do(qtbot, collection_released) -> None:
+    """The application holds collection on the GUI thread for its whole life (threads that are no worker here
+    allocate too: a tqdm monitor, a pool's feeder): a worker ending meanwhile does not hand it back, the holder's
+    release does, once no worker runs; and cyclic garbage is still collected meanwhile, by the GUI thread's timer."""
+    import gc
+    import weakref
+
+    from crossview.gui import workers as W
+
+    assert gc.isenabled()
+    holder = object()
+    W.hold_collection(holder)
+    try:
+        assert not gc.isenabled()
+        with qtbot.waitSignal(Task(lambda p, s: None).start().finished, timeout=30000):
+            pass
+        qtbot.waitUntil(lambda: not W._LIVE, timeout=10000)
+        assert not gc.isenabled(), "a worker's end must not hand back what the holder holds"
+
+        class Node:
+            pass
+
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        ref = weakref.ref(a)
+        del a, b
+        junk = [[] for _ in range(gc.get_threshold()[0] + 10)]      # past generation 0's threshold
+        qtbot.waitUntil(lambda: ref() is None, timeout=10 * W.GC_INTERVAL_MS)
+        del junk
+
+        threads = []                                # the thread each collection starts on
+        gc.callbacks.append(on_gc := lambda phase, info: phase == "start" and threads.append(threading.get_ident()))
+        try:
+            kept: list = []
+            other = threading.Thread(target=lambda: kept.extend([[] for _ in range(50)] for _ in range(2000)))
+            other.start()                           # a plain thread, no worker: 100K new lists, far past thresholds
+            other.join()
+            qtbot.waitUntil(lambda: bool(threads), timeout=10 * W.GC_INTERVAL_MS)
+        finally:
+            gc.callbacks.remove(on_gc)
+        assert threads and set(threads) == {threading.get_ident()}, "collected on the GUI thread only"
+    finally:
+        W.release_collection(holder)
+    assert gc.isenabled() and holder not in W._HELD
+
+
+def test_the_application_holds_collection_for_its_life() -> None:
+    """crossview.gui.app.ensure_app, which makes the app's QApplication, holds collection on the GUI thread (in a
+    fresh interpreter: the test session's QApplication is pytest-qt's)."""
+    import subprocess
+    import sys
+
+    code = ("import gc, os; os.environ['QT_QPA_PLATFORM'] = 'offscreen'\n"
+            "from crossview.gui.app import ensure_app\n"
+            "from crossview.gui import workers as W\n"
+            "app = ensure_app()\n"
+            "print(gc.isenabled(), app in W._HELD, W._GC.timer.isActive())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True"]

@@ -35,6 +35,7 @@ def ensure_app() -> Any:
     from PySide6.QtWidgets import QApplication
 
     from crossview.gui.style import apply_style
+    from crossview.gui.workers import hold_collection
 
     app = QApplication.instance()
     if app is None:
@@ -42,6 +43,7 @@ def ensure_app() -> Any:
         app.setApplicationName("CrossView")
         app.setOrganizationName("CrossView")
         apply_style(app)
+        hold_collection(app)      # cyclic garbage collected on the GUI thread only, for the application's life
     return app
 
 

@@ -20,8 +20,9 @@ Two rules keep Qt objects on the GUI thread (breaking them crashed full test run
 ``_LIVE`` until its thread is joined, then dropped on the GUI thread (no worker <-> runner reference cycle, so the
 cyclic garbage collector never frees one on some other thread); and while any worker runs, automatic garbage
 collection is off and a timer on the GUI thread collects instead (:class:`_GuiThreadGC`), so a collection set off
-by a worker's allocations cannot free GUI garbage (a closed plot's scene) on the worker thread. A thread that is not
-a worker here (a background import, a DataLoader) can still set one off: route such work through these workers.
+by a worker's allocations cannot free GUI garbage (a closed plot's scene) on the worker thread. Threads that are no
+worker here (a tqdm monitor, a DataLoader's, a library's pool) allocate too: the application keeps collection on the
+GUI thread for its whole life (:func:`hold_collection`), and each GUI test while it runs (tests/conftest.py).
 
 Why not ``concurrent.futures`` (issue 12 asked): a ``Future`` reports once, at the end, and its
 ``cancel()`` only stops work that has not started; these workers must stream progress and events to
@@ -100,6 +101,9 @@ class _Runner(QObject):
 _LIVE: set["WorkerBase"] = set()
 #: the engine loaders whose import thread runs (collection stays on the GUI thread meanwhile too)
 _LOADING: set["EngineLoader"] = set()
+#: whatever else keeps collection on the GUI thread (:func:`hold_collection`): the application for its whole life,
+#: a GUI test while it runs
+_HELD: set[object] = set()
 
 #: how often the GUI thread collects cyclic garbage while workers run (milliseconds)
 GC_INTERVAL_MS = 500
@@ -257,8 +261,31 @@ class WorkerBase(QObject):
 def _let_go(worker: WorkerBase) -> None:
     """The end of a worker's life (on the GUI thread): forgotten; the last one hands collection back to Python."""
     _LIVE.discard(worker)
-    if not _LIVE and not _LOADING:
-        _GC.stop()
+    _hand_back()
+
+
+def _hand_back() -> bool:
+    """Hand collection back to Python once nothing holds it on the GUI thread (no worker, loader or holder); True
+    when it did."""
+    if _LIVE or _LOADING or _HELD:
+        return False
+    _GC.stop()
+    return True
+
+
+def hold_collection(holder: object) -> None:
+    """Collect cyclic garbage on the GUI thread only, from now until :func:`release_collection` (``holder``), whatever
+    runs meanwhile. Called on the GUI thread. The application holds it for its whole life (:func:`crossview.gui.app.
+    ensure_app`): threads that are no worker of this module (a tqdm monitor, a DataLoader's, a library's pool) allocate
+    too, and a collection they set off would free the GUI's garbage (a closed plot's scene) on their thread."""
+    _HELD.add(holder)
+    _GC.start()
+
+
+def release_collection(holder: object) -> None:
+    """The end of :func:`hold_collection` (``holder``); collection goes back to Python when nothing else holds it."""
+    _HELD.discard(holder)
+    _hand_back()
 
 
 def _prune_orphans() -> bool:
@@ -269,10 +296,7 @@ def _prune_orphans() -> bool:
     for w in orphans:
         w._thread.wait()
         _LIVE.discard(w)
-    if orphans and not _LIVE and not _LOADING:
-        _GC.stop()
-        return True
-    return False
+    return bool(orphans) and _hand_back()
 
 
 class Task(WorkerBase):
@@ -494,8 +518,7 @@ class EngineLoader(QObject):
         if self._thread is not None:
             self._thread.join()
         _LOADING.discard(self)
-        if not _LIVE and not _LOADING:
-            _GC.stop()
+        _hand_back()
 
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
