@@ -86,9 +86,42 @@ def test_a_cached_stage_is_skipped_not_counted():
     assert eta.stage("images").state == "skipped" and eta.stage("captions").state == "skipped"
     eta.update("fit", 0.0)
     clock.t = 2.2
-    left = eta.update("fit", 0.1)                          # 2 s for 10% of a 10 s prior: the machine is 2x slower
-    assert left == pytest.approx(2.0 * 9.0 + 2.0 * 10.0, rel=0.01)
-    assert 0.0 < eta.fraction() < 0.2
+    left = eta.update("fit", 0.1)          # its first interval: start-up and a first batch, no pace yet
+    assert left == pytest.approx((10.0 - 2.0) + 10.0, rel=0.01)
+    clock.t = 4.2
+    left = eta.update("fit", 0.2)          # 2 s for 10% of a 10 s prior: the machine is 2x slower
+    assert left == pytest.approx(2.0 * 8.0 + 2.0 * 10.0, rel=0.01)
+    assert 0.0 < eta.fraction() < 0.3
+
+
+def test_a_first_interval_bounds_the_pace_from_above_and_a_start_up_is_not_spread_over_the_stage():
+    """A stage's first report of work comes after its start-up (two backbones loaded: 3 s) and a first batch: taken
+    as pace, a first run's first estimate said 86 s for 38. Until a pace is measured the expected seconds stand (the
+    first interval can only make the machine look slower than it is, so a faster one still scales them down); and
+    once a stage's start-up is behind it, its ETA is what the pace leaves of its expected seconds, not their share
+    for the work left (the caption stage's ETA, its model loaded, was 2x the truth)."""
+    clock = Clock()
+    eta = RunEta(clock)
+    eta.plan([{"name": "images", "seconds": 30.0}, {"name": "captions", "seconds": 7.0},
+              {"name": "fit", "seconds": 1.0}])
+    eta.update("images", 0.0)
+    clock.t = 3.5                                         # 3 s loading, 0.5 s for the first 5%
+    assert eta.update("images", 0.05) == pytest.approx((30.0 - 3.5) + 7.0 + 1.0, rel=0.01)
+    fast = RunEta(Clock())
+    fast.plan([{"name": "images", "seconds": 30.0}])
+    fast.update("images", 0.0)
+    fast._clock.t = 0.75                                  # 5% in 0.75 s: twice the prior's pace, start-up and all
+    assert fast.update("images", 0.05) == pytest.approx(0.5 * 30.0 - 0.75, rel=0.01)
+    for i in range(2, 21):                                # the rest at the prior's pace: 1.5 s every 5%
+        clock.t += 1.5
+        eta.update("images", i / 20)
+    eta.update("captions", 0.0)
+    k = clock.t / 30.0                                    # the run's pace: the images' seconds over their prior
+    clock.t += 2.5                                        # MiniLM loads (2 s) and encodes its first 10% (0.5 s)
+    left = eta.update("captions", 0.1)
+    assert left == pytest.approx((k * 7.0 - 2.5) + k * 1.0, rel=0.01)
+    spread = k * 7.0 * (1.0 - 0.1) + k * 1.0                # the prior's share for the work left, load included
+    assert left < spread - 1.5, "the load's share of the prior is spent, not spread over the work left"
 
 
 def test_pauses_do_not_count_and_paused_is_said():

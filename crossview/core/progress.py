@@ -101,8 +101,11 @@ class RunEta:
     estimate learns from the run's own timings: the work done so far took ``k`` times its expected seconds, so
     every stage still to come takes ``k`` times its own; the running stage, once it has done a tenth of its
     work since its first batch, goes at its own pace measured from there (its start-up, such as loading a model
-    after it said "work starts", does not recur); before that, once it has done ``min_fraction``, it is given at
-    least the time its own pace says (a run never ends before its running stage). A stage that reports itself
+    after it said "work starts", does not recur); before that it is given what the pace leaves of its expected
+    seconds once its first batch is reported (its start-up spent), and at least the time its own pace says once it
+    has done ``min_fraction`` since (a run never ends before its running stage). Before anything has a pace but
+    the first stage's first interval (start-up and first batch: a bound from above on the pace), the expected
+    seconds stand, scaled down only if even that interval was faster. A stage that reports itself
     done at its first event (its features came from the cache) is skipped: neither its time nor its expected
     seconds count. Progress for a stage the plan does not name (or with no plan) falls back to
     :class:`StageEta`: that stage alone."""
@@ -209,13 +212,19 @@ class RunEta:
             return (s.prior * s.share_done(), t - s.first_at) if early else (0.0, 0.0)
 
         pairs = [paced(s, early=False) for s in known]
-        if sum(p for p, _ in pairs) < self.min_fraction * total_prior:
+        early = sum(p for p, _ in pairs) < self.min_fraction * total_prior
+        if early:
             pairs = [paced(s, early=True) for s in known]
         done_prior = sum(p for p, _ in pairs)
         done_actual = sum(a for _, a in pairs)
         if total_prior <= 0 or done_prior < self.min_fraction * total_prior or done_actual <= 0:
             return None
         k = done_actual / done_prior
+        if early:
+            # nothing has a pace yet but the running stage's first interval, which holds its start-up as well as its
+            # first batch: a bound from above on the pace, not the pace (a first run's first estimate said 86 s for
+            # 38: two backbones loading taken as work); the expected seconds stand until a pace is measured
+            k = min(k, 1.0)
         left = 0.0
         for s in self._stages:
             if s.state == "running":
@@ -228,7 +237,15 @@ class RunEta:
                 else:
                     # the run's pace so far; never less than this stage's own once it has one (a COCO-size epoch
                     # said "ETA 1 h 03 min" beside a run "ETA 7 min" while the run's pace caught up)
-                    left += max(k * s.prior * (1.0 - s.fraction), own or 0.0)
+                    expected = k * s.prior * (1.0 - s.fraction)
+                    if r is not None:
+                        # its start-up is behind it: what the pace leaves of the stage's expected seconds after its
+                        # first report, spread over the work left (the caption stage's ETA, MiniLM loaded, still
+                        # held the load's share of its prior: 2x the truth); no less than that while on time
+                        budget = k * s.prior * (1.0 - s.first) - (r[0] - s.first_at)
+                        if budget > 0:
+                            expected = budget * (1.0 - s.fraction) / max(1e-9, 1.0 - r[1])
+                    left += max(expected, own or 0.0)
             elif s.state == "pending":
                 left += k * s.prior
         return left
