@@ -302,6 +302,28 @@ def test_a_stopped_fusion_continues_its_cross_validation_runs(runs, tmp_path) ->
     assert {p: (folder / "cv" / p / "summary.json").stat().st_mtime_ns for p in done} == mtimes   # read back
 
 
+def test_a_stop_asked_while_the_weights_are_chosen_cancels_the_fusion(runs, tmp_path) -> None:
+    """The weights' search reports each candidate as a ``weights`` stage's progress and asks ``should_stop`` after
+    each: a stop there ends the fusion as cancelled, with no summary."""
+    from crossview.core.errors import Cancelled
+    from crossview.core.events import Progress
+    from crossview.engine.fuse import iter_fuse
+
+    folder = tmp_path / "stopped_weights"
+    seen: list[Progress] = []
+    gen = iter_fuse([runs["a"], runs["b"]], "bank", run_dir=folder,
+                    should_stop=lambda: any(p.stage == "weights" and p.step >= 1 for p in seen))
+    with pytest.raises(Cancelled, match="fusion cancelled"):
+        for ev in gen:
+            if isinstance(ev, Progress):
+                seen.append(ev)
+    weights = [p for p in seen if p.stage == "weights"]
+    assert weights and weights[-1].step == 1 and weights[-1].total > 1, "stopped after the first candidate's report"
+    assert weights[-1].message == "choosing weights on train folds"
+    assert json.loads((folder / "status.json").read_text())["status"] == "cancelled"
+    assert not (folder / "summary.json").exists()
+
+
 def test_a_fused_run_can_be_fused_again_with_bank_weights_and_opened(runs, tmp_path) -> None:
     from crossview.engine.fuse import fuse
     from crossview.engine.session import open_run

@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
-from crossview.core.events import Event, Finished, Log, Plan, Progress
+from crossview.core.events import Event, Finished, Log, Plan, Progress, relay
 from crossview.eval.scoring import BLOCK_ELEMENTS
 from crossview.engine.run_folder import CONFIG, METRICS, RANKS, STATUS, SUMMARY, _METRIC_KEYS, _now
 
@@ -586,17 +586,9 @@ def iter_fuse(run_dirs: Sequence[str | Path] | None = None, weights: str | Seque
                 selected_on = f"{train_split} ({folds} folds of its bank)"
                 how = (f"{folds} folds of the {train_split} bank (the runs' own training images, which they were "
                        "fitted on: every weight is scored in-sample)")
-            work = iter_choose_weights(fold_sets, block_size=block_size)
-            while True:
-                try:
-                    done, total = next(work)
-                except StopIteration as stop:
-                    choice = stop.value
-                    break
-                yield emit(Progress(done, total, f"choosing weights on {train_split} folds", stage="weights"))
-                if should_stop is not None and should_stop():
-                    from crossview.core.errors import Cancelled
-                    raise Cancelled("fusion cancelled")
+            label = f"choosing weights on {train_split} folds"
+            choice = yield from _forward(relay(iter_choose_weights(fold_sets, block_size=block_size),
+                                               lambda d, t: Progress(d, t, label, stage="weights")), emit, should_stop)
             choice = {**choice, "selected_on": selected_on, "how": how, "seed": seed}
         else:
             choice = {"weights": list(given), "by": "given", "selected_on": "given", "candidates": []}
