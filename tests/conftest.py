@@ -18,6 +18,19 @@ os.environ.setdefault("CROSSVIEW_CACHE_DIR", str(_SESSION_DIR / "cache"))
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config) -> None:
+    """A crash (a segfault in Qt, torch or numpy) dumps the faulting thread's Python stack only, not every thread's:
+    with every thread, the faulting one came somewhere in the middle of a long dump (newest threads first), and the
+    CI report, which keeps a long output's head and its last line, showed two tqdm monitors and a pool's feeder but
+    not the thread that crashed. (After pytest's own faulthandler plugin, which enables the all-threads dump, on the
+    same standard error.)"""
+    import faulthandler
+    import sys
+
+    faulthandler.enable(file=os.dup(sys.stderr.fileno()), all_threads=False)
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """The session's user folders and feature cache go with it (about 300 MB a whole run; sessions left them in
     the temp folder, 700 of them on one machine); ``CROSSVIEW_KEEP_TEST_DIR=1`` keeps them for a look."""
