@@ -105,7 +105,7 @@ _LOADING: set["EngineLoader"] = set()
 #: a GUI test while it runs
 _HELD: set[object] = set()
 
-#: how often the GUI thread collects cyclic garbage while workers run (milliseconds)
+#: how often the GUI thread collects cyclic garbage while collection is held there (workers, loader, holders; ms)
 GC_INTERVAL_MS = 500
 
 
