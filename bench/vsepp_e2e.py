@@ -55,7 +55,10 @@ def captions_for(n_images: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
 
 
 def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batches: int, finetune: bool,
-        amp: bool, workers: int, backbone: str, decode: str = "auto") -> tuple[float, int]:
+        amp: bool, workers: int, backbone: str, decode: str = "auto", replay: bool = False) -> tuple[float, int]:
+    """``(seconds, captions)`` of ``batches`` training batches after 3 warm-up ones. ``replay``: the images of
+    the first batch are kept and handed to every later step (no decoding, no augmentation; the same rows
+    map): what the step itself allows, the ceiling decoding can at best reach."""
     from crossview.core.events import Progress
     from crossview.data.method_data import MethodData
     from crossview.methods import create_method
@@ -69,6 +72,15 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
     m = create_method("vsepp", image_model="cnn", backbone=backbone, finetune_cnn=finetune, text_model="gru",
                       max_epochs=1, batch_size=128).with_run(device=device, amp=amp, workers=workers,
                                                              log_every=1000)
+    if replay:
+        real, kept = m._batch_images, {}
+
+        def replayed(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if len(batch) not in kept:      # (an epoch's last, shorter batch decodes its own)
+                kept[len(batch)] = real(batch)
+            return kept[len(batch)]
+
+        m._batch_images = replayed
     it = m.fit_iter(data)
     t0, done = 0.0, 0
     for ev in it:
@@ -91,6 +103,46 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
     return elapsed, done
 
 
+def decode_rate(paths: list[str], device: str, workers: int, decode: str, batches: int, backbone: str) -> tuple[float, str]:
+    """``(images per second, which path)`` of decoding and augmenting alone: ``batches`` batches of 126
+    distinct images (what a VSE++ batch of 128 captions holds), on the device (nvJPEG) or by ``workers`` loader
+    processes, as training does, after 2 warm-up batches; no model."""
+    from crossview.methods.vsepp import Vsepp
+    from crossview.nn import device_images
+    from crossview.nn.images import BatchImages, batch_image_loader
+
+    v = Vsepp(image_model="cnn", backbone=backbone)
+    v.model_spec_ = {"backbone": backbone}       # (what fitting sets; _transforms reads only the backbone)
+    transform = v._transforms()[0]
+    rng = np.random.default_rng(1)
+    n = batches + 2
+    ids = [rng.choice(len(paths), size=126, replace=False) for _ in range(n)]
+    dev = torch.device(device)
+    on_device = decode != "cpu" and device_images.device_decode_available(dev)
+    if on_device:
+        imgs = device_images.DeviceImageBatches(paths, transform, dev)
+        t0 = 0.0
+        for k in range(n):
+            if k == 2:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            if k + 1 < n:
+                imgs.read_ahead(ids[k + 1])
+            imgs.batch(ids[k], k)
+        torch.cuda.synchronize()
+        imgs.close()
+        return batches * 126 / (time.perf_counter() - t0), "on the device (nvJPEG), bytes read ahead by a thread"
+    ds = BatchImages(paths, transform, lambda k: ids[k], lambda k: k, 0, n)
+    t0 = 0.0
+    for k, images, _rows in batch_image_loader(ds, workers):
+        images = images.to(dev, non_blocking=True)
+        if k == 2:
+            t0 = time.perf_counter()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return batches * 126 / (time.perf_counter() - t0), f"by {workers} loader workers on the CPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -102,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto",
                     help="auto: JPEGs decoded and augmented on the GPU when the device is CUDA; cpu: by the loader "
                          "workers whatever the device (the path before issue 32)")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time the steps alone (one batch's images replayed) and decoding alone")
     ap.add_argument("--out", default="-", metavar="FILE",
                     help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
@@ -127,6 +181,17 @@ def run_all(args: argparse.Namespace) -> int:
             print(f"{args.backbone} {'fine-tuned' if finetune else 'frozen'}{' amp' if args.amp else ''}: "
                   f"{n / s:,.0f} captions/s ({n:,} captions in {s:.1f} s; each batch decodes the distinct images "
                   "of its captions, ~126 of 128)", flush=True)
+        if args.phases:
+            # where the time goes: the same steps without decoding (the first batch's images replayed), and
+            # decoding + augmenting without steps; end to end is at best the slower of the two
+            for finetune in (False, True):
+                s, n = run(paths, captions, ci, args.device, args.batches, finetune, args.amp, args.workers,
+                           args.backbone, args.decode, replay=True)
+                print(f"  phase: {'fine-tuned' if finetune else 'frozen'} step alone (one batch's images "
+                      f"replayed, no decoding): {n / s:,.0f} captions/s", flush=True)
+            rate, how = decode_rate(paths, args.device, args.workers, args.decode, args.batches, args.backbone)
+            print(f"  phase: decoding + augmenting alone, {how}: {rate:,.0f} images/s (~{rate * 128 / 126:,.0f} "
+                  "captions/s of batches)", flush=True)
     return 0
 
 
