@@ -6,7 +6,7 @@
 #   bash bench/gpu_all.sh             # run everything (needs CUDA), from the repository root or anywhere
 #   bash bench/gpu_all.sh --dry-run   # print the commands, one per line, run nothing (any machine)
 #   bash bench/gpu_all.sh --only tests,epoch,deep   # some of the steps: tests epoch deep e2e topk wsabie train
-#   bash bench/gpu_all.sh --only scale              # not in the default set (about 4 more minutes): COCO size
+#   bash bench/gpu_all.sh --only scale              # not in the default set (about 4 more minutes; limit $SCALE_LIMIT s, default 420): COCO size
 #                                                   # (bench/scale.py --device cuda at L, issue 34) -> scale_gpu.txt
 #
 # Writes, stamped with the command, commit and machine (the GPU's name included):
@@ -170,7 +170,7 @@ wanted deep && step "deep_step_gpu" 130 entry deep_step_gpu "${DEEP_STEP[@]}"
 wanted e2e && step "vsepp e2e" 180 e2e_log
 wanted topk && step "topk_scale_gpu" 60 entry topk_scale_gpu "${TOPK[@]}"
 wanted wsabie && step "wsabie_train_cuda" 60 entry wsabie_train_cuda "${WSABIE[@]}"
-wanted scale && step "scale_gpu" 420 entry scale_gpu "${SCALE[@]}"
+wanted scale && step "scale_gpu" "${SCALE_LIMIT:-420}" entry scale_gpu "${SCALE[@]}"
 if wanted train && [ -f "$F8K" ]; then
     step "train vsepp f8k" 90 train_log
 elif wanted train; then
