@@ -55,10 +55,12 @@ def captions_for(n_images: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
 
 
 def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batches: int, finetune: bool,
-        amp: bool, workers: int, backbone: str, decode: str = "auto", replay: bool = False) -> tuple[float, int]:
+        amp: bool, workers: int, backbone: str, decode: str = "auto", replay: bool = False,
+        profile: int = 0) -> tuple[float, int]:
     """``(seconds, captions)`` of ``batches`` training batches after 3 warm-up ones. ``replay``: the images of
     the first batch are kept and handed to every later step (no decoding, no augmentation; the same rows
-    map): what the step itself allows, the ceiling decoding can at best reach."""
+    map): what the step itself allows, the ceiling decoding can at best reach. ``profile``: print the
+    ``profile`` costliest operators (device time) of two steps after the warm-up ones."""
     from crossview.core.events import Progress
     from crossview.data.method_data import MethodData
     from crossview.methods import create_method
@@ -92,6 +94,22 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
+            if profile:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                              + ([torch.profiler.ProfilerActivity.CUDA]
+                                                 if device.startswith("cuda") else []))
+                prof.__enter__()
+        elif profile and ev.step == 5:
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            keys = ["self_cuda_time_total", "self_cpu_time_total"] if device.startswith("cuda") else \
+                ["self_cpu_time_total"]
+            for key in keys:      # the device's time, then the host's (a step bound by the host shows there)
+                print(f"  by {key}:", flush=True)
+                print(prof.key_averages().table(sort_by=key, row_limit=int(profile), max_name_column_width=60),
+                      flush=True)
+            done += 128
         elif ev.step > 3:
             done += 128
         if ev.step >= batches + 3:
