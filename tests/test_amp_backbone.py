@@ -138,7 +138,7 @@ def test_a_fine_tuned_backbone_goes_channels_last_in_place_with_the_same_numbers
     params = list(enc.parameters())
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt = torch.optim.SGD(params, lr=0.1)
-    x = torch.randn(3, 3, 16, 16)
+    x = torch.randn(encoders.ROW_BUCKET, 3, 16, 16)      # a full bucket: no rows added (tested below)
     for _ in range(2):
         for model, o, layout in ((enc, opt, True), (ref, opt_ref, False)):
             monkeypatch.setattr(encoders, "_channels_last", lambda images, layout=layout: layout)
@@ -155,3 +155,43 @@ def test_a_fine_tuned_backbone_goes_channels_last_in_place_with_the_same_numbers
     monkeypatch.setattr(encoders, "_channels_last", lambda images: False)
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(x), enc.eval()(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_fine_tuned_batch_is_topped_up_with_its_own_images_to_a_fixed_row_count(monkeypatch) -> None:
+    """Channels-last under autocast (forced here on the CPU), a fine-tuned backbone runs a multiple of
+    ROW_BUCKET rows: cuDNN plans (and compiles) its kernels per batch shape, and the count of distinct images
+    changes from batch to batch (66 captions/s end to end on an H200). The added rows are the batch's own
+    images, so BatchNorm's statistics are those of real images (updated once per step, as without them), the
+    output is the batch's rows, and the gradient reaches the backbone through every row."""
+    import crossview.nn.encoders as encoders
+    from crossview.nn.encoders import cycle_rows
+
+    monkeypatch.setattr(encoders, "ROW_BUCKET", 4)
+    x = torch.randn(6, 3, 16, 16)
+    got = cycle_rows(x, 4)
+    assert got.shape[0] == 8 and torch.equal(got[:6], x) and torch.equal(got[6:], x[:2])
+    assert cycle_rows(x[:4], 4) is not None and torch.equal(cycle_rows(x[:4], 4), x[:4])
+    assert cycle_rows(x[:0], 4).shape[0] == 0
+
+    seen = []
+    enc = _encoder(finetune=True)
+    enc.backbone.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
+    ref = _encoder(finetune=True)
+    monkeypatch.setattr(encoders, "_channels_last", lambda images: True)
+    out = enc(x)
+    assert out.shape == (6, 8) and seen[0].shape[0] == 8
+    assert torch.equal(seen[0][6:], x[:2]) and seen[0].is_contiguous(memory_format=torch.channels_last)
+    # BatchNorm's running mean moved once, by the batch mean of the 8 rows the backbone saw
+    bn = enc.backbone[1]
+    monkeypatch.setattr(encoders, "_channels_last", lambda images: False)
+    ref_bn = ref.backbone[1]
+    with torch.no_grad():
+        first = ref.backbone[0](seen[0].contiguous())
+    expect = (1 - ref_bn.momentum) * ref_bn.running_mean + ref_bn.momentum * first.mean((0, 2, 3))
+    torch.testing.assert_close(bn.running_mean, expect, rtol=1e-5, atol=1e-6)
+    assert int(bn.num_batches_tracked) == 1
+    # the output rows are those of the 8-row batch's first 6 (BatchNorm in training mode uses all 8)
+    with torch.no_grad():
+        torch.testing.assert_close(out, ref(seen[0].contiguous())[:6], rtol=1e-5, atol=1e-5)
+    out.pow(2).sum().backward()
+    assert enc.backbone[0].weight.grad is not None and enc.backbone[0].weight.grad.abs().sum() > 0

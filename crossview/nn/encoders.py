@@ -90,10 +90,18 @@ class BackboneImageEncoder(nn.Module):
             if _channels_last(images):
                 # half-precision convolutions over NCHW make cuDNN transpose every layer's input and output
                 # (frozen_backbone's docstring); a fine-tuned backbone's own weights go channels-last once
-                # (in place: the optimiser keeps the same parameters) and its input with them
+                # (in place: the optimiser keeps the same parameters) and its input with them.
+                # A fixed number of rows too: cuDNN builds its half-precision channels-last plans per batch shape
+                # (compiling kernels at run time), ~2 s for each new count of distinct images a batch happens to
+                # have: 66 captions/s end to end on an H200, 2,053 with the count fixed
+                # (bench/results/gpu_logs/probe_gpu.txt). The extra rows are copies of the batch's own images, so
+                # BatchNorm's batch statistics count a few images twice, as the paper's batches (one image per
+                # caption) count an image shared by two captions; only the first n rows are the output
                 self._finetune_channels_last()
-                images = images.contiguous(memory_format=torch.channels_last)
-            f = self.backbone(images)
+                n = images.shape[0]
+                f = self.backbone(cycle_rows(images, ROW_BUCKET).contiguous(memory_format=torch.channels_last))[:n]
+            else:
+                f = self.backbone(images)
         else:
             with torch.no_grad():
                 body = self.frozen_backbone(images)
@@ -320,7 +328,7 @@ def bilstm_max_unpacked(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -
     return torch.cat([f_max, b_max], 1)
 
 
-#: a frozen backbone under CUDA autocast sees batches of a multiple of this many images (see forward)
+#: a backbone (frozen or fine-tuned) under CUDA autocast sees batches of a multiple of this many images (see forward)
 ROW_BUCKET = 32
 
 
@@ -328,6 +336,16 @@ def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """``x`` with zero rows appended up to a multiple of ``multiple`` rows (``x`` itself when it is one)."""
     extra = -x.shape[0] % int(multiple)
     return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))]) if extra else x
+
+
+def cycle_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``x`` with rows appended up to a multiple of ``multiple`` rows, copies of its own rows from the first on
+    (``x`` itself when it has a multiple, or no rows)."""
+    n = x.shape[0]
+    extra = -n % int(multiple)
+    if not n or not extra:
+        return x
+    return x[torch.arange(n + extra, device=x.device) % n]
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
