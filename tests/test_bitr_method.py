@@ -235,8 +235,28 @@ def test_cross_validation_in_worker_processes_matches_in_process() -> None:
     assert one.cv_["table"] == two.cv_["table"]
 
 
+def test_a_worker_job_carries_its_arrays_as_files_dense_or_sparse(tmp_path) -> None:
+    """What a cross-validation job sends a worker: the features as files it memory-maps (sparse TF-IDF as .npz),
+    the same values back, and a job small enough for the pool's pipe buffer (64 KiB) whatever the data's size."""
+    import pickle
+
+    import scipy.sparse as sp
+
+    from crossview.methods.bitr import _SharedArray
+
+    dense = np.random.default_rng(0).standard_normal((3000, 40)).astype(np.float32)
+    sparse = sp.random(5000, 300, density=0.05, format="csr", dtype=np.float32, random_state=0)
+    a, b = _SharedArray(str(tmp_path), "img", dense), _SharedArray(str(tmp_path), "txt", sparse)
+    assert len(pickle.dumps({"img": a, "txt": b, "fold": 1})) < 2048 < dense.nbytes
+    got = a.load()
+    assert isinstance(got, np.memmap) and got.dtype == np.float32 and np.array_equal(got, dense)
+    back = b.load()
+    assert sp.issparse(back) and (back != sparse).nnz == 0 and back.dtype == np.float32
+
+
 def _live_children() -> set[int]:
-    """PIDs of this process's children that are running (not zombies), from /proc."""
+    """PIDs of this process's children that are running (not zombies), from /proc; not the resource trackers
+    (loky's and multiprocessing's, one each per interpreter for its life, started by the first pool)."""
     import os
     from pathlib import Path
 
@@ -247,6 +267,11 @@ def _live_children() -> set[int]:
         except OSError:
             continue
         if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            try:
+                if b"resource_tracker" in (stat.parent / "cmdline").read_bytes():
+                    continue
+            except OSError:
+                continue
             out.add(int(stat.parent.name))
     return out
 
@@ -254,9 +279,15 @@ def _live_children() -> set[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
 def test_stopping_during_cross_validation_in_worker_processes_kills_them() -> None:
-    """The pool is stopped through loky's documented shutdown(kill_workers=True), not a private attribute."""
+    """The pool is stopped through loky's documented shutdown(kill_workers=True), not a private attribute, and
+    leaves no thread behind: the jobs carry their arrays as files (a few hundred bytes each), so the pool's feeder
+    thread is never caught writing a pickled array to a killed worker (it stayed blocked there for good)."""
+    import threading
+    import time
+
     data = _synthetic(n_img=400, caps=5, p=40, q=30, seed=3)
     before = _live_children()
+    threads_before = set(threading.enumerate())
     m = create_method("bitr", c_grid=[1e3, 1e4, 1e5], cv_folds=5).with_run(device="cpu", n_jobs=2)
     gen = m.fit_iter(data)
     for ev in gen:
@@ -266,6 +297,11 @@ def test_stopping_during_cross_validation_in_worker_processes_kills_them() -> No
     assert _live_children() - before, "the workers are running"
     gen.close()                                   # what cancelling a run does
     assert not _live_children() - before, "a cancelled run left its worker processes running"
+    deadline = time.monotonic() + 20
+    while (left := [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"a cancelled run left threads behind: {left}"
 
 
 # ---------------------------------------------------------------------------- errors

@@ -284,9 +284,37 @@ def _cv_job(job: dict[str, Any]):
     return results
 
 
+class _SharedArray:
+    """A job's large array handed to a worker process as a file: ``.npy`` (memory-mapped by every worker, one copy
+    in the page cache) or ``.npz`` for a sparse matrix. A job then pickles to a few hundred bytes: a pickled
+    array went through the pool's pipe whole (twice the features per job), and a cancelled run's pool feeder
+    thread stayed blocked for good writing one to a worker that had been killed."""
+
+    def __init__(self, folder: str, name: str, a: Any) -> None:
+        import os
+
+        self.sparse = is_sparse(a)
+        self.path = os.path.join(folder, name + (".npz" if self.sparse else ".npy"))
+        if self.sparse:
+            import scipy.sparse as sp
+
+            sp.save_npz(self.path, a.tocsr(), compressed=False)
+        else:
+            np.save(self.path, np.asarray(a), allow_pickle=False)
+
+    def load(self) -> Any:
+        if self.sparse:
+            import scipy.sparse as sp
+
+            return sp.load_npz(self.path)
+        return np.load(self.path, mmap_mode="r", allow_pickle=False)
+
+
 def _cv_job_process(job: dict[str, Any]) -> tuple[str, int, dict[float, dict[str, float]]]:
-    """:func:`_cv_job` drained in a worker process (one torch thread per worker)."""
+    """:func:`_cv_job` drained in a worker process (one torch thread per worker); its arrays read from their
+    files (:class:`_SharedArray`)."""
     torch.set_num_threads(1)
+    job = {k: v.load() if isinstance(v, _SharedArray) else v for k, v in job.items()}
     gen = _cv_job(job)
     while True:
         try:
@@ -598,17 +626,26 @@ class Bitr(Method):
                                    f"iteration {it}, gap {info.gap:.4g}")
         else:
             import concurrent.futures as cf
+            import tempfile
 
             # loky's executor (bundled with joblib): the concurrent.futures API, plus a documented
             # shutdown(kill_workers=True) that stops the workers of a cancelled run at once (the standard
             # executor can only wait for running jobs, which take minutes here)
             from joblib.externals.loky import ProcessPoolExecutor
 
+            tmp = tempfile.TemporaryDirectory(prefix="crossview-bitr-cv-", ignore_cleanup_errors=True)
+            shared = {k: _SharedArray(tmp.name, k, a) for k, a in (("img", img), ("txt", txt), ("caption_image", ci))}
+            jobs = [{**job, **shared} for job in jobs]
             ex = ProcessPoolExecutor(max_workers=int(self.workers))
             try:
-                futs = {ex.submit(_cv_job_process, job): job["key"] for job in jobs}
-                pending = set(futs)
-                while pending:
+                # at most one job per worker in the pool at a time: a job waiting in loky's queues when the pool
+                # is killed (a cancelled run) made its manager thread fail (KeyError in add_call_item_to_queue)
+                # and leave the call queue's feeder thread waiting for good
+                queue = list(jobs)
+                pending: set[Any] = set()
+                while pending or queue:
+                    while queue and len(pending) < int(self.workers):
+                        pending.add(ex.submit(_cv_job_process, queue.pop(0)))
                     done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
                     for fut in done:
                         d, f, res = fut.result()
@@ -617,6 +654,7 @@ class Bitr(Method):
                                    f"cross-validation: {len(self.progress_['cv'])} of {total} jobs done")
             finally:
                 ex.shutdown(wait=True, kill_workers=True)
+                tmp.cleanup()
         table: dict[str, dict[float, dict[str, float]]] = {}
         for d in ("i2t", "t2i"):
             rows = [self.progress_["cv"][f"{d}/{f}"] for f in range(k)]
