@@ -401,10 +401,33 @@ def _substantive(commit: str, path: str) -> bool:
     return before is None or before != _card_settings(commit, path)
 
 
+#: commits that change results files' sources but none of their numbers (with why), read by :func:`state`
+UNCHANGED = "bench/unchanged_results.toml"
+
+
+def _unchanged_commits() -> dict[str, str]:
+    """``{commit prefix: scope}`` from :data:`UNCHANGED`: ``"all"`` entries, or ``"cpu"`` (those that need no GPU).
+    Each record must say why; one without a reason, or with another scope, is an error (it would hide a change)."""
+    import tomllib
+
+    path = REPO / UNCHANGED
+    if not path.is_file():
+        return {}
+    out = {}
+    for rec in tomllib.loads(path.read_text(encoding="utf-8")).get("commit", []):
+        cid, scope, why = str(rec.get("id", "")), rec.get("scope"), str(rec.get("why", "")).strip()
+        if len(cid) < 7 or scope not in ("all", "cpu") or not why:
+            raise SystemExit(f"{UNCHANGED}: each [[commit]] needs an id (7+ hex digits), scope 'all' or 'cpu' and "
+                             f"a why; got {rec!r}")
+        out[cid] = scope
+    return out
+
+
 def state(entry: Entry) -> str:
     """``missing``, ``unstamped``, ``fresh`` or ``stale: PATH changed at X after Y`` (the stamped commit against the
     first later commit that changed the entry's sources in a way that can change a result: code, or a model card's
-    parameters; a card's prose does not count); ``never regenerated`` is added for files stamped after the fact."""
+    parameters; a card's prose does not count; nor a commit :data:`UNCHANGED` lists for the entry, with its reason);
+    ``never regenerated`` is added for files stamped after the fact."""
     if not entry.path.is_file():
         return "missing"
     header, _ = _stamp.parse_header(entry.path.read_text(encoding="utf-8"), entry.path)
@@ -415,7 +438,11 @@ def state(entry: Entry) -> str:
     if _git("rev-parse", "--verify", "--quiet", f"{made}^{{commit}}") is None:
         return f"unknown: commit {made} is not in this repository's history" + old
     later = _git("log", "--reverse", "--format=%H", f"{made}..HEAD", "--", *entry.all_deps())
+    unchanged = _unchanged_commits()
     for commit in (later or "").split():
+        scope = next((v for k, v in unchanged.items() if commit.startswith(k)), None)
+        if scope == "all" or (scope == "cpu" and not entry.gpu):
+            continue                      # its change leaves this entry's numbers as they are (UNCHANGED says why)
         changed = _git("show", "--name-only", "--format=", commit, "--", *entry.all_deps()) or ""
         for path in changed.splitlines():
             if path and _substantive(commit, path):

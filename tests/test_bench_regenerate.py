@@ -230,3 +230,40 @@ def test_a_cards_prose_does_not_make_a_result_stale_its_parameters_do(tmp_path, 
     assert R.state(entry) == "fresh", "prose and help texts change no result"
     changed = commit("other words, a new result quoted", 16, "default")
     assert R.state(entry) == f"stale: models/m.toml changed at {changed[:7]} after {made[:7]}"
+
+
+def test_a_commit_listed_as_changing_no_result_keeps_the_files_fresh_for_its_scope(tmp_path, monkeypatch):
+    """bench/unchanged_results.toml names commits that touch a result's sources without changing its numbers
+    (scope "all", or "cpu": only the entries that need no GPU), each with its reason; any other commit still makes
+    the file stale, and a record without a reason is refused."""
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    def commit(text: str) -> str:
+        (repo / "src.py").write_text(text, encoding="utf-8")
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", text)
+        return git("rev-parse", "HEAD").strip()
+
+    git("init", "-q")
+    made = commit("x = 1\n")
+    monkeypatch.setattr(R, "REPO", repo)
+    results = tmp_path / "x.txt"
+    results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
+                       + "body\n")
+    cpu = R.Entry("x", str(results), (), ("synthetic",), 1, ("src.py",))
+    gpu = R.Entry("y", str(results), (), ("synthetic",), 1, ("src.py",), gpu=True)
+    cuda_only = commit("x = 1  # a CUDA-only path\n")
+    assert R.state(cpu).startswith(f"stale: src.py changed at {cuda_only[:7]}")
+    (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only[:9]}"\nscope = "cpu"\nwhy = "CUDA only"\n')
+    assert R.state(cpu) == "fresh" and R.state(gpu).startswith("stale: ")
+    (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only}"\nscope = "all"\nwhy = "no numbers"\n')
+    assert R.state(gpu) == "fresh"
+    real = commit("x = 2\n")
+    assert R.state(cpu) == f"stale: src.py changed at {real[:7]} after {made[:7]}"
+    (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{real[:9]}"\nscope = "all"\nwhy = ""\n')
+    with pytest.raises(SystemExit, match="a why"):
+        R.state(cpu)
