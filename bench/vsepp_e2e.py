@@ -121,7 +121,8 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
     return elapsed, done
 
 
-def decode_rate(paths: list[str], device: str, workers: int, decode: str, batches: int, backbone: str) -> tuple[float, str]:
+def decode_rate(paths: list[str], device: str, workers: int, decode: str, batches: int,
+                backbone: str) -> tuple[float, str]:
     """``(images per second, which path)`` of decoding and augmenting alone: ``batches`` batches of 126
     distinct images (what a VSE++ batch of 128 captions holds), on the device (nvJPEG) or by ``workers`` loader
     processes, as training does, after 2 warm-up batches; no model."""
@@ -172,11 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto",
                     help="auto: JPEGs decoded and augmented on the GPU when the device is CUDA; cpu: by the loader "
                          "workers whatever the device (the path before issue 32)")
+    ap.add_argument("--decode-ahead", action="store_true",
+                    help="the read-ahead thread decodes each coming batch on a CUDA stream of its own, while the "
+                         "step before runs ($CROSSVIEW_DECODE_AHEAD=1; off by default)")
     ap.add_argument("--phases", action="store_true",
                     help="also time the steps alone (one batch's images replayed) and decoding alone")
     ap.add_argument("--out", default="-", metavar="FILE",
                     help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
+    if args.decode_ahead:
+        import os
+
+        from crossview.nn.device_images import DECODE_AHEAD_ENV
+
+        os.environ[DECODE_AHEAD_ENV] = "1"
     data = [_stamp.synthetic(seed=0, jpegs=args.images, size="500x375", captions_per_image=5, vocabulary=2000,
                              words="8-20 (Zipf)")]
     return _stamp.run_stamped(lambda: run_all(args), args.out, data)
@@ -186,7 +196,8 @@ def run_all(args: argparse.Namespace) -> int:
     """The measurement proper: frozen, then fine-tuned."""
     print(f"machine: {platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, device "
           f"{args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
-          + f", {args.workers} loader workers, decode {args.decode}", flush=True)
+          + f", {args.workers} loader workers, decode {args.decode}"
+          + (", decode ahead" if args.decode_ahead else ""), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         paths = write_jpegs(Path(tmp), args.images)

@@ -105,6 +105,37 @@ def test_files_read_ahead_give_the_same_batch_and_errors_name_the_file(tmp_path)
     dib.close()
 
 
+def test_decoding_ahead_in_the_thread_gives_the_same_batches_and_errors(tmp_path, monkeypatch) -> None:
+    """decode_ahead ($CROSSVIEW_DECODE_AHEAD=1): the read-ahead thread decodes the coming batch too (on a GPU on a
+    stream of its own); the batches are those decoded in the step (the crops are still drawn there, from the
+    batch's seed), a batch other than the one read ahead decodes its own files, and a missing file is named."""
+    from crossview.core.errors import CrossViewError
+
+    paths = _photos(tmp_path)
+    plain = D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu"), decode_ahead=False)
+    monkeypatch.setenv(D.DECODE_AHEAD_ENV, "1")
+    ahead = D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu"))
+    monkeypatch.delenv(D.DECODE_AHEAD_ENV)
+    assert ahead.decode_ahead and not plain.decode_ahead
+    assert not D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu")).decode_ahead
+    for ids, seed in (([5, 0, 5, 2], 11), ([4, 1], 3), ([6, 3, 0], 8)):      # 4 is the PNG: Pillow's path
+        ahead.read_ahead(list(reversed(ids)))
+        assert isinstance(ahead._ahead[1].result(), tuple)         # decoded in the thread
+        got, rows = ahead.batch(ids, seed)
+        want, want_rows = plain.batch(ids, seed)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert torch.equal(rows, want_rows)
+    assert ahead.n_cpu_decoded == plain.n_cpu_decoded == 1
+    ahead.read_ahead([1, 3])
+    other, _ = ahead.batch([6], 11)
+    assert other.shape[0] == 1
+    Path(paths[3]).unlink()
+    ahead.read_ahead([1, 3])
+    with pytest.raises(CrossViewError, match="im3.jpg"):
+        ahead.batch([3, 1], 0)
+    ahead.close()
+
+
 def test_device_augmentation_stays_float32_under_autocast(tmp_path) -> None:
     """Decoding and augmenting is data preparation: inside a training step's autocast (bfloat16 here, on the
     CPU) it still gives the float32 tensors it gives outside."""
@@ -186,6 +217,13 @@ def test_vsepp_end_to_end_takes_the_device_path_and_says_so(tmp_path, monkeypatc
     diffs = {k: np.abs(dev.model_state_[k] - cpu.model_state_[k]) for k in cpu.model_state_}
     assert max(float(d.max()) for d in diffs.values()) <= 2 * lr * steps
     assert np.mean(np.concatenate([d.ravel() for d in diffs.values()])) < lr / 20
+    # each batch decoded ahead in the read-ahead thread: the log says so, and the run is the same run
+    monkeypatch.setenv(D.DECODE_AHEAD_ENV, "1")
+    ahead = create_method("vsepp", **params).with_run(**run)
+    ahead_logs = [e.message for e in ahead.fit_iter(data) if isinstance(e, Log)]
+    assert any("decoded in a thread while the step before runs" in m for m in ahead_logs), ahead_logs
+    for k, v in dev.model_state_.items():
+        np.testing.assert_array_equal(ahead.model_state_[k], v, err_msg=k)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

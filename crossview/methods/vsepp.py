@@ -471,9 +471,11 @@ class Vsepp(TorchMethod):
                 self._device_images = None
         if self._device_images is not None:
             other = len(paths) - n_jpeg
-            self._image_note = (f", images: JPEGs decoded on the device ({device}, torchvision decode_jpeg) and "
-                                "augmented there" + (f"; {other} other files decoded on the CPU one by one" if other
-                                                     else ""))
+            ahead = (", each batch's decoded in a thread while the step before runs"
+                     if self._device_images.decode_ahead else "")
+            self._image_note = (f", images: JPEGs decoded on the device ({device}, torchvision decode_jpeg{ahead}) "
+                                "and augmented there" + (f"; {other} other files decoded on the CPU one by one"
+                                                         if other else ""))
         else:
             why = "not a CUDA device" if device.type != "cuda" else ("no JPEG files" if not n_jpeg else
                                                                      "no device JPEG decoder or transform")

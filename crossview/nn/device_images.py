@@ -17,6 +17,7 @@ joins the batch on the device (per file: the rest of the batch stays on the GPU 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,9 +26,13 @@ import torch
 from crossview.core.errors import CrossViewError
 
 __all__ = ["is_jpeg", "read_bytes", "decode_images", "draw_params", "augment", "DeviceImageBatches",
-           "device_decode_available", "train_transform_params"]
+           "device_decode_available", "train_transform_params", "DECODE_AHEAD_ENV"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+
+#: ``1``: the read-ahead thread decodes the next batch too, on a CUDA stream of its own
+#: (:meth:`DeviceImageBatches.read_ahead`)
+DECODE_AHEAD_ENV = "CROSSVIEW_DECODE_AHEAD"
 
 
 def is_jpeg(data: torch.Tensor | bytes) -> bool:
@@ -185,24 +190,56 @@ class DeviceImageBatches:
     scale and ratio ranges, flip probability and normalisation are read from it)."""
 
     def __init__(self, paths: Sequence[str], transform: Any, device: torch.device,
-                 on_cpu_decode: Callable[[int], None] | None = None) -> None:
+                 on_cpu_decode: Callable[[int], None] | None = None, decode_ahead: bool | None = None) -> None:
         self.paths = [str(p) for p in paths]
         self.p = train_transform_params(transform)
         self.device = torch.device(device)
         self.n_cpu_decoded = 0
         self.on_cpu_decode = on_cpu_decode
-        self._ahead: tuple[tuple[int, ...], Any] | None = None    # (distinct ids, future of their bytes)
+        # decode_ahead: the read-ahead thread decodes too (:meth:`read_ahead`); None: $CROSSVIEW_DECODE_AHEAD=1
+        # turns it on (off by default until measured on a GPU: bench/gpu_all.sh's e2e step runs both)
+        self.decode_ahead = (os.environ.get(DECODE_AHEAD_ENV, "") == "1") if decode_ahead is None \
+            else bool(decode_ahead)
+        self._ahead: tuple[tuple[int, ...], Any] | None = None    # (distinct ids, future of their bytes / images)
         self._pool: Any = None
+        self._stream: Any = None                                    # the decode thread's CUDA stream
 
     def read_ahead(self, image_ids: Any) -> None:
         """Start reading the files of a coming batch in a background thread (the host's only work on this path,
-        overlapped with the step before it); :meth:`batch` with the same ids then takes the bytes read."""
+        overlapped with the step before it); :meth:`batch` with the same ids then takes the bytes read.
+
+        With :attr:`decode_ahead` the thread decodes them too, on a CUDA stream of its own, so that nvJPEG works
+        while the step before runs instead of after it (the stream is drained before each decode, and training
+        otherwise waits for that). Why this is safe from nvJPEG's writes ignoring stream order (see
+        :func:`_decode_jpegs`): the caching allocator keeps a pool per stream, so the decoder's stream is only
+        handed blocks freed on it, i.e. earlier decodes' outputs and the decoder's own buffers; the thread drains
+        its stream before each decode (their queued reads are done), and each decoded image is recorded on the
+        training stream when handed over (its block is not reused until the training stream's work on it is
+        done). Augmentation stays on the training stream, its random crops drawn there as before."""
         from concurrent.futures import ThreadPoolExecutor
 
         uniq = tuple(int(j) for j in torch.unique(torch.as_tensor(image_ids, dtype=torch.int64)))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crossview-read")
-        self._ahead = (uniq, self._pool.submit(lambda: [read_bytes(self.paths[j]) for j in uniq]))
+        if self.decode_ahead:
+            if self.device.type == "cuda" and self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)
+            self._ahead = (uniq, self._pool.submit(self._read_and_decode, uniq))
+        else:
+            self._ahead = (uniq, self._pool.submit(lambda: [read_bytes(self.paths[j]) for j in uniq]))
+
+    def _read_and_decode(self, uniq: tuple[int, ...]) -> tuple[list[torch.Tensor], int, Any]:
+        """In the read-ahead thread: ``(images, n_on_cpu, event)``, the files of ``uniq`` decoded on the device (on
+        :attr:`_stream` on a GPU; ``event`` marks the end of that work there, None on a CPU)."""
+        paths = [self.paths[j] for j in uniq]
+        datas = [read_bytes(p) for p in paths]
+        if self.device.type != "cuda":
+            return (*decode_images(paths, self.device, datas), None)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            images, n_cpu = decode_images(paths, self.device, datas)    # drains this stream first
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        return images, n_cpu, done
 
     def close(self) -> None:
         """Stop the read-ahead thread (a batch read ahead and never taken is dropped)."""
@@ -214,12 +251,24 @@ class DeviceImageBatches:
         ids = torch.as_tensor(image_ids, dtype=torch.int64)
         uniq, rows = torch.unique(ids, return_inverse=True)
         key = tuple(int(j) for j in uniq)
-        datas = None
+        datas, decoded = None, None
         if self._ahead is not None and self._ahead[0] == key:
-            datas = self._ahead[1].result()      # a file that could not be read raises here, naming it
+            got = self._ahead[1].result()        # a file that could not be read raises here, naming it
+            if isinstance(got, tuple):
+                decoded = got
+            else:
+                datas = got
         self._ahead = None
         with torch.autocast(self.device.type, enabled=False):
-            images, n_cpu = decode_images([self.paths[j] for j in key], self.device, datas)
+            if decoded is not None:
+                images, n_cpu, done = decoded
+                if done is not None:             # the training stream waits for the decode, then owns the images
+                    stream = torch.cuda.current_stream(self.device)
+                    stream.wait_event(done)
+                    for im in images:
+                        im.record_stream(stream)
+            else:
+                images, n_cpu = decode_images([self.paths[j] for j in key], self.device, datas)
             if n_cpu:
                 self.n_cpu_decoded += n_cpu
                 if self.on_cpu_decode is not None:
