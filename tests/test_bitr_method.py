@@ -235,6 +235,21 @@ def test_cross_validation_in_worker_processes_matches_in_process() -> None:
     assert one.cv_["table"] == two.cv_["table"]
 
 
+def test_no_room_for_the_workers_files_is_one_clear_error(monkeypatch) -> None:
+    import errno
+
+    import crossview.methods.bitr as B
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(B.np, "save", full)
+    data = _synthetic(n_img=30, seed=1)
+    m = create_method("bitr", c_grid=[0.1, 100.0], cv_folds=2).with_run(device="cpu", n_jobs=2)
+    with pytest.raises(CrossViewError, match="No space left on device.*TMPDIR.*n_jobs=1"):
+        m.fit(data)
+
+
 def test_a_worker_job_carries_its_arrays_as_files_dense_or_sparse(tmp_path) -> None:
     """What a cross-validation job sends a worker: the features as files it memory-maps (sparse TF-IDF as .npz),
     the same values back, and a job small enough for the pool's pipe buffer (64 KiB) whatever the data's size."""

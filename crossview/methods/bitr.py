@@ -634,7 +634,14 @@ class Bitr(Method):
             from joblib.externals.loky import ProcessPoolExecutor
 
             tmp = tempfile.TemporaryDirectory(prefix="crossview-bitr-cv-", ignore_cleanup_errors=True)
-            shared = {k: _SharedArray(tmp.name, k, a) for k, a in (("img", img), ("txt", txt), ("caption_image", ci))}
+            try:
+                shared = {k: _SharedArray(tmp.name, k, a)
+                          for k, a in (("img", img), ("txt", txt), ("caption_image", ci))}
+            except OSError as e:
+                tmp.cleanup()
+                raise CrossViewError(f"BITR: cannot write the features for the cross-validation's worker processes "
+                                     f"to {tmp.name} ({e.strerror or e}); free space there, point TMPDIR at a disk "
+                                     "with room, or set n_jobs=1") from None
             jobs = [{**job, **shared} for job in jobs]
             ex = ProcessPoolExecutor(max_workers=int(self.workers))
             try:
