@@ -176,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-ahead", action="store_true",
                     help="the read-ahead thread decodes each coming batch on a CUDA stream of its own, while the "
                          "step before runs ($CROSSVIEW_DECODE_AHEAD=1; off by default)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="capture the end-to-end steps as CUDA graphs, their images decoded before each step into "
+                         "static tensors ($CROSSVIEW_E2E_GRAPHS=1; off by default)")
     ap.add_argument("--phases", action="store_true",
                     help="also time the steps alone (one batch's images replayed) and decoding alone")
     ap.add_argument("--out", default="-", metavar="FILE",
@@ -187,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         from crossview.nn.device_images import DECODE_AHEAD_ENV
 
         os.environ[DECODE_AHEAD_ENV] = "1"
+    if args.graphs:
+        import os
+
+        from crossview.methods.vsepp import E2E_GRAPHS_ENV
+
+        os.environ[E2E_GRAPHS_ENV] = "1"
     data = [_stamp.synthetic(seed=0, jpegs=args.images, size="500x375", captions_per_image=5, vocabulary=2000,
                              words="8-20 (Zipf)")]
     return _stamp.run_stamped(lambda: run_all(args), args.out, data)
@@ -197,7 +206,8 @@ def run_all(args: argparse.Namespace) -> int:
     print(f"machine: {platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, device "
           f"{args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
           + f", {args.workers} loader workers, decode {args.decode}"
-          + (", decode ahead" if args.decode_ahead else ""), flush=True)
+          + (", decode ahead" if args.decode_ahead else "") + (", end-to-end graphs" if args.graphs else ""),
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         paths = write_jpegs(Path(tmp), args.images)

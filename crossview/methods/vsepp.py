@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,10 @@ IMAGE_MODELS = ("features", "cnn")
 #: local transformer over tokens (top layers fine-tuned)
 TEXT_MODELS = ("gru", "gru_glove", "features", "transformer")
 _EMBED_BATCH = 512
+
+#: ``1``: end to end (image_model=cnn), VSE++'s steps on the GPU are captured as CUDA graphs too (their images
+#: decoded before each step into static tensors; :meth:`Vsepp._static_images`); off by default until measured
+E2E_GRAPHS_ENV = "CROSSVIEW_E2E_GRAPHS"
 
 
 class VseModel(torch.nn.Module):
@@ -363,12 +368,63 @@ class Vsepp(TorchMethod):
         """The token tables whose batch widths shape a step (the captions'; webly adds its tag sentences')."""
         return [self._t] if self.model_spec_["text_model"] != "features" else []
 
+    def _e2e_graph_off(self) -> str:
+        """Why a step on decoded images (``image_model=cnn``) is not captured ('' when it may be): only with
+        ``$CROSSVIEW_E2E_GRAPHS=1`` (off by default until measured on a GPU) and VSE++'s own step, which reads one
+        image row per caption (SmoothAP's ranks each distinct image, TIMAM and webly have steps of their own)."""
+        if os.environ.get(E2E_GRAPHS_ENV, "") != "1":
+            return (f"the images are decoded and augmented per batch (image_model=cnn; {E2E_GRAPHS_ENV}=1 captures the "
+                    "step on them, not yet measured on a GPU)")
+        if type(self).training_step is not Vsepp.training_step:
+            return "the images are decoded per batch and this method's step encodes each distinct image once"
+        return ""
+
+    def before_step_hook(self) -> Any:
+        """End to end with captured steps (:meth:`_e2e_graph_off`): decode and augment the step's images before
+        it, into the static tensors the captured step reads (:meth:`_static_images`)."""
+        if "img" in self._t or self._e2e_graph_off():
+            return None
+        self._static = {}
+        return self._static_images
+
+    def _static_images(self, batch: torch.Tensor) -> None:
+        """Before a step (outside the graph): the batch's decoded images, topped up with copies of its own to a
+        multiple of ``ROW_BUCKET`` rows (a few fixed shapes; the copies are in no caption's row, so no loss reads
+        them), and the caption -> image rows, copied into tensors kept per shape, which :meth:`_batch_images`
+        hands the step (eager or captured: a captured step reads the same tensors at every replay)."""
+        self._static_now = None
+        if not self._graphing:
+            return
+        from crossview.nn.encoders import ROW_BUCKET, cycle_rows
+
+        images, rows = self._decode_batch_images(batch)
+        images = cycle_rows(images, ROW_BUCKET)
+        key = (tuple(images.shape), int(rows.shape[0]))
+        bufs = self._static.get(key)
+        if bufs is None:
+            bufs = (torch.empty(images.shape, dtype=images.dtype, device=images.device),
+                    torch.empty(rows.shape, dtype=rows.dtype, device=images.device))
+            self._static[key] = bufs
+        bufs[0].copy_(images)
+        bufs[1].copy_(rows)
+        self._static_now = bufs
+
     def graph_key(self) -> tuple[Any, str]:
         """CUDA graphs (crossview.nn.trainer): a step on feature rows is fixed by the batch's size and its captions'
-        width bucket; end-to-end images (decoded per batch on the CPU) and the Bi-LSTM pool (packing reads the
-        lengths on the host) run eagerly."""
+        width bucket; end-to-end images (decoded per batch) add the batch's distinct images rounded up to a multiple
+        of ``ROW_BUCKET`` (only when :meth:`_e2e_graph_off` allows); the Bi-LSTM pool (packing reads the lengths
+        on the host) runs eagerly."""
+        e2e_rows = None
         if "img" not in self._t:
-            return None, "the images are decoded and augmented per batch by the CPU (image_model=cnn)"
+            why = self._e2e_graph_off()
+            if why:
+                return None, why
+            from crossview.nn.encoders import ROW_BUCKET
+
+            caption_image = self._files[2]
+
+            def e2e_rows(host: np.ndarray) -> int:
+                return -(-len(np.unique(caption_image[host])) // ROW_BUCKET) * ROW_BUCKET
         if isinstance(self._t.get("txt"), SparseRows):
             return None, "the caption features are sparse (TF-IDF): a batch's rows are densified at a size read " \
                          "on the host"
@@ -379,9 +435,10 @@ class Vsepp(TorchMethod):
         def key(host: np.ndarray) -> tuple[int, ...]:
             was, self._graphing = self._graphing, True
             try:
-                return tuple(self._batch_width(t, t["width_np"][host]) for t in tables)
+                widths = tuple(self._batch_width(t, t["width_np"][host]) for t in tables)
             finally:
                 self._graphing = was
+            return widths if e2e_rows is None else (*widths, e2e_rows(host))
         return key, ""
 
     # ------------------------------------------------------------------ training
@@ -491,6 +548,13 @@ class Vsepp(TorchMethod):
         (:meth:`_set_image_files`) or by loader workers that decode the batches of the epoch ahead; ``rows``
         maps the batch's captions onto them. Either way the augmentation of a batch is drawn from the same
         seed, in the same order."""
+        static = getattr(self, "_static_now", None)
+        if static is not None:           # decoded before the step, into the tensors a captured step reads
+            return static
+        return self._decode_batch_images(batch)
+
+    def _decode_batch_images(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_batch_images`'s decoding: on the device or by the loader workers."""
         from crossview.nn.images import BatchImages, batch_image_loader
 
         trainer = self._live[1]
@@ -521,6 +585,7 @@ class Vsepp(TorchMethod):
 
     def end_training(self) -> None:
         self._prefetch = None          # its worker processes exit with the iterator
+        self._static, self._static_now = {}, None
         if getattr(self, "_device_images", None) is not None:
             self._device_images.close()
         self._device_images = None

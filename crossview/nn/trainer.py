@@ -328,7 +328,7 @@ class Trainer:
                  after_step: Callable[[torch.nn.Module], None] | None = None,
                  nan_hint: str = "lower the learning rate",
                  graph_key: Callable[[np.ndarray], Hashable | None] | None = None, graph_off: str = "",
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, before_step: Callable[[torch.Tensor], None] | None = None) -> None:
         self.model = model
         self.optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
         self.schedulers = list(schedulers)
@@ -341,6 +341,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 and device.type == "cuda" else None
         self.loss_is_sum, self.log_every = bool(loss_is_sum), max(1, int(log_every))
         self.after_step, self.nan_hint = after_step, nan_hint
+        # host work before every step, outside any captured graph (e.g. a method decoding the step's images into
+        # the static tensors its captured step reads)
+        self.before_step = before_step
         self.rank, self.world_size = world()
         self._gen: torch.Generator | None = None
         self.batch_cpu: torch.Tensor | None = None   #: the current step's item ids, on the host (a view)
@@ -644,6 +647,8 @@ class Trainer:
         while self.epoch < self.max_epochs and not self.stopped:
             while self.batch_pos < n_batches:
                 batch = self._batch()
+                if self.before_step is not None:
+                    self.before_step(batch)
                 stacked = self._graph_step(training_step, batch)
                 if stacked is None:
                     stacked = self._step(training_step, batch)
