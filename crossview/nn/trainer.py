@@ -26,7 +26,9 @@ graph reads the batch from a static buffer (the ids and the batch's groups are c
 optimisers are made capturable, autocast's weight cache is off, and a graph is captured again when a learning rate
 changes (the rate is a constant inside the graph). A key of None, a float16 run (its gradient scaler reads the
 device), DDP, or a capture that fails (the reason is logged once, the step runs eagerly) fall back to the eager
-step, which computes the same thing. ``CROSSVIEW_CUDA_GRAPHS=0`` turns graphs off.
+step, which computes the same thing. ``CROSSVIEW_CUDA_GRAPHS=0`` turns graphs off. Host work a captured step
+cannot hold runs in the method's ``before_step`` hook, outside the graph, before every step (VSE++ end to end:
+decoding the batch's images into the static tensors its captured step reads, with ``CROSSVIEW_E2E_GRAPHS=1``).
 
 Exact resume without saving generator states: the random numbers of step ``s`` come from a generator
 seeded with ``(seed, rank, s)`` and the order of epoch ``e`` from ``(seed, e)``, so a run restored to
