@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One GPU session (issue 32 item 5): the CUDA tests and every GPU bench, about 5 minutes on an H100, each step
+# One GPU session (issue 32 item 5): the CUDA tests and every GPU bench, about 8 minutes on an H100, each step
 # under its own `timeout` so that one hang cannot eat the session; a failed or timed-out step is reported and
 # the next one runs.
 #
 #   bash bench/gpu_all.sh             # run everything (needs CUDA), from the repository root or anywhere
 #   bash bench/gpu_all.sh --dry-run   # print the commands, one per line, run nothing (any machine)
 #   bash bench/gpu_all.sh --only tests,epoch,deep   # some of the steps: tests epoch deep e2e topk wsabie train
-#   bash bench/gpu_all.sh --only scale              # not in the default set (about 4 more minutes; limit $SCALE_LIMIT s, default 420): COCO size
-#                                                   # (bench/scale.py --device cuda at L, issue 34) -> scale_gpu.txt
+#   bash bench/gpu_all.sh --only scale              # not in the default set (about 5 more minutes): COCO size
+#                                                   # (bench/scale.py --device cuda at L, issue 34) -> scale_gpu.txt;
+#                                                   # its limit is $SCALE_LIMIT s (default 420)
 #
 # Writes, stamped with the command, commit and machine (the GPU's name included):
 #   bench/results/vsepp_epoch_gpu.txt, deep_step_gpu.txt, topk_scale_gpu.txt, wsabie_train_cuda.txt, scale_gpu.txt (the entries bench/regenerate.py
@@ -32,7 +33,7 @@ for a in "$@"; do
         --dry-run) DRY=1 ;;
         --only) NEXT=only ;;
         --only=*) ONLY="${a#--only=}" ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu_all.sh: unknown argument $a (--dry-run, --only STEPS, --help)" >&2; exit 2 ;;
     esac
 done

@@ -15,6 +15,7 @@ writes them alone, stamped with the command, commit, machine and data.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -184,18 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="-", metavar="FILE",
                     help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
-    if args.decode_ahead:
-        import os
+    from crossview.methods.vsepp import E2E_GRAPHS_ENV
+    from crossview.nn.device_images import DECODE_AHEAD_ENV
 
-        from crossview.nn.device_images import DECODE_AHEAD_ENV
-
-        os.environ[DECODE_AHEAD_ENV] = "1"
-    if args.graphs:
-        import os
-
-        from crossview.methods.vsepp import E2E_GRAPHS_ENV
-
-        os.environ[E2E_GRAPHS_ENV] = "1"
+    for on, name in ((args.decode_ahead, DECODE_AHEAD_ENV), (args.graphs, E2E_GRAPHS_ENV)):
+        if on:            # read when the run's image batches are set up
+            os.environ[name] = "1"
     data = [_stamp.synthetic(seed=0, jpegs=args.images, size="500x375", captions_per_image=5, vocabulary=2000,
                              words="8-20 (Zipf)")]
     return _stamp.run_stamped(lambda: run_all(args), args.out, data)

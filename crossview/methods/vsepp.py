@@ -43,7 +43,8 @@ from crossview.data.method_data import MethodData
 from crossview.methods import register_method
 from crossview.methods.torch_method import TorchMethod
 from crossview.nn.sparse_rows import SparseRows, shared_tensor
-from crossview.nn.encoders import BackboneImageEncoder, FeatureImageEncoder, GRUTextEncoder, TransformerTextEncoder
+from crossview.nn.encoders import (ROW_BUCKET, BackboneImageEncoder, FeatureImageEncoder, GRUTextEncoder,
+                                    TransformerTextEncoder, cycle_rows)
 from crossview.nn.losses import contrastive_loss
 from crossview.nn.trainer import gather_rows, unwrap, world
 
@@ -395,8 +396,6 @@ class Vsepp(TorchMethod):
         self._static_now = None
         if not self._graphing:
             return
-        from crossview.nn.encoders import ROW_BUCKET, cycle_rows
-
         images, rows = self._decode_batch_images(batch)
         images = cycle_rows(images, ROW_BUCKET)
         key = (tuple(images.shape), int(rows.shape[0]))
@@ -419,8 +418,6 @@ class Vsepp(TorchMethod):
             why = self._e2e_graph_off()
             if why:
                 return None, why
-            from crossview.nn.encoders import ROW_BUCKET
-
             caption_image = self._files[2]
 
             def e2e_rows(host: np.ndarray) -> int:
