@@ -76,6 +76,7 @@ E2E=(
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --amp --decode-ahead"
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --amp --decode-ahead --graphs"
     "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --decode-ahead --graphs"
+    "bench/vsepp_e2e.py --device cuda --workers 8 --images 1000 --batches 20 --amp --decode-ahead --graphs --cudnn-benchmark"
 )
 DEEP_STEP=("bench/deep_step.py --device cuda --images 6000 --steps 30 --warmup 8"
            "bench/deep_step.py --device cuda --images 6000 --steps 30 --warmup 8 --amp")
@@ -173,7 +174,7 @@ train_log() {
 wanted tests && step "cuda tests" 100 tests_log
 wanted epoch && step "vsepp_epoch_gpu" 110 entry vsepp_epoch_gpu "${VSEPP_EPOCH[@]}"
 wanted deep && step "deep_step_gpu" 130 entry deep_step_gpu "${DEEP_STEP[@]}"
-wanted e2e && step "vsepp e2e" 300 e2e_log
+wanted e2e && step "vsepp e2e" 340 e2e_log
 wanted topk && step "topk_scale_gpu" 60 entry topk_scale_gpu "${TOPK[@]}"
 wanted wsabie && step "wsabie_train_cuda" 60 entry wsabie_train_cuda "${WSABIE[@]}"
 wanted scale && step "scale_gpu" "${SCALE_LIMIT:-420}" entry scale_gpu "${SCALE[@]}"

@@ -6,10 +6,11 @@ folder, as Flickr's sizes), 5 captions each (words from a Zipf law, 8-20 words).
 offline weights (``--backbone``, EfficientNet-Lite0 by default; nothing is downloaded). Timed: ``--batches``
 batches of 128 captions after 3 warm-up batches; prints captions per second and decoded images per second.
 
-Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp] [--decode cpu]``
-(on CUDA the JPEGs are decoded and augmented on the GPU unless ``--decode cpu``; each run prints which path). Its lines are part of
-bench/results/vsepp_epoch_gpu.txt, which ``bench/regenerate.py --only vsepp_epoch_gpu`` assembles; ``--out FILE``
-writes them alone, stamped with the command, commit, machine and data.
+Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp] [--decode cpu]
+[--decode-ahead] [--graphs] [--cudnn-benchmark] [--phases]``
+(on CUDA the JPEGs are decoded and augmented on the GPU unless ``--decode cpu``; each run prints which path).
+Its lines are part of bench/results/vsepp_epoch_gpu.txt, which ``bench/regenerate.py --only vsepp_epoch_gpu``
+assembles; ``--out FILE`` writes them alone, stamped with the command, commit, machine and data.
 """
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graphs", action="store_true",
                     help="capture the end-to-end steps as CUDA graphs, their images decoded before each step into "
                          "static tensors ($CROSSVIEW_E2E_GRAPHS=1; off by default)")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark on: cuDNN times its algorithms once per shape (a fine-tuned "
+                         "batch under autocast has a fixed row count, so once per run)")
     ap.add_argument("--phases", action="store_true",
                     help="also time the steps alone (one batch's images replayed) and decoding alone")
     ap.add_argument("--out", default="-", metavar="FILE",
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     for on, name in ((args.decode_ahead, DECODE_AHEAD_ENV), (args.graphs, E2E_GRAPHS_ENV)):
         if on:            # read when the run's image batches are set up
             os.environ[name] = "1"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     data = [_stamp.synthetic(seed=0, jpegs=args.images, size="500x375", captions_per_image=5, vocabulary=2000,
                              words="8-20 (Zipf)")]
     return _stamp.run_stamped(lambda: run_all(args), args.out, data)
@@ -201,7 +206,8 @@ def run_all(args: argparse.Namespace) -> int:
     print(f"machine: {platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, device "
           f"{args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
           + f", {args.workers} loader workers, decode {args.decode}"
-          + (", decode ahead" if args.decode_ahead else "") + (", end-to-end graphs" if args.graphs else ""),
+          + (", decode ahead" if args.decode_ahead else "") + (", end-to-end graphs" if args.graphs else "")
+          + (", cudnn.benchmark" if args.cudnn_benchmark else ""),
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
