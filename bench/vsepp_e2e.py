@@ -123,6 +123,47 @@ def run(paths: list[str], captions: list[str], ci: np.ndarray, device: str, batc
     return elapsed, done
 
 
+def decode_split(paths: list[str], device: str, batches: int, backbone: str) -> tuple[float, float, float]:
+    """``(decoding, augmenting, drawing)`` images per second, each timed alone over ``batches`` batches of 126
+    distinct images after 2 warm-up batches: nvJPEG's decoding of bytes already in memory (the stream drained
+    before each batch, as training does), the crops' drawing on the host, and the device's crop / resize / flip /
+    normalisation of the decoded images; which of the three bounds :func:`decode_rate`."""
+    from crossview.methods.vsepp import Vsepp
+    from crossview.nn import device_images
+
+    v = Vsepp(image_model="cnn", backbone=backbone)
+    v.model_spec_ = {"backbone": backbone}
+    p = device_images.train_transform_params(v._transforms()[0])
+    rng = np.random.default_rng(2)
+    n = batches + 2
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    datas = [[device_images.read_bytes(paths[j]) for j in rng.choice(len(paths), size=126, replace=False)]
+             for _ in range(n)]
+    decoded, t0 = [], 0.0
+    for k in range(n):
+        if k == 2:
+            sync()
+            t0 = time.perf_counter()
+        decoded.append(device_images.decode_images(["(in memory)"] * len(datas[k]), dev, datas[k])[0])
+    sync()
+    dec = batches * 126 / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    params = [device_images.draw_params([tuple(im.shape[-2:]) for im in ims], p["scale"], p["ratio"], p["flip_p"])
+              for ims in decoded]
+    draw = n * 126 / (time.perf_counter() - t0)
+    for k in range(n):
+        if k == 2:
+            sync()
+            t0 = time.perf_counter()
+        device_images.augment(decoded[k], params[k], p["crop"], p["mean"], p["std"])
+    sync()
+    return dec, batches * 126 / (time.perf_counter() - t0), draw
+
+
 def decode_rate(paths: list[str], device: str, workers: int, decode: str, batches: int,
                 backbone: str) -> tuple[float, str]:
     """``(images per second, which path)`` of decoding and augmenting alone: ``batches`` batches of 126
@@ -232,6 +273,11 @@ def run_all(args: argparse.Namespace) -> int:
             rate, how = decode_rate(paths, args.device, args.workers, args.decode, args.batches, args.backbone)
             print(f"  phase: decoding + augmenting alone, {how}: {rate:,.0f} images/s (~{rate * 128 / 126:,.0f} "
                   "captions/s of batches)", flush=True)
+            if args.decode != "cpu" and args.device.startswith("cuda"):
+                dec, aug, draw = decode_split(paths, args.device, args.batches, args.backbone)
+                print(f"  phase: of which decoding alone (bytes in memory, nvJPEG): {dec:,.0f} images/s; drawing the "
+                      f"crops (host): {draw:,.0f} images/s; cropping, resizing, flipping, normalising alone: "
+                      f"{aug:,.0f} images/s", flush=True)
     return 0
 
 

@@ -89,3 +89,16 @@ def test_every_command_of_the_dry_run_exists_and_takes_its_flags() -> None:
         assert line is not None, name
         if "{" in line:
             assert value in line.split("{", 1)[1], (name, value, line)
+
+
+def test_the_end_to_end_bench_splits_decoding_from_augmenting(tmp_path: Path) -> None:
+    """vsepp_e2e.py --phases on a GPU also times nvJPEG's decoding, the crops' drawing and the device's
+    augmentation apart (decode_split): here on the CPU, whose decoder takes the same calls."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import vsepp_e2e
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    paths = vsepp_e2e.write_jpegs(tmp_path, 130)
+    dec, aug, draw = vsepp_e2e.decode_split(paths, "cpu", 1, "efficientnet_lite0")
+    assert dec > 0 and aug > 0 and draw > 0
