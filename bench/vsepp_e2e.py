@@ -7,7 +7,7 @@ offline weights (``--backbone``, EfficientNet-Lite0 by default; nothing is downl
 batches of 128 captions after 3 warm-up batches; prints captions per second and decoded images per second.
 
 Run: ``python bench/vsepp_e2e.py [--device cuda] [--batches 30] [--workers 8] [--amp] [--decode cpu]
-[--decode-ahead] [--graphs] [--cudnn-benchmark] [--phases]``
+[--decode-ahead] [--graphs] [--cudnn-benchmark] [--cpu-share F] [--phases]``
 (on CUDA the JPEGs are decoded and augmented on the GPU unless ``--decode cpu``; each run prints which path).
 Its lines are part of bench/results/vsepp_epoch_gpu.txt, which ``bench/regenerate.py --only vsepp_epoch_gpu``
 assembles; ``--out FILE`` writes them alone, stamped with the command, commit, machine and data.
@@ -182,18 +182,22 @@ def decode_rate(paths: list[str], device: str, workers: int, decode: str, batche
     dev = torch.device(device)
     on_device = decode != "cpu" and device_images.device_decode_available(dev)
     if on_device:
-        imgs = device_images.DeviceImageBatches(paths, transform, dev)
+        imgs = device_images.DeviceImageBatches(paths, transform, dev, workers=workers)
         t0 = 0.0
         for k in range(n):
             if k == 2:
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            if k + 1 < n:
-                imgs.read_ahead(ids[k + 1])
             imgs.batch(ids[k], k)
+            if k + 1 < n:              # as training reads ahead: after taking a batch, the next one's
+                imgs.read_ahead(ids[k + 1], k + 1)
         torch.cuda.synchronize()
         imgs.close()
-        return batches * 126 / (time.perf_counter() - t0), "on the device (nvJPEG), bytes read ahead by a thread"
+        how = "on the device (nvJPEG), " + ("decoded ahead by a thread" if imgs.decode_ahead else
+                                            "bytes read ahead by a thread")
+        if imgs.cpu_share:
+            how += f", {imgs.cpu_share:.0%} of each batch by {imgs.workers} CPU workers"
+        return batches * 126 / (time.perf_counter() - t0), how
     ds = BatchImages(paths, transform, lambda k: ids[k], lambda k: k, 0, n)
     t0 = 0.0
     for k, images, _rows in batch_image_loader(ds, workers):
@@ -225,18 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark on: cuDNN times its algorithms once per shape (a fine-tuned "
                          "batch under autocast has a fixed row count, so once per run)")
+    ap.add_argument("--cpu-share", type=float, default=0.0, metavar="F",
+                    help="with device decoding: CPU worker processes (--workers) decode, crop and flip this share of "
+                         "each batch's images while nvJPEG decodes the rest ($CROSSVIEW_CPU_DECODE_SHARE; 0, the "
+                         "default: all on the device)")
     ap.add_argument("--phases", action="store_true",
                     help="also time the steps alone (one batch's images replayed) and decoding alone")
     ap.add_argument("--out", default="-", metavar="FILE",
                     help="also write the lines here, stamped (default '-': print only)")
     args = ap.parse_args(argv)
     from crossview.methods.vsepp import E2E_GRAPHS_ENV
-    from crossview.nn.device_images import DECODE_AHEAD_ENV
+    from crossview.nn.device_images import CPU_SHARE_ENV, DECODE_AHEAD_ENV
 
     for on, name in ((args.decode_ahead, DECODE_AHEAD_ENV), (args.graphs, E2E_GRAPHS_ENV)):
         if on:            # read when the run's image batches are set up
             os.environ[name] = "1"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    if args.cpu_share:
+        os.environ[CPU_SHARE_ENV] = str(args.cpu_share)
     data = [_stamp.synthetic(seed=0, jpegs=args.images, size="500x375", captions_per_image=5, vocabulary=2000,
                              words="8-20 (Zipf)")]
     return _stamp.run_stamped(lambda: run_all(args), args.out, data)
@@ -248,7 +258,8 @@ def run_all(args: argparse.Namespace) -> int:
           f"{args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
           + f", {args.workers} loader workers, decode {args.decode}"
           + (", decode ahead" if args.decode_ahead else "") + (", end-to-end graphs" if args.graphs else "")
-          + (", cudnn.benchmark" if args.cudnn_benchmark else ""),
+          + (", cudnn.benchmark" if args.cudnn_benchmark else "")
+          + (f", {args.cpu_share:.0%} of each batch decoded by the CPU workers" if args.cpu_share else ""),
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()

@@ -10,11 +10,14 @@ libjpeg-turbo's by a few levels, so the GPU test allows more."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchvision import transforms as T
 
 from crossview.data.method_data import MethodData
@@ -106,9 +109,10 @@ def test_files_read_ahead_give_the_same_batch_and_errors_name_the_file(tmp_path)
 
 
 def test_decoding_ahead_in_the_thread_gives_the_same_batches_and_errors(tmp_path, monkeypatch) -> None:
-    """decode_ahead ($CROSSVIEW_DECODE_AHEAD=1): the read-ahead thread decodes the coming batch too (on a GPU on a
-    stream of its own); the batches are those decoded in the step (the crops are still drawn there, from the
-    batch's seed), a batch other than the one read ahead decodes its own files, and a missing file is named."""
+    """decode_ahead ($CROSSVIEW_DECODE_AHEAD=1): given the coming batch's seed, the read-ahead thread prepares it
+    (draws its crops from a generator of its own, decodes and crops; on a GPU on a stream of its own); the
+    batches are those made in the step, a batch other than the one read ahead (other images, or another seed)
+    makes its own, and a missing file is named. Without a seed the thread only reads the files."""
     from crossview.core.errors import CrossViewError
 
     paths = _photos(tmp_path)
@@ -119,21 +123,139 @@ def test_decoding_ahead_in_the_thread_gives_the_same_batches_and_errors(tmp_path
     assert ahead.decode_ahead and not plain.decode_ahead
     assert not D.DeviceImageBatches(paths, _train_transform(), torch.device("cpu")).decode_ahead
     for ids, seed in (([5, 0, 5, 2], 11), ([4, 1], 3), ([6, 3, 0], 8)):      # 4 is the PNG: Pillow's path
-        ahead.read_ahead(list(reversed(ids)))
-        assert isinstance(ahead._ahead[1].result(), tuple)         # decoded in the thread
+        ahead.read_ahead(list(reversed(ids)), seed)
+        crops, n_pil, _share, _event = ahead._ahead[2].result()       # prepared in the thread
+        assert crops.dtype == torch.uint8 and crops.shape[0] == len(set(ids))
         got, rows = ahead.batch(ids, seed)
         want, want_rows = plain.batch(ids, seed)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert torch.equal(rows, want_rows)
     assert ahead.n_cpu_decoded == plain.n_cpu_decoded == 1
-    ahead.read_ahead([1, 3])
+    ahead.read_ahead([5, 0, 2], 12)              # the same images, another seed: the step's own crops
+    torch.testing.assert_close(ahead.batch([5, 0, 5, 2], 11)[0], plain.batch([5, 0, 5, 2], 11)[0], rtol=0, atol=0)
+    ahead.read_ahead([5, 0, 2])                  # no seed: only the files are read ahead
+    assert isinstance(ahead._ahead[2].result(), list)
+    torch.testing.assert_close(ahead.batch([5, 0, 5, 2], 11)[0], plain.batch([5, 0, 5, 2], 11)[0], rtol=0, atol=0)
+    ahead.read_ahead([1, 3], 5)
     other, _ = ahead.batch([6], 11)
     assert other.shape[0] == 1
     Path(paths[3]).unlink()
-    ahead.read_ahead([1, 3])
+    ahead.read_ahead([1, 3], 0)
     with pytest.raises(CrossViewError, match="im3.jpg"):
         ahead.batch([3, 1], 0)
     ahead.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(h=st.integers(1, 700), w=st.integers(1, 700), seed=st.integers(0, 2**32 - 1),
+       scale=st.sampled_from([(0.08, 1.0), (0.5, 1.0), (0.99, 1.0)]),
+       ratio=st.sampled_from([(3 / 4, 4 / 3), (3.0, 4.0), (0.1, 0.2)]))
+def test_crops_drawn_from_a_seed_are_torchvisions_from_the_seeded_global_rng(h, w, seed, scale, ratio) -> None:
+    """draw_params(seed=...) draws from a generator of its own the numbers the CPU path's workers draw from
+    the global RNG seeded alike (RandomResizedCrop.get_params, then torch.rand(1) for the flip), central-crop
+    fallbacks included (ratios far from the image's force them), and leaves the global RNG alone."""
+    sizes = [(h, w), (w, h), (h, h)]
+    state = torch.get_rng_state()
+    got = D.draw_params(sizes, scale, ratio, 0.5, seed=seed)
+    assert torch.equal(torch.get_rng_state(), state)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        want = []
+        for hh, ww in sizes:
+            crop = T.RandomResizedCrop.get_params(torch.empty((1, hh, ww)), list(scale), list(ratio))
+            want.append((*crop, bool(torch.rand(1) < 0.5)))
+    assert got == want
+
+
+def _jpeg_bytes(size: tuple[int, int], **save: object) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (90, 30, 200)).save(buf, format="JPEG", **save)
+    return buf.getvalue()
+
+
+def test_image_sizes_come_from_the_headers(tmp_path) -> None:
+    """image_size reads (height, width) from a JPEG's start-of-frame segment (baseline, progressive, after an
+    EXIF segment, greyscale) or Pillow's header read (PNG) without decoding; a header it cannot read is None."""
+    import io
+
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6                                   # orientation: decoders here do not rotate
+    cases = {"baseline": _jpeg_bytes((500, 375)), "progressive": _jpeg_bytes((333, 500), progressive=True),
+             "exif": _jpeg_bytes((640, 427), exif=exif.tobytes())}
+    grey = io.BytesIO()
+    Image.new("L", (37, 19)).save(grey, format="JPEG")
+    cases["grey"] = grey.getvalue()
+    png = io.BytesIO()
+    Image.new("RGB", (48, 31)).save(png, format="PNG")
+    cases["png"] = png.getvalue()
+    for name, raw in cases.items():
+        with Image.open(io.BytesIO(raw)) as im:
+            want = (im.size[1], im.size[0])
+        assert D.image_size(raw) == want, name
+        assert D.image_size(torch.frombuffer(bytearray(raw), dtype=torch.uint8)) == want, name
+    base = cases["baseline"]
+    sof = base.index(b"\xff\xc0")
+    for bad in (b"", b"\xff\xd8\xff", base[:sof + 6], b"\xff\xd8" + b"\x00" * 40, b"not an image at all"):
+        assert D.image_size(bad) is None, bad[:12]
+
+
+def test_a_cpu_share_of_each_batch_gives_the_same_batches(tmp_path, monkeypatch) -> None:
+    """cpu_share: that share of each batch's distinct images (the PNG first, then the last JPEGs) is decoded,
+    cropped and flipped by worker processes on the CPU while the device decodes the rest: the batches are
+    bit-identical to the device's alone (here the device is the CPU: the same decoder and resize), with or
+    without decoding ahead; a missing file in the CPU share is named; a header whose size is not the image's
+    makes the batch decode on the device; close() ends the workers. A bad $CROSSVIEW_CPU_DECODE_SHARE is one
+    clear error."""
+    import multiprocessing as mp
+
+    from crossview.core.errors import CrossViewError
+
+    paths = _photos(tmp_path)
+    tf = _train_transform()
+    plain = D.DeviceImageBatches(paths, tf, torch.device("cpu"))
+    split = D.DeviceImageBatches(paths, tf, torch.device("cpu"), cpu_share=0.5, workers=2)
+    ahead = D.DeviceImageBatches(paths, tf, torch.device("cpu"), cpu_share=0.4, workers=1, decode_ahead=True)
+    batches = [([5, 0, 5, 2, 4], 11), ([6, 3, 1, 0], 3), ([4, 1], 8), ([2, 2], 5)]
+    for k, (ids, seed) in enumerate(batches):
+        want, want_rows = plain.batch(ids, seed)
+        got, rows = split.batch(ids, seed)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert torch.equal(rows, want_rows)
+        if k == 0:
+            ahead.batch(ids, seed)
+        nxt = batches[(k + 1) % len(batches)]
+        ahead.read_ahead(nxt[0], nxt[1])
+        torch.testing.assert_close(ahead.batch(*nxt)[0], plain.batch(*nxt)[0], rtol=0, atol=0)
+    # batches of 4, 4 and 2 distinct images split 2/2 (the PNG among the CPU's), 2/2, 1/1; one image stays whole
+    assert split.n_cpu_share == 2 + 2 + 1 and ahead.n_cpu_share > 0
+    assert split.n_cpu_decoded == 2                  # the PNG (in two batches), by Pillow in a worker
+    assert split._procs is not None and len(mp.active_children()) >= 2
+
+    with monkeypatch.context() as m:               # a header that lies: the whole batch on the device
+        m.setattr(D, "image_size", lambda data: (150, 200))
+        before = split.n_cpu_share
+        torch.testing.assert_close(split.batch([0, 1, 2], 4)[0], plain.batch([0, 1, 2], 4)[0], rtol=0, atol=0)
+        assert split.n_cpu_share == before
+
+    Path(paths[6]).unlink()                       # the last JPEG: in the CPU share
+    with pytest.raises(CrossViewError, match="im6.jpg"):
+        split.batch([0, 6], 1)
+    for d in (split, ahead, plain):
+        d.close()
+    assert split._procs is None and not mp.active_children()
+
+    for bad in ("abc", "1.5", "-0.1"):
+        monkeypatch.setenv(D.CPU_SHARE_ENV, bad)
+        with pytest.raises(CrossViewError, match=f"{D.CPU_SHARE_ENV}='{bad}'"):
+            D.DeviceImageBatches(paths, tf, torch.device("cpu"))
+    monkeypatch.setenv(D.CPU_SHARE_ENV, "0.25")
+    assert D.DeviceImageBatches(paths, tf, torch.device("cpu")).cpu_share == 0.25
 
 
 def test_device_augmentation_stays_float32_under_autocast(tmp_path) -> None:
@@ -224,6 +346,15 @@ def test_vsepp_end_to_end_takes_the_device_path_and_says_so(tmp_path, monkeypatc
     assert any("decoded in a thread while the step before runs" in m for m in ahead_logs), ahead_logs
     for k, v in dev.model_state_.items():
         np.testing.assert_array_equal(ahead.model_state_[k], v, err_msg=k)
+    # and a share of each batch decoded by CPU worker processes meanwhile (the run's loader workers): the same
+    # run again, and the log says so
+    monkeypatch.setenv(D.CPU_SHARE_ENV, "0.5")
+    shared = create_method("vsepp", **params).with_run(**{**run, "workers": 2})
+    shared_logs = [e.message for e in shared.fit_iter(data) if isinstance(e, Log)]
+    assert any("50% of each batch's images decoded and cropped by 2 worker processes on the CPU" in m
+               for m in shared_logs), shared_logs
+    for k, v in dev.model_state_.items():
+        np.testing.assert_array_equal(shared.model_state_[k], v, err_msg=k)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -241,6 +372,52 @@ def test_cuda_decode_matches_the_cpu_loader_batch(tmp_path) -> None:
     assert got.is_cuda and got.dtype == torch.float32 and torch.equal(rows, ref_rows)
     diff = (got.cpu() - ref).abs()
     assert float(diff.mean()) <= 1.5 * LEVEL and float(diff.max()) <= 32 * LEVEL, (float(diff.mean()), float(diff.max()))
+
+
+def _worker_dies(*_args: object) -> None:
+    os._exit(3)
+
+
+def test_when_the_cpu_workers_die_the_device_decodes_the_rest(tmp_path, monkeypatch, caplog) -> None:
+    """A CPU worker that dies (killed, out of memory) does not end the run: that batch and every later one are
+    decoded on the device alone, the same batches, and the log says why."""
+    import logging
+
+    paths = _photos(tmp_path)
+    tf = _train_transform()
+    plain = D.DeviceImageBatches(paths, tf, torch.device("cpu"))
+    split = D.DeviceImageBatches(paths, tf, torch.device("cpu"), cpu_share=0.5, workers=1)
+    monkeypatch.setattr(D, "_cpu_crops", _worker_dies)
+    with caplog.at_level(logging.WARNING, logger=D.__name__):
+        for ids, seed in (([5, 0, 2, 1], 3), ([6, 3, 4], 9)):
+            torch.testing.assert_close(split.batch(ids, seed)[0], plain.batch(ids, seed)[0], rtol=0, atol=0)
+    assert split.cpu_share == 0.0 and split.n_cpu_share == 0 and split._procs is None
+    assert "the device decodes every image from now on" in caplog.text
+    split.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_cuda_cpu_share_matches_the_device_batch(tmp_path) -> None:
+    """On a GPU with a CPU share (and decoding ahead on the thread's own stream): the batch agrees with nvJPEG's
+    alone within the decoders' difference (same crops and flips: a wrong one moves the mean by tens of levels),
+    the CPU workers took their share, and the batches stay right over consecutive steps."""
+    paths = _photos(tmp_path)
+    tf = _train_transform()
+    dev = torch.device("cuda")
+    alone = D.DeviceImageBatches(paths, tf, dev)
+    split = D.DeviceImageBatches(paths, tf, dev, cpu_share=0.5, workers=2, decode_ahead=True)
+    batches = [(np.array([3, 1, 1, 4, 6, 0, 3, 2]), 99), (np.array([5, 0, 2, 6]), 7), (np.array([1, 3]), 12)]
+    for k, (ids, seed) in enumerate(batches):
+        got, rows = split.batch(ids, seed)
+        if k + 1 < len(batches):            # prepared in the thread while this batch is checked
+            split.read_ahead(*batches[k + 1])
+        want, want_rows = alone.batch(ids, seed)
+        assert got.is_cuda and torch.equal(rows.cpu(), want_rows.cpu())
+        diff = (got - want).abs()
+        assert float(diff.mean()) <= 1.5 * LEVEL and float(diff.max()) <= 32 * LEVEL, (k, float(diff.mean()))
+    assert split.n_cpu_share == 3 + 2 + 1          # 6, 4 and 2 distinct images, half of each on the CPU
+    split.close()
+    alone.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

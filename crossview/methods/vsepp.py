@@ -520,13 +520,17 @@ class Vsepp(TorchMethod):
         n_jpeg = sum(1 for p in paths if str(p).lower().endswith((".jpg", ".jpeg")))
         if n_jpeg and device_images.device_decode_available(device):
             try:
-                self._device_images = device_images.DeviceImageBatches(paths, transform, device)
+                self._device_images = device_images.DeviceImageBatches(paths, transform, device,
+                                                                       workers=int(self.workers))
             except ValueError:      # a transform the device code does not do: the loader path applies it
                 self._device_images = None
         if self._device_images is not None:
             other = len(paths) - n_jpeg
-            ahead = (", each batch's decoded in a thread while the step before runs"
-                     if self._device_images.decode_ahead else "")
+            dib = self._device_images
+            ahead = (", each batch's decoded in a thread while the step before runs" if dib.decode_ahead else "")
+            if dib.cpu_share:
+                ahead += (f", {dib.cpu_share:.0%} of each batch's images decoded and cropped by {dib.workers} "
+                          "worker processes on the CPU meanwhile")
             self._image_note = (f", images: JPEGs decoded on the device ({device}, torchvision decode_jpeg{ahead}) "
                                 "and augmented there" + (f"; {other} other files decoded on the CPU one by one"
                                                          if other else ""))
@@ -559,9 +563,10 @@ class Vsepp(TorchMethod):
         on_device = getattr(self, "_device_images", None)
         if on_device is not None:
             caption_images = _CaptionImages(trainer.sampler, self._files[2], epoch)
-            images, rows = on_device.batch(caption_images(pos), _AugmentSeed(int(self.seed), world()[0], epoch)(pos))
+            seeds = _AugmentSeed(int(self.seed), world()[0], epoch)
+            images, rows = on_device.batch(caption_images(pos), seeds(pos))
             if pos + 1 < len(trainer.sampler):       # the next batch's files are read while this one trains
-                on_device.read_ahead(caption_images(pos + 1))
+                on_device.read_ahead(caption_images(pos + 1), seeds(pos + 1))
             if len(rows) != len(batch):
                 raise CrossViewError(f"{self.name}: image batch out of step (batch {pos})")
             return images, rows
