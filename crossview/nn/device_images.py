@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -321,6 +322,7 @@ class DeviceImageBatches:
         self._ahead: tuple[tuple[int, ...], int | None, Any] | None = None   # (distinct ids, seed, future)
         self._pool: Any = None
         self._procs: Any = None                                     # the CPU share's worker processes
+        self._procs_lock = threading.Lock()
         self._stream: Any = None                                    # the decode thread's CUDA stream
 
     def read_ahead(self, image_ids: Any, seed: int | None = None) -> None:
@@ -426,6 +428,10 @@ class DeviceImageBatches:
         return out, n_pil + sum(m for _, m in parts), len(on_cpu)
 
     def _process_pool(self) -> Any:
+        with self._procs_lock:            # the read-ahead thread and the step may both ask (a batch not read ahead)
+            return self._make_process_pool()
+
+    def _make_process_pool(self) -> Any:
         if self._procs is None:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
@@ -438,9 +444,10 @@ class DeviceImageBatches:
         return self._procs
 
     def _close_procs(self) -> None:
-        if self._procs is not None:
-            self._procs.shutdown(wait=True, cancel_futures=True)
-            self._procs = None
+        with self._procs_lock:
+            procs, self._procs = self._procs, None
+        if procs is not None:
+            procs.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the read-ahead thread (a batch read ahead and never taken is dropped) and the CPU workers."""
