@@ -528,8 +528,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "spread over the seeds, and the paired effect against full (seeds averaged per query, a "
                     "bootstrap over the images: rsum and R@1 differences with 95% intervals, won / lost / tied, the "
                     "minimal detectable difference), and says whether the design resolves the discriminator "
-                    "effect paper 002 reports (~1.8 R@1: the interval must be narrower than that; add --seeds when "
-                    "it is not). Every (variant, seed) is an ordinary run folder in --exp-dir "
+                    "effect paper 002 reports (~1.8 R@1: the minimal detectable difference must be below that; add "
+                    "--seeds when it is not). Every (variant, seed) is an ordinary run folder in --exp-dir "
                     "(listed in the app); the same --exp-dir again reads finished runs back and resumes an "
                     "interrupted one. Writes results.md and results.json into --exp-dir. On the demo, "
                     "--set labels=identity trains on its layout classes as identities.")

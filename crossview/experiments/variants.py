@@ -430,8 +430,10 @@ def _subset_queries(query_ids: dict[str, np.ndarray], caption_image: np.ndarray 
 
 
 def _resolution(expected: dict[str, Any], pr: dict[str, Any]) -> dict[str, Any]:
-    """Whether the design resolves the effect a paper reports: the half-width of this design's 95% interval of
-    that difference (and its minimal detectable effect) against the paper's value."""
+    """Whether the design resolves the effect a paper reports: its minimal detectable difference (the effect it
+    detects with 80% power at a two-sided 5% level) against the paper's value; the half-width of its 95% interval
+    is reported beside it. (A half-width just under the paper's value is not enough: an effect of exactly that
+    size then gives an interval that reaches zero about half the time.)"""
     metric = str(expected["metric"])
     if metric == "rsum":
         ci, diff, mde = pr["rsum"]["ci"], pr["rsum"]["diff"], pr["mde"]["rsum"]
@@ -442,7 +444,7 @@ def _resolution(expected: dict[str, Any], pr: dict[str, Any]) -> dict[str, Any]:
     value = float(expected["value"])
     return {"metric": metric, "paper": value, "source": expected.get("source", ""), "observed": float(diff),
             "ci": [float(ci[0]), float(ci[1])], "half_width": half, "mde": float(mde),
-            "resolves": bool(half < abs(value)), "excludes_paper": bool(not ci[0] <= value <= ci[1])}
+            "resolves": bool(float(mde) < abs(value)), "excludes_paper": bool(not ci[0] <= value <= ci[1])}
 
 
 # ====================================================================== layout
@@ -528,8 +530,9 @@ def _design_notes(study: Study, result: dict[str, Any]) -> list[str]:
         out.append(f"{n} is a positive control: it is known to change the result, so a clear difference there "
                    "shows the design can detect a change of that size.")
     for n, r in (result.get("resolution") or {}).items():
-        verdict = ("this design resolves an effect of that size" if r["resolves"] else
-                   "this design CANNOT resolve an effect of that size")
+        verdict = ("this design detects an effect of that size (80% power)" if r["resolves"] else
+                   "this design CANNOT reliably detect an effect of that size (its minimal detectable difference "
+                   "is larger)")
         out.append(f"{n} - {result['baseline']}: {r['source']} reports {r['paper']:+.1f} {r['metric']}; here "
                    f"{r['observed']:+.1f} [{r['ci'][0]:+.1f}, {r['ci'][1]:+.1f}] (95% interval half-width "
                    f"{r['half_width']:.1f}, minimal detectable {r['mde']:.1f}): {verdict}"
