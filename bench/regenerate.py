@@ -551,7 +551,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
     commit = _stamp.commit_info()
     final = _stamp.display_path(entry.path)
     single = sum(s.output for s in entry.steps) == 1
-    commands, data, parts = [], [], []
+    commands, data, parts, step_notes = [], [], [], []
     for i, step in enumerate(entry.steps, 1):
         out = step_out(entry, i, step, work)
         if out is not None:
@@ -573,6 +573,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
             raise CrossViewError(f"{entry.name}: step {i} wrote no {out}; its command does not support --out")
         header, body = _stamp.parse_header(out.read_text(encoding="utf-8"), out)
         data += [_clean(d, work, {}) for d in (header.get("data", []) if header else _experiment_data(argv))]
+        step_notes += [_clean(n, work, {}) for n in (header.get("note", []) if header else [])]   # the script's own
         parts.append((commands[-1], _clean(body, work, {str(out): final} if single else {}).strip("\n")))
     if len(parts) == 1:
         body = parts[0][1]
@@ -581,7 +582,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
         body = f"# {entry.title}\n\n{body}" if entry.title else body
     else:
         body = "\n\n".join(f"$ {cmd}\n{text}" for cmd, text in parts)
-    notes = []
+    notes = list(dict.fromkeys(step_notes))
     now = _stamp.commit_info()
     if now.split(" ")[0] != commit.split(" ")[0]:
         notes.append(f"the tree changed while this ran (at the end: {now})")

@@ -178,6 +178,27 @@ def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path):
     assert "index exact" in parts[1] and str(tmp_path) not in body
 
 
+def test_a_scripts_own_notes_stay_in_the_regenerated_file(tmp_path, monkeypatch):
+    """A bench script's stamp notes (its design's caveats) survive regenerate.py's restamping, their paths as a
+    reader at the repository root sees them."""
+    script = tmp_path / "noted.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO / 'bench')!r})\n"
+        "import _stamp\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "_stamp.write_results(out, 'the body', data=['synthetic'], command='noted.py',\n"
+        f"                    notes=['screened on the same folds: optimistic', 'runs in {tmp_path / 'work' / 'noted'}/x'])\n",
+        encoding="utf-8")
+    out = tmp_path / "noted.md"
+    monkeypatch.setattr(R.Step, "is_script", property(lambda self: True))     # a script outside bench/
+    R.regenerate(R.Entry("noted", str(out), (R.S(f"{script} --n 1"),), ("synthetic",), 1, ("crossview/index",)),
+                 tmp_path / "work")
+    header, body = _stamp.parse_header(out.read_text(), out)
+    assert header["note"] == ["screened on the same folds: optimistic", "runs in $WORK/x"]
+    assert body.strip() == "the body"
+
+
 def test_paths_in_bodies_and_commands_read_from_the_repository_root(tmp_path):
     work = tmp_path / "w"
     text = f"{work}/f8-cca/checkpoint.pt; {REPO.parent}/shared/data/x.json; {REPO}/bench/results/a.txt; {work}/o.md"
