@@ -549,3 +549,52 @@ def test_the_application_holds_collection_for_its_life() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "True"]
+
+
+_EXIT_SCRIPT = r"""
+import os, sys, time
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+from PySide6.QtWidgets import QApplication
+app = QApplication([])
+from crossview.gui.workers import Task
+
+def work(progress, should_stop):
+    time.sleep(1.5)                  # work that cannot stop halfway (a scoring bank's statistics, a checkpoint)
+    print("work ended", flush=True)
+    return 1
+
+Task(work, name="slow").start()
+time.sleep(0.2)
+print("leaving", flush=True)         # the script ends with the worker's thread running
+"""
+
+
+def test_a_process_that_exits_while_a_worker_runs_waits_for_it_instead_of_aborting(tmp_path) -> None:
+    """A QThread destroyed while it runs aborts the process (SIGABRT: 'QThread: Destroyed while thread is still
+    running'; seen when the app closed while Query prepared a scoring bank at COCO size): at exit every running worker
+    is asked to stop and waited for, so the work ends and the process exits normally."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_early.py"
+    script.write_text(_EXIT_SCRIPT, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["leaving", "work", "ended"]
+    assert "Destroyed while thread" not in r.stderr
+
+
+def test_stop_all_stops_the_running_workers_and_names_those_it_could_not_wait_for(qtbot) -> None:
+    from crossview.gui.workers import stop_all
+
+    release = threading.Event()
+    stoppable = Task(lambda progress, should_stop: [time.sleep(0.02) for _ in range(500) if not should_stop()],
+                     name="stoppable").start()
+    stuck = Task(lambda progress, should_stop: release.wait(30), name="stuck").start()
+    try:
+        assert stop_all(300) == ["stuck"]
+        assert not stoppable.is_running() and stoppable.stopped and stuck.stopped
+    finally:
+        release.set()
+        stuck.wait()
+    assert stop_all(1000) == []

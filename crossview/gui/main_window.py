@@ -28,7 +28,7 @@ from crossview.gui.panels.data_panel import DataPanel
 from crossview.gui.panels.inspect_panel import InspectPanel
 from crossview.gui.panels.query_panel import QueryPanel
 from crossview.gui.panels.train_panel import TrainPanel
-from crossview.gui.workers import Task, engine_loader, import_quietly
+from crossview.gui.workers import Task, engine_loader, import_quietly, stop_all
 from crossview.core.settings import get_settings
 
 MAX_RECENT = 8
@@ -791,4 +791,5 @@ class MainWindow(QMainWindow):
             self._task.wait(5000)
         self.data_panel.cache.clear_pending()
         self.data_panel.cache.wait_idle(5000)
+        stop_all(10000)       # any other worker (Inspect's, a fusion's); one that cannot stop in time ends at exit
         super().closeEvent(event)

@@ -35,6 +35,7 @@ itself is Qt's ``QThread`` (what superqt's ``thread_worker``, the model STYLE.md
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import itertools
@@ -256,6 +257,34 @@ class WorkerBase(QObject):
 
     def _cleanup(self) -> None:
         pass
+
+
+def stop_all(msecs: int | None = 10000) -> list[str]:
+    """Ask every running worker to stop and wait for their threads, at most ``msecs`` in all (None: as long as they
+    take); the names of those still running after it. Closing the window calls it with a limit; the process's exit
+    (:func:`_join_at_exit`) without one: a ``QThread`` destroyed while it runs aborts the process (SIGABRT, "QThread:
+    Destroyed while thread is still running"), and work that cannot stop halfway (a scoring bank being read and its
+    statistics formed, a checkpoint being written) must end rather than die."""
+    running = [w for w in list(_LIVE) if shiboken6.isValid(w) and w._thread.isRunning()]
+    for w in running:
+        w.stop()
+    end = None if msecs is None else time.monotonic() + msecs / 1000
+    left = []
+    for w in running:
+        if end is None:
+            w._thread.wait()
+        elif not w._thread.wait(max(0, int((end - time.monotonic()) * 1000))):
+            left.append(w.name)
+    return left
+
+
+def _join_at_exit() -> None:
+    """At interpreter exit (``atexit``, before Python tears the modules down and with them the workers' QThreads):
+    stop every worker still running and wait for it to end."""
+    stop_all(None)
+
+
+atexit.register(_join_at_exit)
 
 
 def _let_go(worker: WorkerBase) -> None:

@@ -1049,12 +1049,14 @@ class QueryPanel(QWidget):
         super().closeEvent(event)
 
     def stop_tasks(self, msecs: int = 5000) -> None:
-        """Cancel the query and every explanation in flight and wait for their threads (closing)."""
+        """Cancel the query, the scoring being prepared and every explanation in flight and wait for their threads
+        (closing)."""
         self._scroll_timer.stop()
         self.gallery_loader.stop(msecs)
-        if self._task is not None and self._task.is_running():
-            self._task.cancel()
-            self._task.wait(msecs)
+        for t in (self._task, self._scoring_task):     # the query; a scoring bank being prepared
+            if t is not None and t.is_running():
+                t.cancel()
+                t.wait(msecs)
         self.explain_controller.stop(msecs)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
