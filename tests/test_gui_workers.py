@@ -598,3 +598,19 @@ def test_stop_all_stops_the_running_workers_and_names_those_it_could_not_wait_fo
         release.set()
         stuck.wait()
     assert stop_all(1000) == []
+
+
+def test_the_gui_thread_collects_often_while_work_runs_and_seldom_when_idle(qtbot) -> None:
+    """With automatic collection off, new objects wait for the GUI thread's next tick, which walks them all holding
+    the GIL: while a worker runs (it allocates) the tick comes every GC_BUSY_INTERVAL_MS, so each walk is short; once
+    only holders keep collection on the GUI thread (the application's idle life, a test), every GC_INTERVAL_MS."""
+    from crossview.gui import workers as W
+
+    assert W.GC_BUSY_INTERVAL_MS < W.GC_INTERVAL_MS
+    gate = threading.Event()
+    task = Task(lambda p, s: gate.wait(30), name="allocating").start()
+    assert W._GC.timer.isActive() and W._GC.timer.interval() == W.GC_BUSY_INTERVAL_MS
+    gate.set()
+    qtbot.waitUntil(lambda: task not in W._LIVE, timeout=30000)
+    assert W._HELD                     # the test's own hold (conftest): still collecting there, at the idle pace
+    assert W._GC.timer.isActive() and W._GC.timer.interval() == W.GC_INTERVAL_MS

@@ -106,8 +106,14 @@ _LOADING: set["EngineLoader"] = set()
 #: a GUI test while it runs
 _HELD: set[object] = set()
 
-#: how often the GUI thread collects cyclic garbage while collection is held there (workers, loader, holders; ms)
+#: how often the GUI thread collects cyclic garbage while collection is held there and nothing else runs (the
+#: application's idle life; ms)
 GC_INTERVAL_MS = 500
+#: ... and while a worker or the engine loader runs (ms): they allocate fast, and with automatic collection off every
+#: new object waits in the youngest generation for the next tick, which then walks them all holding the GIL. At 500
+#: ms that tick stalled the GUI 125-155 ms while the engine's modules loaded (bench/query_cache.py --app-child -
+#: engine, 2-core CPU); at 50 ms 40-43, at 20 ms 31-36 (the import's own holds of the GIL)
+GC_BUSY_INTERVAL_MS = 20
 
 
 class _GuiThreadGC:
@@ -117,7 +123,8 @@ class _GuiThreadGC:
     the worker thread and freed garbage of the GUI's (a closed plot's ``QGraphicsScene``, cleared there while the GUI
     thread processed events): full test runs crashed so, three times in a row at one GUI test. Automatic collection
     is off from the first worker's start to the last one's end; meanwhile a timer on the GUI thread collects every
-    ``GC_INTERVAL_MS`` whatever generations are over their thresholds, as the automatic collector would."""
+    ``GC_BUSY_INTERVAL_MS`` (``GC_INTERVAL_MS`` when only holders keep it) whatever generations are over their
+    thresholds, as the automatic collector would."""
 
     def __init__(self) -> None:
         self.timer: QTimer | None = None
@@ -126,13 +133,21 @@ class _GuiThreadGC:
     def start(self) -> None:
         if self.timer is None:
             self.timer = QTimer()
-            self.timer.setInterval(GC_INTERVAL_MS)
             self.timer.timeout.connect(self.tick)
         if gc.isenabled():          # off at every start: something may have turned it back on meanwhile
             self.disabled_here = True
             gc.disable()
+        self.retime()
         if not self.timer.isActive():
             self.timer.start()
+
+    def retime(self) -> None:
+        """The timer's interval for what runs now: :data:`GC_BUSY_INTERVAL_MS` while a worker or loader does,
+        :data:`GC_INTERVAL_MS` otherwise."""
+        if self.timer is not None:
+            ms = GC_BUSY_INTERVAL_MS if (_LIVE or _LOADING) else GC_INTERVAL_MS
+            if self.timer.interval() != ms:
+                self.timer.setInterval(ms)
 
     def stop(self) -> None:
         if self.timer is not None and self.timer.isActive():
@@ -297,6 +312,7 @@ def _hand_back() -> bool:
     """Hand collection back to Python once nothing holds it on the GUI thread (no worker, loader or holder); True
     when it did."""
     if _LIVE or _LOADING or _HELD:
+        _GC.retime()          # the last worker or loader may have ended: the idle interval
         return False
     _GC.stop()
     return True
