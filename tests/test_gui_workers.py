@@ -598,6 +598,16 @@ def test_stop_all_stops_the_running_workers_and_names_those_it_could_not_wait_fo
         release.set()
         stuck.wait()
     assert stop_all(1000) == []
+    # an orphan (its Qt object deleted with its parent while it runs) is stopped and waited for as well
+    import shiboken6
+    from PySide6.QtCore import QObject
+
+    parent = QObject()
+    orphan = Task(lambda progress, should_stop: [time.sleep(0.02) for _ in range(500) if not should_stop()],
+                  name="orphan", parent=parent).start()
+    shiboken6.delete(parent)
+    assert not shiboken6.isValid(orphan) and orphan._thread.isRunning()
+    assert stop_all(5000) == [] and not orphan._thread.isRunning()
 
 
 def test_the_gui_thread_collects_often_while_work_runs_and_seldom_when_idle(qtbot) -> None:

@@ -280,9 +280,10 @@ def stop_all(msecs: int | None = 10000) -> list[str]:
     (:func:`_join_at_exit`) without one: a ``QThread`` destroyed while it runs aborts the process (SIGABRT, "QThread:
     Destroyed while thread is still running"), and work that cannot stop halfway (a scoring bank being read and its
     statistics formed, a checkpoint being written) must end rather than die."""
-    running = [w for w in list(_LIVE) if shiboken6.isValid(w) and w._thread.isRunning()]
+    # orphans too (their Qt object deleted with a closed parent): their QThread is Python's and may still run
+    running = [w for w in list(_LIVE) if shiboken6.isValid(w._thread) and w._thread.isRunning()]
     for w in running:
-        w.stop()
+        w.stop()                  # Python events only: safe on an orphan
     end = None if msecs is None else time.monotonic() + msecs / 1000
     left = []
     for w in running:
