@@ -10,7 +10,7 @@ import torch
 from crossview.core.errors import CrossViewError
 from crossview.data.method_data import MethodData
 from crossview.methods import create_method
-from crossview.nn.images import image_loader
+from crossview.nn.images import BatchImages, batch_image_loader, image_loader
 
 
 def _transform():
@@ -68,8 +68,14 @@ def test_an_unreadable_image_is_named(tmp_path, workers: int) -> None:
     bad.write_bytes(b"not a jpeg")
     data = MethodData(image_features=None, text_features=None, captions=[], caption_image=np.zeros(0),
                       image_paths=[str(bad)], image_transform=_transform())
-    with pytest.raises(CrossViewError, match="broken.jpg: cannot read this image"):
+    # one line naming the file, from a worker process as from this one (torch re-raises a worker's exception
+    # with the worker's traceback in its message: the loaders carry the error back as a value instead)
+    one_line = r"^\S*broken\.jpg: not an image file Pillow can read; fix or remove the file$"
+    with pytest.raises(CrossViewError, match=one_line):
         list(image_loader(data, 1, workers=workers))
+    ds = BatchImages([str(bad)], _transform(), lambda k: [0], lambda k: k, 0, 2)
+    with pytest.raises(CrossViewError, match=one_line):
+        list(batch_image_loader(ds, workers=workers))
     with pytest.raises(CrossViewError, match="no image files"):
         image_loader(MethodData(image_features=np.ones((1, 2)), text_features=None, captions=[],
                                 caption_image=np.zeros(0)), 1)

@@ -714,6 +714,60 @@ def test_decompression_bomb_is_an_unreadable_image(tmp_path: Path, capsys: pytes
     assert "1 of 2 images unreadable" in out and "im1.png: image too large to decode" in out
 
 
+def _jpeg_of_size(width: int, height: int) -> bytes:
+    """The start of a baseline JPEG whose frame header (SOF0) declares ``width`` x ``height`` pixels."""
+    sof = struct.pack(">HBHHB", 17, 8, height, width, 3) + b"".join(bytes([c, 0x11, 0]) for c in (1, 2, 3))
+    return b"\xff\xd8" + b"\xff\xc0" + sof + b"\xff\xd9"
+
+
+@pytest.mark.parametrize("kind", ["png", "jpeg"])
+def test_every_place_that_opens_an_image_refuses_a_bomb_in_one_line(tmp_path: Path, kind: str,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """Pillow's DecompressionBombError is no OSError: each reader of image files (the query / explain / serve check,
+    the end-to-end loaders, the region maps' overlay) names the file and says it is too large, no traceback, and
+    the device path never hands a bomb to libjpeg-turbo / nvJPEG (no limit there: gigabytes)."""
+    import torch
+
+    from crossview.commands.query import _check_image_file
+    from crossview.explain.render import overlay
+    from crossview.nn import device_images as D
+    from crossview.nn.images import ImageFiles
+
+    bomb = tmp_path / f"big.{'png' if kind == 'png' else 'jpg'}"
+    bomb.write_bytes(_png_of_size(60_000, 60_000) if kind == "png" else _jpeg_of_size(60_000, 60_000))
+    # a JPEG's size comes from its frame header; Pillow's header read refuses a bomb (None: the caller decodes it)
+    assert D.image_size(D.read_bytes(str(bomb))) == ((60_000, 60_000) if kind == "jpeg" else None)
+    with pytest.raises(CrossViewError, match=r"--image .*big\.\w+: image too large to decode .*; resize it"):
+        _check_image_file(bomb)
+    with pytest.raises(CrossViewError, match=r"big\.\w+: image too large to decode"):
+        ImageFiles([str(bomb)])[0]
+    with pytest.raises(CrossViewError, match=r"big\.\w+: image too large to decode"):
+        overlay(str(bomb), None)
+    seen: list[int] = []
+
+    def decode_jpeg(datas, **_kw):              # what the device decoder is handed
+        seen.append(len(datas))
+        raise AssertionError("a bomb reached the JPEG decoder")
+
+    import torchvision.io
+    orig = torchvision.io.decode_jpeg
+    torchvision.io.decode_jpeg = decode_jpeg
+    try:
+        with pytest.raises(CrossViewError, match=r"big\.\w+: image too large to decode"):
+            D.decode_images([str(bomb)], torch.device("cpu"))
+    finally:
+        torchvision.io.decode_jpeg = orig
+    assert seen == []
+    other = tmp_path / "notes.jpg"
+    other.write_bytes(b"a text file named .jpg")
+    with pytest.raises(CrossViewError, match=r"notes\.jpg: not an image file Pillow can read; give a JPEG, PNG"):
+        _check_image_file(other)
+    from crossview.cli import main
+    assert main(["query", str(tmp_path / "no-run"), "--image", str(bomb)]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
 def test_open_image_on_a_fifo_does_not_block(tmp_path: Path) -> None:
     fifo = tmp_path / "a.png"

@@ -135,14 +135,17 @@ def resolve_image(ds: Any, value: str) -> int | Path:
 
 def _check_image_file(path: Path) -> None:
     """Refuse a file that is not a readable image with one line naming it (before any encoder loads)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
+
+    from crossview.data.images import image_problem, problem_kind
 
     try:
         with Image.open(path) as im:
             im.verify()
-    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
-        raise CrossViewError(f"--image {path}: not an image file Pillow can read ({type(e).__name__}); give a "
-                             "JPEG, PNG, BMP or WebP file, or a dataset image by index or name") from None
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types (image_problem)
+        what = ("resize it" if problem_kind(e) == "large" else "give a JPEG, PNG, BMP or WebP file") + \
+            ", or a dataset image by index or name"
+        raise CrossViewError(f"--image {path}: {image_problem(e)}; {what}") from None
 
 
 def _describe_query(ds: Any, query: dict[str, Any], corpus: bool) -> str:

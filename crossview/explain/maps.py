@@ -291,6 +291,7 @@ class Explainer:
         import torch
         from PIL import Image
 
+        from crossview.data.images import image_problem
         from crossview.features.image import backbone_spec, create_image_encoder
 
         body, pool, transform, name = own
@@ -301,9 +302,10 @@ class Explainer:
         for path in paths:
             try:
                 with Image.open(path) as im:
-                    xs.append(transform(im.convert("RGB")))
-            except OSError as e:
-                raise CrossViewError(f"{path}: cannot read the image ({e})") from None
+                    rgb = im.convert("RGB")
+            except Exception as e:  # noqa: BLE001 - Pillow raises many types (image_problem)
+                raise CrossViewError(f"{path}: {image_problem(e)}") from None
+            xs.append(transform(rgb))
         dev = next(body.parameters()).device
         was = body.training
         body.eval()
@@ -414,14 +416,16 @@ class Explainer:
         """The conv map as ``(h, w, C)`` with the crop box it covers and the image's size (cached), or the error."""
         from PIL import Image
 
+        from crossview.data.images import image_problem
+
         side = int(round(np.sqrt(loc.shape[0])))
         if side * side != loc.shape[0]:
             return CrossViewError(f"a {loc.shape[0]}-position conv map is not square")
         try:
             with Image.open(path) as im:
                 size = (int(im.width), int(im.height))
-        except OSError as e:
-            return CrossViewError(f"{path}: cannot read the image ({e})")
+        except Exception as e:  # noqa: BLE001 - Pillow raises many types (image_problem)
+            return CrossViewError(f"{path}: {image_problem(e)}")
         scale = min(size) / float(resize)
         crop = crop_side * scale
         left, top = (size[0] - crop) / 2.0, (size[1] - crop) / 2.0

@@ -58,11 +58,13 @@ def overlay(image: Any, region: Any, max_alpha: float = 0.7) -> Any:
     from PIL import Image
 
     if not isinstance(image, Image.Image):
+        from crossview.data.images import image_problem
+
         try:
             with Image.open(image) as im:
                 image = im.convert("RGB")
-        except OSError as e:
-            raise CrossViewError(f"{image}: cannot read the image ({e})") from None
+        except Exception as e:  # noqa: BLE001 - Pillow raises many types (image_problem)
+            raise CrossViewError(f"{image}: {image_problem(e)}") from None
     base = image.convert("RGBA")
     left, top, right, bottom = region.crop_box
     heat = Image.fromarray(heat_rgba(region.values, (right - left, bottom - top), max_alpha), mode="RGBA")

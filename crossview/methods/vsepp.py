@@ -718,17 +718,16 @@ class Vsepp(TorchMethod):
         return np.concatenate(out) if out else np.zeros((0, int(self.model_spec_["embed_dim"])), np.float32)
 
     def _embed_image_files(self, data: MethodData) -> np.ndarray:
-        from crossview.nn.images import ImageFiles
+        from crossview.nn.images import files_loader
 
         if data.image_paths is None:
             raise CrossViewError(f"{self.name}: this model encodes image files (image_model=cnn) but the "
                                  f"{data.name or 'given'} data has feature rows only")
         enc = unwrap(self.model()).image
         dev = self._embed_device()
-        files = ImageFiles(data.image_paths, self._transforms()[1])
-        workers = int(self.workers) if len(files) > 64 else 0
-        loader = torch.utils.data.DataLoader(files, batch_size=64, num_workers=workers,
-                                             pin_memory=dev.type == "cuda")
+        workers = int(self.workers) if len(data.image_paths) > 64 else 0
+        loader = files_loader(data.image_paths, self._transforms()[1], 64, workers=workers,
+                              pin_memory=dev.type == "cuda")
         out = []
         was = enc.training
         enc.eval()

@@ -86,12 +86,12 @@ def image_size(data: torch.Tensor | bytes) -> tuple[int, int] | None:
         return None
     import io
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(io.BytesIO(raw)) as im:
             w, h = im.size
-    except (OSError, UnidentifiedImageError, ValueError):
+    except Exception:  # noqa: BLE001 - Pillow raises many types; the caller decodes the file, which says why
         return None
     return int(h), int(w)
 
@@ -111,15 +111,16 @@ def _decode_pil(path: str, data: torch.Tensor) -> torch.Tensor:
     """``(3, H, W) uint8`` of one file decoded by Pillow (the CPU path's decoder)."""
     import io
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
     from torchvision.transforms.functional import pil_to_tensor
+
+    from crossview.data.images import image_problem
 
     try:
         with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
             return pil_to_tensor(im.convert("RGB"))
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise CrossViewError(f"{path}: cannot read this image ({type(e).__name__}: {e}); fix or remove "
-                             "the file") from None
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types (image_problem)
+        raise CrossViewError(f"{path}: {image_problem(e)}; fix or remove the file") from None
 
 
 def decode_images(paths: Sequence[str], device: torch.device,
@@ -132,9 +133,15 @@ def decode_images(paths: Sequence[str], device: torch.device,
 
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    from crossview.data.images import too_many_pixels
+
     datas = [read_bytes(p) for p in paths] if datas is None else list(datas)
     out: list[torch.Tensor | None] = [None] * len(paths)
-    jpeg = [k for k, d in enumerate(datas) if is_jpeg(d)]
+    # a JPEG whose header declares more pixels than Pillow's decompression-bomb limit goes to Pillow, which refuses
+    # it with one line naming the file (libjpeg-turbo and nvJPEG have no such limit: gigabytes, or an opaque error)
+    # (from the first 64 KiB: a frame header after a larger EXIF block is not read, and that file is decoded as before)
+    jpeg = [k for k, d in enumerate(datas)
+            if is_jpeg(d) and not too_many_pixels(*(image_size(d[:65536]) or (0, 0)))]
     # torchvision 0.29 deprecates its decoders in favour of torchcodec's (a warning at every call); they work
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
