@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,7 @@ def test_text_query_answers_as_the_command_does(server, run_dir, capsys):
     ('{"txt": "a dog"}', "unknown field"),
     ('{"image": "/no/such/photo.jpg"}', "no such file"),
     (b"\xff\xfe", "not JSON"),
+    ("[" * 50_000 + "]" * 50_000, "nested too deeply"),            # within the size limit, past the recursion limit
 ])
 def test_bad_requests_get_400_and_one_line(server, body, says):
     status, doc, raw = _ask(server, "POST", "/query", body)
@@ -104,6 +106,16 @@ def test_image_of_a_precomp_run_and_unknown_paths(server, tmp_path):
     Image.new("RGB", (8, 8), "blue").save(photo)
     status, doc, _ = _ask(server, "POST", "/query", json.dumps({"image": str(photo)}))
     assert status == 400 and "precomputed image features" in doc["error"]
+    bomb = tmp_path / "big.png"                 # a header declaring 60,000 x 60,000 pixels: Pillow's bomb limit
+    with Image.open(photo) as im:
+        im.save(bomb)
+    data = bytearray(bomb.read_bytes())
+    data[16:24] = (60_000).to_bytes(4, "big") * 2
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    bomb.write_bytes(bytes(data))
+    status, doc, _ = _ask(server, "POST", "/query", json.dumps({"image": str(bomb)}))
+    assert status == 400 and doc["error"].startswith(f"image {str(bomb)!r}: image too large to decode")
+    assert doc["error"].endswith("; resize it")
     assert _ask(server, "GET", "/nope")[0] == 404
     assert _ask(server, "POST", "/health", "{}")[0] == 404
 

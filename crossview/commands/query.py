@@ -133,8 +133,9 @@ def resolve_image(ds: Any, value: str) -> int | Path:
     raise CrossViewError(f"--image {text}: no such image file, nor {names} dataset {ds.name!r} ({n:,} images)")
 
 
-def _check_image_file(path: Path) -> None:
-    """Refuse a file that is not a readable image with one line naming it (before any encoder loads)."""
+def _check_image_file(path: Path, what: str | None = None) -> None:
+    """Refuse a file that is not a readable image with one line naming it (``what``, default ``--image PATH``)
+    before any encoder loads."""
     from PIL import Image
 
     from crossview.data.images import image_problem, problem_kind
@@ -143,9 +144,10 @@ def _check_image_file(path: Path) -> None:
         with Image.open(path) as im:
             im.verify()
     except Exception as e:  # noqa: BLE001 - Pillow raises many types (image_problem)
-        what = ("resize it" if problem_kind(e) == "large" else "give a JPEG, PNG, BMP or WebP file") + \
-            ", or a dataset image by index or name"
-        raise CrossViewError(f"--image {path}: {image_problem(e)}; {what}") from None
+        todo = "resize it" if problem_kind(e) == "large" else "give a JPEG, PNG, BMP or WebP file"
+        if what is None:
+            what, todo = f"--image {path}", todo + ", or a dataset image by index or name"
+        raise CrossViewError(f"{what}: {image_problem(e)}; {todo}") from None
 
 
 def _describe_query(ds: Any, query: dict[str, Any], corpus: bool) -> str:

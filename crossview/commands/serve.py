@@ -142,7 +142,7 @@ class QueryService:
                 path = Path(value).expanduser()
                 if not path.is_file():
                     raise CrossViewError(f"image {value!r}: no such file on this machine; give an image file's path")
-                _check_image_file(path)
+                _check_image_file(path, what=f"image {value!r}")
                 retriever = self.corpus_retriever or self.split_retriever
                 ranking = retriever.query_image(path, k)
                 corpus_path = self.corpus_path if self.corpus_retriever is not None else None
@@ -194,8 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length > 0 else b""
         try:
             request = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            self._error(HTTPStatus.BAD_REQUEST, f"the body is not JSON ({type(e).__name__}: {e}); send an object "
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            why = "nested too deeply to read" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+            self._error(HTTPStatus.BAD_REQUEST, f"the body is not JSON ({why}); send an object "
                         "like {\"text\": \"a dog on a beach\", \"k\": 5}")
             return
         try:
