@@ -93,8 +93,14 @@ def run(args: argparse.Namespace) -> int:
     fixed = {k: v for k, v in (p.split("=", 1) for p in args.set)} if args.set else {}
     fixed = parse_grid(method, [f"{k}={v}" for k, v in fixed.items()]) if fixed else {}
     fixed = {k: v[0] for k, v in fixed.items()}
-    print(f"Data: {ds.name} ({len(ds.splits['train'])} train photos, {len(ds.splits.get('val', []))} val), the "
-          f"default encoders (EfficientNet-Lite0 image features, MiniLM captions) and {method}'s default feature "
+    from crossview.features.image import DEFAULT_IMAGE_ENCODER
+    from crossview.features.text.base import DEFAULT_TEXT_ENCODER
+
+    cls = method_class(method)
+    image_enc = cls.default_image_encoder or DEFAULT_IMAGE_ENCODER
+    text_enc = cls.default_text_encoder or DEFAULT_TEXT_ENCODER
+    print(f"Data: {ds.name} ({len(ds.splits['train'])} train photos, {len(ds.splits.get('val', []))} val), "
+          f"{method}'s default encoders (images {image_enc}, captions {text_enc}) and its default feature "
           "normalisation; seed 0 everywhere; device cpu. rsum = R@1+5+10 both ways.\n")
 
     # ---- the search: stages of `crossview tune`, 3-fold CV of train, each stage around the best point so far
@@ -216,8 +222,9 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
         print(f"| {name} | {sets} | {cells} | {s['rsum']:.1f} | {f'{ci[0]:.1f}-{ci[1]:.1f}' if ci else '-'} | "
               f"{selected} | {s.get('reported_on', s.get('split'))} | "
               f"{s.get('train_seconds', wall):.0f} |")
-    print("\ntrain s: the training seconds each run records, on a shared 2-core CPU that other jobs loaded (load "
-          "average between about 3 and 10 while this bench ran): a rough cost, not a timing to compare closely.")
+    print("\ntrain s: the training seconds each run records (a run read back from an earlier invocation keeps its "
+          "own); other jobs may have shared the CPU (the stamp's load average says how busy it was when written): a "
+          "rough cost, not a timing to compare closely.")
     if "chosen" in rows:
         a, caps = _pooled([str(rows["defaults"][1])])
         b, _ = _pooled([str(rows["chosen"][1])])
