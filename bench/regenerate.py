@@ -550,6 +550,10 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
 
     work = work_root / entry.name
     if work.exists() and not resume:
+        left = sum(1 for _ in work.rglob("*"))
+        if left:     # say so: an earlier run's finished runs would have been read back with --resume
+            print(f"regenerate {entry.name}: emptying {work} ({left:,} files and folders of an earlier run; "
+                  "--resume keeps them and reads finished runs back)", flush=True)
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CROSSVIEW_HOME": str(work / "home")}   # nothing lands in the user's runs list

@@ -158,12 +158,19 @@ def test_gpu_entries_are_left_alone_without_cuda(tmp_path, capsys):
     assert (REPO / "bench" / "results" / "topk_scale_gpu.txt").read_bytes() == before
 
 
-def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path):
+def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path, capsys):
     out = tmp_path / "toy.txt"
     toy = R.Entry("toy", str(out), (R.S("bench/large_collection.py --n 2000 --queries 10 --backends exact"),
                                     R.S("bench/large_collection.py --n 3000 --queries 10 --backends exact")),
                   ("synthetic",), 1, ("crossview/index",))
+    earlier = tmp_path / "work" / "toy" / "run-1"
+    earlier.mkdir(parents=True)
+    (earlier / "summary.json").write_text("{}")
     R.regenerate(toy, tmp_path / "work")
+    # an earlier run's work folder is emptied (without --resume), and the log says so
+    assert not earlier.exists()
+    assert (f"regenerate toy: emptying {tmp_path / 'work' / 'toy'} (2 files and folders of an earlier run; --resume "
+            "keeps them") in capsys.readouterr().out
     header, body = _stamp.parse_header(out.read_text(), out)
     assert [c.split("bench/")[1] for c in header["command"]] == [
         "large_collection.py --n 2000 --queries 10 --backends exact --out $WORK/step1.txt",
