@@ -29,12 +29,6 @@ class _Failed:
     def __init__(self, message: str) -> None:
         self.message = message
 
-    def __getstate__(self) -> str:
-        return self.message
-
-    def __setstate__(self, message: str) -> None:
-        self.message = message
-
 
 class _Loader:
     """Iterates a ``DataLoader`` like the loader itself, and stops at a :class:`_Failed` item with its
