@@ -79,6 +79,7 @@ def _effect_line(eff: dict[str, Any], what: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
+    from crossview.core.events import Log
     from crossview.engine.tune import TuneResult, parse_grid, tune
     from crossview.eval.paired import paired_effect
     from crossview.methods import method_class
@@ -117,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
                        device=args.device, seed=0, refit=False):
             if isinstance(ev, TuneResult):
                 result = ev
+            elif isinstance(ev, Log):   # each finished trial, to stderr: a stage of 18 runs is an hour on the CPU
+                print(f"[{time.strftime('%H:%M:%S')}] stage {k}: {ev.message}", file=sys.stderr, flush=True)
         assert result is not None
         for r in result.trials:
             full = {**params, **r["point"]}
