@@ -214,7 +214,9 @@ class UncentredWsabie(Wsabie):
 
 
 def _wsabie(cls: type, train: MethodData) -> Wsabie:
-    return cls(dim=32, max_epochs=10, batch_size=32, patience=0,
+    # the former defaults' lr and margin, whose uncentred model makes the strongest hub: the test is about the
+    # centring (at today's lr 0.001, margin 0.3 it takes the t2i top-5 share 0.32 -> 0.24 and rsum 253 -> 314)
+    return cls(dim=32, max_epochs=10, batch_size=32, patience=0, lr=0.002, margin=1.0,
                lr_decay_epoch=0).with_run(device="cpu", seed=0).fit(train)
 
 
@@ -229,8 +231,8 @@ def test_wsabie_centres_its_l2_rows_and_keeps_the_mean(offset_pair, tmp_path: Pa
         return i2t.top5_share, t2i.top5_share, m.evaluate(test)["rsum"]
 
     b, a = figures(before), figures(after)
-    assert a[1] < b[1] - 0.1 and a[0] <= b[0]               # t2i top-5 share 0.475 -> 0.283
-    assert a[2] > b[2] + 20                                  # rsum 237 -> 274
+    assert a[1] < b[1] - 0.1 and a[0] <= b[0]               # t2i top-5 share 0.43-0.48 -> 0.28
+    assert a[2] > b[2] + 20                                  # rsum about 240-250 -> 275-290
     back = Method.load(after.save(tmp_path / "wsabie.pt"))
     np.testing.assert_array_equal(back.center_["text"], after.center_["text"])
     np.testing.assert_allclose(back.scores(test), after.scores(test), rtol=1e-6, atol=1e-6)
