@@ -191,6 +191,8 @@ ENTRIES: tuple[Entry, ...] = (
           title="The BITR table as engine runs: CCA, BITR-C and chance on the Flickr8k sample and the demo"),
     Entry("bitr_train", "bitr_train.md", (S("bench/bitr_train.py"),), ("synthetic",), 15, methods("bitr")),
     Entry("cca_fit", "cca_fit.txt", (S("bench/cca_fit.py"),), ("synthetic",), 4, methods("cca")),
+    Entry("eval_passes_cpu", "eval_passes_cpu.txt", (S("bench/eval_passes.py"),), ("synthetic",), 4,
+          ("crossview/eval/metrics.py", "crossview/eval/embeddings.py", "crossview/eval/hubness.py")),
     Entry("fuse_quality_flickr8k", "fuse_quality_flickr8k.md",
           (S("bench/fuse_quality.py --methods cca,bitr,vsepp --work {WORK}"),),
           ("flickr8k",), 20, ("bench/_quality.py", "crossview/engine/fuse.py", "crossview/engine/run.py", "crossview/engine/scoring.py",

@@ -454,3 +454,57 @@ def test_the_best_epochs_large_weights_wait_in_file_backed_arrays(tmp_path, monk
     m.save(tmp_path / "done.pt")
     again = Method.load(tmp_path / "done.pt")
     np.testing.assert_allclose(again.encode_images(val), m.encode_images(val), rtol=1e-6)
+
+
+@pytest.mark.parametrize("levels", [None, 1])
+@pytest.mark.parametrize("block_rows", [1, 3, 7, None])
+@pytest.mark.parametrize("two", [False, True])
+def test_blocked_hubness_equals_the_full_matrix_and_its_naive_loop(levels, block_rows, two):
+    """The hubness read from the ranking's own score blocks (i2t: each block's rows; t2i: each caption's best images
+    carried from block to block) equals hubness() of the whole matrix and of its transpose, ties included (the grid
+    makes many), with one model and with a separate t2i model; the ranks are those of the full matrices."""
+    from crossview.eval.hubness import hubness
+
+    img, txt, ci = _embeddings(23, 3, 4, seed=11, levels=levels)
+    img2, txt2, _ = _embeddings(23, 3, 4, seed=12, levels=levels) if two else (img, txt, None)
+    got = M.evaluate_embeddings_blocked(img, txt, ci, image_t2i=img2 if two else None,
+                                        text_t2i=txt2 if two else None, block_rows=block_rows, hubness=True)
+    s, s2 = img @ txt.T, img2 @ txt2.T
+    assert got["hubness"]["i2t"] == hubness(s).as_dict()
+    assert got["hubness"]["t2i"] == hubness(s2.T).as_dict()
+    np.testing.assert_array_equal(got["ranks"]["i2t"], M.i2t_ranks(s, ci))
+    np.testing.assert_array_equal(got["ranks"]["t2i"], M.t2i_ranks(s2, ci))
+    # each caption's top-10 images, against a sort of its column by (-score, index)
+    tops = M.embedding_ranks(img, txt, ci, image_t2i=img2 if two else None, text_t2i=txt2 if two else None,
+                             block_rows=block_rows, top=10)["top"]
+    for j in range(s2.shape[1]):
+        ref = sorted(range(s2.shape[0]), key=lambda i: (-float(s2[i, j]), i))[:10]
+        assert tops["t2i"][j].tolist() == ref
+
+
+def test_one_model_forms_its_score_blocks_twice_two_models_three_times(monkeypatch):
+    """The passes over the score blocks: ranking both ways and the hubness of both from 2 passes with one model
+    (the t2i gold scores read in the i2t pass), 3 with a separate t2i model (it was 3 and 5 with the hubness's own
+    products: 5 and 7)."""
+    img, txt, ci = _embeddings(20, 3, 4, seed=13)
+    calls = []
+    real = M._score_blocks
+
+    def counted(a, b, rows):
+        calls.append(rows)
+        return real(a, b, rows)
+
+    monkeypatch.setattr(M, "_score_blocks", counted)
+    M.evaluate_embeddings_blocked(img, txt, ci, block_rows=6, hubness=True)
+    assert len(calls) == 2
+    calls.clear()
+    M.evaluate_embeddings_blocked(img, txt, ci, image_t2i=img, text_t2i=txt, block_rows=6, hubness=True)
+    assert len(calls) == 3
+
+
+def test_the_t2i_model_is_checked_like_the_i2t_one():
+    img, txt, ci = _embeddings(6, 2, 4, seed=14)
+    with pytest.raises(Exception, match="the t2i model: .*same D"):
+        M.embedding_ranks(img, txt, ci, image_t2i=img, text_t2i=txt[:, :3])
+    with pytest.raises(Exception, match="t2i model's image embeddings have 5 rows"):
+        M.embedding_ranks(img, txt, ci, image_t2i=img[:5], text_t2i=txt)

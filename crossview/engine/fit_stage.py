@@ -118,7 +118,7 @@ class FitStage:
         steps = _EvalSteps(self.cfg.split, scored and self.cfg.split != self.cfg.train_split, record["scoring"])
         t1 = time.monotonic()
         yield self._emit(steps.at("ranking"))
-        res = self.method.evaluate(test)
+        res = self.method.evaluate(test, hubness=True)
         eval_seconds = time.monotonic() - t1
         self._write_ranks(res["ranks"], test)
         yield self._emit(steps.at("embeddings"))
@@ -232,9 +232,11 @@ class FitStage:
             "eval_seconds": round(eval_seconds, 3),
             # how far the numbers can be trusted on this split (crossview.eval.bootstrap)
             "ci": bootstrap_ci(res["ranks"]["i2t"], res["ranks"]["t2i"], test.caption_image, seed=self.cfg.seed),
-            # whether a few items fill every top-k list (crossview.eval.hubness), from the embeddings just
-            # written: no model call, only the top-10 indices of each query are kept
-            "hubness": embeddings_hubness(load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))),
+            # whether a few items fill every top-k list (crossview.eval.hubness): from the ranking's own score
+            # blocks, else (a method whose scores are not the embeddings' dot product) from the embeddings just
+            # written; only the top-10 indices of each query are kept
+            "hubness": res.get("hubness") or embeddings_hubness(
+                load_embeddings(self._path(f"embeddings_{self.cfg.split}.npz"))),
             "data": self.cfg.data,
             "run_dir": str(self.run_dir),
             # what was chosen on which images, and where the numbers above are reported (never the same images

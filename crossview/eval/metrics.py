@@ -244,57 +244,100 @@ def _checked_embeddings(image: Any, text: Any, caption_image: Any) -> tuple[np.n
 
 
 def embedding_ranks(image: Any, text: Any, caption_image: Any, *, image_t2i: Any = None, text_t2i: Any = None,
-                    block_rows: int | None = None) -> dict[str, np.ndarray]:
+                    block_rows: int | None = None, top: int = 0) -> dict[str, Any]:
     """``{"i2t": (n_images,) int64, "t2i": (n_captions,) int64}``: the ranks :func:`evaluate` gives for the scores
     ``image @ text.T``, formed block by block of ``block_rows`` images (default: ~32 MB of scores a block), never
     the whole ``(n_images, n_captions)`` matrix.
 
     ``image (n_images, D)`` and ``text (n_captions, D)`` are embeddings whose dot product is the score (the i2t
     model's); ``image_t2i`` / ``text_t2i``, when given, score the t2i direction. Same tie rule as :func:`evaluate`:
-    each block is the very rows of the full product, and t2i's gold scores are read from the blocks themselves
-    (a first pass), so the ranks equal the full matrix's. Costs two products for t2i instead of one.
+    each block is the very rows of the full product, and t2i's gold scores are read from the blocks themselves,
+    so the ranks equal the full matrix's. The score blocks are formed twice with one model (the first pass ranks
+    i2t and reads t2i's gold scores, the second counts the images above each gold score), three times with two.
+
+    ``top > 0`` also returns ``"top": {"i2t": (n_images, min(top, n_captions)), "t2i": (n_captions, min(top,
+    n_images))} int64``, each query's first gallery indices as :func:`top_k` orders them (hubness), from the same
+    passes: no further product.
     """
     img, txt, ci = _checked_embeddings(image, text, caption_image)
     n_images, n_captions = img.shape[0], txt.shape[0]
     if block_rows is None:
         block_rows = max(1, _SCORE_BLOCK_ELEMENTS // max(1, n_captions))
     _check_every_image_has_a_caption(ci, n_images)
+    two = image_t2i is not None
+    # the captions of each block's images: each caption's gold (own image's) score lies in its image's block
+    order = np.argsort(ci, kind="stable")
+    bounds = np.searchsorted(ci[order], np.arange(0, n_images + block_rows, block_rows))
+    gold = np.empty(n_captions, dtype=np.float32)
     r_i2t = np.empty(n_images, dtype=np.int64)
-    for start, stop, s in _score_blocks(img, txt, block_rows):
+    top_i2t = np.empty((n_images, min(top, n_captions)), dtype=np.int64) if top > 0 else None
+    for k, (start, stop, s) in enumerate(_score_blocks(img, txt, block_rows)):
         if np.isnan(s).any():
             raise CrossViewError("scores contain NaN; ranks are undefined (check the embeddings for NaN)")
         r_i2t[start:stop] = first_relevant_ranks(s, np.arange(start, stop, dtype=np.int64), ci)
-    if image_t2i is not None:
-        img = np.asarray(image_t2i, dtype=np.float32)
-        txt = np.asarray(text_t2i, dtype=np.float32)
-    # t2i: the score of each caption's own image, read from the blocks (first pass), then the images above it
-    gold = np.empty(n_captions, dtype=np.float32)
-    order = np.argsort(ci, kind="stable")
-    bounds = np.searchsorted(ci[order], np.arange(0, n_images + block_rows, block_rows))
-    for k, (start, stop, s) in enumerate(_score_blocks(img, txt, block_rows)):
-        mine = order[bounds[k]:bounds[k + 1]]            # captions whose image is in this block
-        gold[mine] = s[ci[mine] - start, mine]
-        if image_t2i is not None and np.isnan(s).any():
-            raise CrossViewError("scores contain NaN; ranks are undefined (check the embeddings for NaN)")
+        if top_i2t is not None and top_i2t.shape[1]:
+            top_i2t[start:stop] = top_k(s, top_i2t.shape[1])
+        if not two:
+            mine = order[bounds[k]:bounds[k + 1]]
+            gold[mine] = s[ci[mine] - start, mine]
+    if two:
+        n_t2i = np.shape(image_t2i)[0] if np.ndim(image_t2i) else 0
+        if n_t2i != n_images:
+            raise CrossViewError(f"the t2i model's image embeddings have {n_t2i} rows, the i2t model's {n_images}")
+        try:
+            img, txt, _ = _checked_embeddings(image_t2i, text_t2i, ci)
+        except CrossViewError as e:
+            raise CrossViewError(f"the t2i model: {e}") from None
+        for k, (start, stop, s) in enumerate(_score_blocks(img, txt, block_rows)):
+            if np.isnan(s).any():
+                raise CrossViewError("scores contain NaN; ranks are undefined (check the embeddings for NaN)")
+            mine = order[bounds[k]:bounds[k + 1]]
+            gold[mine] = s[ci[mine] - start, mine]
     higher = np.zeros(n_captions, dtype=np.int64)
     tied_before = np.zeros(n_captions, dtype=np.int64)
+    width = min(top, n_images)
+    best_vals = np.empty((n_captions, 0), dtype=np.float32)
+    best_idx = np.empty((n_captions, 0), dtype=np.int64)
     for start, stop, s in _score_blocks(img, txt, block_rows):
         higher += (s > gold[None, :]).sum(axis=0)
         rows = np.arange(start, stop, dtype=np.int64)[:, None]
         tied_before += ((s == gold[None, :]) & (rows < ci[None, :])).sum(axis=0)
-    return {"i2t": r_i2t, "t2i": 1 + higher + tied_before}
+        if width > 0:
+            # each caption's best images so far, then this block's (higher indices): top_k's order (descending
+            # score, the earlier position among equal ones) is then the full column's (the smaller image index)
+            vals = np.concatenate([best_vals, s.T], axis=1)
+            idx = np.concatenate([best_idx, np.broadcast_to(rows.T, (n_captions, stop - start))], axis=1)
+            pos = top_k(vals, width)
+            best_vals = np.take_along_axis(vals, pos, axis=1)
+            best_idx = np.take_along_axis(idx, pos, axis=1)
+            del vals, idx
+    out: dict[str, Any] = {"i2t": r_i2t, "t2i": 1 + higher + tied_before}
+    if top > 0:
+        out["top"] = {"i2t": top_i2t, "t2i": best_idx}
+    return out
 
 
 def evaluate_embeddings_blocked(image: Any, text: Any, caption_image: Any, ks: Sequence[int] = (1, 5, 10), *,
                                 image_t2i: Any = None, text_t2i: Any = None,
-                                block_rows: int | None = None) -> dict[str, Any]:
+                                block_rows: int | None = None, hubness: bool = False) -> dict[str, Any]:
     """:func:`evaluate` of the scores ``image @ text.T`` (t2i: ``image_t2i @ text_t2i.T`` when given), computed by
-    :func:`embedding_ranks` block by block; the same dict."""
+    :func:`embedding_ranks` block by block; the same dict. ``hubness``: also ``"hubness"``, what
+    :func:`crossview.eval.embeddings.embeddings_hubness` gives for these embeddings (each direction's
+    :meth:`~crossview.eval.hubness.Hubness.as_dict`, None for a gallery of fewer than 2 items), from the ranking's
+    own score blocks."""
+    from crossview.eval.hubness import DEFAULT_K, TOP_SHARE_K, hubness_from_top
+
     ranks = embedding_ranks(image, text, caption_image, image_t2i=image_t2i, text_t2i=text_t2i,
-                            block_rows=block_rows)
+                            block_rows=block_rows, top=max(DEFAULT_K, TOP_SHARE_K) if hubness else 0)
+    tops = ranks.pop("top", None)
     i2t = rank_metrics(ranks["i2t"], ks)
     t2i = rank_metrics(ranks["t2i"], ks)
-    return {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks), "ranks": ranks}
+    out = {"i2t": i2t, "t2i": t2i, "rsum": rsum_of(i2t, t2i, ks), "ranks": ranks}
+    if tops is not None:
+        n = {"i2t": ranks["t2i"].shape[0], "t2i": ranks["i2t"].shape[0]}     # each direction's gallery
+        out["hubness"] = {d: hubness_from_top(tops[d], n[d], DEFAULT_K).as_dict() if n[d] >= 2 and tops[d].shape[0]
+                          else None for d in ("i2t", "t2i")}
+    return out
 
 
 def embedding_average_precision(image: Any, text: Any, caption_image: Any, t2i_ranks: Any = None,

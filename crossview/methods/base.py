@@ -265,12 +265,14 @@ class Method:
         txt = self.encode_texts(texts if texts is not None else data, direction=direction)
         return np.asarray(img @ txt.T, dtype=np.float32)
 
-    def evaluate(self, data: MethodData, ks: Sequence[int] = (1, 5, 10)) -> dict[str, Any]:
+    def evaluate(self, data: MethodData, ks: Sequence[int] = (1, 5, 10), hubness: bool = False) -> dict[str, Any]:
         """Retrieval metrics on ``data`` (:func:`crossview.eval.metrics.evaluate`'s dict, with ``"ranks"``).
 
         i2t ranks come from the i2t model's scores, t2i ranks from the t2i model's when they differ.
         The scores are formed block by block from the embeddings (:func:`crossview.eval.metrics.embedding_ranks`),
         never as one ``(n_images, n_captions)`` matrix; a method that overrides :meth:`scores` is scored through it.
+        ``hubness``: also ``"hubness"`` of the embeddings' retrieval, from the same score blocks (not given by a
+        method that overrides :meth:`scores`).
         """
         from crossview.eval import metrics as M
 
@@ -287,7 +289,7 @@ class Method:
         return M.evaluate_embeddings_blocked(
             self.encode_images(data, direction="i2t"), self.encode_texts(data, direction="i2t"), data.caption_image,
             ks, image_t2i=self.encode_images(data, direction="t2i") if two else None,
-            text_t2i=self.encode_texts(data, direction="t2i") if two else None)
+            text_t2i=self.encode_texts(data, direction="t2i") if two else None, hubness=hubness)
 
     # ------------------------------------------------------------------ state
     def _learned_names(self) -> list[str]:
