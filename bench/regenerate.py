@@ -559,6 +559,10 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CROSSVIEW_HOME": str(work / "home")}   # nothing lands in the user's runs list
+    # this tree's crossview, whatever the interpreter's editable install points at: a clone sharing another
+    # checkout's .venv would otherwise run that checkout's package under `.venv/bin/crossview` (its sys.path has
+    # no working directory) while the stamp names this tree's commit
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     commit = _stamp.commit_info()
     final = _stamp.display_path(entry.path)
     single = sum(s.output for s in entry.steps) == 1
