@@ -233,6 +233,10 @@ ENTRIES: tuple[Entry, ...] = (
           (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
              "bitr,bitr:fine,bitr:white"),),
           ("flickr8k",), 300, (*methods("cca", "wsabie", "bitr"), *FEATURES, "crossview/features/normalize.py")),
+    Entry("tr_seed_spread_flickr8k", "tr_seed_spread_flickr8k.md",
+          (S("bench/tr_seed_spread.py --seeds 0,1,2 --work {WORK}"),), ("flickr8k",), 20,
+          ("crossview/features/topics.py", "crossview/features/text/counts.py", "crossview/core/linalg.py",
+           *METRICS) + methods("cca")),
     Entry("rich_features_flickr8k", "rich_features_flickr8k.md",
           (S("bench/rich_features.py --methods cca,bitr,wsabie,vsepp,smoothap,webly,timam"),), ("flickr8k",), 90,
           (*FEATURES, "bench/method_cv.py", "crossview/eval/bootstrap.py", "crossview/eval/paired.py",
