@@ -83,7 +83,7 @@ Report = tuple[str, int, int]
 """``(stage, done, total)``: what the ``iter_*`` generators yield (:func:`crossview.features.iter_extract_features`)."""
 
 # Bump when the way TR image features are computed changes, so old cache entries stop matching.
-_TR_VERSION = 2  # 2: CrossView's own k-means++ seeding (was scikit-learn's)
+_TR_VERSION = 3  # 3: scikit-learn's k-means++ seeding again; 2 (05892a3): CrossView's own
 
 
 # ====================================================================== visual words: plain functions
@@ -147,8 +147,8 @@ class DescriptorReducer:
 def kmeans_codebook(descriptors: np.ndarray, n_words: int, *, seed: int = 0, n_iter: int = 20) -> np.ndarray:
     """Visual-word centres ``(n_words, c) float32``: seeded k-means of ``descriptors (n, c)``.
 
-    k-means++ seeding (scikit-learn), then FAISS Lloyd iterations (scikit-learn ``KMeans`` when FAISS
-    is not installed). Needs at least ``2 * n_words`` descriptors.
+    k-means++ seeding (scikit-learn's, :func:`_seed_centres`), then FAISS Lloyd iterations (scikit-learn
+    ``KMeans`` when FAISS is not installed). Needs at least ``2 * n_words`` descriptors.
     """
     x = np.ascontiguousarray(descriptors, dtype=np.float32)
     if x.ndim != 2:
@@ -165,7 +165,7 @@ def kmeans_codebook(descriptors: np.ndarray, n_words: int, *, seed: int = 0, n_i
     # then Lloyd iterations. A plain random start can leave a cluster without a centre.
     rng = np.random.default_rng(seed)
     sample = x if len(x) <= 64 * n_words else x[rng.choice(len(x), 64 * n_words, replace=False)]
-    init = _kmeans_plusplus(sample, n_words, rng)
+    init = _seed_centres(sample, n_words, rng)
     try:
         import faiss
     except ImportError:  # pragma: no cover - faiss-cpu is a dependency
@@ -180,29 +180,16 @@ def kmeans_codebook(descriptors: np.ndarray, n_words: int, *, seed: int = 0, n_i
     return np.asarray(km.centroids, dtype=np.float32).reshape(n_words, x.shape[1])
 
 
-def _kmeans_plusplus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007, with scikit-learn's ``2 + log k`` local trials
-    per centre): ``(k, c) float32`` rows of ``x``. One ``(n, trials)`` product per centre; scikit-learn's
-    ``kmeans_plusplus`` took 206 s for 1,000 centres of 29,400 descriptors on the 2-core machine, this 18 s."""
-    n = x.shape[0]
-    x2 = np.einsum("ij,ij->i", x, x)
-    out = np.empty((k, x.shape[1]), dtype=np.float32)
-    first = int(rng.integers(n))
-    out[0] = x[first]
-    closest = np.maximum(x2 - 2.0 * (x @ x[first]) + x2[first], 0.0).astype(np.float64)
-    trials = 2 + int(np.log(k))
-    for c in range(1, k):
-        cum = np.cumsum(closest)
-        if cum[-1] <= 0:          # every point already is a centre: fill up with random (distinct) points
-            cand = rng.integers(n, size=1)
-        else:
-            cand = np.minimum(np.searchsorted(cum, rng.random(trials) * cum[-1]), n - 1)
-        dist = np.maximum(x2[:, None] - 2.0 * (x @ x[cand].T) + x2[cand][None, :], 0.0)
-        new = np.minimum(closest[:, None], dist)
-        best = int(np.argmin(new.sum(axis=0)))
-        closest = new[:, best]
-        out[c] = x[cand[best]]
-    return out
+def _seed_centres(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """scikit-learn's greedy k-means++ start (``kmeans_plusplus``, ``2 + log k`` local trials a centre), drawn from
+    ``rng``: ``(k, c) float32`` rows of ``x``. A hand-written copy was the default from 05892a3 (scikit-learn's was
+    measured at 206 s for 1,000 centres of 29,400 descriptors then, likely beside other jobs; on an idle 2-core
+    machine both take a few seconds); it learnt codebooks of the same k-means objective
+    (``bench/results/tr_seed_spread_flickr8k.md``), and the library is kept rather than a copy."""
+    from sklearn.cluster import kmeans_plusplus
+
+    init, _ = kmeans_plusplus(x, int(k), random_state=int(rng.integers(2**31 - 1)))
+    return np.ascontiguousarray(init, dtype=np.float32)
 
 
 def assign_visual_words(descriptors: np.ndarray, codebook: np.ndarray, chunk: int = 65536) -> np.ndarray:
