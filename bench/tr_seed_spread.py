@@ -13,8 +13,8 @@ images, and reports on the 100 val images:
 - the k-means objective (sum of squared distances of the training descriptors to their nearest visual word) of
   each seeding's codebook after the Lloyd iterations, seed by seed: the seeding's own quality, whatever the
   retrieval does;
-- per-query averages over the seeds (one observation per query) and the paired difference of the two seedings
-  with a 95% bootstrap interval over the val queries.
+- the paired effect of the two starts (:func:`crossview.eval.paired.paired_effect`: each query's hits averaged
+  over the seeds first, images resampled with their captions; 95% intervals and the minimal detectable effect).
 
 Diagnostic of the representation, not of a method: everything is chosen beforehand (no selection on val).
 
@@ -98,15 +98,10 @@ def _inertia(ds, seed: int, seeding: str, cache) -> float:  # noqa: ANN001
     return float(d.sum())
 
 
-def _bootstrap(diff: np.ndarray, reps: int = 10000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), (reps, len(diff)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
 def main(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.features.cache import FeatureCache
+    from crossview.eval.paired import paired_effect
     from crossview.features.topics import method_data_for_images
     from crossview.methods import create_method
 
@@ -119,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
           f"'{args.split}'; CCA at its defaults; seeds {args.seeds}; k-means++ seedings: {', '.join(SEEDINGS)}")
     print()
     rows = []
-    hits: dict[str, list[np.ndarray]] = {s: [] for s in SEEDINGS}       # per-query hit indicators, per seed
+    ranks: dict[str, dict[str, list[np.ndarray]]] = {s: {"i2t": [], "t2i": []} for s in SEEDINGS}
     for seeding in SEEDINGS:
         for seed in seeds:
             t = time.time()
@@ -128,7 +123,8 @@ def main(args: argparse.Namespace) -> int:
             res = cca.evaluate(method_data_for_images(ds, rep, val))
             inertia = _inertia(ds, seed, seeding, cache)
             r_i, r_t = res["ranks"]["i2t"], res["ranks"]["t2i"]
-            hits[seeding].append(np.concatenate([(r_i <= 10), (r_i <= 50)]).astype(float))
+            ranks[seeding]["i2t"].append(r_i)
+            ranks[seeding]["t2i"].append(r_t)
             rows.append((seeding, seed, 100 * np.mean(r_i <= 10), 100 * np.mean(r_i <= 50),
                          100 * np.mean(r_t <= 10), inertia))
             print(f"  built and scored {seeding} seed {seed} in {time.time() - t:.0f} s", file=sys.stderr,
@@ -146,14 +142,20 @@ def main(args: argparse.Namespace) -> int:
         sd = r.std(axis=0, ddof=1) if len(r) > 1 else np.zeros(r.shape[1])
         print(f"| {seeding} | {r[:, 0].mean():.1f} ({sd[0]:.1f}) | {r[:, 1].mean():.1f} ({sd[1]:.1f}) | "
               f"{r[:, 2].mean():.1f} ({sd[2]:.1f}) | {r[:, 3].mean():,.1f} |")
-    n_val = len(val)
-    sk, own = (np.mean(hits[s], axis=0) for s in SEEDINGS)           # per query, averaged over the seeds first
+    caption_image = method_data_for_images(ds, rep, val).caption_image
+    eff = paired_effect({d: np.stack(v) for d, v in ranks["former own"].items()},
+                        {d: np.stack(v) for d, v in ranks["scikit-learn"].items()}, caption_image, ks=(1, 5, 10))
     print()
-    for name, sl in (("Im2Text R@10", slice(0, n_val)), ("Im2Text R@50", slice(n_val, 2 * n_val))):
-        diff = 100 * (sk[sl] - own[sl])
-        lo, hi = _bootstrap(diff)
-        print(f"- {name}, scikit-learn - former own seeding, per val image averaged over the {len(seeds)} seeds: "
-              f"{diff.mean():+.1f} (95% bootstrap interval {lo:+.1f} to {hi:+.1f}, {n_val} queries)")
+    print(f"Paired effect, scikit-learn - former own start ({len(seeds)} seeds of each averaged per query first; "
+          f"{eff['resampled']}; {eff['n_images']} images, {eff['n_captions']} captions):")
+    print()
+    for d, name in (("i2t", "Im2Text"), ("t2i", "Text2Im")):
+        r = eff[d]["R@10"]
+        print(f"- {name} R@10: {r['a']:.1f} -> {r['b']:.1f}, {r['diff']:+.1f} (95% interval {r['ci'][0]:+.1f} to "
+              f"{r['ci'][1]:+.1f})")
+    r = eff["rsum"]
+    print(f"- rsum: {r['a']:.1f} -> {r['b']:.1f}, {r['diff']:+.1f} (95% interval {r['ci'][0]:+.1f} to "
+          f"{r['ci'][1]:+.1f}); minimal detectable effect {eff['mde']['rsum']:.1f}")
     r10 = np.array([x[2] for x in rows], dtype=float)
     sd = float(r10.std(ddof=1))
     print(f"- Im2Text R@10 of the CCA row over all {len(rows)} builds: {r10.min():.0f} to {r10.max():.0f} "
