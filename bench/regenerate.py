@@ -116,11 +116,12 @@ STUDY = ("crossview/experiments/variants.py", "crossview/experiments/_common.py"
 
 BITR_TABLE = ("crossview experiment bitr-table --data {F8K} --representation %s "
               "--methods cca,wsabie,bitr-m,bitr-e,bitr-c,random --k 10,50 --split val --corpus {CORPUS} "
-              "--param bitr.c_grid=paper --param bitr-m.c_grid=1e-2:1e1 --exp-dir {WORK}/exp")
+              "--param bitr.c_grid=paper --param bitr-m.c_grid=1e-2:1e1 --seeds 0,1,2 --exp-dir {WORK}/exp")
 
 
-# minutes measured at 0b02a25 / ecf3cdf with features cached (1 thread each, two beside each other): default 6.2,
-# modern 1.9, TR 1.5, CTR 3; a first TR / CTR build adds its local descriptors (about 2 min)
+# minutes measured at 0b02a25 / ecf3cdf with features cached (1 thread each, two beside each other), one build:
+# default 6.2, modern 1.9, TR 1.5, CTR 3; a first TR / CTR build adds its local descriptors (about 2 min), and each
+# seed of TR / CTR its own k-means and LDA (about 3 min); the tables average seeds 0-2 (three builds)
 def _bitr_table(rep: str, minutes: float, suffix: str) -> Entry:
     return Entry(f"bitr_table_flickr8k{suffix}", f"bitr_table_flickr8k{suffix}.md", (S(BITR_TABLE % rep),),
                  ("flickr8k",), minutes, TABLE + methods("cca", "wsabie", "bitr") +
@@ -180,10 +181,10 @@ ENTRIES: tuple[Entry, ...] = (
           (S("crossview experiment bitr-labels --data demo --text labels --representation modern "
              "--methods cca,wknn,svm,wsabie,bitr-c,random --k 5 --param bitr.max_iter=50 --exp-dir {WORK}/exp"),),
           ("demo",), 6, LABELS + ("crossview/data/demo",) + methods("cca", "wknn", "svm", "wsabie", "bitr")),
-    _bitr_table("default", 8, ""),
-    _bitr_table("ctr", 5, "_ctr"),
-    _bitr_table("modern", 3, "_modern"),
-    _bitr_table("tr", 4, "_tr"),
+    _bitr_table("default", 20, ""),
+    _bitr_table("ctr", 20, "_ctr"),
+    _bitr_table("modern", 7, "_modern"),
+    _bitr_table("tr", 15, "_tr"),
     Entry("bitr_table_runs", "bitr_table_runs.md",
           (S("crossview experiment bitr-table --data {F8K} --representation default --methods cca,bitr-c,random "
              "--k 10,50 --split val --corpus {CORPUS} --param bitr.c_grid=paper --exp-dir {WORK}/flickr"),

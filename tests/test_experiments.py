@@ -213,6 +213,73 @@ def test_cli_json_and_markdown(precomp, tmp_path, capsys):
     assert all((tmp_path / "exp" / f"fold0{i}-cca" / "summary.json").is_file() for i in (1, 2, 3))
 
 
+def test_a_table_over_seeds_is_the_mean_of_its_builds_each_one_experiment(precomp, tmp_path, capsys):
+    """--seeds builds the table once per seed (OUT/seed-S, each an ordinary, resumable experiment) and reports
+    the mean over the builds with their standard deviation; a build read back alone gives that build's cells."""
+    out, exp = tmp_path / "t.md", tmp_path / "exp"
+    args = ["experiment", "bitr-table", "--data", str(precomp), "--representation", "default",
+            "--text-encoder", "tfidf", "--methods", "cca,wsabie,random", "--split", "test", "--k", "5",
+            "--cache-dir", str(tmp_path / "cache"), "--param", "wsabie.max_epochs=3", "--param", "wsabie.dim=8",
+            "--seeds", "0,1,1", "--exp-dir", str(exp)]
+    assert main([*args, "--json", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)
+    assert res["seeds"] == [0, 1] and "seed 1 (2 of 2)" not in cap.out and "seed 1: test wsabie: trained" in cap.err
+    assert sorted(p.name for p in exp.iterdir()) == ["seed-0", "seed-1"]
+    kw = dict(representation="default", methods=["cca", "wsabie", "random"], split="test", ks=(5,),
+              method_params={"wsabie": {"max_epochs": 3, "dim": 8}},
+              representation_params={"text_encoder": "tfidf", "cache": FeatureCache(tmp_path / "cache")})
+    from crossview.data import load_dataset
+
+    ds, builds = load_dataset(precomp), []
+    for s in (0, 1):      # each build alone: read back from its folder, nothing trained again
+        rep = {**kw["representation_params"], "seed": s}
+        events, r = _drain(B.run_bitr_table(ds, seed=s, out=exp / f"seed-{s}", **{**kw, "representation_params": rep}))
+        assert r is not None and not any("training" in getattr(e, "message", "") for e in events), s
+        builds.append(r)
+    for m in ("cca", "wsabie", "random"):
+        for d in ("i2t", "t2i"):
+            for key in ("R@5", "MedR", "BLEU-1"):
+                a, b = builds[0]["results"][m][d][key], builds[1]["results"][m][d][key]
+                assert res["results"][m][d][key] == pytest.approx((a + b) / 2), (m, d, key)
+                assert res["seed_std"][m][d][key] == pytest.approx(abs(a - b) / 2), (m, d, key)
+                assert [r[d][key] for r in res["per_seed"][m]] == pytest.approx([a, b])
+    assert builds[0]["results"]["wsabie"] != builds[1]["results"]["wsabie"]      # the seed reached the runs
+    # CCA and the random row do not depend on the seed here (one split, no learned representation): no spread
+    assert res["seed_std"]["cca"]["i2t"]["R@5"] == 0
+    assert {Path(p).parent.name for p in res["runs"]["wsabie"]} == {"seed-0", "seed-1"}
+    md = out.read_text()
+    assert "--seeds 0,1,1" in md and "the mean of 2 builds" in md
+    assert "Standard deviation over the 2 builds (seeds 0, 1)" in md and "mean of the builds' medians" in md
+    sd_table = md.split("Standard deviation over the 2 builds")[1].split("\n\n")[1]
+    assert "| WSABIE | " in sd_table and "| CCA | 0.00 | 0.00 |" in sd_table
+    # the whole table again: every build is read back
+    assert main(args) == 0
+    cap = capsys.readouterr()
+    assert "trained" not in cap.err and "finished earlier" in cap.err and "Standard deviation over the 2" in cap.out
+
+
+@pytest.mark.parametrize("value, message", [("0,x", "'x' is not a whole number"), ("-1", "out of range"),
+                                            (",", "no seed given")])
+def test_bad_seeds_are_one_line_errors(precomp, capsys, value, message):
+    rc = main(["experiment", "bitr-table", "--data", str(precomp), "--representation", "default",
+               "--text-encoder", "tfidf", "--methods", "cca", "--seeds", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_seed_and_seeds_together_and_a_one_seed_folder_are_refused(precomp, tmp_path, capsys):
+    base = ["experiment", "bitr-table", "--data", str(precomp), "--representation", "default", "--text-encoder",
+            "tfidf", "--methods", "cca", "--split", "test", "--k", "5", "--cache-dir", str(tmp_path / "c")]
+    assert main([*base, "--seed", "2", "--seeds", "0,1"]) == 2
+    assert "give --seed or --seeds, not both" in capsys.readouterr().err
+    assert main([*base, "--exp-dir", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    assert main([*base, "--seeds", "0,1", "--exp-dir", str(tmp_path / "one")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a one-seed BITR-table experiment" in err[0]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--methods", "cca,foo"], "unknown method 'foo'"),
     (["--folds", "3", "--split", "test"], "not both"),

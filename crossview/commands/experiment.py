@@ -74,6 +74,8 @@ def _command_line(args: argparse.Namespace) -> str:
                              ("--seed", args.seed, 0)):
         if v != default:
             parts += [flag, str(v)]
+    if getattr(args, "seeds", None) is not None:
+        parts += ["--seeds", args.seeds]
     for p in args.param or []:
         parts += ["--param", p]
     if args.out:
@@ -110,10 +112,13 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
     from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
-                                                  run_bitr_table)
+                                                  parse_seeds, run_bitr_table_seeds)
 
     methods = parse_methods(args.methods)
     ks = parse_ks(args.k)
+    if args.seeds is not None and args.seed != 0:
+        raise CrossViewError(f"give --seed or --seeds, not both (--seed {args.seed}, --seeds {args.seeds})")
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else (args.seed,)
     params = _parse_params(args.param)
     if args.n_topics < 1 or args.n_words < 2:
         raise CrossViewError(f"--n-topics must be >= 1 and --n-words >= 2, got {args.n_topics} and {args.n_words} "
@@ -135,7 +140,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         corpus = load_dataset(args.corpus)
         if not getattr(corpus, "captions", None):
             raise CrossViewError(f"--corpus {args.corpus}: no captions in it; give a text file with one caption a line")
-    rep_params: dict[str, Any] = {"device": args.device, "seed": args.seed}
+    rep_params: dict[str, Any] = {"device": args.device}
     if args.image_encoder:
         rep_params["image_encoder"] = args.image_encoder
     if args.text_encoder:
@@ -148,9 +153,9 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         from crossview.features import FeatureCache
         rep_params["cache"] = FeatureCache(args.cache_dir)
 
-    result = _print_experiment(lambda progress: run_bitr_table(
+    result = _print_experiment(lambda progress: run_bitr_table_seeds(
         ds, representation=args.representation, methods=methods, folds=args.folds, split=args.split, ks=ks,
-        corpus=corpus, method_params=params, representation_params=rep_params, seed=args.seed, out=args.exp_dir,
+        corpus=corpus, method_params=params, representation_params=rep_params, seeds=seeds, out=args.exp_dir,
         test_dataset=test_ds, test_parts=args.test_parts, index=args.index, feature_progress=progress))
     if args.out:
         out = Path(args.out)
@@ -403,6 +408,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-topics", type=int, default=100, help="LDA topics for tr / ctr (default 100, as the paper)")
     p.add_argument("--n-words", type=int, default=1000, help="visual words for tr / ctr (default 1000, as the paper)")
     p.add_argument("--seed", type=seed_option, default=0, help="seed of the folds, k-means and LDA (default 0)")
+    p.add_argument("--seeds", metavar="S[,S...]",
+                   help="build the table once per seed (e.g. 0,1,2; each in EXP_DIR/seed-S) and report the mean "
+                        "over the builds with their standard deviation (instead of --seed)")
     p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")

@@ -30,6 +30,11 @@ from :mod:`crossview.eval` (ranks, R@K and MedR from :mod:`crossview.eval.metric
 :mod:`crossview.eval.overlap`). The ``random`` row is not a run: it is computed by the same eval
 functions from seeded random embeddings (:func:`random_baseline`), since it has nothing to train or open.
 
+A table over several seeds (:func:`run_bitr_table_seeds`, ``--seeds 0,1,2``) is one such experiment per seed
+(``OUT/seed-<s>``: the seed draws the folds, TR / CTR's k-means and LDA, and the methods' randomness), reported as the
+mean over the builds with their standard deviation (:func:`combine_seeds`): one TR build's R@10 moves by several
+points with the seed (``bench/results/tr_seed_spread_flickr8k.md``), so one build is not a number to compare.
+
 :func:`run_bitr_table` is a generator of :mod:`crossview.core.events` (cancel by not iterating further;
 the run in progress stays resumable); its last event is ``Finished(summary=result)``. :func:`bitr_table` drains it. :func:`format_table` and
 :func:`format_markdown` lay the result out as the paper's table, with the paper's own numbers (from the
@@ -57,7 +62,8 @@ from crossview.methods.base import Method, MethodData
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",
            "run_bitr_table", "bitr_table", "evaluate_fold", "chance_levels", "paper_numbers", "format_table",
            "format_markdown", "random_baseline", "default_experiment_dir", "registry_of", "EXPERIMENT_FILE",
-           "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT"]
+           "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT", "parse_seeds", "seed_folder", "run_bitr_table_seeds",
+           "combine_seeds"]
 
 #: The experiment folder's record: settings and one row of table metrics per finished trial.
 EXPERIMENT_FILE = "experiment.json"
@@ -900,6 +906,107 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     yield Finished(summary=result)
 
 
+def parse_seeds(value: int | str | Sequence[int]) -> tuple[int, ...]:
+    """``"0,1,2"`` (or a list) -> the distinct seeds, in the given order (each a valid run seed)."""
+    from crossview.core.run_settings import SEED_MAX
+
+    items = [v for v in value.replace(" ", ",").split(",") if v] if isinstance(value, str) else \
+        [value] if isinstance(value, (int, np.integer)) else list(value)
+    out: list[int] = []
+    for v in items:
+        try:
+            s = int(v)
+        except (TypeError, ValueError):
+            raise CrossViewError(f"seed {v!r} is not a whole number; give seeds like 0,1,2") from None
+        if not 0 <= s <= SEED_MAX:
+            raise CrossViewError(f"seed {s} is out of range; give seeds from 0 to {SEED_MAX}")
+        out.append(s)
+    if not out:
+        raise CrossViewError("no seed given; give seeds like 0,1,2")
+    return tuple(dict.fromkeys(out))
+
+
+def seed_folder(out: Path, seed: int) -> Path:
+    """The experiment folder of one build of a several-seed table: ``OUT/seed-<seed>``."""
+    return Path(out) / f"seed-{int(seed)}"
+
+
+def run_bitr_table_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path | None = None,
+                         representation: str = "modern", representation_params: dict[str, Any] | None = None,
+                         should_stop: Callable[[], bool] | None = None, **kwargs: Any) -> Iterator[Event]:
+    """The table built once per seed and averaged over the builds (:func:`combine_seeds`).
+
+    Each seed is a whole :func:`run_bitr_table` experiment in its own folder ``OUT/seed-<seed>``
+    (:func:`seed_folder`): the seed draws the folds, the representation's learned parts (TR / CTR: the
+    k-means sample and start, both LDAs) and the methods' own randomness. Running again with the same ``out``
+    skips finished builds and trials, as one experiment does. One seed is exactly :func:`run_bitr_table`.
+    """
+    seeds = parse_seeds(seeds)
+    rep_kw = dict(representation_params or {})
+    if len(seeds) == 1:
+        yield from run_bitr_table(dataset, representation=representation, seed=seeds[0], out=out,
+                                  representation_params={**rep_kw, "seed": seeds[0]}, should_stop=should_stop,
+                                  **kwargs)
+        return
+    folder = Path(out) if out is not None else default_experiment_dir(dataset.name, representation)
+    if folder.exists() and not folder.is_dir():
+        raise CrossViewError(f"--out {folder} is a file; give a folder for the experiment's runs")
+    if (folder / EXPERIMENT_FILE).is_file():
+        raise CrossViewError(f"{folder} holds a one-seed BITR-table experiment; give a new folder for a table over "
+                             f"seeds {', '.join(map(str, seeds))}")
+    yield Log(f"the table over {len(seeds)} builds (seeds {', '.join(map(str, seeds))}), one experiment folder each "
+              f"under {folder}")
+    results = []
+    for i, s in enumerate(seeds):
+        summary = None
+        for ev in run_bitr_table(dataset, representation=representation, seed=s, out=seed_folder(folder, s),
+                                 representation_params={**rep_kw, "seed": s}, should_stop=should_stop, **kwargs):
+            if isinstance(ev, Finished):
+                summary = ev.summary
+            elif isinstance(ev, Progress):
+                total = max(int(ev.total), 1)
+                yield Progress(i * total + min(int(ev.step), total), len(seeds) * total,
+                               f"seed {s} ({i + 1} of {len(seeds)}): {ev.message}", stage=ev.stage)
+            elif isinstance(ev, Log):
+                yield Log(f"seed {s}: {ev.message}", level=ev.level)
+            else:
+                yield ev
+        if summary is None:      # stopped: the builds done so far and the one in progress stay resumable
+            return
+        results.append(summary)
+    result = combine_seeds(results, seeds)
+    result["experiment_dir"] = str(folder)
+    yield Finished(summary=result)
+
+
+def combine_seeds(results: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
+    """Several builds' results (:func:`run_bitr_table`, one per seed, same settings) as one table.
+
+    Each cell is the mean over the builds. R@K, BLEU-1 and ROUGE-1 are means over queries, so that mean is
+    also each query's value averaged over the seeds first, then over the queries (one observation per query);
+    MedR is the mean of the builds' medians. ``seed_std`` holds the (population) standard deviation over the
+    builds, ``per_seed`` each build's cells, ``seeds`` the seeds; the chance level and times are averaged too.
+    """
+    if len(results) != len(seeds) or not results:
+        raise ValueError("one result per seed")
+    first = results[0]
+    out = dict(first)
+    means, stds, per_seed = {}, {}, {}
+    for m in first["methods"]:
+        rows = [{k: v for k, v in r["results"][m].items() if k != "C"} for r in results]
+        means[m], stds[m] = mean_std(rows)
+        per_seed[m] = rows
+        cs = [r["results"][m]["C"] for r in results if "C" in r["results"][m]]
+        if cs:   # a build's C: one value per direction, or per fold; listed build by build
+            means[m]["C"] = {d: [x for c in cs for x in (c[d] if isinstance(c[d], list) else [c[d]])]
+                             for d in cs[0]}
+    out.update(results=means, seed_std=stds, per_seed=per_seed, seeds=[int(s) for s in seeds],
+               chance=mean_std([r["chance"] for r in results])[0] if first.get("chance") else first.get("chance"),
+               std=mean_std([r["std"] for r in results])[0],
+               per_fold={}, runs={m: [d for r in results for d in r["runs"].get(m, [])] for m in first["runs"]})
+    return out
+
+
 def _caption_counts_only(dataset: Any, images: np.ndarray) -> MethodData:
     """A featureless :class:`MethodData` of ``images`` (what :func:`chance_levels` reads: captions per image)."""
     sub = dataset.subset(np.asarray(images, dtype=np.int64))
@@ -958,6 +1065,31 @@ def _rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
     return rows
 
 
+def _several_seeds(result: dict[str, Any]) -> bool:
+    return len(result.get("seeds") or []) > 1
+
+
+def _sd_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """The methods' standard deviations over the builds (:func:`combine_seeds`); none for one build."""
+    if not _several_seeds(result):
+        return []
+    cols = _columns(result)
+    return [(METHOD_LABELS[m], [_fmt(result["seed_std"][m].get(d, {}).get(k), k) for d, k, _ in cols])
+            for m in result["methods"]]
+
+
+def _sd_title(result: dict[str, Any]) -> str:
+    return (f"Standard deviation over the {len(result['seeds'])} builds (seeds "
+            f"{', '.join(map(str, result['seeds']))}): how far one build's cell moves with the seed")
+
+
+def _seeds_note(result: dict[str, Any]) -> str:
+    return (f"each cell is the mean over {len(result['seeds'])} builds (seeds {', '.join(map(str, result['seeds']))}; "
+            "a seed draws the folds, the representation's k-means / LDA and the methods' own randomness): R@K, "
+            "BLEU-1 and ROUGE-1 are each query's value averaged over the seeds, then over the queries; MedR is the "
+            "mean of the builds' medians")
+
+
 def _paper_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
     paper = result.get("paper") or {}
     if not paper.get("rows"):
@@ -976,8 +1108,9 @@ def _title(result: dict[str, Any]) -> str:
         return (f"Experiment 2 (BITR paper): cross-dataset image <-> caption retrieval, trained on "
                 f"{result['dataset']}, tested on {result['test_dataset']}, representation {result['representation']}; "
                 f"{result['protocol']}")
+    builds = f"; the mean of {len(result['seeds'])} builds" if _several_seeds(result) else ""
     return (f"Experiment 1 (BITR paper): image <-> caption retrieval on {result['dataset']}, representation "
-            f"{result['representation']}; {result['protocol']}")
+            f"{result['representation']}; {result['protocol']}{builds}")
 
 
 def _paper_title(result: dict[str, Any]) -> str:
@@ -1022,6 +1155,9 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(label.ljust(w0) + "".join("  " + c.rjust(w) for c, w in zip(cells, widths)))
 
     emit(_rows(result))
+    if _several_seeds(result):
+        lines += ["", _sd_title(result)]
+        emit(_sd_rows(result))
     prows = _paper_rows(result)
     if prows:
         lines += ["", _paper_title(result)]
@@ -1033,6 +1169,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("training time per fold: " + ", ".join(f"{METHOD_LABELS[m]} {s:.1f} s" for m, s in secs.items()
                                                        if s is not None))
     lines.append(_search_line(result))
+    if _several_seeds(result):
+        lines.append(_seeds_note(result))
     return "\n".join(lines)
 
 
@@ -1065,6 +1203,9 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
         out += ["Made with:", "", "```", command, "```", ""]
     out += [head, sep]
     out += ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in _rows(result)]
+    if _several_seeds(result):
+        out += ["", _sd_title(result), "", head, sep]
+        out += ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in _sd_rows(result)]
     prows = _paper_rows(result)
     if prows:
         out += ["", _paper_title(result), "", head, sep]
@@ -1075,6 +1216,7 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
             f"- representation `{result['representation']}`: "
             + ", ".join(f"{k} = {v}" for k, v in info.items() if not isinstance(v, (list, dict))),
             "- " + _where(result) + "; 'chance' = expected value of a random ranking",
+            *(["- " + _seeds_note(result)] if _several_seeds(result) else []),
             "- training time per fold: " + ", ".join(
                 f"{METHOD_LABELS[m]} {result['results'][m].get('train_seconds', float('nan')):.1f} s"
                 for m in result["methods"]),
