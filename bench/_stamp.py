@@ -45,7 +45,7 @@ FLICKR8K = SHARED_DATA / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 #: Set by whoever runs a benchmark on a copy of the tree without .git (a lent GPU machine): the commit to record.
 COMMIT_ENV = "CROSSVIEW_BENCH_COMMIT"
 #: Header keys, in the order they are written; ``command`` and ``data`` may repeat.
-KEYS = ("command", "commit", "made at commit", "date", "machine", "data", "work", "note", "regenerate")
+KEYS = ("command", "commit", "made at commit", "date", "took", "machine", "data", "work", "note", "regenerate")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 _KEY_RE = re.compile(r"^(" + "|".join(re.escape(k) for k in KEYS) + r")(?::| (?=[0-9a-f]{7}))\s*(.*)$")
 
@@ -228,15 +228,18 @@ def synthetic(**params: object) -> str:
 
 def format_header(path: str | Path, *, commands: Sequence[str], data: Sequence[str], commit: str | None = None,
                   machine: str | None = None, date: str | None = None, notes: Sequence[str] = (),
-                  regenerate: str | None = None, work: str | None = None, made_at: str | None = None) -> str:
+                  regenerate: str | None = None, work: str | None = None, made_at: str | None = None,
+                  took: str | None = None) -> str:
     """The stamp's lines (ending in a blank line). ``made_at`` writes ``made at commit X (...)`` instead of
-    ``commit:`` for a file stamped after the fact."""
+    ``commit:`` for a file stamped after the fact; ``took`` how long making it took (``"23 min ..."``)."""
     lines = [f"command: {c}" for c in commands]
     if made_at is not None:
         lines.append(f"made at commit {made_at}")
     else:
         lines.append(f"commit: {commit or commit_info()}")
     lines.append(f"date: {date or time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if took:
+        lines.append(f"took: {took}")
     if machine != "":
         lines.append(f"machine: {machine or machine_info()}")
     lines += [f"data: {d}" for d in data]
@@ -267,6 +270,15 @@ def parse_header(text: str, path: str | Path = "x.md") -> tuple[dict[str, list[s
     if i < len(lines) and lines[i] == "":
         i += 1
     return header, "\n".join(lines[i:])
+
+
+def took_minutes(header: dict[str, list[str]]) -> float | None:
+    """The minutes a header's ``took:`` line records (``"23 min ..."`` -> 23.0); None when it has none."""
+    for v in header.get("took", []):
+        m = re.match(r"([0-9]+(?:\.[0-9]+)?) min\b", v)
+        if m:
+            return float(m.group(1))
+    return None
 
 
 def stamped_commit(header: dict[str, list[str]]) -> str | None:

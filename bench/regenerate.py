@@ -65,7 +65,8 @@ class Entry:
     file: str                       # its name in bench/results/
     steps: tuple[Step, ...]
     data: tuple[str, ...]           # keys of DATA_NEEDS
-    minutes: float                  # rough time on the 2-core CPU (GPU entries: on the lent GPU machine)
+    minutes: float                  # rough time on the 2-core CPU (GPU entries: on the lent GPU machine); --list
+    #                                 shows the time the results file's stamp records instead (``took:``) when it has one
     deps: tuple[str, ...]           # source paths whose changes make the file stale (the steps' scripts are added)
     gpu: bool = False
     title: str = ""                 # the Markdown heading of a file assembled from several commands
@@ -468,14 +469,31 @@ def needs(entry: Entry) -> str:
     return "+".join(entry.data) + (" +GPU" if entry.gpu else "")
 
 
+def measured_minutes(entry: Entry) -> float | None:
+    """The minutes the entry's last regeneration took, as its results file's stamp records (``took:``)."""
+    if not entry.path.is_file():
+        return None
+    header, _ = _stamp.parse_header(entry.path.read_text(encoding="utf-8", errors="replace"), entry.path)
+    return _stamp.took_minutes(header)
+
+
+def entry_minutes(entry: Entry) -> tuple[float, bool]:
+    """``(minutes, measured)``: the last regeneration's time when the file records it, else the entry's estimate."""
+    took = measured_minutes(entry)
+    return (took, True) if took is not None else (entry.minutes, False)
+
+
 def list_entries(entries: list[Entry]) -> None:
-    """Print one line per entry: name, file, data, time, state."""
-    print(f"{'name':<28}{'file':<32}{'needs':<24}{'time':>8}  state")
+    """Print one line per entry: name, file, data, time (measured, or ``~`` an estimate), state."""
+    print(f"{'name':<28}{'file':<32}{'needs':<24}{'time':>9}  state")
+    cpu = 0.0
     for e in entries:
-        t = f"{e.minutes:.0f} min" if e.minutes < 90 else f"{e.minutes / 60:.1f} h"
-        print(f"{e.name:<28}{e.file:<32}{needs(e):<24}{t:>8}  {state(e)}")
-    cpu = sum(e.minutes for e in entries if not e.gpu)
-    print(f"\n{len(entries)} entries; CPU entries about {cpu / 60:.1f} h on the 2-core CPU; "
+        minutes, measured = entry_minutes(e)
+        t = ("" if measured else "~") + (f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h")
+        print(f"{e.name:<28}{e.file:<32}{needs(e):<24}{t:>9}  {state(e)}")
+        cpu += 0 if e.gpu else minutes
+    print(f"\n{len(entries)} entries; CPU entries about {cpu / 60:.1f} h on the 2-core CPU (times: what the last "
+          f"regeneration took, as its stamp records; ~ an estimate where none is recorded); "
           f"{sum(e.gpu for e in entries)} need a GPU")
 
 
@@ -574,6 +592,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
     final = _stamp.display_path(entry.path)
     single = sum(s.output for s in entry.steps) == 1
     commands, data, parts, step_notes = [], [], [], []
+    started = time.time()
     for i, step in enumerate(entry.steps, 1):
         out = step_out(entry, i, step, work)
         if out is not None:
@@ -609,8 +628,11 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
     if now.split(" ")[0] != commit.split(" ")[0]:
         notes.append(f"the tree changed while this ran (at the end: {now})")
     uses_work = any("$WORK" in c for c in commands)
+    minutes = (time.time() - started) / 60
+    took = (f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min") + \
+        " (every step, by bench/regenerate.py; wall time on the machine below, which other jobs may have shared)"
     text = _stamp.format_header(entry.path, commands=commands, data=list(dict.fromkeys(data)), commit=commit,
-                                notes=notes, regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",
+                                notes=notes, took=took, regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",
                                 work=f"$WORK = {work} (scratch: run folders, intermediate files)" if uses_work
                                 else None)
     return _stamp.atomic_write_bytes(entry.path, (text + body + "\n").encode("utf-8"))
@@ -671,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{e.name}: needs a GPU: run on a GPU machine (bench/results/{e.file} left as it is)")
                     continue
             if args.dry_run:
-                print(f"# {e.name} -> bench/results/{e.file} ({needs(e)}, ~{e.minutes:.0f} min; "
+                minutes, measured = entry_minutes(e)
+                print(f"# {e.name} -> bench/results/{e.file} ({needs(e)}, {'' if measured else '~'}{minutes:.0f} min; "
                       f"$WORK = {work / e.name})")
                 for i, step in enumerate(e.steps, 1):
                     print(shown(step_argv(step, work / e.name, step_out(e, i, step, work / e.name)), work / e.name))

@@ -146,8 +146,8 @@ def main(args: argparse.Namespace) -> int:
     eff = paired_effect({d: np.stack(v) for d, v in ranks["former own"].items()},
                         {d: np.stack(v) for d, v in ranks["scikit-learn"].items()}, caption_image, ks=(1, 5, 10))
     print()
-    print(f"Paired effect, scikit-learn - former own start ({len(seeds)} seeds of each averaged per query first; "
-          f"{eff['resampled']}; {eff['n_images']} images, {eff['n_captions']} captions):")
+    print(f"Paired effect, scikit-learn - former own start ({len(seeds)} seeds of each; resampled: {eff['resampled']}; "
+          f"{eff['n_images']} images, {eff['n_captions']} captions):")
     print()
     for d, name in (("i2t", "Im2Text"), ("t2i", "Text2Im")):
         r = eff[d]["R@10"]

@@ -78,6 +78,19 @@ def test_every_script_exists_and_its_help_runs():
     assert got == {s: [0, True] for s in scripts}
 
 
+def test_took_is_read_from_a_stamp_and_an_estimate_is_marked(tmp_path):
+    stamped = tmp_path / "r.md"
+    stamped.write_text(_stamp.format_header(stamped, commands=["x"], data=["synthetic"], commit="abcdef1",
+                                            took="41 min (every step)") + "body\n")
+    header, _ = _stamp.parse_header(stamped.read_text(), stamped)
+    assert _stamp.took_minutes(header) == 41.0 and header["took"] == ["41 min (every step)"]
+    assert _stamp.took_minutes({"took": ["2.5 min"]}) == 2.5 and _stamp.took_minutes({"took": ["soon"]}) is None
+    e = R.Entry("toy", str(stamped), (R.S("bench/large_collection.py --n 10"),), ("synthetic",), 300, ())
+    assert R.entry_minutes(e) == (41.0, True)
+    stamped.write_text("no stamp\n")
+    assert R.entry_minutes(e) == (300, False)
+
+
 def test_list_shows_every_entry_with_its_needs_and_state(capsys):
     assert R.main(["--list"]) == 0
     out = capsys.readouterr().out
@@ -178,6 +191,9 @@ def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path, capsys)
     assert header["data"] == [_stamp.synthetic(seed=0, n=n, dim=128, clusters=2000, queries=10, noise=0.1)
                               for n in (2000, 3000)]
     assert header["regenerate"][0].endswith("bench/regenerate.py --only toy")
+    took = _stamp.took_minutes(header)        # the wall time of both steps, which --list then shows
+    assert took is not None and 0 <= took < 30 and header["took"][0].split(" min ")[1].startswith("(every step")
+    assert R.entry_minutes(toy) == (took, True)
     assert header["work"][0].startswith(f"$WORK = {tmp_path / 'work' / 'toy'}")
     parts = body.split("\n\n")
     assert parts[0].startswith("$ ") and "collection 2,000 x 128" in parts[0]
