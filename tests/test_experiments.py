@@ -248,9 +248,19 @@ def test_a_table_over_seeds_is_the_mean_of_its_builds_each_one_experiment(precom
     # CCA and the random row do not depend on the seed here (one split, no learned representation): no spread
     assert res["seed_std"]["cca"]["i2t"]["R@5"] == 0
     assert {Path(p).parent.name for p in res["runs"]["wsabie"]} == {"seed-0", "seed-1"}
+    # paired against the first row, from the trial runs' ranks: its differences are the table's (the runs' plain
+    # ranks are what the table counted), each with an interval; the random row is not a run and is not paired
+    pr = res["paired"]
+    assert pr["baseline"] == "cca" and list(pr["rows"]) == ["wsabie"] and pr["n_images"] == res["test_images"]
+    for d in ("i2t", "t2i"):
+        got = pr["rows"]["wsabie"][d]["R@5"]
+        assert got["diff"] == pytest.approx(res["results"]["wsabie"][d]["R@5"] - res["results"]["cca"][d]["R@5"])
+        assert got["ci"][0] <= got["diff"] <= got["ci"][1]
+    assert pr["rows"]["wsabie"]["mde"] > 0
     md = out.read_text()
     assert "--seeds 0,1,1" in md and "the mean of 2 builds" in md
     assert "Standard deviation over the 2 builds (seeds 0, 1)" in md and "mean of the builds' medians" in md
+    assert "Paired against CCA on the same" in md and "| WSABIE | " in md.split("Paired against CCA")[1]
     sd_table = md.split("Standard deviation over the 2 builds")[1].split("\n\n")[1]
     assert "| WSABIE | " in sd_table and "| CCA | 0.00 | 0.00 |" in sd_table
     # the whole table again: every build is read back

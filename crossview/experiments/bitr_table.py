@@ -63,7 +63,7 @@ __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_fo
            "run_bitr_table", "bitr_table", "evaluate_fold", "chance_levels", "paper_numbers", "format_table",
            "format_markdown", "random_baseline", "default_experiment_dir", "registry_of", "EXPERIMENT_FILE",
            "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT", "parse_seeds", "seed_folder", "run_bitr_table_seeds",
-           "combine_seeds"]
+           "combine_seeds", "paired_against"]
 
 #: The experiment folder's record: settings and one row of table metrics per finished trial.
 EXPERIMENT_FILE = "experiment.json"
@@ -976,7 +976,50 @@ def run_bitr_table_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path 
         results.append(summary)
     result = combine_seeds(results, seeds)
     result["experiment_dir"] = str(folder)
+    learned = [m for m in result["methods"] if registry_of(m) != "random"]
+    if result["folds"] == 1 and not result.get("test_dataset") and len(learned) > 1:
+        result["paired"] = paired_against(results, learned[0], learned[1:], result["ks"])
     yield Finished(summary=result)
+
+
+def _plain_ranks(run_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """A trial run's plain ranks of its test queries (what the table's R@K counts) and its caption -> image map."""
+    from crossview.engine.results import load_run_results
+
+    r = load_run_results(run_dir)
+    ranks = dict(r.ranks)
+    with np.load(run_dir / "ranks.npz", allow_pickle=False) as z:   # a scored run keeps its plain ranks beside
+        for d in ("i2t", "t2i"):
+            if f"{d}_plain" in z.files:
+                ranks[d] = np.asarray(z[f"{d}_plain"], dtype=np.int64)
+    if "i2t" not in ranks or "t2i" not in ranks:
+        raise CrossViewError(f"{run_dir / 'ranks.npz'}: needs both i2t and t2i ranks; run the table again with the "
+                             "same --exp-dir to finish that trial")
+    return ranks, r.caption_image
+
+
+def paired_against(results: Sequence[dict[str, Any]], baseline: str, others: Sequence[str],
+                   ks: Sequence[int]) -> dict[str, Any]:
+    """Each method of ``others`` against ``baseline`` on the same test queries, paired
+    (:func:`crossview.eval.paired.paired_effect`, effect = method - baseline): each query's rank averaged over the
+    builds first (one observation per query), images resampled with their captions. ``results``: the builds
+    (:func:`run_bitr_table` results of one split, one per seed), whose trial runs hold the ranks."""
+    from crossview.eval.paired import paired_effect
+
+    def ranks_of(m: str) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        per = [_plain_ranks(Path(r["runs"][m][0])) for r in results]
+        return {d: np.stack([x[0][d] for x in per]) for d in ("i2t", "t2i")}, per[0][1]
+
+    base, caption_image = ranks_of(baseline)
+    rows: dict[str, Any] = {}
+    eff: dict[str, Any] = {}
+    for m in others:
+        eff = paired_effect(base, ranks_of(m)[0], caption_image, ks=tuple(ks))
+        rows[m] = {"i2t": {f"R@{k}": eff["i2t"][f"R@{k}"] for k in ks},
+                   "t2i": {f"R@{k}": eff["t2i"][f"R@{k}"] for k in ks}, "sum": eff["rsum"],
+                   "mde": float(eff["mde"]["rsum"])}
+    return {"baseline": baseline, "rows": rows, "resampled": eff["resampled"], "resamples": eff["resamples"],
+            "level": eff["level"], "n_images": eff["n_images"], "n_captions": eff["n_captions"]}
 
 
 def combine_seeds(results: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
@@ -1090,6 +1133,40 @@ def _seeds_note(result: dict[str, Any]) -> str:
             "mean of the builds' medians")
 
 
+def _paired_table(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """The paired comparison against the first method (:func:`paired_against`): title, header, rows."""
+    pr = result["paired"]
+    ks = result["ks"]
+    base = METHOD_LABELS[pr["baseline"]]
+    cols = [(d, f"R@{k}") for d in ("i2t", "t2i") for k in ks]
+    names = {"i2t": "Im2Text", "t2i": "Text2Im"}
+    header = [f"Method - {base}", *(f"{names[d]} {k}" for d, k in cols),
+              "sum of " + " + ".join(f"R@{k}" for k in ks) + " both ways", "minimal detectable (sum)"]
+
+    def cell(v: dict[str, Any]) -> str:
+        return f"{v['diff']:+.1f} ({v['ci'][0]:+.1f} to {v['ci'][1]:+.1f})"
+
+    rows = [[METHOD_LABELS[m], *(cell(r[d][k]) for d, k in cols), cell(r["sum"]), f"{r['mde']:.1f}"]
+            for m, r in pr["rows"].items()]
+    title = (f"Paired against {base} on the same {pr['n_images']} test images / {pr['n_captions']} captions: "
+             f"method minus {base}, points, with the {100 * pr['level']:.0f}% interval ({len(result.get('seeds') or [1])} "
+             f"builds of each; resampled: {pr['resampled']}; {pr['resamples']:,} resamples)")
+    return title, header, rows
+
+
+def _paired_lines(result: dict[str, Any], markdown: bool = True) -> list[str]:
+    """:func:`_paired_table` as Markdown, or as aligned plain text; none without a paired comparison."""
+    if not result.get("paired"):
+        return []
+    title, header, rows = _paired_table(result)
+    if markdown:
+        return [title, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1),
+                *("| " + " | ".join(r) + " |" for r in rows)]
+    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
+    return [title, *("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header, *rows])]
+
+
 def _paper_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
     paper = result.get("paper") or {}
     if not paper.get("rows"):
@@ -1158,6 +1235,8 @@ def format_table(result: dict[str, Any]) -> str:
     if _several_seeds(result):
         lines += ["", _sd_title(result)]
         emit(_sd_rows(result))
+    if result.get("paired"):
+        lines += ["", *_paired_lines(result, markdown=False)]
     prows = _paper_rows(result)
     if prows:
         lines += ["", _paper_title(result)]
@@ -1206,6 +1285,8 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
     if _several_seeds(result):
         out += ["", _sd_title(result), "", head, sep]
         out += ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in _sd_rows(result)]
+    if result.get("paired"):
+        out += ["", *_paired_lines(result)]
     prows = _paper_rows(result)
     if prows:
         out += ["", _paper_title(result), "", head, sep]
