@@ -378,8 +378,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "split) on another dataset, unchanged: R@K and MedR within each of --test-parts parts of D2, "
                     "BLEU-1 / ROUGE-1 with D2's images and captions as queries over all of --data. --seeds 0,1,2 "
                     "builds the table once per seed and reports the mean over the builds, their standard "
-                    "deviation, and (--split without --test-data) each method paired against the first on the same queries, with "
-                    "95% intervals.")
+                    "deviation, and (--split without --test-data) each method paired against the first on the "
+                    "same queries, with 95% intervals.")
     p.add_argument("--data", required=True, metavar="PATH|demo", help="image-caption dataset, or 'demo'")
     _add_dataset_args(p)
     p.add_argument("--representation", default="modern", choices=["modern", "tr", "ctr", "default"],

@@ -1149,8 +1149,9 @@ def _paired_table(result: dict[str, Any]) -> tuple[str, list[str], list[list[str
     rows = [[METHOD_LABELS[m], *(cell(r[d][k]) for d, k in cols), cell(r["sum"]), f"{r['mde']:.1f}"]
             for m, r in pr["rows"].items()]
     title = (f"Paired against {base} on the same {pr['n_images']} test images / {pr['n_captions']} captions: "
-             f"method minus {base}, points, with the {100 * pr['level']:.0f}% interval ({len(result.get('seeds') or [1])} "
-             f"builds of each; resampled: {pr['resampled']}; {pr['resamples']:,} resamples)")
+             f"method minus {base}, points, with the {100 * pr['level']:.0f}% interval "
+             f"({len(result.get('seeds') or [1])} builds of each; resampled: {pr['resampled']}; "
+             f"{pr['resamples']:,} resamples)")
     return title, header, rows
 
 
