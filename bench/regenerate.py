@@ -407,9 +407,35 @@ def _card_settings(commit: str, path: str) -> dict | None:
             for name, spec in params.items()}
 
 
+def _python_code(commit: str, path: str) -> str | None:
+    """A Python file's syntax tree at ``commit`` without comments and docstrings (``ast.dump``; adjacent string
+    literals are one constant there, so re-wrapping a long string changes nothing), or None where the file is
+    missing or does not parse."""
+    import ast
+
+    text = _git("show", f"{commit}:{path}")
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def _substantive(commit: str, path: str) -> bool:
-    """Whether ``commit``'s change to ``path`` can change a result: any change to code; for a model card
-    (``models/*.toml``) only a change to its parameters (a default, a choice, a type), not to its prose."""
+    """Whether ``commit``'s change to ``path`` can change a result: a change to code, not to its comments,
+    docstrings or line breaks (``.py``: :func:`_python_code`); for a model card (``models/*.toml``) only a change to
+    its parameters (a default, a choice, a type), not to its prose."""
+    if path.endswith(".py"):
+        before = _python_code(f"{commit}^", path)
+        return before is None or before != _python_code(commit, path)
     if not (path.startswith("models/") and path.endswith(".toml")):
         return True
     before = _card_settings(f"{commit}^", path)

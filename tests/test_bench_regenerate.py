@@ -279,6 +279,38 @@ def test_a_cards_prose_does_not_make_a_result_stale_its_parameters_do(tmp_path, 
     assert R.state(entry) == f"stale: models/m.toml changed at {changed[:7]} after {made[:7]}"
 
 
+def test_comments_docstrings_and_line_breaks_of_python_code_make_nothing_stale(tmp_path, monkeypatch):
+    """A results file depends on code; a commit that only edits a .py file's comments or docstrings, or re-wraps a
+    long string, changes no number, so the file stays fresh; a change to a value or a message string does not."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    def commit(text: str, message: str) -> str:
+        (repo / "m.py").write_text(text, encoding="utf-8")
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+        return git("rev-parse", "HEAD").strip()
+
+    git("init", "-q")
+    made = commit('"""The module."""\n\ndef f(x):\n    """Twice."""\n    return f"{x} and " "more", 2 * x\n', "code")
+    monkeypatch.setattr(R, "REPO", repo)
+    results = tmp_path / "x.txt"
+    results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
+                       + "body\n")
+    entry = R.Entry("x", str(results), (), ("synthetic",), 1, ("m.py",))
+    assert R.state(entry) == "fresh"
+    commit('"""The module, described better."""\n\n\ndef f(x):  # doubles\n    """Twice x."""\n'
+           '    return (f"{x} "\n            "and more"), 2 * x\n', "docs, a comment, a re-wrapped string")
+    assert R.state(entry) == "fresh"
+    changed = commit('"""The module."""\n\ndef f(x):\n    return f"{x} and more", 3 * x\n', "a value")
+    assert R.state(entry) == f"stale: m.py changed at {changed[:7]} after {made[:7]}"
+    commit("def f(x:\n", "broken")          # a file that does not parse counts as changed
+    assert R.state(entry).startswith("stale: m.py changed at ")
+
+
 def test_a_commit_listed_as_changing_no_result_keeps_the_files_fresh_for_its_scope(tmp_path, monkeypatch):
     """bench/unchanged_results.toml names commits that touch a result's sources without changing its numbers
     (scope "all", or "cpu": only the entries that need no GPU), each with its reason; any other commit still makes
@@ -303,7 +335,7 @@ def test_a_commit_listed_as_changing_no_result_keeps_the_files_fresh_for_its_sco
                        + "body\n")
     cpu = R.Entry("x", str(results), (), ("synthetic",), 1, ("src.py",))
     gpu = R.Entry("y", str(results), (), ("synthetic",), 1, ("src.py",), gpu=True)
-    cuda_only = commit("x = 1  # a CUDA-only path\n")
+    cuda_only = commit("x = 1\nif False:  # a CUDA-only path\n    x = 3\n")
     assert R.state(cpu).startswith(f"stale: src.py changed at {cuda_only[:7]}")
     (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only[:9]}"\nscope = "cpu"\nwhy = "CUDA only"\n')
     assert R.state(cpu) == "fresh" and R.state(gpu).startswith("stale: ")
