@@ -22,8 +22,8 @@ labels: images without that label) are drawn until one violates, with the same W
 image negatives. ``"i2t"`` is the paper's loss (captions / labels ranked for an image only), and what ``"auto"`` trains for
 the label targets, whose task is image -> label ranking.
 On real photos the mirror term, a 1024-d space, a tighter ``max_norm`` (1) and one learning-rate drop
-(``lr_decay_epoch``) lift val rsum on the Flickr8k sample from 330 to 365 (mean of 3 seeds;
-bench/results/defaults_flickr8k.md). A later search with ``crossview tune`` (3-fold CV of the training photos,
+(``lr_decay_epoch``) lifted val rsum on the Flickr8k sample from 330 to 365 (mean of 3 seeds;
+bench/results/defaults_flickr8k.md as of commit c1b1061). A later search with ``crossview tune`` (3-fold CV of the training photos,
 bench/results/tune_wsabie_timam_flickr8k.md as of commit 1bc5759) moved P to 4096 and lr to 0.002: +8.9 rsum on
 the folds (95% interval +4.1 to +13.5, better on every fold). The same search run again from there (that file as
 of commit 153c276) moved lr to 0.001 and the margin to 0.3: 300.5 against 287.8 on the folds at the same 20 passes
@@ -115,7 +115,8 @@ class Wsabie(TorchMethod):
     loss_is_sum = True
 
     #: chosen on real photos (bench/results/defaults_flickr8k.md): signed square root, then L2, on the CNN
-    #: features (3-fold CV rsum on the Flickr8k sample's train images 222 -> 238). The max_norm default (1)
+    #: features (3-fold CV rsum on the Flickr8k sample's train images at lr 0.003, regenerated at f5c9967:
+    #: 242.1 -> 253.8 at 256-d, 246.8 -> 252.7 at 1024-d). The max_norm default (1)
     #: assumes such features: on raw counts dominated by a few large entries it leaves too little room for
     #: the margin (use max_norm=10 there)
     default_image_norm = "ssr"
