@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -478,6 +479,9 @@ def state(entry: Entry) -> str:
     old = " (never regenerated)" if "made at commit" in header else ""
     if _git("rev-parse", "--verify", "--quiet", f"{made}^{{commit}}") is None:
         return f"unknown: commit {made} is not in this repository's history" + old
+    if not old and entry.steps and "command" in header and _command_words(header["command"]) != _command_words(
+            expected_commands(entry)):
+        return "stale: its command in regenerate.py differs from the one the file was made with"
     later = _git("log", "--reverse", "--format=%H", f"{made}..HEAD", "--", *entry.all_deps())
     unchanged = _unchanged_commits()
     for commit in (later or "").split():
@@ -489,6 +493,29 @@ def state(entry: Entry) -> str:
             if path and _substantive(commit, path):
                 return f"stale: {path} changed at {commit[:7]} after {made[:7]}" + old
     return "fresh" + old
+
+
+def expected_commands(entry: Entry) -> list[str]:
+    """The commands a regeneration of ``entry`` now would stamp (:func:`regenerate`'s, without running anything)."""
+    work = REPO.parent / "__regenerate_work__" / entry.name
+    single = sum(s.output for s in entry.steps) == 1
+    out = []
+    for i, step in enumerate(entry.steps, 1):
+        dest = step_out(entry, i, step, work)
+        argv = step_argv(step, work, dest)
+        out.append(shown(argv[:-2], work) + f" --out {_stamp.display_path(entry.path)}" if single and dest is not None
+                   else shown(argv, work))
+    return out
+
+
+def _command_words(commands: Sequence[str]) -> list[list[str]]:
+    """Stamped commands compared without the interpreter's path: from ``bench/...`` or ``crossview`` on."""
+    out = []
+    for c in commands:
+        words = c.split()
+        at = next((i for i, w in enumerate(words) if w.startswith("bench/") or w.endswith("crossview")), 0)
+        out.append(["crossview" if w.endswith("/crossview") else w for w in words[at:]])
+    return out
 
 
 def needs(entry: Entry) -> str:

@@ -107,9 +107,10 @@ def test_list_shows_every_entry_with_its_needs_and_state(capsys):
 def test_state_compares_the_stamped_commit_with_the_sources_history(tmp_path):
     def entry_with(header_commit: str) -> R.Entry:
         path = tmp_path / "x.txt"
-        path.write_text(_stamp.format_header(path, commands=["c"], data=["d"], commit=header_commit, machine="m")
-                        + "body\n")
-        return R.Entry("x", str(path), (R.S("bench/cca_fit.py"),), ("synthetic",), 1, ("README.md",))
+        entry = R.Entry("x", str(path), (R.S("bench/cca_fit.py"),), ("synthetic",), 1, ("README.md",))
+        path.write_text(_stamp.format_header(path, commands=R.expected_commands(entry), data=["d"],
+                                             commit=header_commit, machine="m") + "body\n")
+        return entry
 
     root = subprocess.run(["git", "-C", str(REPO), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
                           text=True, check=True).stdout.split()[0]
@@ -277,6 +278,27 @@ def test_a_cards_prose_does_not_make_a_result_stale_its_parameters_do(tmp_path, 
     assert R.state(entry) == "fresh", "prose and help texts change no result"
     changed = commit("other words, a new result quoted", 16, "default")
     assert R.state(entry) == f"stale: models/m.toml changed at {changed[:7]} after {made[:7]}"
+
+
+def test_a_file_made_with_another_command_than_its_entry_now_gives_is_stale(tmp_path):
+    """The entry's command is part of what a file depends on: a file stamped with another command (another flag, a
+    step fewer) is stale whatever the code did; the interpreter's path does not count."""
+    out = tmp_path / "toy.txt"
+    toy = R.Entry("toy", str(out), (R.S("bench/large_collection.py --n 2000 --queries 10 --backends exact"),),
+                  ("synthetic",), 1, ("bench/large_collection.py",))
+    made = R._git("rev-parse", "HEAD")[:12]
+    [now] = R.expected_commands(toy)
+    assert now.endswith(f"bench/large_collection.py --n 2000 --queries 10 --backends exact --out {out}")
+
+    def stamp(command: str) -> None:
+        out.write_text(_stamp.format_header(out, commands=[command], data=["d"], commit=made, machine="m") + "x\n")
+
+    stamp(now)
+    assert R.state(toy) == "fresh"
+    stamp("python " + now.split(" ", 1)[1])                        # another interpreter path: the same command
+    assert R.state(toy) == "fresh"
+    stamp(now.replace("--n 2000", "--n 3000"))
+    assert R.state(toy) == "stale: its command in regenerate.py differs from the one the file was made with"
 
 
 def test_comments_docstrings_and_line_breaks_of_python_code_make_nothing_stale(tmp_path, monkeypatch):
