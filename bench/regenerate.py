@@ -67,7 +67,7 @@ class Entry:
     steps: tuple[Step, ...]
     data: tuple[str, ...]           # keys of DATA_NEEDS
     minutes: float                  # rough time on the 2-core CPU (GPU entries: on the lent GPU machine); --list
-    #                                 shows the time the results file's stamp records instead (``took:``) when it has one
+    #                                 shows the time the file's stamp records instead (``took:``) when it has one
     deps: tuple[str, ...]           # source paths whose changes make the file stale (the steps' scripts are added)
     gpu: bool = False
     title: str = ""                 # the Markdown heading of a file assembled from several commands
@@ -685,7 +685,8 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
     took = (f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min") + \
         " (every step, by bench/regenerate.py; wall time on the machine below, which other jobs may have shared)"
     text = _stamp.format_header(entry.path, commands=commands, data=list(dict.fromkeys(data)), commit=commit,
-                                notes=notes, took=took, regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",
+                                notes=notes, took=took,
+                                regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",
                                 work=f"$WORK = {work} (scratch: run folders, intermediate files)" if uses_work
                                 else None)
     return _stamp.atomic_write_bytes(entry.path, (text + body + "\n").encode("utf-8"))
