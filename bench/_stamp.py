@@ -273,8 +273,11 @@ def parse_header(text: str, path: str | Path = "x.md") -> tuple[dict[str, list[s
 
 
 def took_minutes(header: dict[str, list[str]]) -> float | None:
-    """The minutes a header's ``took:`` line records (``"23 min ..."`` -> 23.0); None when it has none."""
+    """The minutes a header's ``took:`` line records (``"23 min ..."`` -> 23.0); None when it has none, or when
+    that time is not the whole cost (``"... (resumed: ...)"``)."""
     for v in header.get("took", []):
+        if "(resumed" in v:
+            return None
         m = re.match(r"([0-9]+(?:\.[0-9]+)?) min\b", v)
         if m:
             return float(m.group(1))

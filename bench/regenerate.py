@@ -523,7 +523,8 @@ def needs(entry: Entry) -> str:
 
 
 def measured_minutes(entry: Entry) -> float | None:
-    """The minutes the entry's last regeneration took, as its results file's stamp records (``took:``)."""
+    """The minutes the entry's last regeneration took, as its results file's stamp records (``took:``); none for a
+    resumed regeneration (it read back what an earlier invocation had done)."""
     if not entry.path.is_file():
         return None
     header, _ = _stamp.parse_header(entry.path.read_text(encoding="utf-8", errors="replace"), entry.path)
@@ -629,6 +630,7 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
     import torch  # noqa: F401 - loaded, it gives the stamp's machine line the thread count and GPU the steps see
 
     work = work_root / entry.name
+    resumed = resume and work.is_dir() and any(work.iterdir())    # an earlier invocation's runs are read back
     if work.exists() and not resume:
         left = sum(1 for _ in work.rglob("*"))
         if left:     # say so: an earlier run's finished runs would have been read back with --resume
@@ -682,8 +684,9 @@ def regenerate(entry: Entry, work_root: Path, resume: bool = False) -> Path:
         notes.append(f"the tree changed while this ran (at the end: {now})")
     uses_work = any("$WORK" in c for c in commands)
     minutes = (time.time() - started) / 60
-    took = (f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min") + \
-        " (every step, by bench/regenerate.py; wall time on the machine below, which other jobs may have shared)"
+    took = (f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min") + (
+        " (resumed: what an earlier invocation finished was read back, so not the whole cost)" if resumed else
+        " (every step, by bench/regenerate.py; wall time on the machine below, which other jobs may have shared)")
     text = _stamp.format_header(entry.path, commands=commands, data=list(dict.fromkeys(data)), commit=commit,
                                 notes=notes, took=took,
                                 regenerate=f"{_python_shown()} bench/regenerate.py --only {entry.name}",

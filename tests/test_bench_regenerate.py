@@ -85,6 +85,7 @@ def test_took_is_read_from_a_stamp_and_an_estimate_is_marked(tmp_path):
     header, _ = _stamp.parse_header(stamped.read_text(), stamped)
     assert _stamp.took_minutes(header) == 41.0 and header["took"] == ["41 min (every step)"]
     assert _stamp.took_minutes({"took": ["2.5 min"]}) == 2.5 and _stamp.took_minutes({"took": ["soon"]}) is None
+    assert _stamp.took_minutes({"took": ["0.4 min (resumed: read back)"]}) is None      # not the whole cost
     e = R.Entry("toy", str(stamped), (R.S("bench/large_collection.py --n 10"),), ("synthetic",), 300, ())
     assert R.entry_minutes(e) == (41.0, True)
     stamped.write_text("no stamp\n")
@@ -195,6 +196,9 @@ def test_an_entry_of_several_commands_becomes_one_stamped_file(tmp_path, capsys)
     took = _stamp.took_minutes(header)        # the wall time of both steps, which --list then shows
     assert took is not None and 0 <= took < 30 and header["took"][0].split(" min ")[1].startswith("(every step")
     assert R.entry_minutes(toy) == (took, True)
+    R.regenerate(toy, tmp_path / "work", resume=True)   # resumed: its time is not the entry's cost, so not shown
+    header, body = _stamp.parse_header(out.read_text(), out)
+    assert "(resumed: " in header["took"][0] and R.entry_minutes(toy) == (1, False)
     assert header["work"][0].startswith(f"$WORK = {tmp_path / 'work' / 'toy'}")
     parts = body.split("\n\n")
     assert parts[0].startswith("$ ") and "collection 2,000 x 128" in parts[0]
