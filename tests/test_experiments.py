@@ -288,6 +288,11 @@ def test_seed_and_seeds_together_and_a_one_seed_folder_are_refused(precomp, tmp_
     assert main([*base, "--seeds", "0,1", "--exp-dir", str(tmp_path / "one")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds a one-seed BITR-table experiment" in err[0]
+    (tmp_path / "many" / "seed-1").mkdir(parents=True)          # and a one-seed table in a several-seed folder
+    (tmp_path / "many" / "seed-1" / B.EXPERIMENT_FILE).write_text("{}")
+    assert main([*base, "--exp-dir", str(tmp_path / "many")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a BITR table over several seeds" in err[0]
 
 
 @pytest.mark.parametrize("extra, message", [

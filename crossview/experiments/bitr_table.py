@@ -943,6 +943,10 @@ def run_bitr_table_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path 
     """
     seeds = parse_seeds(seeds)
     rep_kw = dict(representation_params or {})
+    if len(seeds) == 1 and out is not None and Path(out).is_dir() and any(
+            (d / EXPERIMENT_FILE).is_file() for d in Path(out).glob("seed-*")):
+        raise CrossViewError(f"{out} holds a BITR table over several seeds (its seed-* folders); give --seeds to "
+                             "continue it, or a new folder for a one-seed table")
     if len(seeds) == 1:
         yield from run_bitr_table(dataset, representation=representation, seed=seeds[0], out=out,
                                   representation_params={**rep_kw, "seed": seeds[0]}, should_stop=should_stop,
