@@ -94,14 +94,9 @@ def _compare_runs(targets: list[str], split: str | None, plain: bool = False) ->
         if not (p / "ranks.npz").is_file():
             raise CrossViewError(f"{p}: no ranks.npz - the run has not finished its evaluation; resume it with "
                                  f"'crossview train --resume {p}'")
-        r = load_run_results(p)
+        r = load_run_results(p, plain=plain)
         if "i2t" not in r.ranks or "t2i" not in r.ranks:
             raise CrossViewError(f"{p / 'ranks.npz'}: needs both i2t and t2i ranks to compare")
-        if plain:
-            with np.load(p / "ranks.npz") as z:
-                for d in ("i2t", "t2i"):
-                    if f"{d}_plain" in z.files:
-                        r.ranks[d] = np.asarray(z[f"{d}_plain"], dtype=np.int64)
         r_split = str(r.summary.get("split") or _run_split(p))
         if split is not None and r_split != split:
             raise CrossViewError(f"{p}: its ranks.npz holds the {r_split} evaluation, not --split {split}; runs "

@@ -73,8 +73,9 @@ class RunResults:
         return keys
 
 
-def load_run_results(run_dir: str | Path) -> RunResults:
-    """Read ``summary.json`` and ``ranks.npz`` of a run folder; a clear error names what is missing."""
+def load_run_results(run_dir: str | Path, *, plain: bool = False) -> RunResults:
+    """Read ``summary.json`` and ``ranks.npz`` of a run folder; a clear error names what is missing. ``plain``: the
+    plain ranks (``i2t_plain`` / ``t2i_plain``, kept beside a scored run's own) where the run has them."""
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
@@ -93,7 +94,7 @@ def load_run_results(run_dir: str | Path) -> RunResults:
             with np.load(ranks_path, allow_pickle=False) as z:
                 files = set(z.files)
                 for d in ("i2t", "t2i"):
-                    key = next((k for k in _RANK_KEYS[d] if k in files), None)
+                    key = next((k for k in ((f"{d}_plain",) if plain else ()) + _RANK_KEYS[d] if k in files), None)
                     if key is not None:
                         ranks[d] = np.asarray(z[key], dtype=np.int64)
                     qk = next((k for k in _QUERY_KEYS[d] if k in files), None)

@@ -990,12 +990,8 @@ def _plain_ranks(run_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray | Non
     """A trial run's plain ranks of its test queries (what the table's R@K counts) and its caption -> image map."""
     from crossview.engine.results import load_run_results
 
-    r = load_run_results(run_dir)
-    ranks = dict(r.ranks)
-    with np.load(run_dir / "ranks.npz", allow_pickle=False) as z:   # a scored run keeps its plain ranks beside
-        for d in ("i2t", "t2i"):
-            if f"{d}_plain" in z.files:
-                ranks[d] = np.asarray(z[f"{d}_plain"], dtype=np.int64)
+    r = load_run_results(run_dir, plain=True)
+    ranks = r.ranks
     if "i2t" not in ranks or "t2i" not in ranks:
         raise CrossViewError(f"{run_dir / 'ranks.npz'}: needs both i2t and t2i ranks; run the table again with the "
                              "same --exp-dir to finish that trial")
