@@ -117,6 +117,25 @@ def test_label_table_through_the_engine(labelled, tmp_path):
     again = list(L.run_bitr_labels(labelled, **kw))
     assert any("finished earlier" in getattr(e, "message", "") for e in again)
     assert again[-1].summary["results"]["svm"]["i2t"]["mAP"] == pytest.approx(res["results"]["svm"]["i2t"]["mAP"])
+    # paired against the first row on the same queries: the mAP differences are the table's, with intervals; a
+    # trial read back from a folder that kept no per-query APs (an older one) gets them from its run again
+    pr = res["paired"]
+    assert pr["baseline"] == "cca" and list(pr["rows"]) == ["wknn", "svm", "wsabie", "bitr-c"]
+    for m, r in pr["rows"].items():
+        for d in ("i2t", "t2i"):
+            want = res["results"][m][d]["mAP"] - res["results"]["cca"][d]["mAP"]
+            assert r[d]["diff"] == pytest.approx(want, abs=1e-9), (m, d)
+            assert r[d]["ci"][0] <= r[d]["diff"] <= r[d]["ci"][1]
+            assert r[d]["queries"] == res["results"][m][d]["n_queries"]
+    exp = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    for t in exp["trials"].values():
+        del t["ap"]
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps(exp))
+    events3 = list(L.run_bitr_labels(labelled, **kw))
+    third = events3[-1].summary
+    assert sum("finished earlier" in getattr(e, "message", "") for e in events3) == 5     # nothing trained again
+    assert third["paired"]["rows"]["svm"]["i2t"]["diff"] == pytest.approx(pr["rows"]["svm"]["i2t"]["diff"])
+    assert "Paired against CCA on the same queries" in L.format_table(res)
     text = L.format_table(res)
     assert text.startswith("Experiment 4") and "Table 6" in text and "wKNN" in text
     assert "| SVM |" in L.format_markdown(res, "crossview experiment bitr-labels --data x")

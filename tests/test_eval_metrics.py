@@ -316,6 +316,9 @@ def test_precision_and_map_hand_case():
     m = mean_average_precision(s, rel)
     assert m["mAP"] == pytest.approx(100.0 * (5 / 6 + 1 / 3) / 2)
     assert m["n_excluded"] == 1
+    from crossview.eval.protocols import average_precisions
+    ap = average_precisions(s, rel)                 # each query's, the one with nothing relevant NaN
+    assert ap[:2] == pytest.approx([100 * 5 / 6, 100 / 3]) and np.isnan(ap[2])
     p = precision_at_k(s, rel, ks=(1, 3))
     assert p["P@1"] == pytest.approx(100.0 * (1 + 0 + 0) / 3)
     assert p["P@3"] == pytest.approx(100.0 * (2 / 3 + 1 / 3 + 0) / 3)

@@ -230,3 +230,37 @@ def test_bad_input_gets_one_clear_line(kwargs, needle):
     with pytest.raises(CrossViewError, match="paired comparison") as e:
         paired_effect(a, b, ci, **kwargs)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------ a per-query score (e.g. average precision)
+def test_paired_mean_difference_matches_a_naive_resampling_loop():
+    from crossview.eval.paired import paired_mean_difference
+
+    rng = np.random.default_rng(3)
+    a, b = rng.random(40) * 100, rng.random(40) * 100
+    res = paired_mean_difference(a, b, resamples=300, seed=5)
+    draws = np.random.default_rng(5).integers(0, 40, size=(300, 40))     # the same draws, one resample at a time
+    boot = np.array([np.mean([b[i] - a[i] for i in row]) for row in draws])
+    assert res["diff"] == pytest.approx(b.mean() - a.mean())
+    assert (res["a"], res["b"]) == pytest.approx((a.mean(), b.mean()))
+    assert res["ci"] == pytest.approx(list(np.percentile(boot, [2.5, 97.5])))
+    assert res["se"] == pytest.approx(np.std(boot, ddof=1))
+    assert res["mde"] == pytest.approx((norm.ppf(0.975) + norm.ppf(0.8)) * res["se"])
+    assert (res["better"], res["worse"], res["queries"]) == (int((b > a).sum()), int((b < a).sum()), 40)
+    same = paired_mean_difference(a, a)
+    assert same["diff"] == 0 and same["ci"] == [0, 0] and same["p"] == 1.0
+    seeds = paired_mean_difference(a, np.stack([b - 1, b + 1]))           # seeds averaged per query first
+    assert seeds["diff"] == pytest.approx(res["diff"]) and seeds["ci"] == pytest.approx(
+        paired_mean_difference(a, b)["ci"])
+
+
+@pytest.mark.parametrize("a, b, needle", [
+    (np.ones(3), np.ones(4), "A scored 3 queries and B 4"),
+    (np.ones(3), np.array([1.0, np.nan, 2.0]), "NaN or infinite"),
+    (np.ones((2, 2, 2)), np.ones(2), "one score per query"),
+])
+def test_paired_mean_difference_bad_input_is_one_line(a, b, needle):
+    from crossview.eval.paired import paired_mean_difference
+
+    with pytest.raises(CrossViewError, match=needle):
+        paired_mean_difference(a, b)

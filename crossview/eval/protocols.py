@@ -255,15 +255,15 @@ def precision_at_k(scores: Any, relevance: Any, ks: Sequence[int] = (1, 5, 10)) 
     return {f"P@{k}": 100.0 * totals[k] / n_q for k in ks}
 
 
-def mean_average_precision(scores: Any, relevance: Any) -> dict[str, float]:
-    """mAP in percent: ``{"mAP": float, "n_queries": int, "n_excluded": int}``.
+def average_precisions(scores: Any, relevance: Any) -> np.ndarray:
+    """Each query's average precision in percent, ``(n_queries,) float64``; NaN for a query with no relevant item.
 
-    ``scores (n_queries, n_gallery)``, ``relevance (n_queries, n_gallery) bool``. Queries with no
-    relevant item are excluded (``n_excluded``); raises when none is left.
+    ``scores (n_queries, n_gallery)``, ``relevance (n_queries, n_gallery) bool``; tie rule: equal scores rank by
+    ascending index.
     """
     s, rel = _check_relevance(scores, relevance)
     n_q, n_g = s.shape
-    ap_sum, n_used = 0.0, 0
+    out = np.full(n_q, np.nan)
     step = max(1, _CHUNK_ELEMENTS // max(1, n_g))
     pos = np.arange(1, n_g + 1, dtype=np.float64)
     for start in range(0, n_q, step):
@@ -273,12 +273,21 @@ def mean_average_precision(scores: Any, relevance: Any) -> dict[str, float]:
         n_rel = rs.sum(axis=1)
         prec = np.cumsum(rs, axis=1) / pos[None, :]
         ok = n_rel > 0
-        ap = (prec * rs).sum(axis=1)[ok] / n_rel[ok]
-        ap_sum += float(ap.sum())
-        n_used += int(ok.sum())
-    if n_used == 0:
+        out[start:stop][ok] = 100.0 * (prec * rs).sum(axis=1)[ok] / n_rel[ok]
+    return out
+
+
+def mean_average_precision(scores: Any, relevance: Any) -> dict[str, float]:
+    """mAP in percent: ``{"mAP": float, "n_queries": int, "n_excluded": int}``.
+
+    ``scores (n_queries, n_gallery)``, ``relevance (n_queries, n_gallery) bool``. Queries with no
+    relevant item are excluded (``n_excluded``); raises when none is left. (:func:`average_precisions` averaged.)
+    """
+    ap = average_precisions(scores, relevance)
+    used = ap[~np.isnan(ap)]
+    if used.size == 0:
         raise CrossViewError("mean_average_precision: no query has a relevant gallery item")
-    return {"mAP": 100.0 * ap_sum / n_used, "n_queries": n_used, "n_excluded": n_q - n_used}
+    return {"mAP": float(used.mean()), "n_queries": int(used.size), "n_excluded": int(ap.size - used.size)}
 
 
 def label_retrieval_metrics(scores: Any, relevance: Any, ks: Sequence[int] = (1, 5)) -> dict[str, dict[str, Any]]:

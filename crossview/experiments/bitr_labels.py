@@ -35,7 +35,7 @@ from crossview.experiments._common import mean_std, new_experiment_dir, plain, r
 from crossview.methods.base import MethodData
 
 __all__ = ["LABEL_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "run_bitr_labels", "bitr_labels", "label_metrics",
-           "format_table", "format_markdown", "paper_rows"]
+           "format_table", "format_markdown", "paper_rows", "label_aps", "paired_against_first"]
 
 EXPERIMENT_FILE = "experiment.json"
 #: Table rows: name -> (registry name, fixed parameters); ``random`` is computed, not trained.
@@ -76,6 +76,30 @@ def label_metrics(s_i2t: np.ndarray, s_t2i: np.ndarray, relevance: np.ndarray,
     t2i = label_retrieval_metrics(s_t2i, relevance, ks)["t2i"] if s_t2i is not s_i2t else \
         label_retrieval_metrics(s_i2t, relevance, ks)["t2i"]
     return {"i2t": {k: float(v) for k, v in i2t.items()}, "t2i": {k: float(v) for k, v in t2i.items()}}
+
+
+def label_aps(s_i2t: np.ndarray, s_t2i: np.ndarray, relevance: np.ndarray) -> dict[str, list[float]]:
+    """Each query's average precision (percent) behind :func:`label_metrics`' mAP: Im2Text the images (rows) with a
+    relevant label, Text2Im the labels (columns) some image has, in index order; the same queries for every method
+    of a fold, so two methods pair query by query."""
+    from crossview.eval.protocols import average_precisions
+
+    rel = np.asarray(relevance, dtype=bool)
+    i2t = average_precisions(s_i2t, rel)[rel.any(axis=1)]
+    t2i = average_precisions(np.ascontiguousarray(np.asarray(s_t2i).T), rel.T)[rel.any(axis=0)]
+    return {"i2t": [float(v) for v in i2t], "t2i": [float(v) for v in t2i]}
+
+
+def paired_against_first(aps: dict[str, dict[str, list[float]]], methods: Sequence[str]) -> dict[str, Any]:
+    """Each method after the first against the first, on the same queries: the mAP difference both ways with its
+    interval (:func:`crossview.eval.paired.paired_mean_difference`; each query's AP one observation, queries
+    resampled). ``aps``: ``{method: {"i2t": [...], "t2i": [...]}}``, the folds' queries concatenated."""
+    from crossview.eval.paired import paired_mean_difference
+
+    base = methods[0]
+    return {"baseline": base,
+            "rows": {m: {d: paired_mean_difference(aps[base][d], aps[m][d]) for d in ("i2t", "t2i")}
+                     for m in methods[1:]}}
 
 
 def _reindexed(scores: np.ndarray, names: Sequence[str], vocab: Sequence[str]) -> np.ndarray:
@@ -225,6 +249,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     step = 0
     per_fold: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     runs: dict[str, list[str]] = {m: [] for m in learned}
+    aps: dict[str, dict[str, list[float]]] = {m: {"i2t": [], "t2i": []} for m in learned}
     device = str(rep_kw.get("device", "cpu"))
     for fold in fold_list:
         vocab = sorted({x for i in fold.train for x in vds.label_sets[int(i)]})
@@ -259,6 +284,11 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
             runs[m].append(str(run_dir))
             if name in trials and trials[name].get("eval") == eval_key and run_finished(run_dir):
                 per_fold[m].append(trials[name]["metrics"])
+                if not isinstance(trials[name].get("ap"), dict):   # a trial from before per-query APs were kept
+                    trials[name]["ap"] = label_aps(*_scores(load_fitted(run_dir), m, test_md, vocab, vocab_text), rel)
+                    save()
+                for d in ("i2t", "t2i"):
+                    aps[m][d] += trials[name]["ap"][d]
                 step += 1
                 yield Log(f"{fold.name} {m}: finished earlier ({name}), read back")
                 continue
@@ -280,7 +310,11 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
             res = {**label_metrics(s_i2t, s_t2i, rel, ks),
                    "train_seconds": float(read_summary(run_dir).get("train_seconds", float("nan")))}
             per_fold[m].append(res)
-            trials[name] = {"fold": fold.name, "method": m, "run_dir": name, "eval": eval_key, "metrics": plain(res)}
+            ap = label_aps(s_i2t, s_t2i, rel)
+            for d in ("i2t", "t2i"):
+                aps[m][d] += ap[d]
+            trials[name] = {"fold": fold.name, "method": m, "run_dir": name, "eval": eval_key, "metrics": plain(res),
+                            "ap": ap}
             save()
             step += 1
             k0 = f"P@{ks[0]}"
@@ -294,6 +328,8 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
               "methods": methods, "n_labels": n_labels, "results": results, "std": stds,
               "paper": paper_rows(kind, methods), "method_params": {m: plain(p) for m, p in params.items()},
               "experiment_dir": str(folder), "runs": runs}
+    if len(learned) > 1:
+        result["paired"] = paired_against_first(aps, learned)
     yield Progress(total, total, "done")
     yield Finished(summary=result)
 
@@ -329,6 +365,27 @@ def _table_rows(result: dict[str, Any]) -> tuple[list[tuple[str, list[str]]], li
     return ours, paper
 
 
+def _paired_rows(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """The paired section (:func:`paired_against_first`): title, header and rows; no rows without one."""
+    pr = result.get("paired") or {}
+    if not pr.get("rows"):
+        return "", [], []
+    base = METHOD_LABELS[pr["baseline"]]
+
+    def cell(v: dict[str, Any]) -> str:
+        return f"{v['diff']:+.1f} ({v['ci'][0]:+.1f} to {v['ci'][1]:+.1f})"
+
+    first = next(iter(pr["rows"].values()))
+    title = (f"Paired against {base} on the same queries ({first['i2t']['queries']} images, "
+             f"{first['t2i']['queries']} {result['kind']}): mAP of the method minus {base}, points, with the 95% "
+             "interval (each query's average precision one observation, queries resampled) and the minimal "
+             "detectable difference (80% power, two-sided 5%)")
+    header = [f"Method - {base}", "Im2Text mAP", "minimal detectable", "Text2Im mAP", "minimal detectable"]
+    rows = [[METHOD_LABELS[m], cell(r["i2t"]), f"{r['i2t']['mde']:.1f}", cell(r["t2i"]), f"{r['t2i']['mde']:.1f}"]
+            for m, r in pr["rows"].items()]
+    return title, header, rows
+
+
 def format_table(result: dict[str, Any]) -> str:
     cols = _columns(result)
     heads = [f"{'Im2Text' if d == 'i2t' else 'Text2Im'} %{k}" for d, k in cols]
@@ -341,6 +398,11 @@ def format_table(result: dict[str, Any]) -> str:
         lines += ["", f"The paper's Table {'5' if result['kind'] == 'phrases' else '6'} (IAPR TC-12, CTR "
                       "features; other data and features than ours):"]
         lines += [label.ljust(w0) + "".join("  " + c.rjust(w) for c, w in zip(cells, widths)) for label, cells in paper]
+    title, header, rows = _paired_rows(result)
+    if rows:
+        pw = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        lines += ["", title, *("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, pw)))
+                               for r in [header, *rows])]
     lines += ["", "Im2Text: each test image ranks the labels seen in training (images without one left out); "
                   "Text2Im: each label some test image has ranks the test images; percentages"]
     return "\n".join(lines)
@@ -355,6 +417,10 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
         out += ["```", command, "```", ""]
     ours, paper = _table_rows(result)
     out += [head, sep] + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in ours]
+    title, header, rows = _paired_rows(result)
+    if rows:
+        out += ["", title, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
     if paper:
         out += ["", f"The paper's Table {'5' if result['kind'] == 'phrases' else '6'} (IAPR TC-12, CTR features; "
                     "other data and features than ours):", "", head, sep]
