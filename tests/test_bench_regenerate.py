@@ -251,36 +251,50 @@ def test_every_crossview_step_parses_with_todays_command_line():
                 pytest.fail(f"{e.name}: 'crossview {' '.join(argv)}' no longer parses")
 
 
+class _TinyRepo:
+    """A git repository in ``root`` that ``regenerate`` reads (``R.REPO`` patched), a results file stamped at its
+    first commit, and ``commit(path, text)``: write one file and commit it."""
+
+    def __init__(self, root: Path, monkeypatch) -> None:   # noqa: ANN001 - pytest's fixture
+        self.root = root
+        root.mkdir(parents=True)
+        self.git("init", "-q")
+        monkeypatch.setattr(R, "REPO", root)
+
+    def git(self, *args: str) -> str:
+        return subprocess.run(["git", "-C", str(self.root), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    def commit(self, path: str, text: str, message: str = "change") -> str:
+        (self.root / path).parent.mkdir(parents=True, exist_ok=True)
+        (self.root / path).write_text(text, encoding="utf-8")
+        self.git("add", "-A")
+        self.git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+        return self.git("rev-parse", "HEAD").strip()
+
+    @staticmethod
+    def stamped(results: Path, made: str) -> Path:
+        results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
+                           + "body\n")
+        return results
+
+
 def test_a_cards_prose_does_not_make_a_result_stale_its_parameters_do(tmp_path, monkeypatch):
     """A model card's description is edited often (numbers quoted from results); only a change to its parameters
     (a default, a choice) can change a result, so only that makes the files that depend on the card stale."""
-    repo = tmp_path / "repo"
-    (repo / "models").mkdir(parents=True)
+    repo = _TinyRepo(tmp_path / "repo", monkeypatch)
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+    def card(description: str, default: int, help_text: str = "the width") -> str:
+        return (f'[method]\nname = "m"\ndescription = "{description}"\n\n'
+                f'[params.dim]\ntype = "int"\ndefault = {default}\nhelp = "{help_text}"\n')
 
-    def commit(description: str, default: int, message: str) -> str:
-        (repo / "models" / "m.toml").write_text(
-            f'[method]\nname = "m"\ndescription = "{description}"\n\n'
-            f'[params.dim]\ntype = "int"\ndefault = {default}\nhelp = "the width"\n', encoding="utf-8")
-        git("add", "-A")
-        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
-        return git("rev-parse", "HEAD").strip()
-
-    git("init", "-q")
-    made = commit("first words", 8, "card")
-    monkeypatch.setattr(R, "REPO", repo)
-    results = tmp_path / "x.txt"
-    results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
-                       + "body\n")
-    entry = R.Entry("x", str(results), (), ("synthetic",), 1, ("models/m.toml",))
+    made = repo.commit("models/m.toml", card("first words", 8), "card")
+    entry = R.Entry("x", str(repo.stamped(tmp_path / "x.txt", made)), (), ("synthetic",), 1, ("models/m.toml",))
     assert R.state(entry) == "fresh"
-    commit("other words, a new result quoted", 8, "prose")
-    (repo / "models" / "m.toml").write_text((repo / "models" / "m.toml").read_text().replace("the width", "width"))
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "help text")
+    repo.commit("models/m.toml", card("other words, a new result quoted", 8), "prose")
+    repo.commit("models/m.toml", card("other words, a new result quoted", 8, "width"), "help text")
     assert R.state(entry) == "fresh", "prose and help texts change no result"
-    changed = commit("other words, a new result quoted", 16, "default")
+    changed = repo.commit("models/m.toml", card("other words, a new result quoted", 16), "default")
     assert R.state(entry) == f"stale: models/m.toml changed at {changed[:7]} after {made[:7]}"
 
 
@@ -308,32 +322,17 @@ def test_a_file_made_with_another_command_than_its_entry_now_gives_is_stale(tmp_
 def test_comments_docstrings_and_line_breaks_of_python_code_make_nothing_stale(tmp_path, monkeypatch):
     """A results file depends on code; a commit that only edits a .py file's comments or docstrings, or re-wraps a
     long string, changes no number, so the file stays fresh; a change to a value or a message string does not."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
-
-    def commit(text: str, message: str) -> str:
-        (repo / "m.py").write_text(text, encoding="utf-8")
-        git("add", "-A")
-        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
-        return git("rev-parse", "HEAD").strip()
-
-    git("init", "-q")
-    made = commit('"""The module."""\n\ndef f(x):\n    """Twice."""\n    return f"{x} and " "more", 2 * x\n', "code")
-    monkeypatch.setattr(R, "REPO", repo)
-    results = tmp_path / "x.txt"
-    results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
-                       + "body\n")
-    entry = R.Entry("x", str(results), (), ("synthetic",), 1, ("m.py",))
+    repo = _TinyRepo(tmp_path / "repo", monkeypatch)
+    made = repo.commit("m.py", '"""The module."""\n\ndef f(x):\n    """Twice."""\n'
+                               '    return f"{x} and " "more", 2 * x\n')
+    entry = R.Entry("x", str(repo.stamped(tmp_path / "x.txt", made)), (), ("synthetic",), 1, ("m.py",))
     assert R.state(entry) == "fresh"
-    commit('"""The module, described better."""\n\n\ndef f(x):  # doubles\n    """Twice x."""\n'
-           '    return (f"{x} "\n            "and more"), 2 * x\n', "docs, a comment, a re-wrapped string")
+    repo.commit("m.py", '"""The module, described better."""\n\n\ndef f(x):  # doubles\n    """Twice x."""\n'
+                '    return (f"{x} "\n            "and more"), 2 * x\n', "docs, a comment, a re-wrapped string")
     assert R.state(entry) == "fresh"
-    changed = commit('"""The module."""\n\ndef f(x):\n    return f"{x} and more", 3 * x\n', "a value")
+    changed = repo.commit("m.py", '"""The module."""\n\ndef f(x):\n    return f"{x} and more", 3 * x\n', "a value")
     assert R.state(entry) == f"stale: m.py changed at {changed[:7]} after {made[:7]}"
-    commit("def f(x:\n", "broken")          # a file that does not parse counts as changed
+    repo.commit("m.py", "def f(x:\n", "broken")          # a file that does not parse counts as changed
     assert R.state(entry).startswith("stale: m.py changed at ")
 
 
@@ -341,34 +340,24 @@ def test_a_commit_listed_as_changing_no_result_keeps_the_files_fresh_for_its_sco
     """bench/unchanged_results.toml names commits that touch a result's sources without changing its numbers
     (scope "all", or "cpu": only the entries that need no GPU), each with its reason; any other commit still makes
     the file stale, and a record without a reason is refused."""
-    repo = tmp_path / "repo"
-    (repo / "bench").mkdir(parents=True)
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+    repo = _TinyRepo(tmp_path / "repo", monkeypatch)
 
     def commit(text: str) -> str:
-        (repo / "src.py").write_text(text, encoding="utf-8")
-        git("add", "-A")
-        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", text)
-        return git("rev-parse", "HEAD").strip()
+        return repo.commit("src.py", text)
 
-    git("init", "-q")
     made = commit("x = 1\n")
-    monkeypatch.setattr(R, "REPO", repo)
-    results = tmp_path / "x.txt"
-    results.write_text(_stamp.format_header(results, commands=["c"], data=["d"], commit=made[:12], machine="m")
-                       + "body\n")
+    results = repo.stamped(tmp_path / "x.txt", made)
+    (repo.root / "bench").mkdir()
     cpu = R.Entry("x", str(results), (), ("synthetic",), 1, ("src.py",))
     gpu = R.Entry("y", str(results), (), ("synthetic",), 1, ("src.py",), gpu=True)
     cuda_only = commit("x = 1\nif False:  # a CUDA-only path\n    x = 3\n")
     assert R.state(cpu).startswith(f"stale: src.py changed at {cuda_only[:7]}")
-    (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only[:9]}"\nscope = "cpu"\nwhy = "CUDA only"\n')
+    (repo.root / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only[:9]}"\nscope = "cpu"\nwhy = "CUDA only"\n')
     assert R.state(cpu) == "fresh" and R.state(gpu).startswith("stale: ")
-    (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only}"\nscope = "all"\nwhy = "no numbers"\n')
+    (repo.root / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only}"\nscope = "all"\nwhy = "no numbers"\n')
     assert R.state(gpu) == "fresh"
     real = commit("x = 2\n")
     assert R.state(cpu) == f"stale: src.py changed at {real[:7]} after {made[:7]}"
-    (repo / R.UNCHANGED).write_text(f'[[commit]]\nid = "{real[:9]}"\nscope = "all"\nwhy = ""\n')
+    (repo.root / R.UNCHANGED).write_text(f'[[commit]]\nid = "{real[:9]}"\nscope = "all"\nwhy = ""\n')
     with pytest.raises(SystemExit, match="a why"):
         R.state(cpu)
