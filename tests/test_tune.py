@@ -251,3 +251,51 @@ def test_cli_prints_where_it_chose_and_where_it_reports(tmp_path, capsys):
     code = main(["tune", "cca", "--data", str(tmp_path / "toy_precomp"), "--text-encoder", "bow",
                  "--grid", "n_components=2,8", "--out", str(tmp_path / "s2"), "--select-on", "val"])
     assert code == 2 and "--optimistic" in capsys.readouterr().err and not (tmp_path / "s2").exists()
+
+
+def test_several_seeds_train_each_trial_and_the_refit_per_seed_and_average_first(tmp_path):
+    """seeds=(0, 1): each fold of each trial is trained at both seeds (trial-NNN-fK-sS), the trial is scored by the
+    mean over the seeds first, the refit is trained at both (best-sS) and reported as their mean; the same folder
+    continues only with the same seeds."""
+    import numpy as np
+
+    ds = _without(make_toy_dataset(), "test")
+    kw = dict(params={"max_epochs": 2, "dim": 8, "batch_size": 32}, out=tmp_path / "s", text_encoder="bow",
+              cache=False, seeds=(0, 1, 1))
+    res = _run(tune("wsabie", ds, {"lr": [0.01, 0.05]}, **kw))
+    assert res.seeds == [0, 1] and len(res.refits) == 2
+    differs = False
+    for t in res.trials:
+        per_fold = []
+        for f in (1, 2, 3):
+            rs = [json.loads((tmp_path / "s" / f"trial-{t['trial']:03d}-f{f}-s{s}" / "summary.json").read_text())
+                  ["rsum"] for s in (0, 1)]
+            cfgs = [json.loads((tmp_path / "s" / f"trial-{t['trial']:03d}-f{f}-s{s}" / "config.json").read_text())
+                    for s in (0, 1)]
+            assert [c["seed"] for c in cfgs] == [0, 1]
+            differs |= rs[0] != rs[1]
+            per_fold.append(np.mean(rs))
+        assert t["score"] == pytest.approx(np.mean(per_fold)) and t["sd"] == pytest.approx(np.std(per_fold))
+        assert len(t["runs"]) == 6 and [f["score"] for f in t["folds"]] == pytest.approx(per_fold)
+    assert differs                                     # the seeds reached the runs
+    best = [json.loads((tmp_path / "s" / f"best-s{s}" / "summary.json").read_text()) for s in (0, 1)]
+    assert [b["split"] for b in best] == ["val", "val"]
+    assert res.refit_rsum == pytest.approx(np.mean([b["rsum"] for b in best]))
+    record = json.loads((tmp_path / "s" / "tune.json").read_text())
+    assert record["seeds"] == [0, 1] and record["refit"]["rsum"] == pytest.approx(res.refit_rsum)
+    from crossview.engine.tune import format_tune_table
+    table = format_tune_table(res)
+    assert "at seeds 0, 1: rsum" in table and "mean over the seeds first" in table
+    stamp = (tmp_path / "s" / "trial-001-f1-s1" / "summary.json").stat().st_mtime_ns
+    again = _run(tune("wsabie", ds, {"lr": [0.01, 0.05]}, **kw))        # read back, nothing trained again
+    assert (tmp_path / "s" / "trial-001-f1-s1" / "summary.json").stat().st_mtime_ns == stamp
+    assert again.refit_rsum == pytest.approx(res.refit_rsum)
+    with pytest.raises(CrossViewError, match=r"holds a search at seeds \[0, 1\], not \[0\]"):
+        list(tune("wsabie", ds, {"lr": [0.01, 0.05]}, **{**kw, "seeds": None}))
+
+
+@pytest.mark.parametrize("value, needle", [("0,x", "'x' is not a whole number"), ("-3", "out of range")])
+def test_cli_bad_seeds_are_one_line(tmp_path, capsys, value, needle):
+    rc = main(["tune", "cca", "--data", "demo", "--grid", "reg=0.1,1", "--seeds", value, "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err

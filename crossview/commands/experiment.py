@@ -111,8 +111,9 @@ def _print_experiment(start: Any) -> dict[str, Any]:
 def cmd_bitr_table(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
+    from crossview.core.run_settings import parse_seeds
     from crossview.experiments.bitr_table import (format_markdown, format_table, parse_ks, parse_methods,
-                                                  parse_seeds, run_bitr_table_seeds)
+                                                  run_bitr_table_seeds)
 
     methods = parse_methods(args.methods)
     ks = parse_ks(args.k)

@@ -26,12 +26,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     grid = parse_grid(args.method, args.grid)
     params = parse_set_values(args.method, args.set_values)
+    seeds = None
+    if args.seeds is not None:
+        from crossview.core.run_settings import parse_seeds
+        seeds = list(parse_seeds(args.seeds))
     printer = EventPrinter()
     result: TuneResult | None = None
     gen = tune(args.method, args.data, grid, params=params, metric=args.metric, trials=args.trials, out=args.out,
                select_on=args.select_on, folds=args.folds, optimistic=args.optimistic, image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                image_norm=args.image_norm, text_norm=args.text_norm, data_format=args.format,
-               image_root=args.image_root, device=args.device, seed=args.seed, refit=not args.no_refit)
+               image_root=args.image_root, device=args.device, seed=args.seed, refit=not args.no_refit, seeds=seeds)
     try:
         for ev in gen:
             if isinstance(ev, TuneResult):
@@ -47,7 +51,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     assert result is not None
     if args.json:
         print(json.dumps({"folder": str(result.folder), "metric": result.metric, **result.selection,
-                          "trials": result.trials, "best": result.best, "refit": result.refit}, indent=2))
+                          "seeds": result.seeds, "trials": result.trials, "best": result.best, "refit": result.refit,
+                          "refit_rsum": result.refit_rsum, "refits": result.refits}, indent=2))
     else:
         print(format_tune_table(result))
         print(f"search folder: {result.folder}")
@@ -101,6 +106,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-norm", choices=NORMS, default=None, help="text normalisation for every trial")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
     p.add_argument("--seed", type=seed_option, default=0, help="seed of every trial, and of the random draw (default 0)")
+    p.add_argument("--seeds", metavar="S[,S...]",
+                   help="train every trial (each fold) and the refit once per seed, e.g. 0,1,2, and score by the mean "
+                        "over the seeds first (run folders trial-NNN[-fK]-sS, best-sS); --seed then only draws the "
+                        "points and the folds")
     p.add_argument("--out", metavar="DIR",
                    help="search folder (default: <user data>/runs/tune-<method>-<dataset>-<timestamp>)")
     p.add_argument("--no-refit", action="store_true", help="do not refit the best point at the end")

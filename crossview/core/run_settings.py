@@ -18,7 +18,7 @@ from typing import Any
 from crossview.core.errors import CrossViewError
 
 __all__ = ["RunSettings", "RUN_SETTING_PARAMS", "RUN_SETTING_HELP", "split_run_settings", "SEED_MAX", "check_seed",
-           "check_checkpoint_seconds"]
+           "parse_seeds", "check_checkpoint_seconds"]
 
 #: The largest seed every consumer accepts: numpy's legacy ``np.random.seed`` and scikit-learn's ``random_state``
 #: take 0..2**32-1 (``default_rng`` and ``torch.manual_seed`` take more, but not negative numbers both).
@@ -35,6 +35,30 @@ def check_seed(seed: Any, name: str = "seed") -> int:
         raise CrossViewError(f"{name} {seed!r}: give an integer from 0 to {SEED_MAX} (2**32 - 1, the range numpy, "
                              "torch and scikit-learn all accept)")
     return int(seed)
+
+
+def parse_seeds(value: Any) -> tuple[int, ...]:
+    """``"0,1,2"`` (or an int, or a list) -> the distinct seeds in the given order, each a valid seed (0 to
+    :data:`SEED_MAX`); else :class:`CrossViewError` in one line."""
+    if isinstance(value, str):
+        items: list[Any] = [v for v in value.replace(" ", ",").split(",") if v]
+    elif isinstance(value, int) or hasattr(value, "__index__"):
+        items = [value]
+    else:
+        items = list(value)
+    out: list[int] = []
+    for v in items:
+        if isinstance(v, str):
+            try:
+                v = int(v)
+            except ValueError:
+                raise CrossViewError(f"seed {v!r} is not a whole number; give seeds like 0,1,2") from None
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= SEED_MAX:
+            raise CrossViewError(f"seed {v} is out of range; give seeds from 0 to {SEED_MAX}")
+        out.append(check_seed(v))
+    if not out:
+        raise CrossViewError("no seed given; give seeds like 0,1,2")
+    return tuple(dict.fromkeys(out))
 
 
 def check_checkpoint_seconds(value: Any, name: str = "checkpoint_seconds") -> float:

@@ -27,6 +27,11 @@ refits the best point on all the training images and reports it **once** on the 
 Features are extracted once (the cache answers later trials anyway) and shared by every trial. An
 interrupted search continues where it stopped: finished trials are read back, an interrupted one resumes.
 
+``seeds=(0, 1, 2)`` trains every trial (each fold) once per seed (``trial-001-f1-s0`` ...) and scores it by the mean
+over the seeds first, so a stochastic method (WSABIE, the deep methods) is not chosen on one seed's luck; the refit
+of the best is then trained at each seed (``best-s0`` ...) and reported as the mean over them. ``seed`` draws the
+random points and the folds (and is the runs' seed when ``seeds`` is not given).
+
 Why a grid or random draws and not a model-based search (Optuna's TPE): the spaces are small and
 categorical (a handful of values per parameter, a few dozen points), each trial is a whole run that the
 user may want to open, and a plain grid is what a reader can reproduce from the table.
@@ -37,7 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +73,16 @@ class TuneResult:
     refit: dict[str, Any] | None = None
     #: where the trials were scored and where the refit is reported (:meth:`Selection.record`)
     selection: dict[str, Any] = field(default_factory=dict)
+    #: the runs' seeds (each trial and the refit trained once per seed, scores averaged over them)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    #: the refit's summary at each seed (``refit`` is the first's; ``refit_rsum`` their mean)
+    refits: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def refit_rsum(self) -> float | None:
+        """The refit's rsum on the reported split, averaged over the seeds."""
+        vals = [float(r["rsum"]) for r in self.refits or ([self.refit] if self.refit else []) if "rsum" in r]
+        return float(np.mean(vals)) if vals else None
 
 
 def metric_value(summary: dict[str, Any], metric: str) -> float:
@@ -317,18 +332,27 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
          reported_on: str | None = None, train_split: str = "train", image_encoder: str | None = None,
          text_encoder: str | None = None, image_norm: str | None = None, text_norm: str | None = None,
          data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
-         refit: bool = True, cache: Any = None) -> Iterator[Event | TuneResult]:
+         refit: bool = True, cache: Any = None, seeds: Sequence[int] | None = None) -> Iterator[Event | TuneResult]:
     """Run the search (see the module docstring), yielding events and, last, the :class:`TuneResult`.
 
     ``grid`` maps parameter names (or ``image_norm`` / ``text_norm``) to the values to try; ``params``
     are fixed for every trial. Each trial is scored by ``metric`` (:func:`metric_value`) where
     :func:`plan_selection` says (``select_on``, ``folds``, ``optimistic``): by default k-fold cross-validation
-    of the training images when the evaluation split would otherwise be used, the mean over the folds. Every
-    input is checked before anything is extracted or trained.
+    of the training images when the evaluation split would otherwise be used, the mean over the folds. ``seeds``:
+    train every trial and the refit once per seed and average over the seeds first (``seed`` then only draws the
+    points and the folds). Every input is checked before anything is extracted or trained.
     """
     from crossview.engine.run import SUMMARY, _load, train
     from crossview.engine.runs import ensure_run, run_finished
     from crossview.methods import method_from_params
+
+    from crossview.core.run_settings import check_seed, parse_seeds
+
+    run_seeds = list(parse_seeds(seeds)) if seeds is not None else [check_seed(seed)]
+    several = len(run_seeds) > 1
+
+    def seeded(name: str, s: int) -> str:            # one run folder per seed only when there are several
+        return f"{name}-s{s}" if several else name
 
     ds, source = _load(data, data_format, image_root)
     _check_grid(method, grid)
@@ -359,7 +383,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     record = {"method": method, "data": source, "grid": grid, "params": fixed, "metric": metric,
               "select_on": str(select_on or "auto"), "folds": sel.folds if sel.selected_on.endswith(
                   f"cv{sel.folds}") else None, **sel.record(),
-              "train_split": train_split, "seed": seed, "trials": trials,
+              "train_split": train_split, "seed": seed, "seeds": run_seeds, "trials": trials,
               "image_encoder": image_encoder, "text_encoder": text_encoder, "image_norm": image_norm,
               "text_norm": text_norm}
     if (folder / TUNE_FILE).is_file():
@@ -368,6 +392,9 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         if not isinstance(old, dict) or any(k in old and old.get(k) != record[k] for k in keys):
             raise CrossViewError(f"{folder} holds another search (another method, grid, metric, parameters or "
                                  f"selection); give a new --out folder")
+        if list(old.get("seeds") or [old.get("seed", 0)]) != run_seeds:
+            raise CrossViewError(f"{folder} holds a search at seeds {old.get('seeds') or [old.get('seed', 0)]}, not "
+                                 f"{run_seeds}; give the same seeds to continue it, or a new --out folder")
         yield Log(f"continuing the search in {folder}")
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / TUNE_FILE).is_file():     # the folder is a search (listed, continued) from its first trial on
@@ -376,49 +403,60 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     from crossview.features import extract_features
     n_parts = len(sel.parts)
     yield Log(f"tuning {method} on {ds.name}: {len(points)} trial(s)"
-              + (f" x {n_parts} folds" if n_parts > 1 else "") + f", ranked by {metric}; {sel.description}",
-              "warning" if sel.optimistic else "info")
+              + (f" x {n_parts} folds" if n_parts > 1 else "")
+              + (f" x {len(run_seeds)} seeds ({', '.join(map(str, run_seeds))}; averaged first)" if several else "")
+              + f", ranked by {metric}; {sel.description}", "warning" if sel.optimistic else "info")
     yield Progress(0, len(points), "trials")
     feats = None
     results: list[dict[str, Any]] = []
     for i, point in enumerate(points, 1):
         run_kw = {k: point[k] for k in RUN_KEYS if k in point}
         method_params = {**fixed, **{k: v for k, v in point.items() if k not in RUN_KEYS}}
-        summaries, dirs = [], []
+        per_part: list[list[dict[str, Any]]] = []       # [part][seed] summaries
+        dirs: list[list[str]] = []
         for j, part in enumerate(sel.parts, 1):
-            run_dir = folder / f"trial-{i:03d}{part.suffix}"
-            dirs.append(str(run_dir))
-            where = f"trial {i}/{len(points)}" + (f" fold {j}/{n_parts}" if n_parts > 1 else "")
-            if run_finished(run_dir):
-                summaries.append(read_json(run_dir / SUMMARY))
-                continue
-            if feats is None:
-                feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
-                                         device=device)
-            _, it = ensure_run(run_dir, lambda: train(
-                method, ds, run_dir=run_dir, params=method_params, split=part.eval_split, train_split=part.train_split,
-                val_split=None, image_encoder=image_encoder, text_encoder=text_encoder, device=device, seed=seed,
-                features=feats, cache=cache, derived_splits=part.derived,
-                image_norm=run_kw.get("image_norm", image_norm), text_norm=run_kw.get("text_norm", text_norm)),
-                data=ds, features=feats, cache=cache)
-            summary = None
-            for ev in it:
-                if isinstance(ev, Finished):
-                    summary = ev.summary
-                elif isinstance(ev, Progress):
-                    yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "))
-            if summary is None:
-                raise CrossViewError(f"{run_dir}: the trial ended without a summary")
-            summaries.append(summary)
-        scores = [metric_value(s, metric) for s in summaries]
+            per_part.append([])
+            dirs.append([])
+            for sd_seed in run_seeds:
+                run_dir = folder / seeded(f"trial-{i:03d}{part.suffix}", sd_seed)
+                dirs[-1].append(str(run_dir))
+                where = (f"trial {i}/{len(points)}" + (f" fold {j}/{n_parts}" if n_parts > 1 else "")
+                         + (f" seed {sd_seed}" if several else ""))
+                if run_finished(run_dir):
+                    per_part[-1].append(read_json(run_dir / SUMMARY))
+                    continue
+                if feats is None:
+                    feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
+                                             device=device)
+                _, it = ensure_run(run_dir, lambda: train(
+                    method, ds, run_dir=run_dir, params=method_params, split=part.eval_split,
+                    train_split=part.train_split, val_split=None, image_encoder=image_encoder,
+                    text_encoder=text_encoder, device=device, seed=sd_seed, features=feats, cache=cache,
+                    derived_splits=part.derived, image_norm=run_kw.get("image_norm", image_norm),
+                    text_norm=run_kw.get("text_norm", text_norm)),
+                    data=ds, features=feats, cache=cache)
+                summary = None
+                for ev in it:
+                    if isinstance(ev, Finished):
+                        summary = ev.summary
+                    elif isinstance(ev, Progress):
+                        yield Progress(ev.step, ev.total, f"{where}: {ev.message}".rstrip(": "))
+                if summary is None:
+                    raise CrossViewError(f"{run_dir}: the trial ended without a summary")
+                per_part[-1].append(summary)
+        # each part's score: the mean over its seeds first; the trial's: the mean over the parts
+        scores = [float(np.mean([metric_value(x, metric) for x in part_runs])) for part_runs in per_part]
         score = float(np.mean(scores))
         sd = float(np.std(scores)) if len(scores) > 1 else None
-        mean = _mean_metrics(summaries)
-        row = {"trial": i, "point": point, "score": score, "sd": sd, "rsum": mean["rsum"], "run_dir": dirs[0],
+        mean = _mean_metrics([x for part_runs in per_part for x in part_runs])
+        row = {"trial": i, "point": point, "score": score, "sd": sd, "rsum": mean["rsum"], "run_dir": dirs[0][0],
                "i2t": mean["i2t"], "t2i": mean["t2i"], "selected_on": sel.selected_on}
+        if several:
+            row["runs"] = [d for part_dirs in dirs for d in part_dirs]
         if n_parts > 1:
-            row["folds"] = [{"run_dir": d, "score": s, "rsum": float(m["rsum"])}
-                            for d, s, m in zip(dirs, scores, summaries)]
+            row["folds"] = [{"run_dir": d[0], "score": s, "rsum": _mean_metrics(m)["rsum"],
+                             **({"runs": d} if several else {})}
+                            for d, s, m in zip(dirs, scores, per_part)]
         results.append(row)
         atomic_write_json(folder / TUNE_FILE, {**record, "results": results})   # recorded before it is announced
         best = max(results, key=lambda r: r["score"])
@@ -426,42 +464,55 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         yield Log(f"trial {i}/{len(points)} {_label(point)}: {metric} {abs(score):.1f}{spread} on "
                   f"{sel.selected_on} (best {abs(best['score']):.1f}: trial {best['trial']})")
         yield TrialFinished(trial=i, total=len(points), point=dict(point), metric=metric, score=score,
-                            rsum=mean["rsum"], i2t=dict(mean["i2t"]), t2i=dict(mean["t2i"]), run_dir=dirs[0],
+                            rsum=mean["rsum"], i2t=dict(mean["i2t"]), t2i=dict(mean["t2i"]), run_dir=dirs[0][0],
                             best_trial=best["trial"], sd=sd, selected_on=sel.selected_on)
         yield Progress(i, len(points), "trials")
     ranked = sorted(results, key=lambda r: (-r["score"] if math.isfinite(r["score"]) else math.inf, r["trial"]))
-    result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0], selection=sel.record())
+    result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0], selection=sel.record(),
+                        seeds=list(run_seeds))
     if refit:
         best = ranked[0]["point"]
-        best_dir = folder / "best"
-        yield Log(f"refitting the best point ({_label(best)}) on all {train_split} images, reported on "
+        yield Log(f"refitting the best point ({_label(best)}) on all {train_split} images"
+                  + (f" at seeds {', '.join(map(str, run_seeds))}" if several else "") + f", reported on "
                   f"{sel.reported_on}" + (f" ({OPTIMISTIC})" if sel.optimistic else ""),
                   "warning" if sel.optimistic else "info")
-        if run_finished(best_dir):
-            result.refit = read_json(best_dir / SUMMARY)
-        else:
-            if feats is None:
-                feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
-                                         device=device)
-            provenance = {"what": "parameters", "by": "search", "search": str(folder), "point": dict(best),
-                          "metric": metric, **sel.record()}
-            _, it = ensure_run(best_dir, lambda: train(
-                method, ds, run_dir=best_dir, params={**fixed, **{k: v for k, v in best.items() if k not in RUN_KEYS}},
-                train_split=train_split, val_split="val", image_encoder=image_encoder, text_encoder=text_encoder,
-                device=device, seed=seed, features=feats, cache=cache, image_norm=best.get("image_norm", image_norm),
-                text_norm=best.get("text_norm", text_norm), selection=provenance),
-                data=ds, features=feats, cache=cache)
-            for ev in it:
-                if isinstance(ev, Finished):
-                    result.refit = ev.summary
-                elif isinstance(ev, Progress):
-                    yield Progress(ev.step, ev.total, f"refit: {ev.message}".rstrip(": "))
-        if result.refit is not None and result.refit.get("split") != sel.reported_on:
-            raise CrossViewError(f"{best_dir}: the refit was evaluated on {result.refit.get('split')!r}, not on "
-                                 f"{sel.reported_on!r}; the search folder is inconsistent: give a new --out")
-        atomic_write_json(folder / TUNE_FILE, {**record, "results": results, "best": ranked[0],
-                                               "refit": {"run_dir": str(best_dir), "split": (result.refit or {}).get("split"),
-                                                         "rsum": (result.refit or {}).get("rsum")}})
+        best_dirs = [folder / seeded("best", x) for x in run_seeds]
+        for best_seed, best_dir in zip(run_seeds, best_dirs):
+            summary = None
+            if run_finished(best_dir):
+                summary = read_json(best_dir / SUMMARY)
+            else:
+                if feats is None:
+                    feats = extract_features(ds, image_encoder, text_encoder, fit_on=train_split, cache=cache,
+                                             device=device)
+                provenance = {"what": "parameters", "by": "search", "search": str(folder), "point": dict(best),
+                              "metric": metric, **sel.record()}
+                _, it = ensure_run(best_dir, lambda: train(
+                    method, ds, run_dir=best_dir,
+                    params={**fixed, **{k: v for k, v in best.items() if k not in RUN_KEYS}},
+                    train_split=train_split, val_split="val", image_encoder=image_encoder, text_encoder=text_encoder,
+                    device=device, seed=best_seed, features=feats, cache=cache,
+                    image_norm=best.get("image_norm", image_norm), text_norm=best.get("text_norm", text_norm),
+                    selection=provenance),
+                    data=ds, features=feats, cache=cache)
+                for ev in it:
+                    if isinstance(ev, Finished):
+                        summary = ev.summary
+                    elif isinstance(ev, Progress):
+                        yield Progress(ev.step, ev.total,
+                                       (f"refit seed {best_seed}: " if several else "refit: ") + ev.message)
+            if summary is not None and summary.get("split") != sel.reported_on:
+                raise CrossViewError(f"{best_dir}: the refit was evaluated on {summary.get('split')!r}, not on "
+                                     f"{sel.reported_on!r}; the search folder is inconsistent: give a new --out")
+            if summary is not None:
+                result.refits.append(summary)
+        result.refit = result.refits[0] if result.refits else None
+        atomic_write_json(folder / TUNE_FILE, {
+            **record, "results": results, "best": ranked[0],
+            "refit": {"run_dir": str(best_dirs[0]), "split": (result.refit or {}).get("split"),
+                      "rsum": result.refit_rsum,
+                      **({"run_dirs": [str(d) for d in best_dirs],
+                          "rsum_per_seed": [r.get("rsum") for r in result.refits]} if several else {})}})
     yield result
 
 
@@ -485,8 +536,18 @@ def format_tune_table(result: TuneResult) -> str:
         lines.append(f"{r['trial']:>4}  {vals}  {abs(r['score']):>9.1f}{sd}  {rec}  {Path(r['run_dir']).name}")
     if result.refit:
         where = sel.get("selected_on", "?")
+        several = len(result.refits) > 1
+        rsum = result.refit_rsum
         lines.append(f"best: trial {result.best['trial']} ({_label(result.best['point'])}), chosen on {where}; "
-                     f"refit on all training images in {result.folder / 'best'}: rsum "
-                     f"{result.refit.get('rsum', float('nan')):.1f} on split {result.refit.get('split')}"
+                     f"refit on all training images in "
+                     + (f"{result.folder}/best-s* at seeds {', '.join(map(str, result.seeds))}: rsum "
+                        f"{rsum if rsum is not None else float('nan'):.1f} (mean; "
+                        + ", ".join(f"{float(r.get('rsum', float('nan'))):.1f}" for r in result.refits) + ")"
+                        if several else f"{result.folder / 'best'}: rsum "
+                        f"{result.refit.get('rsum', float('nan')):.1f}")
+                     + f" on split {result.refit.get('split')}"
                      + (f" ({OPTIMISTIC})" if sel.get("optimistic") else " (reported once, not chosen on)"))
+    if len(result.seeds) > 1:
+        lines.append(f"each trial trained at seeds {', '.join(map(str, result.seeds))}; its {result.metric} is the "
+                     "mean over the seeds first, then over the folds")
     return "\n".join(lines)

@@ -56,13 +56,14 @@ import numpy as np
 
 from crossview.core.events import Event, Finished, Log, Progress
 from crossview.core.errors import CrossViewError
+from crossview.core.run_settings import parse_seeds
 from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",
            "run_bitr_table", "bitr_table", "evaluate_fold", "chance_levels", "paper_numbers", "format_table",
            "format_markdown", "random_baseline", "default_experiment_dir", "registry_of", "EXPERIMENT_FILE",
-           "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT", "parse_seeds", "seed_folder", "run_bitr_table_seeds",
+           "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT", "seed_folder", "run_bitr_table_seeds",
            "combine_seeds", "paired_against"]
 
 #: The experiment folder's record: settings and one row of table metrics per finished trial.
@@ -904,26 +905,6 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                                                  "representation_info": plain(rep_info), "trials": trials})
     yield Progress(total, total, "done")
     yield Finished(summary=result)
-
-
-def parse_seeds(value: int | str | Sequence[int]) -> tuple[int, ...]:
-    """``"0,1,2"`` (or a list) -> the distinct seeds, in the given order (each a valid run seed)."""
-    from crossview.core.run_settings import SEED_MAX
-
-    items = [v for v in value.replace(" ", ",").split(",") if v] if isinstance(value, str) else \
-        [value] if isinstance(value, (int, np.integer)) else list(value)
-    out: list[int] = []
-    for v in items:
-        try:
-            s = int(v)
-        except (TypeError, ValueError):
-            raise CrossViewError(f"seed {v!r} is not a whole number; give seeds like 0,1,2") from None
-        if not 0 <= s <= SEED_MAX:
-            raise CrossViewError(f"seed {s} is out of range; give seeds from 0 to {SEED_MAX}")
-        out.append(s)
-    if not out:
-        raise CrossViewError("no seed given; give seeds like 0,1,2")
-    return tuple(dict.fromkeys(out))
 
 
 def seed_folder(out: Path, seed: int) -> Path:
