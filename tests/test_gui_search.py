@@ -292,3 +292,35 @@ def test_the_dialog_says_where_it_chooses_and_refuses_the_reported_split_without
         trial = by_trial[int(t.item(row, 0).text())]
         assert t.item(row, 3).text() == f"{trial['sd']:.1f}" and t.item(row, 6).text().endswith("-f1")
     _close_boxes(panel)
+
+
+def test_seeds_in_the_dialog_train_each_trial_and_the_refit_per_seed_and_continue_with_them(qtbot,
+                                                                                           panel: TrainPanel) -> None:
+    """The dialog's Seeds field: a bad list is refused there; 0,1 trains every trial and the refit at both seeds
+    (trial-NNN-sS, best-sS), the app loads the first seed's refit, and a search continued from the runs list keeps
+    its seeds."""
+    panel.select_method("cca")
+    dialog = _open_dialog(qtbot, panel)
+    dialog.set_values("n_components", "2, 8")
+    dialog.seeds_edit.setText("0, x")
+    dialog.start_button.click()
+    assert dialog.isVisible() and "'x' is not a whole number" in dialog.last_error
+    dialog.seeds_edit.setText("0,1")
+    assert not dialog.error_label.isVisible() and dialog.count_label.text() == "2 trial(s), each at 2 seeds"
+    finished_runs: list[str] = []
+    panel.run_finished.connect(finished_runs.append)
+    with qtbot.waitSignal(panel.search_finished, timeout=120_000) as sig:
+        dialog.start_button.click()
+    folder = Path(sig.args[0])
+    names = {p.name for p in folder.iterdir() if p.is_dir()}
+    assert names == {"trial-001-s0", "trial-001-s1", "trial-002-s0", "trial-002-s1", "best-s0", "best-s1"}
+    assert json.loads((folder / "tune.json").read_text())["seeds"] == [0, 1]
+    assert finished_runs == [str(folder / "best-s0")] and "mean of seeds 0, 1" in panel.search_info.text()
+    # continued from the runs list (everything finished: read back), with the recorded seeds
+    stamp = (folder / "trial-002-s1" / "summary.json").stat().st_mtime_ns
+    panel.refresh_runs()
+    panel.select_run(folder / "trial-001-s0")
+    with qtbot.waitSignal(panel.search_finished, timeout=120_000):
+        panel.continue_search_button.click()
+    assert panel.last_error is None
+    assert (folder / "trial-002-s1" / "summary.json").stat().st_mtime_ns == stamp

@@ -50,6 +50,8 @@ class SearchSpec:
     select_on: str = "auto"
     optimistic: bool = False
     name: str = ""
+    #: the runs' seeds (each trial and the refit trained once per seed, averaged first); None: the run's seed
+    seeds: list[int] | None = None
 
     @property
     def n_points(self) -> int:
@@ -128,6 +130,11 @@ class SearchDialog(QDialog):
         self.trials_spin.setRange(0, 10_000)
         self.trials_spin.setSpecialValueText("all points")
         self.trials_spin.setToolTip("Try only this many points of the grid, drawn at random (seeded)")
+        self.seeds_edit = QLineEdit()
+        self.seeds_edit.setPlaceholderText("the run's seed (one)")
+        self.seeds_edit.setToolTip("Seeds to train every trial and the refit at, e.g. 0,1,2: each trial is scored "
+                                   "by the mean over its seeds first, so a stochastic method is not chosen on one "
+                                   "seed's luck (the search takes that many times longer)")
         self.name_edit = QLineEdit()
         self.name_edit.setPlaceholderText(f"default: tune-{method}-dataset-time")
         self.name_edit.setToolTip("The search folder in the runs folder; the same name continues a stopped search")
@@ -137,6 +144,7 @@ class SearchDialog(QDialog):
         opts.addRow("", self.optimistic_check)
         opts.addRow("", self.selection_label)
         opts.addRow("Random trials", self.trials_spin)
+        opts.addRow("Seeds", self.seeds_edit)
         opts.addRow("Search folder", self.name_edit)
 
         self.count_label = QLabel("")
@@ -162,6 +170,8 @@ class SearchDialog(QDialog):
             e.textChanged.connect(self._update_count)
             e.textChanged.connect(self._recheck)
         self.trials_spin.valueChanged.connect(self._update_count)
+        self.seeds_edit.textChanged.connect(self._update_count)
+        self.seeds_edit.textChanged.connect(self._recheck)
         self.select_combo.currentIndexChanged.connect(self._recheck)
         self.optimistic_check.toggled.connect(self._recheck)
         self._update_count()
@@ -203,11 +213,24 @@ class SearchDialog(QDialog):
             text = f"<span style='color:#cf222e'>{html.escape(str(e))}</span>"
         self.selection_label.setText(text)
 
+    def _seeds(self) -> list[int] | None:
+        """The seeds field: None when empty (the run's seed), else the distinct seeds (CrossViewError if bad)."""
+        text = self.seeds_edit.text().strip()
+        if not text:
+            return None
+        from crossview.core.run_settings import parse_seeds
+        return list(parse_seeds(text))
+
     def _update_count(self) -> None:
         n = math.prod(max(1, len(self._raw(name))) for name in self.edits)
         k = self.trials_spin.value()
+        try:
+            seeds = self._seeds()
+        except CrossViewError:
+            seeds = None
         self.count_label.setText(f"{min(n, k) if k else n} trial(s)" + (f" drawn at random from {n}" if k and k < n
-                                                                         else ""))
+                                                                         else "")
+                                 + (f", each at {len(seeds)} seeds" if seeds and len(seeds) > 1 else ""))
 
     def build(self) -> SearchSpec:
         """The search the fields describe; a :class:`CrossViewError` names the first bad value."""
@@ -229,7 +252,8 @@ class SearchDialog(QDialog):
                           image_norm=fixed.get("image_norm"), text_norm=fixed.get("text_norm"),
                           metric=self.metric_combo.currentData(), trials=self.trials_spin.value() or None,
                           select_on=self.select_combo.currentData() or "auto",
-                          optimistic=self.optimistic_check.isChecked(), name=self.name_edit.text().strip())
+                          optimistic=self.optimistic_check.isChecked(), name=self.name_edit.text().strip(),
+                          seeds=self._seeds())
 
     def _check(self) -> str | None:
         """The first problem with the fields (None: they describe a search that can start)."""

@@ -238,7 +238,7 @@ class SearchView(QWidget):
                                      image_encoder=choices.image_encoder,
                                      text_encoder=choices.text_encoder,
                                      image_norm=spec.image_norm, text_norm=spec.text_norm,
-                                     device=choices.device, seed=choices.seed))
+                                     device=choices.device, seed=choices.seed, seeds=spec.seeds))
 
     def _start_tune(self, kw: dict[str, Any]) -> EventTask | None:
         preload_engine_modules()     # at once when done; else the worker would import torch holding the GIL
@@ -345,7 +345,7 @@ class SearchView(QWidget):
                                      train_split=rec.get("train_split", "train"),
                                      image_encoder=rec.get("image_encoder"), text_encoder=rec.get("text_encoder"),
                                      image_norm=rec.get("image_norm"), text_norm=rec.get("text_norm"),
-                                     device=device, seed=int(rec.get("seed", 0))))
+                                     device=device, seed=int(rec.get("seed", 0)), seeds=rec.get("seeds")))
 
     def _search_data(self, folder: Path, rec: dict[str, Any]) -> Any:
         """The dataset a recorded search ran on: the view's own when a trial's fingerprint matches, else the
@@ -503,23 +503,26 @@ class SearchView(QWidget):
         if res is not None:
             best = res.best or {}
             refit = res.refit or {}
+            seeds = res.seeds if len(res.seeds) > 1 else []
+            where = f"best-s* (mean of seeds {', '.join(map(str, seeds))})" if seeds else "best/"
+            rsum = res.refit_rsum if res.refit_rsum is not None else float("nan")
             head = (f"Search finished in {time.monotonic() - self._t0:.1f} s: best trial {best.get('trial')}, "
                     f"{res.metric} {abs(best.get('score', 0)):.1f}")
             sel = res.selection or {}
             chosen = f"chosen on {sel.get('selected_on')}" + (" - OPTIMISTIC: chosen and reported on the same split"
                                                                if sel.get("optimistic") else "")
-            tail = (f"; refit in best/: rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')} ({chosen})"
-                    if refit else "")
+            tail = f"; refit in {where}: rsum {rsum:.1f} on {refit.get('split')} ({chosen})" if refit else ""
             # the status line stays short enough for a 1280-pixel window; the log and search line have it all
             short = (f"Search done: trial {best.get('trial')} best ({chosen})"
-                     + (f"; refit rsum {refit.get('rsum', float('nan')):.1f} on {refit.get('split')}" if refit else ""))
+                     + (f"; refit rsum {rsum:.1f} on {refit.get('split')}" if refit else ""))
             self.status.emit(1000, short, head + tail)
             self.message.emit(f"{head} ({self._point_label(best.get('point', {}))}){tail}")
-            self.search_info.setText(self.search_info.text() + (f"; refit in <b>best/</b>: rsum "
-                                     f"{refit.get('rsum', float('nan')):.1f} on {html_text(str(refit.get('split')))} "
-                                     f"({html_text(chosen)})" if refit else ""))
-            if refit and (search["folder"] / "best" / "summary.json").is_file():
-                self.run_finished.emit(str(search["folder"] / "best"))    # the app loads the refit, as after Start
+            self.search_info.setText(self.search_info.text() + (
+                f"; refit in <b>{html_text(where)}</b>: rsum {rsum:.1f} on {html_text(str(refit.get('split')))} "
+                f"({html_text(chosen)})" if refit else ""))
+            first = search["folder"] / (f"best-s{seeds[0]}" if seeds else "best")
+            if refit and (first / "summary.json").is_file():
+                self.run_finished.emit(str(first))    # the app loads the refit (the first seed's), as after Start
             self.search_finished.emit(str(search["folder"]))
         elif stopped:
             self.status.emit(-1, "Search stopped: press Continue search to run the remaining trials", "")
