@@ -104,7 +104,9 @@ class SearchDialog(QDialog):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(form_widget)
-        scroll.setMinimumHeight(min(420, 34 * (len(self.edits) + 1)))
+        # a modest minimum: the list scrolls, and the rows below it always keep their room (a taller minimum
+        # than the dialog could give made the options below overlap the list's bottom rows)
+        scroll.setMinimumHeight(min(180, 34 * (len(self.edits) + 1)))
 
         self.metric_combo = QComboBox()
         for m in METRICS:
@@ -176,7 +178,8 @@ class SearchDialog(QDialog):
         self.optimistic_check.toggled.connect(self._recheck)
         self._update_count()
         self._update_selection()
-        self.resize(520, 600)
+        screen = self.screen().availableGeometry() if self.screen() is not None else None
+        self.resize(560, min(760, screen.height() - 80) if screen is not None else 700)
 
     def _add_row(self, form: QFormLayout, name: str, text: str, help_text: str) -> None:
         edit = QLineEdit(text)
