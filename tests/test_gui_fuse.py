@@ -110,3 +110,8 @@ def test_the_fuse_button_is_not_cut(qtbot, window, size) -> None:
     browser = window.train_panel.runs
     for b in (browser.fuse_button, browser.open_folder_button):
         assert b.width() >= b.fontMetrics().horizontalAdvance(b.text()), f"{b.text()} is cut"
+    from _layout_overlap import overlapping_widgets
+    for panel in (window.data_panel, window.train_panel, window.query_panel, window.inspect_panel):
+        window.tabs.setCurrentWidget(panel)
+        QApplication.processEvents()
+        assert overlapping_widgets(window) == [], type(panel).__name__

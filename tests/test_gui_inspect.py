@@ -194,6 +194,8 @@ def test_readable_at_1280x800_and_1920x1080(qtbot, tmp_path: Path, size) -> None
     assert _visible_rows(panel.queries) >= (8 if size[1] < 800 else 14), _visible_rows(panel.queries)
     for plot in (*panel.hist_plots.values(), panel.scatter_plot):
         assert plot.isVisible() and plot.height() >= 140
+    from _layout_overlap import overlapping_widgets
+    assert overlapping_widgets(panel) == []
     panel.close()
 
 

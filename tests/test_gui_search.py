@@ -326,18 +326,23 @@ def test_seeds_in_the_dialog_train_each_trial_and_the_refit_per_seed_and_continu
     assert (folder / "trial-002-s1" / "summary.json").stat().st_mtime_ns == stamp
 
 
-@pytest.mark.parametrize("method", ["wsabie", "cca"])
-def test_the_dialogs_options_never_overlap_its_parameter_list(qtbot, panel: TrainPanel, method: str) -> None:
-    """The parameter list scrolls; the options under it keep their own room (a too-tall minimum for the list once
-    drew 'Rank by' and 'Choose on' over its last rows)."""
+def test_no_method_s_form_or_search_dialog_draws_widgets_over_each_other(qtbot, panel: TrainPanel) -> None:
+    """At 1280 x 800, every method's Train form and its Search dialog: no two laid-out widgets overlap (a too-tall
+    minimum for the dialog's parameter list once drew 'Rank by' and 'Choose on' over its last rows, for the
+    methods with many parameters)."""
     from PySide6.QtWidgets import QScrollArea
 
-    panel.select_method(method)
-    dialog = _open_dialog(qtbot, panel)
-    scroll = dialog.findChild(QScrollArea)
-    qtbot.waitUntil(lambda: scroll.geometry().height() > 0, timeout=5000)
-    below = [dialog.metric_combo, dialog.select_combo, dialog.trials_spin, dialog.seeds_edit, dialog.name_edit]
-    for w in below:
-        assert w.mapTo(dialog, w.rect().topLeft()).y() > scroll.geometry().bottom(), w
-    assert dialog.start_button.mapTo(dialog, dialog.start_button.rect().bottomLeft()).y() <= dialog.height()
-    dialog.reject()
+    from _layout_overlap import overlapping_widgets
+    from crossview.methods import list_methods
+
+    panel.resize(1280, 770)
+    for method in list_methods():
+        panel.select_method(method)
+        qtbot.wait(50)                      # the form's rows laid out
+        assert overlapping_widgets(panel) == [], method
+        dialog = _open_dialog(qtbot, panel)
+        scroll = dialog.findChild(QScrollArea)
+        qtbot.waitUntil(lambda: scroll.geometry().height() > 0, timeout=5000)
+        assert overlapping_widgets(dialog) == [], method
+        assert dialog.start_button.mapTo(dialog, dialog.start_button.rect().bottomLeft()).y() <= dialog.height()
+        dialog.reject()

@@ -369,6 +369,7 @@ def test_cca_says_it_has_no_loss_curve(qtbot, panel: TrainPanel) -> None:
 @pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
 def test_the_form_fits_without_a_horizontal_scrollbar(qtbot, panel: TrainPanel, size) -> None:
     panel.resize(*size)
+    from _layout_overlap import overlapping_widgets
     from crossview.methods import list_methods
 
     for method in list_methods():          # every registered method's form, the deep ones' long ones too
@@ -382,6 +383,7 @@ def test_the_form_fits_without_a_horizontal_scrollbar(qtbot, panel: TrainPanel, 
             assert b.width() >= b.fontMetrics().horizontalAdvance(b.text()), f"{b.text()} is cut"
         for combo in (panel.image_norm, panel.text_norm):
             assert combo.isVisible() and combo.width() <= view
+        assert overlapping_widgets(panel) == [], method          # nothing drawn over anything else
     for b in (panel.open_folder_button, panel.resume_button, panel.delete_button):
         assert b.width() >= b.fontMetrics().horizontalAdvance(b.text()), f"{b.text()} is cut"
 
