@@ -3,6 +3,7 @@
     .venv/bin/python bench/regenerate.py --list                    # every file: what it needs, how long, stale?
     .venv/bin/python bench/regenerate.py --only cca_fit,explain_latency_cpu
     .venv/bin/python bench/regenerate.py --all --dry-run           # the commands, nothing run
+    .venv/bin/python bench/regenerate.py --stale [--max-minutes 60]  # every stale (or missing) file, shortest first
 
 :data:`ENTRIES` is the registry: one entry per results file, with the command(s) that make it (bench scripts, which
 write their part through ``--out``, and ``crossview experiment ...`` commands, whose Markdown ``--out`` this script
@@ -703,6 +704,15 @@ def _default_work() -> Path:
     return get_settings().home / "bench-regenerate"
 
 
+def stale_entries(max_minutes: float | None = None) -> list[Entry]:
+    """The entries :func:`state` calls stale or missing, the shortest first (by :func:`entry_minutes`); with
+    ``max_minutes``, only those that take at most that long."""
+    picked = [e for e in ENTRIES if state(e).startswith(("stale", "missing"))]
+    if max_minutes is not None:
+        picked = [e for e in picked if entry_minutes(e)[0] <= max_minutes]
+    return sorted(picked, key=lambda e: entry_minutes(e)[0])
+
+
 def _pick(names: str) -> list[Entry]:
     out = []
     for n in (x.strip() for x in names.split(",") if x.strip()):
@@ -719,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--list", action="store_true", help="every entry: file, needs, rough time, stale or not")
     what.add_argument("--only", metavar="NAME[,NAME]", help="regenerate these entries")
     what.add_argument("--all", action="store_true", help="regenerate every entry (hours)")
+    what.add_argument("--stale", action="store_true",
+                      help="regenerate every stale or missing entry (as --list says), the shortest first")
+    ap.add_argument("--max-minutes", type=float, metavar="M",
+                    help="with --stale: only the entries whose time (--list's) is at most M minutes")
     ap.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
     ap.add_argument("--work", type=Path, metavar="DIR",
                     help="scratch folder for run folders and intermediate outputs, outside the repository "
@@ -730,7 +744,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             list_entries(list(ENTRIES))
             return 0
-        entries = list(ENTRIES) if args.all else _pick(args.only)
+        if args.max_minutes is not None and not args.stale:
+            raise CrossViewError("--max-minutes goes with --stale")
+        entries = list(ENTRIES) if args.all else stale_entries(args.max_minutes) if args.stale else _pick(args.only)
+        if args.stale:
+            print(f"stale or missing: {', '.join(e.name for e in entries) or 'none'}"
+                  + (f" (at most {args.max_minutes:g} min each)" if args.max_minutes is not None else ""))
         work = (args.work or _default_work()).absolute()
         if work.is_relative_to(REPO):
             raise CrossViewError(f"--work {work}: inside the repository; give a folder outside it "

@@ -125,6 +125,21 @@ def test_state_compares_the_stamped_commit_with_the_sources_history(tmp_path):
     assert R.state(R.Entry("y", str(tmp_path / "none.txt"), (), (), 1, ())) == "missing"
 
 
+def test_stale_picks_the_stale_and_missing_entries_shortest_first(monkeypatch, capsys, tmp_path):
+    entries = [R.Entry(n, f"{n}.txt", (R.S("bench/cca_fit.py"),), ("synthetic",), m, ()) for n, m in
+               (("slow", 90), ("fresh", 1), ("quick", 5), ("gone", 30))]
+    states = {"slow": "stale: x changed", "fresh": "fresh", "quick": "stale: y changed", "gone": "missing"}
+    monkeypatch.setattr(R, "ENTRIES", entries)
+    monkeypatch.setattr(R, "state", lambda e: states[e.name])
+    assert [e.name for e in R.stale_entries()] == ["quick", "gone", "slow"]
+    assert [e.name for e in R.stale_entries(30)] == ["quick", "gone"]
+    assert R.main(["--stale", "--max-minutes", "10", "--dry-run", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("stale or missing: quick (at most 10 min each)") and "# quick ->" in out and "slow" not in out
+    assert R.main(["--only", "x", "--max-minutes", "10"]) == 2
+    assert "--max-minutes goes with --stale" in capsys.readouterr().err
+
+
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
     if not R.DATA_NEEDS["flickr8k"].exists():       # its entries are then skipped, not printed
         pytest.skip("../shared/data/flickr8k-sample is not present")
