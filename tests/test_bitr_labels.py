@@ -163,3 +163,35 @@ def test_cli_label_table(labelled, tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "Experiment 4" in printed and "wKNN" in printed
     assert "--param wknn.k=10" in out.read_text()
+
+
+def test_a_label_table_over_seeds_is_the_mean_of_its_builds_and_pairs_seed_averaged_aps(labelled, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """--seeds: one ordinary experiment per seed (EXP_DIR/seed-S), the mean and sd over the builds, and each
+    method's mAP paired against the first with each query's AP averaged over the builds first."""
+    import crossview.data as D
+
+    monkeypatch.setattr(D, "load_dataset", lambda *a, **k: labelled)
+    out, exp = tmp_path / "t.md", tmp_path / "e"
+    args = ["experiment", "bitr-labels", "--data", "toy", "--representation", "default", "--methods",
+            "cca,wsabie,random", "--k", "5", "--no-cache", "--exp-dir", str(exp), "--seeds", "0,1",
+            "--param", "wsabie.max_epochs=3", "--param", "wsabie.dim=8"]
+    assert main([*args, "--json", "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["seeds"] == [0, 1] and sorted(p.name for p in exp.iterdir()) == ["seed-0", "seed-1"]
+    builds = [json.loads((exp / f"seed-{s}" / "experiment.json").read_text()) for s in (0, 1)]
+    for d in ("i2t", "t2i"):
+        per = [b["trials"]["test-wsabie"]["metrics"][d]["mAP"] for b in builds]
+        assert res["results"]["wsabie"][d]["mAP"] == pytest.approx(np.mean(per))
+        assert res["seed_std"]["wsabie"][d]["mAP"] == pytest.approx(np.std(per))
+        # paired: the seeds' APs averaged per query, then against CCA's (the same queries in every build)
+        ap_w = np.mean([b["trials"]["test-wsabie"]["ap"][d] for b in builds], axis=0)
+        ap_c = np.mean([b["trials"]["test-cca"]["ap"][d] for b in builds], axis=0)
+        assert res["paired"]["rows"]["wsabie"][d]["diff"] == pytest.approx(float(np.mean(ap_w - ap_c)))
+    md = out.read_text()
+    assert "--seeds 0,1" in md and "the mean of 2 builds" in md and "| sd WSABIE |" in md
+    assert "averaged over the 2 builds first" in md
+    assert main(args) == 0                                 # again: every build read back
+    assert "trained" not in capsys.readouterr().err
+    assert main([*args[:-6], "--seed", "2", "--seeds", "0,1"]) == 2
+    assert "give --seed or --seeds, not both" in capsys.readouterr().err

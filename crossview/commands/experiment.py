@@ -173,27 +173,31 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
 def cmd_bitr_labels(args: argparse.Namespace) -> int:
     from crossview.data import load_dataset
     from crossview.data.dataset import PairedDataset
+    from crossview.core.run_settings import parse_seeds
     from crossview.experiments.bitr_labels import (LABEL_METHODS, format_markdown, format_table, parse_methods,
-                                                   run_bitr_labels)
+                                                   run_bitr_labels_seeds)
     from crossview.experiments.bitr_table import parse_ks
 
     methods = parse_methods(args.methods)
     ks = parse_ks(args.k)
+    if args.seeds is not None and args.seed != 0:
+        raise CrossViewError(f"give --seed or --seeds, not both (--seed {args.seed}, --seeds {args.seeds})")
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else (args.seed,)
     params = _parse_params(args.param, LABEL_METHODS)
     if args.out and Path(args.out).suffix.lower() not in (".md", ".markdown"):
         raise CrossViewError(f"--out {args.out}: the report is Markdown; give a file name ending in .md")
     ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
     if not isinstance(ds, PairedDataset):
         raise CrossViewError(f"{args.data}: a caption corpus without images; --data needs an image dataset")
-    rep_params: dict[str, Any] = {"device": args.device, "seed": args.seed}
+    rep_params: dict[str, Any] = {"device": args.device}
     if args.image_encoder:
         rep_params["image_encoder"] = args.image_encoder
     if args.no_cache:
         rep_params["cache"] = False
-    result = _print_experiment(lambda progress: run_bitr_labels(
+    result = _print_experiment(lambda progress: run_bitr_labels_seeds(
         ds, kind=args.text, min_images=args.min_images, representation=args.representation, methods=methods,
         folds=args.folds, split=args.split, ks=ks, method_params=params, representation_params=rep_params,
-        seed=args.seed, out=args.exp_dir, feature_progress=progress))
+        seeds=seeds, out=args.exp_dir, feature_progress=progress))
     if args.out:
         parts = ["crossview", "experiment", "bitr-labels", "--data", str(args.data), "--text", args.text]
         if args.text == "phrases":
@@ -202,6 +206,10 @@ def cmd_bitr_labels(args: argparse.Namespace) -> int:
         for flag, v in (("--folds", args.folds), ("--split", args.split), ("--format", args.format)):
             if v is not None:
                 parts += [flag, str(v)]
+        if args.seeds is not None:
+            parts += ["--seeds", args.seeds]
+        elif args.seed != 0:
+            parts += ["--seed", str(args.seed)]
         for item in args.param or []:
             parts += ["--param", item]
         out = Path(args.out)
@@ -453,6 +461,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a method parameter, repeatable: wknn.k=20, svm.C=10, bitr.C=100")
     p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
     p.add_argument("--seed", type=seed_option, default=0, help="seed of the folds and the representation (default 0)")
+    p.add_argument("--seeds", metavar="S[,S...]",
+                   help="build the table once per seed (e.g. 0,1,2; each in EXP_DIR/seed-S): the mean over the builds "
+                        "with their standard deviation, each method's mAP paired against the first with each "
+                        "query's AP averaged over the builds first (instead of --seed)")
     p.add_argument("--device", default="cpu", help="device for feature extraction (cpu, cuda, auto)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")

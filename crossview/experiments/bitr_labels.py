@@ -35,7 +35,8 @@ from crossview.experiments._common import mean_std, new_experiment_dir, plain, r
 from crossview.methods.base import MethodData
 
 __all__ = ["LABEL_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "run_bitr_labels", "bitr_labels", "label_metrics",
-           "format_table", "format_markdown", "paper_rows", "label_aps", "paired_against_first"]
+           "format_table", "format_markdown", "paper_rows", "label_aps", "paired_against_first",
+           "run_bitr_labels_seeds"]
 
 EXPERIMENT_FILE = "experiment.json"
 #: Table rows: name -> (registry name, fixed parameters); ``random`` is computed, not trained.
@@ -90,10 +91,11 @@ def label_aps(s_i2t: np.ndarray, s_t2i: np.ndarray, relevance: np.ndarray) -> di
     return {"i2t": [float(v) for v in i2t], "t2i": [float(v) for v in t2i]}
 
 
-def paired_against_first(aps: dict[str, dict[str, list[float]]], methods: Sequence[str]) -> dict[str, Any]:
+def paired_against_first(aps: dict[str, dict[str, Any]], methods: Sequence[str]) -> dict[str, Any]:
     """Each method after the first against the first, on the same queries: the mAP difference both ways with its
     interval (:func:`crossview.eval.paired.paired_mean_difference`; each query's AP one observation, queries
-    resampled). ``aps``: ``{method: {"i2t": [...], "t2i": [...]}}``, the folds' queries concatenated."""
+    resampled). ``aps``: ``{method: {"i2t": [...], "t2i": [...]}}``, the folds' queries concatenated; a
+    ``(n_seeds, n_queries)`` array per direction for several builds (averaged per query first)."""
     from crossview.eval.paired import paired_mean_difference
 
     base = methods[0]
@@ -328,10 +330,66 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
               "methods": methods, "n_labels": n_labels, "results": results, "std": stds,
               "paper": paper_rows(kind, methods), "method_params": {m: plain(p) for m, p in params.items()},
               "experiment_dir": str(folder), "runs": runs}
+    result["aps"] = aps
     if len(learned) > 1:
         result["paired"] = paired_against_first(aps, learned)
     yield Progress(total, total, "done")
     yield Finished(summary=result)
+
+
+def run_bitr_labels_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path | None = None,
+                          representation_params: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[Event]:
+    """The label table built once per seed (``OUT/seed-<s>``, each an ordinary :func:`run_bitr_labels` experiment)
+    and reported as the mean over the builds with their standard deviation; each method paired against the first
+    with each query's AP averaged over the builds first. One seed is exactly :func:`run_bitr_labels`."""
+    from crossview.core.run_settings import parse_seeds
+
+    seeds = parse_seeds(seeds)
+    rep_kw = dict(representation_params or {})
+    if len(seeds) == 1:
+        yield from run_bitr_labels(dataset, seed=seeds[0], out=out,
+                                   representation_params={**rep_kw, "seed": seeds[0]}, **kwargs)
+        return
+    folder = Path(out) if out is not None else new_experiment_dir(
+        f"bitr-{kwargs.get('kind', 'labels')}", f"{dataset.name}-{kwargs.get('representation', 'modern')}")
+    if (folder / EXPERIMENT_FILE).is_file():
+        raise CrossViewError(f"{folder} holds a one-seed label experiment; give a new folder for a table over seeds "
+                             f"{', '.join(map(str, seeds))}")
+    yield Log(f"the label table over {len(seeds)} builds (seeds {', '.join(map(str, seeds))}), one experiment "
+              f"folder each under {folder}")
+    results = []
+    for i, sd in enumerate(seeds):
+        summary = None
+        for ev in run_bitr_labels(dataset, seed=sd, out=folder / f"seed-{sd}",
+                                  representation_params={**rep_kw, "seed": sd}, **kwargs):
+            if isinstance(ev, Finished):
+                summary = ev.summary
+            elif isinstance(ev, Progress):
+                total = max(int(ev.total), 1)
+                yield Progress(i * total + min(int(ev.step), total), len(seeds) * total,
+                               f"seed {sd} ({i + 1} of {len(seeds)}): {ev.message}", stage=ev.stage)
+            elif isinstance(ev, Log):
+                yield Log(f"seed {sd}: {ev.message}", level=ev.level)
+            else:
+                yield ev
+        if summary is None:      # stopped: what is done stays, the same command continues it
+            return
+        results.append(summary)
+    out_result = dict(results[0])
+    means, stds = {}, {}
+    for m in results[0]["methods"]:
+        means[m], stds[m] = mean_std([r["results"][m] for r in results])
+    learned = [m for m in results[0]["methods"] if m != "random"]
+    aps = {m: {d: np.stack([np.asarray(r["aps"][m][d], dtype=np.float64) for r in results]) for d in ("i2t", "t2i")}
+           for m in learned}
+    out_result.update(results=means, seed_std=stds, seeds=[int(x) for x in seeds], experiment_dir=str(folder),
+                      per_seed={m: [r["results"][m] for r in results] for m in results[0]["methods"]},
+                      runs={m: [d for r in results for d in r["runs"].get(m, [])] for m in results[0]["runs"]},
+                      aps={m: {d: v.tolist() for d, v in a.items()} for m, a in aps.items()})
+    out_result.pop("paired", None)
+    if len(learned) > 1:
+        out_result["paired"] = paired_against_first(aps, learned)
+    yield Finished(summary=out_result)
 
 
 def bitr_labels(dataset: Any, **kwargs: Any) -> dict[str, Any]:
@@ -352,14 +410,18 @@ def _cell(v: Any) -> str:
 def _title(result: dict[str, Any]) -> str:
     n = "3" if result["kind"] == "phrases" else "4"
     what = "image <-> phrase" if result["kind"] == "phrases" else "image <-> label"
+    builds = f"; the mean of {len(result['seeds'])} builds" if len(result.get("seeds") or []) > 1 else ""
     return (f"Experiment {n} (BITR paper): {what} retrieval on {result['dataset']} ({result['n_labels']} "
-            f"{result['kind']}), representation {result['representation']}; {result['protocol']}")
+            f"{result['kind']}), representation {result['representation']}; {result['protocol']}{builds}")
 
 
 def _table_rows(result: dict[str, Any]) -> tuple[list[tuple[str, list[str]]], list[tuple[str, list[str]]]]:
     cols = _columns(result)
     ours = [(METHOD_LABELS[m], [_cell(result["results"][m].get(d, {}).get(k)) for d, k in cols])
             for m in result["methods"]]
+    if len(result.get("seeds") or []) > 1:       # the spread over the builds, under the means
+        ours += [(f"sd {METHOD_LABELS[m]}", [_cell(result["seed_std"][m].get(d, {}).get(k)) for d, k in cols])
+                 for m in result["methods"]]
     paper = [(METHOD_LABELS[m], [_cell(result["paper"][m].get(d, {}).get(k)) if k in result["paper"][m].get(d, {})
                                  else "" for d, k in cols]) for m in result["methods"] if m in result["paper"]]
     return ours, paper
@@ -378,8 +440,9 @@ def _paired_rows(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]
     first = next(iter(pr["rows"].values()))
     title = (f"Paired against {base} on the same queries ({first['i2t']['queries']} images, "
              f"{first['t2i']['queries']} {result['kind']}): mAP of the method minus {base}, points, with the 95% "
-             "interval (each query's average precision one observation, queries resampled) and the minimal "
-             "detectable difference (80% power, two-sided 5%)")
+             "interval (each query's average precision one observation"
+             + (f", averaged over the {len(result['seeds'])} builds first" if len(result.get("seeds") or []) > 1
+                else "") + ", queries resampled) and the minimal detectable difference (80% power, two-sided 5%)")
     header = [f"Method - {base}", "Im2Text mAP", "minimal detectable", "Text2Im mAP", "minimal detectable"]
     rows = [[METHOD_LABELS[m], cell(r["i2t"]), f"{r['i2t']['mde']:.1f}", cell(r["t2i"]), f"{r['t2i']['mde']:.1f}"]
             for m, r in pr["rows"].items()]
@@ -404,7 +467,9 @@ def format_table(result: dict[str, Any]) -> str:
         lines += ["", title, *("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, pw)))
                                for r in [header, *rows])]
     lines += ["", "Im2Text: each test image ranks the labels seen in training (images without one left out); "
-                  "Text2Im: each label some test image has ranks the test images; percentages"]
+                  "Text2Im: each label some test image has ranks the test images; percentages"
+              + ("; rows 'sd': the standard deviation over the builds (seeds "
+                 f"{', '.join(map(str, result['seeds']))})" if len(result.get("seeds") or []) > 1 else "")]
     return "\n".join(lines)
 
 
@@ -427,5 +492,7 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
         out += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in paper]
     out += ["", "Im2Text: each test image ranks the labels seen in the fold's training images (images without one "
                 "left out of both metrics); Text2Im: each label some test image has ranks the test images; "
-                "percentages, mean over the folds. Runs: `" + result["experiment_dir"] + "`."]
+                "percentages, mean over the folds" + (f" and over {len(result['seeds'])} builds (seeds "
+                f"{', '.join(map(str, result['seeds']))}; rows 'sd': the standard deviation over them)"
+                if len(result.get("seeds") or []) > 1 else "") + ". Runs: `" + result["experiment_dir"] + "`."]
     return "\n".join(out) + "\n"
