@@ -177,12 +177,13 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("bitr_exp3_flickr8k", "bitr_exp3_flickr8k.md",
           (S("crossview experiment bitr-labels --data {F8K} --text phrases --min-images 3 --representation modern "
              "--methods cca,wknn,svm,wsabie,bitr-m,bitr-e,bitr-c,random --k 5 --split val "
-             "--param bitr.max_iter=100 --exp-dir {WORK}/exp"),),
+             "--param bitr.max_iter=100 --seeds 0,1,2 --exp-dir {WORK}/exp"),),
           ("flickr8k",), 15, LABELS + ("crossview/data/phrases.py",)
           + methods("cca", "wknn", "svm", "wsabie", "bitr")),
     Entry("bitr_exp4_demo", "bitr_exp4_demo.md",
           (S("crossview experiment bitr-labels --data demo --text labels --representation modern "
-             "--methods cca,wknn,svm,wsabie,bitr-c,random --k 5 --param bitr.max_iter=50 --exp-dir {WORK}/exp"),),
+             "--methods cca,wknn,svm,wsabie,bitr-c,random --k 5 --param bitr.max_iter=50 --seeds 0,1,2 "
+             "--exp-dir {WORK}/exp"),),
           ("demo",), 6, LABELS + ("crossview/data/demo",) + methods("cca", "wknn", "svm", "wsabie", "bitr")),
     _bitr_table("default", 20, ""),
     _bitr_table("ctr", 20, "_ctr"),
