@@ -3,7 +3,7 @@ trial's run finished, and a new experiment folder in the runs folder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,8 @@ import numpy as np
 
 from crossview.engine.runs import run_finished  # noqa: F401  (the run store's; re-exported)
 
-__all__ = ["plain", "mean_std", "run_finished", "new_experiment_dir", "relay_run"]
+__all__ = ["plain", "mean_std", "run_finished", "new_experiment_dir", "relay_run", "relay_seed_build",
+           "seed_folder", "run_seed_builds"]
 
 
 def plain(value: Any) -> Any:
@@ -68,3 +69,53 @@ def relay_run(events: Iterable[Any], label: str, folder: Path, stop: Callable[[]
         if close is not None:
             close()
     return False
+
+
+def relay_seed_build(events: Iterable[Any], index: int, n_seeds: int, seed: int) -> Generator[Any, None, Any]:
+    """Re-yield one build of an experiment over several seeds (``yield from``): its progress scaled into the whole
+    (build ``index`` of ``n_seeds``), its messages prefixed with the seed; returns the build's summary, or None
+    when it stopped (what it finished stays, and the same command continues it)."""
+    from crossview.core.events import Finished, Log, Progress
+
+    summary = None
+    for ev in events:
+        if isinstance(ev, Finished):
+            summary = ev.summary
+        elif isinstance(ev, Progress):
+            total = max(int(ev.total), 1)
+            yield Progress(index * total + min(int(ev.step), total), n_seeds * total,
+                           f"seed {seed} ({index + 1} of {n_seeds}): {ev.message}", stage=ev.stage)
+        elif isinstance(ev, Log):
+            yield Log(f"seed {seed}: {ev.message}", level=ev.level)
+        else:
+            yield ev
+    return summary
+
+
+def seed_folder(out: Path, seed: int) -> Path:
+    """The experiment folder of one build of an experiment over several seeds: ``OUT/seed-<seed>``."""
+    return Path(out) / f"seed-{int(seed)}"
+
+
+def run_seed_builds(folder: Path, seeds: Sequence[int], what: str, experiment_file: str,
+                    start: Callable[[int, Path], Iterable[Any]]) -> Generator[Any, None, list[dict[str, Any]] | None]:
+    """Run one build per seed (``start(seed, seed_folder(folder, seed))``, an experiment's event generator) with
+    :func:`relay_seed_build` (``yield from``); returns the builds' summaries, or None when one stopped. A folder
+    that holds a one-seed experiment (its ``experiment_file``) is refused: ``what`` names it in the message."""
+    from crossview.core.errors import CrossViewError
+    from crossview.core.events import Log
+
+    if folder.exists() and not folder.is_dir():
+        raise CrossViewError(f"--out {folder} is a file; give a folder for the experiment's runs")
+    if (folder / experiment_file).is_file():
+        raise CrossViewError(f"{folder} holds a one-seed {what}; give a new folder for a table over seeds "
+                             f"{', '.join(map(str, seeds))}")
+    yield Log(f"the table over {len(seeds)} builds (seeds {', '.join(map(str, seeds))}), one experiment folder each "
+              f"under {folder}")
+    results = []
+    for i, s in enumerate(seeds):
+        summary = yield from relay_seed_build(start(s, seed_folder(folder, s)), i, len(seeds), s)
+        if summary is None:      # stopped: the builds done so far and the one in progress stay resumable
+            return None
+        results.append(summary)
+    return results

@@ -31,7 +31,8 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Progress
-from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
+from crossview.experiments._common import (mean_std, new_experiment_dir, plain, relay_run, run_finished,
+                                           run_seed_builds)
 from crossview.methods.base import MethodData
 
 __all__ = ["LABEL_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "run_bitr_labels", "bitr_labels", "label_metrics",
@@ -352,29 +353,11 @@ def run_bitr_labels_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path
         return
     folder = Path(out) if out is not None else new_experiment_dir(
         f"bitr-{kwargs.get('kind', 'labels')}", f"{dataset.name}-{kwargs.get('representation', 'modern')}")
-    if (folder / EXPERIMENT_FILE).is_file():
-        raise CrossViewError(f"{folder} holds a one-seed label experiment; give a new folder for a table over seeds "
-                             f"{', '.join(map(str, seeds))}")
-    yield Log(f"the label table over {len(seeds)} builds (seeds {', '.join(map(str, seeds))}), one experiment "
-              f"folder each under {folder}")
-    results = []
-    for i, sd in enumerate(seeds):
-        summary = None
-        for ev in run_bitr_labels(dataset, seed=sd, out=folder / f"seed-{sd}",
-                                  representation_params={**rep_kw, "seed": sd}, **kwargs):
-            if isinstance(ev, Finished):
-                summary = ev.summary
-            elif isinstance(ev, Progress):
-                total = max(int(ev.total), 1)
-                yield Progress(i * total + min(int(ev.step), total), len(seeds) * total,
-                               f"seed {sd} ({i + 1} of {len(seeds)}): {ev.message}", stage=ev.stage)
-            elif isinstance(ev, Log):
-                yield Log(f"seed {sd}: {ev.message}", level=ev.level)
-            else:
-                yield ev
-        if summary is None:      # stopped: what is done stays, the same command continues it
-            return
-        results.append(summary)
+    results = yield from run_seed_builds(
+        folder, seeds, "label experiment", EXPERIMENT_FILE,
+        lambda s, d: run_bitr_labels(dataset, seed=s, out=d, representation_params={**rep_kw, "seed": s}, **kwargs))
+    if results is None:
+        return
     out_result = dict(results[0])
     means, stds = {}, {}
     for m in results[0]["methods"]:

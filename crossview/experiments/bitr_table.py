@@ -57,7 +57,8 @@ import numpy as np
 from crossview.core.events import Event, Finished, Log, Progress
 from crossview.core.errors import CrossViewError
 from crossview.core.run_settings import parse_seeds
-from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
+from crossview.experiments._common import (mean_std, new_experiment_dir, plain, relay_run, run_finished,
+                                           run_seed_builds, seed_folder)
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",
@@ -907,11 +908,6 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     yield Finished(summary=result)
 
 
-def seed_folder(out: Path, seed: int) -> Path:
-    """The experiment folder of one build of a several-seed table: ``OUT/seed-<seed>``."""
-    return Path(out) / f"seed-{int(seed)}"
-
-
 def run_bitr_table_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path | None = None,
                          representation: str = "modern", representation_params: dict[str, Any] | None = None,
                          should_stop: Callable[[], bool] | None = None, **kwargs: Any) -> Iterator[Event]:
@@ -934,31 +930,12 @@ def run_bitr_table_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path 
                                   **kwargs)
         return
     folder = Path(out) if out is not None else default_experiment_dir(dataset.name, representation)
-    if folder.exists() and not folder.is_dir():
-        raise CrossViewError(f"--out {folder} is a file; give a folder for the experiment's runs")
-    if (folder / EXPERIMENT_FILE).is_file():
-        raise CrossViewError(f"{folder} holds a one-seed BITR-table experiment; give a new folder for a table over "
-                             f"seeds {', '.join(map(str, seeds))}")
-    yield Log(f"the table over {len(seeds)} builds (seeds {', '.join(map(str, seeds))}), one experiment folder each "
-              f"under {folder}")
-    results = []
-    for i, s in enumerate(seeds):
-        summary = None
-        for ev in run_bitr_table(dataset, representation=representation, seed=s, out=seed_folder(folder, s),
-                                 representation_params={**rep_kw, "seed": s}, should_stop=should_stop, **kwargs):
-            if isinstance(ev, Finished):
-                summary = ev.summary
-            elif isinstance(ev, Progress):
-                total = max(int(ev.total), 1)
-                yield Progress(i * total + min(int(ev.step), total), len(seeds) * total,
-                               f"seed {s} ({i + 1} of {len(seeds)}): {ev.message}", stage=ev.stage)
-            elif isinstance(ev, Log):
-                yield Log(f"seed {s}: {ev.message}", level=ev.level)
-            else:
-                yield ev
-        if summary is None:      # stopped: the builds done so far and the one in progress stay resumable
-            return
-        results.append(summary)
+    results = yield from run_seed_builds(
+        folder, seeds, "BITR-table experiment", EXPERIMENT_FILE,
+        lambda s, d: run_bitr_table(dataset, representation=representation, seed=s, out=d,
+                                    representation_params={**rep_kw, "seed": s}, should_stop=should_stop, **kwargs))
+    if results is None:
+        return
     result = combine_seeds(results, seeds)
     result["experiment_dir"] = str(folder)
     learned = [m for m in result["methods"] if registry_of(m) != "random"]
