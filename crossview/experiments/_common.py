@@ -12,7 +12,7 @@ import numpy as np
 from crossview.engine.runs import run_finished  # noqa: F401  (the run store's; re-exported)
 
 __all__ = ["plain", "mean_std", "run_finished", "new_experiment_dir", "relay_run", "relay_seed_build",
-           "seed_folder", "run_seed_builds"]
+           "seed_folder", "run_seed_builds", "several_seeds", "text_table", "markdown_table"]
 
 
 def plain(value: Any) -> Any:
@@ -119,3 +119,21 @@ def run_seed_builds(folder: Path, seeds: Sequence[int], what: str, experiment_fi
             return None
         results.append(summary)
     return results
+
+
+def several_seeds(result: dict[str, Any]) -> bool:
+    """Whether an experiment's result averages several builds (``result["seeds"]`` of two or more)."""
+    return len(result.get("seeds") or []) > 1
+
+
+def text_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned plain-text lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)] if rows else [len(h) for h in head]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            for cells in [head, *rows]]
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table: the first column left-aligned, the others right-aligned."""
+    return ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1),
+            *("| " + " | ".join(r) + " |" for r in rows)]

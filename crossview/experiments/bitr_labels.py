@@ -31,8 +31,8 @@ import numpy as np
 
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Progress
-from crossview.experiments._common import (mean_std, new_experiment_dir, plain, relay_run, run_finished,
-                                           run_seed_builds)
+from crossview.experiments._common import (markdown_table, mean_std, new_experiment_dir, plain, relay_run,
+                                           run_finished, run_seed_builds, several_seeds, text_table)
 from crossview.methods.base import MethodData
 
 __all__ = ["LABEL_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "run_bitr_labels", "bitr_labels", "label_metrics",
@@ -393,7 +393,7 @@ def _cell(v: Any) -> str:
 def _title(result: dict[str, Any]) -> str:
     n = "3" if result["kind"] == "phrases" else "4"
     what = "image <-> phrase" if result["kind"] == "phrases" else "image <-> label"
-    builds = f"; the mean of {len(result['seeds'])} builds" if len(result.get("seeds") or []) > 1 else ""
+    builds = f"; the mean of {len(result['seeds'])} builds" if several_seeds(result) else ""
     return (f"Experiment {n} (BITR paper): {what} retrieval on {result['dataset']} ({result['n_labels']} "
             f"{result['kind']}), representation {result['representation']}; {result['protocol']}{builds}")
 
@@ -402,7 +402,7 @@ def _table_rows(result: dict[str, Any]) -> tuple[list[tuple[str, list[str]]], li
     cols = _columns(result)
     ours = [(METHOD_LABELS[m], [_cell(result["results"][m].get(d, {}).get(k)) for d, k in cols])
             for m in result["methods"]]
-    if len(result.get("seeds") or []) > 1:       # the spread over the builds, under the means
+    if several_seeds(result):       # the spread over the builds, under the means
         ours += [(f"sd {METHOD_LABELS[m]}", [_cell(result["seed_std"][m].get(d, {}).get(k)) for d, k in cols])
                  for m in result["methods"]]
     paper = [(METHOD_LABELS[m], [_cell(result["paper"][m].get(d, {}).get(k)) if k in result["paper"][m].get(d, {})
@@ -424,7 +424,7 @@ def _paired_rows(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]
     title = (f"Paired against {base} on the same queries ({first['i2t']['queries']} images, "
              f"{first['t2i']['queries']} {result['kind']}): mAP of the method minus {base}, points, with the 95% "
              "interval (each query's average precision one observation"
-             + (f", averaged over the {len(result['seeds'])} builds first" if len(result.get("seeds") or []) > 1
+             + (f", averaged over the {len(result['seeds'])} builds first" if several_seeds(result)
                 else "") + ", queries resampled) and the minimal detectable difference (80% power, two-sided 5%)")
     header = [f"Method - {base}", "Im2Text mAP", "minimal detectable", "Text2Im mAP", "minimal detectable"]
     rows = [[METHOD_LABELS[m], cell(r["i2t"]), f"{r['i2t']['mde']:.1f}", cell(r["t2i"]), f"{r['t2i']['mde']:.1f}"]
@@ -446,13 +446,11 @@ def format_table(result: dict[str, Any]) -> str:
         lines += [label.ljust(w0) + "".join("  " + c.rjust(w) for c, w in zip(cells, widths)) for label, cells in paper]
     title, header, rows = _paired_rows(result)
     if rows:
-        pw = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        lines += ["", title, *("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, pw)))
-                               for r in [header, *rows])]
+        lines += ["", title, *text_table(header, rows)]
     lines += ["", "Im2Text: each test image ranks the labels seen in training (images without one left out); "
                   "Text2Im: each label some test image has ranks the test images; percentages"
               + ("; rows 'sd': the standard deviation over the builds (seeds "
-                 f"{', '.join(map(str, result['seeds']))})" if len(result.get("seeds") or []) > 1 else "")]
+                 f"{', '.join(map(str, result['seeds']))})" if several_seeds(result) else "")]
     return "\n".join(lines)
 
 
@@ -467,8 +465,7 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
     out += [head, sep] + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in ours]
     title, header, rows = _paired_rows(result)
     if rows:
-        out += ["", title, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out += ["", title, "", *markdown_table(header, rows)]
     if paper:
         out += ["", f"The paper's Table {'5' if result['kind'] == 'phrases' else '6'} (IAPR TC-12, CTR features; "
                     "other data and features than ours):", "", head, sep]
@@ -477,5 +474,5 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
                 "left out of both metrics); Text2Im: each label some test image has ranks the test images; "
                 "percentages, mean over the folds" + (f" and over {len(result['seeds'])} builds (seeds "
                 f"{', '.join(map(str, result['seeds']))}; rows 'sd': the standard deviation over them)"
-                if len(result.get("seeds") or []) > 1 else "") + ". Runs: `" + result["experiment_dir"] + "`."]
+                if several_seeds(result) else "") + ". Runs: `" + result["experiment_dir"] + "`."]
     return "\n".join(out) + "\n"

@@ -57,8 +57,8 @@ import numpy as np
 from crossview.core.events import Event, Finished, Log, Progress
 from crossview.core.errors import CrossViewError
 from crossview.core.run_settings import parse_seeds
-from crossview.experiments._common import (mean_std, new_experiment_dir, plain, relay_run, run_finished,
-                                           run_seed_builds, seed_folder)
+from crossview.experiments._common import (markdown_table, mean_std, new_experiment_dir, plain, relay_run,
+                                           run_finished, run_seed_builds, seed_folder, several_seeds, text_table)
 from crossview.methods.base import Method, MethodData
 
 __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_folds", "parse_methods", "parse_ks",
@@ -1066,13 +1066,9 @@ def _rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def _several_seeds(result: dict[str, Any]) -> bool:
-    return len(result.get("seeds") or []) > 1
-
-
 def _sd_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """The methods' standard deviations over the builds (:func:`combine_seeds`); none for one build."""
-    if not _several_seeds(result):
+    if not several_seeds(result):
         return []
     cols = _columns(result)
     return [(METHOD_LABELS[m], [_fmt(result["seed_std"][m].get(d, {}).get(k), k) for d, k, _ in cols])
@@ -1118,12 +1114,7 @@ def _paired_lines(result: dict[str, Any], markdown: bool = True) -> list[str]:
     if not result.get("paired"):
         return []
     title, header, rows = _paired_table(result)
-    if markdown:
-        return [title, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1),
-                *("| " + " | ".join(r) + " |" for r in rows)]
-    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
-    return [title, *("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in [header, *rows])]
+    return [title, "", *markdown_table(header, rows)] if markdown else [title, *text_table(header, rows)]
 
 
 def _paper_rows(result: dict[str, Any]) -> list[tuple[str, list[str]]]:
@@ -1144,7 +1135,7 @@ def _title(result: dict[str, Any]) -> str:
         return (f"Experiment 2 (BITR paper): cross-dataset image <-> caption retrieval, trained on "
                 f"{result['dataset']}, tested on {result['test_dataset']}, representation {result['representation']}; "
                 f"{result['protocol']}")
-    builds = f"; the mean of {len(result['seeds'])} builds" if _several_seeds(result) else ""
+    builds = f"; the mean of {len(result['seeds'])} builds" if several_seeds(result) else ""
     return (f"Experiment 1 (BITR paper): image <-> caption retrieval on {result['dataset']}, representation "
             f"{result['representation']}; {result['protocol']}{builds}")
 
@@ -1191,7 +1182,7 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(label.ljust(w0) + "".join("  " + c.rjust(w) for c, w in zip(cells, widths)))
 
     emit(_rows(result))
-    if _several_seeds(result):
+    if several_seeds(result):
         lines += ["", _sd_title(result)]
         emit(_sd_rows(result))
     if result.get("paired"):
@@ -1207,7 +1198,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("training time per fold: " + ", ".join(f"{METHOD_LABELS[m]} {s:.1f} s" for m, s in secs.items()
                                                        if s is not None))
     lines.append(_search_line(result))
-    if _several_seeds(result):
+    if several_seeds(result):
         lines.append(_seeds_note(result))
     return "\n".join(lines)
 
@@ -1241,7 +1232,7 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
         out += ["Made with:", "", "```", command, "```", ""]
     out += [head, sep]
     out += ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in _rows(result)]
-    if _several_seeds(result):
+    if several_seeds(result):
         out += ["", _sd_title(result), "", head, sep]
         out += ["| " + label + " | " + " | ".join(cells) + " |" for label, cells in _sd_rows(result)]
     if result.get("paired"):
@@ -1256,7 +1247,7 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
             f"- representation `{result['representation']}`: "
             + ", ".join(f"{k} = {v}" for k, v in info.items() if not isinstance(v, (list, dict))),
             "- " + _where(result) + "; 'chance' = expected value of a random ranking",
-            *(["- " + _seeds_note(result)] if _several_seeds(result) else []),
+            *(["- " + _seeds_note(result)] if several_seeds(result) else []),
             "- training time per fold: " + ", ".join(
                 f"{METHOD_LABELS[m]} {result['results'][m].get('train_seconds', float('nan')):.1f} s"
                 for m in result["methods"]),

@@ -39,7 +39,7 @@ from crossview.core.events import Event, Finished, Log, Progress
 from crossview.core.run_settings import RUN_SETTING_PARAMS
 from crossview.engine.runs import drain  # noqa: F401  (the run store's; experiments call V.drain)
 from crossview.eval.paired import DEFAULT_RESAMPLES, paired_effect
-from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished
+from crossview.experiments._common import mean_std, new_experiment_dir, plain, relay_run, run_finished, text_table
 
 __all__ = ["Study", "EXPERIMENT_FILE", "KS", "parse_variants", "parse_variant_params", "variant_params",
            "paired", "run_study", "drain", "format_table", "format_markdown"]
@@ -553,21 +553,14 @@ def _heads(study: Study) -> tuple[list[str], list[str]]:
 
 def format_table(study: Study, result: dict[str, Any]) -> str:
     """The result as plain text: the metric table, then the paired comparison against the baseline."""
-    def table(head: list[str], rows: list[list[str]]) -> list[str]:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)] if rows else \
-            [len(h) for h in head]
-        fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                      for i, (c, w) in enumerate(zip(cells, widths)))
-        return [fmt(head), *[fmt(r) for r in rows]]
-
     head, phead = _heads(study)
-    lines = [_title(study, result), "", *table(head, _rows(result))]
+    lines = [_title(study, result), "", *text_table(head, _rows(result))]
     if result["paired"]:
         lines += ["", f"Per query against {result['baseline']} (B - A: the {study.noun} minus {result['baseline']}):",
-                  *table(phead, _paired_rows(result)),
+                  *text_table(phead, _paired_rows(result)),
                   *[w for note in _paired_notes(study, result) for w in textwrap.wrap(note, 116)]]
     for sub, info in (result.get("paired_subsets") or {}).items():
-        lines += ["", _subset_title(sub, info) + ":", *table(phead, _paired_rows(result, info["paired"])),
+        lines += ["", _subset_title(sub, info) + ":", *text_table(phead, _paired_rows(result, info["paired"])),
                   *[w for note in _paired_notes(study, result, info["paired"])[-1:] for w in textwrap.wrap(note, 116)]]
     design = _design_notes(study, result)
     if design:
