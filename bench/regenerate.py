@@ -352,15 +352,15 @@ ENTRIES: tuple[Entry, ...] = (
           ("synthetic",), 4, ("crossview/nn/trainer.py", "crossview/nn/encoders.py",
                               *methods("vsepp", "smoothap", "webly", "timam", "wsabie")), gpu=True),
     Entry("vsepp_flickr8k", "vsepp_flickr8k.md",
-          (S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS} --seeds 3 --no-select --cca"),
+          (S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS} --seeds 3 --no-select --cca --cache {{WORK}}/trials"),
            S(f"bench/vsepp_quality.py --configs {_VSEPP_CONFIGS.replace(',vse0:minilm_ft,vsepp:minilm_ft', '')} "
-             "--seeds 3 --set max_epochs=30 --set lr_decay_epoch=15"),
+             "--seeds 3 --set max_epochs=30 --set lr_decay_epoch=15 --cache {WORK}/trials"),
            *(S(f"bench/vsepp_quality.py --configs vse0:minilm --seeds 3 --protocol cv --no-select "
-               f"--set max_epochs={e} --set lr_decay_epoch={d}") for e, d in _VSEPP_CV),
+               f"--set max_epochs={e} --set lr_decay_epoch={d} --cache {{WORK}}/trials") for e, d in _VSEPP_CV),
            S("bench/vsepp_quality.py --configs vse0:minilm,vsepp:minilm --seeds 3 --no-select "
-             "--train-sizes 100,200,400,600"),
+             "--train-sizes 100,200,400,600 --cache {WORK}/trials"),
            S("bench/vsepp_quality.py --data demo --configs vse0:minilm,vsepp:minilm --seeds 3 --no-select "
-             "--train-sizes 150,300,600,1200,100000")),
+             "--train-sizes 150,300,600,1200,100000 --cache {WORK}/trials")),
           ("flickr8k", "demo"), 300, methods("vsepp", "cca") + FEATURES,
           title="VSE0 / VSE++ on real photos (the Flickr8k sample)"),
     Entry("webly_ablation_demo", "webly_ablation_demo.md",

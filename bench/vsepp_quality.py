@@ -98,8 +98,43 @@ def method_of(params: dict) -> str:
     return "smoothap" if params.get("loss") in ("smoothap", "infonce") else "vsepp"
 
 
+#: with ``--cache DIR``: each trial's result is kept there and read back by a later invocation (a regeneration
+#: of hours stopped half way continues where it was)
+CACHE: Path | None = None
+
+
+def _trial_key(d: SimpleNamespace, train_ids: np.ndarray, test_ids: np.ndarray, params: dict, select: bool,
+               refit: bool) -> str:
+    """What a trial's result depends on: the rows (features, captions, their images), the split, the parameters."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in (d.image, d.text, d.caption_image, train_ids, test_ids):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    h.update(json.dumps([d.captions, params, bool(select), bool(refit)], sort_keys=True).encode())
+    return h.hexdigest()[:24]
+
+
 def trial(d: SimpleNamespace, train_ids: np.ndarray, test_ids: np.ndarray, params: dict, select: bool = True,
           refit: bool = False) -> dict:
+    """One model trained on ``train_ids`` and scored on ``test_ids`` (read back from ``CACHE`` when it is there)."""
+    path = None if CACHE is None else CACHE / f"{_trial_key(d, train_ids, test_ids, params, select, refit)}.json"
+    if path is not None and path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))["result"]
+    t = time.time()
+    result = {**_trial(d, train_ids, test_ids, params, select, refit), "seconds": time.time() - t}
+    if path is None:
+        return result
+    CACHE.mkdir(parents=True, exist_ok=True)
+    _stamp.atomic_write_bytes(path, json.dumps({"params": params, "select": select, "refit": refit,
+                                                "result": result}).encode("utf-8"))
+    return result
+
+
+def _trial(d: SimpleNamespace, train_ids: np.ndarray, test_ids: np.ndarray, params: dict, select: bool,
+           refit: bool) -> dict:
     from crossview.features.normalize import FeatureNorm
     from crossview.methods import method_from_params
 
@@ -174,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--set", action="append", default=[], help="key=value (JSON value) for every config")
     ap.add_argument("--json", default="", help="append one JSON line per config to this file")
+    ap.add_argument("--cache", default="", metavar="DIR",
+                    help="keep each trial's result in DIR and read it back when the same trial (same rows, split and "
+                         "parameters) comes again: an interrupted invocation continues where it stopped")
     ap.add_argument("--no-select", action="store_true",
                     help="no validation during training: the last epoch is scored (what a run on a dataset with "
                          "no test split does, its val split being the evaluation split)")
@@ -187,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write the table here, stamped with the command, commit, machine and data (default "
                          "'-': print only)")
     args = ap.parse_args(argv)
+    global CACHE
+    CACHE = Path(args.cache) if args.cache else None
     if not args.source and args.data != "demo" and not Path(args.data).is_file():
         print(f"no dataset at {args.data}", file=sys.stderr)
         return 2
@@ -224,17 +264,17 @@ def run(args: argparse.Namespace) -> int:
     for cfg in args.configs.split(","):
         loss, text = cfg.split(":")
         params = {"loss": loss, **TEXT[text], "device": args.device, **extra}
-        t = time.time()
-        best, last, epochs = [], [], []
+        best, last, epochs, seconds = [], [], [], 0.0
         for seed in range(args.seeds):
             runs = [trial(d, a, b, {**params, "seed": seed}, not args.no_select, args.refit) for a, b in splits]
             best.append(float(np.mean([r["best"] for r in runs])))
             last.append(float(np.mean([r["last"] for r in runs])))
             epochs += [r["best_epoch"] for r in runs]
+            seconds += sum(r["seconds"] for r in runs)     # the trials' own times (also when read back)
         row = {"config": cfg, "params": params, "protocol": args.protocol, "best": best, "last": last,
-               "best_epochs": epochs, "seconds": time.time() - t}
+               "best_epochs": epochs, "seconds": seconds}
         print(f"| {cfg} | **{np.mean(best):.1f}** ± {np.std(best):.1f} | {' / '.join(f'{b:.1f}' for b in best)} | "
-              f"{np.mean(last):.1f} | {','.join(map(str, epochs))} | {time.time() - t:.0f} s |", flush=True)
+              f"{np.mean(last):.1f} | {','.join(map(str, epochs))} | {seconds:.0f} s |", flush=True)
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
