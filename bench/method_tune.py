@@ -25,6 +25,11 @@ after a default moved, the search starts from the new ones. Each ``--stage`` is 
 the best point so far already has (measured). Run
 folders go to ``--work`` (default: a temporary folder); running again with the same ``--work`` reads finished
 runs back and resumes interrupted ones. ``--stages-only`` stops after the search (no val runs).
+
+``--seeds 0,1,2`` (the stochastic methods: WSABIE, TIMAM, the deep ones): every trial's folds and each val run are
+trained once per seed (``crossview tune --seeds``), a trial is scored by the mean over its seeds first, and both
+paired effects average each query's rank over the seeds before the photos are resampled (the folds' held-out queries
+pooled per seed, then stacked). One seed (the default) is the folder layout and the numbers of old.
 """
 
 from __future__ import annotations
@@ -48,6 +53,23 @@ import _stamp  # noqa: E402  (bench/_stamp.py)
 SAMPLE = _stamp.FLICKR8K
 
 
+def _parse_seeds(text: str) -> list[int]:
+    from crossview.core.errors import CrossViewError
+    from crossview.core.run_settings import parse_seeds
+
+    try:
+        return list(parse_seeds(text))
+    except CrossViewError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seeds_text(seeds: list[int] | None) -> str:
+    if not seeds or len(seeds) == 1:
+        return f"seed {seeds[0] if seeds else 0} everywhere"
+    return (f"every trial (each fold) and each val run trained at seeds {', '.join(map(str, seeds))}, each query "
+            "averaged over the seeds first")
+
+
 def _label(point: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in point.items()) or "defaults"
 
@@ -67,6 +89,13 @@ def _pooled(run_dirs: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         caps.append(c)
         off += a.size
     return {"i2t": np.concatenate(i2t), "t2i": np.concatenate(t2i)}, np.concatenate(caps)
+
+
+def _pooled_seeds(runs: list[list[str]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``runs[part][seed]`` (a trial's run folders: its folds, each at each seed) as one query set per seed,
+    stacked ``(n_seeds, n_queries)``: what :func:`crossview.eval.paired.paired_effect` averages per query first."""
+    per_seed = [_pooled([part[s] for part in runs]) for s in range(len(runs[0]))]
+    return ({d: np.stack([r[d] for r, _ in per_seed]) for d in ("i2t", "t2i")}, per_seed[0][1])
 
 
 def _effect_line(eff: dict[str, Any], what: str) -> str:
@@ -89,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.work)
     defaults = method_class(method).default_params()
     stages = [parse_grid(method, shlex.split(s)) for s in args.stage]
+    seeds = args.seeds
     if args.val_only:
         return _val(args, ds, work, {})
     fixed = {k: v for k, v in (p.split("=", 1) for p in args.set)} if args.set else {}
@@ -102,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     text_enc = cls.default_text_encoder or DEFAULT_TEXT_ENCODER
     print(f"Data: {ds.name} ({len(ds.splits['train'])} train photos, {len(ds.splits.get('val', []))} val), "
           f"{method}'s default encoders (images {image_enc}, captions {text_enc}) and its default feature "
-          "normalisation; seed 0 everywhere; device cpu. rsum = R@1+5+10 both ways.\n")
+          f"normalisation; {_seeds_text(seeds)}; device {args.device}. rsum = R@1+5+10 both ways.\n")
 
     # ---- the search: stages of `crossview tune`, 3-fold CV of train, each stage around the best point so far
     trials: list[dict[str, Any]] = []          # every trial of every stage, with its full parameter point
@@ -115,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         params = {key: v for key, v in best.items() if key not in grid}
         result = None
         for ev in tune(method, ds, grid, params=params, out=work / f"stage{k}", select_on=args.select_on, folds=args.folds,
-                       device=args.device, seed=0, refit=False):
+                       device=args.device, seed=0, refit=False, seeds=seeds):
             if isinstance(ev, TuneResult):
                 result = ev
             elif isinstance(ev, Log):   # each finished trial, to stderr: a stage of 18 runs is an hour on the CPU
@@ -123,9 +153,11 @@ def run(args: argparse.Namespace) -> int:
         assert result is not None
         for r in result.trials:
             full = {**params, **r["point"]}
-            parts = r.get("folds") or [{"rsum": r["rsum"], "run_dir": r["run_dir"]}]     # holdout: one run
+            parts = r.get("folds") or [{"rsum": r["rsum"], "run_dir": r["run_dir"],     # holdout: one part
+                                        **({"runs": r["runs"]} if "runs" in r else {})}]
             trials.append({"stage": k, "point": full, "score": r["score"], "sd": r["sd"],
-                           "folds": [f["rsum"] for f in parts], "dirs": [f["run_dir"] for f in parts],
+                           "folds": [f["rsum"] for f in parts],
+                           "runs": [f.get("runs") or [f["run_dir"]] for f in parts],     # [part][seed]
                            "i2t": r["i2t"], "t2i": r["t2i"]})
         top = max(trials, key=lambda t: t["score"])
         best = {key: v for key, v in top["point"].items()}
@@ -173,11 +205,14 @@ def run(args: argparse.Namespace) -> int:
     if default_trial is None:
         print("The defaults were not among the trials (give a first stage whose grid holds them).")
         return 1
-    cv = paired_effect(_pooled(default_trial["dirs"])[0], _pooled(unique[0]["dirs"])[0],
-                       _pooled(default_trial["dirs"])[1], seed=0)
+    base, caps = _pooled_seeds(default_trial["runs"])
+    cv = paired_effect(base, _pooled_seeds(unique[0]["runs"])[0], caps, seed=0)
     per_fold = [b - a for a, b in zip(default_trial["folds"], unique[0]["folds"])]
-    on = ("on the folds (the held-out photos of the folds pooled)" if args.select_on == "cv" else
-          "on the held-out 20% of train")
+    averaged = (f"each query's rank averaged over the {len(seeds)} seeds first" if seeds and len(seeds) > 1
+                else "")
+    on = (f"on the folds (the held-out photos of the folds pooled{'; ' + averaged if averaged else ''})"
+          if args.select_on == "cv" else
+          f"on the held-out 20% of train{' (' + averaged + ')' if averaged else ''}")
     print("\n- " + _effect_line(cv, f"Chosen minus defaults {on}")
           + f"; per fold {' '.join(f'{d:+.1f}' for d in per_fold)}.")
     move = bool(chosen) and cv["rsum"]["ci"][0] > 0
@@ -197,41 +232,58 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
     from crossview.eval.paired import paired_effect
 
     method = args.method
+    seeds = list(args.seeds or [0])
+    several = len(seeds) > 1
     rows = {}
     for name, params in (("defaults", {}), ("chosen", chosen)):
         if name == "chosen" and not chosen:
             break
-        run_dir = work / f"val-{name}"
-        t0 = time.monotonic()
-        _, it = ensure_run(run_dir, lambda: train(method, ds, run_dir=run_dir, params=params, device=args.device,
-                                                   seed=0), data=ds)
-        summary = drain(it, str(run_dir)) if it is not None else None
-        if summary is None:
-            summary = read_json(run_dir / "summary.json")
-        rows[name] = (summary, run_dir, time.monotonic() - t0)
+        runs = []
+        for seed in seeds:     # one seed: the folder of old (val-NAME); several: val-NAME-sS
+            run_dir = work / (f"val-{name}-s{seed}" if several else f"val-{name}")
+            t0 = time.monotonic()
+            _, it = ensure_run(run_dir, lambda: train(method, ds, run_dir=run_dir, params=params,
+                                                       device=args.device, seed=seed), data=ds)
+            summary = drain(it, str(run_dir)) if it is not None else None
+            if summary is None:
+                summary = read_json(run_dir / "summary.json")
+            runs.append((summary, run_dir, time.monotonic() - t0))
+        rows[name] = runs
+    each = (f"at seeds {', '.join(map(str, seeds))}, R@K the mean over the seeds, reported once each" if several
+            else "reported once each")
     print(f"\n### Val ({len(ds.splits.get('val', []))} photos), trained on all {len(ds.splits['train'])} training "
-          "photos, reported once each\n")
-    print("| run | `--set` | i2t R@1/5/10 | t2i R@1/5/10 | rsum | rsum 95% CI | selected on | reported on | "
-          "train s |")
+          f"photos, {each}\n")
+    print(f"| run | `--set` | i2t R@1/5/10 | t2i R@1/5/10 | rsum | {'rsum per seed' if several else 'rsum 95% CI'} | "
+          "selected on | reported on | train s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, (s, _, wall) in rows.items():
-        cells = " | ".join("/".join(f"{s[d][k]:.1f}" for k in ("R@1", "R@5", "R@10")) for d in ("i2t", "t2i"))
-        ci = s.get("ci", {}).get("rsum")
+    for name, runs in rows.items():
+        summaries = [r[0] for r in runs]
+        s = summaries[0]
+        cells = " | ".join("/".join(f"{np.mean([x[d][k] for x in summaries]):.1f}" for k in ("R@1", "R@5", "R@10"))
+                           for d in ("i2t", "t2i"))
+        rsum = float(np.mean([x["rsum"] for x in summaries]))
+        if several:
+            spread = " / ".join(f"{x['rsum']:.1f}" for x in summaries)
+        else:
+            ci = s.get("ci", {}).get("rsum")
+            spread = f"{ci[0]:.1f}-{ci[1]:.1f}" if ci else "-"
         sets = " ".join(f"{k}={v}" for k, v in (chosen if name == "chosen" else {}).items()) or "(none)"
         # the chosen run is an ordinary `crossview train --set ...` run: its summary says selected_on nothing (no
         # choice inside it); its parameters were chosen by this bench's search on train
         selected = (f"train ({args.select_on}, this search)" if name == "chosen" else
                     f"{s.get('selected_on', '-')} (the defaults)")
-        print(f"| {name} | {sets} | {cells} | {s['rsum']:.1f} | {f'{ci[0]:.1f}-{ci[1]:.1f}' if ci else '-'} | "
-              f"{selected} | {s.get('reported_on', s.get('split'))} | "
-              f"{s.get('train_seconds', wall):.0f} |")
+        seconds = sum(x.get("train_seconds", wall) for x, _, wall in runs)
+        print(f"| {name} | {sets} | {cells} | {rsum:.1f} | {spread} | "
+              f"{selected} | {s.get('reported_on', s.get('split'))} | {seconds:.0f} |")
     print("\ntrain s: the training seconds each run records (a run read back from an earlier invocation keeps its "
           "own); other jobs may have shared the CPU (the stamp's load average says how busy it was when written): a "
           "rough cost, not a timing to compare closely.")
     if "chosen" in rows:
-        a, caps = _pooled([str(rows["defaults"][1])])
-        b, _ = _pooled([str(rows["chosen"][1])])
-        print("\n- " + _effect_line(paired_effect(a, b, caps, seed=0), "Chosen minus defaults on val") + ".")
+        a, caps = _pooled_seeds([[str(r[1]) for r in rows["defaults"]]])
+        b, _ = _pooled_seeds([[str(r[1]) for r in rows["chosen"]]])
+        what = "Chosen minus defaults on val" + (" (each query's rank averaged over the seeds first)" if several
+                                                  else "")
+        print("\n- " + _effect_line(paired_effect(a, b, caps, seed=0), what) + ".")
     elif not args.val_only:
         print("\nThe search chose the defaults: nothing to compare on val.")
     return 0
@@ -250,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the trials are scored: cv (--folds-fold CV of train) or holdout (a seeded 20%% of "
                          "train: one run a trial, for a method too slow for CV)")
     ap.add_argument("--top", type=int, default=12, help="rows of the CV table (the defaults' row is always shown)")
+    ap.add_argument("--seeds", type=_parse_seeds, default=None, metavar="S,S,...",
+                    help="train every trial (each fold) and each val run once per seed; scores and the paired "
+                         "effects average each query over the seeds first (default: seed 0 alone)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work", default="", help="run folders (default: a temporary folder)")
     ap.add_argument("--stages-only", action="store_true", help="stop after the search: no val runs")
@@ -259,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.stage and not args.val_only:
         ap.error("give at least one --stage")
-    if not Path(args.data).is_file():
+    if not Path(args.data).exists():
         print(f"no dataset at {args.data} (the shared Flickr8k sample); skipped", file=sys.stderr)
         return 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,74 @@
+"""bench/method_tune.py at several seeds (``--seeds``): every trial's fold and each val run trained once per seed
+(``trial-NNN-fK-sS``, ``val-NAME-sS``), the paired effects computed on each query's rank averaged over the seeds
+(the folds' held-out queries pooled per seed, then stacked), and a folder of one seed laid out as before. CCA on a
+toy precomp folder (deterministic: the seeds' runs agree, which the test uses), the pooling on hand-made ranks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _engine_helpers import make_toy_dataset, write_toy_precomp
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import method_tune as MT  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> Path:
+    data = tmp_path_factory.mktemp("method_tune") / "toy_precomp"
+    write_toy_precomp(data, make_toy_dataset(100), (("train", "train"), ("dev", "val")))
+    return data
+
+
+def _write_ranks(folder: Path, i2t, t2i, caption_image) -> str:
+    folder.mkdir(parents=True)
+    np.savez(folder / "ranks.npz", i2t=np.asarray(i2t), t2i=np.asarray(t2i), caption_image=np.asarray(caption_image))
+    return str(folder)
+
+
+def test_folds_are_pooled_per_seed_and_the_seeds_stacked(tmp_path) -> None:
+    """runs[part][seed]: each seed's folds side by side (captions' images offset by the images before them)."""
+    runs = [[_write_ranks(tmp_path / f"f{p}-s{s}", [1 + s, 2 + p], [3, 1 + s, 2], [0, 0, 1]) for s in (0, 1)]
+            for p in (0, 1)]
+    ranks, caps = MT._pooled_seeds(runs)
+    assert ranks["i2t"].tolist() == [[1, 2, 1, 3], [2, 2, 2, 3]]
+    assert ranks["t2i"].tolist() == [[3, 1, 2, 3, 1, 2], [3, 2, 2, 3, 2, 2]]
+    assert caps.tolist() == [0, 0, 1, 2, 2, 3]
+
+
+def test_several_seeds_train_each_run_per_seed_and_report_the_mean(toy, tmp_path, capsys) -> None:
+    work = tmp_path / "w"
+    out = tmp_path / "out.md"
+    assert MT.main(["--method", "cca", "--data", str(toy), "--stage", "reg=5,5000", "--seeds", "0,1",
+                    "--work", str(work), "--out", str(out)]) == 0
+    names = sorted(p.name for p in (work / "stage1").iterdir() if p.is_dir())
+    assert names == [f"trial-00{t}-f{f}-s{s}" for t in (1, 2) for f in (1, 2, 3) for s in (0, 1)]
+    text = out.read_text()
+    assert "trained at seeds 0, 1" in text and "each query's rank averaged over the 2 seeds first" in text
+    if "chosen minus defaults on val" in text.lower():
+        assert (work / "val-chosen-s1").is_dir()
+    assert (work / "val-defaults-s0").is_dir() and (work / "val-defaults-s1").is_dir()
+    row = next(line for line in text.splitlines() if line.startswith("| defaults | (none)"))
+    per_seed = row.split(" | ")[5].split(" / ")
+    assert len(per_seed) == 2 and per_seed[0] == per_seed[1]          # CCA: the seeds agree
+    assert row.split(" | ")[4] == per_seed[0]                          # the mean over them
+
+
+def test_one_seed_keeps_the_old_layout(toy, tmp_path) -> None:
+    work = tmp_path / "w"
+    assert MT.main(["--method", "cca", "--data", str(toy), "--stage", "reg=5,5000", "--work", str(work),
+                    "--out", str(tmp_path / "out.md")]) == 0
+    assert (work / "stage1" / "trial-001-f1").is_dir() and (work / "val-defaults").is_dir()
+    assert "seed 0 everywhere" in (tmp_path / "out.md").read_text()
+
+
+def test_bad_seeds_are_refused_in_one_line(toy, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        MT.main(["--method", "cca", "--data", str(toy), "--stage", "reg=5", "--seeds", "0,x"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "seed 'x' is not a whole number" in err
