@@ -171,8 +171,8 @@ ENTRIES: tuple[Entry, ...] = (
           ("crossview/features/image.py", "crossview/features/text", *methods("cca"), *METRICS)),
     Entry("bitr_exp2_flickr8k_to_demo", "bitr_exp2_flickr8k_to_demo.md",
           (S("crossview experiment bitr-table --data {F8K} --representation modern --methods cca,wsabie,bitr-c,random "
-             "--k 50 --test-data demo --index exact --exp-dir {WORK}/exp"),),
-          ("flickr8k", "demo"), 12, TABLE + methods("cca", "wsabie", "bitr") + ("crossview/index",
+             "--k 50 --test-data demo --index exact --seeds 0,1,2 --exp-dir {WORK}/exp"),),
+          ("flickr8k", "demo"), 36, TABLE + methods("cca", "wsabie", "bitr") + ("crossview/index",
                                                                                  "crossview/features/topics.py")),
     Entry("bitr_exp3_flickr8k", "bitr_exp3_flickr8k.md",
           (S("crossview experiment bitr-labels --data {F8K} --text phrases --min-images 3 --representation modern "

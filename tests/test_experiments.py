@@ -705,6 +705,14 @@ def test_cross_metrics_are_experiment_ones_on_each_part_and_overlap_over_the_sou
     refs = [[target.captions[c] for c in np.flatnonzero(target.caption_image == i)] for i in range(8)]
     naive = gallery_overlap_i2t(score(target, source, "i2t"), source.captions, refs, 2, SentenceOverlap())
     assert res["i2t"]["BLEU-1"] == pytest.approx(naive["BLEU-1"])
+    kept = B.cross_metrics(embed, source, target, parts, ks=(1, 3), overlap_k=2, keep_ranks=True)["ranks"]
+    for k, p in enumerate(parts):          # each part's own ranks, the parts one after another
+        sub = target.subset(p)
+        np.testing.assert_array_equal(kept["i2t"][4 * k:4 * k + 4], M.i2t_ranks(score(sub, sub, "i2t"),
+                                                                                 sub.caption_image))
+        np.testing.assert_array_equal(kept["t2i"][8 * k:8 * k + 8], M.t2i_ranks(score(sub, sub, "t2i"),
+                                                                                 sub.caption_image))
+    assert kept["caption_image"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
     assert B.cross_parts(5, 1) [0].tolist() == list(range(5))
     with pytest.raises(CrossViewError, match="too few"):
         B.cross_parts(5, 3)
@@ -731,6 +739,52 @@ def test_cross_dataset_table_tests_the_trained_models_on_the_other_data(tiny, ot
     assert res2["results"]["cca"]["i2t"]["R@5"] == pytest.approx(res["results"]["cca"]["i2t"]["R@5"])
     with pytest.raises(CrossViewError, match="drop --folds"):
         _drain(B.run_bitr_table(tiny, **{**kw, "folds": 3, "out": tmp_path / "exp2"}))
+
+
+def test_cross_dataset_rows_are_paired_against_the_first_on_the_other_datas_queries(tiny, other, tmp_path):
+    """Experiment 2's paired section: each other row (the random one too) minus the first, on the other dataset's
+    queries ranked within their parts; its differences are the table's (equal parts), its intervals hold them; the
+    ranks are kept beside the runs and read back; an older folder without them gets them from its runs again (no
+    training); two builds pair each query's rank averaged over the builds."""
+    kw = dict(representation="default", methods=["cca", "bitr-c", "random"], ks=(5,), test_dataset=other,
+              test_parts=5, representation_params={**TFIDF, "cache": FeatureCache(tmp_path / "c")},
+              method_params={"bitr": FAST["bitr"]}, out=tmp_path / "exp")
+    _, res = _drain(B.run_bitr_table(tiny, **kw))
+    pr = res["paired"]
+    assert pr["baseline"] == "cca" and list(pr["rows"]) == ["bitr-c", "random"]
+    assert pr["n_images"] == 50 and pr["n_captions"] == other.n_captions
+    for m in ("bitr-c", "random"):
+        for d in ("i2t", "t2i"):
+            cell = pr["rows"][m][d]["R@5"]
+            want = res["results"][m][d]["R@5"] - res["results"]["cca"][d]["R@5"]
+            assert cell["diff"] == pytest.approx(want)
+            assert cell["ci"][0] <= cell["diff"] <= cell["ci"][1]
+    assert pr["rows"]["random"]["sum"]["ci"][1] < 0            # CCA is far above chance on this data
+    md = B.format_markdown(res)
+    assert f"Paired against CCA on the same 50 {other.name} images" in md and "| random |" in md.split("Paired against")[1]
+    ranks = sorted(p.name for p in (tmp_path / "exp" / B.CROSS_RANKS).iterdir())
+    assert ranks == ["test-bitr-c.npz", "test-cca.npz", "test-random.npz"]
+
+    import crossview.engine.run as run_mod
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished trial was trained again")
+
+    (tmp_path / "exp" / B.CROSS_RANKS / "test-cca.npz").unlink()       # as a folder made before the ranks were kept
+    import unittest.mock as um
+    with um.patch.object(run_mod, "train", no_training):
+        _, again = _drain(B.run_bitr_table(tiny, **kw))
+    assert (tmp_path / "exp" / B.CROSS_RANKS / "test-cca.npz").is_file()
+    assert again["paired"]["rows"]["bitr-c"]["sum"]["diff"] == pytest.approx(pr["rows"]["bitr-c"]["sum"]["diff"])
+
+    _, two = _drain(B.run_bitr_table_seeds(tiny, seeds=[0, 1], **{k: v for k, v in kw.items() if k != "out"},
+                                           out=tmp_path / "seeds"))
+    p2 = two["paired"]
+    assert list(p2["rows"]) == ["bitr-c", "random"]
+    for d in ("i2t", "t2i"):
+        want = two["results"]["random"][d]["R@5"] - two["results"]["cca"][d]["R@5"]
+        assert p2["rows"]["random"][d]["R@5"]["diff"] == pytest.approx(want)
+    assert "the mean of 2 builds" in B.format_markdown(two).splitlines()[0]
 
 
 def test_cli_cross_dataset(precomp, other, tmp_path, capsys):

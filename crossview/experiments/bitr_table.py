@@ -69,6 +69,9 @@ __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_fo
 
 #: The experiment folder's record: settings and one row of table metrics per finished trial.
 EXPERIMENT_FILE = "experiment.json"
+#: Experiment 2: each trial's ranks of the other dataset's queries (``<trial>.npz``: ``i2t``, ``t2i`` within each
+#: part, the parts one after another, and ``caption_image`` into that order), what the paired section compares
+CROSS_RANKS = "cross-ranks"
 #: The derived splits a fold's runs record in config.json (crossview.engine.splits).
 TRAIN_SPLIT, TEST_SPLIT, VAL_SPLIT = "exp-train", "exp-test", "exp-val"
 
@@ -443,26 +446,64 @@ def cross_parts(n_images: int, parts: int, seed: int = 0) -> list[np.ndarray]:
 
 def cross_metrics(embed: Embed, source: MethodData, target: MethodData, parts: Sequence[np.ndarray], *,
                   ks: Sequence[int] = (50,), corpus: MethodData | None = None, overlap_k: int = OVERLAP_K,
-                  index: str | None = None) -> dict[str, Any]:
+                  index: str | None = None, keep_ranks: bool = False) -> dict[str, Any]:
     """Experiment 2's metrics of a model trained on ``source``'s dataset, on another dataset ``target``.
 
     ``embed`` gives the model's rows (:func:`method_embedder`). R@K and MedR: within each part of ``target``
     (:func:`cross_parts`), averaged over the parts; BLEU-1 / ROUGE-1: every image (caption) of ``target`` a
     query, the top ``overlap_k`` captions (images) retrieved from the whole ``source`` collection (the paper:
     "retrieval on all the captions of SBU dataset"; ``index`` for a collection too large for a dense score
-    matrix), scored against the query's gold captions as in Experiment 1; the corpus row likewise."""
+    matrix), scored against the query's gold captions as in Experiment 1; the corpus row likewise.
+
+    ``keep_ranks``: also ``"ranks"``, every query's rank within its part (``{"i2t", "t2i", "caption_image"}``, the
+    parts one after another, ``caption_image`` into that order): R@K over them is the table's mean over the parts
+    when the parts are of one size, and they are what the paired comparison resamples."""
     from crossview.eval import metrics as M
 
     per = []
+    kept: dict[str, list[np.ndarray]] = {"i2t": [], "t2i": [], "caption_image": []}
+    offset = 0
     for k, rows in enumerate(parts):
         part = target.subset(rows, name=f"{target.name}-part{k + 1:02d}")
         r = {}
         for d, ranks in (("i2t", M.i2t_ranks), ("t2i", M.t2i_ranks)):
             s = embed(part, "image", d) @ embed(part, "text", d).T
-            r[d] = M.rank_metrics(ranks(s, part.caption_image), ks)
+            got = ranks(s, part.caption_image)
+            r[d] = M.rank_metrics(got, ks)
+            kept[d].append(np.asarray(got, dtype=np.int32))
+        kept["caption_image"].append(np.asarray(part.caption_image, dtype=np.int64) + offset)
+        offset += part.n_images
         per.append(r)
     mean, _ = mean_std(per)
-    return _with_overlap(mean, source, target, corpus, overlap_k, embed, index)
+    out = _with_overlap(mean, source, target, corpus, overlap_k, embed, index)
+    if keep_ranks:
+        out["ranks"] = {d: np.concatenate(v) for d, v in kept.items()}
+    return out
+
+
+def _save_cross_ranks(folder: Path, trial: str, ranks: dict[str, np.ndarray]) -> str:
+    """A trial's cross-dataset ranks (:func:`cross_metrics` ``keep_ranks``) in ``folder/cross-ranks/<trial>.npz``,
+    written whole or not at all; its path."""
+    import io
+
+    from crossview.core.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    np.savez(buf, **ranks)
+    path = folder / CROSS_RANKS / f"{trial}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue())
+    return str(path)
+
+
+def _load_cross_ranks(path: str | Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """What :func:`_save_cross_ranks` wrote: ``({"i2t", "t2i"}, caption_image)``; one line when it is damaged."""
+    try:
+        with np.load(Path(path), allow_pickle=False) as z:
+            return {d: np.asarray(z[d]) for d in ("i2t", "t2i")}, np.asarray(z["caption_image"])
+    except (OSError, ValueError, KeyError) as e:
+        raise CrossViewError(f"{path}: cannot read the cross-dataset ranks ({e}); delete it and run the experiment "
+                             "again with the same --exp-dir (that trial's ranks are computed again)") from None
 
 
 def foreign_method_data(dataset: Any, rep: Any, name: str = "target", *, device: str = "cpu") -> MethodData:
@@ -761,12 +802,14 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     step = 0
     per_fold: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     runs: dict[str, list[str]] = {m: [] for m in learned}
+    cross_ranks: dict[str, list[str]] = {m: [] for m in methods}     # Experiment 2: each trial's ranks file
     chance: list[dict[str, Any]] = []
     rep_info: dict[str, Any] = dict(old.get("representation_info") or {})
     device = str(rep_kw.get("device", "cpu"))
     for fold in fold_list:
         names = {m: f"{fold.key}-{m}" for m in learned}
         done = {m: names[m] in trials and trials[names[m]].get("eval") == eval_key and run_finished(folder / names[m])
+                and (not cross or (folder / CROSS_RANKS / f"{names[m]}.npz").is_file())     # older folders: none
                 for m in learned}
         parts = cross_parts(test_dataset.n_images, test_parts, seed) if cross else []
         fold_data: dict[str, SimpleNamespace] = {}
@@ -826,7 +869,9 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 if cross:
                     rp = {**RANDOM_PARAMS, **params[m]}
                     res = cross_metrics(random_embedder(int(rp["dim"]), int(rp["seed"])), main.source, main.target,
-                                        parts, ks=ks, corpus=main.corpus, overlap_k=overlap_k, index=index)
+                                        parts, ks=ks, corpus=main.corpus, overlap_k=overlap_k, index=index,
+                                        keep_ranks=True)
+                    cross_ranks[m].append(_save_cross_ranks(folder, f"{fold.key}-{m}", res.pop("ranks")))
                 else:
                     res = random_baseline(main.train, main.test, ks=ks, corpus=main.corpus, overlap_k=overlap_k,
                                           index=index, **{**RANDOM_PARAMS, **params[m]})
@@ -838,6 +883,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             runs[m].append(str(run_dir))
             if done[m]:
                 per_fold[m].append(trials[names[m]]["metrics"])
+                if cross:
+                    cross_ranks[m].append(str(folder / CROSS_RANKS / f"{names[m]}.npz"))
                 step += 1
                 yield Log(f"{fold.name} {m}: finished earlier ({run_dir.name}), read back")
                 continue
@@ -861,7 +908,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
             method = load_fitted(run_dir)
             if cross:
                 res = cross_metrics(method_embedder(method), d.source, d.target, parts, ks=ks, corpus=d.corpus,
-                                    overlap_k=overlap_k, index=index)
+                                    overlap_k=overlap_k, index=index, keep_ranks=True)
+                cross_ranks[m].append(_save_cross_ranks(folder, names[m], res.pop("ranks")))
             else:
                 res = evaluate_fold(method, d.train, d.test, ks=ks, corpus=d.corpus, overlap_k=overlap_k,
                                     index=index)
@@ -901,6 +949,10 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
               "paper": paper_numbers(representation, methods) if not cross else
               paper_numbers(representation, methods, _paper_dataset(test_dataset.name), table="table 4"),
               "experiment_dir": str(folder), "runs": runs}
+    if cross:
+        result["cross_ranks"] = cross_ranks
+        if learned and len(methods) > 1:    # one build: each other row (the random one too) against the first
+            result["paired"] = paired_against([result], learned[0], [m for m in methods if m != learned[0]], ks)
     atomic_write_json(folder / EXPERIMENT_FILE, {**record, "method_params": method_params_all,
                                                  "methods": sorted(set(old.get("methods") or []) | set(methods)),
                                                  "representation_info": plain(rep_info), "trials": trials})
@@ -939,7 +991,10 @@ def run_bitr_table_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path 
     result = combine_seeds(results, seeds)
     result["experiment_dir"] = str(folder)
     learned = [m for m in result["methods"] if registry_of(m) != "random"]
-    if result["folds"] == 1 and not result.get("test_dataset") and len(learned) > 1:
+    if result.get("test_dataset") and learned and len(result["methods"]) > 1:    # Experiment 2: the random row too
+        result["paired"] = paired_against(results, learned[0], [m for m in result["methods"] if m != learned[0]],
+                                          result["ks"])
+    elif result["folds"] == 1 and len(learned) > 1:
         result["paired"] = paired_against(results, learned[0], learned[1:], result["ks"])
     yield Finished(summary=result)
 
@@ -961,11 +1016,13 @@ def paired_against(results: Sequence[dict[str, Any]], baseline: str, others: Seq
     """Each method of ``others`` against ``baseline`` on the same test queries, paired
     (:func:`crossview.eval.paired.paired_effect`, effect = method - baseline): each query's rank averaged over the
     builds first (one observation per query), images resampled with their captions. ``results``: the builds
-    (:func:`run_bitr_table` results of one split, one per seed), whose trial runs hold the ranks."""
+    (:func:`run_bitr_table` results of one split, one per seed), whose trial runs hold the ranks; for Experiment 2,
+    the ranks of the other dataset's queries in their ``cross_ranks`` files (the random row's too)."""
     from crossview.eval.paired import paired_effect
 
     def ranks_of(m: str) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        per = [_plain_ranks(Path(r["runs"][m][0])) for r in results]
+        per = [_load_cross_ranks(r["cross_ranks"][m][0]) if r.get("cross_ranks")
+               else _plain_ranks(Path(r["runs"][m][0])) for r in results]
         return {d: np.stack([x[0][d] for x in per]) for d in ("i2t", "t2i")}, per[0][1]
 
     base, caption_image = ranks_of(baseline)
@@ -1005,6 +1062,9 @@ def combine_seeds(results: Sequence[dict[str, Any]], seeds: Sequence[int]) -> di
                chance=mean_std([r["chance"] for r in results])[0] if first.get("chance") else first.get("chance"),
                std=mean_std([r["std"] for r in results])[0],
                per_fold={}, runs={m: [d for r in results for d in r["runs"].get(m, [])] for m in first["runs"]})
+    if first.get("cross_ranks"):
+        out["cross_ranks"] = {m: [p for r in results for p in r["cross_ranks"].get(m, [])]
+                              for m in first["cross_ranks"]}
     return out
 
 
@@ -1087,6 +1147,11 @@ def _seeds_note(result: dict[str, Any]) -> str:
             "mean of the builds' medians")
 
 
+def _builds(result: dict[str, Any]) -> str:
+    n = len(result.get("seeds") or [1])
+    return "one build of each" if n == 1 else f"{n} builds of each"
+
+
 def _paired_table(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
     """The paired comparison against the first method (:func:`paired_against`): title, header, rows."""
     pr = result["paired"]
@@ -1102,9 +1167,12 @@ def _paired_table(result: dict[str, Any]) -> tuple[str, list[str], list[list[str
 
     rows = [[METHOD_LABELS[m], *(cell(r[d][k]) for d, k in cols), cell(r["sum"]), f"{r['mde']:.1f}"]
             for m, r in pr["rows"].items()]
-    title = (f"Paired against {base} on the same {pr['n_images']} test images / {pr['n_captions']} captions: "
+    where = (f"{result['test_dataset']} images / {pr['n_captions']} captions (each ranked within its part of "
+             f"{result['test_dataset']}, as the table's R@K)" if result.get("test_dataset") else
+             f"test images / {pr['n_captions']} captions")
+    title = (f"Paired against {base} on the same {pr['n_images']} {where}: "
              f"method minus {base}, points, with the {100 * pr['level']:.0f}% interval "
-             f"({len(result.get('seeds') or [1])} builds of each; resampled: {pr['resampled']}; "
+             f"({_builds(result)}; resampled: {pr['resampled']}; "
              f"{pr['resamples']:,} resamples)")
     return title, header, rows
 
@@ -1134,7 +1202,8 @@ def _title(result: dict[str, Any]) -> str:
     if result.get("test_dataset"):
         return (f"Experiment 2 (BITR paper): cross-dataset image <-> caption retrieval, trained on "
                 f"{result['dataset']}, tested on {result['test_dataset']}, representation {result['representation']}; "
-                f"{result['protocol']}")
+                f"{result['protocol']}"
+                + (f"; the mean of {len(result['seeds'])} builds" if several_seeds(result) else ""))
     builds = f"; the mean of {len(result['seeds'])} builds" if several_seeds(result) else ""
     return (f"Experiment 1 (BITR paper): image <-> caption retrieval on {result['dataset']}, representation "
             f"{result['representation']}; {result['protocol']}{builds}")
