@@ -452,21 +452,27 @@ def _substantive(commit: str, path: str) -> bool:
 UNCHANGED = "bench/unchanged_results.toml"
 
 
-def _unchanged_commits() -> dict[str, str]:
-    """``{commit prefix: scope}`` from :data:`UNCHANGED`: ``"all"`` entries, or ``"cpu"`` (those that need no GPU).
-    Each record must say why; one without a reason, or with another scope, is an error (it would hide a change)."""
+def _unchanged_commits() -> dict[str, str | tuple[str, ...]]:
+    """``{commit prefix: scope}`` from :data:`UNCHANGED`: ``"all"`` entries, ``"cpu"`` (those that need no GPU), or
+    ``"entries"`` with the names the record lists (``entries = [...]``: a change that moves other entries' files
+    but not these), as a tuple of those names. Each record must say why; one without a reason, with another scope,
+    or naming an entry the registry does not have, is an error (it would hide a change)."""
     import tomllib
 
     path = REPO / UNCHANGED
     if not path.is_file():
         return {}
-    out = {}
+    names = {e.name for e in ENTRIES}
+    out: dict[str, str | tuple[str, ...]] = {}
     for rec in tomllib.loads(path.read_text(encoding="utf-8")).get("commit", []):
         cid, scope, why = str(rec.get("id", "")), rec.get("scope"), str(rec.get("why", "")).strip()
-        if len(cid) < 7 or scope not in ("all", "cpu") or not why:
-            raise SystemExit(f"{UNCHANGED}: each [[commit]] needs an id (7+ hex digits), scope 'all' or 'cpu' and "
-                             f"a why; got {rec!r}")
-        out[cid] = scope
+        listed = rec.get("entries")
+        if len(cid) < 7 or scope not in ("all", "cpu", "entries") or not why or \
+                (scope == "entries") != isinstance(listed, list) or \
+                (scope == "entries" and (not listed or not set(map(str, listed)) <= names)):
+            raise SystemExit(f"{UNCHANGED}: each [[commit]] needs an id (7+ hex digits), scope 'all', 'cpu' or "
+                             f"'entries' (with entries = [names of registry entries]) and a why; got {rec!r}")
+        out[cid] = tuple(map(str, listed)) if scope == "entries" else scope
     return out
 
 
@@ -493,7 +499,7 @@ def state(entry: Entry) -> str:
     unchanged = _unchanged_commits()
     for commit in (later or "").split():
         scope = next((v for k, v in unchanged.items() if commit.startswith(k)), None)
-        if scope == "all" or (scope == "cpu" and not entry.gpu):
+        if scope == "all" or (scope == "cpu" and not entry.gpu) or (isinstance(scope, tuple) and entry.name in scope):
             continue                      # its change leaves this entry's numbers as they are (UNCHANGED says why)
         changed = _git("show", "--name-only", "--format=", commit, "--", *entry.all_deps()) or ""
         for path in changed.splitlines():

@@ -355,8 +355,8 @@ def test_comments_docstrings_and_line_breaks_of_python_code_make_nothing_stale(t
 
 def test_a_commit_listed_as_changing_no_result_keeps_the_files_fresh_for_its_scope(tmp_path, monkeypatch):
     """bench/unchanged_results.toml names commits that touch a result's sources without changing its numbers
-    (scope "all", or "cpu": only the entries that need no GPU), each with its reason; any other commit still makes
-    the file stale, and a record without a reason is refused."""
+    (scope "all", "cpu": only the entries that need no GPU, or "entries": those it names), each with its reason; any
+    other commit still makes the file stale, and a record without a reason (or naming no known entry) is refused."""
     repo = _TinyRepo(tmp_path / "repo", monkeypatch)
 
     def commit(text: str) -> str:
@@ -378,3 +378,14 @@ def test_a_commit_listed_as_changing_no_result_keeps_the_files_fresh_for_its_sco
     (repo.root / R.UNCHANGED).write_text(f'[[commit]]\nid = "{real[:9]}"\nscope = "all"\nwhy = ""\n')
     with pytest.raises(SystemExit, match="a why"):
         R.state(cpu)
+    # scope "entries": the commit changes no number of the entries it names; the others stay stale
+    monkeypatch.setattr(R, "ENTRIES", (cpu, gpu))
+    (repo.root / R.UNCHANGED).write_text(f'[[commit]]\nid = "{cuda_only}"\nscope = "all"\nwhy = "no numbers"\n\n'
+                                         f'[[commit]]\nid = "{real[:9]}"\nscope = "entries"\nentries = ["y"]\n'
+                                         'why = "y uses none of what changed"\n')
+    assert R.state(gpu) == "fresh" and R.state(cpu).startswith(f"stale: src.py changed at {real[:7]}")
+    for bad in ('scope = "entries"\nentries = ["nope"]', 'scope = "entries"', 'scope = "all"\nentries = ["x"]',
+                'scope = "entries"\nentries = []'):
+        (repo.root / R.UNCHANGED).write_text(f'[[commit]]\nid = "{real[:9]}"\n{bad}\nwhy = "w"\n')
+        with pytest.raises(SystemExit, match="entries"):
+            R.state(cpu)
