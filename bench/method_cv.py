@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,40 @@ def paired_note(n_seeds: int, n_folds: int) -> str:
             "intervals are not widened for the number of rows.")
 
 
+def config_table(configs: list[dict], n_seeds: int, splits: list, trial: Callable, *, head: str, protocol: str,
+                 sd: bool = True, json_path: str = "", json_extra: dict | None = None) -> None:
+    """Print one Markdown row per config: ``trial(cfg, seed, train_ids, test_ids) -> (Method.evaluate's result,
+    the held-out MethodData, training seconds)`` at each seed and split; the rsum per fold / seed, their mean (and
+    sd), the config minus the first paired on the held-out queries (:func:`pool_folds`, :func:`paired_cells`), the
+    mean training time; then :func:`paired_note`. ``json_path``: also one JSON line per config there."""
+    print(f"| {head} | {protocol} rsum per fold / seed | mean |{' sd |' if sd else ''} minus the first: rsum "
+          "(95% interval) | minimal detectable | train s |")
+    print("|---" * (6 + sd) + "|")
+    first = None
+    for cfg in configs:
+        scores, seconds, held = [], [], []
+        for seed in range(n_seeds):
+            held.append([])
+            for a, b in splits:
+                res, test, secs = trial(cfg, seed, a, b)
+                seconds.append(secs)
+                scores.append(float(res["rsum"]))
+                held[-1].append((res["ranks"], test.caption_image))
+        name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "defaults"
+        pooled = pool_folds(held)
+        diff, mde = ("-", "-") if first is None else paired_cells(first, pooled)
+        first = pooled if first is None else first
+        spread = f" {np.std(scores, ddof=1) if len(scores) > 1 else 0:.1f} |" if sd else ""
+        print(f"| {name} | {' '.join(f'{x:.1f}' for x in scores)} | {np.mean(scores):.1f} |{spread} {diff} | {mde} | "
+              f"{np.mean(seconds):.0f} |", flush=True)
+        if json_path:
+            with open(json_path, "a") as fh:
+                fh.write(json.dumps({**(json_extra or {}), "config": cfg, "protocol": protocol, "rsum": scores,
+                                     "seconds": seconds}) + "\n")
+    if len(configs) > 1:
+        print("\n" + paired_note(n_seeds, len(splits)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", required=True)
@@ -140,39 +175,18 @@ def run(args: argparse.Namespace) -> int:
     def data_for(images: np.ndarray, image: np.ndarray, name: str) -> MethodData:
         return fold_data(ds, f.text, images, image, name)
 
-    configs = parse_configs(args.configs)
-    print(f"| {args.method} config | {args.protocol} rsum per fold / seed | mean | sd | minus the first: rsum "
-          "(95% interval) | minimal detectable | train s |")
-    print("|---|---|---|---|---|---|---|")
-    first = None
-    for cfg in configs:
-        scores, seconds, held = [], [], []
-        for seed in range(args.seeds):
-            held.append([])
-            for a, b in splits:
-                image = FeatureNorm(norm_name).fit(f.image[a]).transform(f.image).astype(np.float32)
-                m = method_from_params(args.method, {"device": "cpu", **cfg, "seed": seed})
-                t0 = time.time()
-                for _ in m.fit_iter(data_for(a, image, "train"), None):
-                    pass
-                seconds.append(time.time() - t0)
-                test = data_for(b, image, "test")
-                res = m.evaluate(test)
-                scores.append(float(res["rsum"]))
-                held[-1].append((res["ranks"], test.caption_image))
-        name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "defaults"
-        pooled = pool_folds(held)
-        diff, mde = ("-", "-") if first is None else paired_cells(first, pooled)
-        first = pooled if first is None else first
-        print(f"| {name} | {' '.join(f'{s:.1f}' for s in scores)} | {np.mean(scores):.1f} | "
-              f"{np.std(scores, ddof=1) if len(scores) > 1 else 0:.1f} | {diff} | {mde} | {np.mean(seconds):.0f} |",
-              flush=True)
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps({"method": args.method, "config": cfg, "protocol": args.protocol,
-                                     "rsum": scores, "seconds": seconds}) + "\n")
-    if len(configs) > 1:
-        print("\n" + paired_note(args.seeds, len(splits)))
+    def trial(cfg: dict, seed: int, a: np.ndarray, b: np.ndarray) -> tuple[dict, MethodData, float]:
+        image = FeatureNorm(norm_name).fit(f.image[a]).transform(f.image).astype(np.float32)
+        m = method_from_params(args.method, {"device": "cpu", **cfg, "seed": seed})
+        t0 = time.time()
+        for _ in m.fit_iter(data_for(a, image, "train"), None):
+            pass
+        seconds = time.time() - t0
+        test = data_for(b, image, "test")
+        return m.evaluate(test), test, seconds
+
+    config_table(parse_configs(args.configs), args.seeds, splits, trial, head=f"{args.method} config",
+                 protocol=args.protocol, json_path=args.json, json_extra={"method": args.method})
     return 0
 
 

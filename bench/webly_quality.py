@@ -16,7 +16,6 @@ Writes bench/results/webly_flickr8k.md (``--out``), stamped with the command, co
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -30,7 +29,7 @@ if str(REPO) not in sys.path:
 SAMPLE = REPO.parent / "shared" / "data" / "flickr8k-sample" / "dataset_flickr8k_sample.json"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _stamp  # noqa: E402  (bench/_stamp.py)
-from method_cv import fold_data, paired_cells, paired_note, parse_configs, pool_folds  # noqa: E402  (shared)
+from method_cv import config_table, fold_data, parse_configs  # noqa: E402  (bench/method_cv.py: shared with it)
 
 
 def fold_web(ds, images: np.ndarray, seed: int) -> tuple[np.ndarray, list[list[str]]]:
@@ -97,42 +96,22 @@ def run(args: argparse.Namespace) -> int:
     seeds = f"seeds 0-{args.seeds - 1}" if args.seeds > 1 else "seed 0"
     print(f"Method `webly`, {what}; the last epoch is scored; {seeds}; every config is the "
           "method's defaults but for what it names.\n")
-    configs = parse_configs(args.configs)
-    print(f"| config | {args.protocol} rsum per fold / seed | mean | minus the first: rsum (95% interval) | "
-          "minimal detectable | train s |")
-    print("|---|---|---|---|---|---|")
-    first = None
-    for cfg in configs:
-        scores, seconds, held = [], [], []
-        for seed in range(args.seeds):
-            held.append([])
-            for a, b in splits:
-                norm = FeatureNorm("ssr").fit(f.image[a])
-                image = norm.transform(f.image).astype(np.float32)
-                ids, tags = fold_web(ds, a, seed)
-                web = web_method_data(image[ids], tags)
-                m = method_from_params("webly", {"device": "cpu", **cfg, "seed": seed})
-                m.set_text_encoder(lambda c: encode_texts(f, c))
-                t0 = time.time()
-                for _ in m.fit_iter(data_for(a, image, "train"), None, web=web):
-                    pass
-                seconds.append(time.time() - t0)
-                test = data_for(b, image, "test")
-                res = m.evaluate(test)
-                scores.append(float(res["rsum"]))
-                held[-1].append((res["ranks"], test.caption_image))
-        name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "defaults"
-        pooled = pool_folds(held)
-        diff, mde = ("-", "-") if first is None else paired_cells(first, pooled)
-        first = pooled if first is None else first
-        print(f"| {name} | {' '.join(f'{s:.1f}' for s in scores)} | {np.mean(scores):.1f} | {diff} | {mde} | "
-              f"{np.mean(seconds):.0f} |", flush=True)
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps({"config": cfg, "protocol": args.protocol, "rsum": scores,
-                                     "seconds": seconds}) + "\n")
-    if len(configs) > 1:
-        print("\n" + paired_note(args.seeds, len(splits)))
+
+    def trial(cfg: dict, seed: int, a: np.ndarray, b: np.ndarray):
+        image = FeatureNorm("ssr").fit(f.image[a]).transform(f.image).astype(np.float32)
+        ids, tags = fold_web(ds, a, seed)
+        web = web_method_data(image[ids], tags)
+        m = method_from_params("webly", {"device": "cpu", **cfg, "seed": seed})
+        m.set_text_encoder(lambda c: encode_texts(f, c))
+        t0 = time.time()
+        for _ in m.fit_iter(data_for(a, image, "train"), None, web=web):
+            pass
+        seconds = time.time() - t0
+        test = data_for(b, image, "test")
+        return m.evaluate(test), test, seconds
+
+    config_table(parse_configs(args.configs), args.seeds, splits, trial, head="config", protocol=args.protocol,
+                 sd=False, json_path=args.json)
     return 0
 
 

@@ -48,3 +48,35 @@ def test_the_paired_difference_is_the_difference_of_the_mean_fold_rsums() -> Non
     assert float(mde) > 0
     assert "3 folds' held-out photos pooled" in MC.paired_note(2, 3) and "2 seeds" in MC.paired_note(2, 3)
     assert "seeds" not in MC.paired_note(1, 3)
+
+
+def test_the_config_table_pairs_every_config_with_the_first(capsys, tmp_path) -> None:
+    """config_table: a row per config (its rsum per fold and seed, the mean, the sd when asked, the paired
+    difference from the first and the minimal detectable effect), the note under it, a JSON line per config."""
+    import json
+
+    rng = np.random.default_rng(1)
+    folds = {(q, seed, f): _fold(rng, 20, q) for q in (1.0, 3.0) for seed in (0, 1) for f in (0, 1)}
+
+    def trial(cfg, seed, a, b):
+        ranks, ci = folds[(cfg.get("q", 1.0), seed, a)]
+        i2t, t2i = M.rank_metrics(ranks["i2t"]), M.rank_metrics(ranks["t2i"])
+
+        class Held:
+            caption_image = ci
+        return {"rsum": M.rsum_of(i2t, t2i), "ranks": ranks}, Held, 1.0
+
+    out = tmp_path / "rows.jsonl"
+    MC.config_table([{}, {"q": 3.0}], 2, [(0, None), (1, None)], trial, head="toy config", protocol="cv",
+                    json_path=str(out), json_extra={"method": "toy"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| toy config | cv rsum per fold / seed | mean | sd | minus the first")
+    assert lines[2].startswith("| defaults | ") and lines[2].endswith("| - | - | 1 |")
+    cells = lines[3].split(" | ")
+    assert cells[0] == "| q=3.0" and len(cells[1].split()) == 4 and cells[4].startswith("+")
+    assert "Paired: each config minus the first" in lines[-1] and "2 seeds" in lines[-1]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["config"] for r in rows] == [{}, {"q": 3.0}] and rows[0]["method"] == "toy" and len(rows[1]["rsum"]) == 4
+    MC.config_table([{}], 1, [(0, None)], trial, head="config", protocol="cv", sd=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "| sd |" not in lines[0] and lines[1] == "|---|---|---|---|---|---|" and len(lines) == 3
