@@ -787,6 +787,22 @@ def test_cross_dataset_rows_are_paired_against_the_first_on_the_other_datas_quer
     assert "the mean of 2 builds" in B.format_markdown(two).splitlines()[0]
 
 
+def test_damaged_cross_ranks_are_one_line_naming_the_file(tmp_path):
+    good = B._save_cross_ranks(tmp_path, "test-cca", {"i2t": np.array([1, 2]), "t2i": np.array([1, 1, 2]),
+                                                      "caption_image": np.array([0, 0, 1])})
+    ranks, caps = B._load_cross_ranks(good)
+    assert ranks["t2i"].tolist() == [1, 1, 2] and caps.tolist() == [0, 0, 1]
+    for name, content in (("garbage.npz", b"not a zip"), ("partial.npz", None)):
+        path = tmp_path / name
+        if content is None:
+            np.savez(path, i2t=np.array([1]))                     # no t2i
+        else:
+            path.write_bytes(content)
+        with pytest.raises(CrossViewError) as e:
+            B._load_cross_ranks(path)
+        assert str(path) in str(e.value) and "--exp-dir" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_cli_cross_dataset(precomp, other, tmp_path, capsys):
     out = tmp_path / "x.md"
     rc = main(["experiment", "bitr-table", "--data", str(precomp), "--representation", "default",
