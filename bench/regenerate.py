@@ -167,8 +167,10 @@ SCALE_DEPS = ("crossview/data/readers/precomp.py", "crossview/data/dataset.py", 
               *methods("cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam"))
 
 ENTRIES: tuple[Entry, ...] = (
-    Entry("backbone_compare", "backbone_compare.md", (S("bench/backbone_compare.py"),), ("flickr8k",), 8,
-          ("crossview/features/image.py", "crossview/features/text", *methods("cca"), *METRICS)),
+    Entry("backbone_compare", "backbone_compare.md", (S("bench/backbone_compare.py"),), ("flickr8k",), 2,
+          ("crossview/features/image.py", "crossview/features/text", "crossview/features/normalize.py",
+           "bench/method_cv.py", "crossview/eval/paired.py", "crossview/eval/bootstrap.py", *methods("cca"),
+           *METRICS)),
     Entry("bitr_exp2_flickr8k_to_demo", "bitr_exp2_flickr8k_to_demo.md",
           (S("crossview experiment bitr-table --data {F8K} --representation modern --methods cca,wsabie,bitr-c,random "
              "--k 50 --test-data demo --index exact --seeds 0,1,2 --exp-dir {WORK}/exp"),),
