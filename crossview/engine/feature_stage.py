@@ -17,6 +17,7 @@ progress events: no thread, and a cancel (closing the run's generator) closes it
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -241,14 +242,39 @@ class FeatureStage:
                 raise CrossViewError(f"{name} set {source}: its images must be encoded as the run's are, but this "
                                      f"run's image features are {encoder!r} (precomputed); train on a dataset of "
                                      "image files with an image encoder") from None
-            feats = yield from self._events(iter_extract_features(
-                ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device), f"{name} set features",
-                lambda _stage: "auxiliary")
-            rows = feats.image
-            if self.features.image_transform is not None:
-                rows = self.features.image_transform(rows)
+            rows = self._own_rows(ds.image_paths)
+            if rows is None:
+                feats = yield from self._events(iter_extract_features(
+                    ds, encoder, "none", fit_on="train", cache=self.cache, device=self.device),
+                    f"{name} set features", lambda _stage: "auxiliary")
+                rows = feats.image
+                if self.features.image_transform is not None:
+                    rows = self.features.image_transform(rows)
+                how = ""
+            else:
+                how = "; its images are this dataset's own: their rows taken from the run's features, not encoded again"
             self.method.set_auxiliary(name, ds, rows)
-            yield self._emit(Log(f"{name} set: {ds.name} ({ds.n_images:,} images, {encoder} features) from {source}"))
+            yield self._emit(Log(f"{name} set: {ds.name} ({ds.n_images:,} images, {encoder} features) from "
+                                 f"{source}{how}"))
+
+    def _own_rows(self, paths: Any) -> np.ndarray | None:
+        """The run's (normalised) image rows of ``paths`` when every one of them is an image file of the run's own
+        dataset (e.g. ``crossview data make-web``'s set of its training photos): the same files through the same
+        encoder and normalisation, so encoding them again would give the same rows; None otherwise (a file that is
+        not the dataset's, a dataset without image files, rows that are not one per image)."""
+        own = getattr(self.dataset, "image_paths", None)
+        image = self.features.image
+        if not own or not paths or image is None or image.shape[0] != len(own):
+            return None
+
+        def key(p: Any) -> str:
+            return os.path.normcase(os.path.realpath(str(p)))
+
+        index = {key(p): i for i, p in enumerate(own)}
+        rows = [index.get(key(p)) for p in paths]
+        if any(r is None for r in rows):
+            return None
+        return np.ascontiguousarray(np.asarray(image)[np.asarray(rows, dtype=np.int64)])
 
     def text_encoder(self) -> None:
         """Hand a method that encodes strings of its own as the run's captions are (``set_text_encoder``, e.g.
