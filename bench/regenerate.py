@@ -108,14 +108,17 @@ def methods(*names: str) -> tuple[str, ...]:
 
 
 FEATURES = ("crossview/features",)
+#: what every run goes through: engine/run.py and its stages (features, and a second dataset's; the fit and the
+#: evaluation)
+ENGINE_RUN = ("crossview/engine/run.py", "crossview/engine/feature_stage.py", "crossview/engine/fit_stage.py")
 METRICS = ("crossview/eval/metrics.py",)
 TABLE = ("crossview/experiments/bitr_table.py", "crossview/experiments/_common.py", "crossview/eval/overlap.py",
-         "crossview/eval/metrics.py", "crossview/engine/run.py", "crossview/engine/splits.py", *FEATURES)
+         "crossview/eval/metrics.py", *ENGINE_RUN, "crossview/engine/splits.py", *FEATURES)
 LABELS = ("crossview/experiments/bitr_labels.py", "crossview/experiments/bitr_table.py",
           "crossview/experiments/_common.py", "crossview/eval/protocols.py", "crossview/data/views.py",
-          "crossview/engine/run.py", *FEATURES)
+          *ENGINE_RUN, *FEATURES)
 STUDY = ("crossview/experiments/variants.py", "crossview/experiments/_common.py", "crossview/eval",
-         "crossview/engine/run.py", *FEATURES)
+         *ENGINE_RUN, *FEATURES)
 
 BITR_TABLE = ("crossview experiment bitr-table --data {F8K} --representation %s "
               "--methods cca,wsabie,bitr-m,bitr-e,bitr-c,random --k 10,50 --split val --corpus {CORPUS} "
@@ -160,7 +163,7 @@ SCALE_DEPS = ("crossview/data/readers/precomp.py", "crossview/data/dataset.py", 
               "crossview/features/normalize.py", "crossview/features/text/counts.py", "crossview/features/text/base.py",
               "crossview/features/cache.py", "crossview/features/__init__.py", "crossview/eval/metrics.py",
               "crossview/eval/embeddings.py", "crossview/eval/scoring.py", "crossview/features/vocab.py",
-              "crossview/engine/run.py", "crossview/engine/retriever.py", "crossview/engine/fit_stage.py",
+              *ENGINE_RUN, "crossview/engine/retriever.py", "crossview/engine/fit_stage.py",
               "crossview/engine/scoring.py", "crossview/core/io.py", "crossview/nn/sparse_rows.py",
               "crossview/nn/row_optim.py", "crossview/features/tags.py", "crossview/features/text/glove.py",
               "crossview/methods/base.py", "crossview/methods/torch_method.py", "bench/_cut_epochs.py",
@@ -204,12 +207,12 @@ ENTRIES: tuple[Entry, ...] = (
           ("crossview/eval/metrics.py", "crossview/eval/embeddings.py", "crossview/eval/hubness.py")),
     Entry("fuse_quality_flickr8k", "fuse_quality_flickr8k.md",
           (S("bench/fuse_quality.py --methods cca,bitr,vsepp --work {WORK}"),),
-          ("flickr8k",), 20, ("bench/_quality.py", "crossview/engine/fuse.py", "crossview/engine/run.py", "crossview/engine/scoring.py",
+          ("flickr8k",), 20, ("bench/_quality.py", "crossview/engine/fuse.py", *ENGINE_RUN, "crossview/engine/scoring.py",
                               "crossview/eval/paired.py", *FEATURES) + methods("cca", "bitr", "vsepp")),
     Entry("scoring_flickr8k", "scoring_flickr8k.md",
           (S("bench/scoring_quality.py --methods cca,bitr --work {WORK}"),),
           ("flickr8k",), 5, ("bench/_quality.py", "crossview/engine/scoring.py", "crossview/eval/scoring.py",
-                             "crossview/engine/cv_runs.py", "crossview/engine/run.py", "crossview/eval/paired.py",
+                             "crossview/engine/cv_runs.py", *ENGINE_RUN, "crossview/eval/paired.py",
                              "crossview/eval/bootstrap.py", *FEATURES) + methods("cca", "bitr")),
     # every method's runs and fold runs stay in $WORK: `--resume` (or bench/quality.py --work DIR) re-evaluates
     # them without training, e.g. after a change of default scorings
@@ -218,7 +221,7 @@ ENTRIES: tuple[Entry, ...] = (
              "--work {WORK}"),),
           ("flickr8k",), 150, ("bench/_quality.py", "bench/results/rich_features_flickr8k.md",
                                "crossview/engine/scoring.py", "crossview/eval/scoring.py", "crossview/engine/cv_runs.py",
-                               "crossview/engine/fuse.py", "crossview/engine/run.py", "crossview/eval/paired.py",
+                               "crossview/engine/fuse.py", *ENGINE_RUN, "crossview/eval/paired.py",
                                "crossview/eval/bootstrap.py", *FEATURES)
           + methods("cca", "bitr", "vsepp", "wsabie", "webly", "smoothap", "timam")),
     Entry("wsabie_max_norm_flickr8k", "wsabie_max_norm_flickr8k.md",
@@ -237,7 +240,7 @@ ENTRIES: tuple[Entry, ...] = (
              "--work {WORK}/wsabie"),
            S("bench/method_tune.py --method timam --stage 'id_weight=1,0' --stage 'lr=0.001,0.003,0.01' "
              "--stage 'adv_weight=1,0' --seeds 0,1,2 --work {WORK}/timam")),
-          ("flickr8k",), 270, ("crossview/engine/tune.py", "crossview/engine/run.py", "crossview/eval/paired.py",
+          ("flickr8k",), 270, ("crossview/engine/tune.py", *ENGINE_RUN, "crossview/eval/paired.py",
                                *FEATURES) + methods("wsabie", "timam"),
           title="WSABIE and TIMAM re-examined with `crossview tune` on the Flickr8k sample (chosen on train, "
                 "reported once on val)"),
@@ -260,7 +263,7 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k", "demo"), 4, ("crossview/explain", "crossview/engine/retriever.py",
                                     "crossview/engine/session.py", *methods("cca"), *FEATURES)),
     Entry("eta_whole_run_cpu", "eta_whole_run_cpu.txt", (S("bench/eta_whole_run.py"),), ("flickr8k",), 5,
-          ("crossview/core/progress.py", "crossview/engine/timings.py", "crossview/engine/run.py", *FEATURES)),
+          ("crossview/core/progress.py", "crossview/engine/timings.py", *ENGINE_RUN, *FEATURES)),
     Entry("explain_sentence_cpu", "explain_sentence_cpu.txt",
           (S("crossview train cca --data {F8K} --run-dir {WORK}/f8-cca", output=False),
            S("bench/explain_sentence.py {WORK}/f8-cca"),
@@ -324,7 +327,7 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k",), 90, methods("timam"),
           title="TIMAM's defaults on real photos (the Flickr8k sample): cross-validation of the training photos"),
     Entry("timam_cv2_flickr8k", "timam_cv2_flickr8k.md", (S("bench/timam_text_cv.py --work {WORK}"),),
-          ("flickr8k",), 60, ("bench/_quality.py", "crossview/engine/cv_runs.py", "crossview/engine/run.py",
+          ("flickr8k",), 60, ("bench/_quality.py", "crossview/engine/cv_runs.py", *ENGINE_RUN,
                               "crossview/eval/scoring.py", "crossview/eval/paired.py", *FEATURES) + methods("timam")),
     Entry("timam_id_optimizer_flickr8k", "timam_id_optimizer_flickr8k.md",
           (S("bench/timam_id_optimizer.py --work {WORK}"),), ("flickr8k",), 6,
