@@ -74,28 +74,17 @@ def _label(point: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in point.items()) or "defaults"
 
 
-def _ranks(run_dir: Path, offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _ranks(run_dir: str | Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A run folder's held-out ranks ``({"i2t", "t2i"}, caption_image)``, as :func:`method_cv.pool_folds` takes them."""
     with np.load(Path(run_dir) / "ranks.npz") as z:
-        return np.asarray(z["i2t"]), np.asarray(z["t2i"]), np.asarray(z["caption_image"]) + offset
-
-
-def _pooled(run_dirs: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The folds' held-out rankings side by side: one query set of every fold's photos and captions."""
-    i2t, t2i, caps, off = [], [], [], 0
-    for d in run_dirs:
-        a, b, c = _ranks(Path(d), off)
-        i2t.append(a)
-        t2i.append(b)
-        caps.append(c)
-        off += a.size
-    return {"i2t": np.concatenate(i2t), "t2i": np.concatenate(t2i)}, np.concatenate(caps)
+        return {"i2t": np.asarray(z["i2t"]), "t2i": np.asarray(z["t2i"])}, np.asarray(z["caption_image"])
 
 
 def _pooled_seeds(runs: list[list[str]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``runs[part][seed]`` (a trial's run folders: its folds, each at each seed) as one query set per seed,
     stacked ``(n_seeds, n_queries)``: what :func:`crossview.eval.paired.paired_effect` averages per query first."""
-    per_seed = [_pooled([part[s] for part in runs]) for s in range(len(runs[0]))]
-    return ({d: np.stack([r[d] for r, _ in per_seed]) for d in ("i2t", "t2i")}, per_seed[0][1])
+    from method_cv import pool_folds
+    return pool_folds([[_ranks(part[s]) for part in runs] for s in range(len(runs[0]))])
 
 
 def _effect_line(eff: dict[str, Any], what: str) -> str:
