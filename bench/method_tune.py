@@ -87,6 +87,25 @@ def _pooled_seeds(runs: list[list[str]]) -> tuple[dict[str, np.ndarray], np.ndar
     return pool_folds([[_ranks(part[s]) for part in runs] for s in range(len(runs[0]))])
 
 
+#: the searchable keys that are the run's feature normalisations, not the method's parameters
+NORM_KEYS = ("image_norm", "text_norm")
+
+
+def _defaults(method: str) -> dict[str, Any]:
+    """The method's defaults as a search point: its parameters and its default feature normalisations."""
+    from crossview.methods import method_class
+
+    cls = method_class(method)
+    return {**cls.default_params(), "image_norm": cls.default_image_norm, "text_norm": cls.default_text_norm}
+
+
+def _scored(method: str) -> str:
+    """``scored with csls k=5 (method default)``: how ``crossview train METHOD`` ranks (its default scoring)."""
+    from crossview.engine.scoring import describe_run_scoring, resolve_run_scoring
+
+    return describe_run_scoring(resolve_run_scoring(method, "default"), None)
+
+
 def _effect_line(eff: dict[str, Any], what: str) -> str:
     r = eff["rsum"]
     return (f"{what}: rsum {r['diff']:+.1f} (95% interval {r['ci'][0]:+.1f} to {r['ci'][1]:+.1f}, p = {r['p']:.3g}; "
@@ -105,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     method = args.method
     ds = load_dataset(args.data)
     work = Path(args.work)
-    defaults = method_class(method).default_params()
+    defaults = _defaults(method)
     stages = [parse_grid(method, shlex.split(s)) for s in args.stage]
     seeds = args.seeds
     if args.val_only:
@@ -121,7 +140,9 @@ def run(args: argparse.Namespace) -> int:
     text_enc = cls.default_text_encoder or DEFAULT_TEXT_ENCODER
     print(f"Data: {ds.name} ({len(ds.splits['train'])} train photos, {len(ds.splits.get('val', []))} val), "
           f"{method}'s default encoders (images {image_enc}, captions {text_enc}) and its default feature "
-          f"normalisation; {_seeds_text(seeds)}; device {args.device}. rsum = R@1+5+10 both ways.\n")
+          f"normalisation; {_seeds_text(seeds)}; device {args.device}. Every run (each fold of each trial, and on "
+          f"val) {_scored(method)}, as `crossview train {method}` ranks and reports: the fold scores and the val "
+          "numbers are the ones a user of the defaults sees. rsum = R@1+5+10 both ways.\n")
 
     # ---- the search: stages of `crossview tune`, 3-fold CV of train, each stage around the best point so far
     trials: list[dict[str, Any]] = []          # every trial of every stage, with its full parameter point
@@ -133,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
                     for key, vals in grid.items()} if len(grid) == 1 else grid
         params = {key: v for key, v in best.items() if key not in grid}
         result = None
-        for ev in tune(method, ds, grid, params=params, out=work / f"stage{k}", select_on=args.select_on, folds=args.folds,
-                       device=args.device, seed=0, refit=False, seeds=seeds):
+        for ev in tune(method, ds, grid, params={key: v for key, v in params.items() if key not in NORM_KEYS},
+                       out=work / f"stage{k}", select_on=args.select_on, folds=args.folds, device=args.device,
+                       seed=0, refit=False, seeds=seeds, scoring="default", image_norm=params.get("image_norm"),
+                       text_norm=params.get("text_norm")):
             if isinstance(ev, TuneResult):
                 result = ev
             elif isinstance(ev, Log):   # each finished trial, to stderr: a stage of 18 runs is an hour on the CPU
@@ -151,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         top = max(trials, key=lambda t: t["score"])
         best = {key: v for key, v in top["point"].items()}
         grid_text = " ".join(f"--grid {key}={','.join(map(str, v))}" for key, v in grid.items())
-        set_text = " ".join(f"--set {key}={v}" for key, v in params.items())
+        set_text = " ".join(f"--{key.replace('_', '-')} {v}" if key in NORM_KEYS else f"--set {key}={v}"
+                            for key, v in params.items())
         parts = f"{args.folds} folds" if args.select_on == "cv" else "1 run (a seeded 20% of train held out)"
         words = " ".join(w for w in (grid_text, set_text, f"--select-on {args.select_on} --no-refit") if w)
         print(f"- stage {k}: `crossview tune {method} --data <sample> {words}`: {len(result.trials)} points x "
@@ -231,8 +255,10 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
         for seed in seeds:     # one seed: the folder of old (val-NAME); several: val-NAME-sS
             run_dir = work / (f"val-{name}-s{seed}" if several else f"val-{name}")
             t0 = time.monotonic()
-            _, it = ensure_run(run_dir, lambda: train(method, ds, run_dir=run_dir, params=params,
-                                                       device=args.device, seed=seed), data=ds)
+            _, it = ensure_run(run_dir, lambda: train(
+                method, ds, run_dir=run_dir, params={k: v for k, v in params.items() if k not in NORM_KEYS},
+                device=args.device, seed=seed, scoring="default",
+                **{k: v for k, v in params.items() if k in NORM_KEYS}), data=ds)
             summary = drain(it, str(run_dir)) if it is not None else None
             if summary is None:
                 summary = read_json(run_dir / "summary.json")
@@ -242,7 +268,7 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
             else "reported once each")
     print(f"\n### Val ({len(ds.splits.get('val', []))} photos), trained on all {len(ds.splits['train'])} training "
           f"photos, {each}\n")
-    print(f"| run | `--set` | i2t R@1/5/10 | t2i R@1/5/10 | rsum | {'rsum per seed' if several else 'rsum 95% CI'} | "
+    print(f"| run | options | i2t R@1/5/10 | t2i R@1/5/10 | rsum | {'rsum per seed' if several else 'rsum 95% CI'} | "
           "selected on | reported on | train s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, runs in rows.items():
@@ -256,7 +282,8 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
         else:
             ci = s.get("ci", {}).get("rsum")
             spread = f"{ci[0]:.1f}-{ci[1]:.1f}" if ci else "-"
-        sets = " ".join(f"{k}={v}" for k, v in (chosen if name == "chosen" else {}).items()) or "(none)"
+        sets = " ".join(f"`--{k.replace('_', '-')} {v}`" if k in NORM_KEYS else f"`--set {k}={v}`"
+                        for k, v in (chosen if name == "chosen" else {}).items()) or "(none)"
         # the chosen run is an ordinary `crossview train --set ...` run: its summary says selected_on nothing (no
         # choice inside it); its parameters were chosen by this bench's search on train
         selected = (f"train ({args.select_on}, this search)" if name == "chosen" else

@@ -112,6 +112,10 @@ FEATURES = ("crossview/features",)
 #: evaluation)
 ENGINE_RUN = ("crossview/engine/run.py", "crossview/engine/feature_stage.py", "crossview/engine/fit_stage.py")
 METRICS = ("crossview/eval/metrics.py",)
+#: what bench/method_tune.py runs through: crossview tune, every run under its method's default scoring, the paired
+#: effects, the fold pooling it shares with bench/method_cv.py
+TUNE_BENCH = ("crossview/engine/tune.py", *ENGINE_RUN, "crossview/eval/paired.py", "crossview/engine/scoring.py",
+              "crossview/eval/scoring.py", "bench/method_cv.py")
 TABLE = ("crossview/experiments/bitr_table.py", "crossview/experiments/_common.py", "crossview/eval/overlap.py",
          "crossview/eval/metrics.py", *ENGINE_RUN, "crossview/engine/splits.py", *FEATURES)
 LABELS = ("crossview/experiments/bitr_labels.py", "crossview/experiments/bitr_table.py",
@@ -240,10 +244,20 @@ ENTRIES: tuple[Entry, ...] = (
              "--work {WORK}/wsabie"),
            S("bench/method_tune.py --method timam --stage 'id_weight=1,0' --stage 'lr=0.001,0.003,0.01' "
              "--stage 'adv_weight=1,0' --seeds 0,1,2 --work {WORK}/timam")),
-          ("flickr8k",), 270, ("crossview/engine/tune.py", *ENGINE_RUN, "crossview/eval/paired.py",
-                               *FEATURES) + methods("wsabie", "timam"),
+          ("flickr8k",), 270, (*TUNE_BENCH, *FEATURES) + methods("wsabie", "timam"),
           title="WSABIE and TIMAM re-examined with `crossview tune` on the Flickr8k sample (chosen on train, "
                 "reported once on val)"),
+    Entry("tune_cca_bitr_flickr8k", "tune_cca_bitr_flickr8k.md",
+          # CCA's and BITR's defaults on their default features (EfficientNet-Lite0 + MobileNet-V2 flip-averaged;
+          # MiniLM + GloVe / MiniLM + TF-IDF) under their default scoring, as `crossview train` runs them: the first
+          # stage of each holds today's defaults. Both are deterministic: one seed
+          (S("bench/method_tune.py --method cca --stage 'reg=3,5,8,12,20 image_norm=ssr,none' "
+             "--stage 'weight_power=0,0.25,0.5,1' --stage 'n_components=128,256,512' --work {WORK}/cca"),
+           S("bench/method_tune.py --method bitr --stage 'C=100,1000,10000 image_norm=ssr,none' "
+             "--stage 'cca_dim=32,64,128' --work {WORK}/bitr")),
+          ("flickr8k",), 20, (*TUNE_BENCH, *FEATURES) + methods("cca", "bitr"),
+          title="CCA and BITR re-examined with `crossview tune` on the Flickr8k sample, on their default features and "
+                "scoring (chosen on train, reported once on val)"),
     Entry("defaults_flickr8k", "defaults_flickr8k.md",
           (S("bench/defaults_search.py --methods cca,cca:fine,cca:fine2,wsabie,wsabie:lowlr,wsabie:both,wsabie:i2t,"
              "bitr,bitr:fine,bitr:white"),),

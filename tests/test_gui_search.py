@@ -77,6 +77,9 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert headers == ["#", "n_components", "image_norm", "rsum", "i2t R@1", "t2i R@1", "run"]
     assert table.rowCount() == 4
     record = json.loads((folder / "tune.json").read_text())
+    # ranked by the method's default scoring, as the form's own runs are, so the refit compares with them
+    assert record["scoring"]["scoring"] == "csls" and record["scoring"]["param"] == 5 and record["scoring"]["default"]
+    assert "ranked by rsum, scored with csls k=5 (method default)" in panel.search_info.text()
     by_trial = {r["trial"]: r for r in record["results"]}
     for row in range(4):
         r = by_trial[int(table.item(row, 0).text())]
@@ -86,6 +89,7 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
         assert float(table.item(row, 4).text()) == pytest.approx(r["i2t"]["R@1"], abs=0.051)
         assert table.item(row, 6).text() == Path(r["run_dir"]).name
         cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert cfg["scoring"]["scoring"] == "csls" and cfg["scoring"]["param"] == 5
         assert cfg["image_norm"] == r["point"]["image_norm"]
         assert cfg["params"]["n_components"] == r["point"]["n_components"]
     # the best row (highest rsum on val) is highlighted, and only it
@@ -255,6 +259,9 @@ def test_continue_a_search_selected_in_the_runs_list(qtbot, panel: TrainPanel) -
     assert Path(sig.args[0]) == folder and panel.trials_table.rowCount() == 2
     assert (folder / "trial-001" / "summary.json").stat().st_mtime_ns == first
     assert (folder / "best" / "summary.json").is_file() and panel.best_trial_row() is not None
+    # continued under its own (plain) scoring, not the method default a new search from the panel would take
+    assert json.loads((folder / "best" / "config.json").read_text())["scoring"]["scoring"] == "plain"
+    assert "scored with plain" in panel.search_info.text()
 
 
 def test_the_dialog_says_where_it_chooses_and_refuses_the_reported_split_without_the_box(qtbot,

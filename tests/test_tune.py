@@ -89,10 +89,11 @@ def test_cli_refuses_a_bad_value_and_prints_the_sorted_table(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out[0] == "# chosen on val, reported once on test"
-    assert out[1].split()[:3] == ["#", "n_components", "rsum"]
-    rows = [ln.split() for ln in out[2:4]]
+    assert out[1] == "# every trial and the refit scored with csls k=5 (method default)"   # as crossview train's
+    assert out[2].split()[:3] == ["#", "n_components", "rsum"]
+    rows = [ln.split() for ln in out[3:5]]
     assert float(rows[0][2]) >= float(rows[1][2]) and {rows[0][1], rows[1][1]} == {"2", "8"}
-    assert out[4].startswith("best: trial") and "split test" in out[4] and "chosen on val" in out[4]
+    assert out[5].startswith("best: trial") and "split test" in out[5] and "chosen on val" in out[5]
 
 
 def test_each_scored_trial_is_a_structured_event(tmp_path):
@@ -299,3 +300,64 @@ def test_cli_bad_seeds_are_one_line(tmp_path, capsys, value, needle):
     rc = main(["tune", "cca", "--data", "demo", "--grid", "reg=0.1,1", "--seeds", value, "--out", str(tmp_path / "s")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_the_command_line_ranks_trials_by_what_crossview_train_reports_and_its_refit_equals_such_a_run(tmp_path,
+                                                                                                      capsys):
+    """A search from the command line scores every trial and the refit under the method's default scoring (CCA:
+    csls k = 5), as ``crossview train`` does: the refit's rsum is the one a train run of the chosen point reports,
+    and each trial's score is its runs' scored rsum, not the plain one kept beside it."""
+    import numpy as np
+
+    write_toy_precomp(tmp_path / "toy", make_toy_dataset(n_images=120, caps_per_image=5),
+                      (("train", "train"), ("dev", "val")))
+    code = main(["tune", "cca", "--data", str(tmp_path / "toy"), "--text-encoder", "bow",
+                 "--grid", "n_components=2,8", "--out", str(tmp_path / "s"), "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scoring"]["scoring"] == "csls" and out["scoring"]["param"] == 5
+    for t in out["trials"]:
+        folds = [json.loads((tmp_path / "s" / f"trial-{t['trial']:03d}-f{f}" / "summary.json").read_text())
+                 for f in (1, 2, 3)]
+        assert all(x["scoring"]["scoring"] == "csls" for x in folds)
+        assert t["score"] == pytest.approx(np.mean([x["rsum"] for x in folds]))
+        assert t["score"] != pytest.approx(np.mean([x["metrics_plain"]["rsum"] for x in folds]))
+    best = out["best"]["point"]["n_components"]
+    code = main(["train", "cca", "--data", str(tmp_path / "toy"), "--text-encoder", "bow", "--set",
+                 f"n_components={best}", "--run", str(tmp_path / "r")])
+    assert code == 0
+    capsys.readouterr()
+    train_run = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert out["refit_rsum"] == pytest.approx(train_run["rsum"]) and train_run["split"] == out["refit"]["split"]
+
+
+def test_a_search_continues_only_under_its_own_scoring_and_an_old_record_is_plain(tmp_path, capsys):
+    """The library's default is plain (the papers' experiments); a folder searched plain continues plain from the
+    command line without --scoring (a record from before searches had a scoring reads as plain), and another scoring
+    for the same folder is refused in one line that says how to continue it."""
+    write_toy_precomp(tmp_path / "toy", make_toy_dataset(n_images=120, caps_per_image=5),
+                      (("train", "train"), ("dev", "val")))
+    folder = tmp_path / "s"
+    gen = tune("cca", str(tmp_path / "toy"), {"n_components": [2, 8]}, out=folder, text_encoder="bow", cache=False)
+    for ev in gen:   # stop after the first trial
+        if isinstance(ev, Log) and ev.message.startswith("trial 1/2"):
+            break
+    gen.close()
+    record = json.loads((folder / "tune.json").read_text())
+    assert record.pop("scoring")["scoring"] == "plain"
+    (folder / "tune.json").write_text(json.dumps(record))            # as a search recorded before scorings
+    stamp = (folder / "trial-001-f1" / "summary.json").stat().st_mtime_ns
+    args = ["tune", "cca", "--data", str(tmp_path / "toy"), "--text-encoder", "bow", "--grid", "n_components=2,8",
+            "--out", str(folder)]
+    assert main([*args, "--scoring", "default"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a search scored with plain (dot product), not csls k=5" in err[0], err
+    assert "--scoring plain" in err[0]
+    assert main([*args, "--scoring", "nearest"]) == 2                       # a bad name: one line, nothing run
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nearest" in err[0], err
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "# every trial and the refit scored with plain (dot product)" in out
+    assert (folder / "trial-001-f1" / "summary.json").stat().st_mtime_ns == stamp     # read back, not retrained
+    assert json.loads((folder / "best" / "config.json").read_text())["scoring"]["scoring"] == "plain"

@@ -30,12 +30,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         from crossview.core.run_settings import parse_seeds
         seeds = list(parse_seeds(args.seeds))
+    scoring, scoring_param = _scoring(args)
     printer = EventPrinter()
     result: TuneResult | None = None
     gen = tune(args.method, args.data, grid, params=params, metric=args.metric, trials=args.trials, out=args.out,
                select_on=args.select_on, folds=args.folds, optimistic=args.optimistic, image_encoder=args.image_encoder, text_encoder=args.text_encoder,
                image_norm=args.image_norm, text_norm=args.text_norm, data_format=args.format,
-               image_root=args.image_root, device=args.device, seed=args.seed, refit=not args.no_refit, seeds=seeds)
+               image_root=args.image_root, device=args.device, seed=args.seed, refit=not args.no_refit, seeds=seeds,
+               scoring=scoring, scoring_param=scoring_param)
     try:
         for ev in gen:
             if isinstance(ev, TuneResult):
@@ -51,6 +53,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     assert result is not None
     if args.json:
         print(json.dumps({"folder": str(result.folder), "metric": result.metric, **result.selection,
+                          "scoring": result.scoring,
                           "seeds": result.seeds, "trials": result.trials, "best": result.best, "refit": result.refit,
                           "refit_rsum": result.refit_rsum, "refits": result.refits}, indent=2))
     else:
@@ -59,8 +62,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scoring(args: argparse.Namespace) -> tuple[object, float | None]:
+    """``(scoring, param)`` for :func:`crossview.engine.tune.tune`: ``--scoring`` as given (``default``: the
+    method's default scoring, as ``crossview train`` ranks by); not given, the method's default for a new search and
+    the recorded one for a search continued in ``--out`` (so the same command continues it)."""
+    from pathlib import Path
+
+    from crossview.commands._common import scoring_name
+    from crossview.core.io import read_json
+    from crossview.engine.tune import TUNE_FILE, recorded_scoring
+
+    if args.scoring is None:
+        record = Path(args.out) / TUNE_FILE if args.out else None
+        if record is not None and record.is_file():
+            old = read_json(record)
+            if isinstance(old, dict) and old.get("method") == args.method:
+                if args.param is not None:
+                    scoring_name(argparse.Namespace(scoring=recorded_scoring(old)["scoring"], param=args.param))
+                    return recorded_scoring(old)["scoring"], args.param
+                return recorded_scoring(old), None
+        args.scoring = "default"
+    name = scoring_name(args, args.method)         # one line for an unknown name or a --param that does not apply
+    return ("default" if args.scoring == "default" and args.param is None else name), args.param
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    from crossview.commands._common import _add_dataset_args, int_option, seed_option
+    from crossview.commands._common import _add_dataset_args, float_option, int_option, seed_option
     from crossview.features.normalize import NORMS
 
     p = sub.add_parser(
@@ -100,8 +127,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimistic", action="store_true",
                    help="allow --select-on to name the split the refit is reported on; every output then says "
                         "'optimistic: chosen and reported on the same split'")
-    p.add_argument("--image-encoder", metavar="E", help="image encoder (default: the features default)")
-    p.add_argument("--text-encoder", metavar="T", help="text encoder (default: the features default)")
+    p.add_argument("--image-encoder", metavar="E",
+                   help="image encoder (default: the method's own, as 'crossview train METHOD' uses)")
+    p.add_argument("--text-encoder", metavar="T",
+                   help="text encoder (default: the method's own, as 'crossview train METHOD' uses)")
     p.add_argument("--image-norm", choices=NORMS, default=None, help="image normalisation for every trial")
     p.add_argument("--text-norm", choices=NORMS, default=None, help="text normalisation for every trial")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: auto)")
@@ -110,6 +139,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train every trial (each fold) and the refit once per seed, e.g. 0,1,2, and score by the mean "
                         "over the seeds first (run folders trial-NNN[-fK]-sS, best-sS); --seed then only draws the "
                         "points and the folds")
+    from crossview.engine.scoring import DEFAULT_SCORINGS
+    from crossview.eval.scoring import SCORINGS
+
+    defaults = ", ".join(f"{m}: {s} {'k' if s == 'csls' else 'beta'}={v:g}" for m, (s, v) in DEFAULT_SCORINGS.items())
+    p.add_argument("--scoring", default=None, metavar="default|" + "|".join(SCORINGS),
+                   help="how every trial and the refit rank and are evaluated, so the trials are ranked by what a "
+                        "'crossview train' run of the same point reports (default: the method's default scoring, "
+                        f"as crossview train's: {defaults}, the others plain; continuing a search in --out: the "
+                        "scoring it recorded). plain: the dot product; csls / isoftmax / dsoftmax with --param, or "
+                        "their parameter chosen in each run on a hold-out of its training images")
+    p.add_argument("--param", type=float_option(0, above=True), default=None, metavar="K_OR_BETA",
+                   help="the scoring's parameter (csls: k; isoftmax / dsoftmax: beta)")
     p.add_argument("--out", metavar="DIR",
                    help="search folder (default: <user data>/runs/tune-<method>-<dataset>-<timestamp>)")
     p.add_argument("--no-refit", action="store_true", help="do not refit the best point at the end")

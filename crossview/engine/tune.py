@@ -32,6 +32,13 @@ over the seeds first, so a stochastic method (WSABIE, the deep methods) is not c
 of the best is then trained at each seed (``best-s0`` ...) and reported as the mean over them. ``seed`` draws the
 random points and the folds (and is the runs' seed when ``seeds`` is not given).
 
+``scoring`` is how every trial and the refit rank and are evaluated, as :func:`crossview.engine.run.train` takes it:
+None / ``"plain"`` (the library's default, so the papers' experiments stay plain) or ``"default"`` (the method's
+default scoring: what ``crossview tune`` and the app's search ask for, so that a search ranks its trials by the
+number a ``crossview train`` run of the same point reports, and its refit is comparable with the runs beside it).
+``tune.json`` records it; a folder continues only under its own scoring (one recorded before searches had one is
+plain: :func:`recorded_scoring`).
+
 Why a grid or random draws and not a model-based search (Optuna's TPE): the spaces are small and
 categorical (a handful of values per parameter, a few dozen points), each trial is a whole run that the
 user may want to open, and a plain grid is what a reader can reproduce from the table.
@@ -55,7 +62,7 @@ from crossview.core.errors import CrossViewError
 
 __all__ = ["tune", "TuneResult", "metric_value", "TUNE_FILE", "RUN_KEYS", "format_tune_table", "parse_grid",
            "parse_grid_values", "split_values", "plan_selection", "Selection", "OPTIMISTIC", "DEFAULT_FOLDS",
-           "INNER_HOLDOUT"]
+           "INNER_HOLDOUT", "recorded_scoring"]
 
 TUNE_FILE = "tune.json"
 #: grid keys that are options of the run rather than parameters of the method
@@ -77,12 +84,35 @@ class TuneResult:
     seeds: list[int] = field(default_factory=lambda: [0])
     #: the refit's summary at each seed (``refit`` is the first's; ``refit_rsum`` their mean)
     refits: list[dict[str, Any]] = field(default_factory=list)
+    #: how the trials and the refit ranked and were evaluated (a run's scoring record; plain by default)
+    scoring: dict[str, Any] = field(default_factory=lambda: {"scoring": "plain"})
 
     @property
     def refit_rsum(self) -> float | None:
         """The refit's rsum on the reported split, averaged over the seeds."""
         vals = [float(r["rsum"]) for r in self.refits or ([self.refit] if self.refit else []) if "rsum" in r]
         return float(np.mean(vals)) if vals else None
+
+
+def recorded_scoring(record: dict[str, Any]) -> dict[str, Any]:
+    """The scoring a search's ``tune.json`` record ranks its trials by: its ``"scoring"`` record, plain for a
+    search recorded before searches had one (they were all plain)."""
+    from crossview.engine.scoring import PLAIN_RECORD
+
+    rec = record.get("scoring") if isinstance(record, dict) else None
+    return dict(rec) if isinstance(rec, dict) else dict(PLAIN_RECORD)
+
+
+def _scoring_key(record: dict[str, Any]) -> tuple[str, Any]:
+    """What makes two searches' scorings the same: the scoring and its parameter (None: chosen in each run)."""
+    name = str(record.get("scoring", "plain"))
+    return (name, None if name == "plain" else record.get("param"))
+
+
+def _scoring_flags(record: dict[str, Any]) -> str:
+    """The command-line options that give ``record``'s scoring again (``--scoring csls --param 5``)."""
+    name, param = _scoring_key(record)
+    return f"--scoring {name}" + (f" --param {float(param):g}" if param is not None else "")
 
 
 def metric_value(summary: dict[str, Any], metric: str) -> float:
@@ -332,7 +362,8 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
          reported_on: str | None = None, train_split: str = "train", image_encoder: str | None = None,
          text_encoder: str | None = None, image_norm: str | None = None, text_norm: str | None = None,
          data_format: str | None = None, image_root: str | None = None, device: str = "auto", seed: int = 0,
-         refit: bool = True, cache: Any = None, seeds: Sequence[int] | None = None) -> Iterator[Event | TuneResult]:
+         refit: bool = True, cache: Any = None, seeds: Sequence[int] | None = None, scoring: Any = None,
+         scoring_param: float | None = None) -> Iterator[Event | TuneResult]:
     """Run the search (see the module docstring), yielding events and, last, the :class:`TuneResult`.
 
     ``grid`` maps parameter names (or ``image_norm`` / ``text_norm``) to the values to try; ``params``
@@ -340,9 +371,12 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     :func:`plan_selection` says (``select_on``, ``folds``, ``optimistic``): by default k-fold cross-validation
     of the training images when the evaluation split would otherwise be used, the mean over the folds. ``seeds``:
     train every trial and the refit once per seed and average over the seeds first (``seed`` then only draws the
-    points and the folds). Every input is checked before anything is extracted or trained.
+    points and the folds). ``scoring`` / ``scoring_param``: how the trials and the refit rank and are evaluated
+    (:func:`crossview.engine.scoring.resolve_run_scoring`; None is plain, ``"default"`` the method's default).
+    Every input is checked before anything is extracted or trained.
     """
     from crossview.engine.run import SUMMARY, _load, train
+    from crossview.engine.scoring import describe_run_scoring, resolve_run_scoring
     from crossview.engine.runs import ensure_run, run_finished
     from crossview.methods import method_from_params
 
@@ -367,6 +401,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         raise CrossViewError("tune: reported_on is for callers that report elsewhere themselves; give refit=False")
     sel = plan_selection(ds, select_on, folds=folds, train_split=train_split, seed=seed, optimistic=optimistic,
                          reported_on=reported_on)
+    scoring_record = resolve_run_scoring(method, scoring, scoring_param)
     metric_value({"rsum": 0.0, "i2t": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0},
                   "t2i": {"R@1": 0, "R@5": 0, "R@10": 0, "MedR": 0, "MeanR": 0}}, metric)
     if out is None:
@@ -385,7 +420,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
                   f"cv{sel.folds}") else None, **sel.record(),
               "train_split": train_split, "seed": seed, "seeds": run_seeds, "trials": trials,
               "image_encoder": image_encoder, "text_encoder": text_encoder, "image_norm": image_norm,
-              "text_norm": text_norm}
+              "text_norm": text_norm, "scoring": scoring_record}
     if (folder / TUNE_FILE).is_file():
         old = read_json(folder / TUNE_FILE)
         keys = ("method", "grid", "metric", "params", "selected_on", "reported_on")
@@ -395,6 +430,11 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         if list(old.get("seeds") or [old.get("seed", 0)]) != run_seeds:
             raise CrossViewError(f"{folder} holds a search at seeds {old.get('seeds') or [old.get('seed', 0)]}, not "
                                  f"{run_seeds}; give the same seeds to continue it, or a new --out folder")
+        if _scoring_key(recorded_scoring(old)) != _scoring_key(scoring_record):
+            was = describe_run_scoring(recorded_scoring(old), None).removeprefix("scored with ")
+            now = describe_run_scoring(scoring_record, None).removeprefix("scored with ")
+            raise CrossViewError(f"{folder} holds a search scored with {was}, not {now}; continue it under its own "
+                                 f"scoring ({_scoring_flags(recorded_scoring(old))}), or give a new --out folder")
         yield Log(f"continuing the search in {folder}")
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / TUNE_FILE).is_file():     # the folder is a search (listed, continued) from its first trial on
@@ -405,7 +445,8 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
     yield Log(f"tuning {method} on {ds.name}: {len(points)} trial(s)"
               + (f" x {n_parts} folds" if n_parts > 1 else "")
               + (f" x {len(run_seeds)} seeds ({', '.join(map(str, run_seeds))}; averaged first)" if several else "")
-              + f", ranked by {metric}; {sel.description}", "warning" if sel.optimistic else "info")
+              + f", ranked by {metric} {describe_run_scoring(scoring_record, None)}; {sel.description}",
+              "warning" if sel.optimistic else "info")
     yield Progress(0, len(points), "trials")
     feats = None
     results: list[dict[str, Any]] = []
@@ -433,7 +474,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
                     train_split=part.train_split, val_split=None, image_encoder=image_encoder,
                     text_encoder=text_encoder, device=device, seed=sd_seed, features=feats, cache=cache,
                     derived_splits=part.derived, image_norm=run_kw.get("image_norm", image_norm),
-                    text_norm=run_kw.get("text_norm", text_norm)),
+                    text_norm=run_kw.get("text_norm", text_norm), scoring=scoring_record),
                     data=ds, features=feats, cache=cache)
                 summary = None
                 for ev in it:
@@ -469,7 +510,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         yield Progress(i, len(points), "trials")
     ranked = sorted(results, key=lambda r: (-r["score"] if math.isfinite(r["score"]) else math.inf, r["trial"]))
     result = TuneResult(folder=folder, metric=metric, trials=ranked, best=ranked[0], selection=sel.record(),
-                        seeds=list(run_seeds))
+                        seeds=list(run_seeds), scoring=dict(scoring_record))
     if refit:
         best = ranked[0]["point"]
         yield Log(f"refitting the best point ({_label(best)}) on all {train_split} images"
@@ -493,7 +534,7 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
                     train_split=train_split, val_split="val", image_encoder=image_encoder, text_encoder=text_encoder,
                     device=device, seed=best_seed, features=feats, cache=cache,
                     image_norm=best.get("image_norm", image_norm), text_norm=best.get("text_norm", text_norm),
-                    selection=provenance),
+                    selection=provenance, scoring=scoring_record),
                     data=ds, features=feats, cache=cache)
                 for ev in it:
                     if isinstance(ev, Finished):
@@ -526,6 +567,8 @@ def format_tune_table(result: TuneResult) -> str:
     lines = []
     if sel:
         lines.append(("# OPTIMISTIC NUMBERS: " if sel.get("optimistic") else "# ") + str(sel.get("description", "")))
+    from crossview.engine.scoring import describe_run_scoring
+    lines.append(f"# every trial and the refit {describe_run_scoring(result.scoring, None)}")
     lines.append(f"{'#':>4}  {head}  {result.metric:>9}" + (f"  {'± sd':>6}" if folds else "")
                  + f"  {'i2t R@1/5/10':>17}  {'t2i R@1/5/10':>17}  run")
     for r in result.trials:

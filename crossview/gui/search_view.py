@@ -238,7 +238,10 @@ class SearchView(QWidget):
                                      image_encoder=choices.image_encoder,
                                      text_encoder=choices.text_encoder,
                                      image_norm=spec.image_norm, text_norm=spec.text_norm,
-                                     device=choices.device, seed=choices.seed, seeds=spec.seeds))
+                                     device=choices.device, seed=choices.seed, seeds=spec.seeds,
+                                     # ranked by the method's default scoring, as the form's runs are (and the
+                                     # runs list compares the refit with them)
+                                     scoring="default"))
 
     def _start_tune(self, kw: dict[str, Any]) -> EventTask | None:
         preload_engine_modules()     # at once when done; else the worker would import torch holding the GIL
@@ -270,8 +273,12 @@ class SearchView(QWidget):
                 where, folds = sel.description, sel.folds
             except CrossViewError:      # pragma: no cover - tune checked it already
                 pass
+        from crossview.engine.scoring import describe_run_scoring, resolve_run_scoring
+        scored = describe_run_scoring(resolve_run_scoring(kw["method"], kw.get("scoring"), kw.get("scoring_param")),
+                                      None)      # checked by tune's first step already
         search = {"folder": folder, "method": kw["method"], "metric": kw["metric"], "keys": list(kw["grid"]),
-                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None, "where": where, "folds": folds}
+                  "total": total, "done": 0, "inner": 0.0, "rows": {}, "best": None, "where": where, "folds": folds,
+                  "scored": scored}
         self._setup_trials_table(search)
         self._update_search_info(search)
 
@@ -320,6 +327,7 @@ class SearchView(QWidget):
         ``tune.json`` (or as this view started it, when it stopped before its first trial finished): finished
         trials are read back, an interrupted one resumes, the rest run, then the best is refitted."""
         from crossview.core.io import read_json
+        from crossview.engine.tune import recorded_scoring
 
         folder = Path(folder) if folder is not None else self.search_to_continue()
         if folder is None or self._busy():
@@ -345,7 +353,8 @@ class SearchView(QWidget):
                                      train_split=rec.get("train_split", "train"),
                                      image_encoder=rec.get("image_encoder"), text_encoder=rec.get("text_encoder"),
                                      image_norm=rec.get("image_norm"), text_norm=rec.get("text_norm"),
-                                     device=device, seed=int(rec.get("seed", 0)), seeds=rec.get("seeds")))
+                                     device=device, seed=int(rec.get("seed", 0)), seeds=rec.get("seeds"),
+                                     scoring=recorded_scoring(rec)))
 
     def _search_data(self, folder: Path, rec: dict[str, Any]) -> Any:
         """The dataset a recorded search ran on: the view's own when a trial's fingerprint matches, else the
@@ -388,6 +397,7 @@ class SearchView(QWidget):
         best = search["rows"].get(search["best"]) if search["best"] is not None else None
         text = (f"<b>Search</b> {html_text(search['folder'].name)}: {search['done']} of {search['total']} trials "
                 f"done, ranked by {html_text(search['metric'])}"
+                + (f", {html_text(search['scored'])}" if search.get("scored") else "")
                 + (f"; {html_text(search['where'])}" if search.get("where") else ""))
         if best is not None:
             text += (f"; best: trial {best.trial} ({html_text(self._point_label(best.point))}), "
