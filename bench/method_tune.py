@@ -5,8 +5,11 @@ photos, with the paired difference.
 Selection is never on the reported split: every trial is an ordinary ``crossview tune`` trial (``select_on=cv``:
 each fold trains on 400 training photos and ranks the other 200; the val photos play no part), and the search runs
 in stages, each a ``tune`` grid over a few parameters with the others fixed at the best point so far (the first
-stage's grid holds the defaults, so the defaults' cross-validation score is measured beside the others). The point
-with the best mean rsum over the folds is chosen. Then:
+stage's grid holds the defaults, so the defaults' cross-validation score is measured beside the others). Stage 1's
+point with the best mean rsum over the folds is taken; a later stage's best replaces the point so far only when its
+paired difference over it on the folds' pooled queries has its interval above 0 (the rule the defaults move by, at
+every step: a gain within the noise keeps the value, so a search does not drift to e.g. twice the components for
++0.3). Every trial runs under the method's default scoring, as ``crossview train`` does. Then:
 
 - on the folds: the chosen point against the defaults, paired on the same held-out queries (the three folds' 600
   photos and 3,000 captions pooled; crossview.eval.paired, resampling photos with their captions). This interval
@@ -106,6 +109,39 @@ def _scored(method: str) -> str:
     return describe_run_scoring(resolve_run_scoring(method, "default"), None)
 
 
+def _val_folder(name: str, params: dict[str, Any]) -> str:
+    """``val-defaults``, or ``val-chosen-<8 hex of the point>``: a folder continued later with another chosen point
+    (a stage added, a rule changed) is a new run, never the old point's run read back as this one's."""
+    if name == "defaults":
+        return "val-defaults"
+    import hashlib
+    import json
+
+    key = json.dumps({k: params[k] for k in sorted(params)}, default=str)
+    return f"val-{name}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def _incumbent(current: dict[str, Any] | None, challenger: dict[str, Any],
+               defaults: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(the best point so far, a note)`` after a stage whose best trial is ``challenger``: stage 1's best point
+    (``current`` None); later, the challenger only when it scores above ``current`` and its paired difference on
+    the pooled held-out queries has its 95% interval above 0 (the rule the defaults themselves move by), else
+    ``current`` stays. The note says which and by how much."""
+    from crossview.eval.paired import paired_effect
+
+    if current is None:
+        return challenger, ""
+    what = _label({k: v for k, v in challenger["point"].items() if current["point"].get(k) != v})
+    if challenger["score"] <= current["score"]:
+        return current, f"; this stage's best ({what}, {challenger['score']:.1f}) does not beat it"
+    base, caps = _pooled_seeds(current["runs"])
+    r = paired_effect(base, _pooled_seeds(challenger["runs"])[0], caps, seed=0)["rsum"]
+    gap = f"{what} {r['diff']:+.1f} (95% interval {r['ci'][0]:+.1f} to {r['ci'][1]:+.1f}) over the point so far"
+    if r["ci"][0] > 0:
+        return challenger, f"; {gap}: taken"
+    return current, f"; {gap}: within the noise, so the point so far stays"
+
+
 def _effect_line(eff: dict[str, Any], what: str) -> str:
     r = eff["rsum"]
     return (f"{what}: rsum {r['diff']:+.1f} (95% interval {r['ci'][0]:+.1f} to {r['ci'][1]:+.1f}, p = {r['p']:.3g}; "
@@ -147,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     # ---- the search: stages of `crossview tune`, 3-fold CV of train, each stage around the best point so far
     trials: list[dict[str, Any]] = []          # every trial of every stage, with its full parameter point
     best: dict[str, Any] = dict(fixed)
+    best_trial: dict[str, Any] | None = None   # the incumbent: stage 1's best, then a later stage's only on evidence
     for k, grid in enumerate(stages, 1):
         t0 = time.monotonic()
         if k > 1:   # a value the best point so far already has was measured: not trained again
@@ -163,15 +200,18 @@ def run(args: argparse.Namespace) -> int:
             elif isinstance(ev, Log):   # each finished trial, to stderr: a stage of 18 runs is an hour on the CPU
                 print(f"[{time.strftime('%H:%M:%S')}] stage {k}: {ev.message}", file=sys.stderr, flush=True)
         assert result is not None
+        stage_trials = []
         for r in result.trials:
             full = {**params, **r["point"]}
             parts = r.get("folds") or [{"rsum": r["rsum"], "run_dir": r["run_dir"],     # holdout: one part
                                         **({"runs": r["runs"]} if "runs" in r else {})}]
-            trials.append({"stage": k, "point": full, "score": r["score"], "sd": r["sd"],
-                           "folds": [f["rsum"] for f in parts],
-                           "runs": [f.get("runs") or [f["run_dir"]] for f in parts],     # [part][seed]
-                           "i2t": r["i2t"], "t2i": r["t2i"]})
-        top = max(trials, key=lambda t: t["score"])
+            stage_trials.append({"stage": k, "point": full, "score": r["score"], "sd": r["sd"],
+                                 "folds": [f["rsum"] for f in parts],
+                                 "runs": [f.get("runs") or [f["run_dir"]] for f in parts],     # [part][seed]
+                                 "i2t": r["i2t"], "t2i": r["t2i"]})
+        trials += stage_trials
+        best_trial, verdict = _incumbent(best_trial, max(stage_trials, key=lambda t: t["score"]), defaults)
+        top = best_trial
         best = {key: v for key, v in top["point"].items()}
         grid_text = " ".join(f"--grid {key}={','.join(map(str, v))}" for key, v in grid.items())
         set_text = " ".join(f"--{key.replace('_', '-')} {v}" if key in NORM_KEYS else f"--set {key}={v}"
@@ -181,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"- stage {k}: `crossview tune {method} --data <sample> {words}`: {len(result.trials)} points x "
               f"{parts} ({time.monotonic() - t0:.0f} s in this invocation; finished runs are read back); best "
               f"so far: {_label({k2: v for k2, v in best.items() if defaults.get(k2) != v}) or 'the defaults'} "
-              f"({top['score']:.1f})")
+              f"({top['score']:.1f}){verdict}")
 
     def differs(point: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in point.items() if defaults.get(k) != v}
@@ -207,20 +247,23 @@ def run(args: argparse.Namespace) -> int:
         shown.append(default_trial)
     for t in shown:
         name = _label(differs(t["point"]))
-        name = f"**{name}**" if t is unique[0] else name
+        name = f"**{name}**" if t is best_trial else name
         print(f"| {name} | {t['stage']} | {' '.join(f'{x:.1f}' for x in t['folds'])} | {t['score']:.1f} | "
               f"{t['sd'] or 0:.1f} | {t['i2t']['R@1']:.1f} | {t['t2i']['R@1']:.1f} |")
     if len(unique) > len(shown):
         print(f"\n({len(unique) - len(shown)} more points below; all in {work}/stage*/tune.json)")
-    chosen = differs(unique[0]["point"])
+    assert best_trial is not None
+    chosen = differs(best_trial["point"])
     print(f"\nChosen on train ({'cross-validation' if args.select_on == 'cv' else 'the held-out 20%'}): "
-          f"{_label(chosen) or 'the defaults'}.")
+          f"{_label(chosen) or 'the defaults'} (in bold: the best point of stage 1; a later stage's best replaced "
+          "the point so far only where its paired interval over it on the same queries lay above 0, so a change "
+          "within the noise keeps the value it would have changed).")
     if default_trial is None:
         print("The defaults were not among the trials (give a first stage whose grid holds them).")
         return 1
     base, caps = _pooled_seeds(default_trial["runs"])
-    cv = paired_effect(base, _pooled_seeds(unique[0]["runs"])[0], caps, seed=0)
-    per_fold = [b - a for a, b in zip(default_trial["folds"], unique[0]["folds"])]
+    cv = paired_effect(base, _pooled_seeds(best_trial["runs"])[0], caps, seed=0)
+    per_fold = [b - a for a, b in zip(default_trial["folds"], best_trial["folds"])]
     averaged = (f"each query's rank averaged over the {len(seeds)} seeds first" if seeds and len(seeds) > 1
                 else "")
     on = (f"on the folds (the held-out photos of the folds pooled{'; ' + averaged if averaged else ''})"
@@ -253,7 +296,7 @@ def _val(args: argparse.Namespace, ds: Any, work: Path, chosen: dict[str, Any]) 
             break
         runs = []
         for seed in seeds:     # one seed: the folder of old (val-NAME); several: val-NAME-sS
-            run_dir = work / (f"val-{name}-s{seed}" if several else f"val-{name}")
+            run_dir = work / (f"{_val_folder(name, params)}-s{seed}" if several else _val_folder(name, params))
             t0 = time.monotonic()
             _, it = ensure_run(run_dir, lambda: train(
                 method, ds, run_dir=run_dir, params={k: v for k, v in params.items() if k not in NORM_KEYS},

@@ -51,7 +51,7 @@ def test_several_seeds_train_each_run_per_seed_and_report_the_mean(toy, tmp_path
     text = out.read_text()
     assert "trained at seeds 0, 1" in text and "each query's rank averaged over the 2 seeds first" in text
     if "chosen minus defaults on val" in text.lower():
-        assert (work / "val-chosen-s1").is_dir()
+        assert any(p.name.startswith("val-chosen-") and p.name.endswith("-s1") for p in work.iterdir())
     assert (work / "val-defaults-s0").is_dir() and (work / "val-defaults-s1").is_dir()
     row = next(line for line in text.splitlines() if line.startswith("| defaults | (none)"))
     per_seed = row.split(" | ")[5].split(" / ")
@@ -72,3 +72,38 @@ def test_bad_seeds_are_refused_in_one_line(toy, tmp_path, capsys) -> None:
         MT.main(["--method", "cca", "--data", str(toy), "--stage", "reg=5", "--seeds", "0,x"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "seed 'x' is not a whole number" in err
+
+
+def _trial(tmp_path: Path, name: str, score: float, point: dict, i2t: list[int], t2i: list[int]) -> dict:
+    """A one-fold, one-seed trial whose held-out ranks are ``i2t`` (one per image) and ``t2i`` (two captions each)."""
+    caps = np.repeat(np.arange(len(i2t)), 2)
+    return {"point": point, "score": score, "runs": [[_write_ranks(tmp_path / name, i2t, t2i, caps)]]}
+
+
+def test_a_later_stage_moves_the_point_only_on_evidence(tmp_path) -> None:
+    """Stage 1's best is taken as it is; a later stage's best replaces it only when it scores higher and its paired
+    interval over it lies above 0: a higher score within the noise, or a lower one, keeps the point so far."""
+    n = 60
+    rng = np.random.default_rng(0)
+    base_i2t, base_t2i = rng.integers(5, 40, n), rng.integers(5, 40, 2 * n)
+    current = _trial(tmp_path, "cur", 300.0, {"reg": 5.0, "n": 256}, base_i2t, base_t2i)
+    first, note = MT._incumbent(None, current, {})
+    assert first is current and note == ""
+    lower = _trial(tmp_path, "low", 290.0, {"reg": 5.0, "n": 128}, base_i2t + 1, base_t2i + 1)
+    kept, note = MT._incumbent(current, lower, {})
+    assert kept is current and "n=128" in note and "does not beat it" in note
+    noisy_i2t = base_i2t.copy()
+    noisy_i2t[:2] = 1                       # two queries better, nothing else: a gain inside the noise
+    noisy = _trial(tmp_path, "noisy", 300.5, {"reg": 5.0, "n": 512}, noisy_i2t, base_t2i)
+    kept, note = MT._incumbent(current, noisy, {})
+    assert kept is current and "n=512" in note and "within the noise" in note
+    better = _trial(tmp_path, "better", 330.0, {"reg": 12.0, "n": 256}, np.ones(n, int), np.ones(2 * n, int))
+    taken, note = MT._incumbent(current, better, {})
+    assert taken is better and note.endswith(": taken") and "reg=12.0" in note and "n=" not in note
+
+
+def test_the_chosen_points_val_run_is_named_by_its_point(tmp_path) -> None:
+    """A work folder continued with another chosen point trains a new val run, never reads the old point's back."""
+    a = MT._val_folder("chosen", {"reg": 12.0, "n_components": 512})
+    assert a == MT._val_folder("chosen", {"n_components": 512, "reg": 12.0}) and a.startswith("val-chosen-")
+    assert a != MT._val_folder("chosen", {"reg": 12.0}) and MT._val_folder("defaults", {}) == "val-defaults"
