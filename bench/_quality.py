@@ -46,6 +46,29 @@ def default_work(name: str) -> Path:
     return Path(tempfile.gettempdir()) / f"crossview-bench-{name}"
 
 
+def check_defaults(method: str, run_dir: Path, params: dict[str, Any]) -> None:
+    """Refuse (one line, exit 2) to read ``run_dir`` back as ``method``'s defaults when it was trained with other
+    parameters than today's defaults (plus ``params``), e.g. a work folder kept from before a default moved: its
+    numbers would be reported as the defaults'. Nothing is deleted; the line says what to do."""
+    import json
+
+    from crossview.methods import method_class
+
+    cfg_file = Path(run_dir) / "config.json"
+    if not cfg_file.is_file():
+        return
+    try:
+        recorded = json.loads(cfg_file.read_text()).get("params") or {}
+    except (OSError, ValueError, AttributeError):
+        return                      # a damaged run: ensure_run says so in its own words
+    want = json.loads(json.dumps({**method_class(method).default_params(), **params}, default=str))
+    differ = {k: (recorded.get(k), v) for k, v in want.items() if k in recorded and recorded.get(k) != v}
+    if differ:
+        what = ", ".join(f"{k}={old} (today's default {new})" for k, (old, new) in differ.items())
+        raise SystemExit(f"{run_dir}: trained with {what}, not {method}'s defaults at this commit; delete that "
+                         "folder (or give another --work) to train it at today's defaults")
+
+
 def ensure_trained(method: str, data: Any, run_dir: Path, seed: int = 0, **settings: Any) -> dict[str, Any]:
     """The summary of ``crossview train METHOD --data DATA`` with the method's defaults (``seed`` the run's seed and,
     for a seeded method other than 0, its ``seed`` parameter; ``settings``: more of
@@ -58,6 +81,7 @@ def ensure_trained(method: str, data: Any, run_dir: Path, seed: int = 0, **setti
 
     t0 = time.monotonic()
     params = {"seed": seed} if seed and method in SEEDED else None
+    check_defaults(method, run_dir, params or {})
     state, events = ensure_run(run_dir, lambda: train(method, data, run_dir=run_dir, seed=seed, params=params,
                                                                 **settings),
                                data=data if not isinstance(data, (str, Path)) else None)

@@ -133,3 +133,27 @@ def test_seed_averaged_interval_matches_one_run_and_averages_hits_per_query() ->
     other = {d: np.stack([r[d], np.ones_like(r[d])]) for d in r}   # a perfect second seed: half-hits count
     lo2, hi2 = map(float, Q.ci_cell(other, caps).split("-"))
     assert lo2 > lo and hi2 <= 600.0
+
+
+def test_a_run_trained_before_a_default_moved_is_refused_not_reported_as_the_defaults(work) -> None:
+    """A kept work folder whose run was trained at other parameters than today's defaults (e.g. before a default
+    moved) is refused in one line naming the parameter, both values and what to do; the folder is left alone."""
+    import json
+
+    from crossview.methods import method_class
+
+    _train(work, "cca")
+    run_dir = work[0] / "cca"
+    cfg = json.loads((run_dir / "config.json").read_text())
+    today = method_class("cca").default_params()["reg"]
+    cfg["params"]["reg"] = today + 1.5
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit) as e:
+        _train(work, "cca")
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and str(run_dir) in msg
+    assert f"reg={today + 1.5} (today's default {today})" in msg and "delete that folder" in msg
+    assert (run_dir / "summary.json").is_file()
+    cfg["params"]["reg"] = today
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    assert _train(work, "cca")["_state"] == "finished"        # as it was: read back
