@@ -255,9 +255,9 @@ def run(args: argparse.Namespace) -> int:
     assert best_trial is not None
     chosen = differs(best_trial["point"])
     print(f"\nChosen on train ({'cross-validation' if args.select_on == 'cv' else 'the held-out 20%'}): "
-          f"{_label(chosen) or 'the defaults'} (in bold: the best point of stage 1; a later stage's best replaced "
-          "the point so far only where its paired interval over it on the same queries lay above 0, so a change "
-          "within the noise keeps the value it would have changed).")
+          f"{_label(chosen) or 'the defaults'} (in bold: stage 1's best point, replaced by a later stage's best only "
+          "where its paired interval over the point so far, on the same queries, lay above 0: a change within the "
+          "noise keeps the value it would have changed).")
     if default_trial is None:
         print("The defaults were not among the trials (give a first stage whose grid holds them).")
         return 1
