@@ -69,14 +69,14 @@ def test_register_method_checks_its_target():
 def test_params_round_trip():
     m = create_method("cca", n_components=12, weight_power=0.0)
     params = m.get_params()
-    assert params == {"n_components": 12, "reg": 5.0, "weight_power": 0.0, "pairs": "captions"}
+    assert params == {"n_components": 12, "reg": 12.0, "weight_power": 0.0, "pairs": "captions"}
     clone = create_method("cca", **params)
     assert clone.get_params() == params
     assert clone.set_params(reg=0.2) is clone and clone.reg == 0.2
     with pytest.raises(CrossViewError, match="no parameter 'nope'"):
         clone.set_params(nope=1)
     assert repr(create_method("cca", reg=0.2)) == "CCA(reg=0.2)"
-    assert method_class("cca").default_params() == {"n_components": 256, "reg": 5.0, "weight_power": 0.5,
+    assert method_class("cca").default_params() == {"n_components": 256, "reg": 12.0, "weight_power": 0.5,
                                                      "pairs": "captions"}
     assert not create_method("cca").is_fitted
 
@@ -186,7 +186,7 @@ def test_a_card_that_states_a_default_is_refused_and_defaults_come_from_the_sign
         parse_card(folder / "cca.toml")
     from crossview.methods.cca import CCA
 
-    assert CCA.__init__.__defaults__ == (256, 5.0, 0.5, "captions")
+    assert CCA.__init__.__defaults__ == (256, 12.0, 0.5, "captions")
     monkeypatch.setattr(CCA.__init__, "__defaults__", (256, 7.5, 0.5, "captions"))   # a new default for reg
     assert cards.load_card("cca").params["reg"].default == 7.5, "the card follows the signature"
 
