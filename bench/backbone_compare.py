@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Karpathy-format JSON with train/val splits")
-    ap.add_argument("--regs", default="1,5,25", help="CCA ridges to try (CCA's reg; its default is 5)")
+    ap.add_argument("--regs", default="1,5,25", help="CCA ridges to try (CCA's reg; its default is 12)")
     _stamp.add_out_argument(ap, REPO / "bench" / "results" / "backbone_compare.md")
     args = ap.parse_args(argv)
     if not args.data.is_file():
