@@ -261,6 +261,10 @@ def run(args: argparse.Namespace) -> int:
     if default_trial is None:
         print("The defaults were not among the trials (give a first stage whose grid holds them).")
         return 1
+    if not chosen:
+        print("\n- The search chose the defaults: no other point beat them by the rule, so there is nothing to "
+              "compare on the folds.")
+        return 0 if args.stages_only else _val(args, ds, work, chosen)
     base, caps = _pooled_seeds(default_trial["runs"])
     cv = paired_effect(base, _pooled_seeds(best_trial["runs"])[0], caps, seed=0)
     per_fold = [b - a for a, b in zip(default_trial["folds"], best_trial["folds"])]
