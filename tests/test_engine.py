@@ -205,6 +205,39 @@ def test_closed_form_method_refits_on_resume(tmp_path, toy):
     assert events[-1].summary["status"] == "finished"
 
 
+@pytest.mark.parametrize("damage", ["summary", "checkpoint", "embeddings", "ranks"])
+def test_a_finished_run_missing_an_output_is_evaluated_again_by_resume(tmp_path, toy, damage):
+    """Every reader of a finished run whose summary is damaged, or whose checkpoint, embeddings or ranks are gone,
+    says "resume it"; resume said "nothing to resume" (a loop). It now evaluates the run again (from its checkpoint;
+    without one, trains it again) and says why, with the parameters the run recorded, not today's defaults."""
+    ds, feats = toy
+    run_dir = tmp_path / "run"
+    first = _drain(train("cca", ds, run_dir=run_dir, features=feats, params={"n_components": 8}))[-1].summary
+    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg["params"]["reg"] = 0.25                       # as a run made before a default moved records its reg
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    target = {"summary": run_dir / "summary.json", "checkpoint": run_dir / "checkpoint.pt",
+              "embeddings": run_dir / f"embeddings_{first['split']}.npz", "ranks": run_dir / "ranks.npz"}[damage]
+    if damage == "summary":
+        target.write_text('{"rsum": ')
+    else:
+        target.unlink()
+    events = _drain(resume(run_dir, data=ds, features=feats))
+    said = [e.message for e in events if isinstance(e, Log) and "finished, but" in e.message]
+    assert len(said) == 1 and {"summary": "summary.json is missing or damaged", "checkpoint": "checkpoint.pt is missing",
+                               "embeddings": "embeddings_", "ranks": "ranks.npz is missing"}[damage] in said[0]
+    assert ("trains again from the start" in said[0]) == (damage == "checkpoint")
+    assert events[-1].summary["status"] == "finished" and target.is_file()
+    assert json.loads((run_dir / "config.json").read_text())["params"]["reg"] == 0.25
+    if damage == "checkpoint":      # trained again: with the reg the run recorded, not today's default
+        again = _drain(train("cca", ds, run_dir=tmp_path / "direct", features=feats,
+                             params={"n_components": 8, "reg": 0.25}))[-1].summary
+        assert events[-1].summary["rsum"] == pytest.approx(again["rsum"]) != pytest.approx(first["rsum"])
+    else:                           # the checkpoint's model evaluated again: the numbers it had
+        assert events[-1].summary["rsum"] == pytest.approx(first["rsum"])
+    assert "nothing to resume" in _drain(resume(run_dir, data=ds, features=feats))[0].message     # whole again
+
+
 def test_cancel_during_feature_extraction(tmp_path, toy):
     ds, _ = toy
     run_dir = tmp_path / "run"

@@ -87,7 +87,8 @@ def iter_fold_run(config: dict[str, Any], ds: Any, run_dir: Path, train_images: 
     from crossview.engine.runs import ensure_run
 
     cfg = config
-    params = cfg.get("user_params") if isinstance(cfg.get("user_params"), dict) else cfg.get("params") or {}
+    # the run's own parameters, every default resolved as it trained (not today's defaults)
+    params = cfg.get("params") if isinstance(cfg.get("params"), dict) else cfg.get("user_params") or {}
     derived = {FOLD_TRAIN: np.asarray(train_images).tolist(), FOLD_TEST: np.asarray(test_images).tolist()}
 
     def start() -> Any:

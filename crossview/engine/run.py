@@ -833,9 +833,12 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         return RunIterator(iter_fuse(run_dir=folder), folder)
     fields = set(RunConfig.__dataclass_fields__)
     cfg = RunConfig(**{k: v for k, v in raw.items() if k in fields})
-    # the method's parameters as the user gave them, less the run settings among them (a run written before they
-    # were kept apart has its amp / seed / workers there): those are the run's, and a device asked now wins
-    cfg.params, asked = split_run_settings(dict(raw.get("user_params", cfg.params)))
+    # the method's parameters as the run recorded them, every default resolved (the user's alone would take today's
+    # defaults: a run resumed after a default moved would go on, or refit, as another model), less the run settings
+    # among them (a run written before they were kept apart has its amp / seed / workers there): those are the run's,
+    # and a device asked now wins
+    recorded = raw.get("params") if isinstance(raw.get("params"), dict) else raw.get("user_params", cfg.params)
+    cfg.params, asked = split_run_settings(dict(recorded))
     old_run = "run_settings" not in raw     # its seed param, if any, seeded the method; the run's seed did not
     for name, value in asked.items():
         if name not in raw or (old_run and name != "device"):
@@ -846,14 +849,16 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
     holder = run_is_locked(folder) if rank == 0 else None    # under torchrun rank 0 alone writes
     if holder is not None:
         raise CrossViewError(_locked_message(folder, _holder_info(folder)))
-    if (folder / SUMMARY).is_file() and (folder / STATUS).is_file() and \
-            read_status(folder).get("status") == "finished":
-        summary = read_summary(folder)
+    redo = ""
+    if (folder / STATUS).is_file() and read_status(folder).get("status") == "finished":
+        redo = _missing_outputs(folder, cfg.split)
+        if not redo:
+            summary = read_summary(folder)
 
-        def done() -> Iterator[Event]:
-            yield Log(f"{folder} has already finished; nothing to resume")
-            yield Finished(summary)
-        return RunIterator(done(), folder)
+            def done() -> Iterator[Event]:
+                yield Log(f"{folder} has already finished; nothing to resume")
+                yield Finished(summary)
+            return RunIterator(done(), folder)
     loaded = _Loaded.read(folder / CHECKPOINT)   # before loading the data: a bad checkpoint fails fast
     if data is None:
         if not cfg.data:
@@ -869,7 +874,33 @@ def resume(run_dir: str | Path, *, data: Any = None, features: Any = None, devic
         raise CrossViewError(f"{folder}: the dataset {cfg.data or ds.name!r} has changed since the run started "
                              f"(fingerprint {ds.fingerprint()} != {want}); start a new run instead of resuming")
     run = _Run(cfg, folder, ds, features, resuming=True, cache=cache, checkpoint=loaded)
-    return RunIterator(run.execute(), folder, run)
+    if not redo:
+        return RunIterator(run.execute(), folder, run)
+    how = ("evaluating it again from its checkpoint" if loaded.ckpt is not None else
+           "its checkpoint is missing too, so it trains again from the start with the same settings")
+
+    def again() -> Iterator[Event]:
+        yield Log(f"{folder} finished, but {redo}: {how}", "warning")
+        yield from run.execute()
+    return RunIterator(again(), folder, run)
+
+
+def _missing_outputs(folder: Path, split: str | None) -> str:
+    """What a finished run lacks of what it wrote when it finished (its summary, checkpoint, evaluation embeddings,
+    ranks), damaged counting as missing; ``""`` when it is whole. A resume then evaluates it again instead of
+    answering "nothing to resume" (the advice every reader of such a run gives)."""
+    missing = []
+    try:
+        read_summary(folder)
+    except CrossViewError:
+        missing.append(f"its {SUMMARY} is missing or damaged")
+    if not (folder / CHECKPOINT).is_file():
+        missing.append(f"its {CHECKPOINT} is missing")
+    if split and not (folder / f"embeddings_{split}.npz").is_file():
+        missing.append(f"its embeddings_{split}.npz is missing")
+    if not (folder / RANKS).is_file():
+        missing.append(f"its {RANKS} is missing")
+    return "; ".join(missing)
 
 
 def _split_captions(ds: Any, split: str) -> list[str]:
