@@ -147,8 +147,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                     "in web/.")
     p.add_argument("--out", required=True, metavar="DIR", help="new or empty output folder")
     p.add_argument("--seed", type=seed_option, default=0, help="random seed (default 0)")
-    p.add_argument("--n-scenes", type=int_option(1), default=2400, help="image-caption scenes (default 2400)")
-    p.add_argument("--n-web", type=int_option(0), default=800, help="noisy web image-tag scenes (default 800)")
+    p.add_argument("--n-scenes", type=int_option(1, 200_000), default=2400, help="image-caption scenes (default 2400)")
+    p.add_argument("--n-web", type=int_option(0, 200_000), default=800, help="noisy web image-tag scenes (default 800)")
     p.set_defaults(func=cmd_data_demo)
 
     p = dsub.add_parser(

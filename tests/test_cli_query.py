@@ -178,6 +178,9 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
         ([run], "exactly one query"),
         ([run, "--image", "1", "--split", "test", "--corpus", str(binary)], "not both"),
         ([run, "--image", "1", "--k", "0"], "--k 0"),
+        # bytes that are not UTF-8 on the command line arrive as lone surrogates: the tokenizer raised a TypeError
+        ([run, "--text", "a\udcff dog"], "the query sentence is not valid UTF-8 text"),
+        ([run, "--text", "a dog", "--scoring", "csls", "--param", "1e300"], "k must be a whole number from 1 to"),
     ]
     for argv, msg in cases:
         rc, out, err = _query(capsys, *argv)

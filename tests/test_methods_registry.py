@@ -283,3 +283,15 @@ def test_evaluate_uses_each_directions_own_model():
     assert res["i2t"] == by_i2t["i2t"] and res["t2i"] == by_t2i["t2i"]
     assert res["rsum"] == pytest.approx(sum(by_i2t["i2t"][f"R@{k}"] + by_t2i["t2i"][f"R@{k}"] for k in (1, 5, 10)))
     assert not np.array_equal(by_i2t["ranks"]["t2i"], by_t2i["ranks"]["t2i"])   # the test can tell them apart
+
+
+@pytest.mark.parametrize("value, needle", [("inf", "expected a finite number"), ("nan", "expected a finite number"),
+                                           ("1e999", "expected a finite number"), ("1e308", "above the maximum")])
+def test_a_non_finite_or_absurd_number_is_refused_by_the_card(value, needle):
+    """weight_power=inf trained (config.json said null) and gave all-zero embeddings, rsum at chance, exit 0."""
+    from crossview.methods.cards import find_card
+
+    spec = find_card("cca").params["weight_power"]
+    with pytest.raises(CrossViewError, match=needle):
+        spec.coerce(value, "cca")
+    assert spec.coerce("0.5", "cca") == 0.5

@@ -17,24 +17,27 @@ BAD = [
     (["train", "cca", "--checkpoint-seconds", "0"], "--checkpoint-seconds", "> 0"),
     (["train", "cca", "--checkpoint-seconds", "nan"], "--checkpoint-seconds", "finite"),
     (["train", "cca", "--checkpoint-seconds", "inf"], "--checkpoint-seconds", "finite"),
-    (["features", "extract", "--batch-size", "0"], "--batch-size", ">= 1"),
-    (["features", "extract", "--workers", "-1"], "--workers", ">= 0"),
-    (["data", "demo", "--out", "OUT", "--n-scenes", "0"], "--n-scenes", ">= 1"),
-    (["data", "demo", "--out", "OUT", "--n-web", "-1"], "--n-web", ">= 0"),
+    (["features", "extract", "--batch-size", "0"], "--batch-size", "from 1 to 65536"),
+    (["features", "extract", "--batch-size", "99999999999999999999"], "--batch-size", "from 1 to 65536"),
+    (["features", "extract", "--workers", "-1"], "--workers", "from 0 to 256"),
+    (["data", "demo", "--out", "OUT", "--n-scenes", "0"], "--n-scenes", "from 1 to 200000"),
+    (["data", "demo", "--out", "OUT", "--n-scenes", "99999999999999999999"], "--n-scenes", "from 1 to 200000"),
+    (["data", "demo", "--out", "OUT", "--n-web", "-1"], "--n-web", "from 0 to 200000"),
     (["data", "demo", "--out", "OUT", "--seed", "-1"], "--seed", "from 0"),
     (["data", "make-web", "D", "--out", "OUT", "--drop", "1.5"], "--drop", "from 0 to 1"),
     (["data", "make-web", "D", "--out", "OUT", "--add", "nan"], "--add", "from 0 to 1"),
-    (["eval", "E", "--resamples", "0"], "--resamples", ">= 10"),
-    (["tune", "cca", "--grid", "reg=0.1", "--trials", "0"], "--trials", ">= 1"),
-    (["tune", "cca", "--grid", "reg=0.1", "--folds", "1"], "--folds", ">= 2"),
+    (["eval", "E", "--resamples", "0"], "--resamples", "from 10 to 100000"),
+    (["eval", "E", "--resamples", "99999999999"], "--resamples", "from 10 to 100000"),
+    (["tune", "cca", "--grid", "reg=0.1", "--trials", "0"], "--trials", "from 1 to 100000"),
+    (["tune", "cca", "--grid", "reg=0.1", "--folds", "1"], "--folds", "from 2 to 100"),
     (["tune", "cca", "--grid", "reg=0.1", "--seed", "-2"], "--seed", "from 0"),
-    (["experiment", "loss-compare", "--data", "demo", "--folds", "1"], "--folds", ">= 2"),
+    (["experiment", "loss-compare", "--data", "demo", "--folds", "1"], "--folds", "from 2 to 100"),
     (["experiment", "bitr-labels", "--data", "demo", "--min-images", "0"], "--min-images", ">= 1"),
-    (["experiment", "bitr-table", "--data", "demo", "--test-parts", "0"], "--test-parts", ">= 1"),
+    (["experiment", "bitr-table", "--data", "demo", "--test-parts", "0"], "--test-parts", "from 1 to 1000"),
     (["experiment", "bitr-table", "--data", "demo", "--seed", "-1"], "--seed", "from 0"),
     (["screenshot", "--out", "OUT", "--width", "0"], "--width", "from 320"),
 ]
-# query --k / --caption, explain --caption and experiment --seeds / --epochs / --n-topics / --n-words are checked by
+# query --k / --caption, explain --caption and experiment --n-topics / --n-words / --budget are checked by
 # their commands before any work (one "crossview: error:" line; tests/test_cli_query.py, test_loss_compare.py ...)
 
 
@@ -105,7 +108,41 @@ def test_library_extraction_checks_batch_size_and_workers():
 
     ds = PairedDataset(name="t", captions=["a", "b"], caption_image=[0, 1],
                        image_features=np.zeros((2, 3), np.float32))
-    with pytest.raises(CrossViewError, match=r"batch size 0: give an integer >= 1"):
+    with pytest.raises(CrossViewError, match=r"batch size 0: give an integer from 1 to 65,536"):
         extract_features(ds, batch_size=0, cache=False)
-    with pytest.raises(CrossViewError, match=r"workers -1: give an integer >= 0"):
+    with pytest.raises(CrossViewError, match=r"batch size 10\*\*20|batch size 100000000000000000000"):
+        extract_features(ds, batch_size=10**20, cache=False)
+    with pytest.raises(CrossViewError, match=r"workers -1: give an integer from 0 to 256"):
         extract_features(ds, num_workers=-1, cache=False)
+
+
+def test_a_huge_scoring_parameter_is_one_line_not_a_numpy_error():
+    """1e300 read as csls's k became a Python int numpy's isfinite does not take (a TypeError traceback)."""
+    from crossview.eval.scoring import MAX_K, _check_param
+
+    for value in (10**300, 1e300, float(MAX_K + 1)):
+        with pytest.raises(CrossViewError, match=r"csls: k must be a whole number from 1 to 1,000,000"):
+            _check_param("csls", value)
+    with pytest.raises(CrossViewError, match=r"isoftmax: beta must be a positive number"):
+        _check_param("isoftmax", 10**400)
+    assert _check_param("csls", 5.0) == 5 and _check_param("dsoftmax", 10**3) == 1000.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["features", "extract", "--data", "demo", "--out", "{tmp}/nowhere/x.npz"], "the folder {tmp}/nowhere does not exist"),
+    (["experiment", "bitr-table", "--data", "demo", "--methods", "cca", "--out", "{tmp}/nowhere/x.md"],
+     "the folder {tmp}/nowhere does not exist"),
+    (["experiment", "bitr-table", "--data", "demo", "--methods", "cca", "--out", "{tmp}"], "that is a folder"),
+    (["experiment", "loss-compare", "--data", "demo", "--out", "{tmp}/nowhere/x.md"], "does not exist"),
+    (["experiment", "loss-compare", "--data", "demo", "--budget", "99999999999999999999x2"],
+     "epochs must be from 1 to 10,000"),
+    (["experiment", "loss-compare", "--data", "demo", "--epochs", "20000"], "--epochs must be >= 1 and at most 10,000"),
+    (["experiment", "timam-ablation", "--data", "demo", "--seeds", "5000"], "--seeds must be >= 1 and at most 1,000"),
+])
+def test_an_out_file_in_a_missing_folder_is_refused_before_any_work(tmp_path, capsys, argv, needle):
+    """--out never creates folders the user did not ask for (it made /nonexist at the root), and is checked first."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle.replace("{tmp}", str(tmp_path)) in err[0], err
+    assert not (tmp_path / "nowhere").exists() and sorted(p.name for p in tmp_path.iterdir()) == []

@@ -361,3 +361,20 @@ def test_a_search_continues_only_under_its_own_scoring_and_an_old_record_is_plai
     assert "# every trial and the refit scored with plain (dot product)" in out
     assert (folder / "trial-001-f1" / "summary.json").stat().st_mtime_ns == stamp     # read back, not retrained
     assert json.loads((folder / "best" / "config.json").read_text())["scoring"]["scoring"] == "plain"
+
+
+def test_a_search_never_writes_into_a_file_or_a_folder_that_holds_something_else(tmp_path):
+    """--out naming a file crashed (FileExistsError); naming a run folder put trials and tune.json inside the run."""
+    ds = make_toy_dataset()
+    run = tmp_path / "a-run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    with pytest.raises(CrossViewError, match=r"a-run exists and is not a search folder"):
+        list(tune("cca", ds, {"n_components": [2]}, out=run, text_encoder="bow", cache=False))
+    with pytest.raises(CrossViewError, match=r"config.json is a file, not a folder"):
+        list(tune("cca", ds, {"n_components": [2]}, out=run / "config.json", text_encoder="bow", cache=False))
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert len(_run(tune("cca", ds, {"n_components": [2]}, out=empty, text_encoder="bow", cache=False,
+                         refit=False)).trials) == 1

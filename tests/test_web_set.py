@@ -79,6 +79,13 @@ def test_bad_input_gets_one_line_and_nothing_is_overwritten(tmp_path, capsys) ->
     err = capsys.readouterr().err.strip()
     assert "exists" in err and len(err.splitlines()) == 1
     assert (tmp_path / "w" / "tags.jsonl").read_bytes() == before
+    run = tmp_path / "a-run"                  # a folder holding something else (a run) is not written into
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert main(["data", "make-web", str(src), "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "exists and holds other files" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
     import _engine_helpers as H
 
     with pytest.raises(CrossViewError, match="no image files"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import re
 import sys
 import time
@@ -14,7 +15,7 @@ from crossview.core.text import printable
 
 __all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting",
            "render_demo_reporting", "int_option", "float_option", "seed_option", "add_scoring_options",
-           "scoring_select", "scoring_name", "print_events"]
+           "scoring_select", "scoring_name", "print_events", "out_file"]
 
 
 def int_option(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -147,6 +148,24 @@ def print_events(work: Any) -> Any:
     finally:
         printer.close()
         work.close()
+
+
+def out_file(value: str | None, option: str, suffixes: tuple[str, ...], example: str) -> Path | None:
+    """The file an ``--out`` option names, checked before any work: ``suffixes`` (lower case, e.g. ``(".md",)``),
+    not a folder, in a folder that exists (nothing creates folders the user did not ask for); None when not given.
+    Each refusal is one line naming the option, the path and what to do."""
+    from crossview.core.errors import CrossViewError
+
+    if not value:
+        return None
+    p = Path(value).expanduser()
+    if p.is_dir():
+        raise CrossViewError(f"{option} {p}: that is a folder; give a file name, e.g. {p / example}")
+    if p.suffix.lower() not in suffixes:
+        raise CrossViewError(f"{option} {p}: give a file name ending in {' or '.join(suffixes)}")
+    if not p.parent.is_dir():
+        raise CrossViewError(f"{option} {p}: the folder {p.parent} does not exist; create it or choose another")
+    return p
 
 
 def seed_option(text: str) -> int:

@@ -370,7 +370,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "median rank change, queries won / lost / tied, a sign test over images and the minimal "
                         "detectable difference; seeds are averaged per query and the bootstrap resamples images "
                         "(each with its captions). Reads each run's ranks.npz")
-    p.add_argument("--resamples", type=int_option(10), default=2000, help="bootstrap resamples for --compare (default 2000)")
+    p.add_argument("--resamples", type=int_option(10, 100_000), default=2000, help="bootstrap resamples for --compare (default 2000)")
     p.add_argument("--split", default=None,
                    help="split of a run to evaluate (default: the split the run was evaluated on)")
     p.add_argument("--protocol", default="standard", choices=list(PROTOCOLS), help="evaluation protocol")

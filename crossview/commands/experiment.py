@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from crossview.commands._common import EventPrinter, _add_dataset_args, int_option, seed_option
+from crossview.commands._common import EventPrinter, _add_dataset_args, int_option, out_file, seed_option
 from crossview.commands._common import feature_progress as _feature_progress
 from crossview.core.errors import CrossViewError
+from crossview.core.io import atomic_write_bytes
 
 
 def _parse_params(items: list[str] | None, table: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -124,8 +125,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
     if args.n_topics < 1 or args.n_words < 2:
         raise CrossViewError(f"--n-topics must be >= 1 and --n-words >= 2, got {args.n_topics} and {args.n_words} "
                              "(the paper: 100 topics, 1000 visual words)")
-    if args.out and Path(args.out).suffix.lower() not in (".md", ".markdown"):
-        raise CrossViewError(f"--out {args.out}: the report is Markdown; give a file name ending in .md")
+    out_file(args.out, "--out", (".md", ".markdown"), "results.md")      # before any work
     ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
     if not isinstance(ds, PairedDataset):
         raise CrossViewError(f"{args.data}: this is a caption corpus without images; --data needs an image-caption "
@@ -160,8 +160,7 @@ def cmd_bitr_table(args: argparse.Namespace) -> int:
         test_dataset=test_ds, test_parts=args.test_parts, index=args.index, feature_progress=progress))
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(format_markdown(result, _command_line(args)), encoding="utf-8")
+        atomic_write_bytes(out, format_markdown(result, _command_line(args)).encode("utf-8"))
         print(f"experiment: wrote {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -184,8 +183,7 @@ def cmd_bitr_labels(args: argparse.Namespace) -> int:
         raise CrossViewError(f"give --seed or --seeds, not both (--seed {args.seed}, --seeds {args.seeds})")
     seeds = parse_seeds(args.seeds) if args.seeds is not None else (args.seed,)
     params = _parse_params(args.param, LABEL_METHODS)
-    if args.out and Path(args.out).suffix.lower() not in (".md", ".markdown"):
-        raise CrossViewError(f"--out {args.out}: the report is Markdown; give a file name ending in .md")
+    out_file(args.out, "--out", (".md", ".markdown"), "results.md")      # before any work
     ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
     if not isinstance(ds, PairedDataset):
         raise CrossViewError(f"{args.data}: a caption corpus without images; --data needs an image dataset")
@@ -213,8 +211,7 @@ def cmd_bitr_labels(args: argparse.Namespace) -> int:
         for item in args.param or []:
             parts += ["--param", item]
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(format_markdown(result, " ".join(shlex.quote(p) for p in parts)), encoding="utf-8")
+        atomic_write_bytes(out, format_markdown(result, " ".join(shlex.quote(p) for p in parts)).encode("utf-8"))
         print(f"experiment: wrote {out}", file=sys.stderr)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
@@ -255,12 +252,15 @@ def _run_study_command(args: argparse.Namespace, study: Any, chosen: str, runner
     from crossview.data.dataset import PairedDataset
     from crossview.experiments import variants as V
 
+    out_file(args.out, "--out", (".md", ".markdown"), "results.md")      # before any work
     names = V.parse_variants(study, getattr(args, chosen[2:]))
     params = V.parse_variant_params(study, args.set_values, names)
-    if args.seeds < 1:
-        raise CrossViewError(f"--seeds must be >= 1, got {args.seeds}")
-    if args.epochs is not None and args.epochs < 1:
-        raise CrossViewError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.seeds < 1 or args.seeds > 1000:
+        raise CrossViewError(f"--seeds must be >= 1 and at most 1,000, got {args.seeds}")
+    from crossview.experiments.budget import MAX_EPOCHS
+    if args.epochs is not None and not 1 <= args.epochs <= MAX_EPOCHS:
+        raise CrossViewError(f"--epochs must be >= 1 and at most {MAX_EPOCHS:,} (the methods' cards cap max_epochs "
+                             f"so), got {args.epochs}")
     ds = load_dataset(args.data, format=args.format, image_root=args.image_root)
     if not isinstance(ds, PairedDataset):
         raise CrossViewError(f"{args.data}: this is a caption corpus without images; --data needs an image-caption "
@@ -294,9 +294,7 @@ def _run_study_command(args: argparse.Namespace, study: Any, chosen: str, runner
     (exp_dir / "results.md").write_text(report, encoding="utf-8")
     atomic_write_json(exp_dir / "results.json", json.loads(json.dumps(result, default=str)))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report, encoding="utf-8")
+        atomic_write_bytes(Path(args.out), report.encode("utf-8"))
     print(f"experiment: wrote {exp_dir / 'results.md'} and results.json" + (f" and {args.out}" if args.out else ""),
           file=sys.stderr)
     print(json.dumps(result, indent=2, default=str) if args.json else V.format_table(study, result))
@@ -335,7 +333,7 @@ def cmd_timam_ablation(args: argparse.Namespace) -> int:
 
 
 def _add_study_args(p: argparse.ArgumentParser, noun: str, example: str) -> None:
-    p.add_argument("--seeds", type=int, default=3, help=f"seeds per {noun}, 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=int, default=3, help=f"seeds per {noun}, 0..N-1 (default 3; at most 1,000)")
     p.add_argument("--epochs", type=int, metavar="E",
                    help=f"max_epochs of every {noun} (default: the method's own); lr_decay_epoch moves in "
                         "proportion to the method's default schedule")
@@ -349,7 +347,7 @@ def _add_study_args(p: argparse.ArgumentParser, noun: str, example: str) -> None
                    help=f"keep each {noun}'s own setting (margin, temperature) at its method default instead of "
                         "choosing it first by cross-validation of the training images (never on the reported "
                         "split)")
-    p.add_argument("--folds", type=int_option(2), default=None, metavar="K",
+    p.add_argument("--folds", type=int_option(2, 100), default=None, metavar="K",
                    help="folds of that cross-validation (default 3)")
     p.add_argument("--split", metavar="NAME", help="evaluate on this split (default: test, else val)")
     p.add_argument("--set", dest="set_values", action="append", metavar=f"[{noun.upper()}.]NAME=VALUE",
@@ -397,7 +395,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default="cca,wsabie,bitr-m,bitr-e,bitr-c",
                    help="comma-separated rows: cca, wsabie, bitr-m, bitr-e, bitr-c, random (chance baseline) "
                         "(default: the paper's five)")
-    p.add_argument("--folds", type=int_option(2), metavar="N", help="N-fold protocol over all images (the paper: 10)")
+    p.add_argument("--folds", type=int_option(2, 100), metavar="N", help="N-fold protocol over all images (the paper: 10)")
     p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train' (e.g. val or test)")
     p.add_argument("--k", default="50", metavar="K[,K...]", help="K of R@K, one or more (default 50, as the paper)")
     p.add_argument("--corpus", metavar="PATH", help="independent caption corpus (one caption a line) for Im2Text")
@@ -410,7 +408,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exhaustive search; exact-fp16; faiss-flat; approximate: faiss-ivf, faiss-sq8, faiss-sqfp16, "
                         "faiss-pq4) instead of a dense score matrix: for collections of a million captions (the "
                         "paper's SBU); the search time is reported")
-    p.add_argument("--test-parts", type=int_option(1), default=10, metavar="N",
+    p.add_argument("--test-parts", type=int_option(1, 1000), default=10, metavar="N",
                    help="partitions of --test-data that R@K and MedR are computed within (default 10, as the paper)")
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
                    help="a method parameter, repeatable: bitr.C=100 (all BITR rows), bitr-c.c_grid=paper, "
@@ -454,7 +452,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="features, as bitr-table (default modern: CNN + PCA, averaged GloVe of the label's words)")
     p.add_argument("--methods", default="cca,wknn,svm,wsabie,bitr-m,bitr-e,bitr-c,random",
                    help="comma-separated rows: cca, wknn, svm, wsabie, bitr-m, bitr-e, bitr-c, random")
-    p.add_argument("--folds", type=int_option(2), metavar="N", help="N-fold protocol over all images (the paper: 10)")
+    p.add_argument("--folds", type=int_option(2, 100), metavar="N", help="N-fold protocol over all images (the paper: 10)")
     p.add_argument("--split", metavar="NAME", help="test on this split, train on 'train'")
     p.add_argument("--k", default="5", metavar="K[,K...]", help="K of P@K (default 5, as the paper)")
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
@@ -528,7 +526,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--held-out", metavar="auto|NOUN,NOUN",
                    help="the held-out-concepts design (the default without --web): auto (the --n-concepts most "
                         "frequent caption nouns that each name at most 12%% of the training images) or the nouns")
-    p.add_argument("--n-concepts", type=int_option(1), default=3, metavar="N",
+    p.add_argument("--n-concepts", type=int_option(1, 1000), default=3, metavar="N",
                    help="concepts held out by --held-out auto (default 3)")
     p.add_argument("--variants",
                    help="comma-separated: full, no-stage2, no-curriculum, no-lit, sentence-tags, sentence-only, "

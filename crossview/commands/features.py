@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from crossview.commands._common import ProgressPrinter, _add_dataset_args, int_option, load_dataset_reporting
+from crossview.commands._common import (ProgressPrinter, _add_dataset_args, int_option, load_dataset_reporting,
+                                        out_file)
 from crossview.core.text import printable
 
 
@@ -14,6 +15,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     from crossview.features import FeatureCache, extract_features
 
+    if args.out:                   # checked before the extraction (as np.savez names it: .npz added)
+        out_file(args.out if str(args.out).endswith(".npz") else f"{args.out}.npz", "--out", (".npz",),
+                 "features.npz")
     ds = load_dataset_reporting(args.data, format=args.format, image_root=args.image_root)
     bars: dict[str, ProgressPrinter] = {}
 
@@ -125,8 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", metavar="FILE", help="image backbone weights file (overrides the lookup)")
     p.add_argument("--random-init", action="store_true", help="allow random backbone weights when none are found")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--batch-size", type=int_option(1), help="images per batch")
-    p.add_argument("--workers", type=int_option(0), help="image decoding worker processes")
+    p.add_argument("--batch-size", type=int_option(1, 65_536), help="images per batch")
+    p.add_argument("--workers", type=int_option(0, 256), help="image decoding worker processes")
     p.add_argument("--fit-on", default="train", help="split whose captions fitted text encoders learn from")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")

@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="values to try for one parameter (repeatable; the search is their product)")
     p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
                    help="a parameter fixed for every trial (repeatable)")
-    p.add_argument("--trials", type=int_option(1), default=None,
+    p.add_argument("--trials", type=int_option(1, 100_000), default=None,
                    help="try only this many points of the grid, drawn at random (default: all of them)")
     p.add_argument("--metric", default="rsum",
                    help="what the trials are ranked by: rsum, or DIRECTION.KEY such as i2t.R@1, t2i.R@10, "
@@ -122,7 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "else cross-validation of the training images), cv (k-fold cross-validation of the "
                         "training images; cv5 for 5 folds), holdout (a seeded 20%% of the training images), or a "
                         "split name (default: auto)")
-    p.add_argument("--folds", type=int_option(2), default=None, metavar="K",
+    p.add_argument("--folds", type=int_option(2, 100), default=None, metavar="K",
                    help="folds of --select-on cv (default 3)")
     p.add_argument("--optimistic", action="store_true",
                    help="allow --select-on to name the split the refit is reported on; every output then says "

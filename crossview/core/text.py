@@ -42,6 +42,20 @@ def html_text(text: object) -> str:
     return html.escape(printable(text), quote=False)
 
 
+def check_sentence(text: str, what: str = "the sentence") -> str:
+    """``text`` when it is text a tokenizer can take, else one clear :class:`CrossViewError`: a lone UTF-16
+    surrogate (bytes that were not UTF-8 on the command line, ``"\\ud800"`` in JSON) is no character at all, and
+    the text encoders fail on it with their own traceback."""
+    bad = re.search("[\ud800-\udfff]", text)
+    if bad is not None:
+        from crossview.core.errors import CrossViewError
+
+        start = max(0, bad.start() - 12)
+        raise CrossViewError(f"{what} is not valid UTF-8 text: it holds {printable(bad.group(0))} (bytes that are no "
+                             f"character) in '{printable(text[start:bad.end() + 12])}'; give the sentence as UTF-8")
+    return text
+
+
 def has_unsafe(text: str) -> bool:
     """Whether :func:`printable` would change ``text`` (tabs and newlines counted as unsafe)."""
     return _PATTERNS[(False, False)].search(text) is not None

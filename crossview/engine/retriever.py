@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.text import check_sentence
 from crossview.data.photos import PhotoFolder
 from crossview.methods.base import MethodData, check_direction
 
@@ -414,7 +415,7 @@ class Retriever:
                 raise CrossViewError(f"caption {c} is not in dataset {self.dataset.name!r}")
             sentence, query, rows = self.dataset.captions[c], {"caption": c}, np.array([c])
         else:
-            sentence = str(text).strip()
+            sentence = check_sentence(str(text).strip(), "the query sentence")
             if not sentence:
                 raise CrossViewError("type a sentence to search for")
             query, rows = {"text": sentence}, None

@@ -409,6 +409,11 @@ def tune(method: str, data: Any, grid: dict[str, list[Any]], *, params: dict[str
         from crossview.engine.run_folder import safe_name, unused_dir
         out = unused_dir(get_settings().runs_dir, "tune", method, safe_name(ds.name))
     folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise CrossViewError(f"{folder} is a file, not a folder: give a new folder for the search (--out)")
+    if folder.is_dir() and not (folder / TUNE_FILE).is_file() and any(folder.iterdir()):
+        raise CrossViewError(f"{folder} exists and is not a search folder (no {TUNE_FILE}; it holds other files, e.g. "
+                             "a run): give a new or empty folder for the search (--out)")
     if image_encoder is None or text_encoder is None:   # the method's own feature pipelines, as its runs get them
         from crossview.methods import default_encoders_of
         own_image, own_text = default_encoders_of(method, fixed)

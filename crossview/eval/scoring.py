@@ -98,18 +98,27 @@ def check_scoring(name: Any) -> str:
     return name
 
 
+#: the largest csls k taken: more neighbours than any bank a run keeps (a larger one is a typo, not a setting)
+MAX_K = 1_000_000
+
+
 def _check_param(scoring: str, param: Any) -> float | None:
     if PARAMS[scoring] is None:
         return None
     what = PARAMS[scoring]
-    if isinstance(param, bool) or not isinstance(param, (int, float, np.integer, np.floating)) or \
-            not np.isfinite(param) or param <= 0:
+    value = None
+    if not isinstance(param, bool) and isinstance(param, (int, float, np.integer, np.floating)):
+        try:
+            value = float(param)         # a Python int of any size: numpy's isfinite does not take it
+        except OverflowError:
+            value = None
+    if value is None or not np.isfinite(value) or value <= 0:
         raise CrossViewError(f"{scoring}: {what} must be a positive number, got {param!r}")
     if what == "k":
-        if int(param) != param:
-            raise CrossViewError(f"csls: k must be a whole number >= 1, got {param!r}")
-        return int(param)
-    return float(param)
+        if value != int(value) or value > MAX_K:
+            raise CrossViewError(f"csls: k must be a whole number from 1 to {MAX_K:,}, got {param!r}")
+        return int(value)
+    return value
 
 
 def _floats(x: Any) -> np.ndarray:

@@ -81,6 +81,11 @@ class Budget:
                 "text": str(self)}
 
 
+#: the most epochs and captions a step a budget may give: the deep methods' cards cap max_epochs and batch_size so
+MAX_EPOCHS = 10_000
+MAX_BATCH = 65_536
+
+
 def parse_budget(text: str | Budget | None) -> Budget | None:
     """``"20x128"`` / ``"20x128@0.5"`` / ``"epochs=20,batch=128,decay=0.5"`` -> :class:`Budget`; ``None`` or
     ``""`` -> ``None`` (each method's own defaults)."""
@@ -106,9 +111,9 @@ def parse_budget(text: str | Budget | None) -> Budget | None:
         except (KeyError, ValueError):
             raise CrossViewError(f"--budget {text!r}: give whole numbers for epochs and batch (e.g. "
                                  "epochs=20,batch=128)") from None
-    if epochs < 1 or batch < 2 or not 0 < decay <= 1:
-        raise CrossViewError(f"--budget {text!r}: epochs must be >= 1, batch >= 2 captions and the decay point in "
-                             "(0, 1]")
+    if not 1 <= epochs <= MAX_EPOCHS or not 2 <= batch <= MAX_BATCH or not 0 < decay <= 1:
+        raise CrossViewError(f"--budget {text!r}: epochs must be from 1 to {MAX_EPOCHS:,}, batch from 2 to "
+                             f"{MAX_BATCH:,} captions and the decay point in (0, 1]")
     return Budget(epochs, batch, decay)
 
 

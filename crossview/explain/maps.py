@@ -62,6 +62,7 @@ import numpy as np
 
 from crossview.core.errors import Cancelled, CrossViewError
 from crossview.core.rownorm import frozen_row_norms
+from crossview.core.text import check_sentence
 
 __all__ = ["RegionMap", "WordImportance", "Explanation", "Explainer", "region_map", "word_importance",
            "caption_words"]
@@ -240,7 +241,7 @@ class Explainer:
             if not 0 <= c < self.dataset.n_captions:
                 raise CrossViewError(f"caption {c} is not in dataset {self.dataset.name!r}")
             return str(self.dataset.captions[c])
-        sentence = str(text).strip()
+        sentence = check_sentence(str(text).strip(), "the caption to explain")
         if not sentence:
             raise CrossViewError("give a caption to explain (--text \"a dog runs on the grass\")")
         return sentence

@@ -246,10 +246,12 @@ def iter_extract_features(dataset: Any, image_encoder: str | None = None, text_e
     from crossview.features import image as image_mod
     from crossview.features import text as text_mod
 
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise CrossViewError(f"batch size {batch_size!r}: give an integer >= 1 (images per batch)")
-    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
-        raise CrossViewError(f"workers {num_workers!r}: give an integer >= 0 (image decoding processes; 0: none)")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or not 1 <= batch_size <= 65_536):
+        raise CrossViewError(f"batch size {batch_size!r}: give an integer from 1 to 65,536 (images per batch)")
+    if num_workers is not None and (not isinstance(num_workers, int) or not 0 <= num_workers <= 256):
+        raise CrossViewError(f"workers {num_workers!r}: give an integer from 0 to 256 (image decoding processes; "
+                             "0: none)")
     store = None if cache is False else (cache if isinstance(cache, FeatureCache) else FeatureCache())
 
     # ---------------------------------------------------------------- images

@@ -79,6 +79,9 @@ def make_web_set(dataset: Any, out: str | Path, *, split: str = "train", drop: f
         raise CrossViewError(f"--out {out} is a file; give a folder for the web set")
     if (out / "tags.jsonl").exists():
         raise CrossViewError(f"{out / 'tags.jsonl'} exists; give a new --out folder (nothing is overwritten)")
+    if out.is_dir() and any(out.iterdir()):
+        raise CrossViewError(f"--out {out} exists and holds other files (a run, a dataset?); give a new or empty "
+                             "folder for the web set")
     images = np.asarray(splits[split], dtype=np.int64)
     ci = np.asarray(dataset.caption_image)
     by_image: dict[int, list[int]] = {}

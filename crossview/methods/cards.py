@@ -10,6 +10,7 @@ twice and could drift apart), and :attr:`ParamSpec.default` is read from the sig
 from __future__ import annotations
 
 import ast
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -78,9 +79,12 @@ def _scalar(kind: str, value: Any, where: str) -> Any:
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            f = float(value)
+            if not math.isfinite(f):      # inf / nan (or 1e999) is no setting: it trained all-zero embeddings
+                raise CrossViewError(f"{where}: expected a finite number, got {value!r}")
+            return f
         return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         expected = {"bool": "true or false", "int": "an integer", "float": "a number"}.get(kind, "text")
         raise CrossViewError(f"{where}: expected {expected}, got {value!r}") from None
 
