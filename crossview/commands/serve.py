@@ -9,15 +9,21 @@
 
 For scripts and annotation tools that ask many questions: the run is opened once (from the gallery cache when a
 query filled it, :mod:`crossview.engine.gallery_cache`), then each request only encodes its query. The server is
-the standard library's threaded ``http.server``, bound to this machine only (127.0.0.1 or ::1): it has no
-authentication, so it refuses any other address. Queries run one at a time (the run's encoders are shared).
+the standard library's threaded ``http.server``, bound to this machine only (127.0.0.1, ``localhost``, which is
+bound as 127.0.0.1, or ::1): it has no authentication, so it refuses any other address. Queries run one at a time
+(the run's encoders are shared).
 
 - ``GET /health``: ``{"status": "ok", "run", "method", "dataset", "gallery": {...}}``.
 - ``POST /query`` with a JSON object: ``{"text": SENTENCE}`` ranks the gallery's images (t2i), ``{"image": PATH}``
   (an image file on this machine) ranks its captions (i2t; the corpus's lines with ``--corpus``); ``"k"``
   (default ``--k``) results. The answer is the object ``crossview query --json`` prints (``results`` with rank,
   score, item, text or file, gt; ``ground_truth``).
-- A bad request gets ``400`` and ``{"error": "<one line>"}``; an unknown path ``404``; a body over 1 MiB ``413``.
+- A bad request gets ``400`` and ``{"error": "<one line>"}``; an unknown path ``404``; another method on a known
+  path ``405`` (with ``Allow``); a body over 1 MiB ``413``; a body without ``Content-Length`` (none, or sent
+  ``Transfer-Encoding: chunked``) ``411``; a body that stops arriving for :data:`READ_TIMEOUT` seconds ``408`` (a
+  connection whose request line or headers stop that long is closed). Every error is that JSON shape, the standard
+  library's own (bad request line, ...) included.
+- A client that goes away before its answer is sent costs one log line, never a traceback.
 """
 
 from __future__ import annotations
@@ -33,14 +39,22 @@ from typing import Any
 
 from crossview.core.errors import CrossViewError
 
-__all__ = ["register", "cmd_serve", "QueryService", "make_server", "LOCAL_HOSTS", "MAX_BODY", "MAX_K"]
+__all__ = ["register", "cmd_serve", "QueryService", "make_server", "LOCAL_HOSTS", "MAX_BODY", "MAX_K",
+           "READ_TIMEOUT"]
 
-#: The addresses ``crossview serve`` binds to: this machine only.
+#: The addresses ``crossview serve`` binds to: this machine only (``localhost`` is bound as 127.0.0.1, never looked
+#: up, so a hosts file cannot point it elsewhere).
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: The largest request body read (bytes).
 MAX_BODY = 1 << 20
 #: The most results one query returns.
 MAX_K = 1000
+#: Seconds a connection may wait for the next bytes of its request before it is closed (answered 408 when its body
+#: stopped): a client that connects and sends nothing, or sends less body than its Content-Length, never holds
+#: a handler thread for ever.
+READ_TIMEOUT = 5.0
+#: The paths the server answers, and the method each takes.
+_PATHS = {"/health": "GET", "/health/": "GET", "/query": "POST", "/query/": "POST"}
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -161,6 +175,35 @@ class _Handler(BaseHTTPRequestHandler):
     service: QueryService
     quiet = False
     server_version = "crossview-serve"
+    timeout = READ_TIMEOUT        # StreamRequestHandler.setup() gives the socket this timeout
+
+    def handle(self) -> None:
+        # a client that hangs up before (or while) its answer is written: one log line, not a traceback on stderr
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError) as e:
+            self.close_connection = True
+            self.log_message("client went away (%s); request %r dropped", type(e).__name__,
+                             getattr(self, "requestline", ""))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors (a bad request line, an unknown method, headers too long, a request that
+        timed out) in this server's shape, ``{"error": ONE LINE}``, rather than its HTML page."""
+        short = self.responses.get(code, ("error", ""))[0]
+        self.log_error("code %d, message %s", code, message or short)
+        line = _one_line(f"{message or short}" + (f" ({explain})" if explain else ""))
+        body = (json.dumps({"error": line}, ensure_ascii=False) + "\n").encode("utf-8")
+        self.send_response(code, short)
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        if code < 200 or code in (HTTPStatus.NO_CONTENT, HTTPStatus.NOT_MODIFIED):
+            self.end_headers()
+            return
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _send(self, status: int, doc: dict[str, Any]) -> None:
         body = (json.dumps(doc, ensure_ascii=False) + "\n").encode("utf-8")
@@ -170,28 +213,91 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, status: int, message: str) -> None:
-        self._send(status, {"error": _one_line(message)})
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        """Answer ``{"error": message}`` and close the connection (a body left unread must not be taken for the
+        next request)."""
+        body = (json.dumps({"error": _one_line(message)}, ensure_ascii=False) + "\n").encode("utf-8")
+        self.close_connection = True
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if self.path.split("?", 1)[0] in ("/health", "/health/"):
+        if _PATHS.get(self.path.split("?", 1)[0]) == "GET":
             self._send(HTTPStatus.OK, self.service.health())
+        elif self.path.split("?", 1)[0] in _PATHS:
+            self._not_allowed()
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r}: GET /health or POST /query")
 
-    def do_POST(self) -> None:  # noqa: N802
-        if self.path.split("?", 1)[0] not in ("/query", "/query/"):
-            self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r}: POST /query")
+    def _not_allowed(self) -> None:
+        """405 for a method the path does not take (PUT, DELETE, PATCH, GET /query, ...), 404 for an unknown path."""
+        path = self.path.split("?", 1)[0]
+        allow = _PATHS.get(path)
+        if allow is None:
+            self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r}: GET /health or POST /query")
             return
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} {path}: not allowed; use {allow} "
+                    f"{path.rstrip('/')} (GET /health, POST /query)", {"Allow": allow})
+
+    do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815 - http.server's names
+
+    def _read_body(self) -> bytes | None:
+        """The request's body by its Content-Length; None when an error has been answered (no or a bad
+        Content-Length, a chunked body, one too large, one that stops arriving)."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self._error(HTTPStatus.LENGTH_REQUIRED, f"Transfer-Encoding {self.headers['Transfer-Encoding']!r} is "
+                        "not read; send the JSON body whole, with a Content-Length header")
+            return None
+        given = self.headers.get("Content-Length")
+        if given is None:
+            self._error(HTTPStatus.LENGTH_REQUIRED, "no Content-Length; send the JSON body with a Content-Length "
+                        "header, like {\"text\": \"a dog on a beach\", \"k\": 5}")
+            return None
         try:
-            length = int(self.headers.get("Content-Length") or 0)
+            length = int(given)
+            if length < 0:
+                raise ValueError
         except ValueError:
-            self._error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number")
-            return
+            self._error(HTTPStatus.BAD_REQUEST, f"Content-Length {_one_line(given, 40)!r} is not a number of bytes")
+            return None
         if length > MAX_BODY:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body has {length:,} bytes; at most {MAX_BODY:,}")
+            return None
+        chunks, got = [], 0
+        try:
+            while got < length:
+                chunk = self.rfile.read1(length - got)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        except TimeoutError:
+            self._error(HTTPStatus.REQUEST_TIMEOUT, f"the body stopped after {got:,} of the {length:,} bytes "
+                        f"Content-Length gives (nothing came for {self.timeout:g} s); send the whole body")
+            return None
+        if got < length:
+            self._error(HTTPStatus.BAD_REQUEST, f"the body ended after {got:,} of the {length:,} bytes "
+                        "Content-Length gives; send the whole body")
+            return None
+        return b"".join(chunks)
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path in _PATHS and _PATHS[path] != "POST":
+            self._not_allowed()
             return
-        raw = self.rfile.read(length) if length > 0 else b""
+        if path not in _PATHS:
+            self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r}: POST /query")
+            return
+        raw = self._read_body()
+        if raw is None:
+            return
         try:
             request = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -219,21 +325,22 @@ def check_host(host: str) -> str:
     """``host`` if it is this machine's loopback address; a :class:`CrossViewError` otherwise."""
     if host not in LOCAL_HOSTS:
         raise CrossViewError(f"--host {host}: crossview serve answers this machine only (it has no "
-                             f"authentication); give 127.0.0.1 or ::1, and reach it from elsewhere through an SSH "
-                             "tunnel if you must")
+                             "authentication); give 127.0.0.1, localhost or ::1, and reach it from elsewhere through "
+                             "an SSH tunnel if you must")
     return host
 
 
-def make_server(service: QueryService, host: str = "127.0.0.1", port: int = 0,
-                quiet: bool = False) -> ThreadingHTTPServer:
+def make_server(service: QueryService, host: str = "127.0.0.1", port: int = 0, quiet: bool = False,
+                read_timeout: float = READ_TIMEOUT) -> ThreadingHTTPServer:
     """A threaded HTTP server for ``service`` bound to ``host:port`` (``port`` 0: a free one; read it back from
-    ``server.server_address``); call ``serve_forever()`` (in a thread) and ``shutdown()``."""
+    ``server.server_address``); call ``serve_forever()`` (in a thread) and ``shutdown()``. ``read_timeout``: seconds
+    a connection may wait for the next bytes of its request (:data:`READ_TIMEOUT`)."""
     import socket
 
     check_host(host)
     if not 0 <= port <= 65535:
         raise CrossViewError(f"--port {port}: give a port from 1 to 65535 (0: any free port)")
-    handler = type("Handler", (_Handler,), {"service": service, "quiet": quiet})
+    handler = type("Handler", (_Handler,), {"service": service, "quiet": quiet, "timeout": read_timeout})
     server_class = ThreadingHTTPServer
     if ":" in host:
         server_class = type("ServerV6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
@@ -275,9 +382,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="keep a run loaded and answer queries over local HTTP (JSON)",
         description="Open a trained run once and answer queries over a small HTTP JSON endpoint on this machine "
-                    "only (127.0.0.1; no authentication, so no other address is accepted). GET /health says what "
-                    "is loaded; POST /query with {\"text\": SENTENCE} ranks the gallery's images, with "
-                    "{\"image\": PATH} (an image file) its captions (or --corpus's lines); \"k\" results (default "
+                    "only (127.0.0.1, localhost or ::1; no authentication, so no other address is accepted). GET "
+                    "/health says what is loaded; POST /query with {\"text\": SENTENCE} ranks the gallery's images, "
+                    "with {\"image\": PATH} (an image file) its captions (or --corpus's lines); \"k\" results (default "
                     "--k). The answer is what 'crossview query --json' prints. A bad request gets status 400 and "
                     "{\"error\": ONE LINE}.",
         epilog="Example: crossview serve RUN --port 8765 & curl -s -X POST localhost:8765/query "
@@ -285,7 +392,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN", help="a run folder written by 'crossview train' (it needs its checkpoint)")
     p.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765; 0: any free port, "
                    "printed on start)")
-    p.add_argument("--host", default="127.0.0.1", help="address: 127.0.0.1 (default) or ::1; nothing else")
+    p.add_argument("--host", default="127.0.0.1", help="address: 127.0.0.1 (default), localhost (bound as "
+                   "127.0.0.1) or ::1; no other address (the server has no authentication)")
     p.add_argument("--split", default=None, metavar="S",
                    help="the gallery: a split of the run's dataset or 'all' (default: the split it was evaluated on)")
     p.add_argument("--corpus", metavar="FILE", help="a caption corpus (one caption a line) that image queries rank")
