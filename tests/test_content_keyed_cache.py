@@ -62,6 +62,12 @@ def test_a_damaged_memo_is_rebuilt(tmp_path, caplog):
         h = FileHashes(tmp_path)
         assert h.digests([f])[0] is not None and h.read == 1
     assert "damaged" in caplog.text
+    caplog.clear()
+    (tmp_path / MEMO_NAME).write_bytes(bytes(range(7, 256)) * 8)       # not a zip: numpy would offer to unpickle it
+    with caplog.at_level("WARNING"):
+        FileHashes(tmp_path).digests([f])
+    assert "is damaged (it is not a zip archive of arrays); the files are hashed again" in caplog.text
+    assert "allow_pickle" not in caplog.text and "pickle.load" not in caplog.text
 
 
 def test_image_features_of_a_replaced_photo_are_extracted_again(tmp_path, monkeypatch):

@@ -191,6 +191,41 @@ def test_a_json_file_given_to_eval_gets_one_clear_line(tmp_path: Path, capsys) -
         load_embeddings(tmp_path / "one.npy")
 
 
+def test_a_garbage_npz_is_one_line_without_numpys_unsafe_advice(tmp_path: Path, capsys) -> None:
+    """Random bytes are not a zip, so numpy offers to unpickle them ("If you trust the file you can load it unsafely
+    ..."); CrossView never does, and says the file is not an .npz it wrote, in one line naming it."""
+    from _engine_helpers import make_toy_dataset, toy_features
+    from crossview.engine.run import train
+
+    garbage = np.random.default_rng(7).bytes(4000)
+    bad = tmp_path / "random.npz"
+    bad.write_bytes(garbage)
+    assert main(["eval", str(bad)]) == 2
+    assert capsys.readouterr().err == (f"crossview: error: {bad}: not a valid .npz written by CrossView (it is not a "
+                                       "zip archive of arrays): it is damaged or comes from elsewhere; write it again "
+                                       "from the model that made it (arrays only, as numpy.savez writes them)\n")
+    ds = make_toy_dataset(n_images=120)
+    for _ in train("cca", ds, run_dir=tmp_path / "run", params={"n_components": 8}, features=toy_features(ds),
+                   device="cpu"):
+        pass
+    good = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    banks = [n for n in good if n.startswith("bank_")]
+    assert banks == ["bank_train.npz"] and "embeddings_test.npz" in good and "ranks.npz" in good
+    for name, argv, todo in (
+            ("bank_train.npz", ["--scoring", "csls", "--param", "5"],
+             "delete it and the run encodes its training split into it again"),
+            ("embeddings_test.npz", [], "train the run again (its evaluation writes this file)"),
+            ("ranks.npz", ["--compare", str(tmp_path / "run")], "train the run again (its evaluation writes "
+                                                                 "ranks.npz)")):
+        for n, data in good.items():
+            (tmp_path / "run" / n).write_bytes(data)
+        (tmp_path / "run" / name).write_bytes(garbage)
+        assert main(["eval", str(tmp_path / "run"), *argv]) == 2, name
+        err = capsys.readouterr().err
+        assert err == (f"crossview: error: {tmp_path / 'run' / name}: not a valid .npz written by CrossView (it is "
+                       f"not a zip archive of arrays): it is damaged or comes from elsewhere; {todo}\n"), name
+
+
 def _ranks_run(folder: Path, i2t, t2i, caption_image=None, split="test", dataset="toy") -> Path:
     """A finished run as far as --compare reads it: summary.json, config.json and ranks.npz."""
     folder.mkdir(parents=True)

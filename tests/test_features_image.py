@@ -172,7 +172,7 @@ def test_corrupt_weights_file(tmp_path) -> None:
     bad = tmp_path / "broken.pth"
     bad.write_bytes(b"\x80\x02garbage that is not a state dict" * 10)
     enc = create_image_encoder("mobilenet_v2", weights=bad)
-    with pytest.raises(CrossViewError, match=str(bad) + ".*not a readable PyTorch state dict.*--weights"):
+    with pytest.raises(CrossViewError, match=str(bad) + ".*not a weights file CrossView can read safely.*--weights"):
         enc.load()
     # A real state dict of another architecture.
     other = tmp_path / "resnet18.pth"

@@ -261,6 +261,71 @@ def test_older_and_foreign_checkpoints_get_one_clear_line(tmp_path):
         Method.load(bad_fields)
 
 
+def test_a_cut_short_or_foreign_checkpoint_is_one_clean_sentence(tmp_path, finished_run):
+    """torch's own text stops mid-sentence ("... your checkpoint file is") or advises weights_only=False."""
+    data = (finished_run / "checkpoint.pt").read_bytes()
+    for name, content, reason in (
+            ("cut.pt", data[:len(data) // 2], "its archive is cut short or damaged"),
+            ("empty.pt", b"", "it is empty"),
+            ("text.pt", b"hello\n", "it is not a PyTorch file of tensors, or it is damaged (KeyError)"),
+            ("noise.pt", np.random.default_rng(0).bytes(4000),
+             "it is not a PyTorch file of tensors: neither torch.save's archive nor a pickle of tensors")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CrossViewError) as e:
+            eio.load_checkpoint(tmp_path / name)
+        assert str(e.value) == (f"{tmp_path / name}: cannot read the checkpoint ({reason}); it is damaged or from "
+                                "another program; retrain (or resume from a checkpoint written by this version)")
+
+
+def test_a_planted_or_garbage_weights_file_is_one_line_without_torchs_advice(tmp_path, evil, capsys):
+    """``--weights F``: a planted pickle or noise is named as a file CrossView cannot read safely; torch's advice to
+    re-run torch.load with weights_only=False (which would run the planted code) is never passed on."""
+    data, marker = evil
+    planted, noise = tmp_path / "planted.pth", tmp_path / "noise.pth"
+    planted.write_bytes(data)
+    noise.write_bytes(np.random.default_rng(1).bytes(3000))
+    for f, reason in ((planted, "it asks to run or build exec, which CrossView never loads"),
+                      (noise, "it is not a PyTorch file of tensors: neither torch.save's archive nor a pickle of "
+                              "tensors")):
+        assert main(["features", "extract", "--data", "demo", "--image-encoder", "resnet18", "--weights", str(f),
+                     "--text-encoder", "tfidf", "--no-cache", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"crossview: error: weights file {f} for resnet18 is not a weights file CrossView can "
+                           f"read safely ({reason}); copy it again if it was cut short, or pass a state dict saved "
+                           "with torch.save(model.state_dict(), ...) to --weights")
+        assert not any("weights_only" in line or "Traceback" in line for line in err)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "it is empty"),
+    (np.random.default_rng(2).bytes(4000), "it is not a zip archive of arrays"),
+    (b"\x80\x04\x95" + bytes(20), "it is not a zip archive of arrays"),          # a pickle: numpy offers to load it
+    ("object", "it holds pickled Python objects, which CrossView never loads"),
+    ("cut", "the archive is damaged or cut short"),
+    ("npy", "it is a single .npy array, not an .npz archive"),
+])
+def test_read_npz_never_unpickles_and_says_why_in_one_line(tmp_path, content, reason):
+    path = tmp_path / "x.npz"
+    if content == "object":
+        np.savez(path, a=np.array([{"a": 1}, None], dtype=object))
+    elif content == "cut":
+        np.savez(path, a=np.arange(1000))
+        path.write_bytes(path.read_bytes()[:600])
+    elif content == "npy":
+        with open(path, "wb") as f:
+            np.save(f, np.arange(3))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(eio.NpzFileError) as e:
+        eio.read_npz(path, todo="do this")
+    assert str(e.value) == (f"{path}: not a valid .npz written by CrossView ({reason}): it is damaged or comes from "
+                            "elsewhere; do this")
+    assert e.value.reason == reason and "allow_pickle" not in str(e.value) and "\n" not in str(e.value)
+    np.savez(path, a=np.arange(3), b=np.ones(2))
+    assert set(eio.read_npz(path, todo="")) == {"a", "b"} and set(eio.read_npz(path, ("b", "c"), todo="")) == {"b"}
+
+
 # ---------------------------------------------------------------------------- one writer per run folder
 def test_a_second_writer_in_the_same_process_is_refused_and_the_lock_is_released(tmp_path, toy):
     ds, feats = toy

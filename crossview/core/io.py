@@ -8,6 +8,9 @@
   (numpy arrays and scalars are stored in a tagged form, see :func:`to_plain`), so opening a run
   folder someone sent you can never execute code. ``"format": 2`` is checked on load. Entries that hold numpy
   arrays only (``load_checkpoint(keys=...)``) are read without importing torch, by an unpickler as strict.
+- :func:`read_npz` / :func:`load_torch_file`: every ``.npz`` archive and every ``torch.load`` of a file is read
+  through these: arrays only (``allow_pickle=False``) and tensors only (``weights_only=True``), and a damaged,
+  foreign or malicious file is one plain line naming it, never numpy's or torch's advice to load it unsafely.
 - :class:`EventLog`: ``metrics.jsonl``, one event per line, appended and flushed as it happens;
   :func:`read_events` reads it back and skips a torn last line (a crash mid-append).
 """
@@ -28,7 +31,8 @@ from crossview.core.errors import CrossViewError, StorageError, is_storage_error
 
 __all__ = ["atomic_write_bytes", "check_writable_folder", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
-           "read_events", "drop_pages", "mapped_arrays", "scratch_array"]
+           "read_events", "drop_pages", "mapped_arrays", "scratch_array", "read_npz", "NpzFileError",
+           "load_torch_file", "TorchFileError"]
 
 #: The version of the checkpoint layout; files without it (or with another) are refused with a clear line.
 CHECKPOINT_FORMAT = 2
@@ -413,6 +417,113 @@ def _tensor_bytes(tree: Any) -> int:
     return 0
 
 
+def _npz_reason(path: Path, e: BaseException) -> str:
+    """Why ``np.load(path, allow_pickle=False)`` (or reading an array of it) failed, in plain words: numpy's own text
+    for a file that is not a zip ("... contains pickled (object) data. If you trust the file you can load it
+    unsafely ...") would advise running what may be a planted pickle."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as os_e:
+        return f"cannot read it: {os_e.strerror or os_e}"
+    if not head:
+        return "it is empty"
+    if head.startswith(b"\x93NUMPY"):
+        return "it is a single .npy array, not an .npz archive"
+    if not head.startswith(b"PK"):
+        return "it is not a zip archive of arrays"
+    if isinstance(e, ValueError) and "allow_pickle" in str(e):
+        return "it holds pickled Python objects, which CrossView never loads"
+    return "the archive is damaged or cut short"
+
+
+class NpzFileError(CrossViewError):
+    """An ``.npz`` file :func:`read_npz` cannot read as arrays; ``reason``: why, in plain words."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def read_npz(path: str | Path, keys: tuple[str, ...] | None = None, *, todo: str) -> dict[str, Any]:
+    """The arrays of the ``.npz`` archive at ``path`` (``keys``: only those of them it holds), read into memory
+    without unpickling anything (``allow_pickle=False``).
+
+    A missing file, a folder, or a file that is not an archive of plain arrays as CrossView writes them (damaged,
+    cut short, another format, pickled objects) raises :class:`NpzFileError`: one line naming ``path``, saying
+    why, and ``todo`` (what to do, e.g. ``"train the run again"``)."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    path = Path(path)
+    _check_regular_file(path, todo)
+    if not path.exists():
+        raise NpzFileError(f"{path}: no such file; {todo}", "no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:     # an .npy gives an array, no context manager: TypeError
+            return {k: np.asarray(z[k]) for k in z.files if keys is None or k in keys}
+    except (OSError, ValueError, EOFError, KeyError, AttributeError, TypeError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError) as e:
+        if isinstance(e, (PermissionError, IsADirectoryError)):
+            why = f"cannot read it: {e.strerror or e}"
+            raise NpzFileError(f"{path}: {why}; {todo}", why) from None
+        why = _npz_reason(path, e)
+        raise NpzFileError(f"{path}: not a valid .npz written by CrossView ({why}): it is damaged or comes from "
+                           f"elsewhere; {todo}", why) from None
+
+
+class TorchFileError(CrossViewError):
+    """A file :func:`load_torch_file` cannot read safely. ``reason``: why, in plain words (never torch's advice to
+    turn ``weights_only`` off); ``refused``: the pickled global it asked for (``"posix.system"``), if that was it."""
+
+    def __init__(self, path: Path, reason: str, refused: str | None = None) -> None:
+        super().__init__(f"{path}: not a file CrossView can read safely ({reason})")
+        self.path, self.reason, self.refused = path, reason, refused
+
+
+def _torch_reason(path: Path, e: BaseException) -> tuple[str, str | None]:
+    """``(reason, refused global)`` of a ``torch.load(weights_only=True)`` failure, without torch's text: it tells
+    the reader to re-run with ``weights_only=False`` (which would run the file's code), or stops mid-sentence."""
+    import pickle
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as os_e:
+        return f"cannot read it: {os_e.strerror or os_e}", None
+    if not head:
+        return "it is empty", None
+    if isinstance(e, pickle.UnpicklingError):
+        name = _refused_global(e)
+        if name is not None:
+            return f"it asks to run or build {name}, which CrossView never loads", name
+        return "it is not a PyTorch file of tensors: neither torch.save's archive nor a pickle of tensors", None
+    if head.startswith(b"PK"):      # torch.save's zip archive: missing its directory, or cut inside a record
+        return "its archive is cut short or damaged", None
+    if isinstance(e, EOFError):
+        return "it ends too early: it is cut short", None
+    return f"it is not a PyTorch file of tensors, or it is damaged ({type(e).__name__})", None
+
+
+def load_torch_file(path: str | Path) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)``: tensors and plain Python values only, so a
+    planted ``__reduce__`` never runs. Any failure raises :class:`TorchFileError` (one line naming ``path``; the
+    caller may reword it from ``reason`` / ``refused``)."""
+    import torch
+
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():   # torch warns about pickle protocols of foreign files
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, KeyError, zip errors...
+        raise TorchFileError(path, *_torch_reason(path, e)) from None
+
+
 def _refused_global(e: BaseException) -> str | None:
     import re
     m = re.search(r"GLOBAL ([\w.]+)", str(e)) or re.search(r"allowlist this global.*?\[([\w.]+)\]", str(e))
@@ -430,8 +541,6 @@ def load_checkpoint(path: str | Path, keys: tuple[str, ...] | None = None) -> di
     values only (a CCA run's matrices and TF-IDF encoder, not a deep model's weights), the file is read
     without importing torch (:func:`_read_plain_without_torch`; the app shows a run that way).
     """
-    import pickle
-
     path = Path(path)
     if not path.is_file():
         raise CrossViewError(f"{path}: checkpoint not found; give a checkpoint.pt written by "
@@ -445,22 +554,13 @@ def load_checkpoint(path: str | Path, keys: tuple[str, ...] | None = None) -> di
             return from_plain(obj)  # type: ignore[no-any-return]
         except (ValueError, TypeError, KeyError, RuntimeError):
             pass                  # torch's reading below says what is wrong, in its words
-    import torch
-
     try:
-        with warnings.catch_warnings():   # torch warns about pickle protocols of foreign files
-            warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if _refused_global(e) is None:   # not a torch file, or a pickle using other opcodes
-            raise CrossViewError(f"{path}: cannot read the checkpoint (not a file CrossView writes, or cut "
-                                 f"short); it is damaged or from another program{todo}") from None
-        name = _refused_global(e)
-        what = f" (it asks to run or build {name}, which is never loaded)" if name else ""
-        raise CrossViewError(older + what + todo) from None
-    except Exception as e:  # noqa: BLE001 - any other failure means a damaged or foreign file
-        raise CrossViewError(f"{path}: cannot read the checkpoint ({type(e).__name__}: {str(e)[:200]}); it is "
-                             f"damaged or from another program{todo}") from None
+        obj = load_torch_file(path)
+    except TorchFileError as e:
+        if e.refused is not None:        # a pickled global: an older CrossView's numpy arrays, or a planted payload
+            raise CrossViewError(f"{older} ({e.reason}){todo}") from None
+        raise CrossViewError(f"{path}: cannot read the checkpoint ({e.reason}); it is damaged or from another "
+                             f"program{todo}") from None
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT:
         fmt = obj.get("format") if isinstance(obj, dict) else None
         what = f" (format {fmt!r}, this version reads {CHECKPOINT_FORMAT})" if fmt is not None else ""

@@ -461,13 +461,12 @@ def _copy_ids(member_dir: Path) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     path = member_dir / RANKS
     if path.is_file():
+        from crossview.core.io import read_npz
+
         try:
-            with np.load(path, allow_pickle=False) as z:
-                for key in ("image_ids", "caption_ids"):
-                    if key in z.files:
-                        out[key] = np.asarray(z[key])
-        except (OSError, ValueError):
-            pass
+            out = read_npz(path, ("image_ids", "caption_ids"), todo="")
+        except CrossViewError:
+            pass                # the ids are extras: a damaged ranks.npz of a member leaves them out
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.io import read_npz
 
 __all__ = ["RunResults", "load_run_results"]
 
@@ -90,20 +91,20 @@ def load_run_results(run_dir: str | Path, *, plain: bool = False) -> RunResults:
     caption_image = None
     ranks_path = run_dir / "ranks.npz"
     if ranks_path.is_file():
+        z = read_npz(ranks_path, todo="train the run again (its evaluation writes ranks.npz)")
         try:
-            with np.load(ranks_path, allow_pickle=False) as z:
-                files = set(z.files)
-                for d in ("i2t", "t2i"):
-                    key = next((k for k in ((f"{d}_plain",) if plain else ()) + _RANK_KEYS[d] if k in files), None)
-                    if key is not None:
-                        ranks[d] = np.asarray(z[key], dtype=np.int64)
-                    qk = next((k for k in _QUERY_KEYS[d] if k in files), None)
-                    if qk is not None:
-                        queries[d] = np.asarray(z[qk], dtype=np.int64)
-                if "caption_image" in files:
-                    caption_image = np.asarray(z["caption_image"], dtype=np.int64)
-        except (OSError, ValueError) as e:
-            raise CrossViewError(f"{ranks_path}: unreadable ({e})") from e
+            for d in ("i2t", "t2i"):
+                key = next((k for k in ((f"{d}_plain",) if plain else ()) + _RANK_KEYS[d] if k in z), None)
+                if key is not None:
+                    ranks[d] = np.asarray(z[key], dtype=np.int64)
+                qk = next((k for k in _QUERY_KEYS[d] if k in z), None)
+                if qk is not None:
+                    queries[d] = np.asarray(z[qk], dtype=np.int64)
+            if "caption_image" in z:
+                caption_image = np.asarray(z["caption_image"], dtype=np.int64)
+        except (ValueError, TypeError) as e:
+            raise CrossViewError(f"{ranks_path}: holds ranks that are not integers ({type(e).__name__}); train the "
+                                 "run again (its evaluation writes ranks.npz)") from None
     paper: list[dict[str, Any]] = []
     try:
         from crossview.methods import cards

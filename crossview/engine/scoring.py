@@ -646,12 +646,11 @@ def adopt_run_scoring(run_dir: str | Path, res: dict[str, Any]) -> dict[str, Any
 def write_scored_ranks(folder: str | Path, ranks: dict[str, np.ndarray]) -> None:
     """Replace ranks.npz's ``i2t`` / ``t2i`` by ``ranks`` (the run's scoring), keeping the first plain ones as
     ``i2t_plain`` / ``t2i_plain`` and every other array."""
-    from crossview.core.io import atomic_writer
+    from crossview.core.io import atomic_writer, read_npz
     from crossview.engine.run_folder import RANKS
 
     path = Path(folder) / RANKS
-    with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files}
+    arrays = read_npz(path, todo="train the run again (its evaluation writes ranks.npz)")
     for d in ("i2t", "t2i"):
         arrays.setdefault(f"{d}_plain", arrays[d])
         arrays[d] = np.asarray(ranks[d], np.int64)

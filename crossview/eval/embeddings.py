@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.io import read_npz
 from crossview.eval.hubness import describe_hubness, hubness_of_embeddings
 from crossview.eval.metrics import evaluate_embeddings_blocked, rsum_of
 from crossview.eval.protocols import check_coco_size, coco_1k_folds, identity_hits, mean_average_precision, precision_at_k
@@ -160,18 +161,14 @@ def load_embeddings(path: str | Path) -> Embeddings:
     if looks is not None:
         raise CrossViewError(f"{path} is not an embeddings .npz (it looks like {looks}); "
                              "give a run folder or an embeddings file")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except Exception as e:  # zipfile / numpy format errors of many kinds
-        raise CrossViewError(f"{path}: not a readable .npz embeddings file ({e})") from e
+    data = read_npz(path, todo=_rewrite_todo(path))
     missing = [k for k in ("image", "text", "caption_image") if k not in data]
     if missing:
         raise CrossViewError(f"{path}: missing {', '.join(missing)}; an embeddings file holds image, text and "
                              "caption_image arrays (see crossview.eval.embeddings)")
     info = {k: str(data[k]) for k in ("method", "dataset", "split") if k in data}
     try:
-        return Embeddings(
+        emb = Embeddings(
             image=data["image"], text=data["text"], caption_image=data["caption_image"],
             image_t2i=data.get("image_t2i"), text_t2i=data.get("text_t2i"),
             image_labels=data.get("image_labels"), label_embeddings=data.get("label_embeddings"),
@@ -179,6 +176,17 @@ def load_embeddings(path: str | Path) -> Embeddings:
             captions=None if "captions" not in data else [str(c) for c in data["captions"]], info=info)
     except CrossViewError as e:
         raise CrossViewError(f"{path}: {e}") from e
+    return emb
+
+
+def _rewrite_todo(path: Path) -> str:
+    """What to do about a damaged embeddings file: a run's own (its bank: made again when missing), or one given."""
+    in_run = (path.parent / "config.json").is_file()
+    if in_run and path.name.startswith("bank_"):
+        return "delete it and the run encodes its training split into it again"
+    if in_run:
+        return "train the run again (its evaluation writes this file)"
+    return "write it again from the model that made it (arrays only, as numpy.savez writes them)"
 
 
 def embeddings_hubness(emb: Embeddings, k: int | None = None) -> dict[str, dict[str, Any] | None]:

@@ -498,12 +498,14 @@ def _save_cross_ranks(folder: Path, trial: str, ranks: dict[str, np.ndarray]) ->
 
 def _load_cross_ranks(path: str | Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """What :func:`_save_cross_ranks` wrote: ``({"i2t", "t2i"}, caption_image)``; one line when it is damaged."""
-    try:
-        with np.load(Path(path), allow_pickle=False) as z:
-            return {d: np.asarray(z[d]) for d in ("i2t", "t2i")}, np.asarray(z["caption_image"])
-    except (OSError, ValueError, KeyError) as e:
-        raise CrossViewError(f"{path}: cannot read the cross-dataset ranks ({e}); delete it and run the experiment "
-                             "again with the same --exp-dir (that trial's ranks are computed again)") from None
+    from crossview.core.io import read_npz
+
+    todo = "delete it and run the experiment again with the same --exp-dir (that trial's ranks are computed again)"
+    z = read_npz(path, todo=todo)
+    missing = [k for k in ("i2t", "t2i", "caption_image") if k not in z]
+    if missing:
+        raise CrossViewError(f"{path}: the cross-dataset ranks have no {', '.join(missing)}; {todo}")
+    return {d: z[d] for d in ("i2t", "t2i")}, z["caption_image"]
 
 
 def foreign_method_data(dataset: Any, rep: Any, name: str = "target", *, device: str = "cpu") -> MethodData:

@@ -243,7 +243,7 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
     "selection", "variants", "seeds", "baseline", "results": {name: {"i2t", "t2i", "rsum", "train_seconds",
     "steps"}}, "std": {...}, "per_seed": {...}, "paired": {name: ...}, "paired_subsets": {subset: {name: ...}},
     "resolution": {name: ...}, "budget", "chosen", "params", "experiment_dir", "runs"}``."""
-    from crossview.core.io import atomic_write_json, read_json
+    from crossview.core.io import atomic_write_json, read_json, read_npz
     from crossview.engine.run import RANKS, STATUS, read_summary, train
     from crossview.engine.runs import ensure_run
     from crossview.experiments.budget import choose_params, parse_budget
@@ -366,12 +366,17 @@ def run_study(study: Study, dataset: Any, *, variants: Sequence[str] | None = No
                     raise CrossViewError(f"{run_dir}: the run did not finish; see its metrics.jsonl, then run the "
                                          f"experiment again with --exp-dir {folder} to resume it")
             s = read_summary(run_dir)
-            with np.load(run_dir / RANKS, allow_pickle=False) as z:
-                ranks[n].append({"i2t": z["i2t"].copy(), "t2i": z["t2i"].copy()})
-                query_ids.setdefault("i2t", z["image_ids"].copy())
-                query_ids.setdefault("t2i", z["caption_ids"].copy())
-                if caption_image is None and "caption_image" in z.files:
-                    caption_image = z["caption_image"].copy()
+            z = read_npz(run_dir / RANKS, todo=f"delete {run_dir} and run the experiment again with --exp-dir "
+                         f"{folder} (that run is trained again)")
+            missing = [k for k in ("i2t", "t2i", "image_ids", "caption_ids") if k not in z]
+            if missing:
+                raise CrossViewError(f"{run_dir / RANKS}: has no {', '.join(missing)}; delete {run_dir} and run the "
+                                     f"experiment again with --exp-dir {folder} (that run is trained again)")
+            ranks[n].append({"i2t": z["i2t"], "t2i": z["t2i"]})
+            query_ids.setdefault("i2t", z["image_ids"])
+            query_ids.setdefault("t2i", z["caption_ids"])
+            if caption_image is None and "caption_image" in z:
+                caption_image = z["caption_image"]
             try:
                 steps = float(read_json(run_dir / STATUS).get("checkpoint_step") or 0)
             except CrossViewError:

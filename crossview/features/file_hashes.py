@@ -170,19 +170,21 @@ class FileHashes:
         assert self.path is not None
         if not self.path.is_file():
             return {}
+        from crossview.core.io import NpzFileError, read_npz
+
         try:
-            with np.load(self.path, allow_pickle=False) as z:
-                if int(z["format"]) != _FORMAT:
-                    raise ValueError(f"format {int(z['format'])}")
-                names = bytes(z["paths"].astype(np.uint8)).decode("utf-8", "surrogateescape").split("\0")
-                states = np.asarray(z["states"], dtype=np.int64)
-                digests = np.asarray(z["digests"], dtype=np.uint8)
+            z = read_npz(self.path, todo="")
+            if int(z["format"]) != _FORMAT:
+                raise ValueError(f"format {int(z['format'])}")
+            names = bytes(z["paths"].astype(np.uint8)).decode("utf-8", "surrogateescape").split("\0")
+            states = np.asarray(z["states"], dtype=np.int64)
+            digests = np.asarray(z["digests"], dtype=np.uint8)
             n = len(states)
             if states.shape != (n, 4) or digests.shape != (n, _DIGEST_BYTES) or (n and len(names) != n):
                 raise ValueError("arrays of the wrong shape")
         except Exception as e:  # noqa: BLE001 - any damage means: hash the files again
-            log.warning("file hash memo %s is damaged (%s: %s); the files are hashed again", self.path,
-                        type(e).__name__, str(e)[:120])
+            why = e.reason if isinstance(e, NpzFileError) else f"{type(e).__name__}: {str(e)[:120]}"
+            log.warning("file hash memo %s is damaged (%s); the files are hashed again", self.path, why)
             return {}
         if not n:
             return {}

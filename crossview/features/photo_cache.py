@@ -35,7 +35,7 @@ import numpy as np
 
 from crossview.core.errors import Cancelled, CrossViewError, DatasetError
 from crossview.core.hashing import hash_into
-from crossview.core.io import atomic_write_bytes
+from crossview.core.io import NpzFileError, atomic_write_bytes, read_npz
 from crossview.core.settings import get_settings
 
 __all__ = ["PhotoFeatures", "PhotoStore", "encode_photos", "encoder_identity", "photo_store_dir", "STORE_FORMAT"]
@@ -115,15 +115,15 @@ class PhotoStore:
         if not self.path.is_file():
             return self
         try:
-            with np.load(self.path, allow_pickle=False) as z:
-                fmt = int(z["format"])
-                if fmt < STORE_FORMAT:       # an older layout (rows keyed on size and mtime): rebuilt, quietly
-                    log.info("photo feature store %s has the older layout %d; the photos are encoded again",
-                             self.path, fmt)
-                    return self
-                ident = str(z["identity"])
-                paths, digests = z["paths"], z["digests"]
-                feats = z["features"]
+            z = read_npz(self.path, todo="")
+            fmt = int(z["format"])
+            if fmt < STORE_FORMAT:       # an older layout (rows keyed on size and mtime): rebuilt, quietly
+                log.info("photo feature store %s has the older layout %d; the photos are encoded again",
+                         self.path, fmt)
+                return self
+            ident = str(z["identity"])
+            paths, digests = z["paths"], z["digests"]
+            feats = z["features"]
             n = len(paths)
             if fmt != STORE_FORMAT or ident != json.dumps(self.identity, sort_keys=True, default=str):
                 raise ValueError(f"format {fmt} / identity do not match this encoder")
@@ -131,8 +131,9 @@ class PhotoStore:
                     or feats.shape[0] != n or feats.dtype != np.float32 or not np.isfinite(feats).all():
                 raise ValueError("arrays of the wrong shape, type or values")
         except Exception as e:  # noqa: BLE001 - any damage (truncated zip, bad arrays) means: rebuild
-            log.warning("photo feature store %s is damaged (%s: %s); discarded it, the photos are encoded again",
-                        self.path, type(e).__name__, str(e)[:120])
+            why = e.reason if isinstance(e, NpzFileError) else f"{type(e).__name__}: {str(e)[:120]}"
+            log.warning("photo feature store %s is damaged (%s); discarded it, the photos are encoded again",
+                        self.path, why)
             try:
                 self.path.unlink()
             except OSError:

@@ -132,14 +132,16 @@ def load_state_dict(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
     """
     import torch
 
+    from crossview.core.io import TorchFileError, load_torch_file
+
     p = Path(path)
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, zipfile errors...
+        obj = load_torch_file(p)
+    except TorchFileError as e:
         raise CrossViewError(
-            f"weights file {p} for {name} is not a readable PyTorch state dict ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'}); it may be truncated or corrupt: "
-            f"copy it again, or pass another file with --weights") from None
+            f"weights file {p} for {name} is not a weights file CrossView can read safely ({e.reason}); copy it "
+            "again if it was cut short, or pass a state dict saved with torch.save(model.state_dict(), ...) "
+            "to --weights") from None
     for wrapper in ("state_dict", "model", "model_state_dict"):
         if isinstance(obj, Mapping) and wrapper in obj and isinstance(obj[wrapper], Mapping):
             obj = obj[wrapper]
