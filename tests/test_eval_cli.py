@@ -191,6 +191,20 @@ def test_a_json_file_given_to_eval_gets_one_clear_line(tmp_path: Path, capsys) -
         load_embeddings(tmp_path / "one.npy")
 
 
+def test_embeddings_with_nan_name_the_file(tmp_path: Path, capsys) -> None:
+    emb = _emb(np.random.default_rng(6))
+    emb.text[7, 3] = np.nan
+    path = save_embeddings(tmp_path / "nan.npz", emb)
+    assert main(["eval", str(path)]) == 2
+    assert capsys.readouterr().err == (f"crossview: error: {path}: text holds NaN or infinity (first at row 7, column "
+                                       "3), so its scores and ranks are undefined; write it again from the model "
+                                       "that made it (arrays only, as numpy.savez writes them)\n")
+    emb.text[7, 3], emb.image[2, 0] = 0.0, np.inf
+    save_embeddings(path, emb)
+    with pytest.raises(CrossViewError, match=r"nan\.npz: image holds NaN or infinity \(first at row 2, column 0\)"):
+        load_embeddings(path)
+
+
 def test_a_garbage_npz_is_one_line_without_numpys_unsafe_advice(tmp_path: Path, capsys) -> None:
     """Random bytes are not a zip, so numpy offers to unpickle them ("If you trust the file you can load it unsafely
     ..."); CrossView never does, and says the file is not an .npz it wrote, in one line naming it."""

@@ -176,6 +176,17 @@ def load_embeddings(path: str | Path) -> Embeddings:
             captions=None if "captions" not in data else [str(c) for c in data["captions"]], info=info)
     except CrossViewError as e:
         raise CrossViewError(f"{path}: {e}") from e
+    for key in ("image", "text", "image_t2i", "text_t2i", "label_embeddings"):
+        a = getattr(emb, key)
+        if a is None:
+            continue
+        if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+            raise CrossViewError(f"{path}: {key} holds {a.dtype} values, not real numbers; "
+                                 f"{_rewrite_todo(path)}")
+        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            row, col = (int(i) for i in np.argwhere(~np.isfinite(a))[0])
+            raise CrossViewError(f"{path}: {key} holds NaN or infinity (first at row {row}, column {col}), so its "
+                                 f"scores and ranks are undefined; {_rewrite_todo(path)}")
     return emb
 
 
