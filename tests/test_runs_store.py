@@ -140,3 +140,35 @@ def test_cli_runs_list_show_rename_delete(tmp_path, toy, capsys):
     assert not (tmp_path / "other").exists()
     assert main(["runs", "list", "--root", str(tmp_path)]) == 0
     assert "no runs in" in capsys.readouterr().out
+
+
+def test_cli_runs_list_refuses_a_root_that_is_not_a_folder(tmp_path, capsys):
+    for root, what in ((tmp_path / "nonexist", "no such folder"), (tmp_path / "a-file", "a file, not a folder")):
+        if what.startswith("a file"):
+            root.write_text("x")
+        for extra in ([], ["--json"]):
+            assert main(["runs", "list", "--root", str(root), *extra]) == 2
+            out, err = capsys.readouterr()
+            assert out == "" and err == (f"crossview: error: --root {root}: {what}; give the folder that holds the "
+                                         "run folders (default: the runs folder, $CROSSVIEW_HOME/runs)\n")
+    (tmp_path / "empty").mkdir()
+    assert main(["runs", "list", "--root", str(tmp_path / "empty")]) == 0           # a folder with no runs: fine
+    assert capsys.readouterr().out == f"no runs in {tmp_path / 'empty'}\n"
+
+
+def test_cli_runs_show_a_finished_run_without_its_summary_says_so(tmp_path, toy, capsys):
+    run = _finished(tmp_path, "cca-toy", toy)
+    (run / "summary.json").unlink()
+    again = f"resume the run to evaluate it again ('crossview train --resume {run}')"
+    assert main(["runs", "show", str(run)]) == 2
+    assert capsys.readouterr().err == (f"crossview: error: {run}: no summary.json although status.json says the run "
+                                       f"finished; the summary is missing (deleted or lost): {again}\n")
+    (run / "summary.json").mkdir()
+    assert main(["runs", "show", str(run), "--json"]) == 2
+    assert capsys.readouterr().err == (f"crossview: error: {run / 'summary.json'}: not a regular file (a folder is "
+                                       f"in its place); the summary is damaged: remove it, then {again}\n")
+    (run / "summary.json").rmdir()
+    (run / "status.json").write_text(json.dumps({"status": "running"}))             # truly unfinished: as before
+    with pytest.raises(CrossViewError, match=r"no summary\.json; the run has not finished \(see status\.json\)"):
+        from crossview.engine.run import read_summary
+        read_summary(run)

@@ -43,6 +43,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     from crossview.engine.runs import iter_runs
 
     root = _root(args)
+    if args.root and not root.is_dir():        # the default runs folder may not be made yet; a --root given must be
+        what = "a file, not a folder" if root.exists() else "no such folder"
+        raise CrossViewError(f"--root {root}: {what}; give the folder that holds the run folders (default: the runs "
+                             "folder, $CROSSVIEW_HOME/runs)")
     infos = list(iter_runs(root))
     if args.json:
         print(json.dumps([i.as_dict() for i in infos], indent=2))

@@ -94,7 +94,19 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """``summary.json`` of a finished run (a :class:`CrossViewError` naming the folder otherwise)."""
     path = Path(run_dir) / SUMMARY
+    again = f"resume the run to evaluate it again ('crossview train --resume {run_dir}')"
     if not path.is_file():
+        if path.exists() or path.is_symlink():
+            kind = "a folder" if path.is_dir() else "a broken link" if not path.exists() else "a pipe or device"
+            raise CrossViewError(f"{path}: not a regular file ({kind} is in its place); the summary is damaged: "
+                                 f"remove it, then {again}")
+        try:
+            finished = read_status(run_dir).get("status") == "finished"
+        except CrossViewError:
+            finished = False
+        if finished:
+            raise CrossViewError(f"{run_dir}: no {SUMMARY} although {STATUS} says the run finished; the summary is "
+                                 f"missing (deleted or lost): {again}")
         raise CrossViewError(f"{run_dir}: no {SUMMARY}; the run has not finished (see {STATUS})")
     summary = read_json_object(path, optional=_SUMMARY_TYPES,
                                hint="the summary is damaged; resume the run to evaluate it again")
