@@ -110,7 +110,7 @@ def test_plain_scoring_is_the_evaluation_as_before(run, capsys) -> None:
     (["--scoring", "cosine"], "crossview: error: unknown scoring 'cosine'; choose one of plain, csls, isoftmax, "
                               "dsoftmax"),
     (["--param", "3"], "crossview: error: --param 3: scoring 'plain' has no parameter"),
-    (["--scoring", "csls", "--param", "2.5"], "crossview: error: csls: k must be a whole number >= 1, got 2.5"),
+    (["--scoring", "csls", "--param", "2.5"], "crossview: error: csls: k must be a whole number from 1 to 1,000,000, got 2.5"),
     (["--scoring", "csls", "--protocol", "coco1k"], "crossview: error: COCO 1K needs a multiple of 1,000 test images"),
     (["--scoring", "csls", "--protocol", "identity"], "crossview: error: --protocol does not apply to --scoring csls"),
     (["--scoring", "csls", "--split", "train"], "crossview: error: "),
