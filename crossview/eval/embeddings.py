@@ -152,6 +152,18 @@ def _looks_like(path: Path) -> str | None:
     return "a text file"
 
 
+def _first_non_finite(a: np.ndarray, rows: int = 1 << 14) -> tuple[int, int] | None:
+    """``(row, column)`` of the first NaN / infinity in ``a`` (2-d), or None: a block of ``rows`` rows at a time, so
+    the check of a COCO-size matrix holds one block's flags, not a boolean copy of the whole."""
+    a2 = a.reshape(len(a), -1) if a.ndim != 2 else a
+    for start in range(0, len(a2), rows):
+        ok = np.isfinite(a2[start:start + rows])
+        if not ok.all():
+            r, c = np.argwhere(~ok)[0]
+            return start + int(r), int(c)
+    return None
+
+
 def load_embeddings(path: str | Path) -> Embeddings:
     """Read an embeddings file; a clear :class:`CrossViewError` names what is missing or wrong."""
     path = Path(path)
@@ -183,10 +195,10 @@ def load_embeddings(path: str | Path) -> Embeddings:
         if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
             raise CrossViewError(f"{path}: {key} holds {a.dtype} values, not real numbers; "
                                  f"{_rewrite_todo(path)}")
-        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-            row, col = (int(i) for i in np.argwhere(~np.isfinite(a))[0])
-            raise CrossViewError(f"{path}: {key} holds NaN or infinity (first at row {row}, column {col}), so its "
-                                 f"scores and ranks are undefined; {_rewrite_todo(path)}")
+        bad = _first_non_finite(a) if np.issubdtype(a.dtype, np.floating) else None
+        if bad is not None:
+            raise CrossViewError(f"{path}: {key} holds NaN or infinity (first at row {bad[0]}, column {bad[1]}), so "
+                                 f"its scores and ranks are undefined; {_rewrite_todo(path)}")
     return emb
 
 
