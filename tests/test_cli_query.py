@@ -180,6 +180,8 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
         ([run, "--image", "1", "--k", "0"], "--k 0"),
         # bytes that are not UTF-8 on the command line arrive as lone surrogates: the tokenizer raised a TypeError
         ([run, "--text", "a\udcff dog"], "the query sentence is not valid UTF-8 text"),
+        ([run, "--image", str(tmp_path)], "that is a folder, not an image file"),
+        ([run, "--image", "1", "--corpus", str(tmp_path)], "--corpus " + str(tmp_path) + ": that is a folder"),
         ([run, "--text", "a dog", "--scoring", "csls", "--param", "1e300"], "k must be a whole number from 1 to"),
     ]
     for argv, msg in cases:

@@ -88,6 +88,13 @@ def test_inconsistent_embeddings_are_refused() -> None:
         Embeddings(image=good.image, text=good.text[:, :3], caption_image=good.caption_image)
     with pytest.raises(CrossViewError, match="come together"):
         Embeddings(image=good.image, text=good.text, caption_image=good.caption_image, image_t2i=good.image)
+    # an image row that is not a whole number was truncated silently (i + 0.5 evaluated as i)
+    with pytest.raises(CrossViewError, match="caption_image holds numbers that are not whole"):
+        Embeddings(image=good.image, text=good.text, caption_image=good.caption_image + 0.5)
+    with pytest.raises(CrossViewError, match="caption_image holds <U"):
+        Embeddings(image=good.image, text=good.text, caption_image=good.caption_image.astype(str))
+    whole = Embeddings(image=good.image, text=good.text, caption_image=good.caption_image.astype(np.float64))
+    assert whole.caption_image.dtype == np.int64 and (whole.caption_image == good.caption_image).all()
 
 
 def test_cli_eval_table_json_and_errors(tmp_path: Path, capsys) -> None:

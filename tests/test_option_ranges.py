@@ -146,3 +146,15 @@ def test_an_out_file_in_a_missing_folder_is_refused_before_any_work(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle.replace("{tmp}", str(tmp_path)) in err[0], err
     assert not (tmp_path / "nowhere").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_features_fit_on_a_split_the_dataset_lacks_is_one_line(tmp_path, capsys):
+    """--fit-on nosuch was silently ignored (TF-IDF fitted on every caption, exit 0)."""
+    from _engine_helpers import make_toy_dataset, write_toy_precomp
+
+    write_toy_precomp(tmp_path / "toy", make_toy_dataset(40), (("train", "train"), ("dev", "val")))
+    argv = ["features", "extract", "--data", str(tmp_path / "toy"), "--text-encoder", "tfidf", "--no-cache"]
+    assert main([*argv, "--fit-on", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fit-on nosuch: dataset" in err[0] and "has no split 'nosuch'" in err[0], err
+    assert main([*argv, "--fit-on", "val"]) == 0

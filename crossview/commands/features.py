@@ -19,6 +19,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
         out_file(args.out if str(args.out).endswith(".npz") else f"{args.out}.npz", "--out", (".npz",),
                  "features.npz")
     ds = load_dataset_reporting(args.data, format=args.format, image_root=args.image_root)
+    splits = getattr(ds, "splits", {}) or {}
+    if args.fit_on != "train" and args.fit_on not in splits:   # "train" absent: every caption, as the library does
+        from crossview.core.errors import CrossViewError
+        raise CrossViewError(f"--fit-on {args.fit_on}: dataset {printable(ds.name)!r} has no split {args.fit_on!r} "
+                             f"(it has: {', '.join(sorted(splits)) or 'none'})")
     bars: dict[str, ProgressPrinter] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -131,7 +136,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--batch-size", type=int_option(1, 65_536), help="images per batch")
     p.add_argument("--workers", type=int_option(0, 256), help="image decoding worker processes")
-    p.add_argument("--fit-on", default="train", help="split whose captions fitted text encoders learn from")
+    p.add_argument("--fit-on", default="train",
+                   help="split whose captions fitted text encoders learn from (default train; a dataset without a train "
+                        "split: every caption)")
     p.add_argument("--cache-dir", metavar="DIR", help="feature cache folder (default: the user cache)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--out", metavar="FILE.npz", help="also write image, text and caption_image arrays here")

@@ -66,6 +66,8 @@ def _load_corpus(path: str) -> Any:
     from crossview.data import load_dataset
 
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise CrossViewError(f"--corpus {p}: that is a folder; give a text file with one caption a line")
     if not p.is_file():
         raise CrossViewError(f"--corpus {p}: no such file; give a text file with one caption a line")
     try:
@@ -129,6 +131,9 @@ def resolve_image(ds: Any, value: str) -> int | Path:
                                  "give its index or a longer path")
     elif path.is_file():
         return path
+    elif path.is_dir():
+        raise CrossViewError(f"--image {text}: that is a folder, not an image file; give one image file (or --images "
+                             "DIR to rank a folder of photos)")
     names = "an image index or file name of" if ds.image_paths is not None else "an image index of"
     raise CrossViewError(f"--image {text}: no such image file, nor {names} dataset {ds.name!r} ({n:,} images)")
 

@@ -349,6 +349,8 @@ class Retriever:
                 raise CrossViewError(NO_ROWS.format(what=f"dataset image {i}"))
             return np.asarray(self.features.image[[i]], np.float32), {"image": i}
         path = Path(image)
+        if path.is_dir():
+            raise CrossViewError(f"{path}: that is a folder, not an image file; give one image file")
         if not path.is_file():
             raise CrossViewError(f"{path}: no such image file")
         encode = getattr(self.features, "encode_new_images", None)   # a representation's own image side (TR/CTR)

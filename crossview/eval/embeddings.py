@@ -68,9 +68,16 @@ class Embeddings:
     info: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
-        n_images, n_caps = self.image.shape[0], self.text.shape[0]
+        raw = np.asarray(self.caption_image)
         problems = []
+        if raw.dtype.kind == "f" and raw.size and not np.array_equal(raw, np.round(raw)):
+            problems.append("caption_image holds numbers that are not whole (image rows are whole numbers)")
+        elif raw.dtype.kind not in "iuf" and raw.size:
+            problems.append(f"caption_image holds {raw.dtype} values, not image rows (whole numbers)")
+        if problems:
+            raise CrossViewError("inconsistent embeddings: " + "; ".join(problems))
+        self.caption_image = raw.astype(np.int64)
+        n_images, n_caps = self.image.shape[0], self.text.shape[0]
         if self.image.ndim != 2 or self.text.ndim != 2 or self.image.shape[1] != self.text.shape[1]:
             problems.append(f"image {self.image.shape} and text {self.text.shape} must be 2-D with the same "
                             "number of columns")

@@ -231,6 +231,8 @@ class Explainer:
                                      "is no image to draw a region map on")
             return str(paths[i])
         p = Path(image)
+        if p.is_dir():
+            raise CrossViewError(f"{p}: that is a folder, not an image file; give one image file")
         if not p.is_file():
             raise CrossViewError(f"{p}: no such image file")
         return str(p)
