@@ -229,9 +229,12 @@ def test_an_interrupted_fusion_resumes(runs, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("how", ["missing", "other_dataset", "count", "negative", "one", "zeros", "words",
-                                 "not_finished", "same_twice", "existing", "fused_member"])
+                                 "not_finished", "same_twice", "existing", "fused_member", "no_checkpoint"])
 def test_fuse_bad_input_is_one_line(runs, how, capsys, tmp_path) -> None:
     a, b = str(runs["a"]), str(runs["b"])
+    no_model = tmp_path / "no-model"                # finished, its checkpoint gone: fused, it could answer nothing
+    shutil.copytree(runs["b"], no_model, ignore=shutil.ignore_patterns("writer.*"))
+    (no_model / "checkpoint.pt").unlink()
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "config.json").write_text(json.dumps({"method": "cca"}))
@@ -239,14 +242,16 @@ def test_fuse_bad_input_is_one_line(runs, how, capsys, tmp_path) -> None:
             "count": [a, b, "--weights", "0.5,0.3,0.2"], "negative": [a, b, "--weights", "1,-0.5"],
             "one": [a], "zeros": [a, b, "--weights", "0,0"], "words": [a, b, "--weights", "cca"],
             "not_finished": [a, str(unfinished)], "same_twice": [a, a],
-            "existing": [a, b, "--run-dir", str(runs["fused"])], "fused_member": [str(runs["fused"]), b]}[how]
+            "existing": [a, b, "--run-dir", str(runs["fused"])], "fused_member": [str(runs["fused"]), b],
+            "no_checkpoint": [a, str(no_model)]}[how]
     assert main(["fuse", "--run-dir", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("crossview: error: ") and "\n" not in err and "Traceback" not in err
     word = {"missing": "no such run folder", "other_dataset": "not on the same dataset", "count": "3 weight(s) for 2",
             "negative": "negative", "one": "at least two", "zeros": "all weights are 0", "words": "one number per run",
             "not_finished": "has not finished", "same_twice": "given twice",
-            "existing": "holds a run already", "fused_member": "is a fused run, which cannot be trained again"}[how]
+            "existing": "holds a run already", "fused_member": "is a fused run, which cannot be trained again",
+            "no_checkpoint": "has no checkpoint.pt (its model)"}[how]
     assert word in err
     assert not (tmp_path / "out" / "summary.json").exists()
 

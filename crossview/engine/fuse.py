@@ -69,7 +69,7 @@ import numpy as np
 from crossview.core.errors import CrossViewError
 from crossview.core.events import Event, Finished, Log, Plan, Progress, relay
 from crossview.eval.scoring import BLOCK_ELEMENTS
-from crossview.engine.run_folder import CONFIG, METRICS, RANKS, STATUS, SUMMARY, _METRIC_KEYS, _now
+from crossview.engine.run_folder import CHECKPOINT, CONFIG, METRICS, RANKS, STATUS, SUMMARY, _METRIC_KEYS, _now
 
 __all__ = ["FUSED", "FOLDS", "DEFAULT_BLOCK", "MAX_MEMBERS", "parse_weights", "simplex_grid", "grid_step",
            "check_members", "score_stats", "fused_ranks", "fused_embeddings", "choose_weights", "iter_choose_weights",
@@ -187,7 +187,12 @@ def check_members(run_dirs: Sequence[str | Path], load: bool = True) -> list[Mem
         if not (f / SUMMARY).is_file():
             raise CrossViewError(f"{f}: the run has not finished (no {SUMMARY}); let it finish or resume it "
                                  f"('crossview train --resume {f}') before fusing")
-        members.append(Member(f, read_config(f), read_summary(f)))
+        config = read_config(f)
+        # a fused run encodes new queries through each member's model (a fused member: through its own members)
+        if config.get("method") != FUSED and not (f / CHECKPOINT).is_file():
+            raise CrossViewError(f"{f}: the run has no {CHECKPOINT} (its model), so a fused run could not answer "
+                                 f"queries through it; resume it ('crossview train --resume {f}') before fusing")
+        members.append(Member(f, config, read_summary(f)))
     first = members[0]
     for m in members[1:]:
         if _dataset_key(m) != _dataset_key(first):
