@@ -338,3 +338,23 @@ def test_a_fused_run_can_be_fused_again_with_bank_weights_and_opened(runs, tmp_p
     with np.load(tmp_path / "nested" / "ranks.npz") as z:
         assert r.query_image(int(r.gallery_images[3]), k=3).best_gold_rank == z["i2t"][3]
     assert s["fusion"]["members"][0]["method"] == "fused"
+
+
+def test_renaming_or_deleting_a_member_says_which_fused_runs_it_breaks(runs, tmp_path, capsys) -> None:
+    """A fused run encodes queries through its members' models: renamed or deleted, a member broke it silently."""
+    from crossview.engine.runs import fused_runs_using
+
+    for name in ("a", "b"):
+        shutil.copytree(runs[name], tmp_path / name, ignore=shutil.ignore_patterns("writer.*"))
+    assert main(["fuse", str(tmp_path / "a"), str(tmp_path / "b"), "--run-dir", str(tmp_path / "fused")]) == 0
+    assert fused_runs_using(tmp_path / "a") == [tmp_path / "fused"] and fused_runs_using(tmp_path / "fused") == []
+    assert fused_runs_using(runs["other"]) == []
+    capsys.readouterr()
+    assert main(["runs", "rename", str(tmp_path / "a"), "a2"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: fused run {tmp_path / 'fused'} lists it as a member"), err
+    assert main(["runs", "delete", str(tmp_path / "b")]) == 2          # no terminal, no --yes: refused, says why
+    err = capsys.readouterr().err
+    assert "use it as a member and could no longer answer queries" in err and (tmp_path / "b").is_dir()
+    assert main(["runs", "delete", str(tmp_path / "b"), "--yes"]) == 0
+    assert "used it as a member; it cannot answer queries any more" in capsys.readouterr().err

@@ -104,25 +104,40 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_rename(args: argparse.Namespace) -> int:
     from crossview.engine.runs import rename_run
 
-    target = rename_run(_run_path(args.run), args.new_name)
+    from crossview.engine.runs import fused_runs_using
+
+    path = _run_path(args.run)
+    users = fused_runs_using(path)
+    target = rename_run(path, args.new_name)
     print(f"renamed to {target}")
+    for f in users:
+        print(f"warning: fused run {f} lists it as a member under its old name; it cannot answer queries until fused "
+              f"again ('crossview fuse ... --run-dir NEW') or the run gets its old name back", file=sys.stderr)
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     from crossview.engine.runs import delete_run
 
+    from crossview.engine.runs import fused_runs_using
+
     path = _run_path(args.run)
+    users = fused_runs_using(path)
+    also = (f"; fused run(s) {', '.join(str(f) for f in users)} use it as a member and could no longer answer queries"
+            if users else "")
     if not args.yes:
         if not sys.stdin.isatty():
-            raise CrossViewError(f"deleting {path} removes its checkpoint, metrics and annotations for good: "
+            raise CrossViewError(f"deleting {path} removes its checkpoint, metrics and annotations for good{also}: "
                                  "add --yes to confirm (no terminal to ask on)")
-        answer = input(f"Delete the run folder {path} (checkpoint, metrics, annotations) for good? [y/N] ")
+        answer = input(f"Delete the run folder {path} (checkpoint, metrics, annotations) for good{also}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1
     delete_run(path)
     print(f"deleted {path}")
+    for f in users:
+        print(f"warning: fused run {f} used it as a member; it cannot answer queries any more (fuse again)",
+              file=sys.stderr)
     return 0
 
 

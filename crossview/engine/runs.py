@@ -13,15 +13,16 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from crossview.core.errors import CrossViewError
+from crossview.core.io import read_json
 from crossview.engine.run import resume
 from crossview.engine.run_folder import (CHECKPOINT, CONFIG, STATUS, SUMMARY, _holder_info, _new_lock, read_config,
                                          read_status, read_summary, run_is_locked)
 
 __all__ = ["RunInfo", "describe_run", "iter_runs", "list_runs", "rename_run", "delete_run", "run_finished", "ensure_run",
-           "drain", "load_fitted"]
+           "drain", "load_fitted", "fused_runs_using"]
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:
@@ -179,6 +180,30 @@ def rename_run(path: str | Path, new_name: str) -> Path:
     with _Held(folder, "renamed"):
         folder.rename(target)
     return target
+
+
+def fused_runs_using(path: str | Path, roots: Sequence[str | Path] = ()) -> list[Path]:
+    """The fused runs (beside ``path``, or at the top of ``roots``) whose members include the run ``path``: renaming
+    or deleting it leaves them unable to answer queries (they encode through each member's model), so the command and
+    the app say so first. Damaged or unreadable folders are skipped."""
+    target = Path(path).expanduser().resolve()
+    out: list[Path] = []
+    for root in {target.parent, *(Path(r).expanduser().resolve() for r in roots)}:
+        if not root.is_dir():
+            continue
+        for folder in sorted(root.iterdir()):
+            cfg = folder / CONFIG
+            if folder == target or not cfg.is_file():
+                continue
+            try:
+                rec = read_json(cfg)
+            except (CrossViewError, OSError):
+                continue
+            members = rec.get("members") if isinstance(rec, dict) and rec.get("method") == "fused" else None
+            if isinstance(members, list) and any(isinstance(m, str) and Path(m).expanduser().resolve() == target
+                                                 for m in members):
+                out.append(folder)
+    return out
 
 
 def delete_run(path: str | Path) -> None:

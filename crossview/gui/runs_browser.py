@@ -214,7 +214,12 @@ class RunsBrowser(QGroupBox):
         if new_name is None:
             dialog = QInputDialog(self)
             dialog.setWindowTitle("Rename run")
-            dialog.setLabelText(f"New name for {old.name}:")
+            from crossview.engine.runs import fused_runs_using
+
+            users = fused_runs_using(old)
+            dialog.setLabelText(f"New name for {old.name}:" + (
+                "\n(fused run(s) " + ", ".join(f.name for f in users) + " use it as a member and would no longer "
+                "answer queries)" if users else ""))
             dialog.setTextValue(old.name)
             # wide enough to show a whole run name (method-dataset-timestamp) and a few more characters
             dialog.resize(max(360, dialog.fontMetrics().horizontalAdvance(old.name + "W" * 12) + 60),
@@ -242,8 +247,13 @@ class RunsBrowser(QGroupBox):
                          "Cannot delete run")
             return False
         if confirm:
+            from crossview.engine.runs import fused_runs_using
+
+            users = fused_runs_using(path)
+            also = ("\n\nFused run(s) " + ", ".join(f.name for f in users) + " use it as a member and could no "
+                    "longer answer queries." if users else "")
             answer = QMessageBox.question(self, "Delete run", f"Delete the run folder {path}?\n\nIts checkpoint, "
-                                          "metrics and annotations are removed for good.")
+                                          f"metrics and annotations are removed for good.{also}")
             if answer != QMessageBox.StandardButton.Yes:
                 return False
         from crossview.engine.runs import delete_run
