@@ -266,13 +266,21 @@ def test_a_modern_representation_run_is_explained_through_its_pca(demo_dataset, 
     assert float(wi.values.sum()) == pytest.approx(wi.score - wi.baseline, abs=1e-5)
 
 
-def test_explain_caches_each_pair_and_reports_a_missing_map(demo_runs) -> None:
+def test_explain_caches_each_pair_and_reports_a_missing_map(demo_runs, tmp_path) -> None:
     ex = Explainer(demo_runs["l2"])
     img = int(demo_runs["l2"].dataset.splits["test"][2])
     e1 = ex.explain(img, "a red star")
     assert ex.explain(img, "a red star") is e1 and e1.region is not None and e1.region_error == ""
     with pytest.raises(CrossViewError, match="no such image file"):
         ex.region_map("/nonexistent/x.jpg", "a red star")
+    # a query file that cannot be decoded is its own problem (it said "fix or remove the image from the dataset")
+    cut = tmp_path / "cut-short.png"
+    cut.write_bytes(Path(demo_runs["l2"].dataset.image_paths[img]).read_bytes()[:60])
+    with pytest.raises(CrossViewError, match=r"cut-short.png: .*give a readable image file to explain") as e:
+        ex.region_map(str(cut), "a red star")
+    assert "dataset" not in str(e.value)
+    with pytest.raises(CrossViewError, match="not valid UTF-8 text"):
+        ex.region_map(img, "a red \udcff star")
     with pytest.raises(CrossViewError, match="give a caption"):
         ex.region_map(img, "   ")
     with pytest.raises(CrossViewError, match="not in dataset"):

@@ -235,6 +235,11 @@ class Explainer:
             raise CrossViewError(f"{p}: that is a folder, not an image file; give one image file")
         if not p.is_file():
             raise CrossViewError(f"{p}: no such image file")
+        from crossview.data.images import verify_images
+
+        bad = verify_images([str(p)])      # a query file: its problem, not the dataset's ("fix or remove it from ...")
+        if bad:
+            raise CrossViewError(f"{bad[0][1]}; give a readable image file to explain")
         return str(p)
 
     def text_of(self, text: str | int) -> str:
