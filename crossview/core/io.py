@@ -485,7 +485,8 @@ class TorchFileError(CrossViewError):
 
 def _torch_reason(path: Path, e: BaseException) -> tuple[str, str | None]:
     """``(reason, refused global)`` of a ``torch.load(weights_only=True)`` failure, without torch's text: it tells
-    the reader to re-run with ``weights_only=False`` (which would run the file's code), or stops mid-sentence."""
+    the reader to re-run with weights-only loading turned off (which would run the file's code), or stops
+    mid-sentence."""
     import pickle
 
     try:
