@@ -1,5 +1,5 @@
 """Each method's default scoring (crossview.engine.scoring.DEFAULT_SCORINGS) through the product: a CCA run trained
-with no flags is evaluated under csls with its default k (its summary, ranks.npz, the printed report) with the plain numbers kept;
+with no flags is evaluated under CCA's default scoring and parameter (its summary, ranks.npz, the printed report) with the plain numbers kept;
 ``crossview eval`` / ``crossview query`` default to the run's scoring and ``--scoring plain`` overrides; an old run
 without the field is plain; the gallery cache's fast path scores as the full path does."""
 
@@ -16,14 +16,17 @@ from _engine_helpers import make_toy_dataset, write_toy_precomp
 from crossview.cli import main
 from crossview.core.errors import CrossViewError
 from crossview.engine.scoring import DEFAULT_SCORINGS
+from crossview.eval.scoring import PARAMS
 
-#: the CCA default's k (csls), which the toy runs below are trained with
-CCA_K = int(DEFAULT_SCORINGS["cca"][1])
+#: CCA's default scoring and its parameter, which the toy runs below are trained with
+CCA_SCORING, CCA_PARAM = DEFAULT_SCORINGS["cca"]
+#: how the lines name it (``isoftmax beta=10``)
+CCA_DESC = f"{CCA_SCORING} {PARAMS[CCA_SCORING]}={CCA_PARAM:g}"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """A CCA run with no scoring flag (its default: csls with its default k) and one with --scoring plain, same data."""
+    """A CCA run with no scoring flag (its default scoring) and one with --scoring plain, same data."""
     base = tmp_path_factory.mktemp("default_scoring")
     data = base / "toy_precomp"
     write_toy_precomp(data, make_toy_dataset(80), (("train", "train"), ("dev", "val"), ("test", "test")))
@@ -46,7 +49,7 @@ def test_table_entries_resolve_to_records() -> None:
     from crossview.engine.scoring import DEFAULT_EVIDENCE, DEFAULT_SCORINGS, default_scoring, resolve_run_scoring
 
     from crossview.eval.scoring import PARAMS
-    assert DEFAULT_SCORINGS["cca"] == ("csls", CCA_K)
+    assert CCA_SCORING != "plain" and PARAMS[CCA_SCORING] is not None
     seven = {"cca", "bitr", "wsabie", "vsepp", "smoothap", "webly", "timam"}
     assert seven <= set(DEFAULT_SCORINGS)           # each of the seven methods has measured its own
     root = Path(__file__).parents[1]
@@ -67,17 +70,17 @@ def test_table_entries_resolve_to_records() -> None:
         resolve_run_scoring("cca", "csls", 2.5)
 
 
-def test_default_run_is_scored_csls_and_equals_eval_with_param(runs, tmp_path, capsys) -> None:
+def test_default_run_is_scored_by_its_default_and_equals_eval_with_param(runs, tmp_path, capsys) -> None:
     s = json.loads((runs["cca"] / "summary.json").read_text())
     cfg = json.loads((runs["cca"] / "config.json").read_text())
-    assert s["scoring"]["scoring"] == "csls" and s["scoring"]["param"] == CCA_K and s["scoring"]["bank"] == "train"
+    assert (s["scoring"]["scoring"], s["scoring"]["param"], s["scoring"]["bank"]) == (CCA_SCORING, CCA_PARAM, "train")
     assert s["scoring"]["selected_on"].startswith("method default")
-    assert cfg["scoring"]["scoring"] == "csls" and cfg["scoring"]["param"] == CCA_K
+    assert (cfg["scoring"]["scoring"], cfg["scoring"]["param"]) == (CCA_SCORING, CCA_PARAM)
     # the plain numbers are kept, and equal a plain run's
     plain = json.loads((runs["plain"] / "summary.json").read_text())
     assert plain.get("scoring", {}).get("scoring", "plain") == "plain" and "metrics_plain" not in plain
     assert s["metrics_plain"]["rsum"] == pytest.approx(plain["rsum"])
-    given = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "csls", "--param", str(CCA_K), "--json",
+    given = _json(capsys, ["eval", str(runs["cca"]), "--scoring", CCA_SCORING, "--param", f"{CCA_PARAM:g}", "--json",
                            "--ranks-out", str(tmp_path / "ranks.npz")])
     assert given["rsum"] == pytest.approx(s["rsum"])
     assert given["i2t"]["R@1"] == pytest.approx(s["i2t"]["R@1"])
@@ -93,12 +96,12 @@ def test_eval_defaults_to_the_runs_scoring_and_plain_overrides(runs, capsys) -> 
     s = json.loads((runs["cca"] / "summary.json").read_text())
     own = _json(capsys, ["eval", str(runs["cca"]), "--json"])
     assert own["rsum"] == pytest.approx(s["rsum"]) and own["scoring"]["default"] is True
-    assert own["scoring"]["param"] == CCA_K
+    assert own["scoring"]["param"] == CCA_PARAM
     flat = _json(capsys, ["eval", str(runs["cca"]), "--scoring", "plain", "--json"])
     assert flat["rsum"] == pytest.approx(s["metrics_plain"]["rsum"])
     capsys.readouterr()
     assert main(["eval", str(runs["cca"])]) == 0
-    assert (f"scored with csls k={CCA_K} (method default (3-fold CV on the Flickr8k sample's train photos"
+    assert (f"scored with {CCA_DESC} (method default (3-fold CV on the Flickr8k sample's train photos"
             in capsys.readouterr().out)
     # the plain run stays plain
     res = _json(capsys, ["eval", str(runs["plain"]), "--json"])
@@ -131,7 +134,7 @@ def test_query_defaults_to_the_runs_scoring_and_the_fast_path_agrees(runs, tmp_p
     monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
     argv = ["query", str(runs["cca"]), "--text", "class3 shape3 filler1", "--k", "16", "--json"]
     slow = _json(capsys, argv)            # the full path, which fills the gallery cache
-    assert slow["scoring"]["scoring"] == "csls" and slow["scoring"]["param"] == CCA_K
+    assert (slow["scoring"]["scoring"], slow["scoring"]["param"]) == (CCA_SCORING, CCA_PARAM)
     plain = _json(capsys, argv + ["--scoring", "plain"])
     assert plain["scoring"]["scoring"] == "plain"
     assert [r["score"] for r in plain["results"]] != [r["score"] for r in slow["results"]]
@@ -152,9 +155,9 @@ def test_query_defaults_to_the_runs_scoring_and_the_fast_path_agrees(runs, tmp_p
     from crossview.engine.gallery_cache import cache_scoring_stats
 
     _, cached = open_cached_retriever(runs["cca"], sides=("images",))
-    cached.set_scoring(*retriever_scoring(cached, "csls", run_dir=runs["cca"], choice=record))
+    cached.set_scoring(*retriever_scoring(cached, CCA_SCORING, run_dir=runs["cca"], choice=record))
     assert cache_scoring_stats(cached, runs["cca"], "test", ("t2i",)) is True
-    full = open_run(runs["cca"]).retriever(scoring="csls", choice=record)
+    full = open_run(runs["cca"]).retriever(scoring=CCA_SCORING, choice=record)
     a = cached.query_text("class5 shape5", cached.n_gallery_images)
     b = full.query_text("class5 shape5", full.n_gallery_images)
     assert a.items.tolist() == b.items.tolist()
@@ -196,20 +199,21 @@ def test_serve_ranks_by_the_runs_scoring_as_query_does(runs, tmp_path, monkeypat
 
     monkeypatch.setenv("CROSSVIEW_CACHE_DIR", str(tmp_path / "cache"))
     service = QueryService(runs["cca"], k=5)
-    assert service.health()["scoring"]["scoring"] == "csls" and service.health()["scoring"]["param"] == CCA_K
+    health = service.health()["scoring"]
+    assert (health["scoring"], health["param"]) == (CCA_SCORING, CCA_PARAM)
     doc = service.answer({"text": "class2 shape2 filler3", "k": 6})
     cli = _json(capsys, ["query", str(runs["cca"]), "--text", "class2 shape2 filler3", "--k", "6", "--json"])
     assert doc["results"] == cli["results"] and doc["scoring"] == cli["scoring"]
 
 
 def test_compare_uses_each_runs_own_scoring_or_the_plain_ranks(runs, capsys) -> None:
-    """The default run (csls) against the same CCA scored plain: B - A is plain - csls under each run's own
+    """The default run against the same CCA scored plain: B - A is plain - default under each run's own
     scoring, and exactly 0 on the plain ranks the default run keeps."""
     s = json.loads((runs["cca"] / "summary.json").read_text())
     own = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json"])
     assert own["rsum"]["a"] == pytest.approx(s["rsum"])
     assert own["rsum"]["b"] == pytest.approx(s["metrics_plain"]["rsum"])
-    assert own["scoring"] == f"each run's own: csls k={CCA_K}, plain"
+    assert own["scoring"] == f"each run's own: {CCA_DESC}, plain"
     flat = _json(capsys, ["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--json", "--scoring", "plain"])
     assert flat["rsum"]["diff"] == 0 and flat["scoring"] == "plain"
     assert main(["eval", str(runs["cca"]), "--compare", str(runs["plain"]), "--scoring", "csls"]) == 2

@@ -176,9 +176,12 @@ def test_given_weights_are_recorded_as_given(runs, tmp_path) -> None:
     assert s["selected_on"] == "nothing" and s["fusion"]["choice"]["by"] == "given"
     only_a = fuse([runs["a"], runs["b"]], "1,0", run_dir=tmp_path / "only_a")
     a = json.loads((runs["a"] / "summary.json").read_text())
-    # what is fused is each member's plain embedding (its own default scoring, csls for cca, is not part of it),
-    # and the fused run then has its own scoring: one member alone is that member's plain numbers before it
-    assert a["scoring"]["scoring"] == "csls" and only_a["scoring"]["scoring"] == "csls"
+    # what is fused is each member's plain embedding (its own default scoring is not part of it), and the fused run
+    # then has its own scoring: one member alone is that member's plain numbers before it
+    from crossview.engine.scoring import DEFAULT_SCORINGS
+
+    assert a["scoring"]["scoring"] == DEFAULT_SCORINGS["cca"][0]
+    assert (only_a["scoring"]["scoring"], only_a["scoring"]["param"]) == DEFAULT_SCORINGS["fused"]
     assert only_a["metrics_plain"]["rsum"] == pytest.approx(a["metrics_plain"]["rsum"])
 
 

@@ -16,6 +16,8 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 import _engine_helpers  # noqa: E402,F401  (registers the "toy_iterative" method)
 from _engine_helpers import make_toy_dataset  # noqa: E402
+from crossview.engine.scoring import DEFAULT_SCORINGS  # noqa: E402
+from crossview.eval.scoring import PARAMS  # noqa: E402
 from crossview.gui.panels.train_panel import TrainPanel  # noqa: E402
 from _latency import LatencyProbe  # noqa: E402
 
@@ -78,8 +80,9 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
     assert table.rowCount() == 4
     record = json.loads((folder / "tune.json").read_text())
     # ranked by the method's default scoring, as the form's own runs are, so the refit compares with them
-    assert record["scoring"]["scoring"] == "csls" and record["scoring"]["param"] == 5 and record["scoring"]["default"]
-    assert "ranked by rsum, scored with csls k=5 (method default)" in panel.search_info.text()
+    name, param = DEFAULT_SCORINGS["cca"]
+    assert (record["scoring"]["scoring"], record["scoring"]["param"]) == (name, param) and record["scoring"]["default"]
+    assert f"ranked by rsum, scored with {name} {PARAMS[name]}={param:g} (method default)" in panel.search_info.text()
     by_trial = {r["trial"]: r for r in record["results"]}
     for row in range(4):
         r = by_trial[int(table.item(row, 0).text())]
@@ -89,7 +92,7 @@ def test_a_search_from_the_panel_fills_the_trials_table_and_the_runs_list(qtbot,
         assert float(table.item(row, 4).text()) == pytest.approx(r["i2t"]["R@1"], abs=0.051)
         assert table.item(row, 6).text() == Path(r["run_dir"]).name
         cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
-        assert cfg["scoring"]["scoring"] == "csls" and cfg["scoring"]["param"] == 5
+        assert (cfg["scoring"]["scoring"], cfg["scoring"]["param"]) == (name, param)
         assert cfg["image_norm"] == r["point"]["image_norm"]
         assert cfg["params"]["n_components"] == r["point"]["n_components"]
     # the best row (highest rsum on val) is highlighted, and only it

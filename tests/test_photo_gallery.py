@@ -281,12 +281,14 @@ def test_cli_lists_rank_score_and_path_and_json_agrees(colour_run, photos, capsy
     assert "gallery photo folder" in lines[0] and "(4 photos)" in lines[0]
     assert lines[1] == "query sentence 'a red square' -> ranked photos (t2i)"
     assert lines[2].split() == ["rank", "score", "photo", "file"]
-    # the table, then one line naming the run's own scoring (cca's default: csls with its k)
+    # the table, then one line naming the run's own scoring (cca's default scoring with its parameter)
     rows = [line.split(None, 3) for line in lines[3:6]]
     assert [int(r[0]) for r in rows] == [1, 2, 3] and len(lines) == 7
     from crossview.engine.scoring import DEFAULT_SCORINGS
+    from crossview.eval.scoring import PARAMS
 
-    assert lines[6].startswith(f"scores: scored with csls k={DEFAULT_SCORINGS['cca'][1]} (method default")
+    name, param = DEFAULT_SCORINGS["cca"]
+    assert lines[6].startswith(f"scores: scored with {name} {PARAMS[name]}={param:g} (method default")
     files = [r[3] for r in rows]
     assert all(Path(f).is_file() and Path(f).is_relative_to(photos.resolve()) for f in files)
     assert {Path(f).name for f in files[:2]} == {"red1.png", "red2.png"}

@@ -13,6 +13,12 @@ from crossview.core.events import Log
 from crossview.engine.session import list_runs
 from crossview.engine.tune import TuneResult, metric_value, tune
 from crossview.core.errors import CrossViewError
+from crossview.engine.scoring import DEFAULT_SCORINGS
+from crossview.eval.scoring import PARAMS
+
+#: how a line names CCA's default scoring (``csls k=5``, ``isoftmax beta=10``)
+CCA_DEFAULT = "{} {}={:g}".format(DEFAULT_SCORINGS["cca"][0], PARAMS[DEFAULT_SCORINGS["cca"][0]],
+                                  DEFAULT_SCORINGS["cca"][1])
 
 
 def _run(gen):
@@ -89,7 +95,7 @@ def test_cli_refuses_a_bad_value_and_prints_the_sorted_table(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out[0] == "# chosen on val, reported once on test"
-    assert out[1] == "# every trial and the refit scored with csls k=5 (method default)"   # as crossview train's
+    assert out[1] == f"# every trial and the refit scored with {CCA_DEFAULT} (method default)"   # as crossview train's
     assert out[2].split()[:3] == ["#", "n_components", "rsum"]
     rows = [ln.split() for ln in out[3:5]]
     assert float(rows[0][2]) >= float(rows[1][2]) and {rows[0][1], rows[1][1]} == {"2", "8"}
@@ -305,7 +311,7 @@ def test_cli_bad_seeds_are_one_line(tmp_path, capsys, value, needle):
 def test_the_command_line_ranks_trials_by_what_crossview_train_reports_and_its_refit_equals_such_a_run(tmp_path,
                                                                                                       capsys):
     """A search from the command line scores every trial and the refit under the method's default scoring (CCA:
-    csls k = 5), as ``crossview train`` does: the refit's rsum is the one a train run of the chosen point reports,
+    its DEFAULT_SCORINGS entry), as ``crossview train`` does: the refit's rsum is the one a train run of the chosen point reports,
     and each trial's score is its runs' scored rsum, not the plain one kept beside it."""
     import numpy as np
 
@@ -315,11 +321,11 @@ def test_the_command_line_ranks_trials_by_what_crossview_train_reports_and_its_r
                  "--grid", "n_components=2,8", "--out", str(tmp_path / "s"), "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["scoring"]["scoring"] == "csls" and out["scoring"]["param"] == 5
+    assert (out["scoring"]["scoring"], out["scoring"]["param"]) == DEFAULT_SCORINGS["cca"]
     for t in out["trials"]:
         folds = [json.loads((tmp_path / "s" / f"trial-{t['trial']:03d}-f{f}" / "summary.json").read_text())
                  for f in (1, 2, 3)]
-        assert all(x["scoring"]["scoring"] == "csls" for x in folds)
+        assert all(x["scoring"]["scoring"] == DEFAULT_SCORINGS["cca"][0] for x in folds)
         assert t["score"] == pytest.approx(np.mean([x["rsum"] for x in folds]))
         assert t["score"] != pytest.approx(np.mean([x["metrics_plain"]["rsum"] for x in folds]))
     best = out["best"]["point"]["n_components"]
@@ -351,7 +357,7 @@ def test_a_search_continues_only_under_its_own_scoring_and_an_old_record_is_plai
             "--out", str(folder)]
     assert main([*args, "--scoring", "default"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds a search scored with plain (dot product), not csls k=5" in err[0], err
+    assert len(err) == 1 and f"holds a search scored with plain (dot product), not {CCA_DEFAULT}" in err[0], err
     assert "--scoring plain" in err[0]
     assert main([*args, "--scoring", "nearest"]) == 2                       # a bad name: one line, nothing run
     err = capsys.readouterr().err.strip().splitlines()
