@@ -133,6 +133,11 @@ def test_cli_eval_table_json_and_errors(tmp_path: Path, capsys) -> None:
     assert main(["eval", str(tmp_path / "partial.npz")]) == 2
     assert "missing text, caption_image" in capsys.readouterr().err
     assert main(["eval", str(path), "--k", "one"]) == 2
+    capsys.readouterr()
+    for ks in ("1,,5", "1,5,", ","):          # an empty item is a typo, not "skip it"
+        assert main(["eval", str(path), "--k", ks]) == 2, ks
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "empty item" in err, (ks, err)
     assert main(["eval", str(tmp_path / "nothing")]) == 2
 
 
@@ -232,11 +237,14 @@ def test_a_garbage_npz_is_one_line_without_numpys_unsafe_advice(tmp_path: Path, 
     good = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
     banks = [n for n in good if n.startswith("bank_")]
     assert banks == ["bank_train.npz"] and "embeddings_test.npz" in good and "ranks.npz" in good
+    import shutil
+
+    shutil.copytree(tmp_path / "run", tmp_path / "twin")     # an intact run to compare the damaged one with
     for name, argv, todo in (
             ("bank_train.npz", ["--scoring", "csls", "--param", "5"],
              "delete it and the run encodes its training split into it again"),
             ("embeddings_test.npz", [], "train the run again (its evaluation writes this file)"),
-            ("ranks.npz", ["--compare", str(tmp_path / "run")], "train the run again (its evaluation writes "
+            ("ranks.npz", ["--compare", str(tmp_path / "twin")], "train the run again (its evaluation writes "
                                                                  "ranks.npz)")):
         for n, data in good.items():
             (tmp_path / "run" / n).write_bytes(data)
@@ -312,8 +320,11 @@ def test_compare_bad_input_gets_one_line(tmp_path: Path, capsys) -> None:
             ([str(a), "--compare", str(small)], "different i2t query sets"),
             ([str(a), "--compare", str(emb)], "an embeddings file"),
             ([str(a), str(val)], "several runs (seeds) only with --compare"),
-            ([str(a), "--compare", str(a), "--split", "val"], "not --split val"),
-            ([str(a), "--compare", str(a), "--protocol", "identity"], "--protocol does not apply")):
+            ([str(a), "--compare", str(old), "--split", "val"], "not --split val"),
+            ([str(a), "--compare", str(old), "--protocol", "identity"], "--protocol does not apply"),
+            ([str(a), "--compare", str(a)], "on both sides of --compare"),
+            ([str(a), str(tmp_path / "x" / ".." / "a"), "--compare", str(old), str(val)], "on side A twice"),
+            ([str(a), "--compare", str(old), str(old)], "on side B twice")):
         assert main(["eval", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, (argv, err)

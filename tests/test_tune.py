@@ -247,15 +247,28 @@ def test_with_only_a_train_split_the_folds_leave_the_reported_heldout_images_alo
         plan_selection(ds, "cv", folds=1)
 
 
-def test_cli_prints_where_it_chose_and_where_it_reports(tmp_path, capsys):
-    write_toy_precomp(tmp_path / "toy_precomp", make_toy_dataset(n_images=120, caps_per_image=5),
+@pytest.fixture(scope="module")
+def cli_search(tmp_path_factory) -> dict:
+    """``crossview tune cca --json`` over n_components 2, 8 on a toy dataset with train and val only: the toy
+    dataset, the search folder and the printed document."""
+    import contextlib
+    import io
+
+    base = tmp_path_factory.mktemp("cli_search")
+    write_toy_precomp(base / "toy", make_toy_dataset(n_images=120, caps_per_image=5),
                       (("train", "train"), ("dev", "val")))
-    code = main(["tune", "cca", "--data", str(tmp_path / "toy_precomp"), "--text-encoder", "bow",
-                 "--grid", "n_components=2,8", "--out", str(tmp_path / "s"), "--json"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["tune", "cca", "--data", str(base / "toy"), "--text-encoder", "bow",
+                     "--grid", "n_components=2,8", "--out", str(base / "s"), "--json"])
     assert code == 0
-    out = json.loads(capsys.readouterr().out)
+    return {"toy": base / "toy", "folder": base / "s", "out": json.loads(printed.getvalue())}
+
+
+def test_cli_prints_where_it_chose_and_where_it_reports(cli_search, tmp_path, capsys):
+    out = cli_search["out"]
     assert out["selected_on"] == "train-cv3" and out["reported_on"] == "val"
-    code = main(["tune", "cca", "--data", str(tmp_path / "toy_precomp"), "--text-encoder", "bow",
+    code = main(["tune", "cca", "--data", str(cli_search["toy"]), "--text-encoder", "bow",
                  "--grid", "n_components=2,8", "--out", str(tmp_path / "s2"), "--select-on", "val"])
     assert code == 2 and "--optimistic" in capsys.readouterr().err and not (tmp_path / "s2").exists()
 
@@ -308,28 +321,24 @@ def test_cli_bad_seeds_are_one_line(tmp_path, capsys, value, needle):
     assert rc == 2 and len(err) == 1 and needle in err[0], err
 
 
-def test_the_command_line_ranks_trials_by_what_crossview_train_reports_and_its_refit_equals_such_a_run(tmp_path,
+def test_the_command_line_ranks_trials_by_what_crossview_train_reports_and_its_refit_equals_such_a_run(cli_search,
+                                                                                                      tmp_path,
                                                                                                       capsys):
     """A search from the command line scores every trial and the refit under the method's default scoring (CCA:
     its DEFAULT_SCORINGS entry), as ``crossview train`` does: the refit's rsum is the one a train run of the chosen point reports,
     and each trial's score is its runs' scored rsum, not the plain one kept beside it."""
     import numpy as np
 
-    write_toy_precomp(tmp_path / "toy", make_toy_dataset(n_images=120, caps_per_image=5),
-                      (("train", "train"), ("dev", "val")))
-    code = main(["tune", "cca", "--data", str(tmp_path / "toy"), "--text-encoder", "bow",
-                 "--grid", "n_components=2,8", "--out", str(tmp_path / "s"), "--json"])
-    assert code == 0
-    out = json.loads(capsys.readouterr().out)
+    out, folder = cli_search["out"], cli_search["folder"]
     assert (out["scoring"]["scoring"], out["scoring"]["param"]) == DEFAULT_SCORINGS["cca"]
     for t in out["trials"]:
-        folds = [json.loads((tmp_path / "s" / f"trial-{t['trial']:03d}-f{f}" / "summary.json").read_text())
+        folds = [json.loads((folder / f"trial-{t['trial']:03d}-f{f}" / "summary.json").read_text())
                  for f in (1, 2, 3)]
         assert all(x["scoring"]["scoring"] == DEFAULT_SCORINGS["cca"][0] for x in folds)
         assert t["score"] == pytest.approx(np.mean([x["rsum"] for x in folds]))
         assert t["score"] != pytest.approx(np.mean([x["metrics_plain"]["rsum"] for x in folds]))
     best = out["best"]["point"]["n_components"]
-    code = main(["train", "cca", "--data", str(tmp_path / "toy"), "--text-encoder", "bow", "--set",
+    code = main(["train", "cca", "--data", str(cli_search["toy"]), "--text-encoder", "bow", "--set",
                  f"n_components={best}", "--run", str(tmp_path / "r")])
     assert code == 0
     capsys.readouterr()

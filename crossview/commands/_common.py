@@ -15,7 +15,7 @@ from crossview.core.text import printable
 
 __all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting",
            "render_demo_reporting", "int_option", "float_option", "seed_option", "add_scoring_options",
-           "scoring_select", "scoring_name", "print_events", "out_file"]
+           "scoring_select", "scoring_name", "check_param_applies", "print_events", "out_file"]
 
 
 def int_option(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -108,10 +108,18 @@ def scoring_name(args: argparse.Namespace, method: str | None = None, config: di
     if getattr(args, "select", None) is not None and PARAMS[name] is None:
         raise CrossViewError(f"--select {args.select}: scoring {name!r} has no parameter to choose; give --scoring "
                              "csls, isoftmax or dsoftmax")
-    if getattr(args, "param", None) is not None and PARAMS[name] is None:
-        raise CrossViewError(f"--param {args.param:g}: scoring {name!r} has no parameter; give --scoring csls "
-                             "(k), isoftmax or dsoftmax (beta)")
+    check_param_applies(name, getattr(args, "param", None))
     return name
+
+
+def check_param_applies(name: str, param: float | None) -> None:
+    """One line when ``--param`` is given for a scoring that has no parameter (``plain``)."""
+    from crossview.core.errors import CrossViewError
+    from crossview.eval.scoring import PARAMS
+
+    if param is not None and PARAMS[name] is None:
+        raise CrossViewError(f"--param {param:g}: scoring {name!r} has no parameter; give --scoring csls "
+                             "(k), isoftmax or dsoftmax (beta)")
 
 
 def scoring_select(args: argparse.Namespace) -> str:

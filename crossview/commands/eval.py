@@ -58,8 +58,11 @@ def _jsonable(obj):
 
 
 def _ks(value: str) -> list[int]:
+    items = value.split(",")
+    if any(not k.strip() for k in items):
+        raise CrossViewError(f"--k {value!r}: an empty item; give comma-separated integers, e.g. 1,5,10")
     try:
-        ks = sorted({int(k) for k in value.split(",") if k.strip()})
+        ks = sorted({int(k) for k in items})
     except ValueError:
         raise CrossViewError(f"--k {value!r}: give comma-separated integers, e.g. 1,5,10") from None
     if not ks or ks[0] < 1:
@@ -168,6 +171,20 @@ def _format_compare(res: dict) -> str:
         + f" ({mde['explanation']})"])
 
 
+def _check_distinct_runs(side_a: list[str], side_b: list[str]) -> None:
+    """One line when a run folder is named twice: on both sides its difference is 0 by construction; twice on one
+    side it would count as two seeds' observations."""
+    seen: dict[Path, str] = {}
+    for side, targets in (("A", side_a), ("B", side_b)):
+        for t in targets:
+            key = Path(t).expanduser().resolve()
+            if key in seen:
+                where = (f"on side {side} twice (it would count as two seeds)" if seen[key] == side else
+                         "on both sides of --compare (its difference with itself is 0 by construction)")
+                raise CrossViewError(f"{t}: named {where}; give each run folder once")
+            seen[key] = side
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """``crossview eval A [A2 ...] --compare B [B2 ...]``: the paired effect of B against A."""
     from crossview.eval.paired import paired_effect
@@ -181,6 +198,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                  "under its own scoring, or with --scoring plain their plain ranks (evaluate each "
                                  "run without --compare for that)")
     ks = _ks(args.k)
+    _check_distinct_runs(args.target, args.compare)
     plain = args.scoring == "plain"
     side_a, side_b = (_compare_runs(args.target, args.split, plain),
                       _compare_runs(args.compare, args.split, plain))

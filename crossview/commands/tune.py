@@ -68,7 +68,7 @@ def _scoring(args: argparse.Namespace) -> tuple[object, float | None]:
     the recorded one for a search continued in ``--out`` (so the same command continues it)."""
     from pathlib import Path
 
-    from crossview.commands._common import scoring_name
+    from crossview.commands._common import check_param_applies, scoring_name
     from crossview.core.io import read_json
     from crossview.engine.tune import TUNE_FILE, recorded_scoring
 
@@ -77,10 +77,11 @@ def _scoring(args: argparse.Namespace) -> tuple[object, float | None]:
         if record is not None and record.is_file():
             old = read_json(record)
             if isinstance(old, dict) and old.get("method") == args.method:
-                if args.param is not None:
-                    scoring_name(argparse.Namespace(scoring=recorded_scoring(old)["scoring"], param=args.param))
-                    return recorded_scoring(old)["scoring"], args.param
-                return recorded_scoring(old), None
+                if args.param is None:
+                    return recorded_scoring(old), None
+                name = recorded_scoring(old)["scoring"]
+                check_param_applies(name, args.param)
+                return name, args.param
         args.scoring = "default"
     name = scoring_name(args, args.method)         # one line for an unknown name or a --param that does not apply
     return ("default" if args.scoring == "default" and args.param is None else name), args.param
