@@ -35,6 +35,18 @@ import _stamp  # noqa: E402  (bench/_stamp.py)
 SAMPLE = _stamp.FLICKR8K
 
 
+def _default_scorings(methods: list[str]) -> str:
+    """``isoftmax beta=10 for cca, csls k=10 for bitr, ...``: each member's and the fused run's default scoring at
+    this commit, as bench/_quality.py reads it from the code."""
+    from crossview.eval.scoring import PARAMS
+
+    parts = []
+    for m in [*methods, "fused"]:
+        name, param, _ = Q.method_default_scoring(m)
+        parts.append(f"{name}{f' {PARAMS[name]}={param:g}' if param is not None else ''} for {m}")
+    return ", ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     from crossview.eval.paired import paired_effect
 
@@ -45,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
           "then `crossview fuse` of those runs with --weights auto (and, for comparison, --weights bank); rsum = "
           "R@1+5+10 both ways; interval: 95% bootstrap over the val images. Every number here is under plain scoring "
           "(the runs' plain metrics, members and fused runs alike); bench/results/quality_flickr8k.md reports each "
-          "run under its default scoring (csls for CCA, BITR, VSE++ and a fused run).\n")
+          f"run under its default scoring ({_default_scorings(methods)}).\n")
     rows, dirs = [], []
     for m in methods:
         summary = Q.ensure_trained(m, str(Path(args.data).absolute()), work / m)

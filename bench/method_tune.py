@@ -103,7 +103,7 @@ def _defaults(method: str) -> dict[str, Any]:
 
 
 def _scored(method: str) -> str:
-    """``scored with csls k=5 (method default)``: how ``crossview train METHOD`` ranks (its default scoring)."""
+    """``scored with isoftmax beta=10 (method default)``: how ``crossview train METHOD`` ranks (its default scoring)."""
     from crossview.engine.scoring import describe_run_scoring, resolve_run_scoring
 
     return describe_run_scoring(resolve_run_scoring(method, "default"), None)
