@@ -15,7 +15,8 @@ from crossview.core.text import printable
 
 __all__ = ["EventPrinter", "ProgressPrinter", "feature_progress", "format_seconds", "load_dataset_reporting",
            "render_demo_reporting", "int_option", "float_option", "seed_option", "add_scoring_options",
-           "scoring_select", "scoring_name", "check_param_applies", "print_events", "out_file"]
+           "scoring_select", "scoring_name", "check_param_applies", "default_scorings_text",
+           "print_events", "out_file"]
 
 
 def int_option(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -64,9 +65,9 @@ def add_scoring_options(p: argparse.ArgumentParser, param: bool = True, training
     finished run (default: the scoring the run recorded)."""
     from crossview.eval.scoring import SCORINGS
 
-    from crossview.engine.scoring import DEFAULT_SCORINGS, SELECTIONS
+    from crossview.engine.scoring import SELECTIONS
 
-    defaults = ", ".join(f"{m}: {s} {'k' if s == 'csls' else 'beta'}={v:g}" for m, (s, v) in DEFAULT_SCORINGS.items())
+    defaults = default_scorings_text()
     if training:
         head = ("how the run ranks and is evaluated (its summary, 'crossview eval' and 'crossview query' and the app "
                 "use it). default (the default): the method's default scoring, chosen by 3-fold cross-validation "
@@ -90,6 +91,14 @@ def add_scoring_options(p: argparse.ArgumentParser, param: bool = True, training
                        help="the scoring's parameter as given (csls: k, the neighbours averaged; isoftmax / "
                             "dsoftmax: beta, the inverse temperature) instead of the default or the choice on the "
                             "training images; the run then records it as given, not selected")
+
+
+def default_scorings_text() -> str:
+    """``cca: isoftmax beta=10, bitr: csls k=10, ...``: each method's default scoring, for --help texts."""
+    from crossview.engine.scoring import DEFAULT_SCORINGS
+    from crossview.eval.scoring import PARAMS
+
+    return ", ".join(f"{m}: {s} {PARAMS[s]}={v:g}" for m, (s, v) in DEFAULT_SCORINGS.items())
 
 
 def scoring_name(args: argparse.Namespace, method: str | None = None, config: dict[str, Any] | None = None) -> str:

@@ -140,10 +140,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train every trial (each fold) and the refit once per seed, e.g. 0,1,2, and score by the mean "
                         "over the seeds first (run folders trial-NNN[-fK]-sS, best-sS); --seed then only draws the "
                         "points and the folds")
-    from crossview.engine.scoring import DEFAULT_SCORINGS
+    from crossview.commands._common import default_scorings_text
     from crossview.eval.scoring import SCORINGS
 
-    defaults = ", ".join(f"{m}: {s} {'k' if s == 'csls' else 'beta'}={v:g}" for m, (s, v) in DEFAULT_SCORINGS.items())
+    defaults = default_scorings_text()
     p.add_argument("--scoring", default=None, metavar="default|" + "|".join(SCORINGS),
                    help="how every trial and the refit rank and are evaluated, so the trials are ranked by what a "
                         "'crossview train' run of the same point reports (default: the method's default scoring, "

@@ -20,7 +20,7 @@ the caption -> image map and a hash of every caption, for a typed sentence's gro
 gallery encoding: the checkpoint, the query encoder and the memory-mapped arrays it needs. Strings are stored as
 UTF-8 bytes and offsets (the feature cache holds numeric arrays only, never pickles).
 
-A re-scored gallery (the run's own scoring, e.g. CCA's default csls, :mod:`crossview.engine.scoring`) keeps its
+A re-scored gallery (the run's own scoring, e.g. a method's default, :mod:`crossview.engine.scoring`) keeps its
 bank statistics too (:func:`cache_scoring_stats`: each gallery item against the run's training bank, the costly
 part of a re-scored query on a large gallery), keyed by the scoring and its parameter beside the embeddings.
 
