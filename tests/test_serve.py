@@ -217,6 +217,50 @@ def test_a_silent_or_short_client_is_timed_out(service, monkeypatch):
     assert "Traceback" not in err.text
 
 
+def test_a_trickling_body_is_cut_off_at_the_body_deadline(service, monkeypatch):
+    """Each byte within the read timeout, the whole body not: 408 once the body deadline has passed, and the server
+    answers the next client."""
+    err = _Stderr()
+    monkeypatch.setattr(sys, "stderr", err)
+    srv = _start(service, read_timeout=5, body_deadline=0.5)
+    try:
+        port = srv.server_address[1]
+        conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+        conn.sendall(b"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        answer = b""
+        for _ in range(200):                          # one byte a tenth of a second: 20 s if never cut off
+            try:
+                conn.sendall(b" ")
+            except OSError:                           # the server answered and closed
+                break
+            conn.settimeout(0.1)
+            try:
+                got = conn.recv(65536)
+            except TimeoutError:
+                continue
+            answer += got
+            if got:
+                break
+        conn.settimeout(30)
+        while True:
+            try:
+                more = conn.recv(65536)
+            except OSError:
+                break
+            if not more:
+                break
+            answer += more
+        conn.close()
+        status, _, doc = _status_headers_doc(answer)
+        assert status == 408 and doc["error"].startswith("the body took longer than 0.5 s (")
+        status, doc, _ = _ask(port, "POST", "/query", json.dumps({"text": "a red square", "k": 1}))
+        assert status == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "Traceback" not in err.text
+
+
 def _reset(port: int, data: bytes) -> None:
     """Send ``data`` and hang up at once with a reset (SO_LINGER 0), as a client killed mid-request does."""
     conn = socket.create_connection(("127.0.0.1", port), timeout=30)

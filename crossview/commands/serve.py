@@ -20,8 +20,9 @@ bound as 127.0.0.1, or ::1): it has no authentication, so it refuses any other a
   score, item, text or file, gt; ``ground_truth``).
 - A bad request gets ``400`` and ``{"error": "<one line>"}``; an unknown path ``404``; another method on a known
   path ``405`` (with ``Allow``); a body over 1 MiB ``413``; a body without ``Content-Length`` (none, or sent
-  ``Transfer-Encoding: chunked``) ``411``; a body that stops arriving for :data:`READ_TIMEOUT` seconds ``408`` (a
-  connection whose request line or headers stop that long is closed). Every error is that JSON shape, the standard
+  ``Transfer-Encoding: chunked``) ``411``; a body that stops arriving for :data:`READ_TIMEOUT` seconds ``408``, and so
+  does one whose whole body takes longer than :data:`BODY_DEADLINE` (a byte now and then) (a connection whose
+  request line or headers stop that long is closed). Every error is that JSON shape, the standard
   library's own (bad request line, ...) included.
 - A client that goes away before its answer is sent costs one log line, never a traceback.
 """
@@ -32,6 +33,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,7 +42,7 @@ from typing import Any
 from crossview.core.errors import CrossViewError
 
 __all__ = ["register", "cmd_serve", "QueryService", "make_server", "LOCAL_HOSTS", "MAX_BODY", "MAX_K",
-           "READ_TIMEOUT"]
+           "READ_TIMEOUT", "BODY_DEADLINE"]
 
 #: The addresses ``crossview serve`` binds to: this machine only (``localhost`` is bound as 127.0.0.1, never looked
 #: up, so a hosts file cannot point it elsewhere).
@@ -53,6 +55,10 @@ MAX_K = 1000
 #: stopped): a client that connects and sends nothing, or sends less body than its Content-Length, never holds
 #: a handler thread for ever.
 READ_TIMEOUT = 5.0
+#: Seconds a request's whole body may take to arrive (a megabyte from this machine takes milliseconds): a client
+#: that trickles a byte every few seconds, each within READ_TIMEOUT, is answered 408 and closed at this deadline
+#: instead of holding a handler thread for as long as it likes.
+BODY_DEADLINE = 30.0
 #: The paths the server answers, and the method each takes.
 _PATHS = {"/health": "GET", "/health/": "GET", "/query": "POST", "/query/": "POST"}
 
@@ -176,6 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
     quiet = False
     server_version = "crossview-serve"
     timeout = READ_TIMEOUT        # StreamRequestHandler.setup() gives the socket this timeout
+    body_deadline = BODY_DEADLINE
 
     def handle(self) -> None:
         # a client that hangs up before (or while) its answer is written: one log line, not a traceback on stderr
@@ -270,8 +277,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body has {length:,} bytes; at most {MAX_BODY:,}")
             return None
         chunks, got = [], 0
+        deadline = time.monotonic() + self.body_deadline
         try:
             while got < length:
+                if time.monotonic() > deadline:
+                    self._error(HTTPStatus.REQUEST_TIMEOUT, f"the body took longer than {self.body_deadline:g} s "
+                                f"({got:,} of the {length:,} bytes Content-Length gives had come); send it whole")
+                    return None
                 chunk = self.rfile.read1(length - got)
                 if not chunk:
                     break
@@ -331,16 +343,18 @@ def check_host(host: str) -> str:
 
 
 def make_server(service: QueryService, host: str = "127.0.0.1", port: int = 0, quiet: bool = False,
-                read_timeout: float = READ_TIMEOUT) -> ThreadingHTTPServer:
+                read_timeout: float = READ_TIMEOUT, body_deadline: float = BODY_DEADLINE) -> ThreadingHTTPServer:
     """A threaded HTTP server for ``service`` bound to ``host:port`` (``port`` 0: a free one; read it back from
     ``server.server_address``); call ``serve_forever()`` (in a thread) and ``shutdown()``. ``read_timeout``: seconds
-    a connection may wait for the next bytes of its request (:data:`READ_TIMEOUT`)."""
+    a connection may wait for the next bytes of its request (:data:`READ_TIMEOUT`); ``body_deadline``: seconds its
+    whole body may take (:data:`BODY_DEADLINE`)."""
     import socket
 
     check_host(host)
     if not 0 <= port <= 65535:
         raise CrossViewError(f"--port {port}: give a port from 1 to 65535 (0: any free port)")
-    handler = type("Handler", (_Handler,), {"service": service, "quiet": quiet, "timeout": read_timeout})
+    handler = type("Handler", (_Handler,), {"service": service, "quiet": quiet, "timeout": read_timeout,
+                                            "body_deadline": body_deadline})
     server_class = ThreadingHTTPServer
     if ":" in host:
         server_class = type("ServerV6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
