@@ -68,7 +68,7 @@ SCORINGS = {
     "plain": "the dot product / cosine of the embeddings (the default of a method without a default scoring)",
     "csls": "CSLS (Conneau et al. 2018): 2 cos - the mean cosine of each side's k nearest training items",
     "isoftmax": "inverted softmax (Smith et al. 2017): each item's exp(beta s) normalised over the training "
-                "queries",
+                "queries, kept as its logarithm (so its scores are negative; higher is better)",
     "dsoftmax": "dual softmax in QB-Norm's dynamic form (Bogolin et al. 2022): the inverted softmax over the "
                 "training queries, for the queries whose top item is a hub of that bank",
 }

@@ -144,8 +144,12 @@ class QueryPanel(QWidget):
         self.scoring_combo = QComboBox()
         for name in SCORINGS:
             self.scoring_combo.addItem(SCORING_LABELS.get(name, name), name)
+        from crossview.engine.scoring import DEFAULT_SCORINGS
+
+        defaults = ", ".join(f"{SCORING_LABELS.get(s, s)} for {m}" for m, (s, _) in DEFAULT_SCORINGS.items()
+                             if m != "fused")
         self.scoring_combo.setToolTip("How results are scored; a run opens at the scoring it was trained and "
-                                      "evaluated with (its method's default: CSLS for CCA and BITR). The re-scorings "
+                                      f"evaluated with (its method's default: {defaults}). The re-scorings "
                                       "normalise with a bank of the run's training images and captions (never the "
                                       "gallery), their k / beta the run's own, or chosen by rsum on a hold-out of "
                                       "train.\n" + "\n".join(
