@@ -27,12 +27,12 @@ gallery of its images and their captions, every point of a grid over the simplex
 - ``"bank"``: folds of the members' training banks, no training: quick, but the members were fitted on those
   images, so every weight is scored in-sample (a member that overfits its training set looks better than it is).
 
-**Scoring.** What is fused are the members' plain embeddings (a member's own default scoring, CSLS for CCA and
-BITR, is a re-scoring against its bank, not part of its embedding); the fused run then has its own scoring, like
-any run: :data:`crossview.engine.scoring.DEFAULT_SCORINGS` ``["fused"]`` applied to the fused embeddings with the
-fused bank (plain today: no bench has measured fused runs under CSLS; the weights are chosen under plain fused
-scores, so an entry there should come with a bench that chooses them under it too). The summary's metrics are under
-it, the plain ones kept as ``metrics_plain``; ``crossview eval FUSED --scoring csls`` re-scores it either way.
+**Scoring.** What is fused are the members' plain embeddings (a member's own default scoring, e.g. inverted softmax
+for CCA and CSLS for BITR, is a re-scoring against its bank, not part of its embedding); the fused run then has its
+own scoring, like any run: :data:`crossview.engine.scoring.DEFAULT_SCORINGS` ``["fused"]`` (CSLS, its k chosen by
+cross-validation in bench/results/quality_flickr8k.md) applied to the fused embeddings with the fused bank. The
+weights are chosen under plain fused scores and the scoring applied after. The summary's metrics are under it, the
+plain ones kept as ``metrics_plain``; ``crossview eval FUSED --scoring plain`` gives the plain ranking either way.
 
 The evaluation split is read only to report the chosen weights' metrics (``selected_on``: the training folds;
 ``reported_on``: the evaluation split). Given weights are normalised to sum 1.
