@@ -206,7 +206,8 @@ ENTRIES: tuple[Entry, ...] = (
           (S("crossview experiment bitr-table --data {F8K} --representation default --methods cca,bitr-c,random "
              "--k 10,50 --split val --corpus {CORPUS} --param bitr.c_grid=paper --exp-dir {WORK}/flickr"),
            S("crossview experiment bitr-table --data demo --representation default --text-encoder tfidf "
-             "--methods cca,bitr-c,random --k 10,50 --split test --exp-dir {WORK}/demo")),
+             "--methods cca,bitr-c,random --k 10,50 --split test --param bitr.c_grid=paper "
+             "--exp-dir {WORK}/demo")),
           ("flickr8k", "demo"), 30, TABLE + methods("cca", "bitr"),
           title="The BITR table as engine runs: CCA, BITR-C and chance on the Flickr8k sample and the demo"),
     Entry("bitr_train", "bitr_train.md", (S("bench/bitr_train.py"),), ("synthetic",), 15, methods("bitr")),
