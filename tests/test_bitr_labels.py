@@ -195,3 +195,28 @@ def test_a_label_table_over_seeds_is_the_mean_of_its_builds_and_pairs_seed_avera
     assert "trained" not in capsys.readouterr().err
     assert main([*args[:-6], "--seed", "2", "--seeds", "0,1"]) == 2
     assert "give --seed or --seeds, not both" in capsys.readouterr().err
+
+
+def test_bitr_rows_cross_validate_c_as_the_paper_unless_c_is_given(labelled, tmp_path):
+    """A BITR row whose parameters name neither C nor c_grid chooses C by cross-validation of the training images
+    over the paper's grid (BITR-M over 1e-2..1e1); a given C or c_grid is kept as given."""
+    from crossview.experiments.bitr_table import PAPER_C_GRIDS, method_params_for, with_paper_c_grid
+
+    assert method_params_for("bitr-c", None) == {"c_grid": "paper"}
+    assert method_params_for("bitr-m", {"bitr": {"max_iter": 5}}) == {"max_iter": 5, "c_grid": "1e-2:1e1"}
+    assert method_params_for("bitr-e", {"bitr": {"C": 100}}) == {"C": 100.0}
+    from crossview.methods._cgrid import c_grid_values
+
+    kept = method_params_for("bitr-c", {"bitr-c": {"c_grid": "none"}})       # the card's fixed C, asked for
+    assert "c_grid" in kept and c_grid_values(kept["c_grid"], "BITR") == ()
+    assert method_params_for("cca", None) == {} and with_paper_c_grid("svm", "svm", {}) == {}
+    assert set(PAPER_C_GRIDS) == {"bitr-m", "bitr-e", "bitr-c"}
+    kw = dict(kind="labels", representation="default", methods=["bitr-c"], ks=(5,),
+              method_params={"bitr": {"max_iter": 5, "cv_folds": 2}},
+              representation_params={"text_encoder": "tfidf", "cache": False}, out=tmp_path / "exp")
+    events = list(L.run_bitr_labels(labelled, **kw))
+    assert events[-1].summary["method_params"]["bitr-c"]["c_grid"] == "paper"
+    trial = next((tmp_path / "exp").glob("*bitr-c*"))
+    assert json.loads((trial / "config.json").read_text())["params"]["c_grid"] == "paper"   # what the run trained
+    log = (trial / "metrics.jsonl").read_text()
+    assert log.count("cross-validation picks C") == 2, log[-2000:]    # one C per direction, chosen on the folds

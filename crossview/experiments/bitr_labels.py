@@ -190,7 +190,8 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     from crossview.data.views import check_text_view, label_text, text_view
     from crossview.engine.run import read_summary, train
     from crossview.engine.runs import ensure_run, load_fitted
-    from crossview.experiments.bitr_table import _coerce, _representation_record, make_folds, parse_ks
+    from crossview.experiments.bitr_table import (_coerce, _representation_record, make_folds, parse_ks,
+                                                  with_paper_c_grid)
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,
                                            check_representation, method_data_for_images, representation_record)
@@ -211,6 +212,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
         clash = sorted(set(given) & set(fixed))
         if clash:
             raise CrossViewError(f"{m} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)} in this table")
+        given = with_paper_c_grid(m, registry, given)
         if registry != "random":
             method_from_params(registry, {**given, **fixed}).check_params()
         params[m] = given
