@@ -20,9 +20,9 @@ bound as 127.0.0.1, or ::1): it has no authentication, so it refuses any other a
   score, item, text or file, gt; ``ground_truth``).
 - A bad request gets ``400`` and ``{"error": "<one line>"}``; an unknown path ``404``; another method on a known
   path ``405`` (with ``Allow``); a body over 1 MiB ``413``; a body without ``Content-Length`` (none, or sent
-  ``Transfer-Encoding: chunked``) ``411``; a body that stops arriving for :data:`READ_TIMEOUT` seconds ``408``, and so
-  does one whose whole body takes longer than :data:`BODY_DEADLINE` (a byte now and then) (a connection whose
-  request line or headers stop that long is closed). Every error is that JSON shape, the standard
+  ``Transfer-Encoding: chunked``) ``411``; a body that stops arriving for :data:`READ_TIMEOUT` seconds ``408``, as is
+  one whose whole body takes longer than :data:`BODY_DEADLINE` (a byte now and then); a connection whose request
+  line or headers stop for :data:`READ_TIMEOUT` seconds is closed. Every error is that JSON shape, the standard
   library's own (bad request line, ...) included.
 - A client that goes away before its answer is sent costs one log line, never a traceback.
 """

@@ -52,6 +52,7 @@ from crossview.engine.annotations import AnnotationStore, MarkNotSaved
 from crossview.core.errors import CrossViewError
 from crossview.core.text import html_text
 from crossview.engine.retriever import Ranking, Retriever
+from crossview.engine.scoring import DEFAULT_SCORINGS
 from crossview.eval.scoring import SCORINGS, check_scoring, describe_scoring
 from crossview.gui.explain_controller import ExplainController
 from crossview.gui.explain_view import ExplainBar, Pair, pairs_in_view, query_sentence, region_line
@@ -144,8 +145,6 @@ class QueryPanel(QWidget):
         self.scoring_combo = QComboBox()
         for name in SCORINGS:
             self.scoring_combo.addItem(SCORING_LABELS.get(name, name), name)
-        from crossview.engine.scoring import DEFAULT_SCORINGS
-
         defaults = ", ".join(f"{SCORING_LABELS.get(s, s)} for {m}" for m, (s, _) in DEFAULT_SCORINGS.items()
                              if m != "fused")
         self.scoring_combo.setToolTip("How results are scored; a run opens at the scoring it was trained and "
