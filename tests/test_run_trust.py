@@ -327,6 +327,54 @@ def test_read_npz_never_unpickles_and_says_why_in_one_line(tmp_path, content, re
 
 
 # ---------------------------------------------------------------------------- one writer per run folder
+def _npy_header(text: str) -> bytes:
+    body = text.encode().ljust(118) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body + bytes(96)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "it is empty"),
+    (b"\x80\x04\x95" + bytes(20), "not a .npy file: another format, or pickled Python objects, which CrossView "
+                                   "never loads"),
+    (b"hello, world", "not a .npy file: another format, or pickled Python objects, which CrossView never loads"),
+    ("object", "it holds Python objects, which CrossView never loads"),
+    ("cut", "it is cut short: its data is shorter than its header says"),
+    ("npz", "it is an .npz archive, not a single .npy array"),
+    (_npy_header("{'descr': '<f4', 'shape': (4, 6 "), "its header is damaged"),       # numpy: tokenize.TokenError
+    (_npy_header("[" * 100), "its header is damaged"),
+    (_npy_header("__import__('os').system('touch pwned')"), "its header is damaged"),
+    (_npy_header(f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({2**62}, 6)}}"), "its header is damaged"),
+])
+def test_open_npy_never_unpickles_and_says_why_in_one_line(tmp_path, content, reason, recwarn):
+    """Every .npy from elsewhere (precomp features, a gallery, GloVe's vectors) is opened by ``open_npy``: numpy's
+    header parser raised SyntaxError / TokenError / RecursionError on a damaged header, which its callers let
+    through as a traceback."""
+    path = tmp_path / "x.npy"
+    if content == "object":
+        np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    elif content == "cut":
+        np.save(path, np.arange(1000, dtype=np.float32))
+        path.write_bytes(path.read_bytes()[:600])
+    elif content == "npz":
+        with open(path, "wb") as f:
+            np.savez(f, a=np.arange(3))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(eio.NpyFileError) as e:
+        eio.open_npy(path, todo="do this")
+    assert str(e.value) == f"{path}: not a readable .npy array ({reason}); do this"
+    assert e.value.reason == reason and "\n" not in str(e.value)
+    assert not (tmp_path / "pwned").exists()
+    assert [w for w in recwarn if issubclass(w.category, RuntimeWarning)] == []     # numpy's overflow warning
+    np.save(path, np.ones((3, 2), dtype=np.float32))
+    arr = eio.open_npy(path, todo="")
+    assert isinstance(arr, np.memmap) and arr.shape == (3, 2) and not arr.flags.writeable
+    with pytest.raises(eio.NpyFileError, match="no such file; do this"):
+        eio.open_npy(tmp_path / "missing.npy", todo="do this")
+    with pytest.raises(CrossViewError, match="not a regular file"):
+        eio.open_npy(tmp_path, todo="do this")
+
+
 def test_a_second_writer_in_the_same_process_is_refused_and_the_lock_is_released(tmp_path, toy):
     ds, feats = toy
     run = tmp_path / "run"

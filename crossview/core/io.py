@@ -8,9 +8,10 @@
   (numpy arrays and scalars are stored in a tagged form, see :func:`to_plain`), so opening a run
   folder someone sent you can never execute code. ``"format": 2`` is checked on load. Entries that hold numpy
   arrays only (``load_checkpoint(keys=...)``) are read without importing torch, by an unpickler as strict.
-- :func:`read_npz` / :func:`load_torch_file`: every ``.npz`` archive and every ``torch.load`` of a file is read
-  through these: arrays only (``allow_pickle=False``) and tensors only (``weights_only=True``), and a damaged,
-  foreign or malicious file is one plain line naming it, never numpy's or torch's advice to load it unsafely.
+- :func:`read_npz` / :func:`open_npy` / :func:`load_torch_file`: every ``.npz`` archive, every ``.npy`` array from
+  elsewhere and every ``torch.load`` of a file is read through these: arrays only (``allow_pickle=False``) and
+  tensors only (``weights_only=True``), and a damaged, foreign or malicious file is one plain line naming it, never
+  numpy's or torch's traceback or advice to load it unsafely.
 - :class:`EventLog`: ``metrics.jsonl``, one event per line, appended and flushed as it happens;
   :func:`read_events` reads it back and skips a torn last line (a crash mid-append).
 """
@@ -32,7 +33,7 @@ from crossview.core.errors import CrossViewError, StorageError, is_storage_error
 __all__ = ["atomic_write_bytes", "check_writable_folder", "atomic_write_json", "atomic_writer", "read_json", "read_json_object",
            "save_checkpoint", "load_checkpoint", "to_plain", "from_plain", "CHECKPOINT_FORMAT", "EventLog",
            "read_events", "drop_pages", "mapped_arrays", "scratch_array", "read_npz", "NpzFileError",
-           "load_torch_file", "TorchFileError"]
+           "open_npy", "NpyFileError", "load_torch_file", "TorchFileError"]
 
 #: The version of the checkpoint layout; files without it (or with another) are refused with a clear line.
 CHECKPOINT_FORMAT = 2
@@ -472,6 +473,64 @@ def read_npz(path: str | Path, keys: tuple[str, ...] | None = None, *, todo: str
         why = _npz_reason(path, e)
         raise NpzFileError(f"{path}: not a valid .npz written by CrossView ({why}): it is damaged or comes from "
                            f"elsewhere; {todo}", why) from None
+
+
+class NpyFileError(CrossViewError):
+    """A ``.npy`` file :func:`open_npy` cannot map as an array; ``reason``: why, in plain words."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _npy_reason(path: Path, e: BaseException) -> str:
+    """Why ``np.load(path, mmap_mode="r", allow_pickle=False)`` failed, in plain words (numpy's header parser
+    raises ValueError, SyntaxError, tokenize.TokenError, RecursionError, OverflowError... on a damaged header)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as os_e:
+        return f"cannot read it: {os_e.strerror or os_e}"
+    if not head:
+        return "it is empty"
+    if head.startswith(b"PK"):
+        return "it is an .npz archive, not a single .npy array"
+    if not head.startswith(b"\x93NUMPY"):
+        return "not a .npy file: another format, or pickled Python objects, which CrossView never loads"
+    text = str(e)
+    if "Python objects" in text:
+        return "it holds Python objects, which CrossView never loads"
+    if "greater than file size" in text:
+        return "it is cut short: its data is shorter than its header says"
+    return "its header is damaged"
+
+
+def open_npy(path: str | Path, *, todo: str) -> Any:
+    """The array in the ``.npy`` file at ``path``, opened as a read-only memmap (never unpickling anything).
+
+    A missing file, a folder or FIFO, or a file that is not a plain ``.npy`` array (damaged header, cut short,
+    an ``.npz`` archive, pickled or object data) raises :class:`NpyFileError`: one line naming ``path``, saying why
+    and ``todo`` (what to do, e.g. ``"save the gallery with numpy.save"``)."""
+    import numpy as np
+
+    path = Path(path)
+    _check_regular_file(path, todo)
+    if not path.exists():
+        raise NpyFileError(f"{path}: no such file; {todo}", "no such file")
+    try:
+        with np.errstate(all="ignore"):   # a huge shape in a damaged header overflows numpy's size check
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - numpy's header parser (tokenize + ast.literal_eval, never eval)
+        if isinstance(e, (PermissionError, IsADirectoryError)):
+            why = f"cannot read it: {e.strerror or e}"
+        else:
+            why = _npy_reason(path, e)
+        raise NpyFileError(f"{path}: not a readable .npy array ({why}); {todo}", why) from None
+    if not isinstance(arr, np.ndarray):    # np.load gives an NpzFile for a zip archive
+        arr.close()
+        why = "it is an .npz archive, not a single .npy array"
+        raise NpyFileError(f"{path}: not a readable .npy array ({why}); {todo}", why)
+    return arr
 
 
 class TorchFileError(CrossViewError):

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from crossview.core.errors import CrossViewError
+from crossview.core.io import open_npy
 from crossview.index.base import Index, TopKResult, merge_topk
 
 __all__ = ["ExactIndex"]
@@ -82,10 +83,7 @@ class ExactIndex(Index):
     @classmethod
     def from_npy(cls, path: str | Path, **kwargs: Any) -> ExactIndex:
         """An index over a ``.npy`` file opened as a read-only memmap (streamed, never loaded)."""
-        path = Path(path)
-        if not path.is_file():
-            raise CrossViewError(f"{path}: no such gallery file (expected a .npy array of shape (n, d))")
-        return cls(np.load(path, mmap_mode="r"), **kwargs)
+        return cls(open_npy(path, todo="save the gallery with numpy.save as an (n, d) array"), **kwargs)
 
     # ------------------------------------------------------------------ building
     def add(self, gallery: Any) -> None:

