@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -144,7 +145,8 @@ def test_label_table_through_the_engine(labelled, tmp_path):
 def test_bad_label_table_arguments(labelled, tmp_path):
     with pytest.raises(CrossViewError, match="unknown method"):
         L.parse_methods("cca,knn")
-    with pytest.raises(CrossViewError, match="fixes"):
+    with pytest.raises(CrossViewError, match=r"^wsabie fixes target='label_sets' in this table; the table needs it; "
+                                             r"drop that --param$"):
         list(L.run_bitr_labels(labelled, methods=["wsabie"], method_params={"wsabie": {"target": "captions"}},
                                out=tmp_path / "e"))
     with pytest.raises(CrossViewError, match="not among the methods"):
@@ -220,3 +222,17 @@ def test_bitr_rows_cross_validate_c_as_the_paper_unless_c_is_given(labelled, tmp
     assert json.loads((trial / "config.json").read_text())["params"]["c_grid"] == "paper"   # what the run trained
     log = (trial / "metrics.jsonl").read_text()
     assert log.count("cross-validation picks C") == 2, log[-2000:]    # one C per direction, chosen on the folds
+    picked = {d: float(c) for d, c in re.findall(r"bitr (i2t|t2i): cross-validation picks C = ([0-9.e+-]+)", log)}
+    result = events[-1].summary
+    assert result["results"]["bitr-c"]["C"] == {d: [c] for d, c in picked.items()}     # the table says the C used
+    md = L.format_markdown(result)
+    assert f"- BITR-C: max_iter = 5, cv_folds = 2, c_grid = paper; C used: i2t {picked['i2t']:g}, t2i " \
+           f"{picked['t2i']:g}" in md
+    assert "C used" in L.format_table(result)
+    record = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    for trial_record in record["trials"].values():       # a folder from before C was kept: read back from the run
+        trial_record["metrics"].pop("C")
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps(record))
+    again = list(L.run_bitr_labels(labelled, **kw))
+    assert any("finished earlier" in getattr(e, "message", "") for e in again)
+    assert again[-1].summary["results"]["bitr-c"]["C"] == result["results"]["bitr-c"]["C"]

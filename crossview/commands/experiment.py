@@ -414,7 +414,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a method parameter, repeatable: bitr.C=100 (all BITR rows), bitr-c.c_grid=paper, "
                         "wsabie.lr=0.01, cca.reg=0.1. BITR's C is chosen by 5-fold cross-validation of the training "
                         "images as the paper does (c_grid paper; BITR-M 1e-2:1e1) unless C or c_grid is given "
-                        "(bitr.c_grid=none: the card's fixed C)")
+                        "(bitr.c_grid=none: the card's fixed C); the report lists the C each fold chose")
     p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
     p.add_argument("--text-encoder", metavar="NAME", help="text encoder for --representation default")
     p.add_argument("--n-topics", type=int, default=100, help="LDA topics for tr / ctr (default 100, as the paper)")
@@ -460,7 +460,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--param", action="append", metavar="METHOD.NAME=VALUE",
                    help="a method parameter, repeatable: wknn.k=20, svm.C=10, bitr.C=100. BITR's C is chosen by "
                         "5-fold cross-validation of the training images as the paper does (c_grid paper; BITR-M "
-                        "1e-2:1e1) unless C or c_grid is given (bitr.c_grid=none: the card's fixed C)")
+                        "1e-2:1e1) unless C or c_grid is given (bitr.c_grid=none: the card's fixed C); the report "
+                        "lists the C each fold chose")
     p.add_argument("--image-encoder", metavar="NAME", help="image backbone (default: the package default)")
     p.add_argument("--seed", type=seed_option, default=0, help="seed of the folds and the representation (default 0)")
     p.add_argument("--seeds", metavar="S[,S...]",

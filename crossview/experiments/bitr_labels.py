@@ -177,6 +177,12 @@ def _check_same(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
+def _chosen_c(method: Any) -> dict[str, float] | None:
+    """The C a fitted BITR model trained with, per direction (chosen by its cross-validation, or the one given)."""
+    c = getattr(method, "C_", None)
+    return {d: float(v) for d, v in c.items()} if isinstance(c, dict) and c else None
+
+
 def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, representation: str = "modern",
                     methods: Sequence[str] = DEFAULT_METHODS, folds: int | None = None, split: str | None = None,
                     ks: Sequence[int] = (5,), method_params: dict[str, dict[str, Any]] | None = None,
@@ -190,8 +196,8 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     from crossview.data.views import check_text_view, label_text, text_view
     from crossview.engine.run import read_summary, train
     from crossview.engine.runs import ensure_run, load_fitted
-    from crossview.experiments.bitr_table import (_coerce, _representation_record, make_folds, parse_ks,
-                                                  with_paper_c_grid)
+    from crossview.experiments.bitr_table import (_representation_record, make_folds, mean_std_with_c, parse_ks,
+                                                  table_params)
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,
                                            check_representation, method_data_for_images, representation_record)
@@ -202,20 +208,11 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     ks = parse_ks(list(ks))
     rep_kw = dict(representation_params or {})
     stop = should_stop or (lambda: False)
-    params: dict[str, dict[str, Any]] = {}
-    for key in method_params or {}:
-        if not any(key in (m, LABEL_METHODS[m][0]) for m in methods):
-            raise CrossViewError(f"parameters given for {key}, but {key} is not among the methods ({', '.join(methods)})")
-    for m in methods:
+    params = table_params(method_params, methods, LABEL_METHODS)
+    for m in methods:        # bad parameter names and values fail now, not after the first fold's features
         registry, fixed = LABEL_METHODS[m]
-        given = {k: _coerce(registry, k, v) for key in (registry, m) for k, v in ((method_params or {}).get(key) or {}).items()}
-        clash = sorted(set(given) & set(fixed))
-        if clash:
-            raise CrossViewError(f"{m} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)} in this table")
-        given = with_paper_c_grid(m, registry, given)
         if registry != "random":
-            method_from_params(registry, {**given, **fixed}).check_params()
-        params[m] = given
+            method_from_params(registry, {**params[m], **fixed}).check_params()
     yield Log(f"{dataset.name}: the {kind} view" + (" (parsing the captions)" if kind == "phrases" else ""))
     vds = text_view(dataset, view)
     check_representation(vds, representation, image_encoder=rep_kw.get("image_encoder"),
@@ -288,10 +285,13 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
             run_dir = folder / name
             runs[m].append(str(run_dir))
             if name in trials and trials[name].get("eval") == eval_key and run_finished(run_dir):
-                per_fold[m].append(trials[name]["metrics"])
                 if not isinstance(trials[name].get("ap"), dict):   # a trial from before per-query APs were kept
                     trials[name]["ap"] = label_aps(*_scores(load_fitted(run_dir), m, test_md, vocab, vocab_text), rel)
                     save()
+                if LABEL_METHODS[m][0] == "bitr" and "C" not in trials[name]["metrics"]:   # from before C was kept
+                    trials[name]["metrics"]["C"] = _chosen_c(load_fitted(run_dir))
+                    save()
+                per_fold[m].append(trials[name]["metrics"])
                 for d in ("i2t", "t2i"):
                     aps[m][d] += trials[name]["ap"][d]
                 step += 1
@@ -314,6 +314,8 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
             s_i2t, s_t2i = _scores(method, m, test_md, vocab, vocab_text)
             res = {**label_metrics(s_i2t, s_t2i, rel, ks),
                    "train_seconds": float(read_summary(run_dir).get("train_seconds", float("nan")))}
+            if registry == "bitr":
+                res["C"] = _chosen_c(method)
             per_fold[m].append(res)
             ap = label_aps(s_i2t, s_t2i, rel)
             for d in ("i2t", "t2i"):
@@ -327,7 +329,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
                       f"t2i {k0} {res['t2i'].get(k0, float('nan')):.2f} mAP {res['t2i']['mAP']:.2f}")
     results, stds = {}, {}
     for m in methods:
-        results[m], stds[m] = mean_std(per_fold[m])
+        results[m], stds[m] = mean_std_with_c(per_fold[m])
     result = {"dataset": dataset.name, "source": getattr(dataset, "source", ""), "kind": kind, "view": view,
               "representation": representation, "protocol": protocol, "folds": len(fold_list), "ks": list(ks),
               "methods": methods, "n_labels": n_labels, "results": results, "std": stds,
@@ -346,6 +348,7 @@ def run_bitr_labels_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path
     and reported as the mean over the builds with their standard deviation; each method paired against the first
     with each query's AP averaged over the builds first. One seed is exactly :func:`run_bitr_labels`."""
     from crossview.core.run_settings import parse_seeds
+    from crossview.experiments.bitr_table import mean_std_with_c
 
     seeds = parse_seeds(seeds)
     rep_kw = dict(representation_params or {})
@@ -362,8 +365,8 @@ def run_bitr_labels_seeds(dataset: Any, *, seeds: Sequence[int], out: str | Path
         return
     out_result = dict(results[0])
     means, stds = {}, {}
-    for m in results[0]["methods"]:
-        means[m], stds[m] = mean_std([r["results"][m] for r in results])
+    for m in results[0]["methods"]:    # a build's C is listed fold by fold; the builds' lists one after another
+        means[m], stds[m] = mean_std_with_c([r["results"][m] for r in results])
     learned = [m for m in results[0]["methods"] if m != "random"]
     aps = {m: {d: np.stack([np.asarray(r["aps"][m][d], dtype=np.float64) for r in results]) for d in ("i2t", "t2i")}
            for m in learned}
@@ -434,6 +437,21 @@ def _paired_rows(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]
     return title, header, rows
 
 
+def _settings(result: dict[str, Any]) -> list[str]:
+    """A line for each row trained with parameters of its own or a C chosen by cross-validation: what it was given,
+    and the C each fold chose (``BITR-C: c_grid = paper; C used: i2t 1e+04 / 1000, t2i 1000``)."""
+    from crossview.experiments.bitr_table import c_text
+
+    lines = []
+    for m in result["methods"]:
+        given = (result.get("method_params") or {}).get(m) or {}
+        c = result["results"][m].get("C")
+        if given or c:
+            lines.append(f"{METHOD_LABELS[m]}: " + ", ".join(f"{k} = {v}" for k, v in given.items())
+                         + (f"{'; ' if given else ''}C used: {c_text(c)}" if c else ""))
+    return lines
+
+
 def format_table(result: dict[str, Any]) -> str:
     cols = _columns(result)
     heads = [f"{'Im2Text' if d == 'i2t' else 'Text2Im'} %{k}" for d, k in cols]
@@ -453,6 +471,9 @@ def format_table(result: dict[str, Any]) -> str:
                   "Text2Im: each label some test image has ranks the test images; percentages"
               + ("; rows 'sd': the standard deviation over the builds (seeds "
                  f"{', '.join(map(str, result['seeds']))})" if several_seeds(result) else "")]
+    settings = _settings(result)
+    if settings:
+        lines += ["", "Parameters given and the C each fold chose (fold by fold, build by build):", *settings]
     return "\n".join(lines)
 
 
@@ -477,4 +498,8 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
                 "percentages, mean over the folds" + (f" and over {len(result['seeds'])} builds (seeds "
                 f"{', '.join(map(str, result['seeds']))}; rows 'sd': the standard deviation over them)"
                 if several_seeds(result) else "") + ". Runs: `" + result["experiment_dir"] + "`."]
+    settings = _settings(result)
+    if settings:
+        out += ["", "Parameters given and the C each fold chose (fold by fold, build by build):", "",
+                *(f"- {line}" for line in settings)]
     return "\n".join(out) + "\n"

@@ -47,7 +47,7 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -65,7 +65,8 @@ __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_fo
            "run_bitr_table", "bitr_table", "evaluate_fold", "chance_levels", "paper_numbers", "format_table",
            "format_markdown", "random_baseline", "default_experiment_dir", "registry_of", "EXPERIMENT_FILE",
            "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT", "seed_folder", "run_bitr_table_seeds",
-           "combine_seeds", "paired_against", "PAPER_C_GRIDS", "with_paper_c_grid", "method_params_for"]
+           "combine_seeds", "paired_against", "PAPER_C_GRIDS", "with_paper_c_grid", "method_params_for",
+           "table_params", "c_text", "mean_std_with_c"]
 
 #: The experiment folder's record: settings and one row of table metrics per finished trial.
 EXPERIMENT_FILE = "experiment.json"
@@ -305,21 +306,48 @@ def with_paper_c_grid(table_name: str, registry: str, given: dict[str, Any]) -> 
     return {**given, "c_grid": PAPER_C_GRIDS.get(table_name, "paper")}
 
 
-def method_params_for(table_name: str, params: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
-    """Parameters of table method ``table_name``: those given for its registry name (``"bitr"`` applies
-    to every BITR row), then those given for the row itself (``"bitr-c"``); a BITR row's C cross-validated as the
-    paper does unless given (:func:`with_paper_c_grid`)."""
-    registry = TABLE_METHODS[table_name][0]
+def method_params_for(table_name: str, params: dict[str, dict[str, Any]] | None,
+                      rows: Mapping[str, tuple[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """Parameters of table method ``table_name`` (a row of ``rows``: name -> (registry name, fixed parameters);
+    :data:`TABLE_METHODS` unless given): those given for its registry name (``"bitr"`` applies to every BITR row),
+    then those given for the row itself (``"bitr-c"``); a BITR row's C cross-validated as the paper does unless
+    given (:func:`with_paper_c_grid`). Setting a parameter the row fixes is refused in one line."""
+    registry, fixed = (TABLE_METHODS if rows is None else rows)[table_name]
     out: dict[str, Any] = {}
     for key in (registry, table_name):
         for k, v in ((params or {}).get(key) or {}).items():
             out[k] = _coerce(registry, k, v)
-    fixed = TABLE_METHODS[table_name][1]
     clash = sorted(set(out) & set(fixed))
     if clash:
-        raise CrossViewError(f"{table_name} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)}; choose another "
-                             f"row instead of setting it (e.g. bitr-m, bitr-e, bitr-c)")
+        todo = ("choose another row instead of setting it (e.g. bitr-m, bitr-e, bitr-c)" if registry == "bitr"
+                else "the table needs it; drop that --param")
+        raise CrossViewError(f"{table_name} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)} in this table; "
+                             f"{todo}")
     return with_paper_c_grid(table_name, registry, out)
+
+
+def mean_std_with_c(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`mean_std` of metric rows (a fold's, or a build's means), a BITR row's ``C`` left out of it and kept as
+    the values it took, per direction: ``{"i2t": [1e4, 1e3, ...], "t2i": [...]}``, fold by fold, build by build (a
+    row's ``C``: one value per direction, or a list of them)."""
+    mean, std = mean_std([{k: v for k, v in r.items() if k != "C"} for r in rows])
+    cs = [r["C"] for r in rows if r.get("C")]
+    if cs:
+        mean["C"] = {d: [x for c in cs for x in (c[d] if isinstance(c[d], list) else [c[d]])] for d in cs[0]}
+    return mean, std
+
+
+def table_params(params: dict[str, dict[str, Any]] | None, methods: Sequence[str],
+                 rows: Mapping[str, tuple[str, dict[str, Any]]] | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`method_params_for` of each of ``methods``; parameters given for a key that is neither one of them nor
+    a registry name of one (``--param bitr.C=10`` without a BITR row) are refused in one line."""
+    rows = TABLE_METHODS if rows is None else rows
+    for key in params or {}:
+        if not any(key in (m, rows[m][0]) for m in methods):
+            raise CrossViewError(f"parameters given for {key}, but {key} is not among the methods "
+                                 f"({', '.join(methods)}); add it to --methods or drop its --param")
+    return {m: method_params_for(m, params, rows) for m in methods}
+
 
 # ====================================================================== metrics of one fold
 def _refs_by_image(data: MethodData) -> list[list[str]]:
@@ -743,11 +771,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
     ks = parse_ks(list(ks))
     if overlap_k < 1:
         raise CrossViewError(f"overlap_k must be >= 1, got {overlap_k}")
-    for key in method_params or {}:
-        if not any(key in (m, TABLE_METHODS[m][0]) for m in methods):
-            raise CrossViewError(f"parameters given for {key}, but {key} is not among the methods "
-                                 f"({', '.join(methods)}); add it to --methods or drop its --param")
-    params = {m: method_params_for(m, method_params) for m in methods}
+    params = table_params(method_params, methods)
     for m in methods:  # bad parameter names and values fail now, not after the first fold's features
         _make_method(m, params[m])
     corpus_captions = None
@@ -947,11 +971,7 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                       f"{res['t2i']['MedR']:g}")
     results, stds = {}, {}
     for m in methods:
-        rows = [{k: v for k, v in r.items() if k != "C"} for r in per_fold[m]]
-        results[m], stds[m] = mean_std(rows)
-        cs = [r["C"] for r in per_fold[m] if "C" in r]
-        if cs:
-            results[m]["C"] = cs[0] if len(cs) == 1 else {d: [c[d] for c in cs] for d in cs[0]}
+        results[m], stds[m] = mean_std_with_c(per_fold[m])
     chance_mean, _ = mean_std(chance)
     result = {"dataset": dataset.name, "source": getattr(dataset, "source", ""), "representation": representation,
               "representation_info": rep_info, "protocol": protocol, "folds": len(fold_list),
@@ -1071,13 +1091,8 @@ def combine_seeds(results: Sequence[dict[str, Any]], seeds: Sequence[int]) -> di
     out = dict(first)
     means, stds, per_seed = {}, {}, {}
     for m in first["methods"]:
-        rows = [{k: v for k, v in r["results"][m].items() if k != "C"} for r in results]
-        means[m], stds[m] = mean_std(rows)
-        per_seed[m] = rows
-        cs = [r["results"][m]["C"] for r in results if "C" in r["results"][m]]
-        if cs:   # a build's C: one value per direction, or per fold; listed build by build
-            means[m]["C"] = {d: [x for c in cs for x in (c[d] if isinstance(c[d], list) else [c[d]])]
-                             for d in cs[0]}
+        means[m], stds[m] = mean_std_with_c([r["results"][m] for r in results])
+        per_seed[m] = [{k: v for k, v in r["results"][m].items() if k != "C"} for r in results]
     out.update(results=means, seed_std=stds, per_seed=per_seed, seeds=[int(s) for s in seeds],
                chance=mean_std([r["chance"] for r in results])[0] if first.get("chance") else first.get("chance"),
                std=mean_std([r["std"] for r in results])[0],
@@ -1300,7 +1315,7 @@ def _search_line(result: dict[str, Any]) -> str:
             + ", ".join(f"{METHOD_LABELS[m]} {s:.2f} s" for m, s in secs.items() if s is not None))
 
 
-def _c_text(c: dict[str, Any]) -> str:
+def c_text(c: dict[str, Any]) -> str:
     """``{"i2t": 10.0, "t2i": [10.0, 100.0]}`` -> ``"i2t 10, t2i 10 / 100"`` (per fold when they differ)."""
     parts = []
     for d, v in c.items():
@@ -1346,5 +1361,5 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
         c = result["results"][m].get("C")
         if extra or c is not None:
             out.append(f"- {METHOD_LABELS[m]}: " + ", ".join(f"{k} = {v}" for k, v in extra.items())
-                       + (f"{'; ' if extra else ''}C used: {_c_text(c)}" if c is not None else ""))
+                       + (f"{'; ' if extra else ''}C used: {c_text(c)}" if c is not None else ""))
     return "\n".join(out) + "\n"
