@@ -418,10 +418,11 @@ def _tensor_bytes(tree: Any) -> int:
     return 0
 
 
-def _npz_reason(path: Path, e: BaseException) -> str:
-    """Why ``np.load(path, allow_pickle=False)`` (or reading an array of it) failed, in plain words: numpy's own text
-    for a file that is not a zip ("... contains pickled (object) data. If you trust the file you can load it
-    unsafely ...") would advise running what may be a planted pickle."""
+def _numpy_file_reason(path: Path, e: BaseException, want: str) -> str:
+    """Why ``np.load(path, allow_pickle=False)`` failed on what should be a ``want`` (``".npz"``, or ``".npy"``,
+    memory-mapped), in plain words: numpy's own text for a file that is not a zip ("... contains pickled (object)
+    data. If you trust the file you can load it unsafely ...") would advise running what may be a planted pickle,
+    and its header parser raises SyntaxError, tokenize.TokenError, RecursionError... on a damaged ``.npy``."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -429,13 +430,25 @@ def _npz_reason(path: Path, e: BaseException) -> str:
         return f"cannot read it: {os_e.strerror or os_e}"
     if not head:
         return "it is empty"
-    if head.startswith(b"\x93NUMPY"):
-        return "it is a single .npy array, not an .npz archive"
-    if not head.startswith(b"PK"):
-        return "it is not a zip archive of arrays"
-    if isinstance(e, ValueError) and "allow_pickle" in str(e):
-        return "it holds pickled Python objects, which CrossView never loads"
-    return "the archive is damaged or cut short"
+    npy, npz = head.startswith(b"\x93NUMPY"), head.startswith(b"PK")
+    text = str(e)
+    if want == ".npz":
+        if npy:
+            return "it is a single .npy array, not an .npz archive"
+        if not npz:
+            return "it is not a zip archive of arrays"
+        if isinstance(e, ValueError) and "allow_pickle" in text:
+            return "it holds pickled Python objects, which CrossView never loads"
+        return "the archive is damaged or cut short"
+    if npz:
+        return "it is an .npz archive, not a single .npy array"
+    if not npy:
+        return "not a .npy file: another format, or pickled Python objects, which CrossView never loads"
+    if "Python objects" in text:
+        return "it holds Python objects, which CrossView never loads"
+    if "greater than file size" in text:
+        return "it is cut short: its data is shorter than its header says"
+    return "its header is damaged"
 
 
 class NpzFileError(CrossViewError):
@@ -470,7 +483,7 @@ def read_npz(path: str | Path, keys: tuple[str, ...] | None = None, *, todo: str
         if isinstance(e, (PermissionError, IsADirectoryError)):
             why = f"cannot read it: {e.strerror or e}"
             raise NpzFileError(f"{path}: {why}; {todo}", why) from None
-        why = _npz_reason(path, e)
+        why = _numpy_file_reason(path, e, ".npz")
         raise NpzFileError(f"{path}: not a valid .npz written by CrossView ({why}): it is damaged or comes from "
                            f"elsewhere; {todo}", why) from None
 
@@ -481,28 +494,6 @@ class NpyFileError(CrossViewError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def _npy_reason(path: Path, e: BaseException) -> str:
-    """Why ``np.load(path, mmap_mode="r", allow_pickle=False)`` failed, in plain words (numpy's header parser
-    raises ValueError, SyntaxError, tokenize.TokenError, RecursionError, OverflowError... on a damaged header)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError as os_e:
-        return f"cannot read it: {os_e.strerror or os_e}"
-    if not head:
-        return "it is empty"
-    if head.startswith(b"PK"):
-        return "it is an .npz archive, not a single .npy array"
-    if not head.startswith(b"\x93NUMPY"):
-        return "not a .npy file: another format, or pickled Python objects, which CrossView never loads"
-    text = str(e)
-    if "Python objects" in text:
-        return "it holds Python objects, which CrossView never loads"
-    if "greater than file size" in text:
-        return "it is cut short: its data is shorter than its header says"
-    return "its header is damaged"
 
 
 def open_npy(path: str | Path, *, todo: str) -> Any:
@@ -524,7 +515,7 @@ def open_npy(path: str | Path, *, todo: str) -> Any:
         if isinstance(e, (PermissionError, IsADirectoryError)):
             why = f"cannot read it: {e.strerror or e}"
         else:
-            why = _npy_reason(path, e)
+            why = _numpy_file_reason(path, e, ".npy")
         raise NpyFileError(f"{path}: not a readable .npy array ({why}); {todo}", why) from None
     if not isinstance(arr, np.ndarray):    # np.load gives an NpzFile for a zip archive
         arr.close()
