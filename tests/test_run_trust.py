@@ -751,3 +751,24 @@ def test_a_start_makes_one_method_object(tmp_path, toy, monkeypatch):
     assert isinstance(events[-1], Finished) and len(made) == 1
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     assert (cfg["image_norm"], cfg["text_norm"]) == (cls.default_image_norm, cls.default_text_norm)
+
+
+def test_the_panel_previews_skip_a_run_whose_summary_is_damaged(tmp_path, finished_run, monkeypatch):
+    """``crossview.gui.app.demo_run`` (the panels' ``python -m`` previews) read each run's summary with
+    ``json.loads``: a summary holding a list raised AttributeError, and a pipe in its place would hang the read."""
+    from crossview.core.settings import get_settings
+    from crossview.gui.app import demo_run
+
+    monkeypatch.setenv("CROSSVIEW_HOME", str(tmp_path / "home"))
+    runs = get_settings().runs_dir
+    good = _copy_run(finished_run, runs / "good")
+    summary = json.loads((good / "summary.json").read_text())
+    (good / "summary.json").write_text(json.dumps({**summary, "dataset": "demo"}))
+    listed = _copy_run(good, runs / "a-list")
+    (listed / "summary.json").write_text("[1, 2]")
+    piped = _copy_run(good, runs / "a-pipe")
+    (piped / "summary.json").unlink()
+    os.mkfifo(piped / "summary.json")
+    for age, run in enumerate((piped, listed, good)):      # the damaged ones newest: list_runs gives them first
+        os.utime(run / "config.json", (1e9 - age, 1e9 - age))
+    assert demo_run() == str(good)

@@ -58,13 +58,13 @@ def exec_app(app: Any) -> int:
 
 def demo_run(method: str = "cca") -> str:
     """The newest finished run on the demo in the user's runs folder, or a new one trained now."""
-    import json
-
+    from crossview.core.errors import CrossViewError
+    from crossview.engine.run_folder import read_summary
     from crossview.engine.session import list_runs
     for run in list_runs():
-        try:
-            s = json.loads((run / "summary.json").read_text())
-        except (OSError, ValueError):
+        try:     # unfinished, or a damaged summary (a list, a pipe in its place): not a run to open
+            s = read_summary(run)
+        except CrossViewError:
             continue
         if s.get("dataset") == "demo" and s.get("status", "finished") == "finished":
             return str(run)
