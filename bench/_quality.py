@@ -142,10 +142,12 @@ def rsum(ranks: dict[str, np.ndarray]) -> float:
     return float(rsum_of(rank_metrics(np.asarray(ranks["i2t"])), rank_metrics(np.asarray(ranks["t2i"]))))
 
 
-def diff_cell(eff: dict[str, Any]) -> str:
-    """``+12.3 (+4.5 to +20.1, p = 0.003)``: the rsum difference of a paired effect with its interval."""
+def diff_cell(eff: dict[str, Any], mde: bool = False) -> str:
+    """``+12.3 (+4.5 to +20.1, p = 0.003)``: the rsum difference of a paired effect with its interval; with ``mde``
+    also the smallest difference it could have detected (80% power, two-sided 5%: ``; detectable 7.9``)."""
     r = eff["rsum"]
-    return f"{r['diff']:+.1f} ({r['ci'][0]:+.1f} to {r['ci'][1]:+.1f}, p = {r['p']:.2g})"
+    return (f"{r['diff']:+.1f} ({r['ci'][0]:+.1f} to {r['ci'][1]:+.1f}, p = {r['p']:.2g}"
+            + (f"; detectable {eff['mde']['rsum']:.1f})" if mde else ")"))
 
 
 def ci_cell(ranks: dict[str, np.ndarray], caps: np.ndarray) -> str:

@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     print()
 
     print("## (a) 3-fold CV of the training photos and (b) val once, per scoring\n")
-    print("| method | scoring | chosen on the folds | CV rsum | CV: - plain (95% CI, p) | val i2t R@1/5/10 | "
-          "val t2i R@1/5/10 | val rsum | val 95% CI | val: - plain (95% CI, p) |")
+    print("| method | scoring | chosen on the folds | CV rsum | CV: - plain (95% CI, p; detectable) | "
+          "val i2t R@1/5/10 | val t2i R@1/5/10 | val rsum | val 95% CI | val: - plain (95% CI, p; detectable) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for m in methods:
         r = results[m]
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             sel = x["choice"]
             print(f"| {m} | {s} | {sel['param_name']} = {sel['param']:g} | {x['cv_rsum']:.1f} | "
-                  f"{Q.diff_cell(x['cv_eff'])} | {Q.recall_cells(val)} | {val['rsum']:.1f} | {ci} | "
-                  f"{Q.diff_cell(x['val_eff'])} |")
+                  f"{Q.diff_cell(x['cv_eff'], mde=True)} | {Q.recall_cells(val)} | {val['rsum']:.1f} | {ci} | "
+                  f"{Q.diff_cell(x['val_eff'], mde=True)} |")
         ds, dp, _ = defaults[m]
         if ds != "plain":           # the default's own parameter (fixed in the code) on the same folds and val
             val = Q.seed_val(seed_dirs[m], ds, dp)
@@ -143,12 +143,14 @@ def run(args: argparse.Namespace) -> int:
             cv_eff = paired_effect(plain["cv_ranks"][0], cv_b, cv_caps, seed=0)
             val_eff = paired_effect(plain["val"]["ranks"], val["ranks"], caps, seed=0)
             print(f"| {m} | **default: {ds}** | {val['scoring']['param_name']} = {dp:g} (fixed) | {Q.rsum(cv_b):.1f} | "
-                  f"{Q.diff_cell(cv_eff)} | {Q.recall_cells(val)} | {val['rsum']:.1f} | "
-                  f"{Q.ci_cell(val['ranks'], caps)} | {Q.diff_cell(val_eff)} |")
+                  f"{Q.diff_cell(cv_eff, mde=True)} | {Q.recall_cells(val)} | {val['rsum']:.1f} | "
+                  f"{Q.ci_cell(val['ranks'], caps)} | {Q.diff_cell(val_eff, mde=True)} |")
     print("\nCV rsum: the chosen parameter's mean over the 3 folds (galleries of 200 photos and 1,000 captions, so "
           "below val's gallery of 100); \"CV: - plain\" pools the folds' 600 held-out photos. A row \"default\" "
           "appears when the code gives the method a default scoring other than plain: its fixed parameter, scored "
-          "the same way.\n")
+          "the same way. \"detectable\": the smallest difference each comparison would find with 80% power "
+          "(two-sided 5%), from its paired bootstrap's standard error: a difference below it that is not "
+          "significant says little.\n")
 
     fused = None
     members = _fuse_members(args.fuse, methods, results)
@@ -170,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             others = ", ".join(f"{o} ({r[o]['cv_eff']['rsum']['diff']:+.1f})" for o, _ in ok if o != s)
             print(f"- **{m}: {s}, {sel['param_name']} = {sel['param']:g}** (CV rsum {x['cv_rsum']:.1f}, "
                   f"{eff['diff']:+.1f} over plain, 95% CI {eff['ci'][0]:+.1f} to {eff['ci'][1]:+.1f}; val "
-                  f"{x['val']['rsum']:.1f}, {Q.diff_cell(x['val_eff'])} over plain)"
+                  f"{x['val']['rsum']:.1f}, {Q.diff_cell(x['val_eff'], mde=True)} over plain)"
                   + (f"; also above 0: {others}" if others else "") + f". Default now: {ds}"
                   + ("" if dp is None else f" {dp:g}") + ".")
             if s != "csls" and r["csls"]["cv_eff"]["rsum"]["ci"][0] > 0:
@@ -179,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
                 cv_s, cv_caps = Q.cv_ranks(work / m, s, sel["param"])
                 vs = paired_effect(cv_csls, cv_s, cv_caps, seed=0)
                 print(f"  Against csls ({r['csls']['choice']['param_name']} = {r['csls']['choice']['param']:g}) on "
-                      f"the folds: {Q.diff_cell(vs)}, {Q.verdict(vs['rsum']['ci']).replace('plain', 'csls')}.")
+                      f"the folds: {Q.diff_cell(vs, mde=True)}, "
+                      f"{Q.verdict(vs['rsum']['ci']).replace('plain', 'csls')}.")
             summary[m] = {"scoring": s, "param_name": sel["param_name"], "param": sel["param"],
                           "cv_rsum": round(x["cv_rsum"], 1), "cv_diff": round(eff["diff"], 1),
                           "cv_ci": [round(eff["ci"][0], 1), round(eff["ci"][1], 1)],
@@ -259,8 +262,8 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
           "run; the weights chosen on the same 3 folds (the members' fold runs reused), never on val. The fused "
           "scores combine the members' plain scores, of their seed-0 runs (a seeded member's val row averages its "
           "seeds, as above).\n")
-    print("| run | weight | CV rsum | CV: - best member (95% CI, p) | val i2t R@1/5/10 | val t2i R@1/5/10 | "
-          "val rsum | val 95% CI | val: - best member (95% CI, p) |")
+    print("| run | weight | CV rsum | CV: - best member (95% CI, p; detectable) | val i2t R@1/5/10 | "
+          "val t2i R@1/5/10 | val rsum | val 95% CI | val: - best member (95% CI, p; detectable) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for m, wm in zip(members, w):
         v = results[m]["plain"]["val"]
@@ -269,25 +272,25 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
     cv_eff = paired_effect(cv_best, cv_f, cv_caps, seed=0)
     val_eff = paired_effect(val_best, val_f, caps, seed=0)
     fp = f.get("metrics_plain") or f      # the fused run's plain numbers (its summary is under its own scoring)
-    print(f"| **fused (auto)** | - | {Q.rsum(cv_f):.1f} | {Q.diff_cell(cv_eff)} | {Q.recall_cells(fp)} | "
-          f"**{fp['rsum']:.1f}** | {Q.ci_cell(val_f, caps)} | {Q.diff_cell(val_eff)} |")
+    print(f"| **fused (auto)** | - | {Q.rsum(cv_f):.1f} | {Q.diff_cell(cv_eff, mde=True)} | {Q.recall_cells(fp)} | "
+          f"**{fp['rsum']:.1f}** | {Q.ci_cell(val_f, caps)} | {Q.diff_cell(val_eff, mde=True)} |")
     cv_eff2 = paired_effect(cv_top, cv_f, cv_caps, seed=0)
     val_eff2 = paired_effect(val_top, val_f, caps, seed=0)
     top_name = f"{top_m} + {top_s}" + ("" if top_param is None else f" ({top['choice']['param_name']} = "
                                                                        f"{top_param:g})")
     print(f"\nBest member on the folds: {best} (plain). Fused against the best single configuration on the folds "
-          f"({top_name}, CV rsum {top['cv_rsum']:.1f}): on the folds {Q.diff_cell(cv_eff2)}; on val "
-          f"{Q.diff_cell(val_eff2)}. The fused CV rsum scores the chosen weights on the folds they were chosen on "
-          f"({choice.get('selected_on')}, {len(choice.get('candidates', []))} grid points), so it is optimistic; "
-          f"val is not. The fusion took {float(f.get('train_seconds') or 0):.0f} s as its run recorded it (the "
-          "members' fold runs reused).\n")
+          f"({top_name}, CV rsum {top['cv_rsum']:.1f}): on the folds {Q.diff_cell(cv_eff2, mde=True)}; on val "
+          f"{Q.diff_cell(val_eff2, mde=True)}. The fused CV rsum scores the chosen weights on the folds they were "
+          f"chosen on ({choice.get('selected_on')}, {len(choice.get('candidates', []))} grid points), so it is "
+          f"optimistic; val is not. The fusion took {float(f.get('train_seconds') or 0):.0f} s as its run recorded "
+          "it (the members' fold runs reused).\n")
     # the fused run's own re-scoring: the fused embeddings against a fused bank, the parameter chosen on the folds
     from crossview.engine.scoring import evaluate_run
     print("Re-scoring the fused run itself (its embeddings against its training bank, as `crossview eval FUSED "
           "--scoring S --param P` does; the parameter chosen on the same folds, the fused embeddings of each "
           "fold's member runs against their fused bank):\n")
-    print("| fused run + | chosen on the folds | CV rsum | CV: - fused plain (95% CI, p) | val rsum | val 95% CI | "
-          "val: - fused plain (95% CI, p) |")
+    print("| fused run + | chosen on the folds | CV rsum | CV: - fused plain (95% CI, p; detectable) | val rsum | "
+          "val 95% CI | val: - fused plain (95% CI, p; detectable) |")
     print("|---|---|---|---|---|---|---|")
     rescored = {}
     for s in Q.SCORINGS:
@@ -295,11 +298,12 @@ def _fused_section(members: list[str], spec: str, work: Path, results: dict) -> 
         val_s = evaluate_run(fdir, s, param=rec["param"], record=False)
         ce = paired_effect(cv_f, cv_s, cv_caps, seed=0)
         ve = paired_effect(val_f, val_s["ranks"], caps, seed=0)
-        rescored[s] = {"param": rec["param"], "cv_rsum": round(Q.rsum(cv_s), 1), "cv_diff": round(ce["rsum"]["diff"], 1),
+        rescored[s] = {"param": rec["param"], "cv_rsum": round(Q.rsum(cv_s), 1),
+                       "cv_diff": round(ce["rsum"]["diff"], 1),
                        "cv_ci": [round(x, 1) for x in ce["rsum"]["ci"]], "val_rsum": round(val_s["rsum"], 1),
                        "val_diff": round(ve["rsum"]["diff"], 1)}
-        print(f"| {s} | {rec['param_name']} = {rec['param']:g} | {Q.rsum(cv_s):.1f} | {Q.diff_cell(ce)} | "
-              f"{val_s['rsum']:.1f} | {Q.ci_cell(val_s['ranks'], caps)} | {Q.diff_cell(ve)} |")
+        print(f"| {s} | {rec['param_name']} = {rec['param']:g} | {Q.rsum(cv_s):.1f} | {Q.diff_cell(ce, mde=True)} | "
+              f"{val_s['rsum']:.1f} | {Q.ci_cell(val_s['ranks'], caps)} | {Q.diff_cell(ve, mde=True)} |")
     print("\nThe fused plain CV rsum above already scores weights chosen on these folds; the re-scorings add the "
           "choice of their parameter on the same folds.\n")
     return {"members": members, "weights": [round(x, 2) for x in w], "cv_rsum": round(Q.rsum(cv_f), 1),

@@ -157,3 +157,20 @@ def test_a_run_trained_before_a_default_moved_is_refused_not_reported_as_the_def
     cfg["params"]["reg"] = today
     (run_dir / "config.json").write_text(json.dumps(cfg))
     assert _train(work, "cca")["_state"] == "finished"        # as it was: read back
+
+
+def test_a_difference_cell_can_say_what_the_comparison_could_detect() -> None:
+    """quality_flickr8k.md's differences name their minimal detectable effect (a non-significant difference below it
+    says little); the other benches' cells are unchanged."""
+    from crossview.eval.paired import paired_effect
+
+    rng = np.random.default_rng(0)
+    n = 60
+    caps = np.repeat(np.arange(n), 5)
+    a = {"i2t": rng.integers(1, 20, n), "t2i": rng.integers(1, 20, 5 * n)}
+    b = {"i2t": np.maximum(a["i2t"] - rng.integers(0, 3, n), 1), "t2i": a["t2i"]}
+    eff = paired_effect(a, b, caps, seed=0)
+    plain, with_mde = Q.diff_cell(eff), Q.diff_cell(eff, mde=True)
+    assert plain.endswith(")") and "detectable" not in plain
+    assert with_mde == plain[:-1] + f"; detectable {eff['mde']['rsum']:.1f})"
+    assert eff["mde"]["rsum"] > 0
