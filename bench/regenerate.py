@@ -223,6 +223,12 @@ ENTRIES: tuple[Entry, ...] = (
           ("flickr8k",), 5, ("bench/_quality.py", "crossview/engine/scoring.py", "crossview/eval/scoring.py",
                              "crossview/engine/cv_runs.py", *ENGINE_RUN, "crossview/eval/paired.py",
                              "crossview/eval/bootstrap.py", *FEATURES) + methods("cca", "bitr")),
+    # rich_features_flickr8k chooses under plain scores; this puts CCA's caption features to the scoring it ranks by
+    Entry("text_encoder_cv_flickr8k", "text_encoder_cv_flickr8k.md",
+          (S("bench/text_encoder_cv.py --method cca --text-encoders minilm+glove,minilm+tfidf --work {WORK}"),),
+          ("flickr8k",), 2, ("bench/_quality.py", "crossview/engine/scoring.py", "crossview/eval/scoring.py",
+                             "crossview/engine/cv_runs.py", *ENGINE_RUN, "crossview/eval/paired.py",
+                             "crossview/eval/bootstrap.py", *FEATURES) + methods("cca")),
     # every method's runs and fold runs stay in $WORK: `--resume` (or bench/quality.py --work DIR) re-evaluates
     # them without training, e.g. after a change of default scorings
     Entry("quality_flickr8k", "quality_flickr8k.md",

@@ -174,3 +174,28 @@ def test_a_difference_cell_can_say_what_the_comparison_could_detect() -> None:
     assert plain.endswith(")") and "detectable" not in plain
     assert with_mde == plain[:-1] + f"; detectable {eff['mde']['rsum']:.1f})"
     assert eff["mde"]["rsum"] > 0
+
+
+def test_caption_features_are_compared_on_the_same_folds_under_plain_and_the_default_scoring(work, tmp_path) -> None:
+    """bench/text_encoder_cv.py: each encoder's run and CV fold runs, the second minus the first paired on the same
+    held-out photos, under plain scores and the method's default scoring (its fixed parameter)."""
+    import text_encoder_cv as T
+
+    _, data = work
+    rows = T.compare("cca", ["bow", "tfidf"], str(data), tmp_path / "w")
+    default, param, _ = Q.method_default_scoring("cca")
+    assert [(r["scoring"], r["param"], r["default"]) for r in rows] == [("plain", None, False), (default, param, True)]
+    for r in rows:
+        a, caps = Q.cv_ranks(tmp_path / "w" / "cca-bow", r["scoring"], r["param"])
+        b, _ = Q.cv_ranks(tmp_path / "w" / "cca-tfidf", r["scoring"], r["param"])
+        assert r["cv"] == (Q.rsum(a), Q.rsum(b)) and caps.shape == (120,)
+        assert r["cv_eff"]["rsum"]["diff"] == pytest.approx(r["cv"][1] - r["cv"][0], abs=1e-6)
+        assert r["val_eff"]["rsum"]["diff"] == pytest.approx(r["val"][1] - r["val"][0], abs=1e-6)
+        assert r["cv_eff"]["mde"]["rsum"] > 0
+    with pytest.raises(SystemExit, match="cca-bow: trained with text encoder tfidf, not bow; give another --work"):
+        (tmp_path / "w" / "cca-bow").rename(tmp_path / "w" / "cca-tfidf2")
+        (tmp_path / "w" / "cca-tfidf").rename(tmp_path / "w" / "cca-bow")
+        (tmp_path / "w" / "cca-tfidf2").rename(tmp_path / "w" / "cca-tfidf")
+        T.compare("cca", ["bow", "tfidf"], str(data), tmp_path / "w")
+    assert T.main(["--data", str(data), "--text-encoders", "bow,bow", "--out", str(tmp_path / "x.md")]) == 2
+    assert not (tmp_path / "x.md").exists()
