@@ -80,3 +80,13 @@ def test_bad_arguments_are_one_line(tmp_path, capsys) -> None:
     assert "unknown method 'nosuch'" in capsys.readouterr().err
     assert rf.main(["--methods", "cca", "--data", str(data), "--merge", "--out", str(tmp_path / "no.md")]) == 2
     assert "--merge needs an --out file" in capsys.readouterr().err
+
+
+def test_each_choice_is_printed_beside_the_methods_default_at_this_commit() -> None:
+    from crossview.methods import method_class
+
+    cls = method_class("cca")
+    same = rf.default_now("cca", cls.default_image_encoder, cls.default_text_encoder)
+    assert same == f"Default now: this choice ({cls.default_image_encoder}, {cls.default_text_encoder})."
+    other = rf.default_now("cca", cls.default_image_encoder, "bow")
+    assert other.startswith(f"Default now: {cls.default_image_encoder}, {cls.default_text_encoder}, not this choice")

@@ -437,9 +437,13 @@ def _paired_rows(result: dict[str, Any]) -> tuple[str, list[str], list[list[str]
     return title, header, rows
 
 
+#: the heading of :func:`_settings`' lines; a C is listed once however many folds and builds chose it
+SETTINGS_TITLE = "Parameters given, and the values of C that cross-validation chose (over the folds and builds):"
+
+
 def _settings(result: dict[str, Any]) -> list[str]:
     """A line for each row trained with parameters of its own or a C chosen by cross-validation: what it was given,
-    and the C each fold chose (``BITR-C: c_grid = paper; C used: i2t 1e+04 / 1000, t2i 1000``)."""
+    and the values of C its folds chose (``BITR-C: c_grid = paper; C used: i2t 10000 / 1000, t2i 1000``)."""
     from crossview.experiments.bitr_table import c_text
 
     lines = []
@@ -473,7 +477,7 @@ def format_table(result: dict[str, Any]) -> str:
                  f"{', '.join(map(str, result['seeds']))})" if several_seeds(result) else "")]
     settings = _settings(result)
     if settings:
-        lines += ["", "Parameters given and the C each fold chose (fold by fold, build by build):", *settings]
+        lines += ["", SETTINGS_TITLE, *settings]
     return "\n".join(lines)
 
 
@@ -500,6 +504,6 @@ def format_markdown(result: dict[str, Any], command: str | None = None) -> str:
                 if several_seeds(result) else "") + ". Runs: `" + result["experiment_dir"] + "`."]
     settings = _settings(result)
     if settings:
-        out += ["", "Parameters given and the C each fold chose (fold by fold, build by build):", "",
+        out += ["", SETTINGS_TITLE, "",
                 *(f"- {line}" for line in settings)]
     return "\n".join(out) + "\n"
