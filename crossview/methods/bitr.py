@@ -384,8 +384,9 @@ class Bitr(Method):
     #: train +10.9 over the former C 1000, 95% interval +5.8 to +15.9; val once 407.4 -> 422.0)
     default_image_norm = "ssr"
     #: chosen by 3-fold CV on the Flickr8k sample's training photos (bench/results/rich_features_flickr8k.md): both
-    #: backbones, flip-averaged, and MiniLM + TF-IDF captions, CV rsum 290.7 -> 308.3 (paired +17.6, 95% interval
-    #: +7.8 to +27.4; +4.7 to +30.4 widened for the 6 variants compared); val 378.8 -> 395.2. Not for TR / CTR.
+    #: backbones, flip-averaged, and MiniLM + TF-IDF captions, CV rsum at C 10 250.5 -> 305.3 (paired +54.8, 95%
+    #: interval +44.5 to +65.2; +40.8 to +68.6 widened for the 6 variants compared); val 335.8 -> 391.2. Not for TR /
+    #: CTR.
     default_image_encoder = "efficientnet_lite0+mobilenet_v2:flip"
     default_text_encoder = "minilm+tfidf"
     has_epoch_validation = False

@@ -54,9 +54,11 @@ class CCA(Method):
     #: (bench/results/tune_cca_bitr_flickr8k.md at e4ccff0: 3-fold CV of train, reg 12 over the former 5 +7.0, 95%
     #: interval +1.9 to +12.3; val once 405.0 -> 414.8)
     default_image_norm = "ssr"
-    #: chosen by 3-fold CV on the Flickr8k sample's training photos (bench/results/rich_features_flickr8k.md): both
-    #: backbones, flip-averaged, and MiniLM + GloVe captions, CV rsum 298.4 -> 317.9 (paired +19.5, 95% interval
-    #: +11.9 to +26.8; +8.7 to +30.1 widened for the 6 variants compared); val 392.0 -> 392.8
+    #: chosen by 3-fold CV on the Flickr8k sample's training photos (bench/results/rich_features_flickr8k.md, plain
+    #: dot products): both backbones, flip-averaged, CV rsum 291.6 -> 313.2 (paired +21.6, +14.5 to +28.6). Captions:
+    #: MiniLM + TF-IDF wins there (323.5 with both backbones) but not under the default scoring (isoftmax 10,
+    #: bench/results/text_encoder_cv_flickr8k.md: -2.2 against MiniLM + GloVe, -9.5 to +5.1, detectable 10.5), and
+    #: GloVe's fit is ~10x faster
     default_image_encoder = "efficientnet_lite0+mobilenet_v2:flip"
     default_text_encoder = "minilm+glove"
 
