@@ -162,8 +162,9 @@ class Timam(Vsepp):
 
     second_stage_epochs = "finetune_epochs"
     #: chosen by 3-fold CV on the Flickr8k sample's training photos (bench/results/rich_features_flickr8k.md): both
-    #: backbones, flip-averaged, CV rsum 239.0 -> 251.9 (paired +12.9, 95% interval +2.0 to +24.2; +1.2 to +24.4 at
-    #: 4,000 resamples, the one variant compared); val 337.2 -> 337.0 (-0.2, -30.8 to +31.2: val cannot resolve it).
+    #: backbones, flip-averaged, CV rsum 280.8 -> 296.3 with MiniLM captions (paired +15.5, 95% interval +7.1 to
+    #: +24.0; +6.3 to +24.6 widened for the 2 variants compared); val 386.6 -> 383.8 (-2.8, -22.2 to +17.6: val
+    #: cannot resolve it).
     #: The caption pipeline of the other deep methods, read by the default text_model="features" (chosen by 3-fold CV
     #: on the sample's training photos with lr 3e-3, bench/results/timam_cv2_flickr8k.md: isoftmax-10 CV rsum
     #: 275.9 -> 314.1 against the Bi-LSTM over MiniLM's token states at lr 2e-4, paired +38.2, +30.3 to +45.7,
