@@ -177,12 +177,6 @@ def _check_same(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
-def _chosen_c(method: Any) -> dict[str, float] | None:
-    """The C a fitted BITR model trained with, per direction (chosen by its cross-validation, or the one given)."""
-    c = getattr(method, "C_", None)
-    return {d: float(v) for d, v in c.items()} if isinstance(c, dict) and c else None
-
-
 def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, representation: str = "modern",
                     methods: Sequence[str] = DEFAULT_METHODS, folds: int | None = None, split: str | None = None,
                     ks: Sequence[int] = (5,), method_params: dict[str, dict[str, Any]] | None = None,
@@ -196,8 +190,8 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
     from crossview.data.views import check_text_view, label_text, text_view
     from crossview.engine.run import read_summary, train
     from crossview.engine.runs import ensure_run, load_fitted
-    from crossview.experiments.bitr_table import (_representation_record, make_folds, mean_std_with_c, parse_ks,
-                                                  table_params)
+    from crossview.experiments.bitr_table import (_representation_record, chosen_c, make_folds, mean_std_with_c,
+                                                  parse_ks, table_params)
     from crossview.features import Features
     from crossview.features.topics import (build_representation, built_representation_features,
                                            check_representation, method_data_for_images, representation_record)
@@ -289,7 +283,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
                     trials[name]["ap"] = label_aps(*_scores(load_fitted(run_dir), m, test_md, vocab, vocab_text), rel)
                     save()
                 if LABEL_METHODS[m][0] == "bitr" and "C" not in trials[name]["metrics"]:   # from before C was kept
-                    trials[name]["metrics"]["C"] = _chosen_c(load_fitted(run_dir))
+                    trials[name]["metrics"]["C"] = chosen_c(load_fitted(run_dir))
                     save()
                 per_fold[m].append(trials[name]["metrics"])
                 for d in ("i2t", "t2i"):
@@ -315,7 +309,7 @@ def run_bitr_labels(dataset: Any, *, kind: str = "labels", min_images: int = 2, 
             res = {**label_metrics(s_i2t, s_t2i, rel, ks),
                    "train_seconds": float(read_summary(run_dir).get("train_seconds", float("nan")))}
             if registry == "bitr":
-                res["C"] = _chosen_c(method)
+                res["C"] = chosen_c(method)
             per_fold[m].append(res)
             ap = label_aps(s_i2t, s_t2i, rel)
             for d in ("i2t", "t2i"):

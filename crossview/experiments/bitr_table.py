@@ -66,7 +66,7 @@ __all__ = ["TABLE_METHODS", "DEFAULT_METHODS", "METHOD_LABELS", "Fold", "make_fo
            "format_markdown", "random_baseline", "default_experiment_dir", "registry_of", "EXPERIMENT_FILE",
            "TRAIN_SPLIT", "TEST_SPLIT", "VAL_SPLIT", "seed_folder", "run_bitr_table_seeds",
            "combine_seeds", "paired_against", "PAPER_C_GRIDS", "with_paper_c_grid", "method_params_for",
-           "table_params", "c_text", "mean_std_with_c"]
+           "table_params", "c_text", "mean_std_with_c", "chosen_c"]
 
 #: The experiment folder's record: settings and one row of table metrics per finished trial.
 EXPERIMENT_FILE = "experiment.json"
@@ -324,6 +324,12 @@ def method_params_for(table_name: str, params: dict[str, dict[str, Any]] | None,
         raise CrossViewError(f"{table_name} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)} in this table; "
                              f"{todo}")
     return with_paper_c_grid(table_name, registry, out)
+
+
+def chosen_c(method: Any) -> dict[str, float] | None:
+    """The C a fitted BITR model trained with, per direction (chosen by its cross-validation, or the one given)."""
+    c = getattr(method, "C_", None)
+    return {d: float(v) for d, v in c.items()} if isinstance(c, dict) and c else None
 
 
 def mean_std_with_c(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -958,8 +964,8 @@ def run_bitr_table(dataset: Any, *, representation: str = "modern", methods: Seq
                 res = evaluate_fold(method, d.train, d.test, ks=ks, corpus=d.corpus, overlap_k=overlap_k,
                                     index=index)
             res["train_seconds"] = float(read_summary(run_dir).get("train_seconds", float("nan")))
-            if registry_of(m) == "bitr" and isinstance(getattr(method, "C_", None), dict):
-                res["C"] = {d: float(c) for d, c in method.C_.items()}
+            if registry_of(m) == "bitr" and (c := chosen_c(method)) is not None:
+                res["C"] = c
             per_fold[m].append(res)
             trials[names[m]] = {"fold": fold.name, "method": m, "run_dir": run_dir.name, "eval": eval_key,
                                 "metrics": plain(res)}
