@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         ci = r["cv_eff"]["rsum"]["ci"]
         verdict = (f"above 0: {r['other']} is the better under this scoring" if ci[0] > 0 else
                    f"below 0: {r['base']} is the better under this scoring" if ci[1] < 0 else
-                   f"spans 0 (detectable {r['cv_eff']['mde']['rsum']:.1f}): no evidence that either is better")
+                   "spans 0: no evidence that either is better")
         print(f"- Under the scoring {args.method} ranks by ({r['scoring']}"
               + ("" if r["param"] is None else f" {r['param']:g}") + f"), {r['other']} minus {r['base']} on the "
               f"folds: {Q.diff_cell(r['cv_eff'], mde=True)}; the interval {verdict}.")
